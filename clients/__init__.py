@@ -1,0 +1,1 @@
+"""glasu clients package."""

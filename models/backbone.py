@@ -1,0 +1,86 @@
+"""One client's part of the split GNN: an input projection of its feature block, L graph layers
+and its own classifier head. Aggregation between layers happens outside (models/federated.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+from models.layers import Block, GATLayer, GCNIILayer, GCNLayer
+
+BackboneName = Literal["gcnii", "gcn", "gat"]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    backbone: BackboneName = "gcnii"
+    layers: int = 4
+    hidden: int = 128
+    dropout: float = 0.5
+    alpha: float = 0.1  # GCNII initial-residual weight
+    theta: float = 0.5  # GCNII identity-mapping strength
+    gat_heads: int = 8
+
+
+def dropout(x: torch.Tensor, *, p: float, generator: torch.Generator, training: bool) -> torch.Tensor:
+    """Inverted dropout drawing from the client's own generator, so that a client's masks do not
+    depend on how many other clients share its process."""
+    if not training or p == 0.0:
+        return x
+    keep = torch.rand(x.shape, generator=generator, device=x.device) >= p
+    return x * keep / (1.0 - p)
+
+
+class ClientNetwork(nn.Module):
+    def __init__(self, *, in_features: int, num_classes: int, config: ModelConfig) -> None:
+        super().__init__()
+        if config.layers < 1:
+            raise ValueError(f"layers must be >= 1, got {config.layers}")
+        self.config = config
+        self.input = nn.Linear(in_features, config.hidden)
+        nn.init.xavier_uniform_(self.input.weight)
+        nn.init.zeros_(self.input.bias)
+        self.convs = nn.ModuleList(self._layer(depth) for depth in range(1, config.layers + 1))
+        self.classifier = nn.Linear(config.hidden, num_classes)
+        nn.init.xavier_uniform_(self.classifier.weight)
+        nn.init.zeros_(self.classifier.bias)
+
+    def _layer(self, depth: int) -> nn.Module:
+        width = self.config.hidden
+        match self.config.backbone:
+            case "gcnii":
+                return GCNIILayer(width, depth=depth, alpha=self.config.alpha,
+                                  theta=self.config.theta)
+            case "gcn":
+                return GCNLayer(width, width)
+            case "gat":
+                return GATLayer(width, width, heads=self.config.gat_heads)
+        raise ValueError(f"unknown backbone {self.config.backbone!r}")
+
+    @property
+    def uses_initial_residual(self) -> bool:
+        return self.config.backbone == "gcnii"
+
+    def project(self, features: torch.Tensor, *, generator: torch.Generator) -> torch.Tensor:
+        x = dropout(features, p=self.config.dropout, generator=generator, training=self.training)
+        return torch.relu(self.input(x))
+
+    def propagate(
+        self,
+        depth: int,
+        h: torch.Tensor,
+        block: Block,
+        h0: torch.Tensor | None,
+        *,
+        generator: torch.Generator,
+    ) -> torch.Tensor:
+        """Graph layer ``depth`` (1-based) from its sources' rows to its targets' rows."""
+        h = dropout(h, p=self.config.dropout, generator=generator, training=self.training)
+        return self.convs[depth - 1](h, block, h0)
+
+    def classify(self, h: torch.Tensor, *, generator: torch.Generator) -> torch.Tensor:
+        h = dropout(h, p=self.config.dropout, generator=generator, training=self.training)
+        return self.classifier(h)

@@ -1,0 +1,77 @@
+"""The in-process transport: all clients in one process, their requests answered by function calls
+through the same aggregation interface the service uses."""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+from functools import reduce
+
+import numpy as np
+
+from models.federated import (
+    Aggregate,
+    EmbeddingRequest,
+    GlasuClient,
+    NodesRequest,
+    PassOutcome,
+    Request,
+    Response,
+)
+from secure.aggregation import SumAggregator
+
+
+def node_union(node_sets: Sequence[np.ndarray]) -> np.ndarray:
+    """The sorted union of the clients' node sets (what the service hands back)."""
+    return reduce(np.union1d, node_sets).astype(np.int64)
+
+
+def run_pass_inprocess(
+    clients: Sequence[GlasuClient],
+    aggregator: SumAggregator,
+    *,
+    pass_index: int,
+    kind: str,
+    output_nodes: np.ndarray,
+) -> list[PassOutcome]:
+    """Drive every client's pass in lock-step: all clients make the same request at the same
+    time (same layer), so each is answered once all have asked."""
+    passes: list[Generator[Request, Response, PassOutcome]] = [
+        client.run_pass(pass_index=pass_index, kind=kind, output_nodes=output_nodes)
+        for client in clients
+    ]
+    outcomes: list[PassOutcome | None] = [None] * len(passes)
+    requests: list[Request | None] = [_advance(g, None, outcomes, i) for i, g in enumerate(passes)]
+    while any(r is not None for r in requests):
+        if any(r is None for r in requests):
+            raise RuntimeError("clients went out of step: some finished while others still ask")
+        answer = _answer(requests, aggregator)  # type: ignore[arg-type]
+        requests = [_advance(g, answer, outcomes, i) for i, g in enumerate(passes)]
+    return [o for o in outcomes if o is not None]
+
+
+def _advance(
+    generator: Generator[Request, Response, PassOutcome],
+    answer: Response | None,
+    outcomes: list[PassOutcome | None],
+    index: int,
+) -> Request | None:
+    try:
+        return next(generator) if answer is None else generator.send(answer)
+    except StopIteration as finished:
+        outcomes[index] = finished.value
+        return None
+
+
+def _answer(requests: Sequence[Request], aggregator: SumAggregator) -> Response:
+    layers = {r.layer for r in requests}
+    if len(layers) != 1 or len({type(r) for r in requests}) != 1:
+        raise RuntimeError(f"clients went out of step: {requests}")
+    first = requests[0]
+    if isinstance(first, NodesRequest):
+        return node_union([r.nodes for r in requests])  # type: ignore[union-attr]
+    assert isinstance(first, EmbeddingRequest)
+    shares = [r.payload for r in requests]  # type: ignore[union-attr]
+    for share in shares:
+        aggregator.validate(share, rows=first.rows, cols=first.cols)
+    total = aggregator.add(shares, rows=first.rows, cols=first.cols)
+    return Aggregate(payload=total, count=len(shares))

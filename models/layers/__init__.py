@@ -1,0 +1,8 @@
+"""Graph layers of the split backbones, one per file."""
+
+from models.layers.block import Block
+from models.layers.gat import GATLayer
+from models.layers.gcn import GCNLayer
+from models.layers.gcnii import GCNIILayer
+
+__all__ = ["Block", "GATLayer", "GCNIILayer", "GCNLayer"]

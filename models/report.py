@@ -1,0 +1,102 @@
+"""The run report (JSON) and its plot (PNG). Other tools read these names: keep them stable."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class HistoryEntry:
+    round: int
+    loss: float
+    val_accuracy: float | None
+    test_accuracy: float | None
+    bytes_up: int = 0
+    bytes_down: int = 0
+    epsilon: float | None = None
+
+
+@dataclass
+class RunReport:
+    test_accuracy: float  # at the evaluation with the best validation accuracy
+    val_accuracy: float  # the best validation accuracy
+    final_test_accuracy: float
+    final_val_accuracy: float
+    best_round: int
+    rounds: int
+    wall_seconds: float
+    bytes_up: int
+    bytes_down: int
+    privacy: dict[str, Any] | None
+    config: dict[str, Any]
+    history: list[HistoryEntry] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    stopped_early: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def write(self, path: Path) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=2, default=_json_default) + "\n")
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def select_best(history: list[HistoryEntry]) -> HistoryEntry:
+    """The evaluation with the highest validation accuracy (the earliest on ties)."""
+    evaluated = [h for h in history if h.val_accuracy is not None]
+    if not evaluated:
+        raise ValueError("no evaluation in the history")
+    return max(evaluated, key=lambda h: (h.val_accuracy, -h.round))
+
+
+def plot_history(report: RunReport, path: Path) -> None:
+    """Validation/test accuracy per round; bytes and epsilon per round when they were recorded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    history = [h for h in report.history if h.val_accuracy is not None]
+    rounds = [h.round for h in history]
+    panels = ["accuracy"]
+    if any(h.bytes_up or h.bytes_down for h in history):
+        panels.append("bytes")
+    if any(h.epsilon is not None for h in history):
+        panels.append("epsilon")
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8), squeeze=False)
+    cfg = report.config
+    title = (f"{cfg.get('dataset')} · {cfg.get('mode')} · {cfg.get('backbone')} · "
+             f"test {report.test_accuracy:.1%} at round {report.best_round}")
+    for ax, panel in zip(axes[0], panels, strict=True):
+        if panel == "accuracy":
+            ax.plot(rounds, [h.val_accuracy for h in history], label="validation")
+            ax.plot(rounds, [h.test_accuracy for h in history], label="test", alpha=0.7)
+            ax.axvline(report.best_round, color="grey", linestyle=":", label="selected")
+            ax.set_ylabel("accuracy")
+            ax.legend(loc="lower right")
+        elif panel == "bytes":
+            ax.plot(rounds, [(h.bytes_up + h.bytes_down) / 2**20 for h in history])
+            ax.set_ylabel("MiB sent + received (cumulative)")
+        else:
+            ax.plot(rounds, [h.epsilon for h in history])
+            ax.set_ylabel("epsilon spent")
+        ax.set_xlabel("round")
+        ax.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

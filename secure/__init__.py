@@ -1,0 +1,1 @@
+"""glasu secure package."""

@@ -1,0 +1,91 @@
+"""The one aggregation interface: clients encode their share, the service sums shares it may not
+be able to read, clients decode the sum and divide by the count.
+
+The in-process trainer and the HTTP service use the same classes, so both transports run the same
+arithmetic. The service only ever needs a :class:`SumAggregator`; clients own an
+:class:`EmbeddingCodec`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+import numpy as np
+
+
+class PayloadError(ValueError):
+    """An uploaded payload that does not fit the slot it was sent to (shape, size, encoding)."""
+
+
+class EmbeddingCodec(ABC):
+    """Client side: turns a (rows x cols) float matrix into bytes for the service and a summed
+    payload back into a float matrix."""
+
+    encoding: str
+
+    @abstractmethod
+    def encode(self, matrix: np.ndarray) -> bytes: ...
+
+    @abstractmethod
+    def decode_sum(self, payload: bytes, *, rows: int, cols: int) -> np.ndarray: ...
+
+
+class SumAggregator(ABC):
+    """Service side: validates shares and adds them without needing to read them."""
+
+    encoding: str
+
+    @abstractmethod
+    def validate(self, payload: bytes, *, rows: int, cols: int) -> None:
+        """Raise :class:`PayloadError` with a message saying what is wrong."""
+
+    @abstractmethod
+    def add(self, payloads: Sequence[bytes], *, rows: int, cols: int) -> bytes:
+        """The sum of the shares, in the same encoding, in the order given."""
+
+
+FLOAT32_LE = np.dtype("<f4")
+
+
+class PlainCodec(EmbeddingCodec):
+    """Little-endian float32, row-major, no header: ``rows * cols * 4`` bytes."""
+
+    encoding = "float32"
+
+    def encode(self, matrix: np.ndarray) -> bytes:
+        if matrix.ndim != 2:
+            raise ValueError(f"expected a 2-D matrix, got shape {matrix.shape}")
+        return np.ascontiguousarray(matrix, dtype=FLOAT32_LE).tobytes()
+
+    def decode_sum(self, payload: bytes, *, rows: int, cols: int) -> np.ndarray:
+        return decode_float32(payload, rows=rows, cols=cols)
+
+
+class PlainSumAggregator(SumAggregator):
+    encoding = "float32"
+
+    def validate(self, payload: bytes, *, rows: int, cols: int) -> None:
+        expected = rows * cols * FLOAT32_LE.itemsize
+        if len(payload) != expected:
+            raise PayloadError(
+                f"float32 body of {len(payload)} bytes does not match shape ({rows}, {cols}):"
+                f" expected {expected} bytes"
+            )
+        if not np.isfinite(np.frombuffer(payload, dtype=FLOAT32_LE)).all():
+            raise PayloadError("float32 body contains NaN or infinite values")
+
+    def add(self, payloads: Sequence[bytes], *, rows: int, cols: int) -> bytes:
+        if not payloads:
+            raise ValueError("nothing to add")
+        total = np.zeros((rows, cols), dtype=FLOAT32_LE)
+        for payload in payloads:
+            total += decode_float32(payload, rows=rows, cols=cols)
+        return total.tobytes()
+
+
+def decode_float32(payload: bytes, *, rows: int, cols: int) -> np.ndarray:
+    expected = rows * cols * FLOAT32_LE.itemsize
+    if len(payload) != expected:
+        raise PayloadError(f"expected {expected} bytes for ({rows}, {cols}), got {len(payload)}")
+    return np.frombuffer(payload, dtype=FLOAT32_LE).reshape(rows, cols).astype(np.float32)

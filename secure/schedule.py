@@ -1,0 +1,55 @@
+"""The release schedule of a session: which joint inferences happen, in which order, on which nodes.
+
+Both the aggregation service and the in-process trainer call these functions, so an HTTP run and an
+in-process run see the same passes and the same output batches. The schedule lives in ``secure``
+because the privacy ledger is defined over it: every pass is one release.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+PassKind = Literal["train", "eval"]
+
+
+@dataclass(frozen=True, slots=True)
+class PassSpec:
+    """One joint inference: a training round or an evaluation pass."""
+
+    index: int
+    kind: PassKind
+    round: int  # the training round this pass belongs to (1-based); eval passes follow their round
+
+
+def pass_schedule(*, rounds: int, eval_every: int) -> list[PassSpec]:
+    """Training rounds 1..rounds, with an evaluation pass after every ``eval_every``-th round and
+    after the last one. ``eval_every=0`` evaluates only once, at the end."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    if eval_every < 0:
+        raise ValueError(f"eval_every must be >= 0, got {eval_every}")
+    passes: list[PassSpec] = []
+    for r in range(1, rounds + 1):
+        passes.append(PassSpec(index=len(passes), kind="train", round=r))
+        if r == rounds or (eval_every and r % eval_every == 0):
+            passes.append(PassSpec(index=len(passes), kind="eval", round=r))
+    return passes
+
+
+def draw_output_batch(
+    train_nodes: Sequence[int] | np.ndarray, *, batch_size: int, seed: int, pass_index: int
+) -> np.ndarray:
+    """S[L] of a training pass: ``batch_size`` distinct training nodes drawn uniformly without
+    replacement from a generator seeded by (seed, pass_index), returned sorted (int64)."""
+    pool = np.asarray(train_nodes, dtype=np.int64)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if pool.size == 0:
+        raise ValueError("no training nodes to draw a batch from")
+    rng = np.random.default_rng([seed, pass_index])
+    take = min(batch_size, pool.size)
+    return np.sort(rng.choice(pool, size=take, replace=False))

@@ -1,0 +1,1 @@
+"""glasu service package."""
