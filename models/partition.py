@@ -113,8 +113,11 @@ def save_partition(part: ClientPartition, directory: Path) -> Path:
     np.save(out / "features.npy", part.features.numpy().astype(np.float32))
     np.save(out / "edges.npy", part.edge_index.numpy().astype(np.int64))
     np.save(out / "labels.npy", part.labels.numpy().astype(np.int64))
-    for name, nodes in (("train", part.train_nodes), ("val", part.val_nodes),
-                        ("test", part.test_nodes)):
+    for name, nodes in (
+        ("train", part.train_nodes),
+        ("val", part.val_nodes),
+        ("test", part.test_nodes),
+    ):
         np.save(out / f"{name}.npy", nodes.astype(np.int64))
     meta = {
         "format_version": PARTITION_FORMAT_VERSION,
@@ -145,12 +148,19 @@ def load_partition(directory: Path) -> ClientPartition:
             raise FileNotFoundError(f"{path} is missing")
         return np.load(path, allow_pickle=False).astype(dtype, copy=False)
 
-    features, edges, labels = array("features", np.float32), array("edges", np.int64), array(
-        "labels", np.int64)
+    features, edges, labels = (
+        array("features", np.float32),
+        array("edges", np.int64),
+        array("labels", np.int64),
+    )
     n = int(meta["num_nodes"])
     if features.ndim != 2 or features.shape[0] != n:
         raise ValueError(f"{folder}/features.npy has shape {features.shape}, expected ({n}, d)")
-    if edges.ndim != 2 or edges.shape[0] != 2 or (edges.size and (edges.min() < 0 or edges.max() >= n)):
+    if (
+        edges.ndim != 2
+        or edges.shape[0] != 2
+        or (edges.size and (edges.min() < 0 or edges.max() >= n))
+    ):
         raise ValueError(f"{folder}/edges.npy must be 2 x E with node ids in [0, {n})")
     if labels.shape != (n,):
         raise ValueError(f"{folder}/labels.npy has shape {labels.shape}, expected ({n},)")

@@ -78,8 +78,10 @@ def plot_history(report: RunReport, path: Path) -> None:
         panels.append("epsilon")
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8), squeeze=False)
     cfg = report.config
-    title = (f"{cfg.get('dataset')} · {cfg.get('mode')} · {cfg.get('backbone')} · "
-             f"test {report.test_accuracy:.1%} at round {report.best_round}")
+    title = (
+        f"{cfg.get('dataset')} · {cfg.get('mode')} · {cfg.get('backbone')} · "
+        f"test {report.test_accuracy:.1%} at round {report.best_round}"
+    )
     for ax, panel in zip(axes[0], panels, strict=True):
         if panel == "accuracy":
             ax.plot(rounds, [h.val_accuracy for h in history], label="validation")

@@ -39,7 +39,10 @@ class SampledLayer:
         degree = torch.bincount(rows, minlength=len(self.targets)).float()
         values = 1.0 / degree[rows]
         adjacency = torch.sparse_coo_tensor(
-            torch.stack([rows, cols]), values, (len(self.targets), len(self.sources))
+            torch.stack([rows, cols]),
+            values,
+            (len(self.targets), len(self.sources)),
+            check_invariants=False,
         )
         return adjacency.coalesce().to(device)
 

@@ -52,8 +52,9 @@ class TrainConfig:
     device: str = "auto"
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: (str(v) if isinstance(v, Path) else v) for k, v in
-                dataclasses.asdict(self).items()}
+        return {
+            k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self).items()
+        }
 
 
 @dataclass(frozen=True)
@@ -76,10 +77,17 @@ def resolve_device(name: str) -> torch.device:
 
 
 def plan_federation(config: TrainConfig, dataset: GraphDataset) -> FederationPlan:
-    model = ModelConfig(backbone=config.backbone, layers=config.layers, hidden=config.hidden,
-                        dropout=config.dropout)
-    base = dict(model=model, fanout=config.fanout, eval_fanout=config.eval_fanout,
-                lr=config.lr, weight_decay=config.weight_decay, seed=config.seed)
+    model = ModelConfig(
+        backbone=config.backbone, layers=config.layers, hidden=config.hidden, dropout=config.dropout
+    )
+    base = dict(
+        model=model,
+        fanout=config.fanout,
+        eval_fanout=config.eval_fanout,
+        lr=config.lr,
+        weight_decay=config.weight_decay,
+        seed=config.seed,
+    )
     last_only = (config.layers,)
     match config.mode:
         case "centralized":
@@ -87,22 +95,35 @@ def plan_federation(config: TrainConfig, dataset: GraphDataset) -> FederationPla
             client_config = ClientConfig(agg_layers=last_only, stale=1, **base)
             groups = [[0]]
         case "standalone":
-            parts = [dataclasses.replace(p, clients=1) for p in
-                     partition(dataset, clients=config.clients,
-                               edge_fraction=config.edge_fraction, seed=config.seed)]
+            parts = [
+                dataclasses.replace(p, clients=1)
+                for p in partition(
+                    dataset,
+                    clients=config.clients,
+                    edge_fraction=config.edge_fraction,
+                    seed=config.seed,
+                )
+            ]
             client_config = ClientConfig(agg_layers=last_only, stale=1, **base)
             groups = [[m] for m in range(config.clients)]
         case "simulated":
             parts = partition(dataset, clients=config.clients, edge_fraction=1.0, seed=config.seed)
             client_config = ClientConfig(
-                agg_layers=tuple(range(1, config.layers + 1)), stale=1, **base)
+                agg_layers=tuple(range(1, config.layers + 1)), stale=1, **base
+            )
             groups = [list(range(config.clients))]
         case "glasu":
-            parts = partition(dataset, clients=config.clients,
-                              edge_fraction=config.edge_fraction, seed=config.seed)
+            parts = partition(
+                dataset,
+                clients=config.clients,
+                edge_fraction=config.edge_fraction,
+                seed=config.seed,
+            )
             client_config = ClientConfig(
                 agg_layers=uniform_agg_layers(layers=config.layers, count=config.agg_layers),
-                stale=config.stale, **base)
+                stale=config.stale,
+                **base,
+            )
             groups = [list(range(config.clients))]
         case _:
             raise ValueError(f"unknown mode {config.mode!r}")
@@ -124,19 +145,25 @@ def train_inprocess(
 ) -> RunReport:
     """Run ``config`` with every client in this process and return the report."""
     started = time.perf_counter()
-    dataset = dataset or load_dataset(config.dataset, data_dir=config.data_dir, split=config.split,
-                                      seed=config.seed)
+    dataset = dataset or load_dataset(
+        config.dataset, data_dir=config.data_dir, split=config.split, seed=config.seed
+    )
     device = resolve_device(config.device)
     plan = plan_federation(config, dataset)
     aggregator = aggregator or PlainSumAggregator()
     schedule = pass_schedule(rounds=config.rounds, eval_every=config.eval_every)
     group_histories = []
     for group in plan.groups:
-        clients = [GlasuClient(plan.partitions[m], plan.client_config, codec=codec_factory(),
-                               device=device) for m in group]
+        clients = [
+            GlasuClient(
+                plan.partitions[m], plan.client_config, codec=codec_factory(), device=device
+            )
+            for m in group
+        ]
         label = f"{config.mode} client {group[0]}" if len(plan.groups) > 1 else config.mode
         group_histories.append(
-            _run_schedule(clients, aggregator, schedule, dataset, config, label, progress))
+            _run_schedule(clients, aggregator, schedule, dataset, config, label, progress)
+        )
     history = _mean_history(group_histories)
     best = select_best(history)
     final = [h for h in history if h.val_accuracy is not None][-1]
@@ -151,15 +178,21 @@ def train_inprocess(
         bytes_up=0,
         bytes_down=0,
         privacy=None,
-        config={**config.to_dict(), "transport": "inprocess",
-                "agg_layer_indices": list(plan.client_config.agg_layers),
-                "stale_effective": plan.client_config.stale, "device_used": str(device),
-                "split_note": dataset.split_note},
+        config={
+            **config.to_dict(),
+            "transport": "inprocess",
+            "agg_layer_indices": list(plan.client_config.agg_layers),
+            "stale_effective": plan.client_config.stale,
+            "device_used": str(device),
+            "split_note": dataset.split_note,
+        },
         history=history,
-        notes=[f"split: {dataset.split_note}",
-               "accuracy: mean over clients of each client's own head on the joint inference",
-               f"evaluation: one sampled joint inference over validation+test nodes, "
-               f"fanout {config.eval_fanout}; test accuracy reported at the best validation"],
+        notes=[
+            f"split: {dataset.split_note}",
+            "accuracy: mean over clients of each client's own head on the joint inference",
+            f"evaluation: one sampled joint inference over validation+test nodes, "
+            f"fanout {config.eval_fanout}; test accuracy reported at the best validation",
+        ],
     )
 
 
@@ -178,12 +211,17 @@ def _run_schedule(
     bar = tqdm(total=config.rounds, desc=label, unit="round", disable=not progress, leave=False)
     for spec in schedule:
         if spec.kind == "train":
-            nodes = draw_output_batch(dataset.train_nodes, batch_size=config.batch_size,
-                                      seed=config.seed, pass_index=spec.index)
+            nodes = draw_output_batch(
+                dataset.train_nodes,
+                batch_size=config.batch_size,
+                seed=config.seed,
+                pass_index=spec.index,
+            )
         else:
             nodes = evaluation_nodes
-        outcomes = run_pass_inprocess(clients, aggregator, pass_index=spec.index, kind=spec.kind,
-                                      output_nodes=nodes)
+        outcomes = run_pass_inprocess(
+            clients, aggregator, pass_index=spec.index, kind=spec.kind, output_nodes=nodes
+        )
         if spec.kind == "train":
             losses.append(float(np.mean([o.loss for o in outcomes])))
             bar.update(1)
@@ -195,8 +233,9 @@ def _run_schedule(
     return history
 
 
-def summarize_eval(round_: int, outcomes: Sequence[PassOutcome], losses: Sequence[float]
-                   ) -> HistoryEntry:
+def summarize_eval(
+    round_: int, outcomes: Sequence[PassOutcome], losses: Sequence[float]
+) -> HistoryEntry:
     """One history row: clients' accuracies averaged, training loss over the recent rounds."""
     recent = losses[-10:] if losses else [float("nan")]
     return HistoryEntry(

@@ -19,7 +19,9 @@ class GATLayer(nn.Module):
             in_width, out_width // heads, heads=heads, add_self_loops=False, concat=True
         )
 
-    def forward(self, h: torch.Tensor, block: Block, h0: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, h: torch.Tensor, block: Block, h0: torch.Tensor | None = None
+    ) -> torch.Tensor:
         targets = h[block.target_positions]
         out = self.conv((h, targets), block.edge_index, size=(h.shape[0], block.num_targets))
         return torch.nn.functional.elu(out)

@@ -15,5 +15,7 @@ class GCNLayer(nn.Module):
         nn.init.xavier_uniform_(self.linear.weight)
         nn.init.zeros_(self.linear.bias)
 
-    def forward(self, h: torch.Tensor, block: Block, h0: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, h: torch.Tensor, block: Block, h0: torch.Tensor | None = None
+    ) -> torch.Tensor:
         return torch.relu(self.linear(torch.sparse.mm(block.adjacency, h)))

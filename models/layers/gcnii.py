@@ -22,7 +22,9 @@ class GCNIILayer(nn.Module):
         self.weight = nn.Parameter(torch.empty(width, width))
         nn.init.xavier_uniform_(self.weight)
 
-    def forward(self, h: torch.Tensor, block: Block, h0: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, h: torch.Tensor, block: Block, h0: torch.Tensor | None = None
+    ) -> torch.Tensor:
         if h0 is None:
             raise ValueError("GCNII needs the initial representation h0 of the targets")
         support = (1 - self.alpha) * torch.sparse.mm(block.adjacency, h) + self.alpha * h0

@@ -1,0 +1,45 @@
+"""``glasu <command>``: argument parsing and dispatch."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from clients.cli import partition_cmd, train_cmd
+
+COMMANDS = {
+    "train": train_cmd,
+    "partition": partition_cmd,
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="glasu",
+        description="Privacy-hardened vertical federated GNN training (GLASU).",
+    )
+    parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in COMMANDS.values():
+        module.add_parser(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return int(COMMANDS[args.command].run(args) or 0)
+    except KeyboardInterrupt:
+        print("glasu: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+        print(f"glasu {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,28 @@
+"""Shared fixtures: the real Planetoid datasets, copied from ../shared/datasets into a temporary
+directory (the shared copy is read-only and tests never download)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+SHARED_DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "planetoid"
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not SHARED_DATASETS.is_dir():
+        pytest.fail(f"the shared datasets are missing: expected {SHARED_DATASETS}")
+    root = tmp_path_factory.mktemp("planetoid")
+    for name in ("Cora", "CiteSeer"):
+        shutil.copytree(SHARED_DATASETS / name, root / name)
+    return root
+
+
+@pytest.fixture(scope="session")
+def cora(data_dir: Path):
+    from models.data import load_dataset
+
+    return load_dataset("cora", data_dir=data_dir, split="paper", seed=0)
