@@ -9,8 +9,9 @@ from pathlib import Path
 
 import torch
 
+from models.data import load_dataset
 from models.report import RunReport, plot_history
-from models.trainer import TrainConfig, train_inprocess
+from models.trainer import TrainConfig, plan_federation, train_inprocess
 
 DEFAULTS = TrainConfig()
 
@@ -62,7 +63,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         default=1,
         help="CPU threads per process (the matrices are small: 1 is fastest)",
     )
-    p.add_argument("--transport", choices=["inprocess"], default="inprocess")
+    p.add_argument(
+        "--transport",
+        choices=["http", "inprocess"],
+        default="http",
+        help="http: the service and one worker process per client on loopback; "
+        "inprocess: every client in this process",
+    )
     p.add_argument("--report", type=Path, default=None, help="write the JSON report here")
     p.add_argument("--plot", type=Path, default=None, help="write a PNG of the history here")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -78,9 +85,24 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     torch.set_num_threads(args.threads)
     config = config_from_args(args)
-    report = train_inprocess(config, progress=not args.quiet)
+    if args.transport == "http" and config.mode != "standalone":
+        report = train_http(config, threads=args.threads, progress=not args.quiet)
+    else:
+        report = train_inprocess(config, progress=not args.quiet)
     finish(report, report_path=args.report, plot_path=args.plot)
     return 0
+
+
+def train_http(config: TrainConfig, *, threads: int, progress: bool) -> RunReport:
+    from clients.cli.local_federation import SecurityOptions, train_over_http
+
+    dataset = load_dataset(
+        config.dataset, data_dir=config.data_dir, split=config.split, seed=config.seed
+    )
+    plan = plan_federation(config, dataset)
+    return train_over_http(
+        config, plan, dataset, security=SecurityOptions(), threads=threads, progress=progress
+    )
 
 
 def finish(report: RunReport, *, report_path: Path | None, plot_path: Path | None) -> None:

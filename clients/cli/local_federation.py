@@ -1,0 +1,336 @@
+"""``glasu train --transport http``: the service and one worker process per client on this
+machine, over real HTTP on loopback. Every process started here is stopped here, whatever
+happens."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from tqdm.auto import tqdm
+
+from models.data import GraphDataset
+from models.partition import save_partition
+from models.report import HistoryEntry, RunReport, select_best
+from models.trainer import FederationPlan, TrainConfig, eval_nodes
+
+STARTUP_SECONDS = 60.0
+
+
+class FederationFailed(RuntimeError):
+    """A process of the local federation failed; the message says which and why."""
+
+
+@dataclass
+class ManagedProcess:
+    name: str
+    process: subprocess.Popen
+    log_path: Path
+
+    def tail(self, lines: int = 15) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return "\n".join(text[-lines:])
+
+
+@dataclass(frozen=True)
+class SecurityOptions:
+    """What the local federation passes to the service and the workers for HE and DP."""
+
+    public_context: Path | None = None
+    secret_context: Path | None = None
+    privacy: dict[str, Any] | None = None  # the session's PrivacySettings
+    noise_seed: int | None = None
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def glasu_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "clients.cli.main", *args]
+
+
+def session_request(
+    config: TrainConfig, plan: FederationPlan, dataset: GraphDataset, security: SecurityOptions
+) -> dict[str, Any]:
+    return {
+        "clients": len(plan.partitions),
+        "layers": config.layers,
+        "agg_layers": [
+            {"layer": layer, "width": config.hidden} for layer in plan.client_config.agg_layers
+        ],
+        "stale": plan.client_config.stale,
+        "rounds": config.rounds,
+        "eval_every": config.eval_every,
+        "batch_size": config.batch_size,
+        "fanout": config.fanout,
+        "num_nodes": dataset.num_nodes,
+        "train_nodes": dataset.train_nodes.tolist(),
+        "eval_nodes": eval_nodes(dataset).tolist(),
+        "seed": config.seed,
+        "encryption": "ckks" if security.public_context else "none",
+        "privacy": security.privacy,
+        "label": f"glasu train {config.dataset} {config.mode}",
+    }
+
+
+def train_over_http(
+    config: TrainConfig,
+    plan: FederationPlan,
+    dataset: GraphDataset,
+    *,
+    security: SecurityOptions,
+    threads: int = 1,
+    progress: bool = True,
+    work_dir: Path | None = None,
+) -> RunReport:
+    if len(plan.groups) != 1:
+        raise ValueError(
+            "this mode trains clients independently; run it with "
+            "--transport inprocess (it sends nothing)"
+        )
+    started = time.perf_counter()
+    with ExitStack() as stack:
+        root = work_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="glasu-")))
+        processes: list[ManagedProcess] = []
+        stack.callback(stop_all, processes)
+        admin_token = secrets.token_urlsafe(32)
+        admin_file = _secret_file(root / "admin.token", admin_token)
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        serve_args = [
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--database",
+            str(root / "service.sqlite3"),
+            "--admin-token-file",
+            str(admin_file),
+            "--log-level",
+            "warning",
+        ]
+        if security.public_context:
+            serve_args += ["--public-context", str(security.public_context)]
+        processes.append(_start("service", glasu_command(*serve_args), root / "service.log"))
+        admin = stack.enter_context(
+            httpx.Client(
+                base_url=url, headers={"Authorization": f"Bearer {admin_token}"}, timeout=60
+            )
+        )
+        _wait_healthy(admin, processes[0])
+        response = admin.post("/v1/sessions", json=session_request(config, plan, dataset, security))
+        if response.status_code != 201:
+            raise FederationFailed(f"the service refused the session: {response.text}")
+        created = response.json()
+        session_id = created["session_id"]
+        for part, token in zip(plan.partitions, created["client_tokens"], strict=True):
+            folder = save_partition(part, root / "partitions")
+            token_file = _secret_file(root / f"client-{part.client}.token", token)
+            args = [
+                "worker",
+                "--server",
+                url,
+                "--session",
+                session_id,
+                "--client",
+                str(part.client),
+                "--token-file",
+                str(token_file),
+                "--data",
+                str(folder),
+                "--device",
+                config.device,
+                "--backbone",
+                config.backbone,
+                "--dropout",
+                str(config.dropout),
+                "--lr",
+                str(config.lr),
+                "--weight-decay",
+                str(config.weight_decay),
+                "--eval-fanout",
+                str(config.eval_fanout),
+                "--seed",
+                str(config.seed),
+                "--threads",
+                str(threads),
+                "--result",
+                str(root / f"client-{part.client}.json"),
+                "--quiet",
+            ]
+            if security.secret_context:
+                args += ["--secret-context", str(security.secret_context)]
+            if security.noise_seed is not None:
+                args += ["--noise-seed", str(security.noise_seed)]
+            processes.append(
+                _start(
+                    f"worker {part.client}",
+                    glasu_command(*args),
+                    root / f"client-{part.client}.log",
+                )
+            )
+        status = _follow(admin, session_id, processes, created["passes_total"], progress)
+        results = [
+            json.loads((root / f"client-{m}.json").read_text()) for m in range(len(plan.partitions))
+        ]
+        privacy = admin.get(f"/v1/sessions/{session_id}/privacy").json()
+    return _report(
+        config, plan, dataset, results, status, privacy, wall_seconds=time.perf_counter() - started
+    )
+
+
+def _secret_file(path: Path, content: str) -> Path:
+    path.touch(mode=0o600)
+    path.write_text(content)
+    return path
+
+
+def _start(name: str, command: Sequence[str], log_path: Path) -> ManagedProcess:
+    log = log_path.open("wb")
+    process = subprocess.Popen(
+        command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+    )
+    log.close()
+    return ManagedProcess(name=name, process=process, log_path=log_path)
+
+
+def stop_all(processes: Sequence[ManagedProcess], grace: float = 5.0) -> None:
+    """Workers first, the service last; SIGTERM, then SIGKILL after ``grace`` seconds."""
+    for managed in reversed(processes):
+        if managed.process.poll() is None:
+            managed.process.terminate()
+    deadline = time.monotonic() + grace
+    for managed in reversed(processes):
+        try:
+            managed.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            managed.process.kill()
+            managed.process.wait()
+
+
+def _wait_healthy(admin: httpx.Client, service: ManagedProcess) -> None:
+    deadline = time.monotonic() + STARTUP_SECONDS
+    while time.monotonic() < deadline:
+        if service.process.poll() is not None:
+            raise FederationFailed(
+                f"the service exited with code {service.process.returncode}:\n{service.tail()}"
+            )
+        try:
+            if admin.get("/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise FederationFailed(
+        f"the service did not become healthy in {STARTUP_SECONDS:.0f} s:\n{service.tail()}"
+    )
+
+
+def _follow(
+    admin: httpx.Client,
+    session_id: str,
+    processes: Sequence[ManagedProcess],
+    passes_total: int,
+    progress: bool,
+) -> dict[str, Any]:
+    """Show one progress bar for the whole federation until every worker has exited; fail fast
+    (naming the process) when any process dies with an error."""
+    workers = processes[1:]
+    bar = tqdm(
+        total=passes_total, desc="federation", unit="pass", disable=not progress, leave=False
+    )
+    status: dict[str, Any] = {}
+    try:
+        while True:
+            for managed in processes:
+                code = managed.process.poll()
+                if code not in (None, 0) or (managed is processes[0] and code is not None):
+                    raise FederationFailed(
+                        f"{managed.name} exited with code {code}:\n{managed.tail()}"
+                    )
+            status = admin.get(f"/v1/sessions/{session_id}").json()
+            bar.update(max(0, min(status["current_pass"], passes_total) - bar.n))
+            evals = [m for m in status.get("metrics", []) if m.get("val_accuracy") is not None]
+            if evals:
+                bar.set_postfix(round=evals[-1]["round"], val=f"{evals[-1]['val_accuracy']:.3f}")
+            if all(w.process.poll() == 0 for w in workers):
+                return status
+            time.sleep(0.3)
+    finally:
+        bar.close()
+
+
+def _report(
+    config: TrainConfig,
+    plan: FederationPlan,
+    dataset: GraphDataset,
+    results: list[dict[str, Any]],
+    status: dict[str, Any],
+    privacy: dict[str, Any],
+    *,
+    wall_seconds: float,
+) -> RunReport:
+    rounds = [entry["round"] for entry in results[0]["history"]]
+    history = [
+        HistoryEntry(
+            round=r,
+            loss=float(np.mean([res["history"][i]["loss"] for res in results])),
+            val_accuracy=float(np.mean([res["history"][i]["val_accuracy"] for res in results])),
+            test_accuracy=float(np.mean([res["history"][i]["test_accuracy"] for res in results])),
+        )
+        for i, r in enumerate(rounds)
+    ]
+    bytes_up = sum(res["bytes_up"] for res in results)
+    bytes_down = sum(res["bytes_down"] for res in results)
+    reasons = {res["finished_reason"] for res in results}
+    stopped = next((r for r in reasons if r != "finished"), None)
+    if not history:
+        raise FederationFailed(f"the session ended ({stopped}) before any evaluation")
+    best = select_best(history)
+    final = history[-1]
+    return RunReport(
+        test_accuracy=float(best.test_accuracy or 0.0),
+        val_accuracy=float(best.val_accuracy or 0.0),
+        final_test_accuracy=float(final.test_accuracy or 0.0),
+        final_val_accuracy=float(final.val_accuracy or 0.0),
+        best_round=best.round,
+        rounds=config.rounds,
+        wall_seconds=wall_seconds,
+        bytes_up=bytes_up,
+        bytes_down=bytes_down,
+        privacy=privacy if privacy.get("enabled") else None,
+        config={
+            **config.to_dict(),
+            "transport": "http",
+            "agg_layer_indices": list(plan.client_config.agg_layers),
+            "stale_effective": plan.client_config.stale,
+            "encryption": status["config"]["encryption"],
+            "split_note": dataset.split_note,
+        },
+        history=history,
+        notes=[
+            f"split: {dataset.split_note}",
+            "accuracy: mean over clients of each client's own head on the joint inference",
+            "bytes: request and response bodies as the workers sent and received them",
+        ],
+        stopped_early=stopped,
+    )

@@ -1,0 +1,106 @@
+"""``glasu worker``: one organisation's process.
+
+Exit codes: 0 the session finished (or its privacy budget was spent: said on stderr),
+2 bad settings or data, 3 the service refused a call (problem detail printed),
+4 the service stayed unreachable after bounded retries."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+from clients.cli.settings_args import add_settings_arguments, settings_from_args
+from clients.settings import WorkerSettings
+from clients.transport import ServiceClient, ServiceError, ServiceUnavailable
+from clients.worker import LocalModelOptions, run_worker
+from models.partition import load_partition
+from models.trainer import resolve_device
+
+EXIT_REFUSED = 3
+EXIT_UNREACHABLE = 4
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser(
+        "worker",
+        help="run one client against the aggregation service",
+        description="One organisation's worker: loads only its own partition and follows the "
+        "session's passes. Every flag can also be given as GLASU_<FLAG>.",
+    )
+    add_settings_arguments(p, WorkerSettings)
+    p.add_argument("--quiet", action="store_true", help="no per-pass progress lines")
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = settings_from_args(WorkerSettings, args)
+    torch.set_num_threads(settings.threads)
+    token = settings.token_file.read_text(encoding="utf-8").strip()
+    if not token:
+        raise ValueError(f"the token file {settings.token_file} is empty")
+    partition = load_partition(settings.data)
+    device = resolve_device(settings.device)
+    from secure.he import make_codec
+
+    codec = make_codec(settings.secret_context)
+    options = LocalModelOptions(
+        backbone=settings.backbone,
+        dropout=settings.dropout,
+        lr=settings.lr,
+        weight_decay=settings.weight_decay,
+        eval_fanout=settings.eval_fanout,
+        seed=settings.seed,
+    )
+    verify: str | bool = str(settings.ca_file) if settings.ca_file else True
+
+    def progress(info: dict, outcome) -> None:
+        if not args.quiet and outcome.kind == "eval":
+            print(
+                f"client {settings.client} round {info['round']}: loss {outcome.loss:.4f} "
+                f"val {outcome.val_accuracy:.4f} test {outcome.test_accuracy:.4f}",
+                flush=True,
+            )
+
+    with ServiceClient(
+        base_url=settings.server,
+        session_id=settings.session,
+        client_index=settings.client,
+        token=token,
+        verify=verify,
+        poll_seconds=settings.poll_seconds,
+    ) as service:
+        try:
+            result = run_worker(
+                service,
+                partition,
+                options=options,
+                codec=codec,
+                device=device,
+                on_pass=progress,
+                share_transform=None,
+            )
+        except ServiceError as exc:
+            print(f"glasu worker {settings.client}: the service refused: {exc}", file=sys.stderr)
+            return EXIT_REFUSED
+        except ServiceUnavailable as exc:
+            print(f"glasu worker {settings.client}: {exc}", file=sys.stderr)
+            return EXIT_UNREACHABLE
+        summary = {
+            "client": settings.client,
+            "passes": result.passes,
+            "finished_reason": result.finished_reason,
+            "bytes_up": service.traffic.up,
+            "bytes_down": service.traffic.down,
+            "history": result.history,
+        }
+    if settings.result:
+        settings.result.parent.mkdir(parents=True, exist_ok=True)
+        settings.result.write_text(json.dumps(summary, indent=2))
+    if result.finished_reason != "finished":
+        print(
+            f"glasu worker {settings.client}: session ended: {result.finished_reason}",
+            file=sys.stderr,
+        )
+    return 0

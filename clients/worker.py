@@ -1,0 +1,166 @@
+"""One organisation's worker: the GLASU client of models/federated.py, driven over HTTP."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from clients.transport import ServiceClient
+from models.backbone import ModelConfig
+from models.federated import (
+    ClientConfig,
+    EmbeddingRequest,
+    GlasuClient,
+    NodesRequest,
+    PassOutcome,
+    ShareTransform,
+)
+from models.partition import ClientPartition
+from secure.aggregation import EmbeddingCodec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LocalModelOptions:
+    """What each organisation chooses for its own part of the model. Only the widths at the
+    aggregation layers (the session's) must agree across clients."""
+
+    backbone: str = "gcnii"
+    dropout: float = 0.5
+    lr: float = 0.01
+    weight_decay: float = 5e-4
+    eval_fanout: int = 10
+    seed: int | None = None  # initialisation and dropout; default: the session's seed
+
+
+@dataclass
+class WorkerResult:
+    passes: int = 0
+    finished_reason: str = "finished"
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def client_config_from_session(
+    session_config: dict[str, Any], options: LocalModelOptions
+) -> ClientConfig:
+    widths = {a["width"] for a in session_config["agg_layers"]}
+    if len(widths) != 1:
+        raise ValueError(f"this worker needs one width at every aggregation layer, got {widths}")
+    model = ModelConfig(
+        backbone=options.backbone,
+        layers=session_config["layers"],  # type: ignore[arg-type]
+        hidden=widths.pop(),
+        dropout=options.dropout,
+    )
+    return ClientConfig(
+        model=model,
+        agg_layers=tuple(a["layer"] for a in session_config["agg_layers"]),
+        stale=session_config["stale"],
+        fanout=session_config["fanout"],
+        eval_fanout=options.eval_fanout,
+        lr=options.lr,
+        weight_decay=options.weight_decay,
+        seed=session_config["seed"] if options.seed is None else options.seed,
+    )
+
+
+def run_worker(
+    service: ServiceClient,
+    partition: ClientPartition,
+    *,
+    options: LocalModelOptions,
+    codec: EmbeddingCodec,
+    share_transform: ShareTransform | None = None,
+    device: torch.device | str = "cpu",
+    on_pass: Callable[[dict[str, Any], PassOutcome], None] | None = None,
+) -> WorkerResult:
+    """Follow the session's passes until it says "done"."""
+    session = service.session()
+    config = session["config"]
+    if partition.client != service.client_index:
+        raise ValueError(
+            f"the partition is client {partition.client}'s, but this worker is "
+            f"client {service.client_index}"
+        )
+    if partition.clients != config["clients"] or partition.num_nodes != config["num_nodes"]:
+        raise ValueError(
+            f"the partition (M={partition.clients}, {partition.num_nodes} nodes) does not match "
+            f"the session (M={config['clients']}, {config['num_nodes']} nodes)"
+        )
+    if codec.encoding != config["encoding"]:
+        raise ValueError(
+            f"the session expects {config['encoding']} shares, this worker's codec "
+            f"makes {codec.encoding}: give the secret context (or --no-he) to match"
+        )
+    client = GlasuClient(
+        partition,
+        client_config_from_session(config, options),
+        codec=codec,
+        share_transform=share_transform,
+        device=device,
+    )
+    result = WorkerResult()
+    pass_index = 0
+    while True:
+        info = service.pass_info(pass_index)
+        if info["kind"] == "done":
+            result.finished_reason = info.get("reason", "finished")
+            break
+        outcome = drive_pass(client, service, info)
+        service.report_metrics(
+            pass_index,
+            {
+                "loss": outcome.loss,
+                "val_accuracy": outcome.val_accuracy,
+                "test_accuracy": outcome.test_accuracy,
+            },
+        )
+        if outcome.kind == "eval":
+            result.history.append(
+                {
+                    "round": info["round"],
+                    "loss": outcome.loss,
+                    "val_accuracy": outcome.val_accuracy,
+                    "test_accuracy": outcome.test_accuracy,
+                }
+            )
+        if on_pass:
+            on_pass(info, outcome)
+        result.passes += 1
+        pass_index += 1
+    return result
+
+
+def drive_pass(client: GlasuClient, service: ServiceClient, info: dict[str, Any]) -> PassOutcome:
+    """Answer the client's requests of one pass with calls to the service."""
+    pass_index = info["pass"]
+    steps = client.run_pass(
+        pass_index=pass_index,
+        kind=info["kind"],
+        output_nodes=np.asarray(info["output_nodes"], dtype=np.int64),
+    )
+    answer: Any = None
+    while True:
+        try:
+            request = steps.send(answer) if answer is not None else next(steps)
+        except StopIteration as finished:
+            return finished.value
+        if isinstance(request, NodesRequest):
+            answer = service.exchange_nodes(pass_index, request.layer, request.nodes)
+        elif isinstance(request, EmbeddingRequest):
+            answer = service.exchange_embedding(
+                pass_index,
+                request.layer,
+                request.payload,
+                rows=request.rows,
+                cols=request.cols,
+                encoding=client.codec.encoding,
+            )
+        else:
+            raise TypeError(f"unexpected request {request!r}")
