@@ -7,13 +7,22 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from clients.cli import partition_cmd, serve_cmd, train_cmd, worker_cmd
+from clients.cli import (
+    budget_cmd,
+    keygen_cmd,
+    partition_cmd,
+    serve_cmd,
+    train_cmd,
+    worker_cmd,
+)
 
 COMMANDS = {
     "train": train_cmd,
     "serve": serve_cmd,
     "worker": worker_cmd,
     "partition": partition_cmd,
+    "keygen": keygen_cmd,
+    "budget": budget_cmd,
 }
 
 

@@ -1,0 +1,403 @@
+"""CKKS codec (client side) and encrypted sum (service side) over chunked ``ckks_vector`` s.
+
+Wire format of a ``ckks`` embedding (all integers big-endian)::
+
+    b"GLCK" | version: uint8 | key id: 8 bytes | chunk count: uint32
+    then per chunk: length: uint32 | a serialized TenSEAL CKKSVector
+
+The matrix is flattened row-major and cut into chunks of ``SLOTS_PER_CIPHERTEXT`` values (the
+last chunk may be shorter); ``rows * cols == 0`` gives zero chunks. The key id is a public
+fingerprint of the key pair and parameters (:func:`secure.he_context.context_key_id`): a share
+encrypted under another key pair is refused instead of silently corrupting the sum. The service
+returns only the sum; clients divide by the count (docs/encryption.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tenseal as ts
+
+from secure.aggregation import (
+    EmbeddingCodec,
+    PayloadError,
+    PlainCodec,
+    PlainSumAggregator,
+    SumAggregator,
+)
+from secure.he_context import (
+    COEFF_MOD_BIT_SIZES,
+    GLOBAL_SCALE,
+    GLOBAL_SCALE_BITS,
+    KEY_ID_BYTES,
+    MAX_ABS_SUM,
+    MAX_SHARES,
+    POLY_MODULUS_DEGREE,
+    PUBLIC_CONTEXT_NAME,
+    SECRET_CONTEXT_NAME,
+    SLOTS_PER_CIPHERTEXT,
+    SUM_ERROR_BOUND,
+    KeyMaterialError,
+    LoadedContext,
+    context_key_id,
+    describe_context,
+    generate_keys,
+    load_public_context,
+    load_secret_context,
+    new_context,
+    public_context_bytes,
+    secret_context_bytes,
+    share_bound,
+)
+
+__all__ = [
+    "COEFF_MOD_BIT_SIZES",
+    "FORMAT_VERSION",
+    "GLOBAL_SCALE",
+    "GLOBAL_SCALE_BITS",
+    "MAGIC",
+    "MAX_ABS_SUM",
+    "MAX_CHUNK_BYTES",
+    "MAX_SHARES",
+    "POLY_MODULUS_DEGREE",
+    "PUBLIC_CONTEXT_NAME",
+    "SECRET_CONTEXT_NAME",
+    "SLOTS_PER_CIPHERTEXT",
+    "SUM_ERROR_BOUND",
+    "CkksCodec",
+    "CkksFrame",
+    "CkksSumAggregator",
+    "KeyMaterialError",
+    "LoadedContext",
+    "chunk_lengths",
+    "clear_caches",
+    "context_key_id",
+    "frame_chunks",
+    "generate_keys",
+    "load_public_context",
+    "load_secret_context",
+    "make_codec",
+    "make_sum_aggregator",
+    "max_payload_bytes",
+    "new_context",
+    "parse_frame",
+    "public_context_bytes",
+    "secret_context_bytes",
+    "share_bound",
+]
+
+MAGIC = b"GLCK"
+FORMAT_VERSION = 1
+_HEADER = struct.Struct(f">4sB{KEY_ID_BYTES}sI")
+_CHUNK_LENGTH = struct.Struct(">I")
+# Twice an uncompressed 2-polynomial ciphertext at one 64-bit-word prime (ours compress to ~24 KiB).
+MAX_CHUNK_BYTES = 2 * (2 * POLY_MODULUS_DEGREE * 8)
+_CIPHERTEXT_POLYNOMIALS = 2
+
+
+# ---------------------------------------------------------------------------------------------
+# Framing
+
+
+@dataclass(frozen=True)
+class CkksFrame:
+    """A parsed payload: the key id and the serialized chunks, not yet deserialized."""
+
+    key_id: bytes
+    chunks: tuple[bytes, ...]
+
+
+def frame_chunks(chunks: Sequence[bytes], *, key_id: bytes) -> bytes:
+    """Header plus length-prefixed chunks."""
+    if len(key_id) != KEY_ID_BYTES:
+        raise ValueError(f"key id must be {KEY_ID_BYTES} bytes, got {len(key_id)}")
+    parts = [_HEADER.pack(MAGIC, FORMAT_VERSION, key_id, len(chunks))]
+    for chunk in chunks:
+        parts.append(_CHUNK_LENGTH.pack(len(chunk)))
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def parse_frame(payload: bytes) -> CkksFrame:
+    """Split a payload into chunks; :class:`PayloadError` for any framing problem."""
+    view = memoryview(payload)
+    if len(view) < _HEADER.size:
+        raise PayloadError(f"ckks body of {len(view)} bytes is shorter than its header")
+    magic, version, key_id, count = _HEADER.unpack_from(view, 0)
+    if magic != MAGIC:
+        raise PayloadError(f"ckks body does not start with {MAGIC!r} (got {bytes(magic)!r})")
+    if version != FORMAT_VERSION:
+        raise PayloadError(f"ckks format version {version} is not supported ({FORMAT_VERSION})")
+    chunks: list[bytes] = []
+    offset = _HEADER.size
+    for index in range(count):
+        chunk, offset = _read_chunk(view, offset, index=index)
+        chunks.append(chunk)
+    if offset != len(view):
+        raise PayloadError(f"{len(view) - offset} trailing bytes after {count} chunks")
+    return CkksFrame(key_id=bytes(key_id), chunks=tuple(chunks))
+
+
+def _read_chunk(view: memoryview, offset: int, *, index: int) -> tuple[bytes, int]:
+    if offset + _CHUNK_LENGTH.size > len(view):
+        raise PayloadError(f"ckks body truncated before the length of chunk {index}")
+    (length,) = _CHUNK_LENGTH.unpack_from(view, offset)
+    offset += _CHUNK_LENGTH.size
+    if length > MAX_CHUNK_BYTES:
+        raise PayloadError(f"chunk {index} claims {length} bytes (at most {MAX_CHUNK_BYTES})")
+    if offset + length > len(view):
+        raise PayloadError(
+            f"ckks body truncated inside chunk {index}: {length} bytes announced,"
+            f" {len(view) - offset} left"
+        )
+    return bytes(view[offset : offset + length]), offset + length
+
+
+def chunk_lengths(*, rows: int, cols: int, slots: int = SLOTS_PER_CIPHERTEXT) -> list[int]:
+    """How many values each chunk of a (rows x cols) matrix holds."""
+    _check_shape(rows=rows, cols=cols)
+    total = rows * cols
+    return [min(slots, total - start) for start in range(0, total, slots)]
+
+
+def max_payload_bytes(*, rows: int, cols: int) -> int:
+    """An upper bound on a valid payload's size, to refuse oversized bodies before parsing."""
+    count = len(chunk_lengths(rows=rows, cols=cols))
+    return _HEADER.size + count * (_CHUNK_LENGTH.size + MAX_CHUNK_BYTES)
+
+
+def _check_shape(*, rows: int, cols: int) -> None:
+    if rows < 0 or cols < 0:
+        raise PayloadError(f"shape ({rows}, {cols}) has a negative dimension")
+
+
+# ---------------------------------------------------------------------------------------------
+# Chunks <-> CKKS vectors
+
+
+def _read_vectors(
+    loaded: LoadedContext, payload: bytes, *, rows: int, cols: int
+) -> list[ts.CKKSVector]:
+    """Parse and deserialize a payload for a (rows x cols) slot; PayloadError if it does not fit."""
+    if len(payload) > max_payload_bytes(rows=rows, cols=cols):
+        raise PayloadError(f"ckks body of {len(payload)} bytes is too large for ({rows}, {cols})")
+    frame = parse_frame(payload)
+    if frame.key_id != loaded.key_id:
+        raise PayloadError(
+            f"share encrypted under key id {frame.key_id.hex()}, this session uses"
+            f" {loaded.key_id.hex()} (a different key pair or CKKS parameters)"
+        )
+    expected = chunk_lengths(rows=rows, cols=cols, slots=loaded.slots)
+    if len(frame.chunks) != len(expected):
+        raise PayloadError(
+            f"{len(frame.chunks)} chunks, but ({rows}, {cols}) needs {len(expected)}"
+            f" of {loaded.slots} values"
+        )
+    return [
+        _load_chunk(loaded, chunk, index=index, expected_size=size)
+        for index, (chunk, size) in enumerate(zip(frame.chunks, expected, strict=True))
+    ]
+
+
+def _load_chunk(
+    loaded: LoadedContext, data: bytes, *, index: int, expected_size: int
+) -> ts.CKKSVector:
+    try:
+        vector = ts.ckks_vector_from(loaded.context, data)
+        size = vector.size()
+        ciphertexts = vector.ciphertext()
+    except Exception as error:  # TenSEAL raises ValueError/RuntimeError/TypeError/...
+        raise PayloadError(
+            f"chunk {index} is not a CKKS vector under this session's context: {error}"
+        ) from None
+    if size != expected_size:
+        raise PayloadError(f"chunk {index} holds {size} values, expected {expected_size}")
+    if len(ciphertexts) != 1:
+        raise PayloadError(f"chunk {index} holds {len(ciphertexts)} ciphertexts, expected 1")
+    _check_ciphertext(loaded, ciphertexts[0], index=index)
+    return vector
+
+
+def _check_ciphertext(loaded: LoadedContext, ciphertext: Any, *, index: int) -> None:
+    """``ciphertext`` is TenSEAL's binding of a SEAL Ciphertext (no public Python type)."""
+    try:
+        polynomials = ciphertext.size()
+        parms_id = tuple(ciphertext.parms_id())
+        scale = ciphertext.scale
+        ntt_form = ciphertext.is_ntt_form()
+    except Exception as error:
+        raise PayloadError(f"chunk {index}: unreadable ciphertext metadata: {error}") from None
+    if parms_id != loaded.parms_id:
+        raise PayloadError(f"chunk {index}: ciphertext is not at the session's modulus level")
+    if polynomials != _CIPHERTEXT_POLYNOMIALS or not ntt_form:
+        raise PayloadError(
+            f"chunk {index}: ciphertext has {polynomials} polynomials (ntt form: {ntt_form}),"
+            f" expected a fresh {_CIPHERTEXT_POLYNOMIALS}-polynomial ciphertext"
+        )
+    if not math.isclose(scale, loaded.scale, rel_tol=1e-12):
+        raise PayloadError(
+            f"chunk {index}: ciphertext scale {scale:.6g} differs from the session's"
+            f" {loaded.scale:.6g} (2^{GLOBAL_SCALE_BITS})"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Client side
+
+
+class CkksCodec(EmbeddingCodec):
+    """Encrypts shares and decrypts sums with a worker's secret context."""
+
+    encoding = "ckks"
+
+    def __init__(self, context: ts.Context) -> None:
+        if not context.is_private():
+            raise KeyMaterialError("CkksCodec needs the secret context; this one is public")
+        self._loaded = describe_context(context)
+
+    @classmethod
+    def from_file(cls, path: Path | str) -> CkksCodec:
+        return cls(load_secret_context(path))
+
+    @property
+    def key_id(self) -> bytes:
+        return self._loaded.key_id
+
+    @property
+    def context(self) -> ts.Context:
+        return self._loaded.context
+
+    def encode(self, matrix: np.ndarray) -> bytes:
+        values = _flatten_share(matrix)
+        slots = self._loaded.slots
+        chunks = [
+            ts.ckks_vector(self._loaded.context, values[start : start + slots].tolist()).serialize()
+            for start in range(0, values.size, slots)
+        ]
+        return frame_chunks(chunks, key_id=self._loaded.key_id)
+
+    def decode_sum(self, payload: bytes, *, rows: int, cols: int) -> np.ndarray:
+        vectors = _read_vectors(self._loaded, payload, rows=rows, cols=cols)
+        if not vectors:
+            return np.zeros((rows, cols), dtype=np.float32)
+        values = np.concatenate([np.asarray(vector.decrypt()) for vector in vectors])
+        return values.astype(np.float32).reshape(rows, cols)
+
+
+def _flatten_share(matrix: np.ndarray) -> np.ndarray:
+    """Row-major float64 values of a share, refusing what CKKS cannot carry correctly."""
+    if matrix.ndim != 2:
+        raise ValueError(f"expected a 2-D matrix, got shape {matrix.shape}")
+    values = np.ascontiguousarray(matrix, dtype=np.float64).reshape(-1)
+    if values.size == 0:
+        return values
+    if not np.isfinite(values).all():
+        raise ValueError("share contains NaN or infinite values")
+    largest = float(np.abs(values).max())
+    if largest > MAX_ABS_SUM:
+        raise ValueError(
+            f"share has |value| {largest:.4g} > {MAX_ABS_SUM:g}: its encrypted sum would overflow"
+            " the CKKS modulus (bound shares with share_bound(clients=M) first)"
+        )
+    return values
+
+
+# ---------------------------------------------------------------------------------------------
+# Service side
+
+
+class CkksSumAggregator(SumAggregator):
+    """Validates and adds ciphertext shares with the public context only."""
+
+    encoding = "ckks"
+
+    def __init__(self, context: ts.Context) -> None:
+        if context.is_private():
+            raise KeyMaterialError(
+                "CkksSumAggregator must be given the public context; this one holds a secret key"
+            )
+        self._loaded = describe_context(context)
+
+    @classmethod
+    def from_bytes(cls, public_context: bytes) -> CkksSumAggregator:
+        return cls(load_public_context(public_context))
+
+    @property
+    def key_id(self) -> bytes:
+        return self._loaded.key_id
+
+    def validate(self, payload: bytes, *, rows: int, cols: int) -> None:
+        _read_vectors(self._loaded, payload, rows=rows, cols=cols)
+
+    def add(self, payloads: Sequence[bytes], *, rows: int, cols: int) -> bytes:
+        if not payloads:
+            raise ValueError("nothing to add")
+        if len(payloads) > MAX_SHARES:
+            raise ValueError(
+                f"{len(payloads)} shares exceed the {MAX_SHARES} the CKKS parameters are sized for"
+            )
+        total = self._read_share(payloads, 0, rows=rows, cols=cols)
+        for index in range(1, len(payloads)):
+            share = self._read_share(payloads, index, rows=rows, cols=cols)
+            for accumulator, vector in zip(total, share, strict=True):
+                accumulator += vector
+        return frame_chunks([vector.serialize() for vector in total], key_id=self._loaded.key_id)
+
+    def _read_share(
+        self, payloads: Sequence[bytes], index: int, *, rows: int, cols: int
+    ) -> list[ts.CKKSVector]:
+        try:
+            return _read_vectors(self._loaded, payloads[index], rows=rows, cols=cols)
+        except PayloadError as error:
+            raise PayloadError(f"share {index}: {error}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Factories (memoized: parsing a context and deriving its key id costs milliseconds per call)
+
+
+def make_codec(secret_context_path: Path | str | None) -> EmbeddingCodec:
+    """PlainCodec without a key file, else the (cached) CkksCodec for that secret context."""
+    if secret_context_path is None:
+        return PlainCodec()
+    path = Path(secret_context_path).resolve()
+    try:
+        stat = path.stat()
+    except OSError:
+        return CkksCodec.from_file(path)  # raises a KeyMaterialError that says what is wrong
+    return _cached_codec(str(path), stat.st_mtime_ns, stat.st_size, stat.st_ino)
+
+
+def make_sum_aggregator(encoding: str, public_context_bytes: bytes | None) -> SumAggregator:
+    """The service's aggregator for a session's encoding; ``ckks`` needs the public context."""
+    if encoding == PlainSumAggregator.encoding:
+        return PlainSumAggregator()
+    if encoding == CkksSumAggregator.encoding:
+        if public_context_bytes is None:
+            raise KeyMaterialError("encoding 'ckks' needs the public context")
+        return _cached_aggregator(bytes(public_context_bytes))
+    raise ValueError(f"unknown encoding {encoding!r} (expected 'float32' or 'ckks')")
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_codec(path: str, mtime_ns: int, size: int, inode: int) -> CkksCodec:
+    del mtime_ns, size, inode  # part of the cache key only: a replaced file is re-read
+    return CkksCodec.from_file(path)
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_aggregator(public_context: bytes) -> CkksSumAggregator:
+    return CkksSumAggregator.from_bytes(public_context)
+
+
+def clear_caches() -> None:
+    """Forget memoized codecs and aggregators (tests, key rotation)."""
+    _cached_codec.cache_clear()
+    _cached_aggregator.cache_clear()

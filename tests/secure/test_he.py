@@ -1,0 +1,359 @@
+"""CKKS key material, codec and encrypted sum (secure/he.py, secure/he_context.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import stat
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tenseal as ts
+
+from secure.aggregation import PayloadError, PlainCodec, PlainSumAggregator
+from secure.he import (
+    FORMAT_VERSION,
+    MAGIC,
+    MAX_ABS_SUM,
+    MAX_SHARES,
+    SLOTS_PER_CIPHERTEXT,
+    SUM_ERROR_BOUND,
+    CkksCodec,
+    CkksSumAggregator,
+    KeyMaterialError,
+    frame_chunks,
+    generate_keys,
+    load_public_context,
+    load_secret_context,
+    make_codec,
+    make_sum_aggregator,
+    new_context,
+    parse_frame,
+    public_context_bytes,
+    share_bound,
+)
+
+ROWS, COLS = 9, 130  # 1170 values: one full chunk and a partial one
+
+
+@pytest.fixture(scope="module")
+def key_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return generate_keys(tmp_path_factory.mktemp("keys"))
+
+
+@pytest.fixture(scope="module")
+def codec(key_files: tuple[Path, Path]) -> CkksCodec:
+    return CkksCodec.from_file(key_files[0])
+
+
+@pytest.fixture(scope="module")
+def aggregator(key_files: tuple[Path, Path]) -> CkksSumAggregator:
+    return CkksSumAggregator.from_bytes(key_files[1].read_bytes())
+
+
+@pytest.fixture(scope="module")
+def other_codec() -> CkksCodec:
+    """Same parameters, a different key pair."""
+    return CkksCodec(new_context())
+
+
+def random_share(rows: int, cols: int, *, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(-1.0, 1.0, size=(rows, cols)).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Key material
+
+
+def test_key_files_modes_and_contents(key_files: tuple[Path, Path]) -> None:
+    secret_path, public_path = key_files
+    assert stat.S_IMODE(secret_path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(public_path.stat().st_mode) == 0o644
+    secret = ts.context_from(secret_path.read_bytes())
+    public = ts.context_from(public_path.read_bytes())
+    assert secret.is_private() and not public.is_private()
+    for context in (secret, public):
+        assert not context.has_galois_keys()
+        assert not context.has_relin_keys()
+
+
+def test_generate_keys_refuses_to_overwrite(tmp_path: Path) -> None:
+    secret_path, _ = generate_keys(tmp_path)
+    before = secret_path.read_bytes()
+    with pytest.raises(KeyMaterialError, match="already exist"):
+        generate_keys(tmp_path)
+    assert secret_path.read_bytes() == before
+    generate_keys(tmp_path, overwrite=True)
+    assert secret_path.read_bytes() != before
+    assert stat.S_IMODE(secret_path.stat().st_mode) == 0o600
+
+
+def test_public_context_rejects_secret_file_and_vice_versa(key_files: tuple[Path, Path]) -> None:
+    secret_path, public_path = key_files
+    with pytest.raises(KeyMaterialError, match="secret key"):
+        load_public_context(secret_path)
+    with pytest.raises(KeyMaterialError, match="secret key"):
+        load_public_context(secret_path.read_bytes())
+    with pytest.raises(KeyMaterialError, match="no secret key"):
+        load_secret_context(public_path)
+    assert not load_public_context(public_path).is_private()
+    assert load_secret_context(secret_path).is_private()
+
+
+def test_roles_refuse_the_wrong_context(key_files: tuple[Path, Path]) -> None:
+    secret_path, public_path = key_files
+    with pytest.raises(KeyMaterialError):
+        CkksSumAggregator(load_secret_context(secret_path))
+    with pytest.raises(KeyMaterialError):
+        make_sum_aggregator("ckks", secret_path.read_bytes())
+    with pytest.raises(KeyMaterialError):
+        CkksCodec(load_public_context(public_path))
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"", b"not a context", None],
+    ids=["empty", "garbage", "truncated"],
+)
+def test_corrupt_key_files(
+    tmp_path: Path, key_files: tuple[Path, Path], content: bytes | None
+) -> None:
+    secret = key_files[0].read_bytes()
+    path = tmp_path / "broken.context"
+    path.write_bytes(secret[: len(secret) // 2] if content is None else content)
+    with pytest.raises(KeyMaterialError):
+        load_secret_context(path)
+    with pytest.raises(KeyMaterialError):
+        load_public_context(path)
+
+
+def test_missing_key_file(tmp_path: Path) -> None:
+    with pytest.raises(KeyMaterialError, match="no such key file"):
+        load_secret_context(tmp_path / "nope.context")
+    with pytest.raises(KeyMaterialError, match="no such key file"):
+        make_codec(tmp_path / "nope.context")
+
+
+def test_other_parameters_are_refused() -> None:
+    context = ts.context(ts.SCHEME_TYPE.CKKS, 4096, coeff_mod_bit_sizes=[40, 20, 40])
+    context.global_scale = 2.0**20
+    with pytest.raises(KeyMaterialError, match="parameters"):
+        load_public_context(public_context_bytes(context))
+
+
+def test_public_context_cannot_decrypt(codec: CkksCodec, key_files: tuple[Path, Path]) -> None:
+    chunk = parse_frame(codec.encode(random_share(2, 3, seed=1))).chunks[0]
+    public = load_public_context(key_files[1])
+    vector = ts.ckks_vector_from(public, chunk)
+    with pytest.raises(ValueError, match="secret"):
+        vector.decrypt()
+
+
+# ---------------------------------------------------------------------------------------------
+# Codec and sum
+
+
+@pytest.mark.parametrize(
+    ("rows", "cols"),
+    [(1, 1), (0, 16), (16, 128), (ROWS, COLS), (3, SLOTS_PER_CIPHERTEXT + 1), (7, 5)],
+)
+def test_round_trip(codec: CkksCodec, rows: int, cols: int) -> None:
+    share = random_share(rows, cols, seed=rows * 1000 + cols)
+    payload = codec.encode(share)
+    decoded = codec.decode_sum(payload, rows=rows, cols=cols)
+    assert decoded.shape == (rows, cols) and decoded.dtype == np.float32
+    np.testing.assert_allclose(decoded, share, rtol=0, atol=SUM_ERROR_BOUND)
+    expected_chunks = -(-rows * cols // SLOTS_PER_CIPHERTEXT)
+    assert len(parse_frame(payload).chunks) == expected_chunks
+
+
+def test_sum_of_three_clients(codec: CkksCodec, key_files: tuple[Path, Path]) -> None:
+    service = make_sum_aggregator("ckks", key_files[1].read_bytes())
+    shares = [random_share(ROWS, COLS, seed=seed) for seed in range(3)]
+    payloads = [codec.encode(share) for share in shares]
+    for payload in payloads:
+        service.validate(payload, rows=ROWS, cols=COLS)
+    total = service.add(payloads, rows=ROWS, cols=COLS)
+    service.validate(total, rows=ROWS, cols=COLS)
+    decoded = codec.decode_sum(total, rows=ROWS, cols=COLS)
+    expected = np.sum([share.astype(np.float64) for share in shares], axis=0)
+    np.testing.assert_allclose(decoded, expected, rtol=0, atol=SUM_ERROR_BOUND)
+
+
+def test_sum_at_the_encodable_limit(codec: CkksCodec, aggregator: CkksSumAggregator) -> None:
+    """MAX_SHARES constant shares at the per-share bound: the worst case for the modulus."""
+    share = np.full(
+        (2, SLOTS_PER_CIPHERTEXT // 2), share_bound(clients=MAX_SHARES), dtype=np.float32
+    )
+    share[1] = -share_bound(clients=MAX_SHARES)
+    payload = codec.encode(share)
+    total = aggregator.add([payload] * MAX_SHARES, rows=2, cols=share.shape[1])
+    decoded = codec.decode_sum(total, rows=2, cols=share.shape[1])
+    float32_rounding = float(np.spacing(np.float32(share_bound(clients=MAX_SHARES) * MAX_SHARES)))
+    np.testing.assert_allclose(
+        decoded, share * MAX_SHARES, rtol=0, atol=SUM_ERROR_BOUND + float32_rounding
+    )
+
+
+def test_add_keeps_order_and_limits(codec: CkksCodec, aggregator: CkksSumAggregator) -> None:
+    shares = [codec.encode(random_share(3, 4, seed=seed)) for seed in (7, 8)]
+    forward = codec.decode_sum(aggregator.add(shares, rows=3, cols=4), rows=3, cols=4)
+    backward = codec.decode_sum(aggregator.add(shares[::-1], rows=3, cols=4), rows=3, cols=4)
+    np.testing.assert_allclose(forward, backward, rtol=0, atol=SUM_ERROR_BOUND)
+    with pytest.raises(ValueError, match="nothing"):
+        aggregator.add([], rows=3, cols=4)
+    with pytest.raises(ValueError, match="shares exceed"):
+        aggregator.add([shares[0]] * (MAX_SHARES + 1), rows=3, cols=4)
+
+
+@pytest.mark.parametrize(
+    "share",
+    [
+        np.array([[np.nan, 0.0]]),
+        np.array([[np.inf]]),
+        np.array([[MAX_ABS_SUM * 1.01]]),
+        np.zeros(4),
+    ],
+    ids=["nan", "inf", "too-large", "1-d"],
+)
+def test_encode_refuses_what_ckks_cannot_carry(codec: CkksCodec, share: np.ndarray) -> None:
+    with pytest.raises(ValueError):
+        codec.encode(share)
+
+
+def test_payload_size(codec: CkksCodec) -> None:
+    payload = codec.encode(random_share(16, 128, seed=3))
+    assert len(payload) / (16 * 128) < 26  # ~24.1 bytes per float, docs/encryption.md
+
+
+# ---------------------------------------------------------------------------------------------
+# Malformed payloads
+
+
+def _replace_chunk(payload: bytes, index: int, chunk: bytes) -> bytes:
+    frame = parse_frame(payload)
+    chunks = list(frame.chunks)
+    chunks[index] = chunk
+    return frame_chunks(chunks, key_id=frame.key_id)
+
+
+def _wrong_scale_chunk(codec: CkksCodec) -> bytes:
+    context = codec.context.copy()
+    context.global_scale = 2.0**20
+    return ts.ckks_vector(context, [0.5] * SLOTS_PER_CIPHERTEXT).serialize()
+
+
+def _other_parameters_chunk(codec: CkksCodec) -> bytes:
+    """Same N and slot count, another coefficient modulus: SEAL must refuse to load it."""
+    context = ts.context(ts.SCHEME_TYPE.CKKS, 2048, coeff_mod_bit_sizes=[30, 24])
+    context.global_scale = 2.0**20
+    return ts.ckks_vector(context, [0.5] * SLOTS_PER_CIPHERTEXT).serialize()
+
+
+def _random_bytes_chunk(codec: CkksCodec) -> bytes:
+    size = len(parse_frame(codec.encode(np.zeros((1, 1)))).chunks[0])
+    return np.random.default_rng(5).bytes(size)
+
+
+def _oversized_vector_chunk(codec: CkksCodec) -> bytes:
+    """A TenSEAL vector spanning two ciphertexts (TenSEAL splits it silently)."""
+    return ts.ckks_vector(codec.context, [0.1] * (2 * SLOTS_PER_CIPHERTEXT)).serialize()
+
+
+Mutation = Callable[[bytes, CkksCodec, CkksCodec], bytes]
+
+MALFORMED: dict[str, Mutation] = {
+    "empty": lambda good, codec, other: b"",
+    "garbage": lambda good, codec, other: b"\x00garbage" * 40,
+    "bad-magic": lambda good, codec, other: b"XXXX" + good[4:],
+    "bad-version": lambda good, codec, other: MAGIC + bytes([FORMAT_VERSION + 1]) + good[5:],
+    "truncated-header": lambda good, codec, other: good[:10],
+    "truncated-chunk": lambda good, codec, other: good[:-1],
+    "truncated-length": lambda good, codec, other: good[: len(parse_frame(good).chunks[0]) + 23],
+    "trailing-bytes": lambda good, codec, other: good + b"\x00",
+    "too-few-chunks": lambda good, codec, other: frame_chunks(
+        parse_frame(good).chunks[:1], key_id=codec.key_id
+    ),
+    "too-many-chunks": lambda good, codec, other: frame_chunks(
+        parse_frame(good).chunks * 2, key_id=codec.key_id
+    ),
+    "count-lies": lambda good, codec, other: good[:13] + struct.pack(">I", 3) + good[17:],
+    "huge-length": lambda good, codec, other: good[:17] + struct.pack(">I", 2**31) + good[21:],
+    "other-key-pair": lambda good, codec, other: other.encode(random_share(ROWS, COLS, seed=1)),
+    "other-parameters": lambda good, codec, other: _replace_chunk(
+        good, 0, _other_parameters_chunk(codec)
+    ),
+    "wrong-scale": lambda good, codec, other: _replace_chunk(good, 0, _wrong_scale_chunk(codec)),
+    "random-chunk": lambda good, codec, other: _replace_chunk(good, 1, _random_bytes_chunk(codec)),
+    "empty-chunk": lambda good, codec, other: _replace_chunk(good, 1, b""),
+    "swapped-chunks": lambda good, codec, other: frame_chunks(
+        parse_frame(good).chunks[::-1], key_id=codec.key_id
+    ),
+    "oversized-vector-chunk": lambda good, codec, other: _replace_chunk(
+        good, 0, _oversized_vector_chunk(codec)
+    ),
+    "wrong-shape": lambda good, codec, other: codec.encode(random_share(ROWS + 2, COLS, seed=2)),
+}
+
+
+@pytest.fixture(scope="module")
+def good_payload(codec: CkksCodec) -> bytes:
+    return codec.encode(random_share(ROWS, COLS, seed=0))
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+def test_malformed_payloads_raise_payload_error(
+    name: str,
+    good_payload: bytes,
+    codec: CkksCodec,
+    other_codec: CkksCodec,
+    aggregator: CkksSumAggregator,
+) -> None:
+    bad = MALFORMED[name](good_payload, codec, other_codec)
+    with pytest.raises(PayloadError) as caught:
+        aggregator.validate(bad, rows=ROWS, cols=COLS)
+    assert type(caught.value) is PayloadError and str(caught.value)
+    with pytest.raises(PayloadError):
+        aggregator.add([good_payload, bad], rows=ROWS, cols=COLS)
+    with pytest.raises(PayloadError):
+        codec.decode_sum(bad, rows=ROWS, cols=COLS)
+
+
+def test_flipped_bytes_never_escape_as_other_errors(
+    good_payload: bytes, aggregator: CkksSumAggregator
+) -> None:
+    rng = np.random.default_rng(11)
+    for _ in range(60):
+        corrupted = bytearray(good_payload)
+        for position in rng.integers(0, len(corrupted), size=3):
+            corrupted[position] ^= int(rng.integers(1, 256))
+        with contextlib.suppress(PayloadError):  # anything else fails the test
+            aggregator.validate(bytes(corrupted), rows=ROWS, cols=COLS)
+
+
+def test_decode_refuses_a_sum_from_another_key_pair(
+    codec: CkksCodec, other_codec: CkksCodec
+) -> None:
+    payload = other_codec.encode(random_share(2, 2, seed=4))
+    with pytest.raises(PayloadError, match="key id"):
+        codec.decode_sum(payload, rows=2, cols=2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Factories
+
+
+def test_factories(key_files: tuple[Path, Path]) -> None:
+    secret_path, public_path = key_files
+    assert isinstance(make_codec(None), PlainCodec)
+    assert isinstance(make_sum_aggregator("float32", None), PlainSumAggregator)
+    assert make_codec(secret_path) is make_codec(str(secret_path))
+    public = public_path.read_bytes()
+    assert make_sum_aggregator("ckks", public) is make_sum_aggregator("ckks", bytes(public))
+    assert make_sum_aggregator("ckks", public).encoding == "ckks"
+    with pytest.raises(KeyMaterialError):
+        make_sum_aggregator("ckks", None)
+    with pytest.raises(ValueError, match="unknown encoding"):
+        make_sum_aggregator("rot13", None)
