@@ -23,6 +23,7 @@ class ModelConfig:
     alpha: float = 0.1  # GCNII initial-residual weight
     theta: float = 0.5  # GCNII identity-mapping strength
     gat_heads: int = 8
+    receiver_width: int = 0  # private arrangement: width of the others' noisy release
 
 
 def dropout(
@@ -46,6 +47,10 @@ class ClientNetwork(nn.Module):
         nn.init.xavier_uniform_(self.input.weight)
         nn.init.zeros_(self.input.bias)
         self.convs = nn.ModuleList(self._layer(depth) for depth in range(1, config.layers + 1))
+        # Maps the others' noisy release into the hidden space (private arrangement only).
+        self.receiver = (
+            nn.Linear(config.receiver_width, config.hidden) if config.receiver_width else None
+        )
         self.classifier = nn.Linear(config.hidden, num_classes)
         nn.init.xavier_uniform_(self.classifier.weight)
         nn.init.zeros_(self.classifier.bias)

@@ -10,6 +10,7 @@ exactly this code.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 
@@ -137,14 +138,17 @@ class GlasuClient:
         )
         self.features = partition.features.to(self.device)
         self.labels = partition.labels.to(self.device)
+        # The occurrence cap (a DP assumption) holds at every layer up to the first aggregation
+        # layer; the layers above it are never released and sample freely.
         self._samplers = {
-            fanout: NeighbourSampler(
+            (fanout, capped): NeighbourSampler(
                 partition.edge_index,
                 num_nodes=partition.num_nodes,
                 fanout=fanout,
-                occurrence_cap=config.occurrence_cap,
+                occurrence_cap=config.occurrence_cap if capped else None,
             )
             for fanout in {config.fanout, config.eval_fanout}
+            for capped in (False, True)
         }
 
     # -- one pass -------------------------------------------------------------------------------
@@ -170,7 +174,6 @@ class GlasuClient:
     ) -> Generator[Request, Response, list[SampledLayer]]:
         """Top-down: sample each layer's sources from its targets; at an aggregation layer below
         the top, replace the client's own set by the union agreed with the others."""
-        sampler = self._samplers[fanout]
         sampled: list[SampledLayer] = []
         targets = output_nodes
         for depth in range(self.layers, 0, -1):
@@ -180,6 +183,7 @@ class GlasuClient:
                 pass_index=pass_index,
                 layer=depth,
             )
+            sampler = self._samplers[(fanout, depth <= self.config.agg_layers[0])]
             layer = sampler.sample_layer(targets, rng=rng)
             if depth - 1 in self.config.agg_layers:
                 union = yield NodesRequest(layer=depth - 1, nodes=layer.sources)
@@ -227,6 +231,9 @@ class GlasuClient:
         share = own.detach().cpu().numpy().astype(np.float32)
         if self.share_transform is not None:
             share = self.share_transform(depth, share).astype(np.float32)
+        bound = self.codec.value_bound(shares=self.partition.clients)
+        if math.isfinite(bound):  # keep the encrypted sum decodable (post-processing of share)
+            share = np.clip(share, -bound, bound)
         rows, cols = share.shape
         answer = yield EmbeddingRequest(
             layer=depth, payload=self.codec.encode(share), rows=rows, cols=cols

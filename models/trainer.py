@@ -18,7 +18,17 @@ from models.data import GraphDataset, SplitName, load_dataset
 from models.federated import ClientConfig, GlasuClient, PassOutcome, uniform_agg_layers
 from models.inprocess import run_pass_inprocess
 from models.partition import ClientPartition, partition
+from models.private import RELEASE_LAYER, PrivateGlasuClient, ReleaseSettings, release_sensitivity
 from models.report import HistoryEntry, RunReport, select_best
+from models.security import (
+    PrivacyConfig,
+    choose_noise_multiplier,
+    client_noise_std,
+    ledger_noise_multiplier,
+    noise_source,
+    privacy_report,
+)
+from secure.accounting import PrivacyLedger
 from secure.aggregation import EmbeddingCodec, PlainCodec, PlainSumAggregator, SumAggregator
 from secure.schedule import PassSpec, draw_output_batch, pass_schedule
 
@@ -50,6 +60,38 @@ class TrainConfig:
     edge_fraction: float = 0.8
     seed: int = 0
     device: str = "auto"
+    # Encryption and differential privacy: on unless switched off.
+    he: bool = True
+    dp: bool = True
+    epsilon: float | None = 8.0
+    delta: float = 1e-5
+    noise_multiplier: float | None = None
+    clip: float = 1.0
+    accountant: Literal["rdp", "prv"] = "rdp"
+    release_width: int = 16
+    occurrence_cap: int = 1
+    shared_noise: bool = True
+    noise_seed: int | None = None
+
+    @property
+    def releases_anything(self) -> bool:
+        """Centralized and standalone training send nothing to anyone."""
+        return self.mode in ("glasu", "simulated")
+
+    def privacy_config(self) -> PrivacyConfig | None:
+        if not (self.dp and self.releases_anything):
+            return None
+        return PrivacyConfig(
+            epsilon=self.epsilon,
+            delta=self.delta,
+            noise_multiplier=self.noise_multiplier,
+            clip=self.clip,
+            accountant=self.accountant,
+            release_width=self.release_width,
+            occurrence_cap=self.occurrence_cap,
+            shared_noise=self.shared_noise and self.he,
+            noise_seed=self.noise_seed,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -77,8 +119,13 @@ def resolve_device(name: str) -> torch.device:
 
 
 def plan_federation(config: TrainConfig, dataset: GraphDataset) -> FederationPlan:
+    privacy = config.privacy_config()
     model = ModelConfig(
-        backbone=config.backbone, layers=config.layers, hidden=config.hidden, dropout=config.dropout
+        backbone=config.backbone,
+        layers=config.layers,
+        hidden=config.hidden,
+        dropout=config.dropout,
+        receiver_width=privacy.release_width if privacy else 0,
     )
     base = dict(
         model=model,
@@ -87,6 +134,7 @@ def plan_federation(config: TrainConfig, dataset: GraphDataset) -> FederationPla
         lr=config.lr,
         weight_decay=config.weight_decay,
         seed=config.seed,
+        occurrence_cap=privacy.occurrence_cap if privacy else None,
     )
     last_only = (config.layers,)
     match config.mode:
@@ -127,6 +175,8 @@ def plan_federation(config: TrainConfig, dataset: GraphDataset) -> FederationPla
             groups = [list(range(config.clients))]
         case _:
             raise ValueError(f"unknown mode {config.mode!r}")
+    if privacy:  # the private arrangement: one noisy release at layer 1 (models/private.py)
+        client_config = dataclasses.replace(client_config, agg_layers=(RELEASE_LAYER,))
     return FederationPlan(partitions=parts, client_config=client_config, groups=groups)
 
 
@@ -135,12 +185,92 @@ def eval_nodes(dataset: GraphDataset) -> np.ndarray:
     return np.union1d(dataset.val_nodes, dataset.test_nodes).astype(np.int64)
 
 
+@dataclass
+class Security:
+    """The codec, the aggregator and the client factory a run uses, and its privacy plan."""
+
+    codec_factory: Callable[[], EmbeddingCodec]
+    aggregator: SumAggregator
+    privacy: PrivacyConfig | None = None
+    noise_multiplier: float = 0.0  # the session's z: noise std of the sum / Delta
+    ledger_noise_multiplier: float = 0.0  # the z the ledger accounts
+    noise_multiplier_source: str = ""
+    sensitivity: float = 0.0
+
+    def make_client(
+        self, part: ClientPartition, plan: FederationPlan, config: TrainConfig, device: torch.device
+    ) -> GlasuClient:
+        if self.privacy is None:
+            return GlasuClient(part, plan.client_config, codec=self.codec_factory(), device=device)
+        release = ReleaseSettings(
+            width=self.privacy.release_width,
+            clip=self.privacy.clip,
+            noise_std=client_noise_std(
+                self.privacy,
+                noise_multiplier=self.noise_multiplier,
+                sensitivity=self.sensitivity,
+                clients=part.clients,
+            ),
+            noise=noise_source(self.privacy, client=part.client),
+            projection_seed=release_projection_seed(seed=config.seed, client=part.client),
+        )
+        return PrivateGlasuClient(
+            part, plan.client_config, release=release, codec=self.codec_factory(), device=device
+        )
+
+    def report(self, *, releases: int, planned: int) -> dict[str, Any] | None:
+        if self.privacy is None:
+            return None
+        return privacy_report(
+            self.privacy,
+            noise_multiplier=self.noise_multiplier,
+            ledger_z=self.ledger_noise_multiplier,
+            source=self.noise_multiplier_source,
+            sensitivity=self.sensitivity,
+            releases=releases,
+            planned_releases=planned,
+        )
+
+
+def release_projection_seed(*, seed: int, client: int) -> int:
+    """Public and data-independent: fixed by the session seed and the client index."""
+    return int(np.random.SeedSequence([seed, client, 0x5EED]).generate_state(1)[0])
+
+
+def prepare_security(config: TrainConfig, *, releases: int, clients: int) -> Security:
+    if config.he and config.releases_anything:
+        from secure.he import CkksCodec, CkksSumAggregator, new_context, public_context_bytes
+
+        context = new_context()
+        security = Security(
+            codec_factory=lambda: CkksCodec(context),
+            aggregator=CkksSumAggregator.from_bytes(public_context_bytes(context)),
+        )
+    else:
+        security = Security(codec_factory=PlainCodec, aggregator=PlainSumAggregator())
+    privacy = config.privacy_config()
+    if privacy is not None:
+        z, source = choose_noise_multiplier(privacy, releases=releases, clients=clients)
+        security = dataclasses.replace(
+            security,
+            privacy=privacy,
+            noise_multiplier=z,
+            ledger_noise_multiplier=ledger_noise_multiplier(
+                privacy, noise_multiplier=z, clients=clients
+            ),
+            noise_multiplier_source=source,
+            sensitivity=release_sensitivity(
+                clip=privacy.clip, occurrence_cap=privacy.occurrence_cap
+            ),
+        )
+    return security
+
+
 def train_inprocess(
     config: TrainConfig,
     *,
     dataset: GraphDataset | None = None,
-    codec_factory: Callable[[], EmbeddingCodec] = PlainCodec,
-    aggregator: SumAggregator | None = None,
+    security: Security | None = None,
     progress: bool = True,
 ) -> RunReport:
     """Run ``config`` with every client in this process and return the report."""
@@ -150,20 +280,20 @@ def train_inprocess(
     )
     device = resolve_device(config.device)
     plan = plan_federation(config, dataset)
-    aggregator = aggregator or PlainSumAggregator()
     schedule = pass_schedule(rounds=config.rounds, eval_every=config.eval_every)
+    security = security or prepare_security(
+        config, releases=len(schedule), clients=len(plan.partitions)
+    )
     group_histories = []
+    releases = 0
+    stopped: str | None = None
     for group in plan.groups:
-        clients = [
-            GlasuClient(
-                plan.partitions[m], plan.client_config, codec=codec_factory(), device=device
-            )
-            for m in group
-        ]
+        clients = [security.make_client(plan.partitions[m], plan, config, device) for m in group]
         label = f"{config.mode} client {group[0]}" if len(plan.groups) > 1 else config.mode
-        group_histories.append(
-            _run_schedule(clients, aggregator, schedule, dataset, config, label, progress)
+        history, releases, stopped = _run_schedule(
+            clients, security, schedule, dataset, config, label, progress
         )
+        group_histories.append(history)
     history = _mean_history(group_histories)
     best = select_best(history)
     final = [h for h in history if h.val_accuracy is not None][-1]
@@ -177,10 +307,11 @@ def train_inprocess(
         wall_seconds=time.perf_counter() - started,
         bytes_up=0,
         bytes_down=0,
-        privacy=None,
+        privacy=security.report(releases=releases, planned=len(schedule)),
         config={
             **config.to_dict(),
             "transport": "inprocess",
+            "encryption": security.aggregator.encoding == "ckks",
             "agg_layer_indices": list(plan.client_config.agg_layers),
             "stale_effective": plan.client_config.stale,
             "device_used": str(device),
@@ -193,23 +324,40 @@ def train_inprocess(
             f"evaluation: one sampled joint inference over validation+test nodes, "
             f"fanout {config.eval_fanout}; test accuracy reported at the best validation",
         ],
+        stopped_early=stopped,
     )
 
 
 def _run_schedule(
     clients: Sequence[GlasuClient],
-    aggregator: SumAggregator,
+    security: Security,
     schedule: Sequence[PassSpec],
     dataset: GraphDataset,
     config: TrainConfig,
     label: str,
     progress: bool,
-) -> list[HistoryEntry]:
+) -> tuple[list[HistoryEntry], int, str | None]:
+    """Every pass of the schedule; with DP on, a pass that the budget cannot cover is refused
+    (as the service would) and the run stops there."""
     history: list[HistoryEntry] = []
     losses: list[float] = []
     evaluation_nodes = eval_nodes(dataset)
+    ledger = None
+    if security.privacy is not None:
+        ledger = PrivacyLedger(
+            noise_multiplier=security.ledger_noise_multiplier,
+            delta=security.privacy.delta,
+            accountant=security.privacy.accountant,
+            epsilon_target=security.privacy.epsilon,
+        )
     bar = tqdm(total=config.rounds, desc=label, unit="round", disable=not progress, leave=False)
+    stopped = None
     for spec in schedule:
+        if ledger is not None:
+            if ledger.would_exceed():
+                stopped = "budget-exhausted"
+                break
+            ledger.record_release()
         if spec.kind == "train":
             nodes = draw_output_batch(
                 dataset.train_nodes,
@@ -220,17 +368,19 @@ def _run_schedule(
         else:
             nodes = evaluation_nodes
         outcomes = run_pass_inprocess(
-            clients, aggregator, pass_index=spec.index, kind=spec.kind, output_nodes=nodes
+            clients, security.aggregator, pass_index=spec.index, kind=spec.kind, output_nodes=nodes
         )
         if spec.kind == "train":
             losses.append(float(np.mean([o.loss for o in outcomes])))
             bar.update(1)
             continue
         entry = summarize_eval(spec.round, outcomes, losses)
+        if ledger is not None:
+            entry.epsilon = ledger.epsilon
         history.append(entry)
         bar.set_postfix(loss=f"{entry.loss:.3f}", val=f"{entry.val_accuracy:.3f}")
     bar.close()
-    return history
+    return history, (ledger.releases if ledger else 0), stopped
 
 
 def summarize_eval(

@@ -8,6 +8,7 @@ arithmetic. The service only ever needs a :class:`SumAggregator`; clients own an
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
@@ -29,6 +30,10 @@ class EmbeddingCodec(ABC):
 
     @abstractmethod
     def decode_sum(self, payload: bytes, *, rows: int, cols: int) -> np.ndarray: ...
+
+    def value_bound(self, *, shares: int) -> float:
+        """The largest |value| a share may hold so that a sum of ``shares`` decodes."""
+        return math.inf
 
 
 class SumAggregator(ABC):

@@ -274,6 +274,9 @@ class CkksCodec(EmbeddingCodec):
     def context(self) -> ts.Context:
         return self._loaded.context
 
+    def value_bound(self, *, shares: int) -> float:
+        return share_bound(clients=shares)
+
     def encode(self, matrix: np.ndarray) -> bytes:
         values = _flatten_share(matrix)
         slots = self._loaded.slots

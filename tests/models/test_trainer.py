@@ -9,7 +9,8 @@ from models.inprocess import run_pass_inprocess
 from models.trainer import TrainConfig, plan_federation, train_inprocess
 from secure.aggregation import PlainSumAggregator
 
-SHORT = dict(rounds=6, eval_every=3, hidden=32, batch_size=16)
+PLAIN = dict(he=False, dp=False)  # the GLASU core without encryption or privacy
+SHORT = dict(rounds=6, eval_every=3, hidden=32, batch_size=16, **PLAIN)
 
 
 def test_uniform_aggregation_layers() -> None:
@@ -115,7 +116,7 @@ def test_every_backbone_runs(cora, backbone: str) -> None:
 
 def test_short_cora_run_beats_majority_class_widely(cora) -> None:
     torch.set_num_threads(1)
-    config = TrainConfig(rounds=60, eval_every=20)
+    config = TrainConfig(rounds=60, eval_every=20, **PLAIN)
     report = train_inprocess(config, dataset=cora, progress=False)
     majority = np.bincount(cora.labels.numpy()[cora.test_nodes]).max() / len(cora.test_nodes)
     assert majority < 0.35

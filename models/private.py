@@ -1,0 +1,136 @@
+"""The private arrangement of the split GNN: differential privacy that holds end to end.
+
+Each pass, a client releases exactly one matrix, at graph layer 1: a *fixed* map of its
+features, ``clip_C(Â_1 · normalize(X_m) P_m)`` with ``P_m`` a Gaussian random projection drawn
+from a public seed before any data is seen, clipped per row to norm C and noised. Everything else
+it computes (its trainable layers, which read its clean features and the others' noisy release)
+never leaves the client. So:
+
+- the release's sensitivity to one node's features is data-independent (the map has no trained
+  weights that could carry a node's influence into every row): Delta = 2C sqrt(c + 1) with the
+  occurrence cap c enforced by the sampler at layer 1 (docs/privacy.md);
+- everything a worker sends after its first release is either another release of the same kind
+  (accounted by the ledger) or a node-id set (features do not enter it).
+
+GLASU's trainable aggregation layers would send functions of weights trained on clean features;
+their sensitivity is the whole matrix, which no useful noise level covers (notes/calibration.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from models.federated import ClientConfig, GlasuClient, Request, Response
+from models.layers import Block
+from models.partition import ClientPartition
+from secure.aggregation import EmbeddingCodec
+from secure.dp import NoiseSource, node_sensitivity, privatize
+
+RELEASE_LAYER = 1
+
+
+@dataclass(frozen=True)
+class ReleaseSettings:
+    """The release everyone agreed on (session) and this client's noise."""
+
+    width: int  # columns of the release
+    clip: float  # C
+    noise_std: float  # this client's standard deviation per coordinate
+    noise: NoiseSource
+    projection_seed: int  # public: the same for both runs of a neighbouring-dataset pair
+
+
+def release_sensitivity(*, clip: float, occurrence_cap: int) -> float:
+    """Delta of the layer-1 release (depth h = 1)."""
+    return node_sensitivity(clip=clip, occurrence_cap=occurrence_cap, depth=RELEASE_LAYER)
+
+
+class PrivateGlasuClient(GlasuClient):
+    """A GLASU client whose only aggregation is the noisy layer-1 release."""
+
+    def __init__(
+        self,
+        partition: ClientPartition,
+        config: ClientConfig,
+        *,
+        release: ReleaseSettings,
+        codec: EmbeddingCodec | None = None,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        if config.agg_layers != (RELEASE_LAYER,):
+            raise ValueError(
+                f"the private arrangement releases at layer {RELEASE_LAYER} only, "
+                f"got aggregation layers {config.agg_layers}"
+            )
+        if config.occurrence_cap is None:
+            raise ValueError(
+                "the private arrangement needs an occurrence cap (the sensitivity bound assumes it)"
+            )
+        if config.model.receiver_width != release.width:
+            raise ValueError("model.receiver_width must equal the release width")
+        self.release = release
+        super().__init__(
+            partition, config, codec=codec, device=device, share_transform=self._privatize
+        )
+        generator = torch.Generator().manual_seed(release.projection_seed)
+        projection = (
+            torch.randn(partition.features.shape[1], release.width, generator=generator)
+            / release.width**0.5
+        )
+        self.projection = projection.to(self.device)
+        norms = self.features.norm(dim=1, keepdim=True).clamp_min(1e-12)
+        self.normalized_features = self.features / norms
+        receiver = self.network.receiver
+        assert receiver is not None
+        # Start as standalone training: the others' release enters only as far as it helps.
+        torch.nn.init.zeros_(receiver.weight)
+        torch.nn.init.zeros_(receiver.bias)
+        # Bring the received block to unit scale: per coordinate, signal about C / sqrt(width)
+        # and noise std from the M - 1 other shares (both public).
+        m = partition.clients
+        others_noise = release.noise_std * max(m - 1, 0) ** 0.5 / m
+        signal = release.clip / release.width**0.5 * (m - 1) / m
+        self.receiver_scale = 1.0 / max((signal**2 + others_noise**2) ** 0.5, 1e-12)
+
+    def _privatize(self, layer: int, share: np.ndarray) -> np.ndarray:
+        return privatize(
+            share,
+            clip=self.release.clip,
+            noise_std=self.release.noise_std,
+            noise=self.release.noise,
+        )
+
+    def release_map(self, block: Block, input_nodes: torch.Tensor) -> torch.Tensor:
+        """The fixed, weight-free function of the features that is released (before clipping)."""
+        projected = self.normalized_features[input_nodes] @ self.projection
+        return torch.sparse.mm(block.adjacency, projected)
+
+    def _forward(
+        self,
+        blocks: Sequence[Block],
+        input_nodes: torch.Tensor,
+        h0_rows: Sequence[torch.Tensor],
+        others: dict[int, torch.Tensor],
+        *,
+        grad: bool,
+    ) -> Generator[Request, Response, torch.Tensor]:
+        if RELEASE_LAYER not in others:
+            with torch.no_grad():
+                released = self.release_map(blocks[0], input_nodes)
+            others[RELEASE_LAYER] = yield from self._joint_aggregate(RELEASE_LAYER, released)
+        receiver = self.network.receiver
+        assert receiver is not None
+        received = others[RELEASE_LAYER] * self.receiver_scale
+        with torch.set_grad_enabled(grad):
+            h0 = self.network.project(self.features[input_nodes], generator=self.generator)
+            h = h0
+            for depth, block in enumerate(blocks, start=1):
+                initial = h0[h0_rows[depth - 1]] if self.network.uses_initial_residual else None
+                h = self.network.propagate(depth, h, block, initial, generator=self.generator)
+                if depth == RELEASE_LAYER:
+                    h = h + receiver(received)
+        return h

@@ -1,0 +1,533 @@
+"""Privacy accounting for a sequence of identical Gaussian releases, on Opacus's accountants.
+
+Every joint inference (training round or evaluation pass) is one release of the Gaussian
+mechanism with noise multiplier z (noise std / L2 sensitivity). The functions here turn
+(z, number of releases, delta) into epsilon and back; :class:`PrivacyLedger` is the stateful,
+serialisable record the service keeps per session. See docs/privacy.md.
+
+- ``accountant="rdp"`` (default): Opacus's RDP accountant, converted to (epsilon, delta) with
+  the conversion of Balle et al. 2020 (Theorem 21) that Opacus 1.6 uses, over a dense grid of
+  orders. An upper bound on the true epsilon.
+- ``accountant="prv"``: Opacus's PRV accountant (Gopi et al. 2021); a numerical upper bound
+  within ``PRV_EPS_ERROR`` of the exact value.
+- ``sample_rate`` defaults to 1: no amplification by subsampling is claimed (the sampled node
+  sets are visible to the service and to every client).
+
+With ``sample_rate == 1`` the composition of R Gaussian releases with multiplier z is exactly one
+Gaussian release with multiplier ``z / sqrt(R)`` (the privacy loss distributions coincide), so
+the accountants are handed that single release: identical for RDP, and it keeps the PRV
+discretisation independent of R (with the history ``(z, 1, R)`` Opacus's PRV needs memory that
+grows with R and is killed for R in the thousands).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import warnings
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import Any, Literal, cast
+
+import numpy as np
+from opacus.accountants import PRVAccountant, RDPAccountant
+from opacus.accountants.analysis.prv import PoissonSubsampledGaussianPRV, compute_safe_domain_size
+from opacus.accountants.utils import get_noise_multiplier
+
+AccountantName = Literal["rdp", "prv"]
+
+__all__ = [
+    "MAX_PRV_GRID_POINTS",
+    "PRV_EPS_ERROR",
+    "RDP_ORDERS",
+    "AccountantName",
+    "AccountingError",
+    "BudgetExhausted",
+    "PrivacyLedger",
+    "calibrate_noise_multiplier",
+    "epsilon_after",
+    "gaussian_dp_mu",
+    "max_releases",
+]
+
+#: RDP orders for sample rate 1, where every order costs nothing: Opacus's defaults plus a
+#: geometric grid alpha - 1 in [1e-3, 1e5] (ratio 10**(1/24)), so the minimum over the grid is
+#: within 0.2% of the minimum over all real orders for z/sqrt(R) in [5e-4, 1e4].
+RDP_ORDERS: tuple[float, ...] = tuple(
+    sorted(set(RDPAccountant.DEFAULT_ALPHAS) | {1.0 + 10.0 ** (k / 24) for k in range(-72, 121)})
+)
+#: RDP orders for sample rate < 1 (each order costs a series evaluation; large integer orders
+#: cost a loop over alpha terms): Opacus's defaults extended to 256.
+RDP_ORDERS_SUBSAMPLED: tuple[float, ...] = tuple(
+    sorted(set(RDPAccountant.DEFAULT_ALPHAS) | {80, 96, 128, 160, 192, 256})
+)
+#: Opacus's PRV default: the reported epsilon is an upper bound at most this far above the
+#: estimate.
+PRV_EPS_ERROR = 0.01
+#: Refuse PRV discretisations larger than this (about 0.5 GB and a few seconds); Opacus would
+#: otherwise allocate until the process is killed.
+MAX_PRV_GRID_POINTS = 5_000_000
+
+_ACCOUNTANTS: tuple[str, ...] = ("rdp", "prv")
+
+
+class AccountingError(ValueError):
+    """The accountant could not produce a trustworthy epsilon for these parameters."""
+
+
+class BudgetExhausted(RuntimeError):
+    """One more release would take epsilon above the session's target."""
+
+
+# --------------------------------------------------------------------------------------------
+# validation
+# --------------------------------------------------------------------------------------------
+
+
+def _check_noise_multiplier(z: float) -> float:
+    z = float(z)
+    if not math.isfinite(z) or z < 0.0:
+        raise ValueError(f"noise_multiplier must be a finite number >= 0, got {z!r}")
+    return z
+
+
+def _check_delta(delta: float) -> float:
+    delta = float(delta)
+    if not (0.0 < delta < 1.0):
+        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+    return delta
+
+
+def _check_sample_rate(q: float) -> float:
+    q = float(q)
+    if not (0.0 < q <= 1.0):
+        raise ValueError(f"sample_rate must be in (0, 1], got {q!r}")
+    return q
+
+
+def _check_releases(releases: int, *, minimum: int = 0) -> int:
+    if isinstance(releases, bool) or not isinstance(releases, int | np.integer):
+        raise TypeError(f"releases must be an int, got {type(releases).__name__}")
+    if releases < minimum:
+        raise ValueError(f"releases must be >= {minimum}, got {releases}")
+    return int(releases)
+
+
+def _check_accountant(accountant: str) -> str:
+    if accountant not in _ACCOUNTANTS:
+        raise ValueError(f"accountant must be one of {_ACCOUNTANTS}, got {accountant!r}")
+    return accountant
+
+
+def _check_epsilon(epsilon: float, name: str = "epsilon") -> float:
+    epsilon = float(epsilon)
+    if not math.isfinite(epsilon) or epsilon <= 0.0:
+        raise ValueError(f"{name} must be a finite number > 0, got {epsilon!r}")
+    return epsilon
+
+
+# --------------------------------------------------------------------------------------------
+# epsilon
+# --------------------------------------------------------------------------------------------
+
+
+def _history(z: float, q: float, releases: int) -> list[tuple[float, float, int]]:
+    """Opacus history ``[(noise_multiplier, sample_rate, steps)]`` for R identical releases."""
+    if q == 1.0:
+        return [(z / math.sqrt(releases), 1.0, 1)]
+    return [(z, q, releases)]
+
+
+def _rdp_epsilon(z: float, q: float, releases: int, delta: float) -> float:
+    acc = RDPAccountant()
+    acc.history = _history(z, q, releases)
+    orders = RDP_ORDERS if q == 1.0 else RDP_ORDERS_SUBSAMPLED
+    with warnings.catch_warnings():
+        # "Optimal order is the largest alpha": any order gives a valid bound.
+        warnings.filterwarnings("ignore", message="Optimal order is the")
+        return float(acc.get_epsilon(delta=delta, alphas=list(orders)))
+
+
+def _prv_grid_points(z: float, q: float, steps: int, delta: float) -> float:
+    """Size of the grid Opacus's PRVAccountant will allocate (mirrors its ``_get_domain``)."""
+    delta_error = delta / 1000.0
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Optimal order is the")
+        half_width = compute_safe_domain_size(
+            prvs=[PoissonSubsampledGaussianPRV(q, z)],
+            max_self_compositions=[steps],
+            eps_error=PRV_EPS_ERROR,
+            delta_error=delta_error,
+        )
+    mesh = PRV_EPS_ERROR / math.sqrt(steps * math.log(12.0 / delta_error) / 2.0)
+    return 2.0 * half_width / mesh
+
+
+def _prv_epsilon(z: float, q: float, releases: int, delta: float) -> float:
+    history = _history(z, q, releases)
+    hz, hq, hsteps = history[0]
+    hint = "use accountant='rdp' (a valid upper bound)"
+    points = _prv_grid_points(hz, hq, hsteps, delta)
+    if not math.isfinite(points) or points > MAX_PRV_GRID_POINTS:
+        raise AccountingError(
+            f"PRV accountant would need a grid of {points:.3g} points (limit "
+            f"{MAX_PRV_GRID_POINTS:.3g}) for noise_multiplier={z}, sample_rate={q}, "
+            f"releases={releases}, delta={delta}; {hint}"
+        )
+    acc = PRVAccountant()
+    acc.history = history
+    try:
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.filterwarnings("ignore", message="Optimal order is the")
+            eps = float(acc.get_epsilon(delta=delta, eps_error=PRV_EPS_ERROR))
+    except (RuntimeError, ValueError, ArithmeticError, MemoryError) as exc:
+        raise AccountingError(
+            f"PRV accountant failed for noise_multiplier={z}, sample_rate={q}, "
+            f"releases={releases}, delta={delta} ({type(exc).__name__}: {exc}). This happens "
+            f"when epsilon is in the hundreds (effective multiplier below ~0.03) or delta is "
+            f"tiny; {hint}"
+        ) from exc
+    if not math.isfinite(eps):
+        raise AccountingError(
+            f"PRV accountant returned {eps} for noise_multiplier={z}, sample_rate={q}, "
+            f"releases={releases}, delta={delta} (numerical overflow); {hint}"
+        )
+    return eps
+
+
+@lru_cache(maxsize=8192)
+def _epsilon_cached(z: float, q: float, releases: int, delta: float, accountant: str) -> float:
+    if accountant == "rdp":
+        eps = _rdp_epsilon(z, q, releases, delta)
+    else:
+        eps = _prv_epsilon(z, q, releases, delta)
+    # For very large z the RDP conversion dips below 0 ((0, delta)-DP holds); 0 is the floor.
+    return max(eps, 0.0)
+
+
+def epsilon_after(
+    *,
+    noise_multiplier: float,
+    releases: int,
+    delta: float,
+    accountant: AccountantName = "rdp",
+    sample_rate: float = 1.0,
+) -> float:
+    """Epsilon at ``delta`` after ``releases`` Gaussian releases with multiplier z.
+
+    ``releases == 0`` gives 0.0; ``noise_multiplier == 0`` (and releases > 0) gives inf.
+    Raises :class:`AccountingError` if the PRV accountant cannot evaluate the parameters.
+    Results are cached, so a ledger can ask again for free.
+    """
+    z = _check_noise_multiplier(noise_multiplier)
+    r = _check_releases(releases)
+    d = _check_delta(delta)
+    acc = _check_accountant(accountant)
+    q = _check_sample_rate(sample_rate)
+    if r == 0:
+        return 0.0
+    if z == 0.0:
+        return math.inf
+    return _epsilon_cached(z, q, r, d, acc)
+
+
+def gaussian_dp_mu(*, noise_multiplier: float, releases: int) -> float:
+    """``sqrt(releases) / z``: the exact mu-GDP of R Gaussian releases at sample rate 1.
+
+    The whole (epsilon, delta) curve follows from it (Dong, Roth & Su 2019); a membership
+    attacker's advantage (TPR - FPR) is at most ``2 * Phi(mu / 2) - 1``.
+    """
+    z = _check_noise_multiplier(noise_multiplier)
+    r = _check_releases(releases)
+    if r == 0:
+        return 0.0
+    return math.inf if z == 0.0 else math.sqrt(r) / z
+
+
+# --------------------------------------------------------------------------------------------
+# calibration
+# --------------------------------------------------------------------------------------------
+
+
+def calibrate_noise_multiplier(
+    *,
+    epsilon: float,
+    delta: float,
+    releases: int,
+    accountant: AccountantName = "rdp",
+    sample_rate: float = 1.0,
+) -> float:
+    """The smallest noise multiplier (to the search tolerance) whose epsilon after ``releases``
+    releases is at most ``epsilon`` at ``delta``, via Opacus's ``get_noise_multiplier``.
+
+    At sample rate 1 the search runs on the single equivalent release (steps=1) and the result
+    is scaled by sqrt(releases), which is exact. Tolerance: RDP within min(0.01, 0.001 * eps)
+    below the target; PRV within 0.01 (Opacus's default). The returned z is checked with
+    :func:`epsilon_after` and never exceeds the target.
+    """
+    eps_target = _check_epsilon(epsilon)
+    d = _check_delta(delta)
+    r = _check_releases(releases, minimum=1)
+    acc = _check_accountant(accountant)
+    q = _check_sample_rate(sample_rate)
+
+    steps = 1 if q == 1.0 else r
+    kwargs: dict[str, Any] = {}
+    if acc == "rdp":
+        kwargs["alphas"] = list(RDP_ORDERS if q == 1.0 else RDP_ORDERS_SUBSAMPLED)
+        tolerance = min(0.01, 1e-3 * eps_target)
+    else:
+        kwargs["eps_error"] = PRV_EPS_ERROR
+        tolerance = 0.01
+    try:
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.filterwarnings("ignore", message="Optimal order is the")
+            z = get_noise_multiplier(
+                target_epsilon=eps_target,
+                target_delta=d,
+                sample_rate=q,
+                steps=steps,
+                accountant=acc,
+                epsilon_tolerance=tolerance,
+                **kwargs,
+            )
+    except (RuntimeError, ValueError, ArithmeticError, MemoryError) as exc:
+        raise AccountingError(
+            f"cannot calibrate a noise multiplier for epsilon={eps_target}, delta={d}, "
+            f"releases={r}, accountant={acc!r}, sample_rate={q}: {exc}"
+        ) from exc
+    z = float(z)
+    if q == 1.0:
+        z *= math.sqrt(r)
+    # Guard against rounding (z * sqrt(R) / sqrt(R) != z) putting us a hair above the target.
+    for _ in range(64):
+        eps = epsilon_after(noise_multiplier=z, releases=r, delta=d, accountant=acc, sample_rate=q)
+        if eps <= eps_target:
+            return z
+        z *= 1.0 + 1e-9
+    raise AccountingError(  # pragma: no cover - defensive
+        f"calibrated noise multiplier {z} does not meet epsilon={eps_target}"
+    )
+
+
+def max_releases(
+    *,
+    noise_multiplier: float,
+    delta: float,
+    epsilon: float,
+    accountant: AccountantName = "rdp",
+    sample_rate: float = 1.0,
+    limit: int = 10**7,
+) -> int:
+    """The largest number of releases whose epsilon is at most ``epsilon`` (capped at
+    ``limit``; ``limit`` means "at least that many")."""
+    z = _check_noise_multiplier(noise_multiplier)
+    eps_target = _check_epsilon(epsilon)
+    limit = _check_releases(limit, minimum=1)
+
+    def ok(r: int) -> bool:
+        return (
+            epsilon_after(
+                noise_multiplier=z,
+                releases=r,
+                delta=delta,
+                accountant=accountant,
+                sample_rate=sample_rate,
+            )
+            <= eps_target
+        )
+
+    if not ok(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= limit and ok(hi):  # epsilon grows with the number of releases
+        lo, hi = hi, hi * 2
+    if hi > limit:
+        if ok(limit):
+            return limit
+        hi = limit
+    while hi - lo > 1:  # invariant: ok(lo) and not ok(hi)
+        mid = (lo + hi) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+# --------------------------------------------------------------------------------------------
+# ledger
+# --------------------------------------------------------------------------------------------
+
+
+class PrivacyLedger:
+    """The privacy record of one session: (z, delta, accountant, sample rate) fixed, a count of
+    releases, an optional epsilon target that :meth:`record_release` enforces.
+
+    Store :meth:`to_dict` durably *after* :meth:`record_release` returns and *before* the
+    release is served; a crash in between over-counts, which is the safe direction. Every
+    epsilon evaluation is cached. Accounting failures (:class:`AccountingError`) propagate:
+    callers must treat them as "refuse the release".
+
+    When the noise is shared between clients, construct the ledger with
+    ``secure.dp.effective_noise_multiplier(...)``, not with the per-sum multiplier.
+    """
+
+    SCHEMA_VERSION = 1
+    _KEYS_REQUIRED = ("noise_multiplier", "delta", "accountant", "releases")
+    _KEYS_OPTIONAL = ("epsilon_target", "sample_rate", "schema", "epsilon", "mechanism")
+
+    def __init__(
+        self,
+        *,
+        noise_multiplier: float,
+        delta: float,
+        accountant: AccountantName = "rdp",
+        epsilon_target: float | None = None,
+        sample_rate: float = 1.0,
+        releases: int = 0,
+    ) -> None:
+        self._z = _check_noise_multiplier(noise_multiplier)
+        self._delta = _check_delta(delta)
+        self._accountant = cast(AccountantName, _check_accountant(accountant))
+        self._target = (
+            None if epsilon_target is None else _check_epsilon(epsilon_target, "epsilon_target")
+        )
+        self._q = _check_sample_rate(sample_rate)
+        self._releases = _check_releases(releases)
+        self._lock = threading.Lock()
+
+    # -- read-only configuration -------------------------------------------------------------
+    @property
+    def noise_multiplier(self) -> float:
+        return self._z
+
+    @property
+    def delta(self) -> float:
+        return self._delta
+
+    @property
+    def accountant(self) -> AccountantName:
+        return self._accountant
+
+    @property
+    def epsilon_target(self) -> float | None:
+        return self._target
+
+    @property
+    def sample_rate(self) -> float:
+        return self._q
+
+    @property
+    def releases(self) -> int:
+        """Releases recorded so far."""
+        return self._releases
+
+    # -- accounting --------------------------------------------------------------------------
+    def epsilon_at(self, releases: int) -> float:
+        """Epsilon after ``releases`` releases under this ledger's parameters."""
+        return epsilon_after(
+            noise_multiplier=self._z,
+            releases=releases,
+            delta=self._delta,
+            accountant=self._accountant,
+            sample_rate=self._q,
+        )
+
+    @property
+    def epsilon(self) -> float:
+        """Epsilon spent by the recorded releases (at this ledger's delta)."""
+        return self.epsilon_at(self._releases)
+
+    def would_exceed(self) -> bool:
+        """True if one more release would take epsilon above the target (never without one)."""
+        if self._target is None:
+            return False
+        return self.epsilon_at(self._releases + 1) > self._target
+
+    def remaining_releases(self) -> int | None:
+        """How many more releases fit in the target (None without a target)."""
+        if self._target is None:
+            return None
+        total = max_releases(
+            noise_multiplier=self._z,
+            delta=self._delta,
+            epsilon=self._target,
+            accountant=self._accountant,
+            sample_rate=self._q,
+        )
+        return max(0, total - self._releases)
+
+    def record_release(self) -> float:
+        """Count one release and return the new epsilon.
+
+        Raises :class:`BudgetExhausted` (and records nothing) if the release would take epsilon
+        above the target.
+        """
+        with self._lock:
+            eps_next = self.epsilon_at(self._releases + 1)
+            if self._target is not None and eps_next > self._target:
+                raise BudgetExhausted(
+                    f"privacy budget exhausted: release {self._releases + 1} would bring "
+                    f"epsilon to {eps_next:.4g} > target {self._target:.4g} at "
+                    f"delta={self._delta:g} (noise multiplier {self._z:.4g}, "
+                    f"{self._accountant} accountant); {self._releases} releases so far spent "
+                    f"epsilon {self.epsilon_at(self._releases):.4g}"
+                )
+            self._releases += 1
+            return eps_next
+
+    # -- persistence -------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-compatible record. ``epsilon`` is informational (None if infinite);
+        :meth:`from_dict` recomputes it from the parameters."""
+        eps = self.epsilon
+        return {
+            "schema": self.SCHEMA_VERSION,
+            "mechanism": "gaussian",
+            "noise_multiplier": self._z,
+            "delta": self._delta,
+            "accountant": self._accountant,
+            "sample_rate": self._q,
+            "epsilon_target": self._target,
+            "releases": self._releases,
+            "epsilon": eps if math.isfinite(eps) else None,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PrivacyLedger:
+        """Rebuild a ledger from :meth:`to_dict` output (or from the bare parameters)."""
+        if not isinstance(data, Mapping):
+            raise TypeError(f"expected a mapping, got {type(data).__name__}")
+        missing = [k for k in cls._KEYS_REQUIRED if k not in data]
+        if missing:
+            raise ValueError(f"privacy ledger record is missing {missing}")
+        unknown = sorted(set(data) - set(cls._KEYS_REQUIRED) - set(cls._KEYS_OPTIONAL))
+        if unknown:
+            raise ValueError(f"privacy ledger record has unknown keys {unknown}")
+        schema = data.get("schema", cls.SCHEMA_VERSION)
+        if schema != cls.SCHEMA_VERSION:
+            raise ValueError(f"unsupported privacy ledger schema {schema!r}")
+        if data.get("mechanism", "gaussian") != "gaussian":
+            raise ValueError(f"unsupported mechanism {data['mechanism']!r}")
+        for key in ("noise_multiplier", "delta", "sample_rate", "epsilon_target"):
+            value = data.get(key)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int | float)
+            ):
+                raise TypeError(f"{key} must be a number, got {type(value).__name__}")
+        return cls(
+            noise_multiplier=data["noise_multiplier"],
+            delta=data["delta"],
+            accountant=data["accountant"],
+            epsilon_target=data.get("epsilon_target"),
+            sample_rate=data.get("sample_rate", 1.0),
+            releases=data["releases"],
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"PrivacyLedger(noise_multiplier={self._z!r}, delta={self._delta!r}, "
+            f"accountant={self._accountant!r}, epsilon_target={self._target!r}, "
+            f"sample_rate={self._q!r}, releases={self._releases!r})"
+        )

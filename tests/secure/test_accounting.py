@@ -1,0 +1,355 @@
+"""Tests for secure/accounting.py against independent computations from first principles."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import numpy as np
+import pytest
+from opacus.accountants import PRVAccountant, RDPAccountant
+from opacus.accountants.analysis import rdp as opacus_rdp
+from scipy.optimize import brentq, minimize_scalar
+from scipy.special import log_ndtr, ndtr
+
+from secure.accounting import (
+    RDP_ORDERS,
+    AccountingError,
+    BudgetExhausted,
+    PrivacyLedger,
+    calibrate_noise_multiplier,
+    epsilon_after,
+    gaussian_dp_mu,
+    max_releases,
+)
+
+# ------------------------------------------------------------------------------------------
+# independent references
+# ------------------------------------------------------------------------------------------
+
+
+def rdp_epsilon_reference(z: float, releases: int, delta: float) -> float:
+    """RDP of the Gaussian mechanism, eps_RDP(alpha) = R * alpha / (2 z^2), converted with the
+    conversion Opacus 1.6 uses (Balle et al. 2020, Thm 21; Canonne-Kamath-Steinke):
+        eps = eps_RDP(alpha) + log((alpha - 1) / alpha) - (log(delta) + log(alpha)) / (alpha - 1)
+    minimised over all real alpha > 1 (not over a grid)."""
+    rho = releases / (2.0 * z * z)
+
+    def eps(log_am1: float) -> float:
+        a = 1.0 + math.exp(log_am1)
+        return rho * a + math.log((a - 1) / a) - (math.log(delta) + math.log(a)) / (a - 1)
+
+    res = minimize_scalar(eps, bounds=(-14.0, 16.0), method="bounded", options={"xatol": 1e-10})
+    return float(res.fun)
+
+
+def exact_gaussian_epsilon(z: float, releases: int, delta: float) -> float:
+    """The exact (epsilon, delta) of R Gaussian releases with multiplier z at sample rate 1:
+    one Gaussian release with s = z / sqrt(R), whose privacy profile is (Balle & Wang 2018)
+        delta(eps) = Phi(-eps * s + 1 / (2 s)) - e^eps * Phi(-eps * s - 1 / (2 s))."""
+    s = z / math.sqrt(releases)
+
+    def excess(e: float) -> float:
+        return (
+            float(ndtr(-e * s + 1 / (2 * s))) - math.exp(e + float(log_ndtr(-e * s - 1 / (2 * s))))
+        ) - delta
+
+    if excess(0.0) <= 0:
+        return 0.0
+    hi = 1.0
+    while excess(hi) > 0:
+        hi *= 2
+    return brentq(excess, 0.0, hi, xtol=1e-12)
+
+
+CASES = [
+    (1.0, 100, 1e-5),
+    (1.0, 1, 1e-5),
+    (2.0, 50, 1e-5),
+    (4.5, 50, 1e-6),
+    (10.0, 1, 1e-5),
+    (0.7, 10, 1e-6),
+    (5.0, 1000, 1e-5),
+    (30.0, 50, 1e-8),
+    (100.0, 3, 1e-6),
+]
+
+
+# ------------------------------------------------------------------------------------------
+# epsilon
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("z", "releases", "delta"), CASES)
+def test_rdp_matches_independent_computation(z: float, releases: int, delta: float) -> None:
+    ours = epsilon_after(noise_multiplier=z, releases=releases, delta=delta)
+    ref = rdp_epsilon_reference(z, releases, delta)
+    assert ours >= ref * (1 - 1e-9)  # a grid minimum is never below the true minimum
+    assert ours == pytest.approx(ref, rel=0.01)
+
+
+@pytest.mark.parametrize(("z", "releases", "delta"), CASES)
+def test_prv_matches_exact_gaussian_and_rdp_bounds_it(
+    z: float, releases: int, delta: float
+) -> None:
+    exact = exact_gaussian_epsilon(z, releases, delta)
+    prv = epsilon_after(noise_multiplier=z, releases=releases, delta=delta, accountant="prv")
+    rdp = epsilon_after(noise_multiplier=z, releases=releases, delta=delta, accountant="rdp")
+    # PRV reports an upper bound within eps_error = 0.01 of its estimate
+    assert exact - 1e-3 <= prv <= exact + 0.02
+    assert rdp >= exact
+    assert rdp <= exact * 1.25 + 0.1  # RDP is loose, not absurdly so
+
+
+def test_opacus_rdp_at_sample_rate_one_is_the_plain_gaussian_rdp() -> None:
+    orders = [1.5, 2.0, 8.0, 32.0, 100.5]
+    for z, r in [(0.5, 1), (1.0, 100), (3.7, 42)]:
+        got = opacus_rdp.compute_rdp(q=1.0, noise_multiplier=z, steps=r, orders=orders)
+        assert np.allclose(got, [r * a / (2 * z * z) for a in orders], rtol=1e-14)
+
+
+def test_single_equivalent_release_matches_opacus_native_history() -> None:
+    """At sample rate 1 we hand Opacus (z / sqrt(R), 1, 1) instead of (z, 1, R)."""
+    for z, r, d in [(1.0, 100, 1e-5), (2.0, 50, 1e-6), (8.0, 7, 1e-5)]:
+        native = RDPAccountant()
+        for _ in range(r):
+            native.step(noise_multiplier=z, sample_rate=1.0)
+        assert native.history == [(z, 1.0, r)]
+        eps_native = native.get_epsilon(delta=d, alphas=list(RDP_ORDERS))
+        ours = epsilon_after(noise_multiplier=z, releases=r, delta=d)
+        assert ours == pytest.approx(eps_native, rel=1e-9)
+    # PRV, where the native history is still affordable
+    native_prv = PRVAccountant()
+    native_prv.history = [(2.0, 1.0, 50)]
+    with np.errstate(all="ignore"):
+        eps_native = native_prv.get_epsilon(delta=1e-5)
+    ours = epsilon_after(noise_multiplier=2.0, releases=50, delta=1e-5, accountant="prv")
+    assert ours == pytest.approx(eps_native, abs=0.02)
+
+
+def test_special_cases_and_monotonicity() -> None:
+    for acc in ("rdp", "prv"):
+        assert epsilon_after(noise_multiplier=1.0, releases=0, delta=1e-5, accountant=acc) == 0.0
+        assert epsilon_after(noise_multiplier=0.0, releases=3, delta=1e-5, accountant=acc) == (
+            math.inf
+        )
+        assert epsilon_after(noise_multiplier=0.0, releases=0, delta=1e-5, accountant=acc) == 0.0
+    eps_r = [epsilon_after(noise_multiplier=3.0, releases=r, delta=1e-5) for r in (1, 2, 10, 100)]
+    assert eps_r == sorted(eps_r)
+    eps_z = [epsilon_after(noise_multiplier=z, releases=10, delta=1e-5) for z in (1, 2, 5, 20)]
+    assert eps_z == sorted(eps_z, reverse=True)
+    assert epsilon_after(noise_multiplier=3.0, releases=10, delta=1e-6) > epsilon_after(
+        noise_multiplier=3.0, releases=10, delta=1e-5
+    )
+
+
+def test_subsampled_rdp_goes_through_opacus() -> None:
+    eps = epsilon_after(noise_multiplier=1.0, releases=1000, delta=1e-5, sample_rate=0.01)
+    acc = RDPAccountant()
+    acc.history = [(1.0, 0.01, 1000)]
+    assert eps <= acc.get_epsilon(delta=1e-5) + 1e-12
+    assert eps == pytest.approx(acc.get_epsilon(delta=1e-5), rel=0.01)
+    assert eps < epsilon_after(noise_multiplier=1.0, releases=1000, delta=1e-5)
+
+
+def test_invalid_arguments() -> None:
+    with pytest.raises(ValueError):
+        epsilon_after(noise_multiplier=-1.0, releases=1, delta=1e-5)
+    with pytest.raises(ValueError):
+        epsilon_after(noise_multiplier=1.0, releases=-1, delta=1e-5)
+    with pytest.raises(TypeError):
+        epsilon_after(noise_multiplier=1.0, releases=1.5, delta=1e-5)  # type: ignore[arg-type]
+    for bad_delta in (0.0, 1.0, -1e-5):
+        with pytest.raises(ValueError):
+            epsilon_after(noise_multiplier=1.0, releases=1, delta=bad_delta)
+    with pytest.raises(ValueError):
+        epsilon_after(noise_multiplier=1.0, releases=1, delta=1e-5, accountant="gdp")  # type: ignore[arg-type]
+    for q in (0.0, 1.5):
+        with pytest.raises(ValueError):
+            epsilon_after(noise_multiplier=1.0, releases=1, delta=1e-5, sample_rate=q)
+    with pytest.raises(TypeError):
+        epsilon_after(1.0, 1, 1e-5)  # type: ignore[misc]  # keyword-only
+
+
+def test_prv_failures_are_clear_errors() -> None:
+    # effective multiplier 0.1 / sqrt(100) = 0.01: Opacus's PRV discretisation breaks down
+    with pytest.raises(AccountingError, match="rdp"):
+        epsilon_after(noise_multiplier=0.1, releases=100, delta=1e-5, accountant="prv")
+    # RDP still answers (epsilon in the thousands: no privacy to speak of)
+    assert epsilon_after(noise_multiplier=0.1, releases=100, delta=1e-5) > 1000
+    # a subsampled history whose PRV grid would need gigabytes is refused before allocating
+    t0 = time.perf_counter()
+    with pytest.raises(AccountingError, match="grid"):
+        epsilon_after(
+            noise_multiplier=1.0, releases=20000, delta=1e-5, accountant="prv", sample_rate=0.5
+        )
+    assert time.perf_counter() - t0 < 5.0
+
+
+def test_gaussian_dp_mu() -> None:
+    assert gaussian_dp_mu(noise_multiplier=2.0, releases=16) == pytest.approx(2.0)
+    assert gaussian_dp_mu(noise_multiplier=0.0, releases=1) == math.inf
+    assert gaussian_dp_mu(noise_multiplier=2.0, releases=0) == 0.0
+
+
+# ------------------------------------------------------------------------------------------
+# calibration
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("accountant", ["rdp", "prv"])
+@pytest.mark.parametrize("target", [8.0, 4.0, 1.0])
+def test_calibrate_then_recompute(accountant: str, target: float) -> None:
+    z = calibrate_noise_multiplier(epsilon=target, delta=1e-5, releases=50, accountant=accountant)
+    eps = epsilon_after(noise_multiplier=z, releases=50, delta=1e-5, accountant=accountant)
+    assert eps <= target
+    tol = min(0.01, 1e-3 * target) if accountant == "rdp" else 0.0105
+    assert eps >= target - tol
+    # a slightly smaller multiplier would overshoot (z is close to minimal)
+    eps_less = epsilon_after(
+        noise_multiplier=z * 0.99, releases=50, delta=1e-5, accountant=accountant
+    )
+    assert eps_less > target - tol
+
+
+def test_calibrate_matches_exact_gaussian_inverse() -> None:
+    # PRV calibration lands within ~1% of the exact multiplier; RDP needs a bit more noise
+    z_prv = calibrate_noise_multiplier(epsilon=4.0, delta=1e-5, releases=50, accountant="prv")
+    z_rdp = calibrate_noise_multiplier(epsilon=4.0, delta=1e-5, releases=50)
+    z_exact = brentq(lambda z: exact_gaussian_epsilon(z, 50, 1e-5) - 4.0, 1.0, 100.0)
+    assert z_prv == pytest.approx(z_exact, rel=0.01)
+    assert z_rdp > z_exact
+
+
+def test_calibrate_subsampled_and_errors() -> None:
+    z = calibrate_noise_multiplier(epsilon=2.0, delta=1e-5, releases=200, sample_rate=0.05)
+    eps = epsilon_after(noise_multiplier=z, releases=200, delta=1e-5, sample_rate=0.05)
+    assert 2.0 - 0.01 <= eps <= 2.0
+    with pytest.raises(ValueError):
+        calibrate_noise_multiplier(epsilon=1.0, delta=1e-5, releases=0)
+    with pytest.raises(ValueError):
+        calibrate_noise_multiplier(epsilon=0.0, delta=1e-5, releases=10)
+    # PRV's reported epsilon never drops below ~eps_error = 0.01: Opacus's search gives up
+    with pytest.raises(AccountingError, match="too low"):
+        calibrate_noise_multiplier(epsilon=0.005, delta=1e-5, releases=10, accountant="prv")
+    # RDP can certify it (for huge z the conversion reaches (0, delta)-DP)
+    z_tiny = calibrate_noise_multiplier(epsilon=0.005, delta=1e-5, releases=10)
+    assert 0.0 <= epsilon_after(noise_multiplier=z_tiny, releases=10, delta=1e-5) <= 0.005
+    assert epsilon_after(noise_multiplier=1e6, releases=1, delta=1e-5) == 0.0  # clamped
+
+
+def test_max_releases_is_the_boundary() -> None:
+    z, d, target = 5.0, 1e-5, 4.0
+    n = max_releases(noise_multiplier=z, delta=d, epsilon=target)
+    assert n > 0
+    assert epsilon_after(noise_multiplier=z, releases=n, delta=d) <= target
+    assert epsilon_after(noise_multiplier=z, releases=n + 1, delta=d) > target
+    assert max_releases(noise_multiplier=0.1, delta=d, epsilon=target) == 0
+    assert max_releases(noise_multiplier=1e6, delta=d, epsilon=target, limit=1000) == 1000
+
+
+# ------------------------------------------------------------------------------------------
+# ledger
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("accountant", ["rdp", "prv"])
+def test_ledger_refuses_the_release_that_would_exceed(accountant: str) -> None:
+    rounds = 10
+    z = calibrate_noise_multiplier(epsilon=4.0, delta=1e-5, releases=rounds, accountant=accountant)
+    ledger = PrivacyLedger(noise_multiplier=z, delta=1e-5, accountant=accountant, epsilon_target=4)
+    assert ledger.releases == 0
+    assert ledger.epsilon == 0.0
+    assert ledger.remaining_releases() == rounds
+    last = 0.0
+    for i in range(rounds):
+        assert not ledger.would_exceed()
+        eps = ledger.record_release()
+        assert eps > last
+        last = eps
+        assert ledger.releases == i + 1
+        assert ledger.epsilon == eps
+    assert ledger.epsilon <= 4.0
+    assert ledger.would_exceed()
+    assert ledger.remaining_releases() == 0
+    with pytest.raises(BudgetExhausted, match="exhausted") as info:
+        ledger.record_release()
+    assert isinstance(info.value, RuntimeError)
+    assert ledger.releases == rounds  # nothing recorded
+    assert ledger.epsilon == last
+
+
+def test_ledger_without_target_never_refuses() -> None:
+    ledger = PrivacyLedger(noise_multiplier=0.5, delta=1e-5)
+    for _ in range(5):
+        assert not ledger.would_exceed()
+        ledger.record_release()
+    assert ledger.remaining_releases() is None
+    assert ledger.epsilon == epsilon_after(noise_multiplier=0.5, releases=5, delta=1e-5)
+
+
+@pytest.mark.parametrize("accountant", ["rdp", "prv"])
+def test_ledger_round_trip(accountant: str) -> None:
+    ledger = PrivacyLedger(
+        noise_multiplier=6.0, delta=1e-6, accountant=accountant, epsilon_target=5.0, releases=7
+    )
+    ledger.record_release()
+    record = json.loads(json.dumps(ledger.to_dict(), allow_nan=False))  # strict JSON
+    again = PrivacyLedger.from_dict(record)
+    assert again.to_dict() == ledger.to_dict()
+    assert again.releases == 8
+    assert again.epsilon == ledger.epsilon
+    assert record["epsilon"] == pytest.approx(ledger.epsilon)
+    # the bare parameters are enough
+    bare = {k: record[k] for k in ("noise_multiplier", "delta", "accountant", "releases")}
+    bare["epsilon_target"] = 5.0
+    assert PrivacyLedger.from_dict(bare).to_dict() == ledger.to_dict()
+    # both continue identically
+    assert again.record_release() == ledger.record_release()
+
+
+def test_ledger_from_dict_rejects_bad_records() -> None:
+    good = PrivacyLedger(noise_multiplier=2.0, delta=1e-5).to_dict()
+    for key in ("noise_multiplier", "delta", "accountant", "releases"):
+        with pytest.raises(ValueError, match="missing"):
+            PrivacyLedger.from_dict({k: v for k, v in good.items() if k != key})
+    with pytest.raises(ValueError, match="unknown"):
+        PrivacyLedger.from_dict({**good, "sigma": 1.0})
+    with pytest.raises(ValueError, match="schema"):
+        PrivacyLedger.from_dict({**good, "schema": 99})
+    with pytest.raises(TypeError):
+        PrivacyLedger.from_dict({**good, "noise_multiplier": "2.0"})
+    with pytest.raises(ValueError):
+        PrivacyLedger.from_dict({**good, "releases": -1})
+    with pytest.raises(TypeError):
+        PrivacyLedger.from_dict([("releases", 1)])  # type: ignore[arg-type]
+
+
+def test_ledger_infinite_epsilon_is_strict_json() -> None:
+    ledger = PrivacyLedger(noise_multiplier=0.0, delta=1e-5, releases=1)
+    assert ledger.epsilon == math.inf
+    record = ledger.to_dict()
+    assert record["epsilon"] is None
+    json.dumps(record, allow_nan=False)
+    refusing = PrivacyLedger(noise_multiplier=0.0, delta=1e-5, epsilon_target=10.0)
+    assert refusing.would_exceed()
+    with pytest.raises(BudgetExhausted):
+        refusing.record_release()
+
+
+def test_ledger_is_cheap_for_hundreds_of_releases() -> None:
+    ledger = PrivacyLedger(noise_multiplier=20.0, delta=1e-6, epsilon_target=8.0)
+    t0 = time.perf_counter()
+    for _ in range(2000):
+        if ledger.would_exceed():
+            break
+        ledger.record_release()
+        _ = ledger.epsilon
+    assert time.perf_counter() - t0 < 3.0
+    assert ledger.releases == max_releases(noise_multiplier=20.0, delta=1e-6, epsilon=8.0)
+    # reconstructing a ledger with many releases is one evaluation
+    t0 = time.perf_counter()
+    eps = PrivacyLedger(noise_multiplier=9.0, delta=1e-6, accountant="prv", releases=900).epsilon
+    assert time.perf_counter() - t0 < 3.0
+    assert eps == pytest.approx(exact_gaussian_epsilon(9.0, 900, 1e-6), abs=0.02)
