@@ -29,6 +29,12 @@ class WorkerSettings(BaseSettings):
         None, description="CA certificate that signed the service's TLS certificate."
     )
     backbone: Literal["gcnii", "gcn", "gat"] = Field("gcnii", description="Local graph layers.")
+    hidden: int | None = Field(
+        None,
+        ge=1,
+        description="Hidden width of the local layers (default: the session's "
+        "aggregation width; 128 under differential privacy).",
+    )
     dropout: float = Field(0.5, ge=0.0, lt=1.0)
     lr: float = Field(0.01, gt=0.0)
     weight_decay: float = Field(5e-4, ge=0.0)

@@ -18,12 +18,15 @@ from models.federated import (
     GlasuClient,
     NodesRequest,
     PassOutcome,
-    ShareTransform,
 )
 from models.partition import ClientPartition
+from models.security import PrivacyConfig, make_glasu_client
 from secure.aggregation import EmbeddingCodec
 
 log = logging.getLogger(__name__)
+
+
+PRIVATE_DEFAULT_HIDDEN = 128
 
 
 @dataclass(frozen=True)
@@ -32,11 +35,13 @@ class LocalModelOptions:
     aggregation layers (the session's) must agree across clients."""
 
     backbone: str = "gcnii"
+    hidden: int | None = None  # default: the aggregation width (plain GLASU) or 128 (private)
     dropout: float = 0.5
     lr: float = 0.01
     weight_decay: float = 5e-4
     eval_fanout: int = 10
     seed: int | None = None  # initialisation and dropout; default: the session's seed
+    noise_seed: int | None = None  # reproducible DP noise (experiments only)
 
 
 @dataclass
@@ -46,17 +51,48 @@ class WorkerResult:
     history: list[dict[str, Any]] = field(default_factory=list)
 
 
+def privacy_from_session(
+    session_config: dict[str, Any], options: LocalModelOptions
+) -> PrivacyConfig | None:
+    privacy = session_config.get("privacy")
+    if not privacy:
+        return None
+    if privacy.get("occurrence_cap") is None:
+        raise ValueError("the session's privacy settings lack the occurrence cap the release needs")
+    return PrivacyConfig(
+        epsilon=privacy.get("epsilon"),
+        delta=privacy["delta"],
+        noise_multiplier=privacy["noise_multiplier"],
+        clip=privacy["clip"],
+        accountant=privacy["accountant"],
+        release_width=session_config["agg_layers"][0]["width"],
+        occurrence_cap=privacy["occurrence_cap"],
+        shared_noise=privacy["shared_noise"],
+        noise_seed=options.noise_seed,
+    )
+
+
 def client_config_from_session(
     session_config: dict[str, Any], options: LocalModelOptions
 ) -> ClientConfig:
+    privacy = privacy_from_session(session_config, options)
     widths = {a["width"] for a in session_config["agg_layers"]}
-    if len(widths) != 1:
+    if privacy is not None:
+        hidden = options.hidden or PRIVATE_DEFAULT_HIDDEN
+    elif len(widths) != 1:
         raise ValueError(f"this worker needs one width at every aggregation layer, got {widths}")
+    else:
+        hidden = widths.pop()
+        if options.hidden not in (None, hidden):
+            raise ValueError(
+                f"--hidden {options.hidden} differs from the session's aggregation width {hidden}"
+            )
     model = ModelConfig(
-        backbone=options.backbone,
-        layers=session_config["layers"],  # type: ignore[arg-type]
-        hidden=widths.pop(),
+        backbone=options.backbone,  # type: ignore[arg-type]
+        layers=session_config["layers"],
+        hidden=hidden,
         dropout=options.dropout,
+        receiver_width=privacy.release_width if privacy else 0,
     )
     return ClientConfig(
         model=model,
@@ -64,6 +100,7 @@ def client_config_from_session(
         stale=session_config["stale"],
         fanout=session_config["fanout"],
         eval_fanout=options.eval_fanout,
+        occurrence_cap=privacy.occurrence_cap if privacy else None,
         lr=options.lr,
         weight_decay=options.weight_decay,
         seed=session_config["seed"] if options.seed is None else options.seed,
@@ -76,7 +113,6 @@ def run_worker(
     *,
     options: LocalModelOptions,
     codec: EmbeddingCodec,
-    share_transform: ShareTransform | None = None,
     device: torch.device | str = "cpu",
     on_pass: Callable[[dict[str, Any], PassOutcome], None] | None = None,
 ) -> WorkerResult:
@@ -98,12 +134,15 @@ def run_worker(
             f"the session expects {config['encoding']} shares, this worker's codec "
             f"makes {codec.encoding}: give the secret context (or --no-he) to match"
         )
-    client = GlasuClient(
+    privacy = privacy_from_session(config, options)
+    client = make_glasu_client(
         partition,
         client_config_from_session(config, options),
         codec=codec,
-        share_transform=share_transform,
         device=device,
+        privacy=privacy,
+        noise_multiplier=(privacy.noise_multiplier or 0.0) if privacy else 0.0,
+        seed=config["seed"],
     )
     result = WorkerResult()
     pass_index = 0
@@ -113,21 +152,27 @@ def run_worker(
             result.finished_reason = info.get("reason", "finished")
             break
         outcome = drive_pass(client, service, info)
-        service.report_metrics(
-            pass_index,
-            {
-                "loss": outcome.loss,
-                "val_accuracy": outcome.val_accuracy,
-                "test_accuracy": outcome.test_accuracy,
-            },
-        )
+        if privacy is None:
+            # Under DP a loss or an accuracy computed on clean features would be a release the
+            # ledger does not count: the worker keeps them to itself (result file, stdout).
+            service.report_metrics(
+                pass_index,
+                {
+                    "loss": outcome.loss,
+                    "val_accuracy": outcome.val_accuracy,
+                    "test_accuracy": outcome.test_accuracy,
+                },
+            )
         if outcome.kind == "eval":
             result.history.append(
                 {
+                    "pass": pass_index,
                     "round": info["round"],
                     "loss": outcome.loss,
                     "val_accuracy": outcome.val_accuracy,
                     "test_accuracy": outcome.test_accuracy,
+                    "bytes_up": service.traffic.up,
+                    "bytes_down": service.traffic.down,
                 }
             )
         if on_pass:

@@ -6,7 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
+import torch
+
+from models.federated import ClientConfig, GlasuClient
+from models.partition import ClientPartition
+from models.private import PrivateGlasuClient, ReleaseSettings, release_sensitivity
 from secure.accounting import PrivacyLedger, calibrate_noise_multiplier, epsilon_after
+from secure.aggregation import EmbeddingCodec
 from secure.dp import GaussianNoise, effective_noise_multiplier, per_client_noise_std
 
 AccountantName = Literal["rdp", "prv"]
@@ -16,8 +23,8 @@ AccountantName = Literal["rdp", "prv"]
 class PrivacyConfig:
     """Node-level DP for every client's features (docs/privacy.md)."""
 
-    epsilon: float | None = 8.0  # target; calibrates z when noise_multiplier is None
-    delta: float = 1e-5
+    epsilon: float | None = 4.0  # target; calibrates z when noise_multiplier is None
+    delta: float = 1e-6
     noise_multiplier: float | None = None
     clip: float = 1.0
     accountant: AccountantName = "rdp"
@@ -127,3 +134,37 @@ def privacy_report(
         "occurrence_cap": privacy.occurrence_cap,
         "release_width": privacy.release_width,
     }
+
+
+def release_projection_seed(*, seed: int, client: int) -> int:
+    """Public and data-independent: fixed by the session seed and the client index."""
+    return int(np.random.SeedSequence([seed, client, 0x5EED]).generate_state(1)[0])
+
+
+def make_glasu_client(
+    part: ClientPartition,
+    config: ClientConfig,
+    *,
+    codec: EmbeddingCodec,
+    device: torch.device | str,
+    privacy: PrivacyConfig | None,
+    noise_multiplier: float,
+    seed: int,
+) -> GlasuClient:
+    """The client a run needs: plain GLASU, or the private arrangement with its release."""
+    if privacy is None:
+        return GlasuClient(part, config, codec=codec, device=device)
+    sensitivity = release_sensitivity(clip=privacy.clip, occurrence_cap=privacy.occurrence_cap)
+    release = ReleaseSettings(
+        width=privacy.release_width,
+        clip=privacy.clip,
+        noise_std=client_noise_std(
+            privacy,
+            noise_multiplier=noise_multiplier,
+            sensitivity=sensitivity,
+            clients=part.clients,
+        ),
+        noise=noise_source(privacy, client=part.client),
+        projection_seed=release_projection_seed(seed=seed, client=part.client),
+    )
+    return PrivateGlasuClient(part, config, release=release, codec=codec, device=device)

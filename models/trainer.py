@@ -18,14 +18,13 @@ from models.data import GraphDataset, SplitName, load_dataset
 from models.federated import ClientConfig, GlasuClient, PassOutcome, uniform_agg_layers
 from models.inprocess import run_pass_inprocess
 from models.partition import ClientPartition, partition
-from models.private import RELEASE_LAYER, PrivateGlasuClient, ReleaseSettings, release_sensitivity
+from models.private import RELEASE_LAYER, release_sensitivity
 from models.report import HistoryEntry, RunReport, select_best
 from models.security import (
     PrivacyConfig,
     choose_noise_multiplier,
-    client_noise_std,
     ledger_noise_multiplier,
-    noise_source,
+    make_glasu_client,
     privacy_report,
 )
 from secure.accounting import PrivacyLedger
@@ -33,6 +32,7 @@ from secure.aggregation import EmbeddingCodec, PlainCodec, PlainSumAggregator, S
 from secure.schedule import PassSpec, draw_output_batch, pass_schedule
 
 Mode = Literal["glasu", "centralized", "standalone", "simulated"]
+_PRIVACY = PrivacyConfig()
 
 
 @dataclass(frozen=True)
@@ -60,23 +60,27 @@ class TrainConfig:
     edge_fraction: float = 0.8
     seed: int = 0
     device: str = "auto"
-    # Encryption and differential privacy: on unless switched off.
+    # Encryption and differential privacy: on unless switched off (defaults: PrivacyConfig).
     he: bool = True
     dp: bool = True
-    epsilon: float | None = 8.0
-    delta: float = 1e-5
-    noise_multiplier: float | None = None
-    clip: float = 1.0
-    accountant: Literal["rdp", "prv"] = "rdp"
-    release_width: int = 16
-    occurrence_cap: int = 1
-    shared_noise: bool = True
-    noise_seed: int | None = None
+    epsilon: float | None = _PRIVACY.epsilon
+    delta: float = _PRIVACY.delta
+    noise_multiplier: float | None = _PRIVACY.noise_multiplier
+    clip: float = _PRIVACY.clip
+    accountant: Literal["rdp", "prv"] = _PRIVACY.accountant
+    release_width: int = _PRIVACY.release_width
+    occurrence_cap: int = _PRIVACY.occurrence_cap
+    shared_noise: bool = _PRIVACY.shared_noise
+    noise_seed: int | None = _PRIVACY.noise_seed
 
     @property
     def releases_anything(self) -> bool:
         """Centralized and standalone training send nothing to anyone."""
         return self.mode in ("glasu", "simulated")
+
+    @property
+    def encrypted(self) -> bool:
+        return self.he and self.releases_anything
 
     def privacy_config(self) -> PrivacyConfig | None:
         if not (self.dp and self.releases_anything):
@@ -200,22 +204,14 @@ class Security:
     def make_client(
         self, part: ClientPartition, plan: FederationPlan, config: TrainConfig, device: torch.device
     ) -> GlasuClient:
-        if self.privacy is None:
-            return GlasuClient(part, plan.client_config, codec=self.codec_factory(), device=device)
-        release = ReleaseSettings(
-            width=self.privacy.release_width,
-            clip=self.privacy.clip,
-            noise_std=client_noise_std(
-                self.privacy,
-                noise_multiplier=self.noise_multiplier,
-                sensitivity=self.sensitivity,
-                clients=part.clients,
-            ),
-            noise=noise_source(self.privacy, client=part.client),
-            projection_seed=release_projection_seed(seed=config.seed, client=part.client),
-        )
-        return PrivateGlasuClient(
-            part, plan.client_config, release=release, codec=self.codec_factory(), device=device
+        return make_glasu_client(
+            part,
+            plan.client_config,
+            codec=self.codec_factory(),
+            device=device,
+            privacy=self.privacy,
+            noise_multiplier=self.noise_multiplier,
+            seed=config.seed,
         )
 
     def report(self, *, releases: int, planned: int) -> dict[str, Any] | None:
@@ -232,13 +228,8 @@ class Security:
         )
 
 
-def release_projection_seed(*, seed: int, client: int) -> int:
-    """Public and data-independent: fixed by the session seed and the client index."""
-    return int(np.random.SeedSequence([seed, client, 0x5EED]).generate_state(1)[0])
-
-
 def prepare_security(config: TrainConfig, *, releases: int, clients: int) -> Security:
-    if config.he and config.releases_anything:
+    if config.encrypted:
         from secure.he import CkksCodec, CkksSumAggregator, new_context, public_context_bytes
 
         context = new_context()

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from models.data import GraphDataset
 from models.partition import save_partition
+from models.private import release_sensitivity
 from models.report import HistoryEntry, RunReport, select_best
 from models.trainer import FederationPlan, TrainConfig, eval_nodes
 
@@ -47,16 +48,6 @@ class ManagedProcess:
         return "\n".join(text[-lines:])
 
 
-@dataclass(frozen=True)
-class SecurityOptions:
-    """What the local federation passes to the service and the workers for HE and DP."""
-
-    public_context: Path | None = None
-    secret_context: Path | None = None
-    privacy: dict[str, Any] | None = None  # the session's PrivacySettings
-    noise_seed: int | None = None
-
-
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -67,15 +58,35 @@ def glasu_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "clients.cli.main", *args]
 
 
+def session_privacy(config: TrainConfig) -> dict[str, Any] | None:
+    """The session's ``privacy`` object (``PrivacySettings`` in service/schemas.py)."""
+    privacy = config.privacy_config()
+    if privacy is None:
+        return None
+    return {
+        "noise_multiplier": privacy.noise_multiplier,
+        "epsilon": privacy.epsilon,
+        "delta": privacy.delta,
+        "clip": privacy.clip,
+        "sensitivity": release_sensitivity(
+            clip=privacy.clip, occurrence_cap=privacy.occurrence_cap
+        ),
+        "occurrence_cap": privacy.occurrence_cap,
+        "accountant": privacy.accountant,
+        "shared_noise": privacy.shared_noise,
+    }
+
+
 def session_request(
-    config: TrainConfig, plan: FederationPlan, dataset: GraphDataset, security: SecurityOptions
+    config: TrainConfig, plan: FederationPlan, dataset: GraphDataset
 ) -> dict[str, Any]:
+    """The ``POST /v1/sessions`` body for ``config`` (encrypted when ``config.he``)."""
+    privacy = config.privacy_config()
+    width = privacy.release_width if privacy else config.hidden
     return {
         "clients": len(plan.partitions),
         "layers": config.layers,
-        "agg_layers": [
-            {"layer": layer, "width": config.hidden} for layer in plan.client_config.agg_layers
-        ],
+        "agg_layers": [{"layer": layer, "width": width} for layer in plan.client_config.agg_layers],
         "stale": plan.client_config.stale,
         "rounds": config.rounds,
         "eval_every": config.eval_every,
@@ -85,8 +96,8 @@ def session_request(
         "train_nodes": dataset.train_nodes.tolist(),
         "eval_nodes": eval_nodes(dataset).tolist(),
         "seed": config.seed,
-        "encryption": "ckks" if security.public_context else "none",
-        "privacy": security.privacy,
+        "encryption": "ckks" if config.encrypted else "none",
+        "privacy": session_privacy(config),
         "label": f"glasu train {config.dataset} {config.mode}",
     }
 
@@ -96,7 +107,6 @@ def train_over_http(
     plan: FederationPlan,
     dataset: GraphDataset,
     *,
-    security: SecurityOptions,
     threads: int = 1,
     progress: bool = True,
     work_dir: Path | None = None,
@@ -128,8 +138,12 @@ def train_over_http(
             "--log-level",
             "warning",
         ]
-        if security.public_context:
-            serve_args += ["--public-context", str(security.public_context)]
+        secret_context = None
+        if config.encrypted:
+            from secure.he import generate_keys
+
+            secret_context, public_context = generate_keys(root / "keys")
+            serve_args += ["--public-context", str(public_context)]
         processes.append(_start("service", glasu_command(*serve_args), root / "service.log"))
         admin = stack.enter_context(
             httpx.Client(
@@ -137,7 +151,7 @@ def train_over_http(
             )
         )
         _wait_healthy(admin, processes[0])
-        response = admin.post("/v1/sessions", json=session_request(config, plan, dataset, security))
+        response = admin.post("/v1/sessions", json=session_request(config, plan, dataset))
         if response.status_code != 201:
             raise FederationFailed(f"the service refused the session: {response.text}")
         created = response.json()
@@ -161,6 +175,8 @@ def train_over_http(
                 config.device,
                 "--backbone",
                 config.backbone,
+                "--hidden",
+                str(config.hidden),
                 "--dropout",
                 str(config.dropout),
                 "--lr",
@@ -177,10 +193,10 @@ def train_over_http(
                 str(root / f"client-{part.client}.json"),
                 "--quiet",
             ]
-            if security.secret_context:
-                args += ["--secret-context", str(security.secret_context)]
-            if security.noise_seed is not None:
-                args += ["--noise-seed", str(security.noise_seed)]
+            if secret_context:
+                args += ["--secret-context", str(secret_context)]
+            if config.noise_seed is not None:
+                args += ["--noise-seed", str(config.noise_seed)]
             processes.append(
                 _start(
                     f"worker {part.client}",
@@ -289,16 +305,24 @@ def _report(
     *,
     wall_seconds: float,
 ) -> RunReport:
-    rounds = [entry["round"] for entry in results[0]["history"]]
-    history = [
-        HistoryEntry(
-            round=r,
-            loss=float(np.mean([res["history"][i]["loss"] for res in results])),
-            val_accuracy=float(np.mean([res["history"][i]["val_accuracy"] for res in results])),
-            test_accuracy=float(np.mean([res["history"][i]["test_accuracy"] for res in results])),
+    epsilon_at_pass = {entry["pass"]: entry["epsilon"] for entry in privacy.get("ledger", [])}
+
+    def mean(rows: list[dict[str, Any]], key: str) -> float:
+        return float(np.mean([row[key] for row in rows]))
+
+    history = []
+    for rows in zip(*(res["history"] for res in results), strict=True):
+        history.append(
+            HistoryEntry(
+                round=rows[0]["round"],
+                loss=mean(rows, "loss"),
+                val_accuracy=mean(rows, "val_accuracy"),
+                test_accuracy=mean(rows, "test_accuracy"),
+                bytes_up=sum(row["bytes_up"] for row in rows),
+                bytes_down=sum(row["bytes_down"] for row in rows),
+                epsilon=epsilon_at_pass.get(rows[0]["pass"]),
+            )
         )
-        for i, r in enumerate(rounds)
-    ]
     bytes_up = sum(res["bytes_up"] for res in results)
     bytes_down = sum(res["bytes_down"] for res in results)
     reasons = {res["finished_reason"] for res in results}

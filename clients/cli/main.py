@@ -12,6 +12,7 @@ from clients.cli import (
     keygen_cmd,
     partition_cmd,
     serve_cmd,
+    session_cmd,
     train_cmd,
     worker_cmd,
 )
@@ -23,6 +24,7 @@ COMMANDS = {
     "partition": partition_cmd,
     "keygen": keygen_cmd,
     "budget": budget_cmd,
+    "session": session_cmd,
 }
 
 

@@ -63,6 +63,61 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         default=1,
         help="CPU threads per process (the matrices are small: 1 is fastest)",
     )
+    security = p.add_argument_group("encryption and differential privacy (on by default)")
+    security.add_argument(
+        "--no-he",
+        dest="he",
+        action="store_false",
+        help="send plaintext float32 shares instead of CKKS ciphertexts",
+    )
+    security.add_argument(
+        "--no-dp",
+        dest="dp",
+        action="store_false",
+        help="no clipping, no noise, no privacy guarantee",
+    )
+    security.add_argument(
+        "--epsilon",
+        type=float,
+        default=None,
+        help=f"epsilon target (default {DEFAULTS.epsilon} unless --noise-multiplier is given)",
+    )
+    security.add_argument("--delta", type=float, default=DEFAULTS.delta)
+    security.add_argument(
+        "--noise-multiplier",
+        type=float,
+        default=None,
+        help="z: noise std of the aggregate / sensitivity (default: "
+        "calibrated from --epsilon over every pass)",
+    )
+    security.add_argument(
+        "--clip", type=float, default=DEFAULTS.clip, help="C: L2 bound of every released row"
+    )
+    security.add_argument("--accountant", choices=["rdp", "prv"], default=DEFAULTS.accountant)
+    security.add_argument(
+        "--release-width",
+        type=int,
+        default=DEFAULTS.release_width,
+        help="columns of the noisy layer-1 release",
+    )
+    security.add_argument(
+        "--occurrence-cap",
+        type=int,
+        default=DEFAULTS.occurrence_cap,
+        help="c: times a node may be drawn as a neighbour per layer, up to the release",
+    )
+    security.add_argument(
+        "--no-shared-noise",
+        dest="shared_noise",
+        action="store_false",
+        help="every client adds the full noise (safe against colluding peers; more noise)",
+    )
+    security.add_argument(
+        "--noise-seed",
+        type=int,
+        default=None,
+        help="fix the DP noise (experiments only: a known seed voids the guarantee)",
+    )
     p.add_argument(
         "--transport",
         choices=["http", "inprocess"],
@@ -77,7 +132,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    return TrainConfig(**{k: v for k, v in vars(args).items() if k in fields})
+    values = {k: v for k, v in vars(args).items() if k in fields}
+    if values["epsilon"] is None and values["noise_multiplier"] is None:
+        values["epsilon"] = DEFAULTS.epsilon
+    return TrainConfig(**values)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -94,15 +152,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def train_http(config: TrainConfig, *, threads: int, progress: bool) -> RunReport:
-    from clients.cli.local_federation import SecurityOptions, train_over_http
+    from clients.cli.local_federation import train_over_http
 
     dataset = load_dataset(
         config.dataset, data_dir=config.data_dir, split=config.split, seed=config.seed
     )
     plan = plan_federation(config, dataset)
-    return train_over_http(
-        config, plan, dataset, security=SecurityOptions(), threads=threads, progress=progress
-    )
+    return train_over_http(config, plan, dataset, threads=threads, progress=progress)
 
 
 def finish(report: RunReport, *, report_path: Path | None, plot_path: Path | None) -> None:

@@ -47,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
     codec = make_codec(settings.secret_context)
     options = LocalModelOptions(
         backbone=settings.backbone,
+        hidden=settings.hidden,
+        noise_seed=settings.noise_seed,
         dropout=settings.dropout,
         lr=settings.lr,
         weight_decay=settings.weight_decay,
@@ -79,7 +81,6 @@ def run(args: argparse.Namespace) -> int:
                 codec=codec,
                 device=device,
                 on_pass=progress,
-                share_transform=None,
             )
         except ServiceError as exc:
             print(f"glasu worker {settings.client}: the service refused: {exc}", file=sys.stderr)

@@ -1,0 +1,116 @@
+"""The private arrangement: what a worker sends under differential privacy."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+import models.inprocess as inprocess
+from models.federated import EmbeddingRequest, NodesRequest
+from models.partition import feature_blocks
+from models.private import release_sensitivity
+from models.trainer import TrainConfig, train_inprocess
+
+PRIVATE = dict(
+    he=False,
+    dp=True,
+    noise_multiplier=1.0,
+    epsilon=None,
+    noise_seed=7,
+    rounds=4,
+    eval_every=2,
+    hidden=32,
+)
+
+
+def record_sends(monkeypatch: pytest.MonkeyPatch, cora, config: TrainConfig) -> list[list]:
+    """Everything each client sends during a whole run, in order."""
+    sent: list[list] = [[] for _ in range(config.clients)]
+    answer = inprocess._answer
+
+    def recording(requests, aggregator):
+        for m, request in enumerate(requests):
+            if isinstance(request, NodesRequest):
+                sent[m].append(("nodes", request.layer, request.nodes.copy()))
+            else:
+                assert isinstance(request, EmbeddingRequest)
+                matrix = np.frombuffer(request.payload, dtype="<f4").reshape(
+                    request.rows, request.cols
+                )
+                sent[m].append(("share", request.layer, matrix.astype(np.float64)))
+        return answer(requests, aggregator)
+
+    monkeypatch.setattr(inprocess, "_answer", recording)
+    train_inprocess(config, dataset=cora, progress=False)
+    monkeypatch.setattr(inprocess, "_answer", answer)
+    return sent
+
+
+def with_node_changed(cora, *, node: int, client: int, seed: int):
+    columns = torch.from_numpy(feature_blocks(cora.num_features, clients=3, seed=seed)[client])
+    features = cora.features.clone()
+    rng = np.random.default_rng(123)
+    features[node, columns] = torch.from_numpy((rng.random(len(columns)) < 0.05).astype(np.float32))
+    assert not torch.equal(features[node], cora.features[node])
+    return dataclasses.replace(cora, features=features)
+
+
+def test_one_node_moves_only_its_release_and_by_at_most_delta(monkeypatch, cora) -> None:
+    config = TrainConfig(**PRIVATE)
+    node = int(cora.train_nodes[0])
+    before = record_sends(monkeypatch, cora, config)
+    after = record_sends(monkeypatch, with_node_changed(cora, node=node, client=0, seed=0), config)
+    delta = release_sensitivity(clip=config.clip, occurrence_cap=config.occurrence_cap)
+    moved = []
+    for m in range(3):
+        assert len(before[m]) == len(after[m])
+        for (kind, layer, a), (_, _, b) in zip(before[m], after[m], strict=True):
+            if kind == "nodes" or m != 0:
+                # node sets never depend on features; the other clients' releases neither
+                assert np.array_equal(a, b), (m, kind, layer)
+                continue
+            distance = float(np.linalg.norm(a - b))
+            assert distance <= delta + 1e-4, (distance, delta)
+            moved.append(distance)
+    assert max(moved) > 0, "the changed node never reached a release: the test proves nothing"
+    # each pass sends exactly one share per client, at layer 1
+    shares = [(kind, layer) for kind, layer, _ in before[0] if kind == "share"]
+    assert set(shares) == {("share", 1)} and len(shares) == 4 + 2
+
+
+def test_noise_in_the_aggregate_has_the_planned_std(monkeypatch, cora) -> None:
+    """Two runs that differ only in the noise seed: their aggregates (the sums the service
+    forms) differ by noise alone. Unshared noise: each of the M shares carries z * Delta, so the
+    sum carries sqrt(M) z * Delta, and the difference of two runs sqrt(2) times that."""
+    config = TrainConfig(**{**PRIVATE, "shared_noise": False, "rounds": 2, "eval_every": 0})
+    runs = [
+        record_sends(monkeypatch, cora, dataclasses.replace(config, noise_seed=seed))
+        for seed in (1, 2)
+    ]
+
+    def sums(run: list[list]) -> list[np.ndarray]:
+        per_pass = zip(
+            *[[x for kind, _, x in run[m] if kind == "share"] for m in range(3)], strict=True
+        )
+        return [sum(shares) for shares in per_pass]
+
+    differences = [a - b for a, b in zip(sums(runs[0]), sums(runs[1]), strict=True)]
+    observed = float(np.std(np.concatenate([d.ravel() for d in differences])))
+    delta = release_sensitivity(clip=config.clip, occurrence_cap=config.occurrence_cap)
+    expected = config.noise_multiplier * delta * np.sqrt(3) * np.sqrt(2)
+    assert abs(observed / expected - 1) < 0.1, (observed, expected)
+
+
+def test_shared_noise_splits_the_variance() -> None:
+    from models.security import PrivacyConfig, client_noise_std, ledger_noise_multiplier
+
+    shared = PrivacyConfig(shared_noise=True)
+    per_client = client_noise_std(shared, noise_multiplier=2.0, sensitivity=3.0, clients=4)
+    assert per_client == pytest.approx(2.0 * 3.0 / 2.0)  # the sum of 4 carries (z Delta)^2
+    # a peer removing its own share faces 3 of the 4 shares: z * sqrt(3/4)
+    assert ledger_noise_multiplier(shared, noise_multiplier=2.0, clients=4) == pytest.approx(
+        2.0 * np.sqrt(3 / 4)
+    )
+    unshared = PrivacyConfig(shared_noise=False)
+    assert client_noise_std(unshared, noise_multiplier=2.0, sensitivity=3.0, clients=4) == 6.0
