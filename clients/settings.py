@@ -46,3 +46,9 @@ class WorkerSettings(BaseSettings):
     threads: int = Field(1, ge=1, description="CPU threads (the matrices are small: 1 is fastest).")
     result: Path | None = Field(None, description="Write a JSON summary of this worker's run here.")
     poll_seconds: float = Field(30.0, gt=0, le=60, description="Long-poll wait per request.")
+    peer_wait_seconds: float = Field(
+        900.0,
+        gt=0,
+        description="How long to wait for the other clients at one step before "
+        "giving up (exit code 5).",
+    )

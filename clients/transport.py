@@ -7,9 +7,11 @@ in tests (``httpx.ASGITransport``) and to a real server in production.
 from __future__ import annotations
 
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -41,6 +43,19 @@ class ServiceUnavailable(RuntimeError):
     """The service could not be reached, or kept failing, within the retry budget."""
 
 
+class PeersMissing(RuntimeError):
+    """Other clients did not deliver their part of a step within the wait limit."""
+
+
+def tls_verification(ca_file: Path | None) -> ssl.SSLContext | bool:
+    """Verify the service's certificate against ``ca_file``, else against the system CAs."""
+    if ca_file is None:
+        return True
+    if not Path(ca_file).is_file():
+        raise FileNotFoundError(f"CA file {ca_file} not found")
+    return ssl.create_default_context(cafile=str(ca_file))
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     attempts: int = 8
@@ -65,9 +80,10 @@ class ServiceClient:
         client_index: int,
         token: str,
         transport: httpx.BaseTransport | None = None,
-        verify: str | bool = True,
+        verify: ssl.SSLContext | bool = True,
         retry: RetryPolicy | None = None,
         poll_seconds: float = 30.0,
+        peer_wait_seconds: float = 900.0,
         timeout: float = 120.0,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -75,6 +91,7 @@ class ServiceClient:
         self.client_index = client_index
         self.retry = retry or RetryPolicy()
         self.poll_seconds = poll_seconds
+        self.peer_wait_seconds = peer_wait_seconds
         self.traffic = Traffic()
         self._sleep = sleep
         self._http = httpx.Client(
@@ -146,13 +163,20 @@ class ServiceClient:
     # -- plumbing -------------------------------------------------------------------------------
 
     def _wait_for(self, path: str) -> httpx.Response:
-        """Long-poll until the service has the union or the sum (200); 202 means still waiting."""
+        """Long-poll until the service has the union or the sum (200); 202 means still waiting.
+        Gives up after ``peer_wait_seconds`` naming the clients that never delivered."""
+        deadline = time.monotonic() + self.peer_wait_seconds
         while True:
             response = self._request("GET", path, params={"wait": self.poll_seconds})
             if response.status_code == 200:
                 return response
-            status = response.json()
-            log.info("waiting for clients %s at %s", status.get("missing"), path)
+            missing = response.json().get("missing")
+            if time.monotonic() >= deadline:
+                raise PeersMissing(
+                    f"gave up after {self.peer_wait_seconds:.0f} s at {path}: clients {missing} "
+                    "never delivered (is their worker running and connected?)"
+                )
+            log.info("waiting for clients %s at %s", missing, path)
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         delay = self.retry.first_delay

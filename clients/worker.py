@@ -48,6 +48,7 @@ class LocalModelOptions:
 class WorkerResult:
     passes: int = 0
     finished_reason: str = "finished"
+    training_bytes: int = 0  # node sets, shares and sums of training passes, both directions
     history: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -151,7 +152,10 @@ def run_worker(
         if info["kind"] == "done":
             result.finished_reason = info.get("reason", "finished")
             break
+        exchanged_before = service.traffic.up + service.traffic.down
         outcome = drive_pass(client, service, info)
+        if outcome.kind == "train":
+            result.training_bytes += service.traffic.up + service.traffic.down - exchanged_before
         if privacy is None:
             # Under DP a loss or an accuracy computed on clean features would be a release the
             # ledger does not count: the worker keeps them to itself (result file, stdout).
@@ -173,6 +177,7 @@ def run_worker(
                     "test_accuracy": outcome.test_accuracy,
                     "bytes_up": service.traffic.up,
                     "bytes_down": service.traffic.down,
+                    "training_bytes": result.training_bytes,
                 }
             )
         if on_pass:

@@ -17,6 +17,7 @@ class HistoryEntry:
     test_accuracy: float | None
     bytes_up: int = 0
     bytes_down: int = 0
+    training_bytes: int = 0  # exchanged in training passes so far (up + down, all clients)
     epsilon: float | None = None
 
 

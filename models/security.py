@@ -114,9 +114,9 @@ def privacy_report(
         "enabled": True,
         "epsilon": ledger.epsilon,
         "delta": privacy.delta,
-        "noise_multiplier": ledger_z,
-        "noise_multiplier_session": noise_multiplier,
+        "noise_multiplier": noise_multiplier,
         "noise_multiplier_source": source,
+        "ledger_noise_multiplier": ledger_z,
         "sensitivity": sensitivity,
         "clip": privacy.clip,
         "noise_std": noise_multiplier * sensitivity,
@@ -132,7 +132,7 @@ def privacy_report(
         ),
         "shared_noise": privacy.shared_noise,
         "occurrence_cap": privacy.occurrence_cap,
-        "release_width": privacy.release_width,
+        "ledger": [],  # in process nothing is stored; the history carries epsilon per evaluation
     }
 
 

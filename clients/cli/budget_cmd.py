@@ -9,6 +9,8 @@ from pathlib import Path
 
 import httpx
 
+from clients.transport import tls_verification
+
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser(
@@ -38,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     response = httpx.get(
         f"{args.server.rstrip('/')}/v1/sessions/{args.session}/privacy",
         headers={"Authorization": f"Bearer {token}"},
-        verify=str(args.ca_file) if args.ca_file else True,
+        verify=tls_verification(args.ca_file),
         timeout=30,
     )
     if response.status_code != 200:

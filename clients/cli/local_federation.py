@@ -320,6 +320,7 @@ def _report(
                 test_accuracy=mean(rows, "test_accuracy"),
                 bytes_up=sum(row["bytes_up"] for row in rows),
                 bytes_down=sum(row["bytes_down"] for row in rows),
+                training_bytes=sum(row["training_bytes"] for row in rows),
                 epsilon=epsilon_at_pass.get(rows[0]["pass"]),
             )
         )

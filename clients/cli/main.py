@@ -33,7 +33,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="glasu",
         description="Privacy-hardened vertical federated GNN training (GLASU).",
     )
-    parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    parser.add_argument(
+        "--log-level",
+        dest="cli_log_level",
+        default="WARNING",
+        help="logging level of the command (default WARNING)",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in COMMANDS.values():
         module.add_parser(commands)
@@ -43,7 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.cli_log_level.upper(),
+        format="%(levelname)s %(name)s: %(message)s",
+        force=True,  # some dependencies configure logging when imported
+    )
     try:
         return int(COMMANDS[args.command].run(args) or 0)
     except KeyboardInterrupt:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 from pathlib import Path
 
 import torch
@@ -180,7 +179,13 @@ def summary(report: RunReport) -> str:
         f"down {report.bytes_down:,}",
     ]
     if report.privacy:
-        lines.append("privacy: " + json.dumps(report.privacy))
+        from clients.cli.budget_cmd import describe
+
+        lines.append("privacy budget:\n" + describe(report.privacy))
+    elif cfg["mode"] in ("centralized", "standalone"):
+        lines.append("privacy: nothing leaves a client in this mode")
     else:
-        lines.append("privacy: none (differential privacy off)")
+        lines.append("privacy: none (differential privacy off: no (epsilon, delta) guarantee)")
+    if report.stopped_early:
+        lines.append(f"stopped early: {report.stopped_early}")
     return "\n".join(lines)

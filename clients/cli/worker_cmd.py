@@ -2,7 +2,8 @@
 
 Exit codes: 0 the session finished (or its privacy budget was spent: said on stderr),
 2 bad settings or data, 3 the service refused a call (problem detail printed),
-4 the service stayed unreachable after bounded retries."""
+4 the service stayed unreachable after bounded retries, 5 other clients did not deliver their part
+of a step within --peer-wait-seconds."""
 
 from __future__ import annotations
 
@@ -14,13 +15,20 @@ import torch
 
 from clients.cli.settings_args import add_settings_arguments, settings_from_args
 from clients.settings import WorkerSettings
-from clients.transport import ServiceClient, ServiceError, ServiceUnavailable
+from clients.transport import (
+    PeersMissing,
+    ServiceClient,
+    ServiceError,
+    ServiceUnavailable,
+    tls_verification,
+)
 from clients.worker import LocalModelOptions, run_worker
 from models.partition import load_partition
 from models.trainer import resolve_device
 
 EXIT_REFUSED = 3
 EXIT_UNREACHABLE = 4
+EXIT_PEERS_MISSING = 5
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -55,7 +63,6 @@ def run(args: argparse.Namespace) -> int:
         eval_fanout=settings.eval_fanout,
         seed=settings.seed,
     )
-    verify: str | bool = str(settings.ca_file) if settings.ca_file else True
 
     def progress(info: dict, outcome) -> None:
         if not args.quiet and outcome.kind == "eval":
@@ -70,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
         session_id=settings.session,
         client_index=settings.client,
         token=token,
-        verify=verify,
+        verify=tls_verification(settings.ca_file),
+        peer_wait_seconds=settings.peer_wait_seconds,
         poll_seconds=settings.poll_seconds,
     ) as service:
         try:
@@ -85,6 +93,9 @@ def run(args: argparse.Namespace) -> int:
         except ServiceError as exc:
             print(f"glasu worker {settings.client}: the service refused: {exc}", file=sys.stderr)
             return EXIT_REFUSED
+        except PeersMissing as exc:
+            print(f"glasu worker {settings.client}: {exc}", file=sys.stderr)
+            return EXIT_PEERS_MISSING
         except ServiceUnavailable as exc:
             print(f"glasu worker {settings.client}: {exc}", file=sys.stderr)
             return EXIT_UNREACHABLE

@@ -1,0 +1,1 @@
+"""Routers: admin sessions, client rounds, health and metrics."""

@@ -1,0 +1,233 @@
+"""Client routes of one pass: pass descriptor, node sets and unions, embeddings and sums, metrics.
+
+Uploads read the body here and hand everything blocking to the engine in a worker thread; the
+downloads long-poll (see :mod:`service.notify`) and answer 202 with a waiting status on timeout.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Path, Query, Request, Response
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from service.api.deps import ClientDep, ContextDep
+from service.api.routes.docs import (
+    BINARY_REQUEST_BODY,
+    OCTET_STREAM,
+    PROBLEM_RESPONSES,
+    binary_response,
+)
+from service.context import ServiceContext
+from service.errors import ProblemError
+from service.notify import long_poll
+from service.rounds import ClientSlot, Payload, UploadOutcome, Waiting
+from service.schemas import (
+    MAX_COUNT,
+    MAX_LAYERS,
+    Metrics,
+    PassInfo,
+    UploadReceipt,
+    WaitingStatus,
+)
+from service.settings import MAX_LONG_POLL_SECONDS
+
+router = APIRouter(
+    prefix="/v1/sessions/{sid}/clients/{m}", tags=["clients"], responses=PROBLEM_RESPONSES
+)
+
+PassPath = Annotated[int, Path(ge=0, le=MAX_COUNT, description="Pass index (0-based).")]
+LayerPath = Annotated[int, Path(ge=1, le=MAX_LAYERS, description="Aggregation layer (1-based).")]
+ShapeHeader = Annotated[
+    str | None, Header(alias="X-Glasu-Shape", description="'n' (node set) or 'rows,cols'.")
+]
+EncodingHeader = Annotated[
+    str | None, Header(alias="X-Glasu-Encoding", description="int64, float32 or ckks.")
+]
+WaitQuery = Annotated[
+    float | None,
+    Query(
+        ge=0,
+        le=MAX_LONG_POLL_SECONDS,
+        description="Seconds to wait for completion (default and cap: GLASU_LONG_POLL_SECONDS).",
+    ),
+]
+
+UPLOAD_RESPONSES: dict[int | str, dict[str, object]] = {
+    200: {"model": UploadReceipt, "description": "Identical duplicate of an earlier upload."},
+    201: {"model": UploadReceipt, "description": "Stored."},
+}
+
+
+def _waiting_response(waiting: Waiting) -> JSONResponse:
+    status = WaitingStatus(
+        pass_index=waiting.pass_index,
+        layer=waiting.layer,
+        received=waiting.received,
+        missing=waiting.missing,
+    )
+    return JSONResponse(status.model_dump(mode="json", by_alias=True), status_code=202)
+
+
+def _payload_response(result: Payload | Waiting) -> Response:
+    if isinstance(result, Waiting):
+        return _waiting_response(result)
+    headers = {"X-Glasu-Shape": result.shape, "X-Glasu-Encoding": result.encoding}
+    if result.count is not None:
+        headers["X-Glasu-Count"] = str(result.count)
+    return Response(result.body, media_type=OCTET_STREAM, headers=headers)
+
+
+def _receipt_response(slot: ClientSlot, p: int, layer: int, outcome: UploadOutcome) -> JSONResponse:
+    receipt = UploadReceipt(
+        pass_index=p,
+        layer=layer,
+        client=slot.client_index,
+        status="created" if outcome.created else "duplicate",
+        received=outcome.received,
+        missing=outcome.missing,
+    )
+    return JSONResponse(
+        receipt.model_dump(mode="json", by_alias=True), status_code=201 if outcome.created else 200
+    )
+
+
+async def _binary_body(request: Request) -> bytes:
+    content_type = request.headers.get("content-type")
+    if content_type and content_type.split(";")[0].strip().lower() != OCTET_STREAM:
+        raise ProblemError(
+            415,
+            "unsupported-media-type",
+            f"send the body as {OCTET_STREAM}, not {content_type!r}",
+        )
+    # The size limit is enforced while streaming, by BodySizeLimitMiddleware.
+    chunks = [chunk async for chunk in request.stream()]
+    return b"".join(chunks)
+
+
+def _wait_seconds(context: ServiceContext, wait: float | None) -> float:
+    limit = context.settings.long_poll_seconds
+    return limit if wait is None else min(wait, limit)
+
+
+def _is_waiting(result: object) -> bool:
+    return isinstance(result, Waiting)
+
+
+@router.get("/passes/{p}", response_model=PassInfo, summary="Describe pass p")
+def get_pass(slot: ClientDep, context: ContextDep, p: PassPath) -> PassInfo:
+    """Kind, round and output nodes of pass p; kind 'done' once the session has no pass p."""
+    return context.engine.pass_info(slot.session_id, p)
+
+
+@router.put(
+    "/passes/{p}/layers/{l}/nodes",
+    status_code=201,
+    response_model=UploadReceipt,
+    responses=UPLOAD_RESPONSES,
+    openapi_extra=BINARY_REQUEST_BODY,
+    summary="Upload this client's node set",
+)
+async def put_nodes(
+    slot: ClientDep,
+    context: ContextDep,
+    request: Request,
+    p: PassPath,
+    l: LayerPath,  # noqa: E741  (the protocol's name for a layer)
+    shape: ShapeHeader = None,
+    encoding: EncodingHeader = None,
+) -> JSONResponse:
+    body = await _binary_body(request)
+    outcome = await run_in_threadpool(
+        partial(context.engine.put_node_set, slot, p, l, shape=shape, encoding=encoding, body=body)
+    )
+    context.notifier.notify(slot.session_id)
+    return _receipt_response(slot, p, l, outcome)
+
+
+@router.get(
+    "/passes/{p}/layers/{l}/nodes",
+    response_class=Response,
+    responses={
+        200: binary_response("The sorted union (int64).", with_count=False),
+        202: {"model": WaitingStatus, "description": "Not all node sets are in yet."},
+    },
+    summary="Download the node union (long poll)",
+)
+async def get_nodes(
+    slot: ClientDep,
+    context: ContextDep,
+    p: PassPath,
+    l: LayerPath,  # noqa: E741
+    wait: WaitQuery = None,
+) -> Response:
+    result = await long_poll(
+        context.notifier,
+        slot.session_id,
+        partial(context.engine.node_union, slot, p, l),
+        is_waiting=_is_waiting,
+        timeout=_wait_seconds(context, wait),
+    )
+    return _payload_response(result)
+
+
+@router.put(
+    "/passes/{p}/layers/{l}/embedding",
+    status_code=201,
+    response_model=UploadReceipt,
+    responses=UPLOAD_RESPONSES,
+    openapi_extra=BINARY_REQUEST_BODY,
+    summary="Upload this client's embedding share",
+)
+async def put_embedding(
+    slot: ClientDep,
+    context: ContextDep,
+    request: Request,
+    p: PassPath,
+    l: LayerPath,  # noqa: E741
+    shape: ShapeHeader = None,
+    encoding: EncodingHeader = None,
+) -> JSONResponse:
+    body = await _binary_body(request)
+    outcome = await run_in_threadpool(
+        partial(context.engine.put_embedding, slot, p, l, shape=shape, encoding=encoding, body=body)
+    )
+    context.notifier.notify(slot.session_id)
+    return _receipt_response(slot, p, l, outcome)
+
+
+@router.get(
+    "/passes/{p}/layers/{l}/aggregate",
+    response_class=Response,
+    responses={
+        200: binary_response("The sum of the M shares (session encoding).", with_count=True),
+        202: {"model": WaitingStatus, "description": "Not all shares are in yet."},
+    },
+    summary="Download the sum (long poll)",
+)
+async def get_aggregate(
+    slot: ClientDep,
+    context: ContextDep,
+    p: PassPath,
+    l: LayerPath,  # noqa: E741
+    wait: WaitQuery = None,
+) -> Response:
+    result = await long_poll(
+        context.notifier,
+        slot.session_id,
+        partial(context.engine.aggregate, slot, p, l),
+        is_waiting=_is_waiting,
+        timeout=_wait_seconds(context, wait),
+    )
+    return _payload_response(result)
+
+
+@router.post(
+    "/passes/{p}/metrics", status_code=204, response_class=Response, summary="Report metrics"
+)
+def post_metrics(slot: ClientDep, context: ContextDep, p: PassPath, metrics: Metrics) -> Response:
+    """Stored for the status page only; a second report of the same client replaces the first."""
+    context.engine.put_metrics(slot, p, metrics)
+    return Response(status_code=204)

@@ -1,0 +1,57 @@
+"""Everything one app instance owns, built once by :func:`build_context` and shared by routes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from service.encryption import Aggregators, load_public_context
+from service.notify import SessionNotifier
+from service.plan import PlanCache
+from service.rounds import RoundEngine
+from service.sessions import SessionManager, token_sha256
+from service.settings import ServiceSettings
+from service.store import Store
+from service.telemetry import Telemetry
+
+
+@dataclass
+class ServiceContext:
+    settings: ServiceSettings
+    store: Store
+    aggregators: Aggregators
+    telemetry: Telemetry
+    notifier: SessionNotifier
+    engine: RoundEngine
+    sessions: SessionManager
+    admin_token_sha256: bytes
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def build_context(settings: ServiceSettings) -> ServiceContext:
+    admin_token = settings.admin_token_value
+    if not admin_token:  # settings validation already refuses this; never run without a token
+        raise RuntimeError("refusing to start without an admin token")
+    # Load the context before touching the database, so a secret context stops us early.
+    context = load_public_context(settings.public_context) if settings.public_context else None
+    store = Store(settings.database)
+    aggregators = Aggregators(context)
+    plans = PlanCache()
+
+    def count_running_sessions() -> int:
+        with store.transaction() as tx:
+            return tx.count_sessions("running")
+
+    telemetry = Telemetry(count_running_sessions)
+    engine = RoundEngine(store, plans, aggregators, telemetry)
+    return ServiceContext(
+        settings=settings,
+        store=store,
+        aggregators=aggregators,
+        telemetry=telemetry,
+        notifier=SessionNotifier(),
+        engine=engine,
+        sessions=SessionManager(store, plans, aggregators, engine),
+        admin_token_sha256=token_sha256(admin_token),
+    )

@@ -1,0 +1,100 @@
+"""Which :class:`SumAggregator` adds a session's shares, and the service's CKKS public context.
+
+``secure.he`` is imported only when a public context is configured, so a plaintext-only service
+(and its tests) does not need TenSEAL.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from secure.aggregation import PlainSumAggregator, SumAggregator
+from service.errors import ProblemError
+
+
+@dataclass(frozen=True, slots=True)
+class PublicContext:
+    data: bytes
+    sha256: str
+
+
+def load_public_context(path: Path) -> PublicContext:
+    """Read and check the context file; a context with a secret key raises
+    ``secure.he.KeyMaterialError`` and the service must not start."""
+    from secure import he
+
+    data = path.read_bytes()
+    he.load_public_context(data)
+    return PublicContext(data=data, sha256=hashlib.sha256(data).hexdigest())
+
+
+class _SerializedAggregator(SumAggregator):
+    """One shared CKKS aggregator; TenSEAL does not document that a context may be used from
+    several threads at once, so calls are serialised."""
+
+    def __init__(self, inner: SumAggregator) -> None:
+        self._inner = inner
+        self._lock = threading.Lock()
+        self.encoding = inner.encoding
+
+    def validate(self, payload: bytes, *, rows: int, cols: int) -> None:
+        with self._lock:
+            self._inner.validate(payload, rows=rows, cols=cols)
+
+    def add(self, payloads: Sequence[bytes], *, rows: int, cols: int) -> bytes:
+        with self._lock:
+            return self._inner.add(payloads, rows=rows, cols=cols)
+
+
+class Aggregators:
+    def __init__(self, context: PublicContext | None) -> None:
+        self.context = context
+        self._plain = PlainSumAggregator()
+        self._ckks: SumAggregator | None = None
+        self._lock = threading.Lock()
+
+    def require_ckks(self) -> PublicContext:
+        if self.context is None:
+            raise ProblemError(
+                409,
+                "encryption-unavailable",
+                "this service has no CKKS public context (GLASU_PUBLIC_CONTEXT), so it cannot"
+                " run sessions with encryption 'ckks'; use encryption 'none' only for testing",
+            )
+        return self.context
+
+    def check_ckks_session(self, clients: int) -> PublicContext:
+        """The context a new ckks session will use; refuses more shares than CKKS is sized for."""
+        context = self.require_ckks()
+        from secure import he
+
+        if clients > he.MAX_SHARES:
+            raise ProblemError(
+                422,
+                "validation-error",
+                f"clients: encryption 'ckks' supports at most {he.MAX_SHARES} clients (the CKKS"
+                f" parameters bound the sum of that many shares), got {clients}",
+            )
+        return context
+
+    def for_encoding(self, encoding: str, *, context_sha256: str | None) -> SumAggregator:
+        if encoding == "float32":
+            return self._plain
+        context = self.require_ckks()
+        if context_sha256 != context.sha256:
+            raise ProblemError(
+                409,
+                "encryption-unavailable",
+                "the session was created under a different CKKS public context than the one"
+                " this service has loaded now; restart the service with the session's context",
+            )
+        with self._lock:
+            if self._ckks is None:
+                from secure import he
+
+                self._ckks = _SerializedAggregator(he.make_sum_aggregator("ckks", context.data))
+            return self._ckks

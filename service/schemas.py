@@ -1,0 +1,297 @@
+"""Request and response bodies of the REST API (JSON only; tensors travel as binary bodies)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+SessionState = Literal["running", "finished", "budget_exhausted", "closed"]
+PassKindOrDone = Literal["train", "eval", "done"]
+DoneReason = Literal["finished", "budget-exhausted", "closed"]
+
+MAX_CLIENTS = 64
+MAX_LAYERS = 16
+MAX_WIDTH = 4096
+MAX_ROUNDS = 100_000
+MAX_NODE_ID = 2**62
+MAX_COUNT = 2**31 - 1  # bound for counts that have no natural limit (Q, fanout, batch size)
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class AggLayer(StrictModel):
+    layer: int = Field(ge=1, le=MAX_LAYERS, description="1-based index of the GNN layer.")
+    width: int = Field(ge=1, le=MAX_WIDTH, description="Columns of the embeddings at this layer.")
+
+
+class PrivacySettings(StrictModel):
+    """Gaussian mechanism at the first aggregation layer. Give ``noise_multiplier`` (z), or
+    ``epsilon`` (a target from which z is calibrated for the session's releases), or both (then z
+    is used as given and the target caps the ledger)."""
+
+    noise_multiplier: float | None = Field(
+        None, gt=0, le=1e6, description="z: the noise std of the sum is z * sensitivity."
+    )
+    epsilon: float | None = Field(
+        None, ge=1e-6, le=1e6, description="Target epsilon: calibrates z and caps the ledger."
+    )
+    delta: float = Field(gt=0, lt=1)
+    clip: float = Field(gt=0, le=1e9, description="C: per-row L2 clip bound (clients apply it).")
+    sensitivity: float = Field(gt=0, le=1e9, description="Delta of one release (from clients).")
+    accountant: Literal["rdp", "prv"] = "rdp"
+    max_releases: int | None = Field(None, ge=1, le=MAX_COUNT, description="Cap on releases.")
+    shared_noise: bool = Field(
+        False, description="Each client adds variance sigma^2/M so the sum carries sigma^2."
+    )
+    occurrence_cap: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_COUNT,
+        description="c: how often a node may be drawn as a neighbour per layer up to the release"
+        " (the clients' samplers enforce it; the sensitivity assumes it).",
+    )
+
+    @model_validator(mode="after")
+    def _noise_is_determined(self) -> PrivacySettings:
+        if self.noise_multiplier is None and self.epsilon is None:
+            raise ValueError(
+                "give noise_multiplier, or epsilon (a target to calibrate it), or both"
+            )
+        return self
+
+
+class SessionCreate(StrictModel):
+    clients: int = Field(ge=1, le=MAX_CLIENTS, description="M, the number of clients.")
+    layers: int = Field(ge=1, le=MAX_LAYERS, description="L, the number of GNN layers.")
+    agg_layers: list[AggLayer] = Field(min_length=1, description="Ascending aggregation layers.")
+    stale: int = Field(ge=1, le=MAX_COUNT, description="Q, local steps per round (stale).")
+    rounds: int = Field(ge=1, le=MAX_ROUNDS, description="T, the number of training rounds.")
+    eval_every: int = Field(
+        0, ge=0, le=MAX_COUNT, description="Evaluate after every k-th round (0: at the end)."
+    )
+    batch_size: int = Field(ge=1, le=MAX_COUNT, description="Output nodes per training round.")
+    fanout: int = Field(ge=1, le=MAX_COUNT, description="Neighbours sampled per node and layer.")
+    num_nodes: int = Field(ge=1, le=MAX_NODE_ID, description="Nodes are 0..num_nodes-1.")
+    train_nodes: list[int] = Field(min_length=1, description="Distinct ids the batches come from.")
+    eval_nodes: list[int] = Field(min_length=1, description="Distinct ids of every eval pass.")
+    seed: int = Field(ge=0, le=2**63 - 1, description="Seeds the output batches.")
+    encryption: Literal["ckks", "none"] = Field(
+        "ckks", description="'ckks': the service adds ciphertexts; 'none': float32 plaintext."
+    )
+    privacy: PrivacySettings | None = None
+    label: str | None = Field(None, max_length=200)
+
+    @field_validator("agg_layers")
+    @classmethod
+    def _strictly_ascending(cls, agg_layers: list[AggLayer]) -> list[AggLayer]:
+        indices = [a.layer for a in agg_layers]
+        if any(b <= a for a, b in itertools.pairwise(indices)):
+            raise ValueError(f"agg_layers must be strictly ascending by layer, got {indices}")
+        return agg_layers
+
+    @field_validator("train_nodes", "eval_nodes")
+    @classmethod
+    def _distinct(cls, nodes: list[int]) -> list[int]:
+        if len(set(nodes)) != len(nodes):
+            raise ValueError("node ids must be distinct")
+        return nodes
+
+    @model_validator(mode="after")
+    def _fits_the_model_and_graph(self) -> SessionCreate:
+        if self.agg_layers[-1].layer > self.layers:
+            raise ValueError(
+                f"aggregation layer {self.agg_layers[-1].layer} is above the top layer"
+                f" (layers={self.layers})"
+            )
+        for name in ("train_nodes", "eval_nodes"):
+            nodes = getattr(self, name)
+            if min(nodes) < 0 or max(nodes) >= self.num_nodes:
+                raise ValueError(f"{name} must lie in [0, num_nodes={self.num_nodes})")
+        return self
+
+    @property
+    def encoding(self) -> Literal["ckks", "float32"]:
+        return "ckks" if self.encryption == "ckks" else "float32"
+
+
+class SessionCreated(BaseModel):
+    session_id: str
+    client_tokens: list[str] = Field(description="One bearer token per client, index = position.")
+    passes_total: int
+    noise_multiplier: float | None = Field(description="The z in use (given or calibrated).")
+
+
+class SessionConfigView(BaseModel):
+    """The session's configuration without the node lists (see their counts instead)."""
+
+    clients: int
+    layers: int
+    agg_layers: list[AggLayer]
+    stale: int
+    rounds: int
+    eval_every: int
+    batch_size: int
+    fanout: int
+    num_nodes: int
+    train_nodes_count: int
+    eval_nodes_count: int
+    seed: int
+    encryption: Literal["ckks", "none"]
+    encoding: Literal["ckks", "float32"]
+    public_context_sha256: str | None = Field(
+        description="SHA-256 of the CKKS public context the session was created under."
+    )
+    privacy: PrivacySettings | None
+    label: str | None
+
+
+class SessionSummary(BaseModel):
+    session_id: str
+    label: str | None
+    state: SessionState
+    created_at: float
+    clients: int
+    passes_total: int
+    current_pass: int
+
+
+class LayerProgress(BaseModel):
+    layer: int
+    width: int
+    rows: int | None = Field(description="Rows of this layer in the pass, once known.")
+    nodes_received: list[int] | None = Field(
+        description="Clients whose node set arrived (null for the top layer, whose rows are the"
+        " output nodes)."
+    )
+    union_ready: bool
+    embeddings_received: list[int]
+    aggregated: bool
+
+
+class PassProgress(BaseModel):
+    pass_index: int = Field(serialization_alias="pass")
+    kind: Literal["train", "eval"]
+    round: int
+    layers: list[LayerProgress]
+
+
+class MetricsRecord(BaseModel):
+    pass_index: int = Field(serialization_alias="pass")
+    kind: Literal["train", "eval"]
+    round: int
+    reports: int = Field(description="How many clients reported; values are their mean.")
+    loss: float | None
+    val_accuracy: float | None
+    test_accuracy: float | None
+    train_accuracy: float | None
+
+
+class ClientTraffic(BaseModel):
+    client: int
+    bytes_up: int
+    bytes_down: int
+
+
+class LedgerEntry(BaseModel):
+    release: int = Field(description="1-based release number.")
+    pass_index: int = Field(serialization_alias="pass")
+    epsilon: float = Field(description="Cumulative epsilon after this release.")
+    released_at: float
+
+
+class PrivacyReport(BaseModel):
+    """Without privacy: ``enabled`` false, no releases, nulls elsewhere."""
+
+    enabled: bool
+    epsilon: float | None = Field(None, description="Epsilon spent so far.")
+    delta: float | None = None
+    noise_multiplier: float | None = Field(None, description="z the clients use for the sum.")
+    noise_multiplier_source: Literal["given", "calibrated"] | None = None
+    ledger_noise_multiplier: float | None = Field(
+        None,
+        description="z the ledger accounts with: z, or z*sqrt((M-1)/M) with shared noise (one"
+        " curious peer subtracts its own share).",
+    )
+    sensitivity: float | None = None
+    clip: float | None = None
+    noise_std: float | None = Field(None, description="z * sensitivity, per coordinate of the sum.")
+    releases: int = 0
+    max_releases: int | None = None
+    accountant: Literal["rdp", "prv"] | None = None
+    epsilon_target: float | None = None
+    epsilon_planned: float | None = Field(None, description="Epsilon after every planned release.")
+    shared_noise: bool | None = None
+    occurrence_cap: int | None = None
+    ledger: list[LedgerEntry] = Field(default_factory=list)
+
+
+class SessionStatus(BaseModel):
+    session_id: str
+    label: str | None
+    state: SessionState
+    created_at: float
+    config: SessionConfigView
+    passes_total: int
+    current_pass: int
+    progress: PassProgress | None = Field(description="The current pass (null once over).")
+    metrics: list[MetricsRecord]
+    bytes_up: int
+    bytes_down: int
+    traffic: list[ClientTraffic]
+    privacy: PrivacyReport
+
+
+class PassInfo(BaseModel):
+    pass_index: int = Field(serialization_alias="pass")
+    kind: PassKindOrDone
+    round: int | None
+    output_nodes: list[int] = Field(description="S[L], sorted; empty when kind is 'done'.")
+    reason: DoneReason | None = None
+
+
+class UploadReceipt(BaseModel):
+    pass_index: int = Field(serialization_alias="pass")
+    layer: int
+    client: int
+    status: Literal["created", "duplicate"]
+    received: list[int]
+    missing: list[int]
+
+
+class WaitingStatus(BaseModel):
+    status: Literal["waiting"] = "waiting"
+    pass_index: int = Field(serialization_alias="pass")
+    layer: int
+    received: list[int]
+    missing: list[int]
+
+
+class Metrics(StrictModel):
+    """What a client reports after a pass, for the status page only. An empty report is
+    accepted and ignored."""
+
+    loss: float | None = None
+    val_accuracy: float | None = Field(None, ge=0, le=1)
+    test_accuracy: float | None = Field(None, ge=0, le=1)
+    train_accuracy: float | None = Field(None, ge=0, le=1)
+
+    @field_validator("loss")
+    @classmethod
+    def _finite(cls, loss: float | None) -> float | None:
+        if loss is not None and not math.isfinite(loss):
+            raise ValueError("loss must be a finite number")
+        return loss
+
+    @property
+    def empty(self) -> bool:
+        return all(v is None for v in self.model_dump().values())
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    encryption: bool = Field(description="Whether a CKKS public context is loaded.")

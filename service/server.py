@@ -1,0 +1,45 @@
+"""``serve(settings)``: run the service under uvicorn (``glasu serve``)."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+
+import uvicorn
+
+from service.app import create_app
+from service.settings import ServiceSettings
+
+logger = logging.getLogger("glasu.service")
+
+
+def serve(settings: ServiceSettings) -> None:
+    """Blocks until the server stops. One process only: long-poll wake-ups are in memory and the
+    SQLite database has a single writer."""
+    app = create_app(settings)
+    tls = settings.tls_certfile is not None
+    if not tls and not _is_loopback(settings.host):
+        logger.warning(
+            "serving plain HTTP on %s: bearer tokens and payload metadata travel unencrypted;"
+            " set GLASU_TLS_CERTFILE and GLASU_TLS_KEYFILE or terminate TLS in front",
+            settings.host,
+        )
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        ssl_certfile=str(settings.tls_certfile) if settings.tls_certfile else None,
+        ssl_keyfile=str(settings.tls_keyfile) if settings.tls_keyfile else None,
+        server_header=False,
+        workers=1,
+    )
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,208 @@
+"""Admin side of sessions: create (tokens, privacy plan), list, status, privacy report, close."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import uuid
+
+from secure.schedule import pass_schedule
+from service.encryption import Aggregators
+from service.plan import PlanCache, SessionPlan
+from service.privacy import plan_privacy
+from service.rounds import RoundEngine
+from service.schemas import (
+    ClientTraffic,
+    LayerProgress,
+    LedgerEntry,
+    MetricsRecord,
+    PassProgress,
+    PrivacyReport,
+    SessionCreate,
+    SessionCreated,
+    SessionStatus,
+    SessionSummary,
+)
+from service.store import LedgerRow, SessionRow, Store, Transaction
+
+CLIENT_TOKEN_BYTES = 32
+
+
+def token_sha256(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8")).digest()
+
+
+class SessionManager:
+    def __init__(
+        self, store: Store, plans: PlanCache, aggregators: Aggregators, engine: RoundEngine
+    ) -> None:
+        self.store = store
+        self.plans = plans
+        self.aggregators = aggregators
+        self.engine = engine
+
+    def create(self, request: SessionCreate) -> SessionCreated:
+        passes_total = len(pass_schedule(rounds=request.rounds, eval_every=request.eval_every))
+        context_sha256 = None
+        if request.encryption == "ckks":
+            context_sha256 = self.aggregators.check_ckks_session(request.clients).sha256
+        config, source, epsilon_planned = request, None, None
+        if request.privacy is not None:
+            privacy = plan_privacy(
+                request.privacy,
+                clients=request.clients,
+                passes_total=passes_total,
+                encrypted=request.encryption == "ckks",
+            )
+            config = request.model_copy(update={"privacy": privacy.accounting.settings})
+            source, epsilon_planned = privacy.noise_multiplier_source, privacy.epsilon_planned
+        session_id = uuid.uuid4().hex
+        plan = SessionPlan.build(
+            session_id,
+            config,
+            noise_multiplier_source=source,
+            public_context_sha256=context_sha256,
+            epsilon_planned=epsilon_planned,
+        )
+        tokens = [secrets.token_urlsafe(CLIENT_TOKEN_BYTES) for _ in range(request.clients)]
+        with self.store.transaction() as tx:
+            tx.insert_session(
+                session_id, plan.to_json(), [token_sha256(t) for t in tokens], state="running"
+            )
+        self.plans.put(plan)
+        return SessionCreated(
+            session_id=session_id,
+            client_tokens=tokens,
+            passes_total=plan.passes_total,
+            noise_multiplier=plan.privacy.noise_multiplier if plan.privacy else None,
+        )
+
+    def list(self) -> list[SessionSummary]:
+        with self.store.transaction() as tx:
+            rows = tx.sessions()
+            return [self._summary(row, self.engine.session(tx, row.id)[1]) for row in rows]
+
+    def close(self, session_id: str) -> SessionSummary:
+        with self.store.transaction() as tx:
+            row, plan = self.engine.session(tx, session_id)
+            if row.state != "closed":
+                tx.set_session_state(session_id, "closed")
+                tx.discard_payloads(session_id)
+                row = tx.session(session_id)
+                assert row is not None
+            return self._summary(row, plan)
+
+    def status(self, session_id: str) -> SessionStatus:
+        with self.store.transaction() as tx:
+            row, plan = self.engine.session(tx, session_id)
+            progress = self._progress(tx, row, plan)
+            metrics = tx.metrics(session_id)
+            traffic = tx.traffic(session_id)
+            ledger = tx.ledger(session_id)
+        per_client = [
+            ClientTraffic(client=m, bytes_up=up, bytes_down=down)
+            for m, (up, down) in sorted(traffic.items())
+        ]
+        return SessionStatus(
+            session_id=row.id,
+            label=plan.config.label,
+            state=row.state,  # type: ignore[arg-type]
+            created_at=row.created_at,
+            config=plan.config_view(),
+            passes_total=plan.passes_total,
+            current_pass=row.current_pass,
+            progress=progress,
+            metrics=[
+                MetricsRecord(
+                    pass_index=m.pass_index,
+                    kind=plan.passes[m.pass_index].kind,
+                    round=plan.passes[m.pass_index].round,
+                    reports=m.reports,
+                    loss=m.loss,
+                    val_accuracy=m.val_accuracy,
+                    test_accuracy=m.test_accuracy,
+                    train_accuracy=m.train_accuracy,
+                )
+                for m in metrics
+            ],
+            bytes_up=sum(t.bytes_up for t in per_client),
+            bytes_down=sum(t.bytes_down for t in per_client),
+            traffic=per_client,
+            privacy=self._privacy_report(plan, ledger),
+        )
+
+    def privacy_report(self, session_id: str) -> PrivacyReport:
+        with self.store.transaction() as tx:
+            _, plan = self.engine.session(tx, session_id)
+            ledger = tx.ledger(session_id)
+        return self._privacy_report(plan, ledger)
+
+    @staticmethod
+    def _summary(row: SessionRow, plan: SessionPlan) -> SessionSummary:
+        return SessionSummary(
+            session_id=row.id,
+            label=plan.config.label,
+            state=row.state,  # type: ignore[arg-type]
+            created_at=row.created_at,
+            clients=plan.clients,
+            passes_total=plan.passes_total,
+            current_pass=row.current_pass,
+        )
+
+    @staticmethod
+    def _progress(tx: Transaction, row: SessionRow, plan: SessionPlan) -> PassProgress | None:
+        p = row.current_pass
+        if p >= plan.passes_total or row.state != "running":
+            return None
+        layers = []
+        for agg in plan.config.agg_layers:
+            is_top = agg.layer == plan.top_layer
+            union = None if is_top else tx.result(row.id, p, agg.layer, "union")
+            layers.append(
+                LayerProgress(
+                    layer=agg.layer,
+                    width=agg.width,
+                    rows=plan.output_rows(p) if is_top else (union.rows if union else None),
+                    nodes_received=None if is_top else tx.uploaders(row.id, p, agg.layer, "nodes"),
+                    union_ready=is_top or union is not None,
+                    embeddings_received=tx.uploaders(row.id, p, agg.layer, "embedding"),
+                    aggregated=tx.result(row.id, p, agg.layer, "aggregate") is not None,
+                )
+            )
+        spec = plan.passes[p]
+        return PassProgress(pass_index=p, kind=spec.kind, round=spec.round, layers=layers)
+
+    @staticmethod
+    def _privacy_report(plan: SessionPlan, ledger: list[LedgerRow]) -> PrivacyReport:
+        entries = [
+            LedgerEntry(
+                release=r.release_index,
+                pass_index=r.pass_index,
+                epsilon=r.epsilon,
+                released_at=r.released_at,
+            )
+            for r in ledger
+        ]
+        accounting = plan.accounting
+        if accounting is None:
+            return PrivacyReport(enabled=False)
+        settings = accounting.settings
+        return PrivacyReport(
+            enabled=True,
+            epsilon=entries[-1].epsilon if entries else 0.0,
+            delta=settings.delta,
+            noise_multiplier=accounting.noise_multiplier,
+            noise_multiplier_source=plan.noise_multiplier_source,  # type: ignore[arg-type]
+            ledger_noise_multiplier=accounting.ledger_noise_multiplier,
+            sensitivity=settings.sensitivity,
+            clip=settings.clip,
+            noise_std=accounting.noise_multiplier * settings.sensitivity,
+            releases=len(entries),
+            max_releases=settings.max_releases,
+            accountant=settings.accountant,
+            epsilon_target=settings.epsilon,
+            epsilon_planned=plan.epsilon_planned,
+            shared_noise=settings.shared_noise,
+            occurrence_cap=settings.occurrence_cap,
+            ledger=entries,
+        )

@@ -1,0 +1,100 @@
+"""Service configuration: environment variables ``GLASU_<FIELD>`` or keyword arguments.
+
+The CLI builds ``ServiceSettings(**overrides)`` from its flags, where flag ``--foo-bar`` is field
+``foo_bar`` and environment variable ``GLASU_FOO_BAR``. There is no default admin token: the
+service refuses to start without one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, FilePath, PrivateAttr, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MIN_ADMIN_TOKEN_LENGTH = 16
+MAX_LONG_POLL_SECONDS = 60.0
+TOKEN_HINT = "generate one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+
+
+class ServiceSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GLASU_", extra="forbid")
+
+    database: Path = Field(
+        Path("./glasu-service.sqlite3"),
+        description="SQLite file holding sessions, tokens, round progress and the privacy ledger.",
+    )
+    admin_token: SecretStr | None = Field(
+        None, description="Bearer token for the admin routes (or use admin_token_file)."
+    )
+    admin_token_file: FilePath | None = Field(
+        None, description="File whose content (stripped) is the admin token, e.g. a mounted secret."
+    )
+    public_context: FilePath | None = Field(
+        None,
+        description="CKKS *public* context (from `glasu keygen`). Without it, sessions with"
+        " encryption 'ckks' are refused. A context holding a secret key stops the service.",
+    )
+    max_body_bytes: int = Field(64 * 1024 * 1024, ge=1, description="Largest request body.")
+    long_poll_seconds: float = Field(
+        30.0,
+        ge=0.0,
+        le=MAX_LONG_POLL_SECONDS,
+        description="Default and maximum wait of the long-poll downloads.",
+    )
+    host: str = Field("127.0.0.1", description="Interface to bind (0.0.0.0 in a container).")
+    port: int = Field(8000, ge=0, le=65535)
+    tls_certfile: FilePath | None = Field(None, description="PEM certificate; enables HTTPS.")
+    tls_keyfile: FilePath | None = Field(None, description="PEM private key of tls_certfile.")
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+
+    _resolved_admin_token: str = PrivateAttr(default="")
+
+    def __init__(self, **values: Any) -> None:
+        # An admin token given explicitly (a CLI flag) replaces one from the environment, even
+        # when the environment names the other kind (GLASU_ADMIN_TOKEN vs ..._FILE).
+        for given, other in (
+            ("admin_token", "admin_token_file"),
+            ("admin_token_file", "admin_token"),
+        ):
+            if values.get(given) is not None and other not in values:
+                values[other] = None
+        super().__init__(**values)
+
+    @model_validator(mode="after")
+    def _resolve_admin_token(self) -> ServiceSettings:
+        if self.admin_token is not None and self.admin_token_file is not None:
+            raise ValueError(
+                "set only one of admin_token (GLASU_ADMIN_TOKEN) and admin_token_file"
+                " (GLASU_ADMIN_TOKEN_FILE)"
+            )
+        if self.admin_token is not None:
+            token = self.admin_token.get_secret_value().strip()
+            source = "admin_token"
+        elif self.admin_token_file is not None:
+            token = self.admin_token_file.read_text(encoding="utf-8").strip()
+            source = f"admin_token_file {self.admin_token_file}"
+        else:
+            raise ValueError(
+                "an admin token is required: set GLASU_ADMIN_TOKEN or GLASU_ADMIN_TOKEN_FILE"
+                f" (flags --admin-token / --admin-token-file); {TOKEN_HINT}"
+            )
+        if len(token) < MIN_ADMIN_TOKEN_LENGTH:
+            raise ValueError(
+                f"the admin token from {source} is shorter than {MIN_ADMIN_TOKEN_LENGTH}"
+                f" characters; {TOKEN_HINT}"
+            )
+        self._resolved_admin_token = token
+        return self
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> ServiceSettings:
+        if (self.tls_certfile is None) != (self.tls_keyfile is None):
+            raise ValueError("tls_certfile and tls_keyfile must be given together")
+        return self
+
+    @property
+    def admin_token_value(self) -> str:
+        """The admin token, whichever way it was given."""
+        return self._resolved_admin_token

