@@ -11,6 +11,7 @@ exactly this code.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 
@@ -81,6 +82,8 @@ class ClientConfig:
             raise ValueError(f"stale (Q) must be >= 1, got {self.stale}")
 
 
+_GLOBAL_RNG_LOCK = threading.Lock()
+
 # Transforms a client's share of an aggregation layer before it is encoded (the DP release hook):
 # (layer, clean share) -> share to send.
 ShareTransform = Callable[[int, np.ndarray], np.ndarray]
@@ -124,7 +127,10 @@ class GlasuClient:
         client_seed = int(
             np.random.SeedSequence([config.seed, partition.client]).generate_state(1)[0]
         )
-        with torch.random.fork_rng(devices=[]):
+        # Initialisation draws from torch's global generator (PyG layers offer no other):
+        # seed it per client, and hold a lock so that clients built in parallel threads of one
+        # process cannot interleave their draws.
+        with _GLOBAL_RNG_LOCK, torch.random.fork_rng(devices=[]):
             torch.manual_seed(client_seed)
             self.network = ClientNetwork(
                 in_features=partition.features.shape[1],

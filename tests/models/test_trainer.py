@@ -148,3 +148,11 @@ def test_report_fields(cora, tmp_path) -> None:
     plot_history(report, tmp_path / "r.png")
     assert (tmp_path / "r.png").stat().st_size > 5000
     assert dataclasses.asdict(TrainConfig()).keys() <= data["config"].keys()
+
+
+def test_encryption_matches_plaintext(cora) -> None:
+    plain = train_inprocess(TrainConfig(**SHORT), dataset=cora, progress=False)
+    encrypted = train_inprocess(TrainConfig(**{**SHORT, "he": True}), dataset=cora, progress=False)
+    assert encrypted.config["encryption"] is True and plain.config["encryption"] is False
+    for a, b in zip(plain.history, encrypted.history, strict=True):
+        assert abs(a.test_accuracy - b.test_accuracy) <= 0.01, (a, b)
