@@ -132,7 +132,8 @@ def main() -> None:
         "encryption or DP. GLASU-1 and GLASU-4 aggregate at layers 2 and 4 (K=2). Paper split: "
         "the authors' seeded random split (60/84/320 training nodes per class for "
         "Cora/CiteSeer/PubMed, 500 validation, 1,000 test); the paper reports 5 runs on that "
-        "kind of split. Differences from the paper's setup: see docs/glasu-vs-paper.md.",
+        "kind of split. Differences from the paper's setup: see the section Differences from "
+        "the paper below.",
         "",
         "### Paper split",
         "",

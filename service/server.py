@@ -33,6 +33,7 @@ def serve(settings: ServiceSettings) -> None:
         ssl_keyfile=str(settings.tls_keyfile) if settings.tls_keyfile else None,
         server_header=False,
         workers=1,
+        timeout_graceful_shutdown=5,  # a worker behind a dead link must not hold a stop
     )
 
 

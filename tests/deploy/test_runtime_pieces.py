@@ -201,12 +201,6 @@ def test_serve_dry_run_accepts_the_container_configuration(tmp_path: Path, tls: 
     assert refused.returncode != 0
 
 
-@pytest.mark.xfail(
-    reason="clients/cli: `glasu serve` without --log-level crashes (the serve subparser's "
-    "log_level default None replaces the global --log-level); deploy/ passes --log-level "
-    "explicitly until this is fixed",
-    strict=False,
-)
 def test_serve_without_log_level_flag(tmp_path: Path) -> None:
     token = tmp_path / "admin.token"
     token.write_text(secrets.token_urlsafe(32))
