@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_doc import write_section
+from results_doc import add_data_dir_argument, write_section
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = ((4, 1), (2, 1), (2, 4), (1, 1))
@@ -29,12 +28,7 @@ LAYERS = 4
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--data-dir",
-        default=os.environ.get(
-            "GLASU_DATA", str(ROOT.parent / "shared" / "datasets" / "planetoid")
-        ),
-    )
+    add_data_dir_argument(parser)
     parser.add_argument("--steps", type=int, default=240, help="local steps per client")
     parser.add_argument("--threshold", type=float, default=0.78)
     parser.add_argument("--seed", type=int, default=0)

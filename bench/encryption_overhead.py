@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_doc import write_section
+from results_doc import add_data_dir_argument, single_thread, write_section
 
 ROOT = Path(__file__).resolve().parents[1]
 SEEDS = (0, 1, 2)
@@ -25,18 +24,11 @@ SEEDS = (0, 1, 2)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--data-dir",
-        default=os.environ.get(
-            "GLASU_DATA", str(ROOT.parent / "shared" / "datasets" / "planetoid")
-        ),
-    )
+    add_data_dir_argument(parser)
     parser.add_argument("--rounds", type=int, default=300)
     parser.add_argument("--http-rounds", type=int, default=100)
     args = parser.parse_args()
-    import torch
-
-    torch.set_num_threads(1)
+    single_thread()
     from clients.cli.local_federation import train_over_http
     from models.data import load_dataset
     from models.trainer import TrainConfig, plan_federation, train_inprocess

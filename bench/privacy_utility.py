@@ -15,13 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_doc import mean_std, write_section
+from results_doc import add_data_dir_argument, mean_std, single_thread, write_section
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / "bench" / "results" / "privacy"
@@ -37,10 +36,7 @@ def schedule(q: int, steps: int) -> dict:
 
 
 def run_one(job: dict) -> dict:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    import torch
-
-    torch.set_num_threads(1)
+    single_thread()
     from models.trainer import TrainConfig, train_inprocess
 
     out = CACHE / f"{job['name']}.json"
@@ -155,12 +151,7 @@ def table(results: list[dict], dataset: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--data-dir",
-        default=os.environ.get(
-            "GLASU_DATA", str(ROOT.parent / "shared" / "datasets" / "planetoid")
-        ),
-    )
+    add_data_dir_argument(parser)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=200, help="local steps per client")
     args = parser.parse_args()

@@ -1,7 +1,10 @@
-"""Write one named section of docs/results.md, leaving the other benchmarks' sections alone."""
+"""What the benchmarks share: one named section of docs/results.md each (the others' sections
+are left alone), the dataset root, and one CPU thread per run."""
 
 from __future__ import annotations
 
+import argparse
+import os
 import re
 from pathlib import Path
 
@@ -28,3 +31,19 @@ def mean_std(values: list[float]) -> str:
     if not values:
         return "-"
     return f"{100 * np.mean(values):.1f} ± {100 * np.std(values):.1f}"
+
+
+def add_data_dir_argument(parser: argparse.ArgumentParser) -> None:
+    """The Planetoid root: $GLASU_DATA, else the shared datasets beside the project."""
+    default = os.environ.get(
+        "GLASU_DATA", str(RESULTS.parents[2] / "shared" / "datasets" / "planetoid")
+    )
+    parser.add_argument("--data-dir", default=default, help=f"dataset root (default {default})")
+
+
+def single_thread() -> None:
+    """Runs are small: one thread each is fastest, and parallel runs do not fight for cores."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(1)

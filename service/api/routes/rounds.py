@@ -6,8 +6,9 @@ downloads long-poll (see :mod:`service.notify`) and answer 202 with a waiting st
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
@@ -139,12 +140,7 @@ async def put_nodes(
     shape: ShapeHeader = None,
     encoding: EncodingHeader = None,
 ) -> JSONResponse:
-    body = await _binary_body(request)
-    outcome = await run_in_threadpool(
-        partial(context.engine.put_node_set, slot, p, l, shape=shape, encoding=encoding, body=body)
-    )
-    context.notifier.notify(slot.session_id)
-    return _receipt_response(slot, p, l, outcome)
+    return await _upload(context.engine.put_node_set, slot, context, request, p, l, shape, encoding)
 
 
 @router.get(
@@ -163,14 +159,7 @@ async def get_nodes(
     l: LayerPath,  # noqa: E741
     wait: WaitQuery = None,
 ) -> Response:
-    result = await long_poll(
-        context.notifier,
-        slot.session_id,
-        partial(context.engine.node_union, slot, p, l),
-        is_waiting=_is_waiting,
-        timeout=_wait_seconds(context, wait),
-    )
-    return _payload_response(result)
+    return await _download(context.engine.node_union, slot, context, p, l, wait)
 
 
 @router.put(
@@ -190,12 +179,9 @@ async def put_embedding(
     shape: ShapeHeader = None,
     encoding: EncodingHeader = None,
 ) -> JSONResponse:
-    body = await _binary_body(request)
-    outcome = await run_in_threadpool(
-        partial(context.engine.put_embedding, slot, p, l, shape=shape, encoding=encoding, body=body)
+    return await _upload(
+        context.engine.put_embedding, slot, context, request, p, l, shape, encoding
     )
-    context.notifier.notify(slot.session_id)
-    return _receipt_response(slot, p, l, outcome)
 
 
 @router.get(
@@ -214,14 +200,7 @@ async def get_aggregate(
     l: LayerPath,  # noqa: E741
     wait: WaitQuery = None,
 ) -> Response:
-    result = await long_poll(
-        context.notifier,
-        slot.session_id,
-        partial(context.engine.aggregate, slot, p, l),
-        is_waiting=_is_waiting,
-        timeout=_wait_seconds(context, wait),
-    )
-    return _payload_response(result)
+    return await _download(context.engine.aggregate, slot, context, p, l, wait)
 
 
 @router.post(
@@ -231,3 +210,42 @@ def post_metrics(slot: ClientDep, context: ContextDep, p: PassPath, metrics: Met
     """Stored for the status page only; a second report of the same client replaces the first."""
     context.engine.put_metrics(slot, p, metrics)
     return Response(status_code=204)
+
+
+async def _upload(
+    store_upload: Callable[..., Any],
+    slot: ClientSlot,
+    context: ServiceContext,
+    request: Request,
+    p: int,
+    l: int,  # noqa: E741
+    shape: str | None,
+    encoding: str | None,
+) -> JSONResponse:
+    """Read the binary body, store it off the event loop, wake the long-polls, answer with a
+    receipt."""
+    body = await _binary_body(request)
+    outcome = await run_in_threadpool(
+        partial(store_upload, slot, p, l, shape=shape, encoding=encoding, body=body)
+    )
+    context.notifier.notify(slot.session_id)
+    return _receipt_response(slot, p, l, outcome)
+
+
+async def _download(
+    fetch: Callable[..., Any],
+    slot: ClientSlot,
+    context: ServiceContext,
+    p: int,
+    l: int,  # noqa: E741
+    wait: float | None,
+) -> Response:
+    """Long-poll ``fetch`` until it has the result or the wait runs out (202)."""
+    result = await long_poll(
+        context.notifier,
+        slot.session_id,
+        partial(fetch, slot, p, l),
+        is_waiting=_is_waiting,
+        timeout=_wait_seconds(context, wait),
+    )
+    return _payload_response(result)
