@@ -31,6 +31,7 @@ from secure.aggregation import (
     PlainCodec,
     PlainSumAggregator,
     SumAggregator,
+    to_grid,
 )
 from secure.he_context import (
     COEFF_MOD_BIT_SIZES,
@@ -278,7 +279,7 @@ class CkksCodec(EmbeddingCodec):
         return share_bound(clients=shares)
 
     def encode(self, matrix: np.ndarray) -> bytes:
-        values = _flatten_share(matrix)
+        values = to_grid(_flatten_share(matrix))
         slots = self._loaded.slots
         chunks = [
             ts.ckks_vector(self._loaded.context, values[start : start + slots].tolist()).serialize()
@@ -291,7 +292,7 @@ class CkksCodec(EmbeddingCodec):
         if not vectors:
             return np.zeros((rows, cols), dtype=np.float32)
         values = np.concatenate([np.asarray(vector.decrypt()) for vector in vectors])
-        return values.astype(np.float32).reshape(rows, cols)
+        return to_grid(values).astype(np.float32).reshape(rows, cols)
 
 
 def _flatten_share(matrix: np.ndarray) -> np.ndarray:

