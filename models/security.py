@@ -12,7 +12,7 @@ import torch
 from models.federated import ClientConfig, GlasuClient
 from models.partition import ClientPartition
 from models.private import PrivateGlasuClient, ReleaseSettings, release_sensitivity
-from secure.accounting import PrivacyLedger, calibrate_noise_multiplier, epsilon_after
+from secure.accounting import PrivacyLedger, calibrate_session_noise_multiplier, epsilon_after
 from secure.aggregation import EmbeddingCodec
 from secure.dp import GaussianNoise, effective_noise_multiplier, per_client_noise_std
 
@@ -62,14 +62,15 @@ def choose_noise_multiplier(
     if privacy.noise_multiplier is not None:
         return privacy.noise_multiplier, "given"
     assert privacy.epsilon is not None
-    z_ledger = calibrate_noise_multiplier(
+    z = calibrate_session_noise_multiplier(
         epsilon=privacy.epsilon,
         delta=privacy.delta,
         releases=releases,
+        clients=clients,
+        shared=privacy.shared_noise,
         accountant=privacy.accountant,
     )
-    factor = ledger_noise_multiplier(privacy, noise_multiplier=1.0, clients=clients)
-    return float(z_ledger) / factor * (1 + 1e-9), "calibrated"
+    return z, "calibrated"
 
 
 def client_noise_std(

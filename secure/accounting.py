@@ -45,6 +45,7 @@ __all__ = [
     "BudgetExhausted",
     "PrivacyLedger",
     "calibrate_noise_multiplier",
+    "calibrate_session_noise_multiplier",
     "epsilon_after",
     "gaussian_dp_mu",
     "max_releases",
@@ -307,6 +308,38 @@ def calibrate_noise_multiplier(
         z *= 1.0 + 1e-9
     raise AccountingError(  # pragma: no cover - defensive
         f"calibrated noise multiplier {z} does not meet epsilon={eps_target}"
+    )
+
+
+def calibrate_session_noise_multiplier(
+    *,
+    epsilon: float,
+    delta: float,
+    releases: int,
+    clients: int,
+    shared: bool,
+    accountant: AccountantName = "rdp",
+) -> float:
+    """A session's z (noise std of the sum / sensitivity) such that the multiplier the ledger
+    accounts, ``secure.dp.effective_noise_multiplier`` (z itself, or z sqrt((M-1)/M) with shared
+    noise), spends at most ``epsilon`` over ``releases`` releases."""
+    from secure.dp import effective_noise_multiplier
+
+    def ledger_z(z: float) -> float:
+        return effective_noise_multiplier(noise_multiplier=z, clients=clients, shared=shared)
+
+    z = calibrate_noise_multiplier(
+        epsilon=epsilon, delta=delta, releases=releases, accountant=accountant
+    ) / ledger_z(1.0)
+    for _ in range(64):  # rounding in the division may land a hair above the target
+        spent = epsilon_after(
+            noise_multiplier=ledger_z(z), releases=releases, delta=delta, accountant=accountant
+        )
+        if spent <= epsilon:
+            return z
+        z *= 1.0 + 1e-9
+    raise AccountingError(  # pragma: no cover - defensive
+        f"calibrated noise multiplier {z} does not meet epsilon={epsilon}"
     )
 
 

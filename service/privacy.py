@@ -132,22 +132,12 @@ def plan_privacy(
 def _calibrated(settings: PrivacySettings, clients: int, passes_total: int) -> ReleaseAccounting:
     assert settings.epsilon is not None  # PrivacySettings requires z or a target
     releases = ReleaseAccounting(settings, clients).planned_releases(passes_total)
-    z_ledger = float(
-        _accounting().calibrate_noise_multiplier(
-            epsilon=settings.epsilon,
-            delta=settings.delta,
-            releases=releases,
-            accountant=settings.accountant,
-        )
+    z = _accounting().calibrate_session_noise_multiplier(
+        epsilon=settings.epsilon,
+        delta=settings.delta,
+        releases=releases,
+        clients=clients,
+        shared=settings.shared_noise,
+        accountant=settings.accountant,
     )
-    # The ledger sees z * factor (factor < 1 with shared noise): give the clients z / factor.
-    factor = effective_noise_multiplier(
-        noise_multiplier=1.0, clients=clients, shared=settings.shared_noise
-    )
-    z = z_ledger / factor
-    for _ in range(64):  # rounding in the division may land a hair above the target
-        accounting = ReleaseAccounting(settings.model_copy(update={"noise_multiplier": z}), clients)
-        if accounting.epsilon_after(releases) <= settings.epsilon:
-            return accounting
-        z *= 1.0 + 1e-9
-    raise ValueError(f"calibration did not meet epsilon={settings.epsilon}")  # pragma: no cover
+    return ReleaseAccounting(settings.model_copy(update={"noise_multiplier": z}), clients)

@@ -353,3 +353,16 @@ def test_ledger_is_cheap_for_hundreds_of_releases() -> None:
     eps = PrivacyLedger(noise_multiplier=9.0, delta=1e-6, accountant="prv", releases=900).epsilon
     assert time.perf_counter() - t0 < 3.0
     assert eps == pytest.approx(exact_gaussian_epsilon(9.0, 900, 1e-6), abs=0.02)
+
+
+def test_session_calibration_spends_the_target_through_the_ledger_multiplier() -> None:
+    from secure.accounting import calibrate_session_noise_multiplier
+    from secure.dp import effective_noise_multiplier
+
+    for shared in (False, True):
+        z = calibrate_session_noise_multiplier(
+            epsilon=4.0, delta=1e-6, releases=50, clients=3, shared=shared
+        )
+        ledger_z = effective_noise_multiplier(noise_multiplier=z, clients=3, shared=shared)
+        spent = epsilon_after(noise_multiplier=ledger_z, releases=50, delta=1e-6)
+        assert 4.0 * 0.99 <= spent <= 4.0
