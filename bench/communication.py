@@ -43,8 +43,9 @@ def main() -> None:
         render(json.loads(out.read_text()), args)
         return
     from clients.cli.local_federation import train_over_http
+    from models.config import TrainConfig
     from models.data import load_dataset
-    from models.trainer import TrainConfig, plan_federation
+    from models.layout import layout_federation
 
     dataset = load_dataset("cora", data_dir=Path(args.data_dir), seed=args.seed)
     rows = []
@@ -58,10 +59,12 @@ def main() -> None:
             rounds=rounds,
             eval_every=max(1, rounds // 24),
             seed=args.seed,
-            he=False,
+            encryption="none",
             dp=False,
         )
-        report = train_over_http(config, plan_federation(config, dataset), dataset, progress=False)
+        report = train_over_http(
+            config, layout_federation(config, dataset), dataset, progress=False
+        )
         reached = next(
             (h for h in report.history if (h.test_accuracy or 0) >= args.threshold), None
         )

@@ -30,19 +30,25 @@ def main() -> None:
     args = parser.parse_args()
     single_thread()
     from clients.cli.local_federation import train_over_http
+    from models.config import TrainConfig
     from models.data import load_dataset
-    from models.trainer import TrainConfig, plan_federation, train_inprocess
+    from models.layout import layout_federation
+    from models.trainer import train_inprocess
 
     rows = []
     for seed in SEEDS:
         dataset = load_dataset("cora", data_dir=Path(args.data_dir), seed=seed)
         row = {"seed": seed}
-        for he in (False, True):
+        for encryption in ("none", "ckks"):
             config = TrainConfig(
-                data_dir=Path(args.data_dir), rounds=args.rounds, seed=seed, he=he, dp=False
+                data_dir=Path(args.data_dir),
+                rounds=args.rounds,
+                seed=seed,
+                encryption=encryption,
+                dp=False,
             )
             report = train_inprocess(config, dataset=dataset, progress=False)
-            key = "ckks" if he else "plain"
+            key = "ckks" if encryption == "ckks" else "plain"
             row[f"{key}_test"] = report.test_accuracy
             row[f"{key}_final"] = report.final_test_accuracy
             row[f"{key}_seconds"] = report.wall_seconds
@@ -50,12 +56,18 @@ def main() -> None:
         print(json.dumps(row), flush=True)
     dataset = load_dataset("cora", data_dir=Path(args.data_dir), seed=0)
     http = {}
-    for he in (False, True):
+    for encryption in ("none", "ckks"):
         config = TrainConfig(
-            data_dir=Path(args.data_dir), rounds=args.http_rounds, seed=0, he=he, dp=False
+            data_dir=Path(args.data_dir),
+            rounds=args.http_rounds,
+            seed=0,
+            encryption=encryption,
+            dp=False,
         )
-        report = train_over_http(config, plan_federation(config, dataset), dataset, progress=False)
-        http["ckks" if he else "plain"] = {
+        report = train_over_http(
+            config, layout_federation(config, dataset), dataset, progress=False
+        )
+        http["ckks" if encryption == "ckks" else "plain"] = {
             "seconds": report.wall_seconds,
             "bytes": report.bytes_up + report.bytes_down,
             "test": report.test_accuracy,

@@ -37,7 +37,8 @@ def schedule(q: int, steps: int) -> dict:
 
 def run_one(job: dict) -> dict:
     single_thread()
-    from models.trainer import TrainConfig, train_inprocess
+    from models.config import TrainConfig
+    from models.trainer import train_inprocess
 
     out = CACHE / f"{job['name']}.json"
     if out.exists():
@@ -87,7 +88,7 @@ def jobs(data_dir: str, steps: int) -> list[dict]:
                         **base,
                         "name": f"{dataset}-glasu-q{q}-s{seed}",
                         "row": f"non-private GLASU (K=2, Q={q})",
-                        "settings": {"dp": False, "he": False, **schedule(q, steps)},
+                        "settings": {"dp": False, "encryption": "none", **schedule(q, steps)},
                     }
                 )
                 for eps in EPSILONS:

@@ -39,7 +39,8 @@ SEEDS = (0, 1, 2)
 
 def run_one(job: dict) -> dict:
     single_thread()
-    from models.trainer import TrainConfig, train_inprocess
+    from models.config import TrainConfig
+    from models.trainer import train_inprocess
 
     out = CACHE / f"{job['dataset']}-{job['split']}-{job['method']}-s{job['seed']}.json"
     if out.exists():
@@ -51,7 +52,7 @@ def run_one(job: dict) -> dict:
         rounds=job["rounds"],
         eval_every=10,
         seed=job["seed"],
-        he=False,
+        encryption="none",
         dp=False,
         **METHODS[job["method"]],
     )

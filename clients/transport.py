@@ -17,11 +17,17 @@ from typing import Any
 import httpx
 import numpy as np
 
-from models.federated import Aggregate
+from secure.protocol import (
+    COUNT_HEADER,
+    ENCODING_HEADER,
+    NODE_ENCODING,
+    SHAPE_HEADER,
+    Aggregate,
+    decode_nodes,
+    encode_nodes,
+)
 
 log = logging.getLogger(__name__)
-
-INT64_LE = np.dtype("<i8")
 
 
 class ServiceError(RuntimeError):
@@ -124,7 +130,7 @@ class ServiceClient:
         return self._request("GET", f"{self._client_path}/passes/{pass_index}").json()
 
     def exchange_nodes(self, pass_index: int, layer: int, nodes: np.ndarray) -> np.ndarray:
-        body = np.ascontiguousarray(nodes, dtype=INT64_LE).tobytes()
+        body = encode_nodes(nodes)
         path = f"{self._client_path}/passes/{pass_index}/layers/{layer}/nodes"
         self._request(
             "PUT",
@@ -132,12 +138,12 @@ class ServiceClient:
             content=body,
             headers={
                 "Content-Type": "application/octet-stream",
-                "X-Glasu-Encoding": "int64",
-                "X-Glasu-Shape": str(len(nodes)),
+                ENCODING_HEADER: NODE_ENCODING,
+                SHAPE_HEADER: str(len(nodes)),
             },
         )
         response = self._wait_for(path)
-        return np.frombuffer(response.content, dtype=INT64_LE).astype(np.int64)
+        return decode_nodes(response.content)
 
     def exchange_embedding(
         self, pass_index: int, layer: int, payload: bytes, *, rows: int, cols: int, encoding: str
@@ -149,12 +155,12 @@ class ServiceClient:
             content=payload,
             headers={
                 "Content-Type": "application/octet-stream",
-                "X-Glasu-Encoding": encoding,
-                "X-Glasu-Shape": f"{rows},{cols}",
+                ENCODING_HEADER: encoding,
+                SHAPE_HEADER: f"{rows},{cols}",
             },
         )
         response = self._wait_for(f"{base}/aggregate")
-        return Aggregate(payload=response.content, count=int(response.headers["X-Glasu-Count"]))
+        return Aggregate(payload=response.content, count=int(response.headers[COUNT_HEADER]))
 
     def report_metrics(self, pass_index: int, metrics: dict[str, float | None]) -> None:
         clean = {k: v for k, v in metrics.items() if v is not None and v == v}  # drop None/NaN

@@ -12,16 +12,12 @@ import torch
 
 from clients.transport import ServiceClient
 from models.backbone import ModelConfig
-from models.federated import (
-    ClientConfig,
-    EmbeddingRequest,
-    GlasuClient,
-    NodesRequest,
-    PassOutcome,
-)
+from models.federated import ClientConfig, GlasuClient, PassOutcome
 from models.partition import ClientPartition
-from models.security import PrivacyConfig, make_glasu_client
+from models.private import make_client
 from secure.aggregation import EmbeddingCodec
+from secure.privacy import SessionPrivacy
+from secure.protocol import EmbeddingRequest, NodesRequest
 
 log = logging.getLogger(__name__)
 
@@ -52,31 +48,20 @@ class WorkerResult:
     history: list[dict[str, Any]] = field(default_factory=list)
 
 
-def privacy_from_session(
-    session_config: dict[str, Any], options: LocalModelOptions
-) -> PrivacyConfig | None:
-    privacy = session_config.get("privacy")
-    if not privacy:
+def privacy_from_session(session: dict[str, Any]) -> SessionPrivacy | None:
+    """The session's privacy plan, from its public parameters (``GET /v1/sessions/{id}``)."""
+    config = session["config"]
+    if not config.get("privacy"):
         return None
-    if privacy.get("occurrence_cap") is None:
-        raise ValueError("the session's privacy settings lack the occurrence cap the release needs")
-    return PrivacyConfig(
-        epsilon=privacy.get("epsilon"),
-        delta=privacy["delta"],
-        noise_multiplier=privacy["noise_multiplier"],
-        clip=privacy["clip"],
-        accountant=privacy["accountant"],
-        release_width=session_config["agg_layers"][0]["width"],
-        occurrence_cap=privacy["occurrence_cap"],
-        shared_noise=privacy["shared_noise"],
-        noise_seed=options.noise_seed,
+    return SessionPrivacy.restore(
+        config["privacy"], clients=config["clients"], passes_total=session["passes_total"]
     )
 
 
 def client_config_from_session(
     session_config: dict[str, Any], options: LocalModelOptions
 ) -> ClientConfig:
-    privacy = privacy_from_session(session_config, options)
+    privacy = session_config.get("privacy")
     widths = {a["width"] for a in session_config["agg_layers"]}
     if privacy is not None:
         hidden = options.hidden or PRIVATE_DEFAULT_HIDDEN
@@ -93,7 +78,8 @@ def client_config_from_session(
         layers=session_config["layers"],
         hidden=hidden,
         dropout=options.dropout,
-        receiver_width=privacy.release_width if privacy else 0,
+        # the private arrangement's release is the session's only aggregation layer
+        receiver_width=session_config["agg_layers"][0]["width"] if privacy else 0,
     )
     return ClientConfig(
         model=model,
@@ -101,7 +87,7 @@ def client_config_from_session(
         stale=session_config["stale"],
         fanout=session_config["fanout"],
         eval_fanout=options.eval_fanout,
-        occurrence_cap=privacy.occurrence_cap if privacy else None,
+        occurrence_cap=privacy["occurrence_cap"] if privacy else None,
         lr=options.lr,
         weight_decay=options.weight_decay,
         seed=session_config["seed"] if options.seed is None else options.seed,
@@ -135,15 +121,15 @@ def run_worker(
             f"the session expects {config['encoding']} shares, this worker's codec "
             f"makes {codec.encoding}: give the secret context (or --no-he) to match"
         )
-    privacy = privacy_from_session(config, options)
-    client = make_glasu_client(
+    privacy = privacy_from_session(session)
+    client = make_client(
         partition,
         client_config_from_session(config, options),
         codec=codec,
         device=device,
         privacy=privacy,
-        noise_multiplier=(privacy.noise_multiplier or 0.0) if privacy else 0.0,
         seed=config["seed"],
+        noise_seed=options.noise_seed,
     )
     result = WorkerResult()
     pass_index = 0

@@ -4,14 +4,12 @@ and its own classifier head. Aggregation between layers happens outside (models/
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import nn
 
+from models.config import BackboneName
 from models.layers import Block, GATLayer, GCNIILayer, GCNLayer
-
-BackboneName = Literal["gcnii", "gcn", "gat"]
 
 
 @dataclass(frozen=True)

@@ -17,15 +17,14 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import torch
 
+from models.config import SplitName
+
 log = logging.getLogger(__name__)
 
-DatasetName = Literal["cora", "citeseer", "pubmed"]
-SplitName = Literal["paper", "public"]
 
 PLANETOID_NAMES: dict[str, str] = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}
 # Training nodes per class of the paper authors' random split (their loader.py).

@@ -3,9 +3,9 @@
 :meth:`GlasuClient.run_pass` is a generator: it yields a :class:`NodesRequest` when it needs the
 union of the clients' node sets at an aggregation layer, and an :class:`EmbeddingRequest` when it
 uploads its share of an aggregation layer; it is resumed with the answer (the union, or the summed
-payload and how many shares it holds). The in-process trainer answers all clients' requests with
-function calls; the HTTP worker answers its one client's requests through the service. Both run
-exactly this code.
+payload and how many shares it holds). These are the wire messages of ``secure/protocol.py``. The
+in-process trainer answers all clients' requests with function calls; the HTTP worker answers its
+one client's requests through the service. Both run exactly this code.
 """
 
 from __future__ import annotations
@@ -24,30 +24,7 @@ from models.layers import Block
 from models.partition import ClientPartition
 from models.sampler import NeighbourSampler, SampledLayer, sampling_rng
 from secure.aggregation import EmbeddingCodec, PlainCodec
-
-
-@dataclass(frozen=True)
-class NodesRequest:
-    layer: int
-    nodes: np.ndarray  # sorted int64
-
-
-@dataclass(frozen=True)
-class EmbeddingRequest:
-    layer: int
-    payload: bytes
-    rows: int
-    cols: int
-
-
-@dataclass(frozen=True)
-class Aggregate:
-    payload: bytes  # the sum of the shares, in the codec's encoding
-    count: int  # how many shares were added
-
-
-Request = NodesRequest | EmbeddingRequest
-Response = np.ndarray | Aggregate
+from secure.protocol import Aggregate, EmbeddingRequest, NodesRequest, Request, Response
 
 
 @dataclass(frozen=True)

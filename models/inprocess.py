@@ -4,25 +4,19 @@ through the same aggregation interface the service uses."""
 from __future__ import annotations
 
 from collections.abc import Generator, Sequence
-from functools import reduce
 
 import numpy as np
 
-from models.federated import (
+from models.federated import GlasuClient, PassOutcome
+from secure.aggregation import SumAggregator
+from secure.protocol import (
     Aggregate,
     EmbeddingRequest,
-    GlasuClient,
     NodesRequest,
-    PassOutcome,
     Request,
     Response,
+    sorted_union,
 )
-from secure.aggregation import SumAggregator
-
-
-def node_union(node_sets: Sequence[np.ndarray]) -> np.ndarray:
-    """The sorted union of the clients' node sets (what the service hands back)."""
-    return reduce(np.union1d, node_sets).astype(np.int64)
 
 
 def run_pass_inprocess(
@@ -68,7 +62,7 @@ def _answer(requests: Sequence[Request], aggregator: SumAggregator) -> Response:
         raise RuntimeError(f"clients went out of step: {requests}")
     first = requests[0]
     if isinstance(first, NodesRequest):
-        return node_union([r.nodes for r in requests])  # type: ignore[union-attr]
+        return sorted_union([r.nodes for r in requests])  # type: ignore[union-attr]
     assert isinstance(first, EmbeddingRequest)
     shares = [r.payload for r in requests]  # type: ignore[union-attr]
     for share in shares:

@@ -24,13 +24,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from models.federated import ClientConfig, GlasuClient, Request, Response
+from models.federated import ClientConfig, GlasuClient
 from models.layers import Block
 from models.partition import ClientPartition
 from secure.aggregation import EmbeddingCodec
-from secure.dp import NoiseSource, node_sensitivity, privatize
-
-RELEASE_LAYER = 1
+from secure.dp import GaussianNoise, NoiseSource, privatize
+from secure.privacy import RELEASE_LAYER, SessionPrivacy
+from secure.protocol import Request, Response
 
 
 @dataclass(frozen=True)
@@ -42,11 +42,6 @@ class ReleaseSettings:
     noise_std: float  # this client's standard deviation per coordinate
     noise: NoiseSource
     projection_seed: int  # public: the same for both runs of a neighbouring-dataset pair
-
-
-def release_sensitivity(*, clip: float, occurrence_cap: int) -> float:
-    """Delta of the layer-1 release (depth h = 1)."""
-    return node_sensitivity(clip=clip, occurrence_cap=occurrence_cap, depth=RELEASE_LAYER)
 
 
 class PrivateGlasuClient(GlasuClient):
@@ -134,3 +129,39 @@ class PrivateGlasuClient(GlasuClient):
                 if depth == RELEASE_LAYER:
                     h = h + receiver(received)
         return h
+
+
+def noise_source(*, noise_seed: int | None, client: int) -> GaussianNoise:
+    """Cryptographically seeded unless the user fixed a seed for reproducibility."""
+    if noise_seed is None:
+        return GaussianNoise()
+    return GaussianNoise(seed=noise_seed * 1000 + client)
+
+
+def release_projection_seed(*, seed: int, client: int) -> int:
+    """Public and data-independent: fixed by the session seed and the client index."""
+    return int(np.random.SeedSequence([seed, client, 0x5EED]).generate_state(1)[0])
+
+
+def make_client(
+    partition: ClientPartition,
+    config: ClientConfig,
+    *,
+    codec: EmbeddingCodec,
+    device: torch.device | str,
+    privacy: SessionPrivacy | None,
+    seed: int,
+    noise_seed: int | None = None,
+) -> GlasuClient:
+    """The client a run needs: plain GLASU, or the private arrangement with its release (whose
+    width is the model's receiver width)."""
+    if privacy is None:
+        return GlasuClient(partition, config, codec=codec, device=device)
+    release = ReleaseSettings(
+        width=config.model.receiver_width,
+        clip=privacy.clip,
+        noise_std=privacy.client_noise_std,
+        noise=noise_source(noise_seed=noise_seed, client=partition.client),
+        projection_seed=release_projection_seed(seed=seed, client=partition.client),
+    )
+    return PrivateGlasuClient(partition, config, release=release, codec=codec, device=device)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from models.config import TrainConfig
 
 
 @dataclass
@@ -61,6 +64,64 @@ def select_best(history: list[HistoryEntry]) -> HistoryEntry:
     if not evaluated:
         raise ValueError("no evaluation in the history")
     return max(evaluated, key=lambda h: (h.val_accuracy, -h.round))
+
+
+def build_report(
+    config: TrainConfig,
+    *,
+    transport: Literal["inprocess", "http"],
+    history: list[HistoryEntry],
+    agg_layers: Sequence[int],
+    stale: int,
+    split_note: str,
+    devices: Sequence[str],
+    wall_seconds: float,
+    privacy: dict[str, Any] | None,
+    bytes_up: int = 0,
+    bytes_down: int = 0,
+    stopped_early: str | None = None,
+) -> RunReport:
+    """The run report, whichever transport ran it: the test accuracy at the evaluation with the
+    best validation accuracy, and the last evaluation as "final"."""
+    evaluated = [h for h in history if h.val_accuracy is not None]
+    if not evaluated:
+        raise ValueError(f"the run ended ({stopped_early or 'finished'}) before any evaluation")
+    best = select_best(evaluated)
+    final = evaluated[-1]
+    if transport == "http":
+        traffic = "bytes: request and response bodies as the workers sent and received them"
+    else:
+        traffic = "bytes: not measured in process (no messages are serialised to the wire)"
+    return RunReport(
+        test_accuracy=float(best.test_accuracy or 0.0),
+        val_accuracy=float(best.val_accuracy or 0.0),
+        final_test_accuracy=float(final.test_accuracy or 0.0),
+        final_val_accuracy=float(final.val_accuracy or 0.0),
+        best_round=best.round,
+        rounds=config.rounds,
+        wall_seconds=wall_seconds,
+        bytes_up=bytes_up,
+        bytes_down=bytes_down,
+        privacy=privacy,
+        config={
+            **config.to_dict(),
+            "encryption": "ckks" if config.encrypted else "none",
+            "transport": transport,
+            "agg_layer_indices": list(agg_layers),
+            "stale_effective": stale,
+            "device_used": ",".join(sorted(set(devices))),
+            "split_note": split_note,
+        },
+        history=history,
+        notes=[
+            f"split: {split_note}",
+            "accuracy: mean over clients of each client's own head on the joint inference",
+            f"evaluation: one sampled joint inference over validation+test nodes, fanout "
+            f"{config.eval_fanout}; test accuracy reported at the best validation",
+            traffic,
+        ],
+        stopped_early=stopped_early,
+    )
 
 
 def plot_history(report: RunReport, path: Path) -> None:

@@ -1,38 +1,45 @@
-"""Privacy accounting for a sequence of identical Gaussian releases, on Opacus's accountants.
+"""Privacy accounting for a sequence of identical Gaussian releases (torch-free).
 
 Every joint inference (training round or evaluation pass) is one release of the Gaussian
 mechanism with noise multiplier z (noise std / L2 sensitivity). The functions here turn
 (z, number of releases, delta) into epsilon and back; :class:`PrivacyLedger` is the stateful,
 serialisable record the service keeps per session. See docs/privacy.md.
 
-- ``accountant="rdp"`` (default): Opacus's RDP accountant, converted to (epsilon, delta) with
-  the conversion of Balle et al. 2020 (Theorem 21) that Opacus 1.6 uses, over a dense grid of
+- ``accountant="rdp"`` (default): Google's ``dp-accounting`` RDP accountant, converted to
+  (epsilon, delta) with the conversion of Balle et al. 2020 (Theorem 21), over a dense grid of
   orders. An upper bound on the true epsilon.
-- ``accountant="prv"``: Opacus's PRV accountant (Gopi et al. 2021); a numerical upper bound
-  within ``PRV_EPS_ERROR`` of the exact value.
+- ``accountant="prv"``: Microsoft's ``prv-accountant`` (Gopi et al. 2021, the reference
+  implementation Opacus's PRV accountant is a port of); a numerical upper bound within
+  ``PRV_EPS_ERROR`` of the exact value.
 - ``sample_rate`` defaults to 1: no amplification by subsampling is claimed (the sampled node
   sets are visible to the service and to every client).
 
 With ``sample_rate == 1`` the composition of R Gaussian releases with multiplier z is exactly one
 Gaussian release with multiplier ``z / sqrt(R)`` (the privacy loss distributions coincide), so
 the accountants are handed that single release: identical for RDP, and it keeps the PRV
-discretisation independent of R (with the history ``(z, 1, R)`` Opacus's PRV needs memory that
-grows with R and is killed for R in the thousands).
+discretisation independent of R (composing R copies, the PRV grid grows with R and needs gigabytes
+for R in the thousands).
+
+Both backends are numpy/scipy only: importing this module never loads torch, so the aggregation
+service can account privacy without it. They give the same numbers as the Opacus accountants this
+module used before (RDP: identical conversion and orders; PRV: the code Opacus ported).
 """
 
 from __future__ import annotations
 
 import math
 import threading
-import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any, Literal, cast
 
+import dp_accounting
 import numpy as np
-from opacus.accountants import PRVAccountant, RDPAccountant
-from opacus.accountants.analysis.prv import PoissonSubsampledGaussianPRV, compute_safe_domain_size
-from opacus.accountants.utils import get_noise_multiplier
+from dp_accounting.rdp import RdpAccountant
+from prv_accountant import PoissonSubsampledGaussianMechanism, PRVAccountant
+from prv_accountant.accountant import compute_safe_domain_size
+
+from secure.dp import effective_noise_multiplier
 
 AccountantName = Literal["rdp", "prv"]
 
@@ -51,23 +58,33 @@ __all__ = [
     "max_releases",
 ]
 
-#: RDP orders for sample rate 1, where every order costs nothing: Opacus's defaults plus a
+#: The classic RDP orders (TF Privacy's, Opacus's ``RDPAccountant.DEFAULT_ALPHAS``, the default of
+#: prv-accountant's RDP bound): 1.1, 1.2, ..., 10.9, 12, 13, ..., 63.
+BASE_RDP_ORDERS: tuple[float, ...] = tuple(
+    [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64))
+)
+#: RDP orders for sample rate 1, where every order costs nothing: the base orders plus a
 #: geometric grid alpha - 1 in [1e-3, 1e5] (ratio 10**(1/24)), so the minimum over the grid is
-#: within 0.2% of the minimum over all real orders for z/sqrt(R) in [5e-4, 1e4].
+#: within 0.2% of the minimum over all real orders for z/sqrt(R) in [1.5e-3, 1e4], and within 1%
+#: down to 5e-4 (dp-accounting's conversion skips orders <= 1.01, which only matter there, at
+#: epsilon above 1e5).
 RDP_ORDERS: tuple[float, ...] = tuple(
-    sorted(set(RDPAccountant.DEFAULT_ALPHAS) | {1.0 + 10.0 ** (k / 24) for k in range(-72, 121)})
+    sorted(set(BASE_RDP_ORDERS) | {1.0 + 10.0 ** (k / 24) for k in range(-72, 121)})
 )
 #: RDP orders for sample rate < 1 (each order costs a series evaluation; large integer orders
-#: cost a loop over alpha terms): Opacus's defaults extended to 256.
+#: cost a loop over alpha terms): the base orders extended to 256.
 RDP_ORDERS_SUBSAMPLED: tuple[float, ...] = tuple(
-    sorted(set(RDPAccountant.DEFAULT_ALPHAS) | {80, 96, 128, 160, 192, 256})
+    sorted(set(BASE_RDP_ORDERS) | {80, 96, 128, 160, 192, 256})
 )
-#: Opacus's PRV default: the reported epsilon is an upper bound at most this far above the
-#: estimate.
+#: The PRV accountant's epsilon error (Opacus's default): the reported epsilon is an upper bound
+#: at most this far above the estimate.
 PRV_EPS_ERROR = 0.01
-#: Refuse PRV discretisations larger than this (about 0.5 GB and a few seconds); Opacus would
-#: otherwise allocate until the process is killed.
+#: Refuse PRV discretisations larger than this (a few seconds and about 1 GB with
+#: prv-accountant's long doubles); the accountant would otherwise allocate until the process is
+#: killed.
 MAX_PRV_GRID_POINTS = 5_000_000
+#: Calibration gives up above this noise multiplier (Opacus's ``MAX_SIGMA``).
+_MAX_CALIBRATED_NOISE_MULTIPLIER = 1e6
 
 _ACCOUNTANTS: tuple[str, ...] = ("rdp", "prv")
 
@@ -132,66 +149,94 @@ def _check_epsilon(epsilon: float, name: str = "epsilon") -> float:
 # --------------------------------------------------------------------------------------------
 
 
-def _history(z: float, q: float, releases: int) -> list[tuple[float, float, int]]:
-    """Opacus history ``[(noise_multiplier, sample_rate, steps)]`` for R identical releases."""
-    if q == 1.0:
-        return [(z / math.sqrt(releases), 1.0, 1)]
-    return [(z, q, releases)]
-
-
 def _rdp_epsilon(z: float, q: float, releases: int, delta: float) -> float:
-    acc = RDPAccountant()
-    acc.history = _history(z, q, releases)
-    orders = RDP_ORDERS if q == 1.0 else RDP_ORDERS_SUBSAMPLED
-    with warnings.catch_warnings():
-        # "Optimal order is the largest alpha": any order gives a valid bound.
-        warnings.filterwarnings("ignore", message="Optimal order is the")
-        return float(acc.get_epsilon(delta=delta, alphas=list(orders)))
+    """dp-accounting's RDP epsilon of R releases (at sample rate 1: of the single equivalent
+    release ``z / sqrt(R)``)."""
+    if q == 1.0:
+        acc = RdpAccountant(RDP_ORDERS)
+        acc.compose(dp_accounting.GaussianDpEvent(z / math.sqrt(releases)))
+    else:
+        acc = RdpAccountant(RDP_ORDERS_SUBSAMPLED)
+        event = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(z))
+        acc.compose(event, releases)
+    return float(acc.get_epsilon(delta))
+
+
+def _prv_mechanism(z: float, q: float, steps: int) -> tuple[float, int]:
+    """The (noise multiplier, self-compositions) handed to the PRV accountant for R releases."""
+    if q == 1.0:
+        return z / math.sqrt(steps), 1
+    return z, steps
 
 
 def _prv_grid_points(z: float, q: float, steps: int, delta: float) -> float:
-    """Size of the grid Opacus's PRVAccountant will allocate (mirrors its ``_get_domain``)."""
+    """Size of the grid prv-accountant's ``PRVAccountant`` will allocate (mirrors its
+    constructor) for ``steps`` self-compositions of one mechanism."""
     delta_error = delta / 1000.0
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Optimal order is the")
-        half_width = compute_safe_domain_size(
-            prvs=[PoissonSubsampledGaussianPRV(q, z)],
-            max_self_compositions=[steps],
-            eps_error=PRV_EPS_ERROR,
-            delta_error=delta_error,
+    with np.errstate(all="ignore"):
+        half_width = float(
+            compute_safe_domain_size(
+                prvs=[
+                    PoissonSubsampledGaussianMechanism(sampling_probability=q, noise_multiplier=z)
+                ],
+                max_self_compositions=[steps],
+                eps_error=PRV_EPS_ERROR,
+                delta_error=delta_error,
+            )
         )
     mesh = PRV_EPS_ERROR / math.sqrt(steps * math.log(12.0 / delta_error) / 2.0)
     return 2.0 * half_width / mesh
 
 
-def _prv_epsilon(z: float, q: float, releases: int, delta: float) -> float:
-    history = _history(z, q, releases)
-    hz, hq, hsteps = history[0]
+def _prv_upper_epsilon(z: float, q: float, steps: int, delta: float, *, where: str) -> float:
+    """prv-accountant's upper bound on epsilon after ``steps`` self-compositions (possibly inf).
+
+    Raises :class:`AccountingError` for grids above ``MAX_PRV_GRID_POINTS`` and when the
+    accountant fails; ``where`` describes the caller's parameters for the messages."""
     hint = "use accountant='rdp' (a valid upper bound)"
-    points = _prv_grid_points(hz, hq, hsteps, delta)
+    failures = (RuntimeError, ValueError, ArithmeticError, MemoryError, AssertionError)
+
+    def failed(exc: BaseException) -> AccountingError:
+        return AccountingError(
+            f"PRV accountant failed for {where} ({type(exc).__name__}: {exc}). This happens "
+            f"when epsilon is in the hundreds (effective multiplier below ~0.03) or delta is "
+            f"tiny; {hint}"
+        )
+
+    delta_error = delta / 1000.0
+    try:
+        points = _prv_grid_points(z, q, steps, delta)
+    except failures as exc:
+        raise failed(exc) from exc
     if not math.isfinite(points) or points > MAX_PRV_GRID_POINTS:
         raise AccountingError(
             f"PRV accountant would need a grid of {points:.3g} points (limit "
-            f"{MAX_PRV_GRID_POINTS:.3g}) for noise_multiplier={z}, sample_rate={q}, "
-            f"releases={releases}, delta={delta}; {hint}"
+            f"{MAX_PRV_GRID_POINTS:.3g}) for {where}; {hint}"
         )
-    acc = PRVAccountant()
-    acc.history = history
+    mechanism = PoissonSubsampledGaussianMechanism(sampling_probability=q, noise_multiplier=z)
     try:
-        with warnings.catch_warnings(), np.errstate(all="ignore"):
-            warnings.filterwarnings("ignore", message="Optimal order is the")
-            eps = float(acc.get_epsilon(delta=delta, eps_error=PRV_EPS_ERROR))
-    except (RuntimeError, ValueError, ArithmeticError, MemoryError) as exc:
-        raise AccountingError(
-            f"PRV accountant failed for noise_multiplier={z}, sample_rate={q}, "
-            f"releases={releases}, delta={delta} ({type(exc).__name__}: {exc}). This happens "
-            f"when epsilon is in the hundreds (effective multiplier below ~0.03) or delta is "
-            f"tiny; {hint}"
-        ) from exc
+        with np.errstate(all="ignore"):
+            acc = PRVAccountant(
+                prvs=[mechanism],
+                max_self_compositions=[steps],
+                eps_error=PRV_EPS_ERROR,
+                delta_error=delta_error,
+            )
+            _, _, eps_upper = acc.compute_epsilon(delta=delta, num_self_compositions=[steps])
+    except failures as exc:
+        raise failed(exc) from exc
+    # The upper bound: a guarantee, not just the estimate.
+    return float(eps_upper)
+
+
+def _prv_epsilon(z: float, q: float, releases: int, delta: float) -> float:
+    where = f"noise_multiplier={z}, sample_rate={q}, releases={releases}, delta={delta}"
+    mz, steps = _prv_mechanism(z, q, releases)
+    eps = _prv_upper_epsilon(mz, q, steps, delta, where=where)
     if not math.isfinite(eps):
         raise AccountingError(
-            f"PRV accountant returned {eps} for noise_multiplier={z}, sample_rate={q}, "
-            f"releases={releases}, delta={delta} (numerical overflow); {hint}"
+            f"PRV accountant returned {eps} for {where} (numerical overflow); "
+            "use accountant='rdp' (a valid upper bound)"
         )
     return eps
 
@@ -250,6 +295,44 @@ def gaussian_dp_mu(*, noise_multiplier: float, releases: int) -> float:
 # --------------------------------------------------------------------------------------------
 
 
+def _bisect_noise_multiplier(
+    epsilon_of: Callable[[float], float], target: float, tolerance: float
+) -> float:
+    """Opacus's ``get_noise_multiplier`` search, on any decreasing ``epsilon_of(z)``.
+
+    Double z from 10 until ``epsilon_of(z) <= target`` (giving up above 1e6), then bisect
+    between 0 and that z until the upper end's epsilon is within ``tolerance`` below the target;
+    return the upper end (so its epsilon never exceeds the target).
+    """
+    z_low, z_high = 0.0, 10.0
+    eps_high = math.inf
+    while eps_high > target:
+        z_high *= 2.0
+        eps_high = epsilon_of(z_high)
+        if z_high > _MAX_CALIBRATED_NOISE_MULTIPLIER:
+            raise AccountingError("The privacy budget is too low.")
+    while target - eps_high > tolerance:
+        z = (z_low + z_high) / 2.0
+        eps = epsilon_of(z)
+        if eps < target:
+            z_high, eps_high = z, eps
+        else:
+            z_low = z
+    return z_high
+
+
+def _nudge_up(z: float, spent: Callable[[float], float], target: float) -> float:
+    """The first of z, z (1 + 1e-9), z (1 + 1e-9)^2, ... whose ``spent(z)`` is at most
+    ``target``: rounding (z * sqrt(R) / sqrt(R) != z) can land a hair above the target."""
+    for _ in range(64):
+        if spent(z) <= target:
+            return z
+        z *= 1.0 + 1e-9
+    raise AccountingError(  # pragma: no cover - defensive
+        f"calibrated noise multiplier {z} does not meet epsilon={target}"
+    )
+
+
 def calibrate_noise_multiplier(
     *,
     epsilon: float,
@@ -259,7 +342,8 @@ def calibrate_noise_multiplier(
     sample_rate: float = 1.0,
 ) -> float:
     """The smallest noise multiplier (to the search tolerance) whose epsilon after ``releases``
-    releases is at most ``epsilon`` at ``delta``, via Opacus's ``get_noise_multiplier``.
+    releases is at most ``epsilon`` at ``delta``, by the bisection of Opacus's
+    ``get_noise_multiplier`` (:func:`_bisect_noise_multiplier`).
 
     At sample rate 1 the search runs on the single equivalent release (steps=1) and the result
     is scaled by sqrt(releases), which is exact. Tolerance: RDP within min(0.01, 0.001 * eps)
@@ -273,41 +357,30 @@ def calibrate_noise_multiplier(
     q = _check_sample_rate(sample_rate)
 
     steps = 1 if q == 1.0 else r
-    kwargs: dict[str, Any] = {}
-    if acc == "rdp":
-        kwargs["alphas"] = list(RDP_ORDERS if q == 1.0 else RDP_ORDERS_SUBSAMPLED)
-        tolerance = min(0.01, 1e-3 * eps_target)
-    else:
-        kwargs["eps_error"] = PRV_EPS_ERROR
-        tolerance = 0.01
+    where = f"releases={steps}, sample_rate={q}, delta={d}"
+
+    def epsilon_of(z: float) -> float:
+        if acc == "rdp":
+            return _rdp_epsilon(z, q, steps, d)
+        return _prv_upper_epsilon(z, q, steps, d, where=f"noise_multiplier={z}, {where}")
+
+    tolerance = min(0.01, 1e-3 * eps_target) if acc == "rdp" else 0.01
     try:
-        with warnings.catch_warnings(), np.errstate(all="ignore"):
-            warnings.filterwarnings("ignore", message="Optimal order is the")
-            z = get_noise_multiplier(
-                target_epsilon=eps_target,
-                target_delta=d,
-                sample_rate=q,
-                steps=steps,
-                accountant=acc,
-                epsilon_tolerance=tolerance,
-                **kwargs,
-            )
+        with np.errstate(all="ignore"):
+            z = _bisect_noise_multiplier(epsilon_of, eps_target, tolerance)
     except (RuntimeError, ValueError, ArithmeticError, MemoryError) as exc:
         raise AccountingError(
             f"cannot calibrate a noise multiplier for epsilon={eps_target}, delta={d}, "
             f"releases={r}, accountant={acc!r}, sample_rate={q}: {exc}"
         ) from exc
-    z = float(z)
     if q == 1.0:
         z *= math.sqrt(r)
-    # Guard against rounding (z * sqrt(R) / sqrt(R) != z) putting us a hair above the target.
-    for _ in range(64):
-        eps = epsilon_after(noise_multiplier=z, releases=r, delta=d, accountant=acc, sample_rate=q)
-        if eps <= eps_target:
-            return z
-        z *= 1.0 + 1e-9
-    raise AccountingError(  # pragma: no cover - defensive
-        f"calibrated noise multiplier {z} does not meet epsilon={eps_target}"
+    return _nudge_up(
+        z,
+        lambda z: epsilon_after(
+            noise_multiplier=z, releases=r, delta=d, accountant=acc, sample_rate=q
+        ),
+        eps_target,
     )
 
 
@@ -323,7 +396,6 @@ def calibrate_session_noise_multiplier(
     """A session's z (noise std of the sum / sensitivity) such that the multiplier the ledger
     accounts, ``secure.dp.effective_noise_multiplier`` (z itself, or z sqrt((M-1)/M) with shared
     noise), spends at most ``epsilon`` over ``releases`` releases."""
-    from secure.dp import effective_noise_multiplier
 
     def ledger_z(z: float) -> float:
         return effective_noise_multiplier(noise_multiplier=z, clients=clients, shared=shared)
@@ -331,15 +403,13 @@ def calibrate_session_noise_multiplier(
     z = calibrate_noise_multiplier(
         epsilon=epsilon, delta=delta, releases=releases, accountant=accountant
     ) / ledger_z(1.0)
-    for _ in range(64):  # rounding in the division may land a hair above the target
-        spent = epsilon_after(
+    # rounding in the division may land a hair above the target
+    return _nudge_up(
+        z,
+        lambda z: epsilon_after(
             noise_multiplier=ledger_z(z), releases=releases, delta=delta, accountant=accountant
-        )
-        if spent <= epsilon:
-            return z
-        z *= 1.0 + 1e-9
-    raise AccountingError(  # pragma: no cover - defensive
-        f"calibrated noise multiplier {z} does not meet epsilon={epsilon}"
+        ),
+        epsilon,
     )
 
 

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from secure.protocol import FLOAT32_LE
+
 
 class PayloadError(ValueError):
     """An uploaded payload that does not fit the slot it was sent to (shape, size, encoding)."""
@@ -49,8 +51,6 @@ class SumAggregator(ABC):
     def add(self, payloads: Sequence[bytes], *, rows: int, cols: int) -> bytes:
         """The sum of the shares, in the same encoding, in the order given."""
 
-
-FLOAT32_LE = np.dtype("<f4")
 
 # Shares travel on a fixed-point grid of step 2^-12 (about 2.4e-4), and sums are rounded back to
 # it. Encrypted sums then decode to exactly the plaintext sums: CKKS's decoding error (at most

@@ -53,3 +53,55 @@ def draw_output_batch(
     rng = np.random.default_rng([seed, pass_index])
     take = min(batch_size, pool.size)
     return np.sort(rng.choice(pool, size=take, replace=False))
+
+
+@dataclass(frozen=True)
+class SessionSchedule:
+    """A session's passes and the output nodes of each: training batches drawn from
+    ``train_nodes``, evaluation passes over ``eval_nodes``. The service and the in-process
+    trainer both ask this object, so they agree pass by pass."""
+
+    passes: tuple[PassSpec, ...]
+    train_nodes: np.ndarray  # int64, in the caller's order (the draw depends on it)
+    eval_nodes: np.ndarray  # sorted int64
+    batch_size: int
+    seed: int
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        rounds: int,
+        eval_every: int,
+        train_nodes: Sequence[int] | np.ndarray,
+        eval_nodes: Sequence[int] | np.ndarray,
+        batch_size: int,
+        seed: int,
+    ) -> SessionSchedule:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        return cls(
+            passes=tuple(pass_schedule(rounds=rounds, eval_every=eval_every)),
+            train_nodes=np.asarray(train_nodes, dtype=np.int64),
+            eval_nodes=np.sort(np.asarray(eval_nodes, dtype=np.int64)),
+            batch_size=batch_size,
+            seed=seed,
+        )
+
+    @property
+    def passes_total(self) -> int:
+        return len(self.passes)
+
+    def output_nodes(self, pass_index: int) -> np.ndarray:
+        """S[L] of the pass: sorted int64."""
+        if self.passes[pass_index].kind == "eval":
+            return self.eval_nodes
+        return draw_output_batch(
+            self.train_nodes, batch_size=self.batch_size, seed=self.seed, pass_index=pass_index
+        )
+
+    def output_rows(self, pass_index: int) -> int:
+        """``len(output_nodes(pass_index))`` without drawing the batch."""
+        if self.passes[pass_index].kind == "eval":
+            return int(self.eval_nodes.size)
+        return min(self.batch_size, int(self.train_nodes.size))

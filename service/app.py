@@ -14,7 +14,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.api.routes import health, rounds, sessions
 from service.context import ServiceContext, build_context
-from service.errors import SLUG_BY_STATUS, ProblemError, problem_response
+from service.domain_errors import DomainError
+from service.errors import SLUG_BY_STATUS, ProblemError, domain_problem, problem_response
 from service.limits import BodySizeLimitMiddleware
 from service.settings import ServiceSettings
 from service.telemetry import RequestTimingMiddleware
@@ -77,6 +78,13 @@ def _install_problem_handlers(app: FastAPI) -> None:
             extensions=extensions,
         )
 
+    async def on_domain_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, DomainError)
+        status, slug = domain_problem(exc)
+        return problem_response(
+            status=status, slug=slug, detail=exc.detail, instance=request.url.path
+        )
+
     async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
         errors: list[dict[str, Any]] = []
@@ -103,6 +111,7 @@ def _install_problem_handlers(app: FastAPI) -> None:
         )
 
     app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_exception_handler(DomainError, on_domain_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(Exception, on_unexpected_error)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.encryption import Aggregators, load_public_context
+from service.aggregators import Aggregators, load_public_context
 from service.notify import SessionNotifier
 from service.plan import PlanCache
 from service.rounds import RoundEngine

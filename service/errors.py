@@ -1,4 +1,9 @@
-"""RFC 9457 problem details: the one error type the service raises and the one JSON shape it sends.
+"""RFC 9457 problem details: the one JSON shape the service sends for every error.
+
+Two kinds of error become problem details: :class:`ProblemError`, raised by the HTTP layer for
+what only HTTP knows (tokens, media types, body sizes), and the
+:class:`service.domain_errors.DomainError` subclasses raised by the code that decides, which
+:data:`DOMAIN_PROBLEMS` pairs with a status and a slug. The app's handlers render both.
 
 :class:`ProblemError` subclasses Starlette's ``HTTPException`` on purpose: FastAPI re-raises
 ``HTTPException`` from body parsing untouched, so a 413 raised while a JSON body is being read
@@ -11,6 +16,8 @@ from typing import Any
 
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
+
+from service import domain_errors as domain
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 PROBLEM_TYPE_BASE = "https://glasu.dev/problems/"
@@ -52,6 +59,36 @@ SLUG_BY_STATUS: dict[int, str] = {
     415: "unsupported-media-type",
     422: "validation-error",
 }
+
+
+# Every domain error class and the (status, slug) it is answered with; a subclass without an
+# entry of its own takes its nearest base's.
+DOMAIN_PROBLEMS: dict[type[domain.DomainError], tuple[int, str]] = {
+    domain.SessionNotFound: (404, "session-not-found"),
+    domain.SessionClosed: (409, "session-closed"),
+    domain.BudgetExhausted: (409, "privacy-budget-exhausted"),
+    domain.InvalidSessionRequest: (422, "validation-error"),
+    domain.EncryptionUnavailable: (409, "encryption-unavailable"),
+    domain.PrivacyUnavailable: (503, "privacy-unavailable"),
+    domain.UnknownPass: (404, "wrong-pass"),
+    domain.WrongPass: (409, "wrong-pass"),
+    domain.WrongLayer: (404, "wrong-layer"),
+    domain.NotReady: (409, "not-ready"),
+    domain.Conflict: (409, "conflict"),
+    domain.BadHeader: (400, "bad-header"),
+    domain.BadPayload: (422, "bad-payload"),
+    domain.WrongShape: (422, "wrong-shape"),
+    domain.WrongEncoding: (422, "wrong-encoding"),
+}
+
+
+def domain_problem(error: domain.DomainError) -> tuple[int, str]:
+    """The (status, slug) of a domain error; one missing from the table is a bug (the app then
+    answers a generic 500)."""
+    for cls in type(error).__mro__:
+        if cls in DOMAIN_PROBLEMS:
+            return DOMAIN_PROBLEMS[cls]  # type: ignore[index]
+    raise LookupError(f"no problem type for {type(error).__name__}")
 
 
 class ProblemError(HTTPException):
@@ -107,24 +144,4 @@ def problem_response(
         status_code=status,
         media_type=PROBLEM_MEDIA_TYPE,
         headers=headers,
-    )
-
-
-# Constructors for the errors raised in more than one place, so status and slug stay paired.
-
-
-def session_not_found(session_id: str) -> ProblemError:
-    return ProblemError(404, "session-not-found", f"no session with id {session_id!r}")
-
-
-def session_closed(session_id: str) -> ProblemError:
-    return ProblemError(409, "session-closed", f"session {session_id!r} has been closed")
-
-
-def budget_exhausted(session_id: str, pass_index: int) -> ProblemError:
-    return ProblemError(
-        409,
-        "privacy-budget-exhausted",
-        f"session {session_id!r}: the release of pass {pass_index} would exceed the session's"
-        " privacy budget; the session stops here (see GET /v1/sessions/{sid}/privacy)",
     )

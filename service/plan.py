@@ -1,5 +1,6 @@
-"""A session's fixed plan: its configuration plus everything derived from it (the pass schedule,
-the output nodes of each pass, the layer widths). Immutable, so it is cached per session."""
+"""A session's fixed plan: its configuration plus everything derived from it (the pass schedule
+and the output nodes of each pass, the layer widths, the privacy plan). Immutable, so it is
+cached per session."""
 
 from __future__ import annotations
 
@@ -12,23 +13,19 @@ from typing import Literal
 
 import numpy as np
 
-from secure.schedule import PassSpec, draw_output_batch, pass_schedule
-from service.privacy import ReleaseAccounting
-from service.schemas import PrivacySettings, SessionConfigView, SessionCreate
-
-NoiseSource = Literal["given", "calibrated"]
+from secure.privacy import NoiseMultiplierSource, SessionPrivacy
+from secure.schedule import PassSpec, SessionSchedule
+from service.schemas import SessionConfigView, SessionCreate
 
 
 @dataclass(frozen=True)
 class SessionPlan:
     session_id: str
     config: SessionCreate  # privacy.noise_multiplier holds the z in use
-    noise_multiplier_source: NoiseSource | None
     public_context_sha256: str | None
-    epsilon_planned: float | None  # epsilon after every planned release
-    passes: tuple[PassSpec, ...]
+    schedule: SessionSchedule
     widths: dict[int, int]
-    eval_nodes: np.ndarray  # sorted int64
+    privacy: SessionPrivacy | None
 
     @classmethod
     def build(
@@ -36,19 +33,35 @@ class SessionPlan:
         session_id: str,
         config: SessionCreate,
         *,
-        noise_multiplier_source: NoiseSource | None = None,
+        noise_multiplier_source: NoiseMultiplierSource = "given",
         public_context_sha256: str | None = None,
-        epsilon_planned: float | None = None,
     ) -> SessionPlan:
+        """``config.privacy`` must hold the z in use (see ``secure.privacy.SessionPrivacy``)."""
+        schedule = SessionSchedule.create(
+            rounds=config.rounds,
+            eval_every=config.eval_every,
+            train_nodes=config.train_nodes,
+            eval_nodes=config.eval_nodes,
+            batch_size=config.batch_size,
+            seed=config.seed,
+        )
+        privacy = None
+        if config.privacy is not None:
+            privacy = SessionPrivacy.restore(
+                {
+                    **config.privacy.model_dump(),
+                    "noise_multiplier_source": noise_multiplier_source,
+                },
+                clients=config.clients,
+                passes_total=schedule.passes_total,
+            )
         return cls(
             session_id=session_id,
             config=config,
-            noise_multiplier_source=noise_multiplier_source,
             public_context_sha256=public_context_sha256,
-            epsilon_planned=epsilon_planned,
-            passes=tuple(pass_schedule(rounds=config.rounds, eval_every=config.eval_every)),
+            schedule=schedule,
             widths={a.layer: a.width for a in config.agg_layers},
-            eval_nodes=np.sort(np.asarray(config.eval_nodes, dtype=np.int64)),
+            privacy=privacy,
         )
 
     @classmethod
@@ -57,18 +70,18 @@ class SessionPlan:
         return cls.build(
             session_id,
             SessionCreate.model_validate(stored["config"]),
-            noise_multiplier_source=stored["noise_multiplier_source"],
+            noise_multiplier_source=stored["noise_multiplier_source"] or "given",
             public_context_sha256=stored["public_context_sha256"],
-            epsilon_planned=stored["epsilon_planned"],
         )
 
     def to_json(self) -> str:
         return json.dumps(
             {
                 "config": self.config.model_dump(mode="json"),
-                "noise_multiplier_source": self.noise_multiplier_source,
+                "noise_multiplier_source": (
+                    self.privacy.noise_multiplier_source if self.privacy else None
+                ),
                 "public_context_sha256": self.public_context_sha256,
-                "epsilon_planned": self.epsilon_planned,
             }
         )
 
@@ -81,18 +94,16 @@ class SessionPlan:
         return self.config.encoding
 
     @property
-    def privacy(self) -> PrivacySettings | None:
-        return self.config.privacy
+    def accounting(self) -> SessionPrivacy | None:  # TEMPORARY alias while rounds.py is split
+        return self.privacy
 
     @property
-    def accounting(self) -> ReleaseAccounting | None:
-        if self.config.privacy is None:
-            return None
-        return ReleaseAccounting(self.config.privacy, self.config.clients)
+    def passes(self) -> tuple[PassSpec, ...]:
+        return self.schedule.passes
 
     @property
     def passes_total(self) -> int:
-        return len(self.passes)
+        return self.schedule.passes_total
 
     @property
     def top_layer(self) -> int:
@@ -110,21 +121,10 @@ class SessionPlan:
         return [a.layer for a in self.config.agg_layers if a.layer < layer]
 
     def output_nodes(self, pass_index: int) -> np.ndarray:
-        spec = self.passes[pass_index]
-        if spec.kind == "eval":
-            return self.eval_nodes
-        return draw_output_batch(
-            self.config.train_nodes,
-            batch_size=self.config.batch_size,
-            seed=self.config.seed,
-            pass_index=pass_index,
-        )
+        return self.schedule.output_nodes(pass_index)
 
     def output_rows(self, pass_index: int) -> int:
-        """len(output_nodes(pass_index)) without drawing the batch."""
-        if self.passes[pass_index].kind == "eval":
-            return int(self.eval_nodes.size)
-        return min(self.config.batch_size, len(self.config.train_nodes))
+        return self.schedule.output_rows(pass_index)
 
     def config_view(self) -> SessionConfigView:
         fields = self.config.model_dump(exclude={"train_nodes", "eval_nodes"})

@@ -30,9 +30,10 @@ class AggLayer(StrictModel):
 
 
 class PrivacySettings(StrictModel):
-    """Gaussian mechanism at the first aggregation layer. Give ``noise_multiplier`` (z), or
-    ``epsilon`` (a target from which z is calibrated for the session's releases), or both (then z
-    is used as given and the target caps the ledger)."""
+    """Gaussian mechanism at the first aggregation layer (``secure.privacy``). Give
+    ``noise_multiplier`` (z), or ``epsilon`` (a target from which z is calibrated for the
+    session's releases), or both (then z is used as given and the target caps the ledger). The
+    sensitivity is not a setting: the service derives it from ``clip`` and ``occurrence_cap``."""
 
     noise_multiplier: float | None = Field(
         None, gt=0, le=1e6, description="z: the noise std of the sum is z * sensitivity."
@@ -42,18 +43,18 @@ class PrivacySettings(StrictModel):
     )
     delta: float = Field(gt=0, lt=1)
     clip: float = Field(gt=0, le=1e9, description="C: per-row L2 clip bound (clients apply it).")
-    sensitivity: float = Field(gt=0, le=1e9, description="Delta of one release (from clients).")
     accountant: Literal["rdp", "prv"] = "rdp"
     max_releases: int | None = Field(None, ge=1, le=MAX_COUNT, description="Cap on releases.")
     shared_noise: bool = Field(
         False, description="Each client adds variance sigma^2/M so the sum carries sigma^2."
     )
-    occurrence_cap: int | None = Field(
-        None,
+    occurrence_cap: int = Field(
+        1,
         ge=0,
         le=MAX_COUNT,
         description="c: how often a node may be drawn as a neighbour per layer up to the release"
-        " (the clients' samplers enforce it; the sensitivity assumes it).",
+        " (the clients' samplers enforce it). The service derives the sensitivity of one release"
+        " from clip and c: Delta = 2 C sqrt(c + 1).",
     )
 
     @model_validator(mode="after")
@@ -217,7 +218,9 @@ class PrivacyReport(BaseModel):
         description="z the ledger accounts with: z, or z*sqrt((M-1)/M) with shared noise (one"
         " curious peer subtracts its own share).",
     )
-    sensitivity: float | None = None
+    sensitivity: float | None = Field(
+        None, description="Delta of one client's release, derived from clip and occurrence_cap."
+    )
     clip: float | None = None
     noise_std: float | None = Field(None, description="z * sensitivity, per coordinate of the sum.")
     releases: int = 0

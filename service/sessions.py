@@ -6,10 +6,11 @@ import hashlib
 import secrets
 import uuid
 
+from secure.privacy import PrivacyPlanError, SessionPrivacy
 from secure.schedule import pass_schedule
-from service.encryption import Aggregators
+from service.aggregators import Aggregators
+from service.errors import ProblemError
 from service.plan import PlanCache, SessionPlan
-from service.privacy import plan_privacy
 from service.rounds import RoundEngine
 from service.schemas import (
     ClientTraffic,
@@ -46,23 +47,28 @@ class SessionManager:
         context_sha256 = None
         if request.encryption == "ckks":
             context_sha256 = self.aggregators.check_ckks_session(request.clients).sha256
-        config, source, epsilon_planned = request, None, None
+        config, source = request, "given"
         if request.privacy is not None:
-            privacy = plan_privacy(
-                request.privacy,
-                clients=request.clients,
-                passes_total=passes_total,
-                encrypted=request.encryption == "ckks",
+            try:
+                privacy = SessionPrivacy.plan(
+                    **request.privacy.model_dump(),
+                    clients=request.clients,
+                    passes_total=passes_total,
+                    encrypted=request.encryption == "ckks",
+                )
+            except PrivacyPlanError as exc:
+                raise ProblemError(422, "validation-error", f"privacy: {exc}") from exc
+            settings = request.privacy.model_copy(
+                update={"noise_multiplier": privacy.noise_multiplier}
             )
-            config = request.model_copy(update={"privacy": privacy.accounting.settings})
-            source, epsilon_planned = privacy.noise_multiplier_source, privacy.epsilon_planned
+            config = request.model_copy(update={"privacy": settings})
+            source = privacy.noise_multiplier_source
         session_id = uuid.uuid4().hex
         plan = SessionPlan.build(
             session_id,
             config,
             noise_multiplier_source=source,
             public_context_sha256=context_sha256,
-            epsilon_planned=epsilon_planned,
         )
         tokens = [secrets.token_urlsafe(CLIENT_TOKEN_BYTES) for _ in range(request.clients)]
         with self.store.transaction() as tx:
@@ -183,26 +189,8 @@ class SessionManager:
             )
             for r in ledger
         ]
-        accounting = plan.accounting
-        if accounting is None:
+        if plan.privacy is None:
             return PrivacyReport(enabled=False)
-        settings = accounting.settings
-        return PrivacyReport(
-            enabled=True,
-            epsilon=entries[-1].epsilon if entries else 0.0,
-            delta=settings.delta,
-            noise_multiplier=accounting.noise_multiplier,
-            noise_multiplier_source=plan.noise_multiplier_source,  # type: ignore[arg-type]
-            ledger_noise_multiplier=accounting.ledger_noise_multiplier,
-            sensitivity=settings.sensitivity,
-            clip=settings.clip,
-            noise_std=accounting.noise_multiplier * settings.sensitivity,
-            releases=len(entries),
-            max_releases=settings.max_releases,
-            accountant=settings.accountant,
-            epsilon_target=settings.epsilon,
-            epsilon_planned=plan.epsilon_planned,
-            shared_noise=settings.shared_noise,
-            occurrence_cap=settings.occurrence_cap,
-            ledger=entries,
+        return PrivacyReport.model_validate(
+            {**plan.privacy.report(releases=len(entries)), "ledger": entries}
         )

@@ -21,11 +21,11 @@ import httpx
 import numpy as np
 from tqdm.auto import tqdm
 
+from models.config import TrainConfig
 from models.data import GraphDataset
+from models.layout import FederationLayout, eval_nodes
 from models.partition import save_partition
-from models.private import release_sensitivity
-from models.report import HistoryEntry, RunReport, select_best
-from models.trainer import FederationPlan, TrainConfig, eval_nodes
+from models.report import HistoryEntry, RunReport, build_report
 
 STARTUP_SECONDS = 60.0
 
@@ -58,31 +58,11 @@ def glasu_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "clients.cli.main", *args]
 
 
-def session_privacy(config: TrainConfig) -> dict[str, Any] | None:
-    """The session's ``privacy`` object (``PrivacySettings`` in service/schemas.py)."""
-    privacy = config.privacy_config()
-    if privacy is None:
-        return None
-    return {
-        "noise_multiplier": privacy.noise_multiplier,
-        "epsilon": privacy.epsilon,
-        "delta": privacy.delta,
-        "clip": privacy.clip,
-        "sensitivity": release_sensitivity(
-            clip=privacy.clip, occurrence_cap=privacy.occurrence_cap
-        ),
-        "occurrence_cap": privacy.occurrence_cap,
-        "accountant": privacy.accountant,
-        "shared_noise": privacy.shared_noise,
-    }
-
-
 def session_request(
-    config: TrainConfig, plan: FederationPlan, dataset: GraphDataset
+    config: TrainConfig, plan: FederationLayout, dataset: GraphDataset
 ) -> dict[str, Any]:
-    """The ``POST /v1/sessions`` body for ``config`` (encrypted when ``config.he``)."""
-    privacy = config.privacy_config()
-    width = privacy.release_width if privacy else config.hidden
+    """The ``POST /v1/sessions`` body for ``config``."""
+    width = config.release_width if config.private else config.hidden
     return {
         "clients": len(plan.partitions),
         "layers": config.layers,
@@ -97,14 +77,14 @@ def session_request(
         "eval_nodes": eval_nodes(dataset).tolist(),
         "seed": config.seed,
         "encryption": "ckks" if config.encrypted else "none",
-        "privacy": session_privacy(config),
+        "privacy": config.privacy_request(),
         "label": f"glasu train {config.dataset} {config.mode}",
     }
 
 
 def train_over_http(
     config: TrainConfig,
-    plan: FederationPlan,
+    plan: FederationLayout,
     dataset: GraphDataset,
     *,
     threads: int = 1,
@@ -204,13 +184,13 @@ def train_over_http(
                     root / f"client-{part.client}.log",
                 )
             )
-        status = _follow(admin, session_id, processes, created["passes_total"], progress)
+        _follow(admin, session_id, processes, created["passes_total"], progress)
         results = [
             json.loads((root / f"client-{m}.json").read_text()) for m in range(len(plan.partitions))
         ]
         privacy = admin.get(f"/v1/sessions/{session_id}/privacy").json()
     return _report(
-        config, plan, dataset, results, status, privacy, wall_seconds=time.perf_counter() - started
+        config, plan, dataset, results, privacy, wall_seconds=time.perf_counter() - started
     )
 
 
@@ -297,65 +277,48 @@ def _follow(
 
 def _report(
     config: TrainConfig,
-    plan: FederationPlan,
+    layout: FederationLayout,
     dataset: GraphDataset,
     results: list[dict[str, Any]],
-    status: dict[str, Any],
     privacy: dict[str, Any],
     *,
     wall_seconds: float,
 ) -> RunReport:
+    """The workers' histories, one row per evaluation, averaged over clients (bytes summed)."""
     epsilon_at_pass = {entry["pass"]: entry["epsilon"] for entry in privacy.get("ledger", [])}
 
     def mean(rows: list[dict[str, Any]], key: str) -> float:
         return float(np.mean([row[key] for row in rows]))
 
-    history = []
-    for rows in zip(*(res["history"] for res in results), strict=True):
-        history.append(
-            HistoryEntry(
-                round=rows[0]["round"],
-                loss=mean(rows, "loss"),
-                val_accuracy=mean(rows, "val_accuracy"),
-                test_accuracy=mean(rows, "test_accuracy"),
-                bytes_up=sum(row["bytes_up"] for row in rows),
-                bytes_down=sum(row["bytes_down"] for row in rows),
-                training_bytes=sum(row["training_bytes"] for row in rows),
-                epsilon=epsilon_at_pass.get(rows[0]["pass"]),
-            )
+    history = [
+        HistoryEntry(
+            round=rows[0]["round"],
+            loss=mean(rows, "loss"),
+            val_accuracy=mean(rows, "val_accuracy"),
+            test_accuracy=mean(rows, "test_accuracy"),
+            bytes_up=sum(row["bytes_up"] for row in rows),
+            bytes_down=sum(row["bytes_down"] for row in rows),
+            training_bytes=sum(row["training_bytes"] for row in rows),
+            epsilon=epsilon_at_pass.get(rows[0]["pass"]),
         )
-    bytes_up = sum(res["bytes_up"] for res in results)
-    bytes_down = sum(res["bytes_down"] for res in results)
+        for rows in zip(*(res["history"] for res in results), strict=True)
+    ]
     reasons = {res["finished_reason"] for res in results}
     stopped = next((r for r in reasons if r != "finished"), None)
-    if not history:
-        raise FederationFailed(f"the session ended ({stopped}) before any evaluation")
-    best = select_best(history)
-    final = history[-1]
-    return RunReport(
-        test_accuracy=float(best.test_accuracy or 0.0),
-        val_accuracy=float(best.val_accuracy or 0.0),
-        final_test_accuracy=float(final.test_accuracy or 0.0),
-        final_val_accuracy=float(final.val_accuracy or 0.0),
-        best_round=best.round,
-        rounds=config.rounds,
-        wall_seconds=wall_seconds,
-        bytes_up=bytes_up,
-        bytes_down=bytes_down,
-        privacy=privacy if privacy.get("enabled") else None,
-        config={
-            **config.to_dict(),
-            "transport": "http",
-            "agg_layer_indices": list(plan.client_config.agg_layers),
-            "stale_effective": plan.client_config.stale,
-            "encryption": status["config"]["encryption"],
-            "split_note": dataset.split_note,
-        },
-        history=history,
-        notes=[
-            f"split: {dataset.split_note}",
-            "accuracy: mean over clients of each client's own head on the joint inference",
-            "bytes: request and response bodies as the workers sent and received them",
-        ],
-        stopped_early=stopped,
-    )
+    try:
+        return build_report(
+            config,
+            transport="http",
+            history=history,
+            agg_layers=layout.client_config.agg_layers,
+            stale=layout.client_config.stale,
+            split_note=dataset.split_note,
+            devices=[res["device"] for res in results],
+            wall_seconds=wall_seconds,
+            privacy=privacy if privacy.get("enabled") else None,
+            bytes_up=sum(res["bytes_up"] for res in results),
+            bytes_down=sum(res["bytes_down"] for res in results),
+            stopped_early=stopped,
+        )
+    except ValueError as exc:  # no evaluation before the session ended
+        raise FederationFailed(str(exc)) from exc

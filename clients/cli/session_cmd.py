@@ -48,8 +48,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     create.add_argument("--seed", type=int, default=DEFAULTS.seed)
     create.add_argument(
         "--no-he",
-        dest="he",
-        action="store_false",
+        dest="encryption",
+        action="store_const",
+        const="none",
+        default="ckks",
         help="plaintext float32 shares (no CKKS encryption)",
     )
     # Differential privacy is not offered here yet: the session's privacy is null.
@@ -102,13 +104,13 @@ def _call(admin: httpx.Client, method: str, session: str, **kwargs: Any) -> http
 def _create(admin: httpx.Client, args: argparse.Namespace) -> int:
     from clients.cli.local_federation import session_request
     from models.data import load_dataset
-    from models.trainer import plan_federation
+    from models.layout import layout_federation
 
     config = config_from_args(args)
     dataset = load_dataset(
         config.dataset, data_dir=config.data_dir, split=config.split, seed=config.seed
     )
-    plan = plan_federation(config, dataset)
+    plan = layout_federation(config, dataset)
     body = session_request(config, plan, dataset)
     body["label"] = args.label or f"glasu session create {config.dataset}"
     args.out.mkdir(parents=True, exist_ok=True)

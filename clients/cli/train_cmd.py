@@ -8,9 +8,11 @@ from pathlib import Path
 
 import torch
 
+from models.config import TrainConfig
 from models.data import load_dataset
+from models.layout import layout_federation
 from models.report import RunReport, plot_history
-from models.trainer import TrainConfig, plan_federation, train_inprocess
+from models.trainer import train_inprocess
 
 DEFAULTS = TrainConfig()
 
@@ -65,8 +67,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     security = p.add_argument_group("encryption and differential privacy (on by default)")
     security.add_argument(
         "--no-he",
-        dest="he",
-        action="store_false",
+        dest="encryption",
+        action="store_const",
+        const="none",
+        default="ckks",
         help="send plaintext float32 shares instead of CKKS ciphertexts",
     )
     security.add_argument(
@@ -156,7 +160,7 @@ def train_http(config: TrainConfig, *, threads: int, progress: bool) -> RunRepor
     dataset = load_dataset(
         config.dataset, data_dir=config.data_dir, split=config.split, seed=config.seed
     )
-    plan = plan_federation(config, dataset)
+    plan = layout_federation(config, dataset)
     return train_over_http(config, plan, dataset, threads=threads, progress=progress)
 
 

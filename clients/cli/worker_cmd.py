@@ -23,8 +23,8 @@ from clients.transport import (
     tls_verification,
 )
 from clients.worker import LocalModelOptions, run_worker
+from models.device import resolve_device
 from models.partition import load_partition
-from models.trainer import resolve_device
 
 EXIT_REFUSED = 3
 EXIT_UNREACHABLE = 4
@@ -101,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
             return EXIT_UNREACHABLE
         summary = {
             "client": settings.client,
+            "device": str(device),
             "passes": result.passes,
             "finished_reason": result.finished_reason,
             "bytes_up": service.traffic.up,

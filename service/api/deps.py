@@ -1,8 +1,11 @@
 """Typed dependencies: the app context and bearer-token authentication.
 
-Three kinds of caller: the admin (token from the settings), client m of session sid (a token
+Three kinds of caller: the admin (token from the settings), a client of a session (a token
 bound to that pair) and, for read-only session routes, either of them. Order of checks: no or
 unknown token -> 401, unknown session -> 404, token not allowed here -> 403.
+
+The path parameters keep the wire protocol's names (``{sid}``, ``{m}``, docs/protocol.md) as
+aliases; the Python names say what they are.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from service.context import ServiceContext
-from service.errors import ProblemError, session_not_found
+from service.domain_errors import SessionNotFound
+from service.errors import ProblemError
 from service.rounds import ClientSlot
 from service.schemas import MAX_CLIENTS
 from service.sessions import token_sha256
@@ -33,9 +37,11 @@ def get_context(request: Request) -> ServiceContext:
 
 ContextDep = Annotated[ServiceContext, Depends(get_context)]
 CredentialsDep = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)]
-SessionIdPath = Annotated[str, Path(min_length=1, max_length=64, description="Session id.")]
+SessionIdPath = Annotated[
+    str, Path(alias="sid", min_length=1, max_length=64, description="Session id.")
+]
 ClientIndexPath = Annotated[
-    int, Path(ge=0, lt=MAX_CLIENTS, description="Client index m (0-based).")
+    int, Path(alias="m", ge=0, lt=MAX_CLIENTS, description="Client index m (0-based).")
 ]
 
 
@@ -72,46 +78,48 @@ def require_admin(context: ContextDep, credentials: CredentialsDep) -> None:
 
 
 def require_client(
-    context: ContextDep, credentials: CredentialsDep, sid: SessionIdPath, m: ClientIndexPath
+    context: ContextDep,
+    credentials: CredentialsDep,
+    session_id: SessionIdPath,
+    client: ClientIndexPath,
 ) -> ClientSlot:
     token_hash = _token_hash(credentials)
     if _is_admin(context, token_hash):
         raise ProblemError(
             403, "forbidden", "the admin token cannot act as a client; use that client's token"
         )
-    with context.store.transaction() as tx:
-        expected = tx.client_token_hash(sid, m)
-        if expected is not None and hmac.compare_digest(expected, token_hash):
-            return ClientSlot(session_id=sid, client_index=m)
-        owner = tx.token_owner(token_hash)
-        session_exists = tx.session(sid) is not None
-    if owner is None:
-        raise _invalid_token()
-    if not session_exists:
-        raise session_not_found(sid)
-    if owner[0] != sid:
-        raise ProblemError(403, "forbidden", "this token belongs to another session")
-    raise ProblemError(
-        403, "forbidden", f"this token belongs to client {owner[1]}; it cannot act as client {m}"
-    )
+    owner = _client_of_session(context, token_hash, session_id)
+    if owner != client:
+        raise ProblemError(
+            403,
+            "forbidden",
+            f"this token belongs to client {owner}; it cannot act as client {client}",
+        )
+    return ClientSlot(session_id=session_id, client_index=client)
 
 
 def require_session_reader(
-    context: ContextDep, credentials: CredentialsDep, sid: SessionIdPath
+    context: ContextDep, credentials: CredentialsDep, session_id: SessionIdPath
 ) -> None:
-    """The admin, or any client of session ``sid``."""
+    """The admin, or any client of the session."""
     token_hash = _token_hash(credentials)
-    if _is_admin(context, token_hash):
-        return
+    if not _is_admin(context, token_hash):
+        _client_of_session(context, token_hash, session_id)
+
+
+def _client_of_session(context: ServiceContext, token_hash: bytes, session_id: str) -> int:
+    """The client index of a (non-admin) token of session ``session_id``: 401 for an unknown
+    token, then 404 for an unknown session, then 403 for a token of another session."""
     with context.store.transaction() as tx:
         owner = tx.token_owner(token_hash)
-        session_exists = tx.session(sid) is not None
+        session_exists = tx.session(session_id) is not None
     if owner is None:
         raise _invalid_token()
     if not session_exists:
-        raise session_not_found(sid)
-    if owner[0] != sid:
+        raise SessionNotFound(session_id)
+    if owner[0] != session_id:
         raise ProblemError(403, "forbidden", "this token belongs to another session")
+    return owner[1]
 
 
 AdminDep = Annotated[None, Depends(require_admin)]

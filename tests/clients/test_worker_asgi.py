@@ -13,20 +13,22 @@ import torch
 from clients.cli.local_federation import session_request
 from clients.transport import ServiceClient
 from clients.worker import LocalModelOptions, run_worker
-from models.trainer import TrainConfig, plan_federation, train_inprocess
+from models.config import TrainConfig
+from models.layout import layout_federation
+from models.trainer import train_inprocess
 from secure.aggregation import PlainCodec
 from service.app import create_app
 from service.settings import ServiceSettings
 from tests.clients.asgi_sync import SyncASGITransport
 
-CONFIG = TrainConfig(rounds=6, eval_every=3, hidden=32, he=False, dp=False, seed=3)
+CONFIG = TrainConfig(rounds=6, eval_every=3, hidden=32, encryption="none", dp=False, seed=3)
 
 
 def run_federation(tmp_path: Path, config: TrainConfig, cora) -> tuple[list, dict]:
     token = secrets.token_urlsafe(24)
     app = create_app(ServiceSettings(database=tmp_path / "service.sqlite3", admin_token=token))
     transport = SyncASGITransport(app)
-    plan = plan_federation(config, cora)
+    plan = layout_federation(config, cora)
     admin = ServiceClient(
         base_url="http://glasu.test",
         session_id="",

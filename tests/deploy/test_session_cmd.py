@@ -17,7 +17,8 @@ import pytest
 
 from clients.cli.local_federation import session_request
 from clients.cli.main import main
-from models.trainer import TrainConfig, plan_federation
+from models.config import TrainConfig
+from models.layout import layout_federation
 from secure.schedule import pass_schedule
 
 
@@ -93,7 +94,7 @@ def test_create_writes_the_session_and_private_token_files(
     assert summary["session_id"] in capsys.readouterr().out
     # The session is the one `glasu train` builds from the same settings.
     config = TrainConfig(rounds=5, eval_every=2, hidden=32, data_dir=data_dir, dp=False)
-    body = session_request(config, plan_federation(config, cora), cora)
+    body = session_request(config, layout_federation(config, cora), cora)
     with _admin(server) as admin:
         status = admin.get(f"/v1/sessions/{summary['session_id']}").json()
     view = status["config"]

@@ -8,15 +8,17 @@ from pathlib import Path
 import pytest
 
 from clients.cli.local_federation import train_over_http
-from models.trainer import TrainConfig, plan_federation, train_inprocess
+from models.config import TrainConfig
+from models.layout import layout_federation
+from models.trainer import train_inprocess
 
 pytestmark = pytest.mark.e2e
 
 
 def test_http_run_equals_inprocess_run(cora, tmp_path: Path) -> None:
-    config = TrainConfig(rounds=4, eval_every=2, hidden=32, he=False, dp=False, seed=5)
+    config = TrainConfig(rounds=4, eval_every=2, hidden=32, encryption="none", dp=False, seed=5)
     over_http = train_over_http(
-        config, plan_federation(config, cora), cora, progress=False, work_dir=tmp_path
+        config, layout_federation(config, cora), cora, progress=False, work_dir=tmp_path
     )
     in_process = train_inprocess(config, dataset=cora, progress=False)
     assert [h.test_accuracy for h in over_http.history] == pytest.approx(
@@ -38,7 +40,7 @@ def test_secure_run_stops_when_the_budget_is_spent(cora, tmp_path: Path) -> None
         rounds=12, eval_every=1, hidden=32, noise_multiplier=3.0, epsilon=5.0, seed=5
     )
     report = train_over_http(
-        config, plan_federation(config, cora), cora, progress=False, work_dir=tmp_path
+        config, layout_federation(config, cora), cora, progress=False, work_dir=tmp_path
     )
     assert report.stopped_early == "budget-exhausted"
     privacy = report.privacy

@@ -7,13 +7,14 @@ import pytest
 import torch
 
 import models.inprocess as inprocess
-from models.federated import EmbeddingRequest, NodesRequest
+from models.config import TrainConfig
 from models.partition import feature_blocks
-from models.private import release_sensitivity
-from models.trainer import TrainConfig, train_inprocess
+from models.trainer import train_inprocess
+from secure.privacy import SessionPrivacy, release_sensitivity
+from secure.protocol import EmbeddingRequest, NodesRequest
 
 PRIVATE = dict(
-    he=False,
+    encryption="none",
     dp=True,
     noise_multiplier=1.0,
     epsilon=None,
@@ -103,14 +104,25 @@ def test_noise_in_the_aggregate_has_the_planned_std(monkeypatch, cora) -> None:
 
 
 def test_shared_noise_splits_the_variance() -> None:
-    from models.security import PrivacyConfig, client_noise_std, ledger_noise_multiplier
+    def privacy(*, shared: bool) -> SessionPrivacy:
+        return SessionPrivacy.plan(
+            epsilon=None,
+            delta=1e-6,
+            noise_multiplier=2.0,
+            clip=1.0,
+            occurrence_cap=1,
+            shared_noise=shared,
+            clients=4,
+            passes_total=10,
+            encrypted=True,
+        )
 
-    shared = PrivacyConfig(shared_noise=True)
-    per_client = client_noise_std(shared, noise_multiplier=2.0, sensitivity=3.0, clients=4)
-    assert per_client == pytest.approx(2.0 * 3.0 / 2.0)  # the sum of 4 carries (z Delta)^2
+    shared = privacy(shared=True)
+    delta = shared.sensitivity
+    assert delta == pytest.approx(2.0 * np.sqrt(2))  # 2 C sqrt(c + 1)
+    assert shared.client_noise_std == pytest.approx(2.0 * delta / 2.0)  # 4 shares: (z Delta)^2
     # a peer removing its own share faces 3 of the 4 shares: z * sqrt(3/4)
-    assert ledger_noise_multiplier(shared, noise_multiplier=2.0, clients=4) == pytest.approx(
-        2.0 * np.sqrt(3 / 4)
-    )
-    unshared = PrivacyConfig(shared_noise=False)
-    assert client_noise_std(unshared, noise_multiplier=2.0, sensitivity=3.0, clients=4) == 6.0
+    assert shared.ledger_noise_multiplier == pytest.approx(2.0 * np.sqrt(3 / 4))
+    unshared = privacy(shared=False)
+    assert unshared.client_noise_std == pytest.approx(2.0 * delta)
+    assert unshared.ledger_noise_multiplier == 2.0

@@ -4,12 +4,15 @@ import numpy as np
 import pytest
 import torch
 
-from models.federated import Aggregate, EmbeddingRequest, GlasuClient, combine, uniform_agg_layers
+from models.config import TrainConfig
+from models.federated import GlasuClient, combine, uniform_agg_layers
 from models.inprocess import run_pass_inprocess
-from models.trainer import TrainConfig, plan_federation, train_inprocess
+from models.layout import layout_federation
+from models.trainer import train_inprocess
 from secure.aggregation import PlainSumAggregator
+from secure.protocol import Aggregate, EmbeddingRequest
 
-PLAIN = dict(he=False, dp=False)  # the GLASU core without encryption or privacy
+PLAIN = dict(encryption="none", dp=False)  # the GLASU core without encryption or privacy
 SHORT = dict(rounds=6, eval_every=3, hidden=32, batch_size=16, **PLAIN)
 
 
@@ -32,7 +35,7 @@ def test_combine_value_and_gradient() -> None:
 
 def test_extract_identity(cora) -> None:
     """H_{-m} = H - H_m^+ / M: adding back the own share gives the mean of all shares."""
-    plan = plan_federation(TrainConfig(**SHORT), cora)
+    plan = layout_federation(TrainConfig(**SHORT), cora)
     clients = [GlasuClient(p, plan.client_config) for p in plan.partitions]
     aggregator = PlainSumAggregator()
     passes = [
@@ -60,7 +63,7 @@ def test_extract_identity(cora) -> None:
 
 
 def test_clients_agree_on_rows_at_aggregation_layers(cora) -> None:
-    plan = plan_federation(TrainConfig(**SHORT), cora)
+    plan = layout_federation(TrainConfig(**SHORT), cora)
     clients = [GlasuClient(p, plan.client_config) for p in plan.partitions]
     seen = []
 
@@ -152,8 +155,10 @@ def test_report_fields(cora, tmp_path) -> None:
 
 def test_encryption_matches_plaintext(cora) -> None:
     plain = train_inprocess(TrainConfig(**SHORT), dataset=cora, progress=False)
-    encrypted = train_inprocess(TrainConfig(**{**SHORT, "he": True}), dataset=cora, progress=False)
-    assert encrypted.config["encryption"] is True and plain.config["encryption"] is False
+    encrypted = train_inprocess(
+        TrainConfig(**{**SHORT, "encryption": "ckks"}), dataset=cora, progress=False
+    )
+    assert encrypted.config["encryption"] == "ckks" and plain.config["encryption"] == "none"
     # shares travel on a fixed-point grid that rounds the CKKS error away: same run, bit for bit
     assert [h.test_accuracy for h in encrypted.history] == [h.test_accuracy for h in plain.history]
     assert [h.loss for h in encrypted.history] == [h.loss for h in plain.history]

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import stat
 import struct
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +40,7 @@ from secure.he import (
     public_context_bytes,
     share_bound,
 )
+from secure.he_context import KEY_ID_BYTES
 
 ROWS, COLS = 9, 130  # 1170 values: one full chunk and a partial one
 
@@ -329,24 +330,215 @@ def test_malformed_payloads_raise_payload_error(
         codec.decode_sum(bad, rows=ROWS, cols=COLS)
 
 
-def test_flipped_bytes_never_escape_as_other_errors(
-    good_payload: bytes, aggregator: CkksSumAggregator
-) -> None:
-    rng = np.random.default_rng(11)
-    for _ in range(60):
-        corrupted = bytearray(good_payload)
-        for position in rng.integers(0, len(corrupted), size=3):
-            corrupted[position] ^= int(rng.integers(1, 256))
-        with contextlib.suppress(PayloadError):  # anything else fails the test
-            aggregator.validate(bytes(corrupted), rows=ROWS, cols=COLS)
-
-
 def test_decode_refuses_a_sum_from_another_key_pair(
     codec: CkksCodec, other_codec: CkksCodec
 ) -> None:
     payload = other_codec.encode(random_share(2, 2, seed=4))
     with pytest.raises(PayloadError, match="key id"):
         codec.decode_sum(payload, rows=2, cols=2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fuzzing: every mutated payload is refused with PayloadError, or it is a usable share
+
+
+HEADER_BYTES = len(MAGIC) + 1 + KEY_ID_BYTES + 4  # magic | version | key id | chunk count
+# SEAL's serialization header inside each chunk: magic 0xA15E (little-endian), header size 16,
+# version major/minor, compression mode, 2 reserved bytes (ignored by SEAL), uint64 size.
+SEAL_HEADER_START = b"\x5e\xa1\x10"
+SEAL_CHECKED_BYTES = (0, 1, 2, 3, 4, 5, *range(8, 16))
+
+
+@dataclass(frozen=True)
+class FuzzCase:
+    name: str
+    payload: bytes
+    structural: bool  # breaks the frame or a ciphertext's header: validation must refuse it
+    touched_chunks: frozenset[int]  # chunks whose bytes changed; the others must sum exactly
+
+
+@dataclass
+class FuzzTally:
+    rejected: list[str] = field(default_factory=list)
+    accepted: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class FrameLayout:
+    """Where the parts of a well-formed payload lie."""
+
+    lengths: tuple[range, ...]  # each chunk's uint32 length field
+    chunks: tuple[range, ...]  # each chunk's bytes
+    seal_headers: tuple[tuple[int, ...], ...]  # checked bytes of each chunk's SEAL header
+
+    @classmethod
+    def of(cls, payload: bytes) -> FrameLayout:
+        lengths, chunks, seal_headers = [], [], []
+        offset = HEADER_BYTES
+        for chunk in parse_frame(payload).chunks:
+            lengths.append(range(offset, offset + 4))
+            chunks.append(range(offset + 4, offset + 4 + len(chunk)))
+            seal = chunk.find(SEAL_HEADER_START)
+            assert 0 <= seal < 16, "no SEAL header near the start of the chunk"
+            seal_headers.append(tuple(offset + 4 + seal + i for i in SEAL_CHECKED_BYTES))
+            offset += 4 + len(chunk)
+        assert offset == len(payload)
+        return cls(tuple(lengths), tuple(chunks), tuple(seal_headers))
+
+    def structural(self, position: int) -> bool:
+        return (
+            position < HEADER_BYTES
+            or any(position in lengths for lengths in self.lengths)
+            or any(position in header for header in self.seal_headers)
+        )
+
+    def chunk_of(self, position: int) -> int | None:
+        return next((i for i, chunk in enumerate(self.chunks) if position in chunk), None)
+
+
+def flip(good: bytes, layout: FrameLayout, flips: dict[int, int], name: str) -> FuzzCase:
+    corrupted = bytearray(good)
+    for position, mask in flips.items():
+        corrupted[position] ^= mask
+    touched = {layout.chunk_of(position) for position in flips}
+    return FuzzCase(
+        name=name,
+        payload=bytes(corrupted),
+        structural=any(layout.structural(position) for position in flips),
+        touched_chunks=frozenset(index for index in touched if index is not None),
+    )
+
+
+def structural_mutations(good: bytes) -> list[FuzzCase]:
+    """Every byte of the frame header, of the chunk lengths and of the SEAL headers flipped
+    three ways; truncations (at every boundary and at random cuts); trailing bytes."""
+    layout = FrameLayout.of(good)
+    positions = [
+        *range(HEADER_BYTES),
+        *(p for lengths in layout.lengths for p in lengths),
+        *(p for header in layout.seal_headers for p in header),
+    ]
+    cases = [
+        flip(good, layout, {position: mask}, f"flip {position} ^ {mask:#x}")
+        for position in positions
+        for mask in (0x01, 0x80, 0xFF)
+    ]
+    cuts = {0, 4, 5, HEADER_BYTES - 1, HEADER_BYTES, len(good) - 1}
+    for lengths, chunk in zip(layout.lengths, layout.chunks, strict=True):
+        cuts |= {lengths.start, lengths.start + 2, chunk.start, chunk.start + 16, chunk.stop - 1}
+    cuts |= {int(c) for c in np.random.default_rng(12).integers(1, len(good), size=20)}
+    cases += [
+        FuzzCase(f"truncated to {cut}", good[:cut], True, frozenset()) for cut in sorted(cuts)
+    ]
+    cases += [
+        FuzzCase(f"{len(extra)} trailing bytes", good + extra, True, frozenset())
+        for extra in (b"\x00", b"\x00\x00\x00\x00", good[HEADER_BYTES:])
+    ]
+    return cases
+
+
+def random_flips(good: bytes, *, count: int, seed: int) -> list[FuzzCase]:
+    """Three random bytes flipped per payload; structural when one of them is."""
+    layout = FrameLayout.of(good)
+    rng = np.random.default_rng(seed)
+    cases = []
+    for index in range(count):
+        flips = {int(p): int(rng.integers(1, 256)) for p in rng.integers(0, len(good), size=3)}
+        cases.append(flip(good, layout, flips, f"random {index}: {flips}"))
+    return cases
+
+
+def check_mutations(
+    cases: list[FuzzCase],
+    good: bytes,
+    *,
+    codec: CkksCodec,
+    aggregator: CkksSumAggregator,
+) -> FuzzTally:
+    """Validate each case: a refusal must be a PayloadError (anything else propagates), an
+    acceptance must be a structurally intact share that adds to ``good`` and decodes to a finite
+    sum, exact in every chunk the mutation did not touch."""
+    reference = codec.decode_sum(aggregator.add([good, good], rows=ROWS, cols=COLS), **SHAPE)
+    chunk_of_value = np.arange(ROWS * COLS) // SLOTS_PER_CIPHERTEXT
+    tally = FuzzTally()
+    for case in cases:
+        try:
+            aggregator.validate(case.payload, **SHAPE)
+        except PayloadError as error:
+            assert str(error), f"{case.name}: PayloadError without a message"
+            tally.rejected.append(case.name)
+            continue
+        assert not case.structural, f"{case.name}: a structurally broken payload was accepted"
+        tally.accepted.append(case.name)
+        try:
+            total = aggregator.add([good, case.payload], **SHAPE)
+            aggregator.validate(total, **SHAPE)
+            decoded = codec.decode_sum(total, **SHAPE)
+        except PayloadError as error:
+            raise AssertionError(
+                f"{case.name}: accepted by validate, refused when summed: {error}"
+            ) from None
+        assert decoded.shape == (ROWS, COLS) and np.isfinite(decoded).all(), case.name
+        untouched = ~np.isin(chunk_of_value, list(case.touched_chunks))
+        np.testing.assert_array_equal(
+            decoded.reshape(-1)[untouched], reference.reshape(-1)[untouched], err_msg=case.name
+        )
+    assert len(tally.rejected) + len(tally.accepted) == len(cases)
+    return tally
+
+
+SHAPE = {"rows": ROWS, "cols": COLS}
+
+
+def test_structural_mutations_are_all_rejected(
+    good_payload: bytes, codec: CkksCodec, aggregator: CkksSumAggregator
+) -> None:
+    cases = structural_mutations(good_payload)
+    tally = check_mutations(cases, good_payload, codec=codec, aggregator=aggregator)
+    assert len(tally.rejected) == len(cases) > 200 and not tally.accepted
+
+
+def test_flipped_bytes_are_rejected_or_still_sum(
+    good_payload: bytes, codec: CkksCodec, aggregator: CkksSumAggregator
+) -> None:
+    """CKKS ciphertexts carry no MAC: a flip inside the compressed polynomials can yield a
+    well-formed ciphertext of other values. Such a share is accepted and only spoils its own
+    chunk of the sum; everything that breaks the structure is refused."""
+    cases = random_flips(good_payload, count=60, seed=11)
+    tally = check_mutations(cases, good_payload, codec=codec, aggregator=aggregator)
+    # with this seed both outcomes occur, so each branch of check_mutations is exercised
+    assert tally.rejected and tally.accepted
+    structural = [case.name for case in cases if case.structural]
+    assert set(structural) <= set(tally.rejected)
+
+
+@pytest.mark.parametrize("validator", ["no-op", "frame-only"])
+def test_the_fuzz_detects_a_lax_validator(
+    validator: str,
+    monkeypatch: pytest.MonkeyPatch,
+    good_payload: bytes,
+    codec: CkksCodec,
+    aggregator: CkksSumAggregator,
+) -> None:
+    """The checks above fail when validation does nothing, or checks the frame only."""
+
+    def lax_validate(self: CkksSumAggregator, payload: bytes, *, rows: int, cols: int) -> None:
+        if validator == "frame-only":
+            parse_frame(payload)
+
+    monkeypatch.setattr(CkksSumAggregator, "validate", lax_validate)
+    if validator == "no-op":
+        with pytest.raises(AssertionError, match="structurally broken payload was accepted"):
+            check_mutations(
+                structural_mutations(good_payload), good_payload, codec=codec, aggregator=aggregator
+            )
+    with pytest.raises(AssertionError, match="accepted by validate, refused when summed"):
+        check_mutations(
+            random_flips(good_payload, count=60, seed=11),
+            good_payload,
+            codec=codec,
+            aggregator=aggregator,
+        )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,13 +2,15 @@
 
 Uploads read the body here and hand everything blocking to the engine in a worker thread; the
 downloads long-poll (see :mod:`service.notify`) and answer 202 with a waiting status on timeout.
+The node-set and embedding routes differ only in their kind, so one endpoint factory builds each
+pair. Path parameters keep the protocol's names ``{sid}``, ``{m}``, ``{p}``, ``{l}`` in the URL.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
@@ -34,13 +36,17 @@ from service.schemas import (
     WaitingStatus,
 )
 from service.settings import MAX_LONG_POLL_SECONDS
+from service.store import ResultKind, UploadKind
 
 router = APIRouter(
     prefix="/v1/sessions/{sid}/clients/{m}", tags=["clients"], responses=PROBLEM_RESPONSES
 )
 
-PassPath = Annotated[int, Path(ge=0, le=MAX_COUNT, description="Pass index (0-based).")]
-LayerPath = Annotated[int, Path(ge=1, le=MAX_LAYERS, description="Aggregation layer (1-based).")]
+# The URL keeps the protocol's short names (docs/protocol.md) as aliases of readable parameters.
+PassPath = Annotated[int, Path(alias="p", ge=0, le=MAX_COUNT, description="Pass index (0-based).")]
+LayerPath = Annotated[
+    int, Path(alias="l", ge=1, le=MAX_LAYERS, description="Aggregation layer (1-based).")
+]
 ShapeHeader = Annotated[
     str | None, Header(alias="X-Glasu-Shape", description="'n' (node set) or 'rows,cols'.")
 ]
@@ -81,9 +87,11 @@ def _payload_response(result: Payload | Waiting) -> Response:
     return Response(result.body, media_type=OCTET_STREAM, headers=headers)
 
 
-def _receipt_response(slot: ClientSlot, p: int, layer: int, outcome: UploadOutcome) -> JSONResponse:
+def _receipt_response(
+    slot: ClientSlot, pass_index: int, layer: int, outcome: UploadOutcome
+) -> JSONResponse:
     receipt = UploadReceipt(
-        pass_index=p,
+        pass_index=pass_index,
         layer=layer,
         client=slot.client_index,
         status="created" if outcome.created else "duplicate",
@@ -118,134 +126,105 @@ def _is_waiting(result: object) -> bool:
 
 
 @router.get("/passes/{p}", response_model=PassInfo, summary="Describe pass p")
-def get_pass(slot: ClientDep, context: ContextDep, p: PassPath) -> PassInfo:
+def get_pass(slot: ClientDep, context: ContextDep, pass_index: PassPath) -> PassInfo:
     """Kind, round and output nodes of pass p; kind 'done' once the session has no pass p."""
-    return context.engine.pass_info(slot.session_id, p)
+    return context.engine.pass_info(slot.session_id, pass_index)
 
 
-@router.put(
+def _upload_route(kind: UploadKind) -> Callable[..., Awaitable[JSONResponse]]:
+    """The endpoint storing this client's ``kind`` upload of one pass and layer."""
+
+    async def upload(
+        slot: ClientDep,
+        context: ContextDep,
+        request: Request,
+        pass_index: PassPath,
+        layer: LayerPath,
+        shape: ShapeHeader = None,
+        encoding: EncodingHeader = None,
+    ) -> JSONResponse:
+        # Read the binary body, store it off the event loop, wake the long-polls, answer with a
+        # receipt. (No docstring: it would become the route's OpenAPI description.)
+        body = await _binary_body(request)
+        store = partial(context.engine.upload, kind, slot, pass_index, layer)
+        outcome = await run_in_threadpool(store, shape=shape, encoding=encoding, body=body)
+        context.notifier.notify(slot.session_id)
+        return _receipt_response(slot, pass_index, layer, outcome)
+
+    return upload
+
+
+def _download_route(kind: ResultKind) -> Callable[..., Awaitable[Response]]:
+    """The endpoint long-polling one layer's ``kind`` result until it is complete (else 202)."""
+
+    async def download(
+        slot: ClientDep,
+        context: ContextDep,
+        pass_index: PassPath,
+        layer: LayerPath,
+        wait: WaitQuery = None,
+    ) -> Response:
+        result = await long_poll(
+            context.notifier,
+            slot.session_id,
+            partial(context.engine.download, kind, slot, pass_index, layer),
+            is_waiting=_is_waiting,
+            timeout=_wait_seconds(context, wait),
+        )
+        return _payload_response(result)
+
+    return download
+
+
+router.put(
     "/passes/{p}/layers/{l}/nodes",
+    name="put_nodes",
     status_code=201,
     response_model=UploadReceipt,
     responses=UPLOAD_RESPONSES,
     openapi_extra=BINARY_REQUEST_BODY,
     summary="Upload this client's node set",
-)
-async def put_nodes(
-    slot: ClientDep,
-    context: ContextDep,
-    request: Request,
-    p: PassPath,
-    l: LayerPath,  # noqa: E741  (the protocol's name for a layer)
-    shape: ShapeHeader = None,
-    encoding: EncodingHeader = None,
-) -> JSONResponse:
-    return await _upload(context.engine.put_node_set, slot, context, request, p, l, shape, encoding)
+)(_upload_route("nodes"))
 
-
-@router.get(
+router.get(
     "/passes/{p}/layers/{l}/nodes",
+    name="get_nodes",
     response_class=Response,
     responses={
         200: binary_response("The sorted union (int64).", with_count=False),
         202: {"model": WaitingStatus, "description": "Not all node sets are in yet."},
     },
     summary="Download the node union (long poll)",
-)
-async def get_nodes(
-    slot: ClientDep,
-    context: ContextDep,
-    p: PassPath,
-    l: LayerPath,  # noqa: E741
-    wait: WaitQuery = None,
-) -> Response:
-    return await _download(context.engine.node_union, slot, context, p, l, wait)
+)(_download_route("union"))
 
-
-@router.put(
+router.put(
     "/passes/{p}/layers/{l}/embedding",
+    name="put_embedding",
     status_code=201,
     response_model=UploadReceipt,
     responses=UPLOAD_RESPONSES,
     openapi_extra=BINARY_REQUEST_BODY,
     summary="Upload this client's embedding share",
-)
-async def put_embedding(
-    slot: ClientDep,
-    context: ContextDep,
-    request: Request,
-    p: PassPath,
-    l: LayerPath,  # noqa: E741
-    shape: ShapeHeader = None,
-    encoding: EncodingHeader = None,
-) -> JSONResponse:
-    return await _upload(
-        context.engine.put_embedding, slot, context, request, p, l, shape, encoding
-    )
+)(_upload_route("embedding"))
 
-
-@router.get(
+router.get(
     "/passes/{p}/layers/{l}/aggregate",
+    name="get_aggregate",
     response_class=Response,
     responses={
         200: binary_response("The sum of the M shares (session encoding).", with_count=True),
         202: {"model": WaitingStatus, "description": "Not all shares are in yet."},
     },
     summary="Download the sum (long poll)",
-)
-async def get_aggregate(
-    slot: ClientDep,
-    context: ContextDep,
-    p: PassPath,
-    l: LayerPath,  # noqa: E741
-    wait: WaitQuery = None,
-) -> Response:
-    return await _download(context.engine.aggregate, slot, context, p, l, wait)
+)(_download_route("aggregate"))
 
 
 @router.post(
     "/passes/{p}/metrics", status_code=204, response_class=Response, summary="Report metrics"
 )
-def post_metrics(slot: ClientDep, context: ContextDep, p: PassPath, metrics: Metrics) -> Response:
-    """Stored for the status page only; a second report of the same client replaces the first."""
-    context.engine.put_metrics(slot, p, metrics)
-    return Response(status_code=204)
-
-
-async def _upload(
-    store_upload: Callable[..., Any],
-    slot: ClientSlot,
-    context: ServiceContext,
-    request: Request,
-    p: int,
-    l: int,  # noqa: E741
-    shape: str | None,
-    encoding: str | None,
-) -> JSONResponse:
-    """Read the binary body, store it off the event loop, wake the long-polls, answer with a
-    receipt."""
-    body = await _binary_body(request)
-    outcome = await run_in_threadpool(
-        partial(store_upload, slot, p, l, shape=shape, encoding=encoding, body=body)
-    )
-    context.notifier.notify(slot.session_id)
-    return _receipt_response(slot, p, l, outcome)
-
-
-async def _download(
-    fetch: Callable[..., Any],
-    slot: ClientSlot,
-    context: ServiceContext,
-    p: int,
-    l: int,  # noqa: E741
-    wait: float | None,
+def post_metrics(
+    slot: ClientDep, context: ContextDep, pass_index: PassPath, metrics: Metrics
 ) -> Response:
-    """Long-poll ``fetch`` until it has the result or the wait runs out (202)."""
-    result = await long_poll(
-        context.notifier,
-        slot.session_id,
-        partial(fetch, slot, p, l),
-        is_waiting=_is_waiting,
-        timeout=_wait_seconds(context, wait),
-    )
-    return _payload_response(result)
+    """Stored for the status page only; a second report of the same client replaces the first."""
+    context.engine.put_metrics(slot, pass_index, metrics)
+    return Response(status_code=204)

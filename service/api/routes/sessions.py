@@ -34,20 +34,26 @@ def list_sessions(_: AdminDep, context: ContextDep) -> list[SessionSummary]:
 
 
 @router.get("/{sid}", response_model=SessionStatus, summary="Session status and progress")
-def get_session(_: SessionReaderDep, context: ContextDep, sid: SessionIdPath) -> SessionStatus:
+def get_session(
+    _: SessionReaderDep, context: ContextDep, session_id: SessionIdPath
+) -> SessionStatus:
     """The admin or any client of the session."""
-    return context.sessions.status(sid)
+    return context.sessions.status(session_id)
 
 
 @router.get("/{sid}/privacy", response_model=PrivacyReport, summary="Privacy budget and ledger")
-def get_privacy(_: SessionReaderDep, context: ContextDep, sid: SessionIdPath) -> PrivacyReport:
+def get_privacy(
+    _: SessionReaderDep, context: ContextDep, session_id: SessionIdPath
+) -> PrivacyReport:
     """The admin or any client of the session."""
-    return context.sessions.privacy_report(sid)
+    return context.sessions.privacy_report(session_id)
 
 
 @router.delete("/{sid}", response_model=SessionSummary, summary="Close a session")
-async def close_session(_: AdminDep, context: ContextDep, sid: SessionIdPath) -> SessionSummary:
+async def close_session(
+    _: AdminDep, context: ContextDep, session_id: SessionIdPath
+) -> SessionSummary:
     """Admin only. Idempotent. Later client calls get 409 session-closed; payloads are dropped."""
-    summary = await run_in_threadpool(context.sessions.close, sid)
-    context.notifier.notify(sid)
+    summary = await run_in_threadpool(context.sessions.close, session_id)
+    context.notifier.notify(session_id)
     return summary

@@ -1,7 +1,10 @@
-"""Which :class:`SumAggregator` adds a session's shares, and the service's CKKS public context.
+"""The service's aggregators: which :class:`SumAggregator` adds a session's shares (plaintext
+float32, or CKKS under the service's public context), and loading that public context.
 
-``secure.he`` is imported only when a public context is configured, so a plaintext-only service
-(and its tests) does not need TenSEAL.
+Not to be confused with ``secure/he.py``, the CKKS arithmetic itself: this module only chooses
+and guards it. Refusals are domain errors (:mod:`service.domain_errors`). ``secure.he`` is
+imported only when a public context is configured, so a plaintext-only service (and its tests)
+does not need TenSEAL.
 """
 
 from __future__ import annotations
@@ -11,9 +14,13 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from secure.aggregation import PlainSumAggregator, SumAggregator
-from service.errors import ProblemError
+from service.domain_errors import EncryptionUnavailable, InvalidSessionRequest
+
+if TYPE_CHECKING:
+    from service.plan import SessionPlan
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +58,8 @@ class _SerializedAggregator(SumAggregator):
 
 
 class Aggregators:
+    """The service's aggregators: one plaintext, one CKKS (built on first use)."""
+
     def __init__(self, context: PublicContext | None) -> None:
         self.context = context
         self._plain = PlainSumAggregator()
@@ -59,12 +68,7 @@ class Aggregators:
 
     def require_ckks(self) -> PublicContext:
         if self.context is None:
-            raise ProblemError(
-                409,
-                "encryption-unavailable",
-                "this service has no CKKS public context (GLASU_PUBLIC_CONTEXT), so it cannot"
-                " run sessions with encryption 'ckks'; use encryption 'none' only for testing",
-            )
+            raise EncryptionUnavailable.no_context()
         return self.context
 
     def check_ckks_session(self, clients: int) -> PublicContext:
@@ -73,25 +77,22 @@ class Aggregators:
         from secure import he
 
         if clients > he.MAX_SHARES:
-            raise ProblemError(
-                422,
-                "validation-error",
+            raise InvalidSessionRequest(
                 f"clients: encryption 'ckks' supports at most {he.MAX_SHARES} clients (the CKKS"
                 f" parameters bound the sum of that many shares), got {clients}",
             )
         return context
+
+    def for_session(self, plan: SessionPlan) -> SumAggregator:
+        """The aggregator of a session's embeddings."""
+        return self.for_encoding(plan.encoding, context_sha256=plan.public_context_sha256)
 
     def for_encoding(self, encoding: str, *, context_sha256: str | None) -> SumAggregator:
         if encoding == "float32":
             return self._plain
         context = self.require_ckks()
         if context_sha256 != context.sha256:
-            raise ProblemError(
-                409,
-                "encryption-unavailable",
-                "the session was created under a different CKKS public context than the one"
-                " this service has loaded now; restart the service with the session's context",
-            )
+            raise EncryptionUnavailable.other_context()
         with self._lock:
             if self._ckks is None:
                 from secure import he

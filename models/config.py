@@ -1,0 +1,99 @@
+"""Every setting of a training run, torch-free so that a command line can read the defaults
+without loading torch."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from secure.accounting import AccountantName
+from secure.privacy import SessionPrivacy
+
+DatasetName = Literal["cora", "citeseer", "pubmed"]
+SplitName = Literal["paper", "public"]
+BackboneName = Literal["gcnii", "gcn", "gat"]
+Mode = Literal["glasu", "centralized", "standalone", "simulated"]
+Encryption = Literal["ckks", "none"]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Every setting of a training run (the report's ``config``)."""
+
+    dataset: str = "cora"
+    data_dir: Path | None = None
+    split: SplitName = "paper"
+    mode: Mode = "glasu"
+    clients: int = 3
+    backbone: BackboneName = "gcnii"
+    layers: int = 4
+    agg_layers: int = 2  # K
+    stale: int = 4  # Q
+    rounds: int = 300
+    batch_size: int = 16
+    fanout: int = 3
+    eval_fanout: int = 10
+    eval_every: int = 10
+    hidden: int = 128
+    dropout: float = 0.5
+    lr: float = 0.01
+    weight_decay: float = 5e-4
+    edge_fraction: float = 0.8
+    seed: int = 0
+    device: str = "auto"
+    # Encryption and differential privacy: on unless switched off.
+    encryption: Encryption = "ckks"
+    dp: bool = True
+    epsilon: float | None = 4.0  # target; calibrates z when noise_multiplier is None
+    delta: float = 1e-6
+    noise_multiplier: float | None = None
+    clip: float = 1.0
+    accountant: AccountantName = "rdp"
+    release_width: int = 16
+    occurrence_cap: int = 1
+    shared_noise: bool = True  # only with encryption: nobody sees a single share
+    noise_seed: int | None = None  # reproducible noise, for experiments only
+
+    @property
+    def releases_anything(self) -> bool:
+        """Centralized and standalone training send nothing to anyone."""
+        return self.mode in ("glasu", "simulated")
+
+    @property
+    def encrypted(self) -> bool:
+        return self.encryption == "ckks" and self.releases_anything
+
+    @property
+    def private(self) -> bool:
+        return self.dp and self.releases_anything
+
+    def privacy_request(self) -> dict[str, Any] | None:
+        """The privacy the run asks for: the ``privacy`` object of ``POST /v1/sessions`` (z is
+        None unless given: whoever plans the session calibrates it), or None without DP."""
+        if not self.private:
+            return None
+        return {
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "noise_multiplier": self.noise_multiplier,
+            "clip": self.clip,
+            "occurrence_cap": self.occurrence_cap,
+            "accountant": self.accountant,
+            "shared_noise": self.shared_noise and self.encrypted,
+        }
+
+    def session_privacy(self, *, clients: int, passes_total: int) -> SessionPrivacy | None:
+        """The run's privacy plan (``secure.privacy``), as the service would plan it."""
+        request = self.privacy_request()
+        if request is None:
+            return None
+        return SessionPrivacy.plan(
+            **request, clients=clients, passes_total=passes_total, encrypted=self.encrypted
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self).items()
+        }

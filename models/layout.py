@@ -1,0 +1,91 @@
+"""What a training mode means concretely: which partitions, which client configuration, which
+clients train together."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from models.backbone import ModelConfig
+from models.config import TrainConfig
+from models.data import GraphDataset
+from models.federated import ClientConfig, uniform_agg_layers
+from models.partition import ClientPartition, partition
+from secure.privacy import RELEASE_LAYER
+
+
+@dataclass(frozen=True)
+class FederationLayout:
+    """Who holds what and how they meet."""
+
+    partitions: list[ClientPartition]
+    client_config: ClientConfig
+    groups: list[list[int]]  # clients that train together; standalone has one group per client
+
+
+def layout_federation(config: TrainConfig, dataset: GraphDataset) -> FederationLayout:
+    model = ModelConfig(
+        backbone=config.backbone,
+        layers=config.layers,
+        hidden=config.hidden,
+        dropout=config.dropout,
+        receiver_width=config.release_width if config.private else 0,
+    )
+    base = dict(
+        model=model,
+        fanout=config.fanout,
+        eval_fanout=config.eval_fanout,
+        lr=config.lr,
+        weight_decay=config.weight_decay,
+        seed=config.seed,
+        occurrence_cap=config.occurrence_cap if config.private else None,
+    )
+    last_only = (config.layers,)
+    match config.mode:
+        case "centralized":
+            parts = partition(dataset, clients=1, edge_fraction=1.0, seed=config.seed)
+            client_config = ClientConfig(agg_layers=last_only, stale=1, **base)
+            groups = [[0]]
+        case "standalone":
+            parts = [
+                dataclasses.replace(p, clients=1)
+                for p in partition(
+                    dataset,
+                    clients=config.clients,
+                    edge_fraction=config.edge_fraction,
+                    seed=config.seed,
+                )
+            ]
+            client_config = ClientConfig(agg_layers=last_only, stale=1, **base)
+            groups = [[m] for m in range(config.clients)]
+        case "simulated":
+            parts = partition(dataset, clients=config.clients, edge_fraction=1.0, seed=config.seed)
+            client_config = ClientConfig(
+                agg_layers=tuple(range(1, config.layers + 1)), stale=1, **base
+            )
+            groups = [list(range(config.clients))]
+        case "glasu":
+            parts = partition(
+                dataset,
+                clients=config.clients,
+                edge_fraction=config.edge_fraction,
+                seed=config.seed,
+            )
+            client_config = ClientConfig(
+                agg_layers=uniform_agg_layers(layers=config.layers, count=config.agg_layers),
+                stale=config.stale,
+                **base,
+            )
+            groups = [list(range(config.clients))]
+        case _:
+            raise ValueError(f"unknown mode {config.mode!r}")
+    if config.private:  # the private arrangement: one noisy release at layer 1 (models/private.py)
+        client_config = dataclasses.replace(client_config, agg_layers=(RELEASE_LAYER,))
+    return FederationLayout(partitions=parts, client_config=client_config, groups=groups)
+
+
+def eval_nodes(dataset: GraphDataset) -> np.ndarray:
+    """One evaluation pass covers the validation and the test nodes together."""
+    return np.union1d(dataset.val_nodes, dataset.test_nodes).astype(np.int64)

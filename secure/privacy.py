@@ -1,0 +1,264 @@
+"""One session's differential-privacy plan: pure, torch-free, and the only place that decides.
+
+The in-process trainer, the HTTP worker and the aggregation service all build a
+:class:`SessionPrivacy` from the same public parameters and ask it the same questions: the z in
+use (given, or calibrated so that every planned release fits the epsilon target), the
+sensitivity (derived here from the clip and the occurrence cap, never taken from a caller), the
+z the ledger composes, each client's noise std, whether one more release fits, epsilon after n
+releases, and the privacy report. Every pass of a session is one Gaussian release at
+:data:`RELEASE_LAYER` (docs/privacy.md).
+
+With ``shared_noise`` every client adds only 1/M of the variance, so a peer that subtracts its
+own share faces less noise: the ledger then composes ``secure.dp.effective_noise_multiplier``,
+and a calibrated z is scaled up to compensate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from secure.accounting import (
+    AccountantName,
+    PrivacyLedger,
+    calibrate_session_noise_multiplier,
+    epsilon_after,
+)
+from secure.dp import effective_noise_multiplier, node_sensitivity, per_client_noise_std
+
+#: The graph layer whose (noisy) output is a session's only release (models/private.py).
+RELEASE_LAYER = 1
+
+NoiseMultiplierSource = Literal["given", "calibrated"]
+
+
+class PrivacyPlanError(ValueError):
+    """The privacy parameters cannot make a session: the message says which and why."""
+
+
+def release_sensitivity(*, clip: float, occurrence_cap: int) -> float:
+    """Delta of one client's layer-1 release to one node's features: 2C sqrt(c + 1)."""
+    return node_sensitivity(clip=clip, occurrence_cap=occurrence_cap, depth=RELEASE_LAYER)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionPrivacy:
+    """The privacy of one session of ``clients`` clients and ``passes_total`` passes.
+
+    Build it with :meth:`plan` (which fills in a calibrated z); construct it directly only to
+    restore one whose z was already chosen (``noise_multiplier`` and its source as stored).
+    """
+
+    epsilon: float | None  # the target: caps the ledger (and calibrates z when none was given)
+    delta: float
+    noise_multiplier: float  # z: the noise std of the sum is z * sensitivity
+    noise_multiplier_source: NoiseMultiplierSource
+    clip: float
+    occurrence_cap: int
+    accountant: AccountantName = "rdp"
+    shared_noise: bool = False
+    max_releases: int | None = None
+    clients: int
+    passes_total: int
+
+    def __post_init__(self) -> None:
+        if self.epsilon is not None and not (math.isfinite(self.epsilon) and self.epsilon > 0):
+            raise PrivacyPlanError(f"epsilon must be a finite number > 0, got {self.epsilon}")
+        if not 0.0 < self.delta < 1.0:
+            raise PrivacyPlanError(f"delta must be in (0, 1), got {self.delta}")
+        if not (math.isfinite(self.noise_multiplier) and self.noise_multiplier > 0):
+            raise PrivacyPlanError(f"noise_multiplier must be > 0, got {self.noise_multiplier}")
+        if not (math.isfinite(self.clip) and self.clip > 0):
+            raise PrivacyPlanError(f"clip must be a finite number > 0, got {self.clip}")
+        if self.occurrence_cap < 0:
+            raise PrivacyPlanError(f"occurrence_cap must be >= 0, got {self.occurrence_cap}")
+        if self.accountant not in ("rdp", "prv"):
+            raise PrivacyPlanError(f"accountant must be 'rdp' or 'prv', got {self.accountant!r}")
+        if self.max_releases is not None and self.max_releases < 1:
+            raise PrivacyPlanError(f"max_releases must be >= 1, got {self.max_releases}")
+        if self.clients < 1 or self.passes_total < 1:
+            raise PrivacyPlanError("a session needs at least one client and one pass")
+
+    @classmethod
+    def plan(
+        cls,
+        *,
+        epsilon: float | None,
+        delta: float,
+        noise_multiplier: float | None = None,
+        clip: float,
+        occurrence_cap: int,
+        accountant: AccountantName = "rdp",
+        shared_noise: bool = False,
+        max_releases: int | None = None,
+        clients: int,
+        passes_total: int,
+        encrypted: bool,
+    ) -> SessionPrivacy:
+        """Check the parameters, take z as given or calibrate it so that every planned release
+        fits ``epsilon``, and check that at least one release fits. :class:`PrivacyPlanError`
+        says what is wrong otherwise."""
+        if epsilon is None and noise_multiplier is None:
+            raise PrivacyPlanError(
+                "give noise_multiplier, or epsilon (a target to calibrate it), or both"
+            )
+        if shared_noise and not encrypted and clients > 1:
+            raise PrivacyPlanError(
+                "shared_noise needs encryption 'ckks': in plaintext the service sees each share,"
+                " and each share carries only 1/M of the noise variance"
+            )
+        planned = passes_total if max_releases is None else min(passes_total, max_releases)
+        source: NoiseMultiplierSource = "given"
+        try:
+            if noise_multiplier is None:
+                assert epsilon is not None
+                noise_multiplier = calibrate_session_noise_multiplier(
+                    epsilon=epsilon,
+                    delta=delta,
+                    releases=max(planned, 1),
+                    clients=clients,
+                    shared=shared_noise,
+                    accountant=accountant,
+                )
+                source = "calibrated"
+            privacy = cls(
+                epsilon=epsilon,
+                delta=delta,
+                noise_multiplier=noise_multiplier,
+                noise_multiplier_source=source,
+                clip=clip,
+                occurrence_cap=occurrence_cap,
+                accountant=accountant,
+                shared_noise=shared_noise,
+                max_releases=max_releases,
+                clients=clients,
+                passes_total=passes_total,
+            )
+            if not privacy.release_allowed(0):
+                raise PrivacyPlanError(
+                    f"epsilon target {epsilon} is below the epsilon of a single release with"
+                    f" noise_multiplier {noise_multiplier:.4g} ({privacy.epsilon_after(1):.4g});"
+                    " raise the target or the noise"
+                )
+            if not math.isfinite(privacy.epsilon_planned):
+                raise ValueError(f"epsilon after the planned releases is {privacy.epsilon_planned}")
+        except PrivacyPlanError:
+            raise
+        # AccountingError is a ValueError; extreme parameters overflow or divide by zero
+        except (ValueError, ArithmeticError) as exc:
+            raise PrivacyPlanError(
+                f"the accountant cannot evaluate these parameters: {exc}"
+            ) from exc
+        return privacy
+
+    @classmethod
+    def restore(
+        cls, stored: Mapping[str, Any], *, clients: int, passes_total: int
+    ) -> SessionPrivacy:
+        """A plan from a stored or received settings mapping whose z is already chosen (the
+        fields of :meth:`settings`; unknown keys are an error)."""
+        names = {f.name for f in dataclasses.fields(cls)} - {"clients", "passes_total"}
+        unknown = sorted(set(stored) - names)
+        if unknown:
+            raise PrivacyPlanError(f"unknown privacy settings {unknown}")
+        values = dict(stored)
+        values.setdefault("noise_multiplier_source", "given")
+        return cls(**values, clients=clients, passes_total=passes_total)
+
+    def settings(self) -> dict[str, Any]:
+        """The session's public privacy parameters, z included (what a worker is given)."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name not in ("clients", "passes_total")
+        }
+
+    # -- derived quantities ----------------------------------------------------------------
+
+    @property
+    def sensitivity(self) -> float:
+        return release_sensitivity(clip=self.clip, occurrence_cap=self.occurrence_cap)
+
+    @property
+    def ledger_noise_multiplier(self) -> float:
+        """The z the ledger composes: z, or with shared noise the z one curious peer faces after
+        subtracting its own share."""
+        return effective_noise_multiplier(
+            noise_multiplier=self.noise_multiplier, clients=self.clients, shared=self.shared_noise
+        )
+
+    @property
+    def client_noise_std(self) -> float:
+        """Each client's noise std: z * Delta, or z * Delta / sqrt(M) with shared noise."""
+        return per_client_noise_std(
+            noise_multiplier=self.noise_multiplier,
+            sensitivity=self.sensitivity,
+            clients=self.clients,
+            shared=self.shared_noise,
+        )
+
+    @property
+    def planned_releases(self) -> int:
+        if self.max_releases is None:
+            return self.passes_total
+        return min(self.passes_total, self.max_releases)
+
+    @property
+    def epsilon_planned(self) -> float:
+        """Epsilon after every planned release."""
+        return self.epsilon_after(self.planned_releases)
+
+    # -- decisions -------------------------------------------------------------------------
+
+    def ledger(self, releases: int = 0) -> PrivacyLedger:
+        return PrivacyLedger(
+            noise_multiplier=self.ledger_noise_multiplier,
+            delta=self.delta,
+            accountant=self.accountant,
+            epsilon_target=self.epsilon,
+            releases=releases,
+        )
+
+    def release_allowed(self, releases_so_far: int) -> bool:
+        """Whether release number ``releases_so_far + 1`` stays within the cap and the target.
+        An epsilon the accountant cannot evaluate counts as "no"."""
+        if self.max_releases is not None and releases_so_far >= self.max_releases:
+            return False
+        try:
+            return not self.ledger(releases_so_far).would_exceed()
+        except (ValueError, ArithmeticError):  # AccountingError, extreme parameters
+            return False
+
+    def epsilon_after(self, releases: int) -> float:
+        return epsilon_after(
+            noise_multiplier=self.ledger_noise_multiplier,
+            releases=releases,
+            delta=self.delta,
+            accountant=self.accountant,
+        )
+
+    def report(self, *, releases: int, ledger: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+        """The privacy report: the fields of ``GET /v1/sessions/{id}/privacy``, for the run
+        report, the CLI and the service alike."""
+        return {
+            "enabled": True,
+            "epsilon": self.epsilon_after(releases),
+            "delta": self.delta,
+            "noise_multiplier": self.noise_multiplier,
+            "noise_multiplier_source": self.noise_multiplier_source,
+            "ledger_noise_multiplier": self.ledger_noise_multiplier,
+            "sensitivity": self.sensitivity,
+            "clip": self.clip,
+            "noise_std": self.noise_multiplier * self.sensitivity,
+            "releases": releases,
+            "max_releases": self.max_releases,
+            "accountant": self.accountant,
+            "epsilon_target": self.epsilon,
+            "epsilon_planned": self.epsilon_planned,
+            "shared_noise": self.shared_noise,
+            "occurrence_cap": self.occurrence_cap,
+            "ledger": list(ledger),
+        }

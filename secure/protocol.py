@@ -1,0 +1,79 @@
+"""The wire protocol's messages, without I/O and without torch (docs/protocol.md).
+
+A GLASU pass is a conversation between one client and the aggregation service: the client asks
+for the union of the clients' node sets at an aggregation layer (:class:`NodesRequest`) and hands
+in its share of an aggregation layer (:class:`EmbeddingRequest`); it is answered with the union
+(a sorted int64 array) and with the :class:`Aggregate` (the sum of all shares). The sans-IO
+client in ``models/federated.py`` yields these requests, the in-process driver answers them with
+function calls, the HTTP worker (``clients/transport.py``) carries them to the service, and the
+service (``service/``) parses them with the same names. Like h11's events, these are plain data.
+
+Binary bodies carry their shape and their encoding in headers:
+
+- ``X-Glasu-Shape``: ``n`` for a node set, ``rows,cols`` for a matrix;
+- ``X-Glasu-Encoding``: how the body's bytes encode the values: ``int64`` (node ids,
+  little-endian), ``float32`` (a plaintext share, little-endian, row-major) or ``ckks`` (framed
+  CKKS ciphertexts, ``secure/he.py``);
+- ``X-Glasu-Count`` (on an aggregate): how many shares the sum holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+SHAPE_HEADER = "X-Glasu-Shape"
+ENCODING_HEADER = "X-Glasu-Encoding"
+COUNT_HEADER = "X-Glasu-Count"
+
+Encoding = Literal["int64", "float32", "ckks"]
+NODE_ENCODING: Encoding = "int64"
+EMBEDDING_ENCODINGS: tuple[Encoding, ...] = ("float32", "ckks")
+INT64_LE = np.dtype("<i8")
+FLOAT32_LE = np.dtype("<f4")
+
+
+@dataclass(frozen=True)
+class NodesRequest:
+    """This client's sampled node set at aggregation layer ``layer``; answered with the union."""
+
+    layer: int
+    nodes: np.ndarray  # sorted, distinct int64
+
+
+@dataclass(frozen=True)
+class EmbeddingRequest:
+    """This client's encoded share of aggregation layer ``layer``; answered with the Aggregate."""
+
+    layer: int
+    payload: bytes
+    rows: int
+    cols: int
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    payload: bytes  # the sum of the shares, in the shares' encoding
+    count: int  # how many shares were added
+
+
+Request = NodesRequest | EmbeddingRequest
+Response = np.ndarray | Aggregate
+
+
+def sorted_union(node_sets: Sequence[np.ndarray]) -> np.ndarray:
+    """The sorted union of the clients' node sets: what every client is handed back."""
+    if not node_sets:
+        return np.empty(0, dtype=np.int64)
+    return np.unique(np.concatenate([np.asarray(s, dtype=np.int64) for s in node_sets]))
+
+
+def encode_nodes(nodes: np.ndarray) -> bytes:
+    return np.ascontiguousarray(nodes, dtype=INT64_LE).tobytes()
+
+
+def decode_nodes(body: bytes) -> np.ndarray:
+    return np.frombuffer(body, dtype=INT64_LE).astype(np.int64)

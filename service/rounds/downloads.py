@@ -1,0 +1,107 @@
+"""What clients read: the pass descriptor, a layer's node union and a layer's sum.
+
+A download answers :class:`Waiting` until its result is complete. A sum whose shares are all in
+but which was never stored (the summing request died, e.g. in a restart) is computed here.
+"""
+
+from __future__ import annotations
+
+from secure.protocol import NODE_ENCODING
+from service.domain_errors import UnknownPass, WrongPass
+from service.plan import PlanCache, SessionPlan
+from service.rounds.gate import check_downloadable, load_session, open_layer, uploaders
+from service.rounds.sums import ShareSums
+from service.rounds.types import ClientSlot, Payload, Waiting
+from service.schemas import PassInfo
+from service.store import ResultKind, ResultRow, SessionRow, Store, Transaction, UploadKind
+from service.telemetry import Telemetry
+
+DONE_REASON = {
+    "running": "finished",
+    "finished": "finished",
+    "budget_exhausted": "budget-exhausted",
+    "closed": "closed",
+}
+
+# Each result is formed from one kind of upload.
+UPLOAD_KIND: dict[ResultKind, UploadKind] = {"union": "nodes", "aggregate": "embedding"}
+
+
+class Downloads:
+    def __init__(
+        self, store: Store, plans: PlanCache, telemetry: Telemetry, sums: ShareSums
+    ) -> None:
+        self.store = store
+        self.plans = plans
+        self.telemetry = telemetry
+        self.sums = sums
+
+    def pass_info(self, session_id: str, pass_index: int) -> PassInfo:
+        """Kind, round and output nodes of a pass; kind 'done' once the session has no such pass."""
+        with self.store.transaction() as tx:
+            row, plan = load_session(tx, self.plans, session_id)
+        if pass_index > plan.passes_total:
+            raise UnknownPass.past_end(pass_index, plan.passes_total)
+        stopped = row.state in ("closed", "budget_exhausted") and pass_index >= row.current_pass
+        if pass_index == plan.passes_total or stopped:
+            return PassInfo(
+                pass_index=pass_index,
+                kind="done",
+                round=None,
+                output_nodes=[],
+                reason=DONE_REASON[row.state],
+            )
+        spec = plan.passes[pass_index]
+        return PassInfo(
+            pass_index=pass_index,
+            kind=spec.kind,
+            round=spec.round,
+            output_nodes=plan.output_nodes(pass_index).tolist(),
+        )
+
+    def get(
+        self, kind: ResultKind, slot: ClientSlot, pass_index: int, layer: int
+    ) -> Payload | Waiting:
+        """The node union or the sum of one layer, or who is still missing."""
+        answer = self._fetch(kind, slot, pass_index, layer)
+        if isinstance(answer, Waiting) and kind == "aggregate" and not answer.missing:
+            # All shares are in but no sum: the summing request died (e.g. a restart). Redo it.
+            self.sums.sum_shares(slot.session_id, pass_index, layer)
+            answer = self._fetch(kind, slot, pass_index, layer)
+        return answer
+
+    def _fetch(
+        self, kind: ResultKind, slot: ClientSlot, pass_index: int, layer: int
+    ) -> Payload | Waiting:
+        upload_kind = UPLOAD_KIND[kind]
+        with self.store.transaction() as tx:
+            row, plan = open_layer(tx, self.plans, slot.session_id, pass_index, layer, upload_kind)
+            check_downloadable(row, pass_index)
+            result = tx.result(slot.session_id, pass_index, layer, kind)
+            if result is None:
+                received, missing = uploaders(tx, plan, pass_index, layer, upload_kind)
+                return Waiting(pass_index, layer, received, missing)
+            payload = _payload(kind, plan, result, _served(tx, slot, row, pass_index, result))
+        self.telemetry.bytes_sent.labels(kind=kind).inc(len(payload.body))
+        return payload
+
+
+def _served(
+    tx: Transaction, slot: ClientSlot, row: SessionRow, pass_index: int, result: ResultRow
+) -> bytes:
+    """The result's body, counted as traffic to the client."""
+    if result.body is None:
+        raise WrongPass.discarded(pass_index, row.current_pass)
+    tx.add_traffic(slot.session_id, slot.client_index, down=len(result.body))
+    return result.body
+
+
+def _payload(kind: ResultKind, plan: SessionPlan, result: ResultRow, body: bytes) -> Payload:
+    if kind == "union":
+        return Payload(body=body, shape=str(result.rows), encoding=NODE_ENCODING)
+    return Payload(
+        body=body,
+        shape=f"{result.rows},{result.cols}",
+        encoding=plan.encoding,
+        count=result.count,
+    )

@@ -1,0 +1,111 @@
+"""The checks the round routes share, each inside the caller's transaction: the session exists
+(and is open), the pass is in the schedule, the layer is one where this exchange happens, and
+the pass is the current one (uploads) or still kept (downloads). Failures are domain errors."""
+
+from __future__ import annotations
+
+from service.domain_errors import (
+    BudgetExhausted,
+    NotReady,
+    SessionClosed,
+    SessionNotFound,
+    UnknownPass,
+    WrongLayer,
+    WrongPass,
+)
+from service.plan import PlanCache, SessionPlan
+from service.store import SessionRow, Transaction, UploadKind
+
+
+def load_session(
+    tx: Transaction, plans: PlanCache, session_id: str
+) -> tuple[SessionRow, SessionPlan]:
+    row = tx.session(session_id)
+    if row is None:
+        raise SessionNotFound(session_id)
+    return row, plans.get(session_id, lambda: tx.session_config(session_id))
+
+
+def open_session(
+    tx: Transaction, plans: PlanCache, session_id: str
+) -> tuple[SessionRow, SessionPlan]:
+    row, plan = load_session(tx, plans, session_id)
+    if row.state == "closed":
+        raise SessionClosed(session_id)
+    return row, plan
+
+
+def open_layer(
+    tx: Transaction,
+    plans: PlanCache,
+    session_id: str,
+    pass_index: int,
+    layer: int,
+    kind: UploadKind,
+) -> tuple[SessionRow, SessionPlan]:
+    """An open session, a pass of its schedule and a layer where ``kind`` is exchanged."""
+    row, plan = open_session(tx, plans, session_id)
+    check_pass_in_schedule(plan, pass_index)
+    if kind == "nodes":
+        check_node_layer(plan, layer)
+    else:
+        check_aggregation_layer(plan, layer)
+    return row, plan
+
+
+def check_pass_in_schedule(plan: SessionPlan, pass_index: int) -> None:
+    if pass_index >= plan.passes_total:
+        raise UnknownPass.not_in_schedule(pass_index, plan.passes_total)
+
+
+def check_aggregation_layer(plan: SessionPlan, layer: int) -> None:
+    if layer not in plan.widths:
+        raise WrongLayer.not_aggregation(layer, plan.widths)
+
+
+def check_node_layer(plan: SessionPlan, layer: int) -> None:
+    """Node sets are exchanged at the aggregation layers below the top."""
+    check_aggregation_layer(plan, layer)
+    if layer == plan.top_layer:
+        raise WrongLayer.top_layer(layer)
+
+
+def check_current_pass(row: SessionRow, pass_index: int) -> None:
+    """Uploads go to the current pass of a running session."""
+    if row.state == "budget_exhausted" and pass_index >= row.current_pass:
+        raise BudgetExhausted(row.id, pass_index)
+    if row.state == "finished":
+        raise WrongPass.session_finished(pass_index, row.current_pass)
+    if pass_index != row.current_pass:
+        raise WrongPass.not_current(pass_index, row.current_pass)
+
+
+def check_downloadable(row: SessionRow, pass_index: int) -> None:
+    """Downloads come from the current pass or the previous one (the service keeps two)."""
+    if row.state == "budget_exhausted" and pass_index >= row.current_pass:
+        raise BudgetExhausted(row.id, pass_index)
+    if pass_index > row.current_pass:
+        raise WrongPass.not_started(pass_index, row.current_pass)
+    if pass_index < row.current_pass - 1:
+        raise WrongPass.too_old(pass_index, row.current_pass)
+
+
+def uploaders(
+    tx: Transaction, plan: SessionPlan, pass_index: int, layer: int, kind: UploadKind
+) -> tuple[list[int], list[int]]:
+    """The clients whose ``kind`` upload of this slot is in, and those still missing."""
+    received = tx.uploaders(plan.session_id, pass_index, layer, kind)
+    have = set(received)
+    return received, [m for m in range(plan.clients) if m not in have]
+
+
+def layer_rows(tx: Transaction, plan: SessionPlan, pass_index: int, layer: int) -> int:
+    """Rows of the layer's embeddings: the output nodes at the top, else the node union (which
+    must be complete)."""
+    if layer == plan.top_layer:
+        return plan.output_rows(pass_index)
+    union = tx.result(plan.session_id, pass_index, layer, "union")
+    if union is None:
+        _, missing = uploaders(tx, plan, pass_index, layer, "nodes")
+        raise NotReady.union(pass_index, layer, missing)
+    return union.rows

@@ -1,0 +1,41 @@
+"""The values that cross the round engine's boundary: who is calling, and what an upload or a
+download answers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSlot:
+    """Who is calling: client ``client_index`` of session ``session_id`` (authenticated)."""
+
+    session_id: str
+    client_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """A download whose result is not complete: which clients have uploaded, which have not."""
+
+    pass_index: int
+    layer: int
+    received: list[int]
+    missing: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Payload:
+    """A completed download: the body and its X-Glasu-* header values."""
+
+    body: bytes
+    shape: str
+    encoding: str
+    count: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UploadOutcome:
+    created: bool
+    received: list[int]
+    missing: list[int]
