@@ -11,12 +11,19 @@ import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 
+from clients.service_http import (
+    RetryPolicy,
+    ServiceError,
+    ServiceUnavailable,
+    problem_of,
+    send_with_retries,
+    tls_verification,
+)
 from secure.protocol import (
     COUNT_HEADER,
     ENCODING_HEADER,
@@ -30,43 +37,21 @@ from secure.protocol import (
 log = logging.getLogger(__name__)
 
 
-class ServiceError(RuntimeError):
-    """The service answered with an error that retrying will not fix."""
-
-    def __init__(self, status: int, problem: dict[str, Any], method: str, url: str) -> None:
-        self.status = status
-        self.problem = problem
-        slug = str(problem.get("type", "")).rsplit("/", 1)[-1]
-        detail = problem.get("detail") or problem.get("title") or "no detail"
-        super().__init__(f"{method} {url} -> {status} {slug}: {detail}")
-
-    @property
-    def slug(self) -> str:
-        return str(self.problem.get("type", "")).rsplit("/", 1)[-1]
-
-
-class ServiceUnavailable(RuntimeError):
-    """The service could not be reached, or kept failing, within the retry budget."""
+# Shared with the operator's AdminClient (clients/admin.py); re-exported here, where the worker's
+# code and tests have always found them.
+__all__ = [
+    "PeersMissing",
+    "RetryPolicy",
+    "ServiceClient",
+    "ServiceError",
+    "ServiceUnavailable",
+    "Traffic",
+    "tls_verification",
+]
 
 
 class PeersMissing(RuntimeError):
     """Other clients did not deliver their part of a step within the wait limit."""
-
-
-def tls_verification(ca_file: Path | None) -> ssl.SSLContext | bool:
-    """Verify the service's certificate against ``ca_file``, else against the system CAs."""
-    if ca_file is None:
-        return True
-    if not Path(ca_file).is_file():
-        raise FileNotFoundError(f"CA file {ca_file} not found")
-    return ssl.create_default_context(cafile=str(ca_file))
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    attempts: int = 8
-    first_delay: float = 0.2
-    max_delay: float = 5.0
 
 
 @dataclass
@@ -185,29 +170,13 @@ class ServiceClient:
             log.info("waiting for clients %s at %s", missing, path)
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        delay = self.retry.first_delay
-        for attempt in range(1, self.retry.attempts + 1):
-            try:
-                response = self._http.request(method, path, **kwargs)
-            except (httpx.TransportError, httpx.TimeoutException) as exc:
-                failure = f"{type(exc).__name__}: {exc}"
-            else:
-                if response.status_code < 500:
-                    self._count(kwargs.get("content"), kwargs.get("json"), response)
-                    if response.status_code >= 400:
-                        raise ServiceError(response.status_code, _problem(response), method, path)
-                    return response
-                failure = f"{response.status_code} {_problem(response).get('detail', '')}"
-            if attempt == self.retry.attempts:
-                break
-            log.warning(
-                "%s %s failed (%s); retry %d in %.1f s", method, path, failure, attempt, delay
-            )
-            self._sleep(delay)
-            delay = min(delay * 2, self.retry.max_delay)
-        raise ServiceUnavailable(
-            f"{method} {path} failed after {self.retry.attempts} attempts: {failure}"
+        response = send_with_retries(
+            self._http, method, path, retry=self.retry, sleep=self._sleep, **kwargs
         )
+        self._count(kwargs.get("content"), kwargs.get("json"), response)
+        if response.status_code >= 400:
+            raise ServiceError(response.status_code, problem_of(response), method, path)
+        return response
 
     def _count(self, content: bytes | None, json_body: object, response: httpx.Response) -> None:
         if content is not None:
@@ -215,11 +184,3 @@ class ServiceClient:
         elif json_body is not None:
             self.traffic.up += len(response.request.content)
         self.traffic.down += len(response.content)
-
-
-def _problem(response: httpx.Response) -> dict[str, Any]:
-    try:
-        body = response.json()
-    except ValueError:
-        return {"detail": response.text[:200]}
-    return body if isinstance(body, dict) else {"detail": str(body)}

@@ -10,13 +10,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from clients.ledger import LocalLedger
+from clients.policy import PrivacyPolicy, ReleaseGate, admit_session
 from clients.transport import ServiceClient
 from models.backbone import ModelConfig
 from models.federated import ClientConfig, GlasuClient, PassOutcome
 from models.partition import ClientPartition
 from models.private import make_client
+from models.report import recent_training_loss
 from secure.aggregation import EmbeddingCodec
-from secure.privacy import SessionPrivacy
 from secure.protocol import EmbeddingRequest, NodesRequest
 
 log = logging.getLogger(__name__)
@@ -46,16 +48,6 @@ class WorkerResult:
     finished_reason: str = "finished"
     training_bytes: int = 0  # node sets, shares and sums of training passes, both directions
     history: list[dict[str, Any]] = field(default_factory=list)
-
-
-def privacy_from_session(session: dict[str, Any]) -> SessionPrivacy | None:
-    """The session's privacy plan, from its public parameters (``GET /v1/sessions/{id}``)."""
-    config = session["config"]
-    if not config.get("privacy"):
-        return None
-    return SessionPrivacy.restore(
-        config["privacy"], clients=config["clients"], passes_total=session["passes_total"]
-    )
 
 
 def client_config_from_session(
@@ -100,10 +92,15 @@ def run_worker(
     *,
     options: LocalModelOptions,
     codec: EmbeddingCodec,
+    policy: PrivacyPolicy,
+    ledger: LocalLedger | None,
     device: torch.device | str = "cpu",
     on_pass: Callable[[dict[str, Any], PassOutcome], None] | None = None,
 ) -> WorkerResult:
-    """Follow the session's passes until it says "done"."""
+    """Follow the session's passes until it says "done". Before anything is sent, the session
+    must satisfy this organisation's privacy ``policy`` (:class:`PolicyRefusal` otherwise); with
+    DP on, every release is written to ``ledger`` before it leaves (:class:`BudgetSpent` when the
+    next one would exceed the policy)."""
     session = service.session()
     config = session["config"]
     if partition.client != service.client_index:
@@ -121,7 +118,12 @@ def run_worker(
             f"the session expects {config['encoding']} shares, this worker's codec "
             f"makes {codec.encoding}: give the secret context (or --no-he) to match"
         )
-    privacy = privacy_from_session(session)
+    privacy = admit_session(policy, session, encrypted=codec.encoding == "ckks", ledger=ledger)
+    gate = None
+    if privacy is not None:
+        if ledger is None:
+            raise ValueError("a private session needs the worker's local privacy ledger")
+        gate = ReleaseGate(policy, privacy, ledger, session["session_id"])
     client = make_client(
         partition,
         client_config_from_session(config, options),
@@ -132,6 +134,7 @@ def run_worker(
         noise_seed=options.noise_seed,
     )
     result = WorkerResult()
+    training_losses: list[float] = []
     pass_index = 0
     while True:
         info = service.pass_info(pass_index)
@@ -139,6 +142,8 @@ def run_worker(
             result.finished_reason = info.get("reason", "finished")
             break
         exchanged_before = service.traffic.up + service.traffic.down
+        if gate is not None:  # every pass of the private arrangement is one release
+            gate.admit(pass_index)
         outcome = drive_pass(client, service, info)
         if outcome.kind == "train":
             result.training_bytes += service.traffic.up + service.traffic.down - exchanged_before
@@ -153,12 +158,14 @@ def run_worker(
                     "test_accuracy": outcome.test_accuracy,
                 },
             )
-        if outcome.kind == "eval":
+        if outcome.kind == "train":
+            training_losses.append(outcome.loss)
+        else:
             result.history.append(
                 {
                     "pass": pass_index,
                     "round": info["round"],
-                    "loss": outcome.loss,
+                    "loss": recent_training_loss(training_losses),
                     "val_accuracy": outcome.val_accuracy,
                     "test_accuracy": outcome.test_accuracy,
                     "bytes_up": service.traffic.up,

@@ -24,7 +24,15 @@ from models.layers import Block
 from models.partition import ClientPartition
 from models.sampler import NeighbourSampler, SampledLayer, sampling_rng
 from secure.aggregation import EmbeddingCodec, PlainCodec
-from secure.protocol import Aggregate, EmbeddingRequest, NodesRequest, Request, Response
+from secure.protocol import (
+    Aggregate,
+    EmbeddingRequest,
+    NodesRequest,
+    Request,
+    Response,
+    check_node_set,
+    check_union,
+)
 
 
 @dataclass(frozen=True)
@@ -140,14 +148,17 @@ class GlasuClient:
         self, *, pass_index: int, kind: str, output_nodes: np.ndarray
     ) -> Generator[Request, Response, PassOutcome]:
         fanout = self.config.fanout if kind == "train" else self.config.eval_fanout
-        sampled = yield from self._sample(pass_index, np.asarray(output_nodes, np.int64), fanout)
+        output_nodes = check_node_set(
+            output_nodes, num_nodes=self.partition.num_nodes, what=f"pass {pass_index}'s output"
+        )
+        sampled = yield from self._sample(pass_index, output_nodes, fanout)
         blocks = [Block.from_sampled(layer, self.device) for layer in sampled]
         input_nodes = torch.from_numpy(sampled[0].sources).to(self.device)
         h0_rows = [
             torch.from_numpy(np.searchsorted(sampled[0].sources, layer.targets)).to(self.device)
             for layer in sampled
         ]
-        labels = self.labels[torch.from_numpy(np.asarray(output_nodes, np.int64)).to(self.device)]
+        labels = self.labels[torch.from_numpy(output_nodes).to(self.device)]
         if kind == "eval":
             return (yield from self._evaluate(blocks, input_nodes, h0_rows, output_nodes, labels))
         return (yield from self._train(blocks, input_nodes, h0_rows, labels))
@@ -170,7 +181,10 @@ class GlasuClient:
             layer = sampler.sample_layer(targets, rng=rng)
             if depth - 1 in self.config.agg_layers:
                 union = yield NodesRequest(layer=depth - 1, nodes=layer.sources)
-                layer = layer.with_sources(np.asarray(union, dtype=np.int64))
+                union = check_union(
+                    union, own=layer.sources, num_nodes=self.partition.num_nodes, layer=depth - 1
+                )
+                layer = layer.with_sources(union)
             sampled.append(layer)
             targets = layer.sources
         sampled.reverse()

@@ -58,6 +58,13 @@ def _json_default(value: object) -> object:
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
+def recent_training_loss(losses: Sequence[float], *, window: int = 10) -> float:
+    """A history row's loss: the mean training loss of the last ``window`` rounds (NaN before
+    the first)."""
+    recent = list(losses[-window:])
+    return float(sum(recent) / len(recent)) if recent else float("nan")
+
+
 def select_best(history: list[HistoryEntry]) -> HistoryEntry:
     """The evaluation with the highest validation accuracy (the earliest on ties)."""
     evaluated = [h for h in history if h.val_accuracy is not None]

@@ -19,7 +19,7 @@ from models.inprocess import run_pass_inprocess
 from models.layout import FederationLayout, eval_nodes, layout_federation
 from models.partition import ClientPartition
 from models.private import make_client
-from models.report import HistoryEntry, RunReport, build_report
+from models.report import HistoryEntry, RunReport, build_report, recent_training_loss
 from secure.aggregation import EmbeddingCodec, PlainCodec, PlainSumAggregator, SumAggregator
 from secure.privacy import SessionPrivacy
 from secure.schedule import SessionSchedule
@@ -162,10 +162,9 @@ def summarize_eval(
     round_: int, outcomes: Sequence[PassOutcome], losses: Sequence[float]
 ) -> HistoryEntry:
     """One history row: clients' accuracies averaged, training loss over the recent rounds."""
-    recent = losses[-10:] if losses else [float("nan")]
     return HistoryEntry(
         round=round_,
-        loss=float(np.mean(recent)),
+        loss=recent_training_loss(losses),
         val_accuracy=float(np.mean([o.val_accuracy for o in outcomes])),
         test_accuracy=float(np.mean([o.test_accuracy for o in outcomes])),
     )

@@ -21,8 +21,13 @@ discretisation independent of R (composing R copies, the PRV grid grows with R a
 for R in the thousands).
 
 Both backends are numpy/scipy only: importing this module never loads torch, so the aggregation
-service can account privacy without it. They give the same numbers as the Opacus accountants this
-module used before (RDP: identical conversion and orders; PRV: the code Opacus ported).
+service can account privacy without it. They are imported on first use (scipy.stats and
+scipy.signal cost about a second and 50 MB), so a service with no private session never loads
+them. At sample rate 1 they give the numbers of the Opacus 1.6
+accountants this module used before (RDP: same RDP, conversion and orders, to 1e-14; PRV: the code
+Opacus ported, to 1e-10). With ``sample_rate < 1`` the RDP epsilon is a little larger (under 0.5%
+measured): dp-accounting bounds the subsampled RDP at fractional orders from above where Opacus
+sums the series exactly.
 """
 
 from __future__ import annotations
@@ -33,11 +38,7 @@ from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any, Literal, cast
 
-import dp_accounting
 import numpy as np
-from dp_accounting.rdp import RdpAccountant
-from prv_accountant import PoissonSubsampledGaussianMechanism, PRVAccountant
-from prv_accountant.accountant import compute_safe_domain_size
 
 from secure.dp import effective_noise_multiplier
 
@@ -79,9 +80,9 @@ RDP_ORDERS_SUBSAMPLED: tuple[float, ...] = tuple(
 #: The PRV accountant's epsilon error (Opacus's default): the reported epsilon is an upper bound
 #: at most this far above the estimate.
 PRV_EPS_ERROR = 0.01
-#: Refuse PRV discretisations larger than this (a few seconds and about 1 GB with
-#: prv-accountant's long doubles); the accountant would otherwise allocate until the process is
-#: killed.
+#: Refuse PRV discretisations larger than this (at the limit prv-accountant, computing in long
+#: doubles, needs about 0.8 GB and tens of seconds); it would otherwise allocate until the process
+#: is killed. At sample rate 1 the grid has a few thousand points.
 MAX_PRV_GRID_POINTS = 5_000_000
 #: Calibration gives up above this noise multiplier (Opacus's ``MAX_SIGMA``).
 _MAX_CALIBRATED_NOISE_MULTIPLIER = 1e6
@@ -152,6 +153,9 @@ def _check_epsilon(epsilon: float, name: str = "epsilon") -> float:
 def _rdp_epsilon(z: float, q: float, releases: int, delta: float) -> float:
     """dp-accounting's RDP epsilon of R releases (at sample rate 1: of the single equivalent
     release ``z / sqrt(R)``)."""
+    import dp_accounting
+    from dp_accounting.rdp import RdpAccountant
+
     if q == 1.0:
         acc = RdpAccountant(RDP_ORDERS)
         acc.compose(dp_accounting.GaussianDpEvent(z / math.sqrt(releases)))
@@ -162,16 +166,19 @@ def _rdp_epsilon(z: float, q: float, releases: int, delta: float) -> float:
     return float(acc.get_epsilon(delta))
 
 
-def _prv_mechanism(z: float, q: float, steps: int) -> tuple[float, int]:
+def _prv_mechanism(z: float, q: float, releases: int) -> tuple[float, int]:
     """The (noise multiplier, self-compositions) handed to the PRV accountant for R releases."""
     if q == 1.0:
-        return z / math.sqrt(steps), 1
-    return z, steps
+        return z / math.sqrt(releases), 1
+    return z, releases
 
 
 def _prv_grid_points(z: float, q: float, steps: int, delta: float) -> float:
     """Size of the grid prv-accountant's ``PRVAccountant`` will allocate (mirrors its
     constructor) for ``steps`` self-compositions of one mechanism."""
+    from prv_accountant import PoissonSubsampledGaussianMechanism
+    from prv_accountant.accountant import compute_safe_domain_size
+
     delta_error = delta / 1000.0
     with np.errstate(all="ignore"):
         half_width = float(
@@ -193,6 +200,8 @@ def _prv_upper_epsilon(z: float, q: float, steps: int, delta: float, *, where: s
 
     Raises :class:`AccountingError` for grids above ``MAX_PRV_GRID_POINTS`` and when the
     accountant fails; ``where`` describes the caller's parameters for the messages."""
+    from prv_accountant import PoissonSubsampledGaussianMechanism, PRVAccountant
+
     hint = "use accountant='rdp' (a valid upper bound)"
     failures = (RuntimeError, ValueError, ArithmeticError, MemoryError, AssertionError)
 
@@ -247,7 +256,8 @@ def _epsilon_cached(z: float, q: float, releases: int, delta: float, accountant:
         eps = _rdp_epsilon(z, q, releases, delta)
     else:
         eps = _prv_epsilon(z, q, releases, delta)
-    # For very large z the RDP conversion dips below 0 ((0, delta)-DP holds); 0 is the floor.
+    # For very large z the RDP conversion dips below 0 ((0, delta)-DP holds); 0 is the floor
+    # (dp-accounting applies it already).
     return max(eps, 0.0)
 
 
@@ -357,12 +367,12 @@ def calibrate_noise_multiplier(
     q = _check_sample_rate(sample_rate)
 
     steps = 1 if q == 1.0 else r
-    where = f"releases={steps}, sample_rate={q}, delta={d}"
 
-    def epsilon_of(z: float) -> float:
+    def epsilon_of(z: float) -> float:  # raw: PRV may give inf, the search treats it as "more"
         if acc == "rdp":
             return _rdp_epsilon(z, q, steps, d)
-        return _prv_upper_epsilon(z, q, steps, d, where=f"noise_multiplier={z}, {where}")
+        where = f"noise_multiplier={z}, sample_rate={q}, steps={steps}, delta={d}"
+        return _prv_upper_epsilon(z, q, steps, d, where=where)
 
     tolerance = min(0.01, 1e-3 * eps_target) if acc == "rdp" else 0.01
     try:

@@ -15,7 +15,6 @@ and a calibrated z is scaled up to compensate.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -33,6 +32,21 @@ from secure.dp import effective_noise_multiplier, node_sensitivity, per_client_n
 RELEASE_LAYER = 1
 
 NoiseMultiplierSource = Literal["given", "calibrated"]
+
+
+#: The session's own settings; ``clients``, ``passes_total`` and ``encrypted`` come from the rest
+#: of the session.
+_SETTINGS = (
+    "epsilon",
+    "delta",
+    "noise_multiplier",
+    "noise_multiplier_source",
+    "clip",
+    "occurrence_cap",
+    "accountant",
+    "shared_noise",
+    "max_releases",
+)
 
 
 class PrivacyPlanError(ValueError):
@@ -63,6 +77,7 @@ class SessionPrivacy:
     max_releases: int | None = None
     clients: int
     passes_total: int
+    encrypted: bool  # whether the service adds ciphertexts (it then sees no single share)
 
     def __post_init__(self) -> None:
         if self.epsilon is not None and not (math.isfinite(self.epsilon) and self.epsilon > 0):
@@ -136,6 +151,7 @@ class SessionPrivacy:
                 max_releases=max_releases,
                 clients=clients,
                 passes_total=passes_total,
+                encrypted=encrypted,
             )
             if not privacy.release_allowed(0):
                 raise PrivacyPlanError(
@@ -156,25 +172,20 @@ class SessionPrivacy:
 
     @classmethod
     def restore(
-        cls, stored: Mapping[str, Any], *, clients: int, passes_total: int
+        cls, stored: Mapping[str, Any], *, clients: int, passes_total: int, encrypted: bool
     ) -> SessionPrivacy:
         """A plan from a stored or received settings mapping whose z is already chosen (the
         fields of :meth:`settings`; unknown keys are an error)."""
-        names = {f.name for f in dataclasses.fields(cls)} - {"clients", "passes_total"}
-        unknown = sorted(set(stored) - names)
+        unknown = sorted(set(stored) - set(_SETTINGS))
         if unknown:
             raise PrivacyPlanError(f"unknown privacy settings {unknown}")
         values = dict(stored)
         values.setdefault("noise_multiplier_source", "given")
-        return cls(**values, clients=clients, passes_total=passes_total)
+        return cls(**values, clients=clients, passes_total=passes_total, encrypted=encrypted)
 
     def settings(self) -> dict[str, Any]:
         """The session's public privacy parameters, z included (what a worker is given)."""
-        return {
-            f.name: getattr(self, f.name)
-            for f in dataclasses.fields(self)
-            if f.name not in ("clients", "passes_total")
-        }
+        return {name: getattr(self, name) for name in _SETTINGS}
 
     # -- derived quantities ----------------------------------------------------------------
 
@@ -262,3 +273,22 @@ class SessionPrivacy:
             "occurrence_cap": self.occurrence_cap,
             "ledger": list(ledger),
         }
+
+
+def check_private_arrangement(agg_layers: Sequence[int]) -> None:
+    """Refuse a session whose aggregation layers are not those of the private arrangement.
+
+    Under differential privacy a worker releases exactly one noisy matrix per pass, at
+    :data:`RELEASE_LAYER`, and nothing else that depends on its features (docs/privacy.md
+    section 9), so that layer must be the session's only aggregation layer: a sum at any other
+    layer would be a release the ledger does not count. :class:`PrivacyPlanError` says why.
+    """
+    layers = [int(layer) for layer in agg_layers]
+    if layers != [RELEASE_LAYER]:
+        raise PrivacyPlanError(
+            f"with differential privacy the only aggregation layer must be layer"
+            f" {RELEASE_LAYER}, got aggregation layers {layers}: the private arrangement"
+            f" releases one noisy matrix per pass at layer {RELEASE_LAYER} and nothing else that"
+            " depends on the features (docs/privacy.md section 9); any other aggregation would"
+            " be a release the privacy ledger does not count"
+        )

@@ -77,3 +77,31 @@ def encode_nodes(nodes: np.ndarray) -> bytes:
 
 def decode_nodes(body: bytes) -> np.ndarray:
     return np.frombuffer(body, dtype=INT64_LE).astype(np.int64)
+
+
+class ProtocolViolation(ValueError):
+    """An answer that breaks the protocol; the message says how. A worker must not go on: the
+    sensitivity bound of its release assumes these invariants."""
+
+
+def check_node_set(nodes: np.ndarray, *, num_nodes: int, what: str) -> np.ndarray:
+    """``nodes`` as sorted, distinct int64 ids in [0, num_nodes), or :class:`ProtocolViolation`.
+
+    A duplicated id would give one node two rows of a release and double its influence on it."""
+    array = np.asarray(nodes)
+    if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
+        raise ProtocolViolation(f"{what} is not a flat array of integer node ids")
+    array = array.astype(np.int64, copy=False)
+    if array.size and (array.min() < 0 or array.max() >= num_nodes):
+        raise ProtocolViolation(f"{what} holds ids outside [0, {num_nodes})")
+    if array.size > 1 and not bool(np.all(array[1:] > array[:-1])):
+        raise ProtocolViolation(f"{what} is not sorted and free of duplicates")
+    return array
+
+
+def check_union(union: np.ndarray, *, own: np.ndarray, num_nodes: int, layer: int) -> np.ndarray:
+    """The union handed back for ``layer``: a valid node set that contains this client's own."""
+    checked = check_node_set(union, num_nodes=num_nodes, what=f"the node union of layer {layer}")
+    if not bool(np.all(np.isin(own, checked, assume_unique=True))):
+        raise ProtocolViolation(f"the node union of layer {layer} lacks nodes this client sent")
+    return checked

@@ -8,12 +8,14 @@ types, body sizes, the database behind ``/healthz``). ``service.errors.DOMAIN_PR
 each class below with its HTTP status and problem slug, and the app's one handler renders them.
 
 Each error carries the values its message names; ``str(error)`` (also ``error.detail``) is the
-complete explanation a client is shown. Classmethods name the variants of one kind.
+complete explanation a client is shown. Where one kind has several messages, classmethods (or
+a ``reason``) name them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import ClassVar, Literal
 
 
 class DomainError(Exception):
@@ -51,6 +53,20 @@ class BudgetExhausted(DomainError):
         self.pass_index = pass_index
 
 
+class MetricsRefused(DomainError):
+    """Metrics posted in a session with differential privacy: a loss or an accuracy computed on
+    clean features would be a release the privacy ledger does not count."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(
+            f"session {session_id!r} runs with differential privacy, so it takes no metrics: a"
+            " loss or an accuracy computed on clean features would be a release the privacy"
+            " ledger does not count (docs/privacy.md section 9); keep them in the worker's own"
+            " results"
+        )
+        self.session_id = session_id
+
+
 class InvalidSessionRequest(DomainError):
     """A session configuration the service cannot run (beyond what the schema checks)."""
 
@@ -71,10 +87,6 @@ class EncryptionUnavailable(DomainError):
             "the session was created under a different CKKS public context than the one"
             " this service has loaded now; restart the service with the session's context"
         )
-
-
-class PrivacyUnavailable(DomainError):
-    """The privacy accountant cannot be loaded (a broken install, never bad input)."""
 
 
 # Passes and layers
@@ -106,62 +118,31 @@ class UnknownPass(DomainError):
         )
 
 
-class WrongPass(DomainError):
-    """A pass of the schedule that the service is not on (or no longer keeps)."""
+WrongPassReason = Literal[
+    "session-finished", "not-current", "not-started", "metrics-too-early", "too-old", "discarded"
+]
 
-    def __init__(self, detail: str, *, pass_index: int, current_pass: int) -> None:
-        super().__init__(detail)
+
+class WrongPass(DomainError):
+    """A pass of the schedule that the service is not on (or no longer keeps), for a reason."""
+
+    MESSAGES: ClassVar[dict[str, str]] = {
+        "session-finished": "the session has finished all its passes",
+        "not-current": "uploads go to the current pass {current_pass}, not pass {pass_index}",
+        "not-started": "pass {pass_index} has not started; the current pass is {current_pass}",
+        "metrics-too-early": "pass {pass_index} has not started (current pass {current_pass})",
+        "too-old": "the payloads of pass {pass_index} were discarded: the service keeps the"
+        " current pass ({current_pass}) and the previous one",
+        "discarded": "the payloads of pass {pass_index} have been discarded",
+    }
+
+    def __init__(self, reason: WrongPassReason, pass_index: int, current_pass: int) -> None:
+        super().__init__(
+            self.MESSAGES[reason].format(pass_index=pass_index, current_pass=current_pass)
+        )
+        self.reason = reason
         self.pass_index = pass_index
         self.current_pass = current_pass
-
-    @classmethod
-    def session_finished(cls, pass_index: int, current_pass: int) -> WrongPass:
-        return cls(
-            "the session has finished all its passes",
-            pass_index=pass_index,
-            current_pass=current_pass,
-        )
-
-    @classmethod
-    def not_current(cls, pass_index: int, current_pass: int) -> WrongPass:
-        return cls(
-            f"uploads go to the current pass {current_pass}, not pass {pass_index}",
-            pass_index=pass_index,
-            current_pass=current_pass,
-        )
-
-    @classmethod
-    def not_started(cls, pass_index: int, current_pass: int) -> WrongPass:
-        return cls(
-            f"pass {pass_index} has not started; the current pass is {current_pass}",
-            pass_index=pass_index,
-            current_pass=current_pass,
-        )
-
-    @classmethod
-    def metrics_too_early(cls, pass_index: int, current_pass: int) -> WrongPass:
-        return cls(
-            f"pass {pass_index} has not started (current pass {current_pass})",
-            pass_index=pass_index,
-            current_pass=current_pass,
-        )
-
-    @classmethod
-    def too_old(cls, pass_index: int, current_pass: int) -> WrongPass:
-        return cls(
-            f"the payloads of pass {pass_index} were discarded: the service keeps the current"
-            f" pass ({current_pass}) and the previous one",
-            pass_index=pass_index,
-            current_pass=current_pass,
-        )
-
-    @classmethod
-    def discarded(cls, pass_index: int, current_pass: int) -> WrongPass:
-        return cls(
-            f"the payloads of pass {pass_index} have been discarded",
-            pass_index=pass_index,
-            current_pass=current_pass,
-        )
 
 
 class WrongLayer(DomainError):

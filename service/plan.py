@@ -54,6 +54,7 @@ class SessionPlan:
                 },
                 clients=config.clients,
                 passes_total=schedule.passes_total,
+                encrypted=config.encryption == "ckks",
             )
         return cls(
             session_id=session_id,
@@ -92,10 +93,6 @@ class SessionPlan:
     @property
     def encoding(self) -> Literal["ckks", "float32"]:
         return self.config.encoding
-
-    @property
-    def accounting(self) -> SessionPrivacy | None:  # TEMPORARY alias while rounds.py is split
-        return self.privacy
 
     @property
     def passes(self) -> tuple[PassSpec, ...]:

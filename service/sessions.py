@@ -6,10 +6,10 @@ import hashlib
 import secrets
 import uuid
 
-from secure.privacy import PrivacyPlanError, SessionPrivacy
+from secure.privacy import PrivacyPlanError, SessionPrivacy, check_private_arrangement
 from secure.schedule import pass_schedule
 from service.aggregators import Aggregators
-from service.errors import ProblemError
+from service.domain_errors import InvalidSessionRequest
 from service.plan import PlanCache, SessionPlan
 from service.rounds import RoundEngine
 from service.schemas import (
@@ -50,6 +50,9 @@ class SessionManager:
         config, source = request, "given"
         if request.privacy is not None:
             try:
+                # The one place the service refuses a DP session the workers could not run
+                # privately: the release layer must be the only aggregation layer.
+                check_private_arrangement([a.layer for a in request.agg_layers])
                 privacy = SessionPrivacy.plan(
                     **request.privacy.model_dump(),
                     clients=request.clients,
@@ -57,7 +60,7 @@ class SessionManager:
                     encrypted=request.encryption == "ckks",
                 )
             except PrivacyPlanError as exc:
-                raise ProblemError(422, "validation-error", f"privacy: {exc}") from exc
+                raise InvalidSessionRequest(f"privacy: {exc}") from exc
             settings = request.privacy.model_copy(
                 update={"noise_multiplier": privacy.noise_multiplier}
             )

@@ -4,48 +4,37 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
-import httpx
+from clients.cli.connection import add_server_arguments, admin_client, read_token
+from clients.cli.options import add_command
 
-from clients.transport import tls_verification
 
-
-def add_parser(commands: argparse._SubParsersAction) -> None:
-    p = commands.add_parser(
+def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = add_command(
+        commands,
         "budget",
         help="show a session's privacy budget",
-        description="Read GET /v1/sessions/{id}/privacy with the admin token or a client token.",
+        description="Show a session's (epsilon, delta): spent, target and mechanism "
+        "(GET /v1/sessions/{id}/privacy, with the admin token or a client token).",
     )
-    p.add_argument("--server", required=True, help="base URL of the service")
-    p.add_argument("--session", required=True, help="session id")
+    add_server_arguments(p)
+    p.add_argument("--session", required=True, metavar="ID", help="session id (required)")
     p.add_argument(
         "--token-file",
         type=Path,
         default=None,
-        help="file with the admin or a client token (default: $GLASU_ADMIN_TOKEN)",
+        metavar="PATH",
+        help="file with the admin token or a client token (default: $GLASU_ADMIN_TOKEN)",
     )
-    p.add_argument("--ca-file", type=Path, default=None, help="CA of the service's certificate")
     p.add_argument("--json", action="store_true", help="print the raw JSON")
+    return p
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.token_file:
-        token = args.token_file.read_text(encoding="utf-8").strip()
-    else:
-        token = os.environ.get("GLASU_ADMIN_TOKEN", "")
-    if not token:
-        raise ValueError("give --token-file or set GLASU_ADMIN_TOKEN")
-    response = httpx.get(
-        f"{args.server.rstrip('/')}/v1/sessions/{args.session}/privacy",
-        headers={"Authorization": f"Bearer {token}"},
-        verify=tls_verification(args.ca_file),
-        timeout=30,
-    )
-    if response.status_code != 200:
-        raise RuntimeError(f"the service answered {response.status_code}: {response.text}")
-    report = response.json()
+    token = read_token(args.token_file, env="GLASU_ADMIN_TOKEN", flag="--token-file")
+    with admin_client(args, token) as admin:
+        report = admin.privacy(args.session)
     print(json.dumps(report, indent=2) if args.json else describe(report))
     return 0
 

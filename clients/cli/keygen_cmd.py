@@ -6,26 +6,38 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from clients.cli.errors import failing_as
+from clients.cli.options import add_command, check_output_dir
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
-    p = commands.add_parser(
+
+def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = add_command(
+        commands,
         "keygen",
         help="write a CKKS secret context (workers) and public context (service)",
         description="Write secret.context (mode 0600; give it to every worker out of band) and "
         "public.context (the only key material the service may have).",
     )
-    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument(
+        "--out", type=Path, required=True, metavar="DIR", help="output directory (required)"
+    )
     p.add_argument(
         "--overwrite",
         action="store_true",
         help="replace existing key files (every ciphertext made with them is lost)",
     )
+    return p
+
+
+def check(args: argparse.Namespace) -> None:
+    check_output_dir(args.out, "--out")
 
 
 def run(args: argparse.Namespace) -> int:
     from secure.he import generate_keys
 
-    secret, public = generate_keys(args.out, overwrite=args.overwrite)
+    with failing_as("cannot write the keys"):
+        secret, public = generate_keys(args.out, overwrite=args.overwrite)
     print(f"secret context (workers only): {secret}")
     print(f"public context (service):      {public}")
     return 0

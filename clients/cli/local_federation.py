@@ -6,21 +6,23 @@ from __future__ import annotations
 
 import json
 import secrets
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 from tqdm.auto import tqdm
 
+from clients.admin import AdminClient, ServiceUnavailable
+from clients.cli.errors import EXIT_INTERRUPTED, CliError
 from models.config import TrainConfig
 from models.data import GraphDataset
 from models.layout import FederationLayout, eval_nodes
@@ -30,7 +32,7 @@ from models.report import HistoryEntry, RunReport, build_report
 STARTUP_SECONDS = 60.0
 
 
-class FederationFailed(RuntimeError):
+class FederationFailed(CliError, RuntimeError):
     """A process of the local federation failed; the message says which and why."""
 
 
@@ -98,7 +100,13 @@ def train_over_http(
         )
     started = time.perf_counter()
     with ExitStack() as stack:
-        root = work_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="glasu-")))
+        # A process that is still writing its log while the directory goes must not turn an
+        # interrupted run into an OSError.
+        root = work_dir or Path(
+            stack.enter_context(
+                tempfile.TemporaryDirectory(prefix="glasu-", ignore_cleanup_errors=True)
+            )
+        )
         processes: list[ManagedProcess] = []
         stack.callback(stop_all, processes)
         admin_token = secrets.token_urlsafe(32)
@@ -125,16 +133,9 @@ def train_over_http(
             secret_context, public_context = generate_keys(root / "keys")
             serve_args += ["--public-context", str(public_context)]
         processes.append(_start("service", glasu_command(*serve_args), root / "service.log"))
-        admin = stack.enter_context(
-            httpx.Client(
-                base_url=url, headers={"Authorization": f"Bearer {admin_token}"}, timeout=60
-            )
-        )
+        admin = stack.enter_context(AdminClient(base_url=url, token=admin_token))
         _wait_healthy(admin, processes[0])
-        response = admin.post("/v1/sessions", json=session_request(config, plan, dataset))
-        if response.status_code != 201:
-            raise FederationFailed(f"the service refused the session: {response.text}")
-        created = response.json()
+        created = admin.create_session(session_request(config, plan, dataset))
         session_id = created["session_id"]
         for part, token in zip(plan.partitions, created["client_tokens"], strict=True):
             folder = save_partition(part, root / "partitions")
@@ -188,7 +189,7 @@ def train_over_http(
         results = [
             json.loads((root / f"client-{m}.json").read_text()) for m in range(len(plan.partitions))
         ]
-        privacy = admin.get(f"/v1/sessions/{session_id}/privacy").json()
+        privacy = admin.privacy(session_id)
     return _report(
         config, plan, dataset, results, privacy, wall_seconds=time.perf_counter() - started
     )
@@ -210,31 +211,46 @@ def _start(name: str, command: Sequence[str], log_path: Path) -> ManagedProcess:
 
 
 def stop_all(processes: Sequence[ManagedProcess], grace: float = 5.0) -> None:
-    """Workers first, the service last; SIGTERM, then SIGKILL after ``grace`` seconds."""
+    """Workers first, the service last; SIGTERM, then SIGKILL after ``grace`` seconds. A second
+    Ctrl-C while they stop kills the rest at once instead of leaving them behind."""
     for managed in reversed(processes):
         if managed.process.poll() is None:
             managed.process.terminate()
     deadline = time.monotonic() + grace
-    for managed in reversed(processes):
-        try:
-            managed.process.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            managed.process.kill()
+    try:
+        for managed in reversed(processes):
+            try:
+                managed.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                managed.process.kill()
+                managed.process.wait()
+    except KeyboardInterrupt:
+        for managed in processes:
+            if managed.process.poll() is None:
+                managed.process.kill()
+        for managed in processes:
             managed.process.wait()
+        raise
 
 
-def _wait_healthy(admin: httpx.Client, service: ManagedProcess) -> None:
+def _exit_failure(managed: ManagedProcess, code: int) -> FederationFailed:
+    """How a process of the federation ended, for people. Interrupted processes (Ctrl-C
+    reaches the whole process group) are named without their log, which may end in a
+    traceback of the interruption."""
+    if code in (EXIT_INTERRUPTED, -signal.SIGINT, -signal.SIGTERM, -signal.SIGKILL):
+        how = "was interrupted" if code in (EXIT_INTERRUPTED, -signal.SIGINT) else "was killed"
+        return FederationFailed(f"{managed.name} {how} (exit code {code})")
+    return FederationFailed(f"{managed.name} exited with code {code}:\n{managed.tail()}")
+
+
+def _wait_healthy(admin: AdminClient, service: ManagedProcess) -> None:
     deadline = time.monotonic() + STARTUP_SECONDS
     while time.monotonic() < deadline:
-        if service.process.poll() is not None:
-            raise FederationFailed(
-                f"the service exited with code {service.process.returncode}:\n{service.tail()}"
-            )
-        try:
-            if admin.get("/healthz", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
+        code = service.process.poll()
+        if code is not None:
+            raise _exit_failure(service, code)
+        if admin.healthy(timeout=2.0):
+            return
         time.sleep(0.2)
     raise FederationFailed(
         f"the service did not become healthy in {STARTUP_SECONDS:.0f} s:\n{service.tail()}"
@@ -242,7 +258,7 @@ def _wait_healthy(admin: httpx.Client, service: ManagedProcess) -> None:
 
 
 def _follow(
-    admin: httpx.Client,
+    admin: AdminClient,
     session_id: str,
     processes: Sequence[ManagedProcess],
     passes_total: int,
@@ -255,15 +271,25 @@ def _follow(
         total=passes_total, desc="federation", unit="pass", disable=not progress, leave=False
     )
     status: dict[str, Any] = {}
+
+    def check_processes() -> None:
+        for managed in processes:
+            code = managed.process.poll()
+            if code not in (None, 0) or (managed is processes[0] and code is not None):
+                raise _exit_failure(managed, code)
+
     try:
         while True:
-            for managed in processes:
-                code = managed.process.poll()
-                if code not in (None, 0) or (managed is processes[0] and code is not None):
-                    raise FederationFailed(
-                        f"{managed.name} exited with code {code}:\n{managed.tail()}"
-                    )
-            status = admin.get(f"/v1/sessions/{session_id}").json()
+            check_processes()
+            try:
+                status = admin.session(session_id)
+            except ServiceUnavailable:
+                # The service may have stopped between the check and the call (it is the first
+                # to go when Ctrl-C reaches the process group): name it rather than the symptom.
+                with suppress(subprocess.TimeoutExpired):
+                    processes[0].process.wait(timeout=1.0)
+                check_processes()
+                raise
             bar.update(max(0, min(status["current_pass"], passes_total) - bar.n))
             evals = [m for m in status.get("metrics", []) if m.get("val_accuracy") is not None]
             if evals:

@@ -1,4 +1,14 @@
-"""``glasu <command>``: argument parsing and dispatch."""
+"""``glasu <command>``: argument parsing, checks and dispatch, and the one place where failures
+become messages.
+
+Each command is a module with ``add_parser(commands)`` (cheap: argparse, the settings models
+and the service's limits; never torch, the models or the app), an optional ``check(args)``
+(the checks across options, raising :class:`UsageError`) and ``run(args)``, which imports what
+the command needs. So ``glasu serve`` (the service container's entrypoint) and ``glasu --help``
+never load torch.
+
+Exit codes and failures: see :mod:`clients.cli.errors`.
+"""
 
 from __future__ import annotations
 
@@ -6,42 +16,71 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from importlib import import_module, metadata
+from types import ModuleType
 
-from clients.cli import (
-    budget_cmd,
-    keygen_cmd,
-    partition_cmd,
-    serve_cmd,
-    session_cmd,
-    train_cmd,
-    worker_cmd,
+from clients.cli.errors import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_REFUSED,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    CliError,
+    UsageError,
+    describe_error,
 )
+from clients.cli.options import HelpFormatter
 
-COMMANDS = {
-    "train": train_cmd,
-    "serve": serve_cmd,
-    "worker": worker_cmd,
-    "partition": partition_cmd,
-    "keygen": keygen_cmd,
-    "budget": budget_cmd,
-    "session": session_cmd,
+log = logging.getLogger("glasu.cli")
+
+# Command name -> module, in the order `glasu --help` lists them.
+COMMANDS: dict[str, str] = {
+    "train": "clients.cli.train_cmd",
+    "serve": "clients.cli.serve_cmd",
+    "worker": "clients.cli.worker_cmd",
+    "partition": "clients.cli.partition_cmd",
+    "keygen": "clients.cli.keygen_cmd",
+    "session": "clients.cli.session_cmd",
+    "budget": "clients.cli.budget_cmd",
 }
+LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
+
+
+def package_version() -> str:
+    try:
+        return metadata.version("glasu")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def command_module(name: str) -> ModuleType:
+    return import_module(COMMANDS[name])
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="glasu",
-        description="Privacy-hardened vertical federated GNN training (GLASU).",
+        description="Privacy-hardened vertical federated GNN training (GLASU): CKKS-encrypted "
+        "aggregation and differential privacy, on by default.",
+        epilog="Run `glasu COMMAND --help` for the options of a command.",
+        formatter_class=HelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     parser.add_argument(
         "--log-level",
         dest="cli_log_level",
-        default="WARNING",
-        help="logging level of the command (default WARNING)",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        default="warning",
+        metavar="LEVEL",
+        help="how much the command logs: debug, info, warning, error or critical (debug also "
+        "shows the traceback of a failure)",
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in COMMANDS.values():
-        module.add_parser(commands)
+    commands = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", title="commands"
+    )
+    for name in COMMANDS:
+        command_module(name).add_parser(commands)
     return parser
 
 
@@ -49,18 +88,59 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
-        level=args.cli_log_level.upper(),
+        level=args.cli_log_level,
         format="%(levelname)s %(name)s: %(message)s",
         force=True,  # some dependencies configure logging when imported
     )
+    command: argparse.ArgumentParser = args.command_parser
+    module = command_module(args.command)
     try:
-        return int(COMMANDS[args.command].run(args) or 0)
+        check = getattr(module, "check", None)
+        if check is not None:
+            check(args)
+        return int(module.run(args) or 0)
     except KeyboardInterrupt:
-        print("glasu: interrupted", file=sys.stderr)
-        return 130
-    except (ValueError, FileNotFoundError, RuntimeError) as exc:
-        print(f"glasu {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        return _fail(command, "interrupted", EXIT_INTERRUPTED)
+    except UsageError as exc:
+        command.print_usage(sys.stderr)
+        return _fail(command, f"error: {exc}", EXIT_USAGE, exc)
+    except CliError as exc:
+        return _fail(command, f"error: {exc}", exc.exit_code, exc)
+    except OSError as exc:  # a file the user named cannot be read or written
+        return _fail(command, f"error: {describe_error(exc)}", EXIT_FAILED, exc)
+    except Exception as exc:
+        handled = _service_failure(exc)
+        if handled is None:
+            raise
+        return _fail(command, f"error: {handled[0]}", handled[1], exc)
+
+
+def _service_failure(exc: Exception) -> tuple[str, int] | None:
+    """The service refused (exit 3) or could not be reached (exit 4): one sentence. Looked up
+    lazily: the HTTP clients are not imported by every command."""
+    service_http = sys.modules.get("clients.service_http")
+    if service_http is not None:
+        if isinstance(exc, service_http.ServiceError):
+            return exc.describe(), EXIT_REFUSED
+        if isinstance(exc, service_http.ServiceUnavailable):
+            return str(exc), EXIT_UNREACHABLE
+    httpx = sys.modules.get("httpx")
+    if httpx is not None and isinstance(exc, httpx.TransportError):
+        try:
+            url = f"{exc.request.url.scheme}://{exc.request.url.netloc.decode()}"
+        except RuntimeError:  # no request attached
+            url = "its URL"
+        return f"cannot reach the service at {url}: {type(exc).__name__}: {exc}", EXIT_UNREACHABLE
+    return None
+
+
+def _fail(
+    command: argparse.ArgumentParser, message: str, code: int, exc: BaseException | None = None
+) -> int:
+    if exc is not None:
+        log.debug("%s failed", command.prog, exc_info=exc)
+    print(f"{command.prog}: {message}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

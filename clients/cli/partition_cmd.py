@@ -5,38 +5,72 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from models.data import load_dataset
-from models.partition import partition, save_partition
+from clients.cli.errors import failing_as
+from clients.cli.options import (
+    add_command,
+    check_output_dir,
+    fraction,
+    non_negative_int,
+    positive_int,
+)
+from clients.cli.train_options import DEFAULTS, add_data_arguments
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
-    p = commands.add_parser(
+def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = add_command(
+        commands,
         "partition",
         help="write one partition directory per client",
-        description="Split a dataset vertically and write client-<m>/ "
-        "directories in the worker's on-disk format.",
+        description="Split a dataset vertically (each client gets a block of the features and "
+        "a share of the edges) and write OUT/client-<m>/ directories in the worker's on-disk "
+        "format.",
     )
-    p.add_argument("--dataset", choices=["cora", "citeseer", "pubmed"], default="cora")
+    add_data_arguments(p)
     p.add_argument(
-        "--data-dir",
-        type=Path,
-        default=None,
-        help="dataset root (default: $GLASU_DATA, else a per-user cache)",
+        "--clients",
+        type=positive_int,
+        default=DEFAULTS.clients,
+        metavar="M",
+        help="number of clients",
     )
-    p.add_argument("--split", choices=["paper", "public"], default="paper")
-    p.add_argument("--clients", type=int, default=3)
-    p.add_argument("--edge-fraction", type=float, default=0.8)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument(
+        "--edge-fraction",
+        type=fraction,
+        default=DEFAULTS.edge_fraction,
+        metavar="F",
+        help="share of the graph's edges each client holds",
+    )
+    p.add_argument(
+        "--seed",
+        type=non_negative_int,
+        default=DEFAULTS.seed,
+        help="seeds the split and the partition",
+    )
+    p.add_argument(
+        "--out", type=Path, required=True, metavar="DIR", help="output directory (required)"
+    )
+    return p
+
+
+def check(args: argparse.Namespace) -> None:
+    check_output_dir(args.out, "--out")
 
 
 def run(args: argparse.Namespace) -> int:
-    dataset = load_dataset(args.dataset, data_dir=args.data_dir, split=args.split, seed=args.seed)
-    parts = partition(
-        dataset, clients=args.clients, edge_fraction=args.edge_fraction, seed=args.seed
-    )
+    from models.data import load_dataset
+    from models.partition import partition, save_partition
+
+    with failing_as(f"cannot load the {args.dataset} dataset", ValueError, OSError, RuntimeError):
+        dataset = load_dataset(
+            args.dataset, data_dir=args.data_dir, split=args.split, seed=args.seed
+        )
+    with failing_as(f"cannot partition {args.dataset}", ValueError):
+        parts = partition(
+            dataset, clients=args.clients, edge_fraction=args.edge_fraction, seed=args.seed
+        )
     for part in parts:
-        folder = save_partition(part, args.out)
+        with failing_as("cannot write the partition"):
+            folder = save_partition(part, args.out)
         print(
             f"client {part.client}: {part.features.shape[1]} features, "
             f"{part.edge_index.shape[1] // 2} edges -> {folder}"

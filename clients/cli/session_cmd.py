@@ -7,114 +7,105 @@ import argparse
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
+from clients.cli.connection import add_server_arguments, admin_client, read_token
+from clients.cli.errors import failing_as
+from clients.cli.options import add_command, check_output_dir
+from clients.cli.train_options import (
+    add_data_arguments,
+    add_federation_arguments,
+    add_no_he_argument,
+    check_federation,
+    config_from_args,
+)
 
-from clients.cli.train_cmd import DEFAULTS, config_from_args
-from clients.transport import tls_verification
-
-TIMEOUT_SECONDS = 60.0
+if TYPE_CHECKING:
+    from clients.admin import AdminClient
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
-    p = commands.add_parser(
+def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = add_command(
+        commands,
         "session",
         help="create, inspect or close a session on a running service (admin)",
         description="Talk to a running `glasu serve` with the admin token.",
     )
-    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
-    create = actions.add_parser(
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION", title="actions")
+    create = add_command(
+        actions,
         "create",
         help="create a session from a dataset and write the client tokens",
         description="Build the session (training/evaluation node ids, aggregation layers) from "
         "the dataset exactly as `glasu train` does, POST it, and write OUT/session.json, "
-        "OUT/session.id and OUT/client-<m>.token (mode 0600; give each organisation its own).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        "OUT/session.id and OUT/client-<m>.token (mode 0600; give each organisation its own). "
+        "Differential privacy is not offered here yet: the session has no (epsilon, delta).",
     )
     _connection_arguments(create)
-    create.add_argument("--dataset", choices=["cora", "citeseer", "pubmed"], default="cora")
-    create.add_argument("--data-dir", type=Path, default=None, help="dataset root")
-    create.add_argument("--split", choices=["paper", "public"], default=DEFAULTS.split)
-    create.add_argument("--clients", type=int, default=DEFAULTS.clients, help="M")
-    create.add_argument("--rounds", type=int, default=DEFAULTS.rounds, help="T")
-    create.add_argument("--layers", type=int, default=DEFAULTS.layers, help="L")
-    create.add_argument("--agg-layers", type=int, default=DEFAULTS.agg_layers, help="K")
-    create.add_argument("--stale", type=int, default=DEFAULTS.stale, help="Q")
-    create.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size)
-    create.add_argument("--fanout", type=int, default=DEFAULTS.fanout)
-    create.add_argument("--hidden", type=int, default=DEFAULTS.hidden)
-    create.add_argument("--eval-every", type=int, default=DEFAULTS.eval_every)
-    create.add_argument("--seed", type=int, default=DEFAULTS.seed)
-    create.add_argument(
-        "--no-he",
-        dest="encryption",
-        action="store_const",
-        const="none",
-        default="ckks",
-        help="plaintext float32 shares (no CKKS encryption)",
-    )
-    # Differential privacy is not offered here yet: the session's privacy is null.
+    add_data_arguments(create)
+    add_federation_arguments(create, local=False)
+    add_no_he_argument(create)
     create.set_defaults(dp=False, epsilon=None, noise_multiplier=None)
     create.add_argument("--label", default=None, help="free text shown in the status")
-    create.add_argument("--out", type=Path, required=True, help="output directory")
+    create.add_argument(
+        "--out", type=Path, required=True, metavar="DIR", help="output directory (required)"
+    )
     for name, text in (("status", "show a session's progress"), ("close", "close a session")):
-        action = actions.add_parser(name, help=text, description=text + " (admin token).")
+        action = add_command(actions, name, help=text, description=text + " (admin token).")
         _connection_arguments(action)
-        action.add_argument("--session", required=True, help="session id")
+        action.add_argument("--session", required=True, metavar="ID", help="session id (required)")
         if name == "status":
             action.add_argument("--json", action="store_true", help="print the raw JSON")
+    return p
 
 
 def _connection_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--server", required=True, help="base URL of the service")
-    p.add_argument("--admin-token-file", type=Path, required=True, help="file with the token")
-    p.add_argument("--ca-file", type=Path, default=None, help="CA of the service's certificate")
+    add_server_arguments(p)
+    p.add_argument(
+        "--admin-token-file",
+        type=Path,
+        required=True,
+        metavar="PATH",
+        help="file with the service's admin token (required)",
+    )
+
+
+def check(args: argparse.Namespace) -> None:
+    if args.action == "create":
+        check_federation(args, through_service=True)
+        check_output_dir(args.out, "--out")
 
 
 def run(args: argparse.Namespace) -> int:
-    token = args.admin_token_file.read_text(encoding="utf-8").strip()
-    if not token:
-        raise ValueError(f"the admin token file {args.admin_token_file} is empty")
-    with httpx.Client(
-        base_url=args.server.rstrip("/"),
-        headers={"Authorization": f"Bearer {token}"},
-        verify=tls_verification(args.ca_file),
-        timeout=TIMEOUT_SECONDS,
-    ) as admin:
+    token = read_token(args.admin_token_file, flag="--admin-token-file")
+    with admin_client(args, token) as admin:
         if args.action == "create":
             return _create(admin, args)
-        response = _call(admin, "GET" if args.action == "status" else "DELETE", args.session)
-        body = response.json()
-        print(json.dumps(body, indent=2) if args.action == "close" or args.json else describe(body))
+        if args.action == "status":
+            body = admin.session(args.session)
+            print(json.dumps(body, indent=2) if args.json else describe(body))
+        else:
+            print(json.dumps(admin.close_session(args.session), indent=2))
     return 0
 
 
-def _call(admin: httpx.Client, method: str, session: str, **kwargs: Any) -> httpx.Response:
-    path = f"/v1/sessions/{session}" if session else "/v1/sessions"
-    try:
-        response = admin.request(method, path, **kwargs)
-    except httpx.TransportError as exc:
-        raise RuntimeError(f"cannot reach {admin.base_url}: {type(exc).__name__}: {exc}") from None
-    if response.status_code >= 300:
-        raise RuntimeError(f"{method} {path} -> {response.status_code}: {response.text}")
-    return response
-
-
-def _create(admin: httpx.Client, args: argparse.Namespace) -> int:
+def _create(admin: AdminClient, args: argparse.Namespace) -> int:
     from clients.cli.local_federation import session_request
     from models.data import load_dataset
     from models.layout import layout_federation
 
     config = config_from_args(args)
-    dataset = load_dataset(
-        config.dataset, data_dir=config.data_dir, split=config.split, seed=config.seed
-    )
-    plan = layout_federation(config, dataset)
-    body = session_request(config, plan, dataset)
+    with failing_as(f"cannot load the {config.dataset} dataset", ValueError, OSError, RuntimeError):
+        dataset = load_dataset(
+            config.dataset, data_dir=config.data_dir, split=config.split, seed=config.seed
+        )
+    with failing_as(f"the options do not fit {config.dataset}", ValueError):
+        layout = layout_federation(config, dataset)
+    body = session_request(config, layout, dataset)
     body["label"] = args.label or f"glasu session create {config.dataset}"
-    args.out.mkdir(parents=True, exist_ok=True)
-    created = _call(admin, "POST", "", json=body).json()
+    with failing_as(f"cannot create --out {args.out}"):
+        args.out.mkdir(parents=True, exist_ok=True)
+    created = admin.create_session(body)
     for m, client_token in enumerate(created["client_tokens"]):
         _write_private(args.out / f"client-{m}.token", client_token)
     summary = {

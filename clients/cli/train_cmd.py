@@ -1,175 +1,153 @@
-"""``glasu train``: a whole federation on this machine."""
+"""``glasu train``: a whole federation on this machine.
+
+The parser is torch-free (``train_options``); torch, the datasets and the models are imported
+when the command runs, after every option has been checked and the output files are known to
+be writable."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+from clients.cli.errors import failing_as
+from clients.cli.options import PLOT_FORMATS, add_command, check_output_file, positive_int
+from clients.cli.train_options import (
+    add_data_arguments,
+    add_federation_arguments,
+    add_no_he_argument,
+    add_privacy_arguments,
+    check_federation,
+    config_from_args,
+)
 
-from models.config import TrainConfig
-from models.data import load_dataset
-from models.layout import layout_federation
-from models.report import RunReport, plot_history
-from models.trainer import train_inprocess
-
-DEFAULTS = TrainConfig()
+if TYPE_CHECKING:
+    from models.config import TrainConfig
+    from models.report import RunReport
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
-    p = commands.add_parser(
+def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = add_command(
+        commands,
         "train",
         help="train a federation on this machine",
-        description="Run the service and one worker per client on this machine and train "
-        "(or, with --transport inprocess, every client in this process).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Start the aggregation service and one worker process per client on this "
+        "machine and train (or, with --transport inprocess, every client in this process). "
+        "Encryption and differential privacy are on unless switched off.",
     )
-    p.add_argument("--dataset", choices=["cora", "citeseer", "pubmed"], default=DEFAULTS.dataset)
-    p.add_argument(
-        "--data-dir",
-        type=Path,
-        default=None,
-        help="dataset root (default: $GLASU_DATA, else a per-user cache)",
-    )
-    p.add_argument("--split", choices=["paper", "public"], default=DEFAULTS.split)
-    p.add_argument("--clients", type=int, default=DEFAULTS.clients, help="M")
-    p.add_argument(
-        "--mode", choices=["glasu", "centralized", "standalone", "simulated"], default=DEFAULTS.mode
-    )
-    p.add_argument("--backbone", choices=["gcnii", "gcn", "gat"], default=DEFAULTS.backbone)
-    p.add_argument("--layers", type=int, default=DEFAULTS.layers, help="L")
-    p.add_argument("--agg-layers", type=int, default=DEFAULTS.agg_layers, help="K")
-    p.add_argument("--stale", type=int, default=DEFAULTS.stale, help="Q, local steps per round")
-    p.add_argument("--rounds", type=int, default=DEFAULTS.rounds, help="T")
-    p.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size)
-    p.add_argument("--fanout", type=int, default=DEFAULTS.fanout)
-    p.add_argument("--eval-fanout", type=int, default=DEFAULTS.eval_fanout)
-    p.add_argument(
-        "--eval-every",
-        type=int,
-        default=DEFAULTS.eval_every,
-        help="evaluate every N rounds (and after the last)",
-    )
-    p.add_argument("--hidden", type=int, default=DEFAULTS.hidden)
-    p.add_argument("--dropout", type=float, default=DEFAULTS.dropout)
-    p.add_argument("--lr", type=float, default=DEFAULTS.lr)
-    p.add_argument("--weight-decay", type=float, default=DEFAULTS.weight_decay)
-    p.add_argument("--edge-fraction", type=float, default=DEFAULTS.edge_fraction)
-    p.add_argument("--seed", type=int, default=DEFAULTS.seed)
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=DEFAULTS.device)
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="CPU threads per process (the matrices are small: 1 is fastest)",
-    )
-    security = p.add_argument_group("encryption and differential privacy (on by default)")
-    security.add_argument(
-        "--no-he",
-        dest="encryption",
-        action="store_const",
-        const="none",
-        default="ckks",
-        help="send plaintext float32 shares instead of CKKS ciphertexts",
-    )
-    security.add_argument(
-        "--no-dp",
-        dest="dp",
-        action="store_false",
-        help="no clipping, no noise, no privacy guarantee",
-    )
-    security.add_argument(
-        "--epsilon",
-        type=float,
-        default=None,
-        help=f"epsilon target (default {DEFAULTS.epsilon} unless --noise-multiplier is given)",
-    )
-    security.add_argument("--delta", type=float, default=DEFAULTS.delta)
-    security.add_argument(
-        "--noise-multiplier",
-        type=float,
-        default=None,
-        help="z: noise std of the aggregate / sensitivity (default: "
-        "calibrated from --epsilon over every pass)",
-    )
-    security.add_argument(
-        "--clip", type=float, default=DEFAULTS.clip, help="C: L2 bound of every released row"
-    )
-    security.add_argument("--accountant", choices=["rdp", "prv"], default=DEFAULTS.accountant)
-    security.add_argument(
-        "--release-width",
-        type=int,
-        default=DEFAULTS.release_width,
-        help="columns of the noisy layer-1 release",
-    )
-    security.add_argument(
-        "--occurrence-cap",
-        type=int,
-        default=DEFAULTS.occurrence_cap,
-        help="c: times a node may be drawn as a neighbour per layer, up to the release",
-    )
-    security.add_argument(
-        "--no-shared-noise",
-        dest="shared_noise",
-        action="store_false",
-        help="every client adds the full noise (safe against colluding peers; more noise)",
-    )
-    security.add_argument(
-        "--noise-seed",
-        type=int,
-        default=None,
-        help="fix the DP noise (experiments only: a known seed voids the guarantee)",
-    )
-    p.add_argument(
+    add_data_arguments(p.add_argument_group("data"))
+    federation = p.add_argument_group("federation and training")
+    add_federation_arguments(federation, local=True)
+    federation.add_argument(
         "--transport",
         choices=["http", "inprocess"],
         default="http",
         help="http: the service and one worker process per client on loopback; "
-        "inprocess: every client in this process",
+        "inprocess: every client in this process (no sockets)",
     )
-    p.add_argument("--report", type=Path, default=None, help="write the JSON report here")
-    p.add_argument("--plot", type=Path, default=None, help="write a PNG of the history here")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    federation.add_argument(
+        "--threads",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="CPU threads per process (the matrices are small: 1 is fastest)",
+    )
+    security = p.add_argument_group("encryption and differential privacy (both on by default)")
+    add_no_he_argument(security)
+    add_privacy_arguments(security)
+    output = p.add_argument_group("output")
+    output.add_argument(
+        "--report", type=Path, default=None, metavar="PATH", help="write the JSON report here"
+    )
+    output.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="write a plot of the history here (PNG, or the format its suffix names)",
+    )
+    output.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
 
 
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    values = {k: v for k, v in vars(args).items() if k in fields}
-    if values["epsilon"] is None and values["noise_multiplier"] is None:
-        values["epsilon"] = DEFAULTS.epsilon
-    return TrainConfig(**values)
+def uses_service(args: argparse.Namespace) -> bool:
+    return args.transport == "http" and args.mode != "standalone"
+
+
+def check(args: argparse.Namespace) -> None:
+    """Everything that can be checked before anything starts (no torch, no dataset)."""
+    check_federation(args, through_service=uses_service(args))
+    check_output_file(args.report, "--report")
+    check_output_file(args.plot, "--plot", formats=PLOT_FORMATS)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    import torch
+
     torch.set_num_threads(args.threads)
     config = config_from_args(args)
-    if args.transport == "http" and config.mode != "standalone":
-        report = train_http(config, threads=args.threads, progress=not args.quiet)
-    else:
-        report = train_inprocess(config, progress=not args.quiet)
+    with _sigterm_interrupts():
+        report = _train(config, args)
     finish(report, report_path=args.report, plot_path=args.plot)
     return 0
 
 
-def train_http(config: TrainConfig, *, threads: int, progress: bool) -> RunReport:
+def _train(config: TrainConfig, args: argparse.Namespace) -> RunReport:
+    from models.data import load_dataset
+    from models.device import resolve_device
+    from models.layout import layout_federation
+    from models.trainer import train_inprocess
+
+    with failing_as("--device", RuntimeError, ValueError):
+        resolve_device(config.device)
+    with failing_as(f"cannot load the {config.dataset} dataset", ValueError, OSError, RuntimeError):
+        dataset = load_dataset(
+            config.dataset, data_dir=config.data_dir, split=config.split, seed=config.seed
+        )
+    if not uses_service(args):
+        with failing_as(f"the options do not fit {config.dataset}", ValueError):
+            return train_inprocess(config, dataset=dataset, progress=not args.quiet)
     from clients.cli.local_federation import train_over_http
 
-    dataset = load_dataset(
-        config.dataset, data_dir=config.data_dir, split=config.split, seed=config.seed
-    )
-    plan = layout_federation(config, dataset)
-    return train_over_http(config, plan, dataset, threads=threads, progress=progress)
+    with failing_as(f"the options do not fit {config.dataset}", ValueError):
+        layout = layout_federation(config, dataset)
+    return train_over_http(config, layout, dataset, threads=args.threads, progress=not args.quiet)
+
+
+@contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM (a supervisor, `kill`) stops the processes this command started, as Ctrl-C does,
+    instead of leaving them behind."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def finish(report: RunReport, *, report_path: Path | None, plot_path: Path | None) -> None:
+    """Print the summary, then write the files (checked before training; should writing still
+    fail, the summary has been shown)."""
+    print(summary(report), flush=True)
+    from models.report import plot_history
+
     if report_path:
-        report.write(report_path)
+        with failing_as(f"cannot write the report {report_path}"):
+            report.write(report_path)
     if plot_path:
-        plot_history(report, plot_path)
-    print(summary(report))
+        with failing_as(f"cannot write the plot {plot_path}"):
+            plot_history(report, plot_path)
 
 
 def summary(report: RunReport) -> str:

@@ -1,9 +1,10 @@
 """``glasu worker``: one organisation's process.
 
 Exit codes: 0 the session finished (or its privacy budget was spent: said on stderr),
-2 bad settings or data, 3 the service refused a call (problem detail printed),
-4 the service stayed unreachable after bounded retries, 5 other clients did not deliver their part
-of a step within --peer-wait-seconds."""
+2 bad settings, 1 unusable data or key files, 3 the service refused a call (the problem detail
+as one sentence), 4 the service stayed unreachable after bounded retries, 5 other clients did not
+deliver their part of a step within --peer-wait-seconds. The parser needs only the settings
+model; torch and the models are imported when the worker runs."""
 
 from __future__ import annotations
 
@@ -11,48 +12,58 @@ import argparse
 import json
 import sys
 
-import torch
-
+from clients.cli.connection import read_token
+from clients.cli.errors import (
+    EXIT_PEERS_MISSING,
+    EXIT_REFUSED,
+    EXIT_UNREACHABLE,
+    failing_as,
+)
+from clients.cli.options import add_command
 from clients.cli.settings_args import add_settings_arguments, settings_from_args
 from clients.settings import WorkerSettings
-from clients.transport import (
-    PeersMissing,
-    ServiceClient,
-    ServiceError,
-    ServiceUnavailable,
-    tls_verification,
-)
-from clients.worker import LocalModelOptions, run_worker
-from models.device import resolve_device
-from models.partition import load_partition
-
-EXIT_REFUSED = 3
-EXIT_UNREACHABLE = 4
-EXIT_PEERS_MISSING = 5
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
-    p = commands.add_parser(
+def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = add_command(
+        commands,
         "worker",
         help="run one client against the aggregation service",
         description="One organisation's worker: loads only its own partition and follows the "
-        "session's passes. Every flag can also be given as GLASU_<FLAG>.",
+        "session's passes. Every flag can also be given as an environment variable "
+        "GLASU_<FLAG> (a flag wins over its variable).",
     )
     add_settings_arguments(p, WorkerSettings)
     p.add_argument("--quiet", action="store_true", help="no per-pass progress lines")
+    return p
 
 
 def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(WorkerSettings, args)
-    torch.set_num_threads(settings.threads)
-    token = settings.token_file.read_text(encoding="utf-8").strip()
-    if not token:
-        raise ValueError(f"the token file {settings.token_file} is empty")
-    partition = load_partition(settings.data)
-    device = resolve_device(settings.device)
+    import torch
+
+    from clients.transport import (
+        PeersMissing,
+        ServiceClient,
+        ServiceError,
+        ServiceUnavailable,
+        tls_verification,
+    )
+    from clients.worker import LocalModelOptions, run_worker
+    from models.device import resolve_device
+    from models.partition import load_partition
     from secure.he import make_codec
 
-    codec = make_codec(settings.secret_context)
+    torch.set_num_threads(settings.threads)
+    token = read_token(settings.token_file, flag="--token-file")
+    with failing_as(f"cannot load the partition {settings.data}"):
+        partition = load_partition(settings.data)
+    with failing_as("--device", RuntimeError, ValueError):
+        device = resolve_device(settings.device)
+    with failing_as("cannot load the secret context"):
+        codec = make_codec(settings.secret_context)
+    with failing_as("--ca-file"):
+        verify = tls_verification(settings.ca_file)
     options = LocalModelOptions(
         backbone=settings.backbone,
         hidden=settings.hidden,
@@ -77,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         session_id=settings.session,
         client_index=settings.client,
         token=token,
-        verify=tls_verification(settings.ca_file),
+        verify=verify,
         peer_wait_seconds=settings.peer_wait_seconds,
         poll_seconds=settings.poll_seconds,
     ) as service:
@@ -91,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
                 on_pass=progress,
             )
         except ServiceError as exc:
-            print(f"glasu worker {settings.client}: the service refused: {exc}", file=sys.stderr)
+            print(f"glasu worker {settings.client}: {exc.describe()}", file=sys.stderr)
             return EXIT_REFUSED
         except PeersMissing as exc:
             print(f"glasu worker {settings.client}: {exc}", file=sys.stderr)

@@ -91,7 +91,7 @@ def _served(
 ) -> bytes:
     """The result's body, counted as traffic to the client."""
     if result.body is None:
-        raise WrongPass.discarded(pass_index, row.current_pass)
+        raise WrongPass("discarded", pass_index, row.current_pass)
     tx.add_traffic(slot.session_id, slot.client_index, down=len(result.body))
     return result.body
 

@@ -75,9 +75,9 @@ def check_current_pass(row: SessionRow, pass_index: int) -> None:
     if row.state == "budget_exhausted" and pass_index >= row.current_pass:
         raise BudgetExhausted(row.id, pass_index)
     if row.state == "finished":
-        raise WrongPass.session_finished(pass_index, row.current_pass)
+        raise WrongPass("session-finished", pass_index, row.current_pass)
     if pass_index != row.current_pass:
-        raise WrongPass.not_current(pass_index, row.current_pass)
+        raise WrongPass("not-current", pass_index, row.current_pass)
 
 
 def check_downloadable(row: SessionRow, pass_index: int) -> None:
@@ -85,9 +85,9 @@ def check_downloadable(row: SessionRow, pass_index: int) -> None:
     if row.state == "budget_exhausted" and pass_index >= row.current_pass:
         raise BudgetExhausted(row.id, pass_index)
     if pass_index > row.current_pass:
-        raise WrongPass.not_started(pass_index, row.current_pass)
+        raise WrongPass("not-started", pass_index, row.current_pass)
     if pass_index < row.current_pass - 1:
-        raise WrongPass.too_old(pass_index, row.current_pass)
+        raise WrongPass("too-old", pass_index, row.current_pass)
 
 
 def uploaders(

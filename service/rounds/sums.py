@@ -2,7 +2,8 @@
 ledger, and advancing the session to the next pass.
 
 With DP on, summing the first aggregation layer of a pass is its release: the ledger row and the
-stored sum are written in one transaction, and nothing of the pass is served before.
+stored sum are written in one durable transaction (synced to disk before ``COMMIT`` returns, see
+service/store.py), and nothing of the pass is served before.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import time
 from service.aggregators import Aggregators
 from service.plan import PlanCache, SessionPlan
 from service.rounds.gate import layer_rows, load_session
-from service.store import Store, Transaction
+from service.store import SessionRow, Store, Transaction
 from service.telemetry import Telemetry
 
 
@@ -31,9 +32,7 @@ class ShareSums:
         so a second caller is harmless."""
         with self.store.transaction() as tx:
             row, plan = load_session(tx, self.plans, session_id)
-            if row.state != "running" or row.current_pass != pass_index:
-                return
-            if tx.result(session_id, pass_index, layer, "aggregate") is not None:
+            if not _sum_pending(tx, row, pass_index, layer):
                 return
             bodies = tx.upload_bodies(session_id, pass_index, layer, "embedding")
             if len(bodies) < plan.clients:
@@ -42,14 +41,15 @@ class ShareSums:
         cols = plan.widths[layer]
         total = self.aggregators.for_session(plan).add(bodies, rows=rows, cols=cols)
         completed_kind = None
-        with self.store.transaction() as tx:
+        # A release's ledger row must be on disk before its sum can be served: a durable
+        # transaction's COMMIT returns only once the WAL is synced (service/store.py).
+        is_release = plan.privacy is not None and layer == plan.first_agg_layer
+        with self.store.transaction(durable=is_release) as tx:
             row, _ = load_session(tx, self.plans, session_id)
-            if row.state != "running" or row.current_pass != pass_index:
-                return
-            if tx.result(session_id, pass_index, layer, "aggregate") is not None:
+            if not _sum_pending(tx, row, pass_index, layer):
                 return
             released_at = None
-            if plan.accounting is not None and layer == plan.first_agg_layer:
+            if is_release:
                 released_at = _record_release(tx, plan, pass_index)
                 if released_at is None:
                     return
@@ -71,13 +71,22 @@ class ShareSums:
             self.telemetry.passes_completed.labels(kind=completed_kind).inc()
 
 
+def _sum_pending(tx: Transaction, row: SessionRow, pass_index: int, layer: int) -> bool:
+    """The session still runs this pass and the layer has no sum yet."""
+    return (
+        row.state == "running"
+        and row.current_pass == pass_index
+        and tx.result(row.id, pass_index, layer, "aggregate") is None
+    )
+
+
 def _record_release(tx: Transaction, plan: SessionPlan, pass_index: int) -> float | None:
     """Append the ledger row of this pass's release; None (and the session stops) if it does not
     fit. Normally the check at the start of the pass already stopped it."""
-    accounting = plan.accounting
-    assert accounting is not None
+    privacy = plan.privacy
+    assert privacy is not None
     releases = len(tx.ledger(plan.session_id))
-    if not accounting.release_allowed(releases):
+    if not privacy.release_allowed(releases):
         tx.set_session_state(plan.session_id, "budget_exhausted")
         return None
     now = time.time()
@@ -85,7 +94,7 @@ def _record_release(tx: Transaction, plan: SessionPlan, pass_index: int) -> floa
         plan.session_id,
         release_index=releases + 1,
         pass_index=pass_index,
-        epsilon=accounting.epsilon_after(releases + 1),
+        epsilon=privacy.epsilon_after(releases + 1),
         at=now,
     )
     return now
@@ -97,7 +106,7 @@ def _advance(tx: Transaction, plan: SessionPlan, finished_pass: int) -> None:
     tx.discard_payloads(plan.session_id, before_pass=finished_pass)
     if next_pass == plan.passes_total:
         tx.set_session_state(plan.session_id, "finished")
-    elif plan.accounting is not None and not plan.accounting.release_allowed(
+    elif plan.privacy is not None and not plan.privacy.release_allowed(
         len(tx.ledger(plan.session_id))
     ):
         # Stop before the clients compute a pass whose release would be refused.

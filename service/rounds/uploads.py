@@ -18,6 +18,7 @@ from service.aggregators import Aggregators
 from service.domain_errors import (
     BadPayload,
     Conflict,
+    MetricsRefused,
     NotReady,
     WrongEncoding,
     WrongPass,
@@ -95,11 +96,15 @@ class Uploads:
         return outcome
 
     def put_metrics(self, slot: ClientSlot, pass_index: int, metrics: Metrics) -> None:
+        """Store a client's metrics of a pass; refused in a session with differential privacy
+        (even an empty report: the route is not part of a private session's protocol)."""
         with self.store.transaction() as tx:
             row, plan = open_session(tx, self.plans, slot.session_id)
+            if plan.privacy is not None:
+                raise MetricsRefused(slot.session_id)
             check_pass_in_schedule(plan, pass_index)
             if pass_index > row.current_pass:
-                raise WrongPass.metrics_too_early(pass_index, row.current_pass)
+                raise WrongPass("metrics-too-early", pass_index, row.current_pass)
             if metrics.empty:
                 return
             tx.upsert_metrics(

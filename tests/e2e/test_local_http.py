@@ -3,6 +3,8 @@ loopback, a few rounds on Cora."""
 
 from __future__ import annotations
 
+import stat
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -10,11 +12,13 @@ import pytest
 from clients.cli.local_federation import train_over_http
 from models.config import TrainConfig
 from models.layout import layout_federation
+from models.report import RunReport
 from models.trainer import train_inprocess
 
 pytestmark = pytest.mark.e2e
 
 
+@pytest.mark.slow  # 12-40 s: a service and three worker processes
 def test_http_run_equals_inprocess_run(cora, tmp_path: Path) -> None:
     config = TrainConfig(rounds=4, eval_every=2, hidden=32, encryption="none", dp=False, seed=5)
     over_http = train_over_http(
@@ -28,11 +32,85 @@ def test_http_run_equals_inprocess_run(cora, tmp_path: Path) -> None:
     # bytes are the bodies the workers actually sent and received
     assert over_http.bytes_up > 0 and over_http.bytes_down > over_http.history[0].training_bytes
     assert over_http.config["transport"] == "http" and over_http.privacy is None
-    assert not list(tmp_path.glob("*.token")) or all(
-        (p.stat().st_mode & 0o077) == 0 for p in tmp_path.glob("*.token")
+    assert_token_files_are_private(tmp_path, clients=config.clients)
+
+
+def assert_token_files_are_private(work_dir: Path, *, clients: int) -> None:
+    """One token file per client plus the admin's, each readable by its owner only."""
+    tokens = sorted(work_dir.glob("*.token"))
+    expected = ["admin.token", *(f"client-{m}.token" for m in range(clients))]
+    assert sorted(p.name for p in tokens) == sorted(expected)
+    for path in tokens:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path.name
+        assert path.read_text(), path.name
+
+
+DP_CONFIG = TrainConfig(
+    rounds=3,
+    eval_every=1,
+    hidden=32,
+    encryption="none",
+    dp=True,
+    epsilon=8.0,
+    noise_seed=13,  # test-only: the same noise in both transports
+    seed=5,
+)
+
+
+@dataclass(frozen=True)
+class DpRuns:
+    over_http: RunReport
+    in_process: RunReport
+    work_dir: Path
+
+
+@pytest.fixture(scope="module")
+def dp_runs(cora, tmp_path_factory: pytest.TempPathFactory) -> DpRuns:
+    """One tiny DP run (encryption off, fixed noise seed) over each transport."""
+    work_dir = tmp_path_factory.mktemp("dp-http")
+    over_http = train_over_http(
+        DP_CONFIG, layout_federation(DP_CONFIG, cora), cora, progress=False, work_dir=work_dir
     )
+    in_process = train_inprocess(DP_CONFIG, dataset=cora, progress=False)
+    return DpRuns(over_http, in_process, work_dir)
 
 
+def history_values(report: RunReport) -> list[float | None]:
+    """Round, accuracies and epsilon of every evaluation, flat (for pytest.approx)."""
+    return [
+        value
+        for h in report.history
+        for value in (h.round, h.val_accuracy, h.test_accuracy, h.epsilon)
+    ]
+
+
+@pytest.mark.slow  # 16-36 s: a service and three worker processes, then the in-process run
+def test_http_run_equals_inprocess_run_with_dp(dp_runs: DpRuns) -> None:
+    """DP on, encryption off, a fixed noise seed: the workers draw the same noise as the
+    in-process clients, so both transports train the same models."""
+    over_http, in_process = dp_runs.over_http, dp_runs.in_process
+    assert over_http.privacy is not None and in_process.privacy is not None
+    assert over_http.config["transport"] == "http" and over_http.config["encryption"] == "none"
+    assert over_http.privacy["noise_multiplier"] == pytest.approx(
+        in_process.privacy["noise_multiplier"], rel=1e-12
+    )
+    assert over_http.privacy["releases"] == in_process.privacy["releases"] > 0
+    assert len(over_http.history) == len(in_process.history) == DP_CONFIG.rounds
+    assert history_values(over_http) == pytest.approx(history_values(in_process), abs=1e-9)
+    assert over_http.test_accuracy == pytest.approx(in_process.test_accuracy, abs=1e-9)
+    assert over_http.val_accuracy == pytest.approx(in_process.val_accuracy, abs=1e-9)
+    assert over_http.final_test_accuracy == pytest.approx(in_process.final_test_accuracy, abs=1e-9)
+    assert over_http.best_round == in_process.best_round
+    assert_token_files_are_private(dp_runs.work_dir, clients=DP_CONFIG.clients)
+
+
+@pytest.mark.slow  # shares dp_runs with the test above
+def test_http_and_inprocess_histories_report_the_same_loss(dp_runs: DpRuns) -> None:
+    losses_over_http = [h.loss for h in dp_runs.over_http.history]
+    assert losses_over_http == pytest.approx([h.loss for h in dp_runs.in_process.history], abs=1e-9)
+
+
+@pytest.mark.slow  # 13-20 s: a service and three worker processes
 def test_secure_run_stops_when_the_budget_is_spent(cora, tmp_path: Path) -> None:
     """Encryption and DP on; z given and a target that only a few releases fit: the service
     refuses the release that would exceed it, the workers stop cleanly and the report says so."""

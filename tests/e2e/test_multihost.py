@@ -435,6 +435,7 @@ def _access_lines(service: Managed, offset: int, address: str, status: int) -> l
     return [line for line in text.splitlines() if pattern.search(line)]
 
 
+@pytest.mark.slow  # ~70 s: four network namespaces, TLS, two sessions
 def test_three_hosts_train_over_tls_and_survive_a_cut_link(federation: Federation) -> None:
     fed, lab = federation, federation.lab
     started = time.monotonic()

@@ -342,6 +342,7 @@ def test_decode_refuses_a_sum_from_another_key_pair(
 # Fuzzing: every mutated payload is refused with PayloadError, or it is a usable share
 
 
+SHAPE = {"rows": ROWS, "cols": COLS}
 HEADER_BYTES = len(MAGIC) + 1 + KEY_ID_BYTES + 4  # magic | version | key id | chunk count
 # SEAL's serialization header inside each chunk: magic 0xA15E (little-endian), header size 16,
 # version major/minor, compression mode, 2 reserved bytes (ignored by SEAL), uint64 size.
@@ -487,15 +488,12 @@ def check_mutations(
     return tally
 
 
-SHAPE = {"rows": ROWS, "cols": COLS}
-
-
 def test_structural_mutations_are_all_rejected(
     good_payload: bytes, codec: CkksCodec, aggregator: CkksSumAggregator
 ) -> None:
     cases = structural_mutations(good_payload)
     tally = check_mutations(cases, good_payload, codec=codec, aggregator=aggregator)
-    assert len(tally.rejected) == len(cases) > 200 and not tally.accepted
+    assert len(tally.rejected) == len(cases) > 150 and not tally.accepted
 
 
 def test_flipped_bytes_are_rejected_or_still_sum(

@@ -55,6 +55,17 @@ def session_request(**overrides: Any) -> dict[str, Any]:
     return request
 
 
+# A session with differential privacy aggregates at the private arrangement's release layer only
+# (secure.privacy.RELEASE_LAYER); the service refuses any other aggregation layers.
+PRIVATE_AGG_LAYERS: list[dict[str, int]] = [{"layer": 1, "width": 8}]
+
+
+def private_session_request(privacy: dict[str, Any], **overrides: Any) -> dict[str, Any]:
+    """:func:`session_request` with ``privacy`` and the private arrangement's one aggregation
+    layer (M=3, L=3, 5 passes)."""
+    return session_request(**{"agg_layers": PRIVATE_AGG_LAYERS, "privacy": privacy, **overrides})
+
+
 async def create_session(http: httpx.AsyncClient, **overrides: Any) -> dict[str, Any]:
     response = await http.post("/v1/sessions", json=session_request(**overrides), headers=admin())
     assert response.status_code == 201, response.text

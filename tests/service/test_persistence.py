@@ -24,6 +24,7 @@ from service_testkit import (
 )
 
 from service.app import service_context
+from service.store import Store
 
 pytestmark = pytest.mark.anyio
 
@@ -150,3 +151,30 @@ async def test_only_current_and_previous_pass_payloads_are_kept(
         hashes = db.execute("SELECT COUNT(*) FROM uploads WHERE body IS NULL").fetchone()
     assert [p for (p,) in kept] == [3]  # pass 4 is current but has no uploads yet
     assert hashes[0] > 0  # hashes of discarded bodies stay for idempotency
+
+
+def test_ledger_rows_are_committed_under_synchronous_full(database: Path) -> None:
+    """A release's ledger row must survive a power loss once the release is served: the store
+    appends it only in a durable transaction, which commits under synchronous=FULL (the WAL is
+    synced before COMMIT returns). Other transactions keep NORMAL (a process crash loses nothing
+    committed; a power loss may lose the last commits, never a ledger row before them)."""
+    store = Store(database)
+    try:
+        full, normal = 2, 1  # PRAGMA synchronous values
+        with store.transaction() as tx:
+            assert tx.durable is False
+            assert store._db.execute("PRAGMA synchronous").fetchone() == (normal,)
+            tx.insert_session("s", "{}", [b"h" * 32], state="running")
+            with pytest.raises(RuntimeError, match="durable transaction"):
+                tx.append_ledger("s", release_index=1, pass_index=0, epsilon=0.5, at=1.0)
+        with store.transaction(durable=True) as tx:
+            assert store._db.execute("PRAGMA synchronous").fetchone() == (full,)
+            tx.append_ledger("s", release_index=1, pass_index=0, epsilon=0.5, at=1.0)
+        with pytest.raises(ValueError, match="boom"), store.transaction(durable=True) as tx:
+            tx.append_ledger("s", release_index=2, pass_index=1, epsilon=0.7, at=2.0)
+            raise ValueError("boom")  # rolled back, and the connection is back to NORMAL
+        assert store._db.execute("PRAGMA synchronous").fetchone() == (normal,)
+        with store.transaction() as tx:
+            assert [(r.release_index, r.pass_index) for r in tx.ledger("s")] == [(1, 0)]
+    finally:
+        store.close()

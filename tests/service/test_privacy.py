@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from fastapi import FastAPI
 from service_testkit import (
+    PRIVATE_AGG_LAYERS,
     Federation,
     admin,
     assert_problem,
@@ -21,7 +22,7 @@ from service_testkit import (
     http_client,
     node_headers,
     nodes_body,
-    session_request,
+    private_session_request,
 )
 
 from service.app import service_context
@@ -60,12 +61,11 @@ async def test_release_past_the_target_is_refused_and_the_ledger_survives_a_rest
     z = 2.0
     eps = [accounting.epsilon_after(noise_multiplier=z, releases=k, delta=DELTA) for k in (2, 3)]
     target = (eps[0] + eps[1]) / 2  # room for exactly two releases
-    request = session_request(rounds=4, eval_every=0)
+    settings = privacy(noise_multiplier=z, epsilon=target)
+    request = private_session_request(settings, rounds=4, eval_every=0)
     first = make_app()
     async with http_client(first) as http:
-        created = await create_session(
-            http, rounds=4, eval_every=0, privacy=privacy(noise_multiplier=z, epsilon=target)
-        )
+        created = await create_session(http, **request)
         assert created["noise_multiplier"] == z
         sid, tokens = created["session_id"], created["client_tokens"]
         federation = Federation(http, created, request)
@@ -88,7 +88,7 @@ async def test_release_past_the_target_is_refused_and_the_ledger_survives_a_rest
         )
         assert_problem(download, 409, "privacy-budget-exhausted")
         previous = await http.get(
-            f"{client_path(sid, 0)}/passes/1/layers/3/aggregate", headers=bearer(tokens[0])
+            f"{client_path(sid, 0)}/passes/1/layers/1/aggregate", headers=bearer(tokens[0])
         )
         assert previous.status_code == 200  # what was released stays downloadable
         before = (await http.get(f"/v1/sessions/{sid}/privacy", headers=bearer(tokens[1]))).json()
@@ -114,10 +114,9 @@ async def test_release_past_the_target_is_refused_and_the_ledger_survives_a_rest
 async def test_calibrated_noise_covers_every_pass(
     client: httpx.AsyncClient, accounting: ModuleType
 ) -> None:
-    request = session_request(rounds=2, eval_every=1)  # 4 passes, 4 releases
-    created = await create_session(
-        client, rounds=2, eval_every=1, privacy=privacy(epsilon=4.0, accountant="rdp")
-    )
+    settings = privacy(epsilon=4.0, accountant="rdp")
+    request = private_session_request(settings, rounds=2, eval_every=1)  # 4 passes, 4 releases
+    created = await create_session(client, **request)
     z = created["noise_multiplier"]
     assert z is not None and z > 0
     federation = Federation(client, created, request)
@@ -138,8 +137,8 @@ async def test_calibrated_noise_covers_every_pass(
 async def test_max_releases_caps_the_session(
     client: httpx.AsyncClient, accounting: ModuleType
 ) -> None:
-    request = session_request()
-    created = await create_session(client, privacy=privacy(noise_multiplier=1.0, max_releases=1))
+    request = private_session_request(privacy(noise_multiplier=1.0, max_releases=1))
+    created = await create_session(client, **request)
     federation = Federation(client, created, request)
     await federation.run_pass(0)
     assert (await federation.pass_info(2, 1))["reason"] == "budget-exhausted"
@@ -154,7 +153,7 @@ async def test_a_target_below_one_release_is_refused_at_creation(
 ) -> None:
     response = await client.post(
         "/v1/sessions",
-        json=session_request(privacy=privacy(noise_multiplier=0.5, epsilon=1e-3)),
+        json=private_session_request(privacy(noise_multiplier=0.5, epsilon=1e-3)),
         headers=admin(),
     )
     assert_problem(response, 422, "validation-error", mentions="single release")
@@ -165,7 +164,7 @@ async def test_shared_noise_needs_encryption(
 ) -> None:
     response = await client.post(
         "/v1/sessions",
-        json=session_request(privacy=privacy(noise_multiplier=1.0, shared_noise=True)),
+        json=private_session_request(privacy(noise_multiplier=1.0, shared_noise=True)),
         headers=admin(),
     )
     assert_problem(response, 422, "validation-error", mentions="shared_noise needs encryption")
@@ -179,9 +178,9 @@ async def test_shared_noise_is_accounted_against_a_curious_peer(
     async with http_client(make_app(public_context=public)) as http:
         created = await create_session(
             http,
-            clients=4,
-            encryption="ckks",
-            privacy=privacy(epsilon=5.0, shared_noise=True),
+            **private_session_request(
+                privacy(epsilon=5.0, shared_noise=True), clients=4, encryption="ckks"
+            ),
         )
         report = (
             await http.get(f"/v1/sessions/{created['session_id']}/privacy", headers=admin())
@@ -214,6 +213,90 @@ async def test_extreme_parameters_are_refused_not_crashed(
     ]
     for settings, mentions in cases:
         response = await client.post(
-            "/v1/sessions", json=session_request(privacy=settings), headers=admin()
+            "/v1/sessions", json=private_session_request(settings), headers=admin()
         )
         assert_problem(response, 422, "validation-error", mentions=mentions)
+
+
+async def test_a_private_session_aggregates_at_the_release_layer_only(
+    client: httpx.AsyncClient, accounting: ModuleType
+) -> None:
+    """The workers' private arrangement releases one noisy matrix per pass at layer 1
+    (secure.privacy.RELEASE_LAYER) and nothing else: other aggregation layers are refused at
+    creation, before any token exists, instead of by every worker later."""
+    settings = privacy(noise_multiplier=2.0)
+    refused = [
+        [{"layer": 1, "width": 8}, {"layer": 3, "width": 4}],  # GLASU's own K=2 arrangement
+        [{"layer": 2, "width": 8}],
+        [{"layer": 3, "width": 8}],  # the top layer
+    ]
+    for agg_layers in refused:
+        response = await client.post(
+            "/v1/sessions",
+            json=private_session_request(settings, agg_layers=agg_layers),
+            headers=admin(),
+        )
+        assert_problem(
+            response, 422, "validation-error", mentions="the only aggregation layer must be layer 1"
+        )
+        layers = [a["layer"] for a in agg_layers]
+        assert f"got aggregation layers {layers}" in response.json()["detail"]
+    assert (await client.get("/v1/sessions", headers=admin())).json() == []
+    # The same layers without privacy are GLASU's arrangement and are accepted.
+    await create_session(client, agg_layers=refused[0])
+    created = await create_session(client, **private_session_request(settings))
+    assert created["noise_multiplier"] == 2.0
+    status = (
+        await client.get(f"/v1/sessions/{created['session_id']}", headers=admin())
+    ).json()
+    assert status["config"]["agg_layers"] == PRIVATE_AGG_LAYERS
+
+
+async def test_metrics_are_refused_in_a_private_session(
+    client: httpx.AsyncClient, accounting: ModuleType
+) -> None:
+    """A loss or an accuracy computed on clean features would be a release the ledger does not
+    count: under DP the service takes no metrics (not even an empty report)."""
+    request = private_session_request(privacy(noise_multiplier=2.0))
+    created = await create_session(client, **request)
+    sid, tokens = created["session_id"], created["client_tokens"]
+    await Federation(client, created, request).run_pass(0)
+    for body in ({"loss": 0.7, "val_accuracy": 0.5}, {}):
+        response = await client.post(
+            f"{client_path(sid, 1)}/passes/0/metrics", json=body, headers=bearer(tokens[1])
+        )
+        assert_problem(response, 409, "metrics-refused", mentions="differential privacy")
+        assert "ledger does not count" in response.json()["detail"]
+    status = (await client.get(f"/v1/sessions/{sid}", headers=admin())).json()
+    assert status["metrics"] == []
+    assert status["privacy"]["releases"] == 1  # refusing metrics touches nothing else
+
+    # Without privacy the same report is stored.
+    plain = await create_session(client)
+    response = await client.post(
+        f"{client_path(plain['session_id'], 0)}/passes/0/metrics",
+        json={"loss": 0.7},
+        headers=bearer(plain["client_tokens"][0]),
+    )
+    assert response.status_code == 204
+
+
+async def test_the_reported_sensitivity_is_derived_by_the_service(
+    client: httpx.AsyncClient, accounting: ModuleType
+) -> None:
+    """Delta = 2 C sqrt(c + 1) from the posted clip and occurrence cap, never posted itself."""
+    z = 3.0
+    created = await create_session(
+        client,
+        **private_session_request(privacy(noise_multiplier=z, clip=0.5, occurrence_cap=3)),
+    )
+    sid = created["session_id"]
+    report = (await client.get(f"/v1/sessions/{sid}/privacy", headers=admin())).json()
+    expected = 2 * 0.5 * np.sqrt(3 + 1)
+    assert expected == 2.0
+    assert report["sensitivity"] == pytest.approx(expected)
+    assert (report["clip"], report["occurrence_cap"]) == (0.5, 3)
+    assert report["noise_std"] == pytest.approx(z * expected)
+    status = (await client.get(f"/v1/sessions/{sid}", headers=admin())).json()
+    assert status["privacy"] == report
+    assert "sensitivity" not in status["config"]["privacy"]  # a derived value, not a setting

@@ -2,13 +2,13 @@
 
 Uploads read the body here and hand everything blocking to the engine in a worker thread; the
 downloads long-poll (see :mod:`service.notify`) and answer 202 with a waiting status on timeout.
-The node-set and embedding routes differ only in their kind, so one endpoint factory builds each
-pair. Path parameters keep the protocol's names ``{sid}``, ``{m}``, ``{p}``, ``{l}`` in the URL.
+The node-set and embedding exchanges differ only in their kinds, so one function adds the PUT and
+the GET route of each. The URL keeps the protocol's names ``{sid}``, ``{m}``, ``{p}``, ``{l}``;
+the Python parameters behind them are named in full.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Annotated
 
@@ -42,7 +42,6 @@ router = APIRouter(
     prefix="/v1/sessions/{sid}/clients/{m}", tags=["clients"], responses=PROBLEM_RESPONSES
 )
 
-# The URL keeps the protocol's short names (docs/protocol.md) as aliases of readable parameters.
 PassPath = Annotated[int, Path(alias="p", ge=0, le=MAX_COUNT, description="Pass index (0-based).")]
 LayerPath = Annotated[
     int, Path(alias="l", ge=1, le=MAX_LAYERS, description="Aggregation layer (1-based).")
@@ -128,11 +127,20 @@ def _is_waiting(result: object) -> bool:
 @router.get("/passes/{p}", response_model=PassInfo, summary="Describe pass p")
 def get_pass(slot: ClientDep, context: ContextDep, pass_index: PassPath) -> PassInfo:
     """Kind, round and output nodes of pass p; kind 'done' once the session has no pass p."""
-    return context.engine.pass_info(slot.session_id, pass_index)
+    return context.engine.downloads.pass_info(slot.session_id, pass_index)
 
 
-def _upload_route(kind: UploadKind) -> Callable[..., Awaitable[JSONResponse]]:
-    """The endpoint storing this client's ``kind`` upload of one pass and layer."""
+def _add_layer_exchange(
+    upload_kind: UploadKind,
+    result_kind: ResultKind,
+    *,
+    result_path: str,
+    upload_summary: str,
+    download_summary: str,
+    result_description: str,
+    waiting_description: str,
+) -> None:
+    """The two routes of one exchange at a layer: PUT this client's upload, GET the result."""
 
     async def upload(
         slot: ClientDep,
@@ -146,16 +154,10 @@ def _upload_route(kind: UploadKind) -> Callable[..., Awaitable[JSONResponse]]:
         # Read the binary body, store it off the event loop, wake the long-polls, answer with a
         # receipt. (No docstring: it would become the route's OpenAPI description.)
         body = await _binary_body(request)
-        store = partial(context.engine.upload, kind, slot, pass_index, layer)
+        store = partial(context.engine.uploads.put, upload_kind, slot, pass_index, layer)
         outcome = await run_in_threadpool(store, shape=shape, encoding=encoding, body=body)
         context.notifier.notify(slot.session_id)
         return _receipt_response(slot, pass_index, layer, outcome)
-
-    return upload
-
-
-def _download_route(kind: ResultKind) -> Callable[..., Awaitable[Response]]:
-    """The endpoint long-polling one layer's ``kind`` result until it is complete (else 202)."""
 
     async def download(
         slot: ClientDep,
@@ -164,59 +166,55 @@ def _download_route(kind: ResultKind) -> Callable[..., Awaitable[Response]]:
         layer: LayerPath,
         wait: WaitQuery = None,
     ) -> Response:
+        # Long-poll until the result is complete or the wait runs out (202).
         result = await long_poll(
             context.notifier,
             slot.session_id,
-            partial(context.engine.download, kind, slot, pass_index, layer),
+            partial(context.engine.downloads.get, result_kind, slot, pass_index, layer),
             is_waiting=_is_waiting,
             timeout=_wait_seconds(context, wait),
         )
         return _payload_response(result)
 
-    return download
+    router.put(
+        f"/passes/{{p}}/layers/{{l}}/{upload_kind}",
+        name=f"put_{upload_kind}",
+        status_code=201,
+        response_model=UploadReceipt,
+        responses=UPLOAD_RESPONSES,
+        openapi_extra=BINARY_REQUEST_BODY,
+        summary=upload_summary,
+    )(upload)
+    router.get(
+        f"/passes/{{p}}/layers/{{l}}/{result_path}",
+        name=f"get_{result_path}",
+        response_class=Response,
+        responses={
+            200: binary_response(result_description, with_count=result_kind == "aggregate"),
+            202: {"model": WaitingStatus, "description": waiting_description},
+        },
+        summary=download_summary,
+    )(download)
 
 
-router.put(
-    "/passes/{p}/layers/{l}/nodes",
-    name="put_nodes",
-    status_code=201,
-    response_model=UploadReceipt,
-    responses=UPLOAD_RESPONSES,
-    openapi_extra=BINARY_REQUEST_BODY,
-    summary="Upload this client's node set",
-)(_upload_route("nodes"))
-
-router.get(
-    "/passes/{p}/layers/{l}/nodes",
-    name="get_nodes",
-    response_class=Response,
-    responses={
-        200: binary_response("The sorted union (int64).", with_count=False),
-        202: {"model": WaitingStatus, "description": "Not all node sets are in yet."},
-    },
-    summary="Download the node union (long poll)",
-)(_download_route("union"))
-
-router.put(
-    "/passes/{p}/layers/{l}/embedding",
-    name="put_embedding",
-    status_code=201,
-    response_model=UploadReceipt,
-    responses=UPLOAD_RESPONSES,
-    openapi_extra=BINARY_REQUEST_BODY,
-    summary="Upload this client's embedding share",
-)(_upload_route("embedding"))
-
-router.get(
-    "/passes/{p}/layers/{l}/aggregate",
-    name="get_aggregate",
-    response_class=Response,
-    responses={
-        200: binary_response("The sum of the M shares (session encoding).", with_count=True),
-        202: {"model": WaitingStatus, "description": "Not all shares are in yet."},
-    },
-    summary="Download the sum (long poll)",
-)(_download_route("aggregate"))
+_add_layer_exchange(
+    "nodes",
+    "union",
+    result_path="nodes",
+    upload_summary="Upload this client's node set",
+    download_summary="Download the node union (long poll)",
+    result_description="The sorted union (int64).",
+    waiting_description="Not all node sets are in yet.",
+)
+_add_layer_exchange(
+    "embedding",
+    "aggregate",
+    result_path="aggregate",
+    upload_summary="Upload this client's embedding share",
+    download_summary="Download the sum (long poll)",
+    result_description="The sum of the M shares (session encoding).",
+    waiting_description="Not all shares are in yet.",
+)
 
 
 @router.post(
@@ -226,5 +224,5 @@ def post_metrics(
     slot: ClientDep, context: ContextDep, pass_index: PassPath, metrics: Metrics
 ) -> Response:
     """Stored for the status page only; a second report of the same client replaces the first."""
-    context.engine.put_metrics(slot, pass_index, metrics)
+    context.engine.uploads.put_metrics(slot, pass_index, metrics)
     return Response(status_code=204)

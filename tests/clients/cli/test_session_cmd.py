@@ -1,4 +1,5 @@
-"""`glasu session create|status|close` against a real `glasu serve` on loopback."""
+"""`glasu session create|status|close` against a real `glasu serve` on loopback (moved here from
+tests/deploy/ with the CLI's other tests)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from clients.admin import AdminClient
+from clients.cli.errors import EXIT_FAILED, EXIT_REFUSED, EXIT_UNREACHABLE
 from clients.cli.local_federation import session_request
 from clients.cli.main import main
 from models.config import TrainConfig
@@ -73,9 +76,9 @@ def _create(server: dict[str, str], out: Path, data_dir: Path, *extra: str) -> i
     )  # fmt: skip
 
 
-def _admin(server: dict[str, str]) -> httpx.Client:
+def _admin(server: dict[str, str]) -> AdminClient:
     token = Path(server["token_file"]).read_text().strip()
-    return httpx.Client(base_url=server["url"], headers={"Authorization": f"Bearer {token}"})
+    return AdminClient(base_url=server["url"], token=token)
 
 
 def test_create_writes_the_session_and_private_token_files(
@@ -96,7 +99,7 @@ def test_create_writes_the_session_and_private_token_files(
     config = TrainConfig(rounds=5, eval_every=2, hidden=32, data_dir=data_dir, dp=False)
     body = session_request(config, layout_federation(config, cora), cora)
     with _admin(server) as admin:
-        status = admin.get(f"/v1/sessions/{summary['session_id']}").json()
+        status = admin.session(summary["session_id"])
     view = status["config"]
     assert view["agg_layers"] == body["agg_layers"] and view["stale"] == body["stale"]
     assert view["train_nodes_count"] == len(body["train_nodes"])
@@ -128,7 +131,7 @@ def test_status_names_the_missing_clients_and_close_closes(
     token = (tmp_path / "client-0.token").read_text().strip()
     # Client 0 uploads its node set for the highest aggregation layer below the top one.
     with _admin(server) as admin:
-        status = admin.get(f"/v1/sessions/{sid}").json()
+        status = admin.session(sid)
     lower = [a["layer"] for a in status["config"]["agg_layers"] if a["layer"] < 4]
     nodes = [0, 1, 2]  # any sorted, distinct, in-range ids
     put = httpx.put(
@@ -162,16 +165,23 @@ def test_errors_are_one_clear_line(
         ["session", "status", "--server", server["url"], "--admin-token-file", str(wrong),
          "--session", "nope"]
     )  # fmt: skip
-    assert code == 2 and "-> 401" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert code == EXIT_REFUSED, err
+    assert err == (
+        "glasu session status: error: the service refused to show session 'nope' "
+        "(401 unauthorized): the bearer token is not valid\n"
+    )
     code = main(
         ["session", "close", "--server", f"http://127.0.0.1:{_free_port()}", "--admin-token-file",
          server["token_file"], "--session", "nope"]
     )  # fmt: skip
-    assert code == 2 and "cannot reach" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert code == EXIT_UNREACHABLE and err.count("\n") == 1, err
+    assert "glasu session close: error: cannot reach the service at http://127.0.0.1:" in err
     empty = tmp_path / "empty.token"
     empty.write_text("\n")
     code = main(
         ["session", "status", "--server", server["url"], "--admin-token-file", str(empty),
          "--session", "nope"]
     )  # fmt: skip
-    assert code == 2 and "is empty" in capsys.readouterr().err
+    assert code == EXIT_FAILED and "is empty" in capsys.readouterr().err

@@ -1,0 +1,186 @@
+"""What every command's options share: one help formatter (defaults shown one way,
+"(default: X)"), switches that read as switches, argument types that refuse bad values at once
+(argparse exits with code 2 before anything starts) and the check that an output file can be
+written before the work that produces it.
+
+Only the standard library: building any command's parser stays cheap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from clients.cli.errors import UsageError
+
+# -- help -------------------------------------------------------------------------------------
+
+
+def default_note(value: Any) -> str:
+    """How every default is shown: ``(default: X)``."""
+    return f"(default: {value})"
+
+
+def switch_note(on_by_default: bool) -> str:
+    """How a boolean setting's default is shown: it reads as a switch, not as a value."""
+    return "(on by default)" if on_by_default else "(off by default)"
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Appends ``(default: X)`` to an option's help when it has a value default and its help
+    does not already say what the default is (switches say "on by default" themselves)."""
+
+    def __init__(self, prog: str, **kwargs: Any) -> None:
+        kwargs.setdefault("max_help_position", 30)
+        super().__init__(prog, **kwargs)
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (
+            action.default is None
+            or action.default is argparse.SUPPRESS
+            or isinstance(action.default, bool)
+            or action.nargs == 0  # store_true/false/const, help, version: switches
+            or "(default" in text
+            or "by default" in text
+        ):
+            return text
+        return f"{text} {default_note('%(default)s')}" if text else default_note("%(default)s")
+
+
+def add_command(
+    commands: argparse._SubParsersAction, name: str, *, help: str, description: str
+) -> argparse.ArgumentParser:
+    """A (sub)command's parser, with the shared formatter. It remembers itself in the parsed
+    arguments (``command_parser``), so that errors name it ("glasu session create: ...")."""
+    parser = commands.add_parser(
+        name, help=help, description=description, formatter_class=HelpFormatter
+    )
+    parser.set_defaults(command_parser=parser)
+    return parser
+
+
+# -- argument types ----------------------------------------------------------------------------
+# Each returns the converted value or raises ArgumentTypeError, which argparse reports as
+# "argument --rounds: must be an integer >= 1, got -1" with exit code 2.
+
+
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def _number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def int_range(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An integer in [low, high] (no upper bound when ``high`` is None)."""
+
+    def parse(text: str) -> int:
+        value = _integer(text)
+        if value < low or (high is not None and value > high):
+            wanted = f">= {low}" if high is None else f"from {low} to {high}"
+            raise argparse.ArgumentTypeError(f"must be an integer {wanted}, got {value}")
+        return value
+
+    return parse
+
+
+positive_int = int_range(1)
+non_negative_int = int_range(0)
+
+
+def positive_float(text: str) -> float:
+    value = _number(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = _number(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def probability(text: str) -> float:
+    """In the open interval (0, 1), e.g. delta."""
+    value = _number(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be strictly between 0 and 1, got {text}")
+    return value
+
+
+def fraction(text: str) -> float:
+    """In (0, 1], e.g. the share of edges a client holds."""
+    value = _number(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be > 0 and <= 1, got {text}")
+    return value
+
+
+def rate(text: str) -> float:
+    """In [0, 1), e.g. dropout."""
+    value = _number(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 0 and < 1, got {text}")
+    return value
+
+
+# -- output files --------------------------------------------------------------------------------
+
+PLOT_FORMATS = frozenset(
+    {"png", "pdf", "svg", "svgz", "jpg", "jpeg", "eps", "ps", "tif", "tiff", "webp", "pgf"}
+)
+
+
+def check_output_file(
+    path: Path | None, flag: str, *, formats: frozenset[str] = frozenset()
+) -> None:
+    """Fail now, not after the work, if ``path`` cannot be written later: it is a directory,
+    a parent is a regular file, or the nearest existing parent is not writable. Missing parents
+    are fine (they are created). ``formats``: allowed suffixes (a missing suffix is allowed)."""
+    if path is None:
+        return
+    suffix = path.suffix.lower().lstrip(".")
+    if formats and suffix and suffix not in formats:
+        raise UsageError(
+            f"{flag} {path}: unknown format {suffix!r}; use one of {', '.join(sorted(formats))}"
+        )
+    target = Path(os.path.abspath(path))
+    if target.is_dir():
+        raise UsageError(f"{flag} {path} is a directory; give a file name")
+    if target.exists():
+        if not os.access(target, os.W_OK):
+            raise UsageError(f"{flag} {path} is not writable")
+        return
+    parent = next(p for p in target.parents if p.exists())
+    if not parent.is_dir():
+        raise UsageError(f"{flag} {path}: {parent} is a file, not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: cannot create files in {parent} (permission denied)")
+
+
+def check_output_dir(path: Path, flag: str) -> None:
+    """Fail now if ``path`` cannot be (created and) written as a directory later."""
+    target = Path(os.path.abspath(path))
+    existing = next(p for p in (target, *target.parents) if p.exists())
+    if not existing.is_dir():
+        where = "is a file" if existing == target else f"is under the file {existing}"
+        raise UsageError(f"{flag} {path} {where}; give a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: cannot write in {existing} (permission denied)")

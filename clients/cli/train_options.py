@@ -1,0 +1,351 @@
+"""The options of a training run, shared by ``glasu train`` and ``glasu session create``: their
+defaults, help, per-value checks (argparse types), the checks across options, and the
+``TrainConfig`` they make.
+
+Torch-free: the defaults below are a copy of ``models.config.TrainConfig``'s (a test keeps them
+equal), because importing ``models`` loads the accountants; ``TrainConfig`` itself is imported
+only when a command runs. The service's limits come from ``service.schemas`` (pydantic only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from clients.cli.errors import UsageError
+from clients.cli.options import (
+    fraction,
+    int_range,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    probability,
+    rate,
+)
+from service.schemas import MAX_CLIENTS, MAX_LAYERS, MAX_ROUNDS, MAX_WIDTH
+
+
+@dataclass(frozen=True)
+class TrainDefaults:
+    """The defaults of ``models.config.TrainConfig`` that the options show."""
+
+    dataset: str = "cora"
+    split: str = "paper"
+    mode: str = "glasu"
+    clients: int = 3
+    backbone: str = "gcnii"
+    layers: int = 4
+    agg_layers: int = 2
+    stale: int = 4
+    rounds: int = 300
+    batch_size: int = 16
+    fanout: int = 3
+    eval_fanout: int = 10
+    eval_every: int = 10
+    hidden: int = 128
+    dropout: float = 0.5
+    lr: float = 0.01
+    weight_decay: float = 5e-4
+    edge_fraction: float = 0.8
+    seed: int = 0
+    device: str = "auto"
+    encryption: str = "ckks"
+    dp: bool = True
+    epsilon: float = 4.0
+    delta: float = 1e-6
+    clip: float = 1.0
+    accountant: str = "rdp"
+    release_width: int = 16
+    occurrence_cap: int = 1
+    shared_noise: bool = True
+
+
+DEFAULTS = TrainDefaults()
+
+# secure.he_context.MAX_SHARES, for the help text (a test keeps them equal); the check below
+# reads the real one.
+CKKS_MAX_CLIENTS = 16
+
+DATASETS = ("cora", "citeseer", "pubmed")
+MODES = ("glasu", "centralized", "standalone", "simulated")
+DATA_DIR_HELP = "dataset root (default: $GLASU_DATA, else a per-user cache)"
+
+
+def add_data_arguments(p: argparse._ActionsContainer) -> None:
+    p.add_argument("--dataset", choices=DATASETS, default=DEFAULTS.dataset, help="graph dataset")
+    p.add_argument("--data-dir", type=Path, default=None, metavar="DIR", help=DATA_DIR_HELP)
+    p.add_argument(
+        "--split",
+        choices=["paper", "public"],
+        default=DEFAULTS.split,
+        help="train/validation/test split: paper = the GLASU authors' seeded random split, "
+        "public = Planetoid's",
+    )
+
+
+def add_federation_arguments(p: argparse._ActionsContainer, *, local: bool) -> None:
+    """M, L, K, Q, T and the sampling; ``local`` adds the options only ``glasu train`` has
+    (mode, backbone, the local optimiser, device)."""
+    p.add_argument(
+        "--clients",
+        type=positive_int,
+        default=DEFAULTS.clients,
+        metavar="M",
+        help=f"organisations, each holding a block of the features (at most {MAX_CLIENTS} "
+        f"through the service, {CKKS_MAX_CLIENTS} with encryption)",
+    )
+    if local:
+        p.add_argument(
+            "--mode",
+            choices=MODES,
+            default=DEFAULTS.mode,
+            help="glasu: the federated algorithm; centralized: one client holds everything; "
+            "standalone: each client trains alone; simulated: aggregation at every layer "
+            "and step",
+        )
+        p.add_argument(
+            "--backbone",
+            choices=["gcnii", "gcn", "gat"],
+            default=DEFAULTS.backbone,
+            help="graph layers of the split GNN",
+        )
+    p.add_argument(
+        "--layers",
+        type=int_range(1, MAX_LAYERS),
+        default=DEFAULTS.layers,
+        metavar="L",
+        help="GNN layers",
+    )
+    p.add_argument(
+        "--agg-layers",
+        type=positive_int,
+        default=DEFAULTS.agg_layers,
+        metavar="K",
+        help="layers whose embeddings meet at the service (lazy aggregation, K <= L)",
+    )
+    p.add_argument(
+        "--stale",
+        type=positive_int,
+        default=DEFAULTS.stale,
+        metavar="Q",
+        help="local steps per communication round (stale updates)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int_range(1, MAX_ROUNDS),
+        default=DEFAULTS.rounds,
+        metavar="T",
+        help="communication rounds",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=DEFAULTS.batch_size,
+        metavar="N",
+        help="output nodes per training round",
+    )
+    p.add_argument(
+        "--fanout",
+        type=positive_int,
+        default=DEFAULTS.fanout,
+        metavar="N",
+        help="neighbours sampled per node and layer in training",
+    )
+    if local:
+        p.add_argument(
+            "--eval-fanout",
+            type=positive_int,
+            default=DEFAULTS.eval_fanout,
+            metavar="N",
+            help="neighbours sampled per node and layer in evaluation",
+        )
+    p.add_argument(
+        "--eval-every",
+        type=non_negative_int,
+        default=DEFAULTS.eval_every,
+        metavar="N",
+        help="evaluate every N rounds and after the last (0: only after the last)",
+    )
+    p.add_argument(
+        "--hidden",
+        type=positive_int,
+        default=DEFAULTS.hidden,
+        metavar="WIDTH",
+        help="hidden width of the local layers",
+    )
+    if local:
+        p.add_argument(
+            "--dropout", type=rate, default=DEFAULTS.dropout, metavar="P", help="dropout rate"
+        )
+        p.add_argument(
+            "--lr", type=positive_float, default=DEFAULTS.lr, metavar="RATE", help="learning rate"
+        )
+        p.add_argument(
+            "--weight-decay",
+            type=non_negative_float,
+            default=DEFAULTS.weight_decay,
+            metavar="W",
+            help="weight decay (L2 penalty) of the optimiser",
+        )
+        p.add_argument(
+            "--edge-fraction",
+            type=fraction,
+            default=DEFAULTS.edge_fraction,
+            metavar="F",
+            help="share of the graph's edges each client holds (glasu and standalone modes)",
+        )
+    p.add_argument(
+        "--seed",
+        type=non_negative_int,
+        default=DEFAULTS.seed,
+        help="seeds the split, the partition, the batches and the initialisation",
+    )
+    if local:
+        p.add_argument(
+            "--device",
+            choices=["auto", "cpu", "cuda"],
+            default=DEFAULTS.device,
+            help="where the clients compute (auto: CUDA when available)",
+        )
+
+
+def add_no_he_argument(p: argparse._ActionsContainer) -> None:
+    p.add_argument(
+        "--no-he",
+        dest="encryption",
+        action="store_const",
+        const="none",
+        default=DEFAULTS.encryption,
+        help="switch CKKS encryption off (on by default): the clients send plaintext float32 "
+        "shares, which the service can read",
+    )
+
+
+def add_privacy_arguments(p: argparse._ActionsContainer) -> None:
+    p.add_argument(
+        "--no-dp",
+        dest="dp",
+        action="store_false",
+        help="switch differential privacy off (on by default): no clipping, no noise, no "
+        "(epsilon, delta) guarantee",
+    )
+    p.add_argument(
+        "--epsilon",
+        type=positive_float,
+        default=None,
+        help=f"epsilon target of the whole run (default: {DEFAULTS.epsilon}, unless "
+        "--noise-multiplier is given)",
+    )
+    p.add_argument(
+        "--delta",
+        type=probability,
+        default=DEFAULTS.delta,
+        help="delta of the (epsilon, delta) guarantee, in (0, 1)",
+    )
+    p.add_argument(
+        "--noise-multiplier",
+        type=positive_float,
+        default=None,
+        metavar="Z",
+        help="noise std of the aggregate / sensitivity (default: calibrated from --epsilon "
+        "over every pass)",
+    )
+    p.add_argument(
+        "--clip",
+        type=positive_float,
+        default=DEFAULTS.clip,
+        metavar="C",
+        help="L2 bound of every released row",
+    )
+    p.add_argument(
+        "--accountant",
+        choices=["rdp", "prv"],
+        default=DEFAULTS.accountant,
+        help="privacy accountant: rdp (Renyi DP) or prv (privacy random variables)",
+    )
+    p.add_argument(
+        "--release-width",
+        type=int_range(1, MAX_WIDTH),
+        default=DEFAULTS.release_width,
+        metavar="WIDTH",
+        help="columns of the noisy layer-1 release",
+    )
+    p.add_argument(
+        "--occurrence-cap",
+        type=non_negative_int,
+        default=DEFAULTS.occurrence_cap,
+        metavar="C",
+        help="times a node may be drawn as a neighbour per layer, up to the release",
+    )
+    p.add_argument(
+        "--no-shared-noise",
+        dest="shared_noise",
+        action="store_false",
+        help="switch shared noise off (on by default with encryption): every client adds the "
+        "full noise instead of its 1/M share; safe against colluding peers, more noise",
+    )
+    p.add_argument(
+        "--noise-seed",
+        type=non_negative_int,
+        default=None,
+        metavar="SEED",
+        help="fix the DP noise (experiments only: a known seed voids the guarantee)",
+    )
+
+
+# -- checks across options ---------------------------------------------------------------------
+
+
+def releases_anything(args: argparse.Namespace) -> bool:
+    """Centralized and standalone training send nothing to anyone."""
+    return getattr(args, "mode", "glasu") in ("glasu", "simulated")
+
+
+def check_federation(args: argparse.Namespace, *, through_service: bool) -> None:
+    """What the per-option types cannot see: K <= L, and M within what the service and CKKS
+    take (``service.schemas.MAX_CLIENTS``, ``secure.he_context.MAX_SHARES``)."""
+    mode = getattr(args, "mode", "glasu")
+    if mode == "glasu" and args.agg_layers > args.layers:
+        raise UsageError(
+            f"--agg-layers K={args.agg_layers} is more than --layers L={args.layers}: "
+            "K layers out of L meet at the service"
+        )
+    if not releases_anything(args):
+        return
+    if through_service and args.clients > MAX_CLIENTS:
+        raise UsageError(
+            f"--clients {args.clients}: the service takes at most {MAX_CLIENTS} clients"
+        )
+    if args.encryption == "ckks":
+        from secure.he_context import MAX_SHARES  # TenSEAL, no torch
+
+        if args.clients > MAX_SHARES:
+            raise UsageError(
+                f"--clients {args.clients}: CKKS encryption is sized for at most {MAX_SHARES} "
+                "clients; use fewer clients or switch encryption off with --no-he"
+            )
+    private = getattr(args, "dp", False)
+    if through_service and not private and args.hidden > MAX_WIDTH:
+        raise UsageError(
+            f"--hidden {args.hidden}: the service aggregates at most {MAX_WIDTH} columns"
+        )
+
+
+def config_from_args(args: argparse.Namespace, **overrides: Any) -> Any:
+    """The ``models.config.TrainConfig`` of these options (imported here: it loads the
+    accountants)."""
+    from models.config import TrainConfig
+
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    values = {k: v for k, v in vars(args).items() if k in fields}
+    values.update(overrides)
+    if values.get("epsilon") is None and values.get("noise_multiplier") is None:
+        values["epsilon"] = DEFAULTS.epsilon
+    try:
+        return TrainConfig(**values)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(str(exc)) from None

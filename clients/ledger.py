@@ -1,0 +1,138 @@
+"""A worker's own privacy ledger: every release of this organisation's data, across sessions.
+
+One SQLite file per dataset, beside the worker's data (``<data>/privacy-ledger.sqlite3``). A row
+is written, and synced to disk, *before* the release it records leaves the worker, so a crash
+can only over-count. Each row keeps the noise multiplier the release was accounted with; the
+releases compose exactly as one Gaussian release with ``z = 1 / sqrt(sum 1 / z_i^2)`` (at sample
+rate 1 the Gaussian mechanisms' privacy loss distributions compose to a Gaussian one: RDP
+alpha / (2 z_i^2) adds up, and so does mu^2 = 1 / z_i^2 in Gaussian DP), so sessions with
+different noise add up without approximation.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from secure.accounting import AccountantName, epsilon_after
+
+LEDGER_FILENAME = "privacy-ledger.sqlite3"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS releases (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id TEXT NOT NULL,
+    pass_index INTEGER NOT NULL,
+    noise_multiplier REAL NOT NULL CHECK (noise_multiplier > 0),
+    released_at REAL NOT NULL
+);
+"""
+
+
+@dataclass(frozen=True)
+class SessionSpend:
+    session_id: str
+    releases: int
+    inverse_square_sum: float  # sum of 1 / z_i^2 over the session's releases
+    first_at: float
+    last_at: float
+
+
+def composed_epsilon(
+    *, inverse_square_sum: float, delta: float, accountant: AccountantName
+) -> float:
+    """Epsilon of Gaussian releases whose 1 / z_i^2 add up to ``inverse_square_sum``."""
+    if inverse_square_sum <= 0.0:
+        return 0.0
+    return epsilon_after(
+        noise_multiplier=1.0 / math.sqrt(inverse_square_sum),
+        releases=1,
+        delta=delta,
+        accountant=accountant,
+    )
+
+
+class LocalLedger:
+    """The durable record of what this organisation has released."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._connection = sqlite3.connect(self.path, isolation_level=None, timeout=30.0)
+        self._connection.execute("PRAGMA journal_mode=WAL")
+        # FULL: a committed row survives power loss before the release it records is sent.
+        self._connection.execute("PRAGMA synchronous=FULL")
+        self._connection.executescript(_SCHEMA)
+
+    @classmethod
+    def beside(cls, data_dir: Path) -> LocalLedger:
+        return cls(Path(data_dir) / LEDGER_FILENAME)
+
+    def close(self) -> None:
+        self._connection.close()
+
+    def __enter__(self) -> LocalLedger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        self._connection.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._connection
+        except BaseException:
+            self._connection.execute("ROLLBACK")
+            raise
+        self._connection.execute("COMMIT")
+
+    def record(self, *, session_id: str, pass_index: int, noise_multiplier: float) -> None:
+        """Record one release. Every computed release counts, even of a pass seen before: a
+        recomputed pass draws fresh noise, and its upload leaves the worker whatever the
+        service then does with it."""
+        if not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
+            raise ValueError(f"noise_multiplier must be > 0, got {noise_multiplier}")
+        with self._transaction() as tx:
+            tx.execute(
+                "INSERT INTO releases (session_id, pass_index, noise_multiplier, released_at)"
+                " VALUES (?, ?, ?, ?)",
+                (session_id, pass_index, float(noise_multiplier), time.time()),
+            )
+
+    def inverse_square_sum(self, *, session_id: str | None = None) -> float:
+        """Sum of 1 / z_i^2 over all releases (or one session's)."""
+        query = "SELECT COALESCE(SUM(1.0 / (noise_multiplier * noise_multiplier)), 0) FROM releases"
+        args: tuple[str, ...] = ()
+        if session_id is not None:
+            query += " WHERE session_id = ?"
+            args = (session_id,)
+        return float(self._connection.execute(query, args).fetchone()[0])
+
+    def releases(self, *, session_id: str | None = None) -> int:
+        query, args = "SELECT COUNT(*) FROM releases", ()
+        if session_id is not None:
+            query, args = query + " WHERE session_id = ?", (session_id,)
+        return int(self._connection.execute(query, args).fetchone()[0])
+
+    def sessions(self) -> list[SessionSpend]:
+        rows = self._connection.execute(
+            "SELECT session_id, COUNT(*), SUM(1.0 / (noise_multiplier * noise_multiplier)),"
+            " MIN(released_at), MAX(released_at) FROM releases GROUP BY session_id"
+            " ORDER BY MIN(id)"
+        ).fetchall()
+        return [SessionSpend(r[0], int(r[1]), float(r[2]), float(r[3]), float(r[4])) for r in rows]
+
+    def epsilon(
+        self, *, delta: float, accountant: AccountantName, session_id: str | None = None
+    ) -> float:
+        return composed_epsilon(
+            inverse_square_sum=self.inverse_square_sum(session_id=session_id),
+            delta=delta,
+            accountant=accountant,
+        )

@@ -1,0 +1,187 @@
+"""The data owner's privacy policy, enforced by its own worker.
+
+Differential privacy protects an organisation's data against the operator and the other parties,
+so neither may choose how much of it is spent. Before a worker sends anything it recomputes the
+session's privacy from the session's public parameters with the same plan the service uses
+(``secure.privacy.SessionPrivacy``) and refuses a session that is not private, whose numbers
+differ from its own, or that would take it past its policy; then, before each release leaves,
+it writes the release to its own ledger (``clients/ledger.py``) and stops when the next one would
+exceed the per-session or the lifetime budget. Epsilon is computed at the policy's delta with the
+policy's accountant, whatever the session reports.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from clients.ledger import LocalLedger, composed_epsilon
+from secure.accounting import AccountantName, max_releases
+from secure.privacy import RELEASE_LAYER, PrivacyPlanError, SessionPrivacy
+
+#: Relative tolerance when comparing the service's numbers with the worker's own.
+AGREEMENT = 1e-6
+
+
+class PolicyRefusal(RuntimeError):
+    """The session asks for what this organisation's privacy policy does not allow."""
+
+
+class BudgetSpent(PolicyRefusal):
+    """One more release would take the spend past the per-session or the lifetime budget."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrivacyPolicy:
+    """What an organisation allows its worker to spend of its data's privacy."""
+
+    require_dp: bool = True
+    max_session_epsilon: float = 4.0
+    max_lifetime_epsilon: float = 16.0
+    delta: float = 1e-6
+    allow_shared_noise: bool = False
+    accountant: AccountantName = "rdp"
+
+    def __post_init__(self) -> None:
+        for name in ("max_session_epsilon", "max_lifetime_epsilon"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {value}")
+        if not 0.0 < self.delta < 1.0:
+            raise ValueError(f"delta must be in (0, 1), got {self.delta}")
+
+    def epsilon_of(self, inverse_square_sum: float) -> float:
+        return composed_epsilon(
+            inverse_square_sum=inverse_square_sum, delta=self.delta, accountant=self.accountant
+        )
+
+
+def _disagrees(ours: float, theirs: Any) -> bool:
+    if not isinstance(theirs, int | float):
+        return True
+    return not math.isclose(ours, float(theirs), rel_tol=AGREEMENT, abs_tol=1e-12)
+
+
+def admit_session(
+    policy: PrivacyPolicy,
+    session: Mapping[str, Any],
+    *,
+    encrypted: bool,
+    ledger: LocalLedger | None,
+) -> SessionPrivacy | None:
+    """The session's privacy plan as this worker computes it, or :class:`PolicyRefusal` saying
+    why the worker will not take part. ``session`` is ``GET /v1/sessions/{id}``."""
+    config = session["config"]
+    if not config.get("privacy"):
+        if policy.require_dp:
+            raise PolicyRefusal(
+                "the session has no differential privacy, and this organisation's policy requires"
+                " it (the operator must create the session with privacy; to take part without"
+                " any guarantee, the data owner can pass --no-require-dp)"
+            )
+        return None
+    layers = [a["layer"] for a in config["agg_layers"]]
+    if layers != [RELEASE_LAYER]:
+        raise PolicyRefusal(
+            f"the session aggregates at layers {layers}; under differential privacy a worker"
+            f" releases only its noisy layer-{RELEASE_LAYER} map (docs/privacy.md)"
+        )
+    try:
+        privacy = SessionPrivacy.restore(
+            config["privacy"],
+            clients=config["clients"],
+            passes_total=session["passes_total"],
+            encrypted=encrypted,
+        )
+    except (PrivacyPlanError, TypeError) as exc:
+        raise PolicyRefusal(f"the session's privacy settings are not usable: {exc}") from exc
+    if privacy.shared_noise and not policy.allow_shared_noise:
+        raise PolicyRefusal(
+            "the session uses shared noise (each worker adds 1/M of the variance, so the"
+            " guarantee holds only against a single curious peer, not against all peers"
+            " colluding); this organisation's policy does not allow it (--allow-shared-noise)"
+        )
+    reported = session.get("privacy") or {}
+    for name, ours in (
+        ("sensitivity", privacy.sensitivity),
+        ("ledger_noise_multiplier", privacy.ledger_noise_multiplier),
+        ("epsilon_planned", privacy.epsilon_planned),
+    ):
+        if name in reported and _disagrees(ours, reported[name]):
+            raise PolicyRefusal(
+                f"the service reports {name} = {reported[name]}, this worker computes {ours:.6g}"
+                " from the session's public parameters: refusing a session whose accounting"
+                " differs from its own"
+            )
+    releases = releases_within_target(privacy)
+    planned = releases / privacy.ledger_noise_multiplier**2
+    session_epsilon = policy.epsilon_of(planned)
+    if session_epsilon > policy.max_session_epsilon:
+        raise PolicyRefusal(
+            f"the session would spend epsilon {session_epsilon:.4g} of this data's privacy (delta"
+            f" {policy.delta:g}, {releases} releases with noise multiplier"
+            f" {privacy.ledger_noise_multiplier:.4g}); the policy allows"
+            f" {policy.max_session_epsilon:g} per session"
+        )
+    if ledger is not None:
+        spent = ledger.inverse_square_sum()
+        lifetime = policy.epsilon_of(spent + planned)
+        if lifetime > policy.max_lifetime_epsilon:
+            raise PolicyRefusal(
+                f"this session would take the lifetime spend on this data to epsilon"
+                f" {lifetime:.4g} (spent so far: {policy.epsilon_of(spent):.4g} in"
+                f" {ledger.releases()} releases); the policy allows {policy.max_lifetime_epsilon:g}"
+                f" (see `glasu budget --local DIR`)"
+            )
+    return privacy
+
+
+def releases_within_target(privacy: SessionPrivacy) -> int:
+    """How many releases the session can make: all planned ones, or fewer when its epsilon
+    target stops it first (z given with a smaller target). The worker's own gate enforces the
+    same count at its own delta, so it need not trust the service to stop."""
+    releases = privacy.planned_releases
+    if privacy.epsilon is not None:
+        releases = min(
+            releases,
+            max_releases(
+                noise_multiplier=privacy.ledger_noise_multiplier,
+                delta=privacy.delta,
+                epsilon=privacy.epsilon,
+                accountant=privacy.accountant,
+                limit=max(releases, 1),
+            ),
+        )
+    return releases
+
+
+@dataclass
+class ReleaseGate:
+    """Records each release in the local ledger before it leaves; refuses the one that would go
+    past the per-session or the lifetime budget."""
+
+    policy: PrivacyPolicy
+    privacy: SessionPrivacy
+    ledger: LocalLedger
+    session_id: str
+
+    def admit(self, pass_index: int) -> None:
+        z = self.privacy.ledger_noise_multiplier
+        step = 1.0 / z**2
+        session = self.policy.epsilon_of(
+            self.ledger.inverse_square_sum(session_id=self.session_id) + step
+        )
+        lifetime = self.policy.epsilon_of(self.ledger.inverse_square_sum() + step)
+        if session > self.policy.max_session_epsilon:
+            raise BudgetSpent(
+                f"release {pass_index} would take this session's spend to epsilon {session:.4g};"
+                f" the policy allows {self.policy.max_session_epsilon:g}"
+            )
+        if lifetime > self.policy.max_lifetime_epsilon:
+            raise BudgetSpent(
+                f"release {pass_index} would take the lifetime spend on this data to epsilon"
+                f" {lifetime:.4g}; the policy allows {self.policy.max_lifetime_epsilon:g}"
+            )
+        self.ledger.record(session_id=self.session_id, pass_index=pass_index, noise_multiplier=z)

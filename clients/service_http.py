@@ -1,0 +1,187 @@
+"""What every HTTP client of the aggregation service shares: the worker's ``ServiceClient``
+(``clients/transport.py``) and the operator's ``AdminClient`` (``clients/admin.py``).
+
+TLS verification, the two errors (the service refused; the service could not be reached),
+RFC 9457 problem details turned into one sentence for people, and bounded retries. Only
+``httpx`` and the standard library: the CLI's admin commands import this without numpy or
+torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+
+class ServiceError(RuntimeError):
+    """The service answered with an error that retrying will not fix.
+
+    ``action`` (e.g. "to close session 'abc'") names what was asked, for :meth:`describe`;
+    without it the request line is named."""
+
+    def __init__(
+        self,
+        status: int,
+        problem: dict[str, Any],
+        method: str,
+        url: str,
+        *,
+        action: str | None = None,
+    ) -> None:
+        self.status = status
+        self.problem = problem
+        self.method = method
+        self.url = url
+        self.action = action
+        detail = problem.get("detail") or problem.get("title") or "no detail"
+        super().__init__(f"{method} {url} -> {status} {problem_slug(problem)}: {detail}")
+
+    @property
+    def slug(self) -> str:
+        return problem_slug(self.problem)
+
+    def describe(self) -> str:
+        """One sentence for people: "the service refused ... (status slug): detail"."""
+        return describe_problem(
+            self.problem, status=self.status, action=self.action or f"{self.method} {self.url}"
+        )
+
+
+class ServiceUnavailable(RuntimeError):
+    """The service could not be reached, or kept failing, within the retry budget.
+
+    ``answered`` is True when the last attempt got a 5xx answer (the service is there but
+    failing), False when it never answered (connection refused, timeout, TLS failure)."""
+
+    def __init__(self, message: str, *, failure: str = "", answered: bool = False) -> None:
+        super().__init__(message)
+        self.failure = failure
+        self.answered = answered
+
+
+def tls_verification(ca_file: Path | None) -> ssl.SSLContext | bool:
+    """Verify the service's certificate against ``ca_file``, else against the system CAs."""
+    if ca_file is None:
+        return True
+    if not Path(ca_file).is_file():
+        raise FileNotFoundError(f"CA file {ca_file} not found")
+    return ssl.create_default_context(cafile=str(ca_file))
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    attempts: int = 8
+    first_delay: float = 0.2
+    max_delay: float = 5.0
+
+
+# -- problem details (RFC 9457, service/errors.py) ------------------------------------------------
+
+
+def problem_of(response: httpx.Response) -> dict[str, Any]:
+    """The problem-details body of an error response (a stand-in when it is not JSON)."""
+    try:
+        body = response.json()
+    except ValueError:
+        return {"detail": response.text[:200]}
+    return body if isinstance(body, dict) else {"detail": str(body)}
+
+
+def problem_slug(problem: Mapping[str, Any]) -> str:
+    return str(problem.get("type", "")).rsplit("/", 1)[-1]
+
+
+def describe_problem(
+    problem: Mapping[str, Any], *, status: int | None = None, action: str | None = None
+) -> str:
+    """One sentence for people from an RFC 9457 body::
+
+        the service refused to create the session (422 validation-error): clients: Input
+        should be less than or equal to 64
+
+    ``action`` says what was asked ("to create the session"; default "the request"). A 422
+    validation error lists each field and its message (the ``errors`` member the service
+    adds); otherwise the ``detail`` (else the ``title``) is the reason."""
+    status = status if status is not None else problem.get("status")
+    slug = problem_slug(problem)
+    label = " ".join(str(part) for part in (status, slug) if part)
+    reason = _field_errors(problem.get("errors")) or str(
+        problem.get("detail") or problem.get("title") or "no reason given"
+    )
+    asked = action or "the request"
+    return f"the service refused {asked}" + (f" ({label})" if label else "") + f": {reason}"
+
+
+def _field_errors(errors: object) -> str:
+    if not isinstance(errors, list) or not errors:
+        return ""
+    described = []
+    for error in errors:
+        if not isinstance(error, Mapping):
+            continue
+        location = [str(part) for part in error.get("loc", [])]
+        if location[:1] in (["body"], ["query"], ["path"], ["header"]) and len(location) > 1:
+            location = location[1:]  # the field, not where FastAPI found it
+        field = ".".join(location) or "request"
+        described.append(f"{field}: {error.get('msg', 'invalid')}")
+    return "; ".join(described)
+
+
+# -- sending with bounded retries ------------------------------------------------------------------
+
+
+def send_with_retries(
+    http: httpx.Client,
+    method: str,
+    path: str,
+    *,
+    retry: RetryPolicy,
+    sleep: Callable[[float], None] = time.sleep,
+    retry_log_level: int = logging.WARNING,
+    **kwargs: Any,
+) -> httpx.Response:
+    """Send a request, retrying transport errors and 5xx answers with exponential back-off
+    (each retry logged at ``retry_log_level``).
+
+    Returns the first answer below 500 (success or client error: the caller decides); raises
+    :class:`ServiceUnavailable` after ``retry.attempts`` failures."""
+    delay = retry.first_delay
+    failure = "no attempt made"
+    answered = False
+    for attempt in range(1, retry.attempts + 1):
+        try:
+            response = http.request(method, path, **kwargs)
+        except (httpx.TransportError, httpx.TimeoutException) as exc:
+            failure, answered = f"{type(exc).__name__}: {exc}", False
+        else:
+            if response.status_code < 500:
+                return response
+            failure = f"{response.status_code} {problem_of(response).get('detail', '')}".strip()
+            answered = True
+        if attempt == retry.attempts:
+            break
+        log.log(
+            retry_log_level,
+            "%s %s failed (%s); retry %d in %.1f s",
+            method,
+            path,
+            failure,
+            attempt,
+            delay,
+        )
+        sleep(delay)
+        delay = min(delay * 2, retry.max_delay)
+    raise ServiceUnavailable(
+        f"{method} {path} failed after {retry.attempts} attempts: {failure}",
+        failure=failure,
+        answered=answered,
+    )

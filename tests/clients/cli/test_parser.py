@@ -1,0 +1,174 @@
+"""The parser a person reads: cheap to build (no torch for `glasu serve`), `--version`, help on
+every option with defaults shown one way, switches that read as switches, and defaults equal to
+the models' own."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import subprocess
+import sys
+from importlib import metadata
+
+import pytest
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from clients.cli.main import COMMANDS, build_parser, main
+from clients.cli.options import HelpFormatter
+from clients.cli.settings_args import add_settings_arguments, settings_from_args
+from clients.cli.train_options import CKKS_MAX_CLIENTS, DEFAULTS
+
+HEAVY = ("torch", "torch_geometric", "models", "tenseal", "opacus", "fastapi", "uvicorn")
+
+PARSE_IN_A_FRESH_INTERPRETER = """
+import json, sys
+from clients.cli.main import build_parser
+parser = build_parser()
+for argv in json.loads(sys.argv[1]):
+    parser.parse_args(argv)
+heavy = sorted({m.split(".")[0] for m in sys.modules} & set(json.loads(sys.argv[2])))
+print(json.dumps(heavy))
+"""
+
+
+def test_building_the_parser_and_parsing_loads_no_torch_models_or_app() -> None:
+    """`glasu serve` is the service container's entrypoint: it must not pay for torch."""
+    argvs = [
+        ["serve", "--port", "8000", "--dry-run", "--log-level", "warning"],
+        ["worker", "--server", "https://h:8443", "--client", "1", "--threads", "1"],
+        ["train", "--rounds", "3", "--no-he", "--report", "r.json"],
+        ["session", "status", "--server", "u", "--admin-token-file", "t", "--session", "s"],
+        ["budget", "--server", "u", "--session", "s"],
+    ]
+    done = subprocess.run(
+        [sys.executable, "-c", PARSE_IN_A_FRESH_INTERPRETER, json.dumps(argvs), json.dumps(HEAVY)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == []
+
+
+def test_version_comes_from_the_package_metadata(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"glasu {metadata.version('glasu')}\n"
+
+
+def _parsers() -> dict[str, argparse.ArgumentParser]:
+    """Every (sub)command's parser by its prog, e.g. "glasu session create"."""
+    found: dict[str, argparse.ArgumentParser] = {}
+
+    def visit(parser: argparse.ArgumentParser) -> None:
+        found[parser.prog] = parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for child in action.choices.values():
+                    visit(child)
+
+    visit(build_parser())
+    return found
+
+
+def test_every_command_is_listed_and_every_option_has_help() -> None:
+    parsers = _parsers()
+    assert {f"glasu {name}" for name in COMMANDS} <= set(parsers)
+    missing = [
+        f"{prog} {action.option_strings[0]}"
+        for prog, parser in parsers.items()
+        for action in parser._actions
+        if action.option_strings and not (action.help or "").strip()
+    ]
+    assert not missing, f"options without help: {missing}"
+    for prog, parser in parsers.items():
+        assert parser.formatter_class is HelpFormatter, prog
+
+
+def test_defaults_are_shown_one_way(capsys: pytest.CaptureFixture) -> None:
+    texts = {}
+    for prog, parser in _parsers().items():
+        texts[prog] = parser.format_help()
+    everything = "\n".join(texts.values())
+    assert "(default " not in everything  # the old "(default X)" of the settings flags
+    assert "default: None" not in everything and "default: False" not in everything
+    assert "default: True" not in everything
+    train = " ".join(texts["glasu train"].split())
+    assert "communication rounds (default: 300)" in train
+    serve = " ".join(texts["glasu serve"].split())
+    assert "[env GLASU_PORT] (default: 8000)" in serve
+    worker = " ".join(texts["glasu worker"].split())
+    assert "[env GLASU_SERVER] (required)" in worker
+
+
+@pytest.mark.parametrize(
+    ("prog", "flag", "says"),
+    [
+        ("glasu train", "--no-he", "switch CKKS encryption off (on by default)"),
+        ("glasu train", "--no-dp", "switch differential privacy off (on by default)"),
+        ("glasu train", "--no-shared-noise", "switch shared noise off (on by default"),
+        ("glasu session create", "--no-he", "switch CKKS encryption off (on by default)"),
+    ],
+)
+def test_switches_read_as_switches(prog: str, flag: str, says: str) -> None:
+    parser = _parsers()[prog]
+    (action,) = [a for a in parser._actions if flag in a.option_strings]
+    shown = HelpFormatter(prog)._get_help_string(action)
+    assert shown.startswith(says), shown
+    assert "default: True" not in shown and "default:" not in shown
+
+
+class _Toggles(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GLASU_TEST_")
+
+    metrics: bool = Field(True, description="Export Prometheus metrics.")
+    verbose: bool = False
+    retries: int = Field(3, ge=0, le=10, description="How often to retry.")
+
+
+def test_boolean_settings_flags_are_switches_and_numbers_are_checked(
+    capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parser = argparse.ArgumentParser(prog="t", formatter_class=HelpFormatter)
+    add_settings_arguments(parser, _Toggles)
+    text = " ".join(parser.format_help().split())
+    assert "--metrics, --no-metrics export Prometheus metrics [env GLASU_TEST_METRICS] (on by" in (
+        text
+    )
+    assert "[env GLASU_TEST_VERBOSE] (off by default)" in text
+    assert "how often to retry [env GLASU_TEST_RETRIES] (default: 3)" in text
+    assert "default: True" not in text and "default: False" not in text
+    # unset flags fall through to the environment, then to the field's default
+    monkeypatch.setenv("GLASU_TEST_METRICS", "false")
+    assert settings_from_args(_Toggles, parser.parse_args([])).metrics is False
+    assert settings_from_args(_Toggles, parser.parse_args(["--metrics"])).metrics is True
+    assert settings_from_args(_Toggles, parser.parse_args(["--retries", "7"])).retries == 7
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args(["--retries", "11"])
+    assert exited.value.code == 2
+    assert "argument --retries: Input should be less than or equal to 10" in capsys.readouterr().err
+
+
+def test_the_parsers_defaults_are_the_models() -> None:
+    """The parser copies the defaults so that it needs no `models` import; they must agree."""
+    from models.config import TrainConfig
+    from models.trainer import TrainConfig as TrainerConfig
+
+    assert TrainerConfig is TrainConfig
+    expected = TrainConfig()
+    for field in dataclasses.fields(DEFAULTS):
+        assert getattr(DEFAULTS, field.name) == getattr(expected, field.name), field.name
+    train = _parsers()["glasu train"]
+    parsed = train.parse_args([])
+    for field in dataclasses.fields(DEFAULTS):
+        if hasattr(parsed, field.name) and field.name != "epsilon":
+            assert getattr(parsed, field.name) == getattr(expected, field.name), field.name
+
+
+def test_the_limits_in_the_help_are_the_services_and_ckks() -> None:
+    from secure.he_context import MAX_SHARES
+
+    assert CKKS_MAX_CLIENTS == MAX_SHARES

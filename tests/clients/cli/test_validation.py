@@ -1,0 +1,164 @@
+"""Bad arguments are refused at once (exit code 2, argparse's format), before any dataset, torch
+or process is touched; output paths that cannot be written are refused before training."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from clients.cli import session_cmd, train_cmd
+from clients.cli.errors import EXIT_USAGE
+from clients.cli.main import main
+
+
+def _nothing_may_start(*args: object, **kwargs: object) -> None:
+    raise AssertionError("the command started although its arguments are invalid")
+
+
+@pytest.fixture(autouse=True)
+def _no_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(train_cmd, "run", _nothing_may_start)
+    monkeypatch.setattr(session_cmd, "run", _nothing_may_start)
+
+
+def _exit_code(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except SystemExit as exc:  # argparse's own errors
+        return int(exc.code or 0)
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--rounds", "-1"], "argument --rounds: must be an integer from 1 to 100000, got -1"),
+        (["--rounds", "many"], "argument --rounds: expected an integer, got 'many'"),
+        (["--epsilon", "0"], "argument --epsilon: must be > 0, got 0"),
+        (["--delta", "2"], "argument --delta: must be strictly between 0 and 1, got 2"),
+        (["--delta", "0"], "argument --delta: must be strictly between 0 and 1"),
+        (["--batch-size", "0"], "argument --batch-size: must be an integer >= 1, got 0"),
+        (["--clip", "-1"], "argument --clip: must be > 0"),
+        (["--lr", "nan"], "argument --lr: expected a finite number, got 'nan'"),
+        (["--dropout", "1"], "argument --dropout: must be >= 0 and < 1, got 1"),
+        (["--edge-fraction", "0"], "argument --edge-fraction: must be > 0 and <= 1"),
+        (["--threads", "0"], "argument --threads: must be an integer >= 1, got 0"),
+        (["--layers", "17"], "argument --layers: must be an integer from 1 to 16, got 17"),
+        (["--eval-every", "-2"], "argument --eval-every: must be an integer >= 0, got -2"),
+        (["--agg-layers", "5"], "--agg-layers K=5 is more than --layers L=4"),
+        (["--layers", "2", "--agg-layers", "3"], "--agg-layers K=3 is more than --layers L=2"),
+        (["--clients", "50"], "--clients 50: CKKS encryption is sized for at most 16 clients"),
+        (["--clients", "65", "--no-he"], "--clients 65: the service takes at most 64 clients"),
+        (["--mode", "flat"], "argument --mode: invalid choice: 'flat'"),
+    ],
+)
+def test_train_refuses_bad_values_at_once(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture
+) -> None:
+    started = time.perf_counter()
+    code = _exit_code(["train", *argv])
+    elapsed = time.perf_counter() - started
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE, err
+    assert err.startswith("usage: glasu train"), err
+    assert f"glasu train: error: {says}" in err
+    assert "Traceback" not in err
+    assert elapsed < 1.0
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--clients", "50", "--no-he"],  # no CKKS: up to the service's 64
+        ["--clients", "200", "--no-he", "--transport", "inprocess"],  # no service at all
+        ["--clients", "40", "--mode", "standalone"],  # nothing is released
+        ["--mode", "centralized", "--layers", "1"],  # K is not used outside glasu mode
+    ],
+)
+def test_train_accepts_what_fits(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    reached = []
+    monkeypatch.setattr(train_cmd, "run", lambda args: reached.append(args) or 0)
+    assert _exit_code(["train", *argv]) == 0
+    assert len(reached) == 1
+
+
+def test_session_create_checks_like_train(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = ["session", "create", "--server", "http://127.0.0.1:9", "--admin-token-file", "t"]
+    assert _exit_code([*base, "--out", str(tmp_path), "--clients", "17"]) == EXIT_USAGE
+    assert "CKKS encryption is sized for at most 16 clients" in capsys.readouterr().err
+    monkeypatch.setattr(session_cmd, "run", lambda args: 0)
+    assert _exit_code([*base, "--out", str(tmp_path), "--clients", "17", "--no-he"]) == 0
+    monkeypatch.setattr(session_cmd, "run", _nothing_may_start)
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    assert _exit_code([*base, "--out", str(afile / "sub")]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert f"glasu session create: error: --out {afile / 'sub'} is under the file {afile}" in err
+
+
+def _a_file(folder: Path) -> Path:
+    (folder / "f").write_text("")
+    return folder / "f"
+
+
+@pytest.mark.parametrize(
+    ("make_path", "says"),
+    [
+        (lambda tmp: Path("/etc/passwd/x.json"), "/etc/passwd is a file, not a directory"),
+        (lambda tmp: tmp, "is a directory; give a file name"),
+        (lambda tmp: _a_file(tmp) / "a" / "b.json", "is a file, not a directory"),
+    ],
+)
+def test_an_unwritable_report_fails_before_training(
+    make_path: Callable[[Path], Path],
+    says: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    report = make_path(tmp_path)
+    code = _exit_code(
+        ["train", "--transport", "inprocess", "--rounds", "1", "--report", str(report)]
+    )
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE, err
+    assert f"glasu train: error: --report {report}" in err and says in err
+
+
+def test_an_unknown_plot_format_fails_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    assert _exit_code(["train", "--plot", str(tmp_path / "history.txt")]) == EXIT_USAGE
+    assert "unknown format 'txt'" in capsys.readouterr().err
+
+
+def test_a_missing_report_directory_is_fine(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(train_cmd, "run", lambda args: 0)
+    assert _exit_code(["train", "--report", str(tmp_path / "new" / "dir" / "r.json")]) == 0
+
+
+def test_in_a_fresh_interpreter_the_refusal_is_one_usage_error(glasu) -> None:
+    done = glasu("train", "--rounds", "-1", "--epsilon", "4")
+    assert done.returncode == EXIT_USAGE
+    assert done.stdout == ""
+    assert done.stderr.splitlines()[-1] == (
+        "glasu train: error: argument --rounds: must be an integer from 1 to 100000, got -1"
+    )
+    assert "Traceback" not in done.stderr
+
+
+def test_service_settings_are_checked_before_the_service_starts(glasu, tmp_path: Path) -> None:
+    port = glasu("serve", "--port", "70000")
+    assert port.returncode == EXIT_USAGE
+    assert "argument --port: Input should be less than or equal to 65535" in port.stderr
+    no_token = glasu("serve", "--dry-run", "--database", str(tmp_path / "db.sqlite3"))
+    assert no_token.returncode == EXIT_USAGE
+    assert "glasu serve: error: invalid settings: an admin token is required" in no_token.stderr
+    assert "Traceback" not in no_token.stderr
+    worker = glasu("worker", "--session", "s")
+    assert worker.returncode == EXIT_USAGE
+    assert "--server (or GLASU_SERVER) is required" in worker.stderr
+    assert "Traceback" not in worker.stderr

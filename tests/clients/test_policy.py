@@ -1,0 +1,140 @@
+"""The data owner's privacy policy and its local ledger (clients/policy.py, clients/ledger.py)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from clients.ledger import LocalLedger
+from clients.policy import BudgetSpent, PolicyRefusal, PrivacyPolicy, ReleaseGate, admit_session
+from secure.accounting import epsilon_after
+from secure.privacy import SessionPrivacy
+
+PASSES = 40
+
+
+def session(**privacy_overrides: Any) -> dict[str, Any]:
+    """``GET /v1/sessions/{id}`` of a private session, as the service plans it."""
+    settings: dict[str, Any] = dict(epsilon=4.0, delta=1e-6, clip=1.0, occurrence_cap=1)
+    settings.update(privacy_overrides)
+    planned = SessionPrivacy.plan(**settings, clients=3, passes_total=PASSES, encrypted=True)
+    return {
+        "session_id": "s1",
+        "passes_total": PASSES,
+        "config": {
+            "clients": 3,
+            "agg_layers": [{"layer": 1, "width": 16}],
+            "privacy": {
+                k: v for k, v in planned.settings().items() if k != "noise_multiplier_source"
+            },
+        },
+        "privacy": planned.report(releases=0),
+    }
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> LocalLedger:
+    with LocalLedger.beside(tmp_path) as opened:
+        yield opened
+
+
+def test_a_session_within_the_policy_is_admitted(ledger: LocalLedger) -> None:
+    privacy = admit_session(PrivacyPolicy(), session(), encrypted=True, ledger=ledger)
+    assert privacy is not None and privacy.epsilon_planned <= 4.0
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (lambda s: s["config"].update(privacy=None), "no differential privacy"),
+        (lambda s: s["config"].update(agg_layers=[{"layer": 2, "width": 16}]), "layers"),
+        (lambda s: s["config"]["privacy"].update(noise_multiplier=5.0), "differs"),
+        (lambda s: s["privacy"].update(sensitivity=0.01), "sensitivity"),
+        (lambda s: s["config"]["privacy"].update(sensitivity=0.01), "not usable"),
+    ],
+)
+def test_a_session_that_is_not_what_it_claims_is_refused(
+    ledger: LocalLedger, change: Any, says: str
+) -> None:
+    bad = session()
+    change(bad)
+    with pytest.raises(PolicyRefusal, match=says):
+        admit_session(PrivacyPolicy(), bad, encrypted=True, ledger=ledger)
+
+
+def test_smaller_noise_or_a_larger_budget_than_the_policy_is_refused(ledger: LocalLedger) -> None:
+    honest_but_greedy = session(epsilon=8.0)
+    with pytest.raises(PolicyRefusal, match="allows 4 per session"):
+        admit_session(PrivacyPolicy(), honest_but_greedy, encrypted=True, ledger=ledger)
+    small_z = session(epsilon=None, noise_multiplier=2.0)
+    with pytest.raises(PolicyRefusal, match="per session"):
+        admit_session(PrivacyPolicy(), small_z, encrypted=True, ledger=ledger)
+    assert admit_session(
+        PrivacyPolicy(max_session_epsilon=8.0), honest_but_greedy, encrypted=True, ledger=ledger
+    )
+
+
+def test_shared_noise_needs_the_owner_s_consent(ledger: LocalLedger) -> None:
+    shared = session(shared_noise=True)
+    with pytest.raises(PolicyRefusal, match="shared noise"):
+        admit_session(PrivacyPolicy(), shared, encrypted=True, ledger=ledger)
+    assert admit_session(
+        PrivacyPolicy(allow_shared_noise=True), shared, encrypted=True, ledger=ledger
+    )
+
+
+def test_no_dp_only_when_the_owner_says_so(ledger: LocalLedger) -> None:
+    plain = session()
+    plain["config"]["privacy"] = None
+    assert (
+        admit_session(PrivacyPolicy(require_dp=False), plain, encrypted=True, ledger=None) is None
+    )
+
+
+def test_sessions_compose_in_the_local_ledger_until_the_lifetime_budget(
+    ledger: LocalLedger,
+) -> None:
+    policy = PrivacyPolicy(max_session_epsilon=4.0, max_lifetime_epsilon=5.0)
+    first = admit_session(policy, session(), encrypted=True, ledger=ledger)
+    assert first is not None
+    gate = ReleaseGate(policy, first, ledger, "s1")
+    for pass_index in range(PASSES):
+        gate.admit(pass_index)
+    assert ledger.releases() == PASSES
+    spent = ledger.epsilon(delta=1e-6, accountant="rdp")
+    same = epsilon_after(
+        noise_multiplier=first.ledger_noise_multiplier, releases=PASSES, delta=1e-6
+    )
+    assert spent == pytest.approx(same, rel=1e-9) and spent <= 4.0
+    # a second session on the same data starts where the first ended: two sessions of epsilon 4
+    # compose to about 5.9 (Gaussian releases compose sub-additively), over the lifetime 5
+    with pytest.raises(PolicyRefusal, match="lifetime"):
+        admit_session(policy, session(), encrypted=True, ledger=ledger)
+    # a smaller one fits; its releases stop at the lifetime budget, recorded before they leave
+    second = admit_session(policy, session(epsilon=1.0), encrypted=True, ledger=ledger)
+    assert second is not None
+    # (together they would spend about 4.17; a lifetime budget of 4.1 stops it partway)
+    gate = ReleaseGate(PrivacyPolicy(max_lifetime_epsilon=4.1), second, ledger, "s2")
+    with pytest.raises(BudgetSpent, match="lifetime"):
+        for pass_index in range(PASSES):
+            gate.admit(pass_index)
+    assert 0 < ledger.releases(session_id="s2") < PASSES
+    assert ledger.epsilon(delta=1e-6, accountant="rdp") <= 4.1
+    assert [s.session_id for s in ledger.sessions()] == ["s1", "s2"]
+
+
+def test_the_ledger_is_durable_and_composes_different_noise(tmp_path: Path) -> None:
+    with LocalLedger.beside(tmp_path) as ledger:
+        ledger.record(session_id="a", pass_index=0, noise_multiplier=3.0)
+        ledger.record(session_id="b", pass_index=0, noise_multiplier=4.0)
+    with LocalLedger.beside(tmp_path) as reopened:
+        assert reopened.releases() == 2
+        z = 1 / math.sqrt(1 / 9 + 1 / 16)  # = 2.4: two Gaussians compose to one
+        assert reopened.epsilon(delta=1e-5, accountant="rdp") == pytest.approx(
+            epsilon_after(noise_multiplier=z, releases=1, delta=1e-5)
+        )
+        with pytest.raises(ValueError):
+            reopened.record(session_id="c", pass_index=0, noise_multiplier=0.0)
