@@ -42,7 +42,7 @@ def main() -> None:
     if args.render_only:
         render(json.loads(out.read_text()), args)
         return
-    from clients.cli.local_federation import train_over_http
+    from clients.local.federation import train_over_http
     from models.config import TrainConfig
     from models.data import load_dataset
     from models.layout import layout_federation

@@ -29,7 +29,7 @@ def main() -> None:
     parser.add_argument("--http-rounds", type=int, default=100)
     args = parser.parse_args()
     single_thread()
-    from clients.cli.local_federation import train_over_http
+    from clients.local.federation import train_over_http
     from models.config import TrainConfig
     from models.data import load_dataset
     from models.layout import layout_federation

@@ -56,7 +56,7 @@ METRICS = (
 DP_SESSION: dict[str, Any] = {
     "clients": 3,
     "layers": 3,
-    "agg_layers": [{"layer": 1, "width": 8}, {"layer": 3, "width": 4}],
+    "agg_layers": [{"layer": 1, "width": 8}],
     "stale": 2,
     "rounds": 3,
     "eval_every": 2,

@@ -1,25 +1,59 @@
-"""The worker's settings: environment variables ``GLASU_<FIELD>`` or ``glasu worker`` flags
-(``--foo-bar`` is field ``foo_bar``), one model for both, so a container is configured like a
-command."""
+"""The worker's settings: ``glasu worker`` flags, environment variables ``GLASU_<FIELD>`` and a
+TOML settings file (``--settings-file``), in that order of precedence (``--foo-bar`` is field
+``foo_bar`` is ``GLASU_FOO_BAR`` is ``foo_bar = ...`` in the file), one model for all, so a
+container is configured like a command. The privacy policy fields are the data owner's: they
+bound what any session may spend of this data (``clients/policy.py``)."""
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from clients.policy import PrivacyPolicy
+
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+def is_loopback(url: str) -> bool:
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class WorkerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GLASU_", extra="ignore")
+
+    settings_file: Path | None = Field(
+        None,
+        description="TOML file with any of these settings (field names as keys); flags and "
+        "environment variables win over it.",
+    )
 
     server: str = Field(description="Base URL of the aggregation service, e.g. https://host:8443")
     session: str = Field(description="Session id (from the operator).")
     client: int = Field(ge=0, description="This organisation's client index m.")
     token_file: Path = Field(description="File holding this client's bearer token.")
     data: Path = Field(description="This client's partition directory (see `glasu partition`).")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where to train.")
+    device: str = Field(
+        "auto",
+        description="Where to train: auto (a GPU if present), cpu, cuda or cuda:N (one GPU "
+        "per worker when several share a host). CKKS always runs on the CPU.",
+    )
     secret_context: Path | None = Field(
         None,
         description="CKKS secret context (from `glasu keygen`); required when the session "
@@ -52,3 +86,83 @@ class WorkerSettings(BaseSettings):
         description="How long to wait for the other clients at one step before "
         "giving up (exit code 5).",
     )
+    insecure_http: bool = Field(
+        False,
+        description="Allow a plain-HTTP service address other than loopback (tokens and "
+        "shares then cross the network unprotected by TLS).",
+    )
+    # -- the data owner's privacy policy (clients/policy.py) -----------------------------------
+    require_dp: bool = Field(True, description="Refuse sessions without differential privacy.")
+    max_session_epsilon: float = Field(
+        PrivacyPolicy.max_session_epsilon,
+        gt=0,
+        description="The most epsilon one session may spend of this data.",
+    )
+    max_lifetime_epsilon: float = Field(
+        PrivacyPolicy.max_lifetime_epsilon,
+        gt=0,
+        description="The most epsilon all sessions together may spend of this data (the local "
+        "ledger beside the data counts them).",
+    )
+    policy_delta: float = Field(
+        PrivacyPolicy.delta,
+        gt=0,
+        lt=1,
+        description="The delta at which this worker accounts its own epsilon.",
+    )
+    allow_shared_noise: bool = Field(
+        False,
+        description="Take part in sessions with shared noise (the guarantee then holds against "
+        "one curious peer only, not against peers colluding).",
+    )
+    policy_accountant: Literal["rdp", "prv"] = Field(
+        PrivacyPolicy.accountant, description="The accountant of this worker's own ledger."
+    )
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, device: str) -> str:
+        if not _DEVICE.fullmatch(device):
+            raise ValueError(f"{device!r} is not auto, cpu, cuda or cuda:N")
+        return device
+
+    @model_validator(mode="after")
+    def _tls_unless_loopback(self) -> WorkerSettings:
+        plain = urlsplit(self.server).scheme == "http" and not is_loopback(self.server)
+        if plain and not self.insecure_http:
+            raise ValueError(
+                f"server {self.server} is plain HTTP on a network address: use https:// "
+                "(with --ca-file), or pass --insecure-http to send tokens and shares "
+                "unprotected"
+            )
+        return self
+
+    def policy(self) -> PrivacyPolicy:
+        return PrivacyPolicy(
+            require_dp=self.require_dp,
+            max_session_epsilon=self.max_session_epsilon,
+            max_lifetime_epsilon=self.max_lifetime_epsilon,
+            delta=self.policy_delta,
+            allow_shared_noise=self.allow_shared_noise,
+            accountant=self.policy_accountant,
+        )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Flags (init), then the environment, then the settings file if one is named by a
+        flag or by ``GLASU_SETTINGS_FILE``."""
+        named: Any = init_settings().get("settings_file") or env_settings().get("settings_file")
+        sources: tuple[PydanticBaseSettingsSource, ...] = (init_settings, env_settings)
+        if named:
+            path = Path(named)
+            if not path.is_file():
+                raise ValueError(f"settings file {path} not found")
+            sources += (TomlConfigSettingsSource(settings_cls, toml_file=path),)
+        return sources

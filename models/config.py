@@ -53,7 +53,7 @@ class TrainConfig:
     accountant: AccountantName = "rdp"
     release_width: int = 16
     occurrence_cap: int = 1
-    shared_noise: bool = True  # only with encryption: nobody sees a single share
+    shared_noise: bool = False  # opt-in, with encryption only: weaker adversary (one curious peer)
     noise_seed: int | None = None  # reproducible noise, for experiments only
 
     @property

@@ -5,11 +5,13 @@ Wire format of a ``ckks`` embedding (all integers big-endian)::
     b"GLCK" | version: uint8 | key id: 8 bytes | chunk count: uint32
     then per chunk: length: uint32 | a serialized TenSEAL CKKSVector
 
-The matrix is flattened row-major and cut into chunks of ``SLOTS_PER_CIPHERTEXT`` values (the
-last chunk may be shorter); ``rows * cols == 0`` gives zero chunks. The key id is a public
-fingerprint of the key pair and parameters (:func:`secure.he_context.context_key_id`): a share
-encrypted under another key pair is refused instead of silently corrupting the sum. The service
-returns only the sum; clients divide by the count (docs/encryption.md).
+The key id is bytes 5 to 12 of the payload. The matrix is flattened row-major and cut into
+chunks of ``SLOTS_PER_CIPHERTEXT`` (N / 2 = 2048) values (the last chunk may be shorter);
+``rows * cols == 0`` gives zero chunks. The key id is the first 8 bytes of SHA-256 over the
+public context's serialization, i.e. over the bytes of ``public.context``
+(:func:`secure.he_context.context_key_id`): a share encrypted under another key pair or other
+parameters is refused instead of silently corrupting the sum. The service returns only the sum;
+clients divide by the count (docs/encryption.md).
 """
 
 from __future__ import annotations
@@ -98,7 +100,8 @@ MAGIC = b"GLCK"
 FORMAT_VERSION = 1
 _HEADER = struct.Struct(f">4sB{KEY_ID_BYTES}sI")
 _CHUNK_LENGTH = struct.Struct(">I")
-# Twice an uncompressed 2-polynomial ciphertext at one 64-bit-word prime (ours compress to ~24 KiB).
+# Twice an uncompressed 2-polynomial ciphertext at one 64-bit-word prime: 128 KiB for N = 4096
+# (ours compress to ~50 KiB, 24.9 bytes per value).
 MAX_CHUNK_BYTES = 2 * (2 * POLY_MODULUS_DEGREE * 8)
 _CIPHERTEXT_POLYNOMIALS = 2
 

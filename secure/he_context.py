@@ -8,6 +8,7 @@ ciphertexts. See docs/encryption.md for the measurements behind the constants be
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import tempfile
 from dataclasses import dataclass
@@ -15,20 +16,30 @@ from pathlib import Path
 
 import tenseal as ts
 
-# Chosen by measurement (bench/he.py, TenSEAL 0.3.18, docs/encryption.md): one 40-bit data prime
-# plus a 14-bit special prime = 54 bits, SEAL's 128-bit maximum for N = 2048. Ciphertexts carry
-# only the data prime: 24.1 bytes per float (6.0x float32); max abs error of a sum of 16 shares
-# with |x| <= 1 measured at 1.8e-5 to 2.1e-5 (5.2e-5 with fully correlated noise; target 1e-4).
-# A 32-bit prime (16.6 B/float) misses the error target or overflows at 16 shares; 34 bits
-# (21.1 B/float) has 1/32 of the range. N = 4096/8192 cost as many or more bytes with more noise
-# or bigger keys; N = 1024 cannot hold two NTT primes within its 27 bits.
-POLY_MODULUS_DEGREE = 2048
-COEFF_MOD_BIT_SIZES = (40, 14)
-GLOBAL_SCALE_BITS = 29
+# HomomorphicEncryption.org security standard (Albrecht et al., 2018), ternary secret (SEAL samples
+# a uniform ternary secret key): the largest total coefficient-modulus bit count log2(q) per ring
+# degree N, for 128-bit security against classical and against quantum attacks (the same values
+# as SEAL's hestdparms.h, SEAL_HE_STD_PARMS_128_TC and _128_TQ). The bound applies to the
+# key-level modulus: the product of *all* primes, special prime included.
+HE_STANDARD_128_CLASSICAL = {1024: 27, 2048: 54, 4096: 109, 8192: 218, 16384: 438, 32768: 881}
+HE_STANDARD_128_QUANTUM = {1024: 25, 2048: 51, 4096: 101, 8192: 202, 16384: 411, 32768: 827}
+
+# Chosen with a security margin (docs/encryption.md, bench/he.py, TenSEAL 0.3.18): N = 4096 with a
+# 41-bit data prime and a 24-bit special prime, 65 bits in all: 44 bits below the 128-bit classical
+# limit (109) and 36 below the 128-bit post-quantum one (101); it is also within the 192-bit
+# tables (75 classical, 70 post-quantum). Ciphertexts carry only the data prime: 24.9 bytes per
+# float (6.2x float32). Doubling N doubles the decoding error at a given scale, so the scale is
+# 2^30 (one bit more than N = 2048's 2^29) and the data prime 41 bits (one more than 40) to keep
+# both the old error and the old range; a 40-bit prime at 2^29 would cost 24.0 B/float with twice
+# the error. The previous N = 2048, (40, 14) sat exactly at the 128-bit classical limit (54) and
+# above the post-quantum one (51).
+POLY_MODULUS_DEGREE = 4096
+COEFF_MOD_BIT_SIZES = (41, 24)
+GLOBAL_SCALE_BITS = 30
 GLOBAL_SCALE = float(2**GLOBAL_SCALE_BITS)
 SLOTS_PER_CIPHERTEXT = POLY_MODULUS_DEGREE // 2
 
-# Encodable range. A sum s decodes correctly while |s| * 2^29 < q / 2 ~ 2^39, i.e. |s| < 1024;
+# Encodable range. A sum s decodes correctly while |s| * 2^30 < q / 2 ~ 2^40, i.e. |s| < 1024;
 # we keep a factor 2 of margin and split it over at most MAX_SHARES shares.
 MAX_SHARES = 16
 MAX_ABS_SUM = 512.0
@@ -41,8 +52,25 @@ def share_bound(*, clients: int) -> float:
     return MAX_ABS_SUM / clients
 
 
-# Absolute decoding error of a sum of up to MAX_SHARES shares (design target, ~5x the measured).
-SUM_ERROR_BOUND = 1e-4
+def decoding_error_scale(*, shares: int) -> float:
+    """Laplace scale b of one value's decoding error in a sum of ``shares`` independently
+    encrypted shares: P(|error| > t) ~ exp(-t / b).
+
+    The error is dominated by the rounding r1 * s of SEAL's switch of a fresh public-key
+    ciphertext from the key level to the data prime (r1: coefficients in [-1/2, 1/2], variance
+    1/12; s: ternary secret, variance 2/3). In a slot it is Re(sigma(r1) sigma(s)) / scale, a
+    product of two complex Gaussians with E|.|^2 = N/12 and 2N/3, i.e. Laplace with scale
+    N / (2 sqrt(18)) / scale; a sum of M shares has sqrt(M) times that (docs/encryption.md).
+    """
+    return POLY_MODULUS_DEGREE * math.sqrt(shares / 18) / (2 * GLOBAL_SCALE)
+
+
+# Absolute decoding error of a sum of up to MAX_SHARES independently encrypted shares, exceeded
+# with probability at most 2^-40 per value: 40 ln 2 Laplace scales, 5.0e-5 (the largest of 16,384
+# values measured: 1.7e-5). Below half a step of the 2^-12 share grid (1.2e-4), so decoded sums
+# round to the exact plaintext sum (secure.aggregation.to_grid).
+SUM_ERROR_FAILURE_BITS = 40
+SUM_ERROR_BOUND = decoding_error_scale(shares=MAX_SHARES) * SUM_ERROR_FAILURE_BITS * math.log(2)
 
 SECRET_CONTEXT_NAME = "secret.context"
 PUBLIC_CONTEXT_NAME = "public.context"
@@ -100,7 +128,13 @@ def public_context_bytes(context: ts.Context) -> bytes:
 
 
 def context_key_id(context: ts.Context) -> bytes:
-    """A short public fingerprint of (parameters, scale, public key), equal on both sides."""
+    """A short public fingerprint of (parameters, scale, public key), equal on both sides.
+
+    ``sha256(public_context_bytes(context))[:KEY_ID_BYTES]``, i.e. the first 8 bytes of SHA-256
+    over the exact bytes of ``public.context``: re-serializing a loaded public or secret context
+    reproduces those bytes (tested), so the first 16 hex digits of the service's
+    ``public_context_sha256`` are the key id.
+    """
     return hashlib.sha256(public_context_bytes(context)).digest()[:KEY_ID_BYTES]
 
 

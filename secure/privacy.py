@@ -49,6 +49,22 @@ _SETTINGS = (
 )
 
 
+#: What one unit of privacy protects, and what the mechanism does not hide.
+PRIVACY_UNIT = "one node's feature row at one client (replace-one)"
+NOT_PROTECTED = (
+    "the graph's edges (each client samples its own; node sets travel in the clear)",
+    "node ids and which nodes each pass samples",
+    "labels and the train/validation/test split (the session's public parameters)",
+)
+
+
+@dataclass(frozen=True)
+class Adversary:
+    adversary: str
+    noise_multiplier: float | None  # the z it faces; None: it sees no release
+    note: str
+
+
 class PrivacyPlanError(ValueError):
     """The privacy parameters cannot make a session: the message says which and why."""
 
@@ -271,8 +287,64 @@ class SessionPrivacy:
             "epsilon_planned": self.epsilon_planned,
             "shared_noise": self.shared_noise,
             "occurrence_cap": self.occurrence_cap,
+            "privacy_unit": PRIVACY_UNIT,
+            "not_protected": list(NOT_PROTECTED),
+            "adversaries": [
+                {
+                    "adversary": a.adversary,
+                    "noise_multiplier": a.noise_multiplier,
+                    "epsilon": self._epsilon_for(a.noise_multiplier, releases),
+                    "epsilon_planned": self._epsilon_for(a.noise_multiplier, self.planned_releases),
+                    "note": a.note,
+                }
+                for a in self.adversaries()
+            ],
             "ledger": list(ledger),
         }
+
+    def _epsilon_for(self, noise_multiplier: float | None, releases: int) -> float | None:
+        if noise_multiplier is None:
+            return None
+        return epsilon_after(
+            noise_multiplier=noise_multiplier,
+            releases=releases,
+            delta=self.delta,
+            accountant=self.accountant,
+        )
+
+    def adversaries(self) -> list[Adversary]:
+        """Against whom the guarantee holds, with the noise multiplier each one faces (None:
+        it sees no release at all). The privacy unit is one node's feature row at one client."""
+        z, m, shared = self.noise_multiplier, self.clients, self.shared_noise
+        per_share = z / math.sqrt(m) if shared else z  # the noise in one client's own share
+        if self.encrypted:
+            service = Adversary(
+                "the service alone", None, "sees only CKKS ciphertexts and their sum"
+            )
+        else:
+            service = Adversary(
+                "the service alone", per_share, "encryption off: it reads every share"
+            )
+        found = [service]
+        if m > 1:
+            found += [
+                Adversary(
+                    "one curious peer",
+                    effective_noise_multiplier(noise_multiplier=z, clients=m, shared=shared),
+                    "decrypts the sum and subtracts its own share",
+                ),
+                Adversary(
+                    "all other peers colluding, with or without the service",
+                    per_share,
+                    "pool their shares and isolate this client's share",
+                ),
+                Adversary(
+                    f"one node's features at all {m} clients, against one curious peer",
+                    z * math.sqrt((m - 1) / m) / (m - 1) if shared else z / math.sqrt(m - 1),
+                    f"the node's rows at the other {m - 1} clients move the sum together",
+                ),
+            ]
+        return found
 
 
 def check_private_arrangement(agg_layers: Sequence[int]) -> None:

@@ -205,6 +205,16 @@ class LedgerEntry(BaseModel):
     released_at: float
 
 
+class AdversaryEpsilon(BaseModel):
+    adversary: str
+    noise_multiplier: float | None = Field(
+        description="The z this adversary faces; null when it sees no release."
+    )
+    epsilon: float | None = Field(description="Epsilon against it so far (null: nothing seen).")
+    epsilon_planned: float | None = Field(description="After every planned release.")
+    note: str
+
+
 class PrivacyReport(BaseModel):
     """Without privacy: ``enabled`` false, no releases, nulls elsewhere."""
 
@@ -230,6 +240,15 @@ class PrivacyReport(BaseModel):
     epsilon_planned: float | None = Field(None, description="Epsilon after every planned release.")
     shared_noise: bool | None = None
     occurrence_cap: int | None = None
+    privacy_unit: str | None = Field(None, description="What one unit of privacy protects.")
+    not_protected: list[str] = Field(
+        default_factory=list, description="What the mechanism does not hide."
+    )
+    adversaries: list[AdversaryEpsilon] = Field(
+        default_factory=list,
+        description="Epsilon against each adversary; `epsilon` above is the ledger's (one curious"
+        " peer with shared noise, all other peers colluding without).",
+    )
     ledger: list[LedgerEntry] = Field(default_factory=list)
 
 

@@ -1,4 +1,5 @@
-"""``glasu budget``: print a session's privacy budget for people."""
+"""``glasu budget``: a session's privacy budget (from the service), or what an organisation has
+spent of its data across sessions (``--local DIR``: the worker's own ledger), for people."""
 
 from __future__ import annotations
 
@@ -7,19 +8,42 @@ import json
 from pathlib import Path
 
 from clients.cli.connection import add_server_arguments, admin_client, read_token
-from clients.cli.options import add_command
+from clients.cli.errors import CliError, UsageError
+from clients.cli.options import add_command, probability
+from clients.policy import PrivacyPolicy
 
 
 def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = add_command(
         commands,
         "budget",
-        help="show a session's privacy budget",
-        description="Show a session's (epsilon, delta): spent, target and mechanism "
-        "(GET /v1/sessions/{id}/privacy, with the admin token or a client token).",
+        help="show a session's privacy budget, or this organisation's own ledger",
+        description="Show a session's (epsilon, delta): spent, target, mechanism and against "
+        "whom it holds (GET /v1/sessions/{id}/privacy, with the admin token or a client token). "
+        "With --local DIR: what this organisation's worker has released of the data in DIR, "
+        "across all sessions (its own ledger; no service needed).",
     )
-    add_server_arguments(p)
-    p.add_argument("--session", required=True, metavar="ID", help="session id (required)")
+    p.add_argument(
+        "--local",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="a worker's data folder: print its local privacy ledger instead",
+    )
+    add_server_arguments(p, required=False)
+    p.add_argument("--session", default=None, metavar="ID", help="session id (with --server)")
+    p.add_argument(
+        "--delta",
+        type=probability,
+        default=PrivacyPolicy.delta,
+        help="with --local: the delta at which to state epsilon (use your policy's)",
+    )
+    p.add_argument(
+        "--accountant",
+        choices=("rdp", "prv"),
+        default=PrivacyPolicy.accountant,
+        help="with --local: the accountant",
+    )
     p.add_argument(
         "--token-file",
         type=Path,
@@ -32,6 +56,10 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.local is not None:
+        return _local(args)
+    if args.server is None or args.session is None:
+        raise UsageError("give --server and --session (a session's budget) or --local DIR")
     token = read_token(args.token_file, env="GLASU_ADMIN_TOKEN", flag="--token-file")
     with admin_client(args, token) as admin:
         report = admin.privacy(args.session)
@@ -39,10 +67,61 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _local(args: argparse.Namespace) -> int:
+    from clients.ledger import LEDGER_FILENAME, LocalLedger
+
+    path = args.local / LEDGER_FILENAME
+    if not path.is_file():
+        raise CliError(f"no privacy ledger at {path}: this data has released nothing yet")
+    with LocalLedger(path) as ledger:
+        sessions = ledger.sessions()
+        total = ledger.epsilon(delta=args.delta, accountant=args.accountant)
+        rows = [
+            {
+                "session": s.session_id,
+                "releases": s.releases,
+                "epsilon": ledger.epsilon(
+                    delta=args.delta, accountant=args.accountant, session_id=s.session_id
+                ),
+                "last_release_at": s.last_at,
+            }
+            for s in sessions
+        ]
+    summary = {
+        "ledger": str(path),
+        "delta": args.delta,
+        "accountant": args.accountant,
+        "releases": sum(s.releases for s in sessions),
+        "epsilon": total,
+        "sessions": rows,
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    print(
+        f"{path}: {summary['releases']} release(s) of this data in {len(rows)} session(s);\n"
+        f"lifetime spend: epsilon = {total:.4g} at delta = {args.delta:g} ({args.accountant}; "
+        f"sessions compose exactly as Gaussian releases)"
+    )
+    for row in rows:
+        print(f"  {row['session']}: {row['releases']} release(s), epsilon = {row['epsilon']:.4g}")
+    return 0
+
+
 def describe(report: dict) -> str:
+    """A privacy report for people: what was spent, against whom, and what is not protected."""
     if not report.get("enabled"):
         return "differential privacy is OFF for this session: no (epsilon, delta) guarantee"
     target = report.get("epsilon_target")
+    z, ledger_z = report["noise_multiplier"], report["ledger_noise_multiplier"]
+    if abs(z - ledger_z) <= 1e-12 * z:
+        noise = f"noise multiplier z = {z:.4g} ({report.get('noise_multiplier_source')})"
+    else:
+        noise = (
+            f"noise multiplier of the sum z = {z:.4g} ({report.get('noise_multiplier_source')}); "
+            f"the ledger composes z = {ledger_z:.4g}, what one curious peer faces after "
+            "removing its own share (shared noise)"
+        )
     lines = [
         f"spent:   epsilon = {report['epsilon']:.4g}, delta = {report['delta']:.3g} "
         f"after {report['releases']} release(s) ({report['accountant']} accountant)",
@@ -50,8 +129,22 @@ def describe(report: dict) -> str:
         f"planned: epsilon = {report['epsilon_planned']:.4g} after every pass of the session"
         if report.get("epsilon_planned") is not None
         else "",
-        f"mechanism: Gaussian, noise multiplier z = {report['noise_multiplier']:.4g} "
-        f"({report.get('noise_multiplier_source')}), sensitivity = {report['sensitivity']:.4g}, "
+        f"mechanism: Gaussian, {noise}, sensitivity = {report['sensitivity']:.4g}, "
         f"clip C = {report['clip']:.4g}",
     ]
+    if report.get("privacy_unit"):
+        lines.append(f"protects: {report['privacy_unit']}")
+        lines.append("against:")
+        for adversary in report.get("adversaries", []):
+            if adversary["epsilon"] is None:
+                value = "nothing to account (" + adversary["note"] + ")"
+            else:
+                value = (
+                    f"epsilon = {adversary['epsilon']:.4g} "
+                    f"(planned {adversary['epsilon_planned']:.4g}; z = "
+                    f"{adversary['noise_multiplier']:.4g}: {adversary['note']})"
+                )
+            lines.append(f"  {adversary['adversary']}: {value}")
+        lines.append("not protected: " + "; ".join(report.get("not_protected", [])))
+        lines.append("what epsilon means: docs/privacy.md, section 1")
     return "\n".join(line for line in lines if line)

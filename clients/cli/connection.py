@@ -14,9 +14,12 @@ if TYPE_CHECKING:
     from clients.admin import AdminClient
 
 
-def add_server_arguments(p: argparse._ActionsContainer) -> None:
+def add_server_arguments(p: argparse._ActionsContainer, *, required: bool = True) -> None:
     p.add_argument(
-        "--server", required=True, metavar="URL", help="base URL of the service (required)"
+        "--server",
+        required=required,
+        metavar="URL",
+        help="base URL of the service" + (" (required)" if required else ""),
     )
     p.add_argument(
         "--ca-file",

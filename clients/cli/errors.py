@@ -3,7 +3,8 @@
 
 Exit codes of every command: 0 done, 1 a failure (:class:`CliError`), 2 bad arguments
 (:class:`UsageError`, argparse), 3 the service refused a call, 4 the service could not be
-reached, 5 (``glasu worker``) other clients never delivered, 130 interrupted.
+reached, 5 (``glasu worker``) other clients never delivered, 6 (``glasu worker``) the data owner's
+privacy policy refused the session or its budget is spent, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ EXIT_USAGE = 2
 EXIT_REFUSED = 3
 EXIT_UNREACHABLE = 4
 EXIT_PEERS_MISSING = 5
+EXIT_POLICY = 6
 EXIT_INTERRUPTED = 130
 
 

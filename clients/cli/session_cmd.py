@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _create(admin: AdminClient, args: argparse.Namespace) -> int:
-    from clients.cli.local_federation import session_request
+    from clients.local.session import session_request
     from models.data import load_dataset
     from models.layout import layout_federation
 

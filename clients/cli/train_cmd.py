@@ -111,11 +111,15 @@ def _train(config: TrainConfig, args: argparse.Namespace) -> RunReport:
     if not uses_service(args):
         with failing_as(f"the options do not fit {config.dataset}", ValueError):
             return train_inprocess(config, dataset=dataset, progress=not args.quiet)
-    from clients.cli.local_federation import train_over_http
+    from clients.local.federation import train_over_http
+    from clients.local.processes import FederationFailed
 
     with failing_as(f"the options do not fit {config.dataset}", ValueError):
         layout = layout_federation(config, dataset)
-    return train_over_http(config, layout, dataset, threads=args.threads, progress=not args.quiet)
+    with failing_as("the federation failed", FederationFailed):
+        return train_over_http(
+            config, layout, dataset, threads=args.threads, progress=not args.quiet
+        )
 
 
 @contextmanager

@@ -2,16 +2,14 @@
 defaults, help, per-value checks (argparse types), the checks across options, and the
 ``TrainConfig`` they make.
 
-Torch-free: the defaults below are a copy of ``models.config.TrainConfig``'s (a test keeps them
-equal), because importing ``models`` loads the accountants; ``TrainConfig`` itself is imported
-only when a command runs. The service's limits come from ``service.schemas`` (pydantic only).
+Torch-free: ``models.config`` (the defaults) loads neither torch nor the accountants' backends.
+The service's limits come from ``service.schemas`` (pydantic only).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,46 +23,12 @@ from clients.cli.options import (
     positive_int,
     probability,
     rate,
+    switch_note,
 )
+from models.config import TrainConfig
 from service.schemas import MAX_CLIENTS, MAX_LAYERS, MAX_ROUNDS, MAX_WIDTH
 
-
-@dataclass(frozen=True)
-class TrainDefaults:
-    """The defaults of ``models.config.TrainConfig`` that the options show."""
-
-    dataset: str = "cora"
-    split: str = "paper"
-    mode: str = "glasu"
-    clients: int = 3
-    backbone: str = "gcnii"
-    layers: int = 4
-    agg_layers: int = 2
-    stale: int = 4
-    rounds: int = 300
-    batch_size: int = 16
-    fanout: int = 3
-    eval_fanout: int = 10
-    eval_every: int = 10
-    hidden: int = 128
-    dropout: float = 0.5
-    lr: float = 0.01
-    weight_decay: float = 5e-4
-    edge_fraction: float = 0.8
-    seed: int = 0
-    device: str = "auto"
-    encryption: str = "ckks"
-    dp: bool = True
-    epsilon: float = 4.0
-    delta: float = 1e-6
-    clip: float = 1.0
-    accountant: str = "rdp"
-    release_width: int = 16
-    occurrence_cap: int = 1
-    shared_noise: bool = True
-
-
-DEFAULTS = TrainDefaults()
+DEFAULTS = TrainConfig()
 
 # secure.he_context.MAX_SHARES, for the help text (a test keeps them equal); the check below
 # reads the real one.
@@ -282,12 +246,15 @@ def add_privacy_arguments(p: argparse._ActionsContainer) -> None:
         help="times a node may be drawn as a neighbour per layer, up to the release",
     )
     p.add_argument(
-        "--no-shared-noise",
+        "--shared-noise",
         dest="shared_noise",
-        action="store_false",
-        help="switch shared noise off (on by default with encryption): every client adds the "
-        "full noise instead of its 1/M share; safe against colluding peers, more noise",
+        action=argparse.BooleanOptionalAction,
+        default=None,  # set below: a default here would add "(default: False)" to the help
+        help=f"shared noise {switch_note(DEFAULTS.shared_noise)}, with encryption only: each "
+        "client adds only its 1/M share of the noise; less noise, but the guarantee then holds "
+        "against one curious peer, not against colluding ones",
     )
+    p.set_defaults(shared_noise=DEFAULTS.shared_noise)
     p.add_argument(
         "--noise-seed",
         type=non_negative_int,
@@ -329,17 +296,19 @@ def check_federation(args: argparse.Namespace, *, through_service: bool) -> None
                 "clients; use fewer clients or switch encryption off with --no-he"
             )
     private = getattr(args, "dp", False)
+    if private and getattr(args, "shared_noise", False) and args.encryption != "ckks":
+        raise UsageError(
+            "--shared-noise needs encryption: without it the service would see each client's "
+            "share with only 1/M of the noise (drop --no-he or --shared-noise)"
+        )
     if through_service and not private and args.hidden > MAX_WIDTH:
         raise UsageError(
             f"--hidden {args.hidden}: the service aggregates at most {MAX_WIDTH} columns"
         )
 
 
-def config_from_args(args: argparse.Namespace, **overrides: Any) -> Any:
-    """The ``models.config.TrainConfig`` of these options (imported here: it loads the
-    accountants)."""
-    from models.config import TrainConfig
-
+def config_from_args(args: argparse.Namespace, **overrides: Any) -> TrainConfig:
+    """The ``models.config.TrainConfig`` of these options."""
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     values = {k: v for k, v in vars(args).items() if k in fields}
     values.update(overrides)

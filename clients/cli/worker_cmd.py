@@ -1,10 +1,12 @@
 """``glasu worker``: one organisation's process.
 
-Exit codes: 0 the session finished (or its privacy budget was spent: said on stderr),
-2 bad settings, 1 unusable data or key files, 3 the service refused a call (the problem detail
-as one sentence), 4 the service stayed unreachable after bounded retries, 5 other clients did not
-deliver their part of a step within --peer-wait-seconds. The parser needs only the settings
-model; torch and the models are imported when the worker runs."""
+Exit codes: 0 the session finished (or the session's privacy budget was spent: said on stderr),
+2 bad settings, 1 unusable data or key files or an answer that breaks the protocol, 3 the service
+refused a call (the problem detail as one sentence), 4 the service stayed unreachable after
+bounded retries, 5 other clients did not deliver their part of a step within
+--peer-wait-seconds, 6 this organisation's privacy policy refused the session, or its budget
+(per session or lifetime, counted in the local ledger beside the data) is spent. The parser
+needs only the settings model; torch and the models are imported when the worker runs."""
 
 from __future__ import annotations
 
@@ -15,8 +17,10 @@ import sys
 from clients.cli.connection import read_token
 from clients.cli.errors import (
     EXIT_PEERS_MISSING,
+    EXIT_POLICY,
     EXIT_REFUSED,
     EXIT_UNREACHABLE,
+    CliError,
     failing_as,
 )
 from clients.cli.options import add_command
@@ -42,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(WorkerSettings, args)
     import torch
 
+    from clients.ledger import LocalLedger
+    from clients.policy import PolicyRefusal
     from clients.transport import (
         PeersMissing,
         ServiceClient,
@@ -53,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     from models.device import resolve_device
     from models.partition import load_partition
     from secure.he import make_codec
+    from secure.protocol import ProtocolViolation
 
     torch.set_num_threads(settings.threads)
     token = read_token(settings.token_file, flag="--token-file")
@@ -83,24 +90,34 @@ def run(args: argparse.Namespace) -> int:
                 flush=True,
             )
 
-    with ServiceClient(
-        base_url=settings.server,
-        session_id=settings.session,
-        client_index=settings.client,
-        token=token,
-        verify=verify,
-        peer_wait_seconds=settings.peer_wait_seconds,
-        poll_seconds=settings.poll_seconds,
-    ) as service:
+    with (
+        ServiceClient(
+            base_url=settings.server,
+            session_id=settings.session,
+            client_index=settings.client,
+            token=token,
+            verify=verify,
+            peer_wait_seconds=settings.peer_wait_seconds,
+            poll_seconds=settings.poll_seconds,
+        ) as service,
+        LocalLedger.beside(settings.data) as ledger,
+    ):
         try:
             result = run_worker(
                 service,
                 partition,
                 options=options,
                 codec=codec,
+                policy=settings.policy(),
+                ledger=ledger,
                 device=device,
                 on_pass=progress,
             )
+        except PolicyRefusal as exc:
+            print(f"glasu worker {settings.client}: privacy policy: {exc}", file=sys.stderr)
+            return EXIT_POLICY
+        except ProtocolViolation as exc:
+            raise CliError(f"the service's answer breaks the protocol: {exc}") from exc
         except ServiceError as exc:
             print(f"glasu worker {settings.client}: {exc.describe()}", file=sys.stderr)
             return EXIT_REFUSED

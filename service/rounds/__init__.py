@@ -4,7 +4,8 @@ Per pass and aggregation layer l, clients upload node sets (l below the top laye
 forms the sorted union once all M arrived) and then embedding shares (the service sums them in
 client order 0..M-1 once all M arrived). The pass advances when its last aggregation layer is
 summed. With DP on, summing the first aggregation layer of a pass is its release: the ledger row
-and the stored sum are written in one transaction, and nothing of the pass is served before.
+and the stored sum are written in one durable transaction (on disk before ``COMMIT`` returns),
+and nothing of the pass is served before.
 
 Every method is blocking (SQLite, CKKS); call them from a worker thread. Refusals are
 :mod:`service.domain_errors`; the app turns them into problem details.

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from clients.cli.local_federation import session_request
+from clients.local.session import session_request
+from clients.policy import PrivacyPolicy
 from clients.transport import ServiceClient
 from clients.worker import LocalModelOptions, run_worker
 from models.config import TrainConfig
@@ -28,7 +29,7 @@ def run_federation(tmp_path: Path, config: TrainConfig, cora) -> tuple[list, dic
     token = secrets.token_urlsafe(24)
     app = create_app(ServiceSettings(database=tmp_path / "service.sqlite3", admin_token=token))
     transport = SyncASGITransport(app)
-    plan = layout_federation(config, cora)
+    layout = layout_federation(config, cora)
     admin = ServiceClient(
         base_url="http://glasu.test",
         session_id="",
@@ -36,9 +37,9 @@ def run_federation(tmp_path: Path, config: TrainConfig, cora) -> tuple[list, dic
         token=token,
         transport=transport,
     )
-    created = admin._request("POST", "/v1/sessions", json=session_request(config, plan, cora))
+    created = admin._request("POST", "/v1/sessions", json=session_request(config, layout, cora))
     session = created.json()
-    results: list = [None] * len(plan.partitions)
+    results: list = [None] * len(layout.partitions)
     errors: list[BaseException] = []
     options = LocalModelOptions(hidden=config.hidden, seed=config.seed)
 
@@ -54,12 +55,17 @@ def run_federation(tmp_path: Path, config: TrainConfig, cora) -> tuple[list, dic
                 poll_seconds=5,
             ) as service:
                 results[m] = run_worker(
-                    service, plan.partitions[m], options=options, codec=PlainCodec()
+                    service,
+                    layout.partitions[m],
+                    options=options,
+                    codec=PlainCodec(),
+                    policy=PrivacyPolicy(require_dp=False),  # a run without DP, on purpose
+                    ledger=None,
                 )
         except BaseException as exc:  # surfaced below
             errors.append(exc)
 
-    threads = [threading.Thread(target=work, args=(m,)) for m in range(len(plan.partitions))]
+    threads = [threading.Thread(target=work, args=(m,)) for m in range(len(layout.partitions))]
     for thread in threads:
         thread.start()
     for thread in threads:

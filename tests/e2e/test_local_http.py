@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from clients.cli.local_federation import train_over_http
+from clients.local.federation import train_over_http
 from models.config import TrainConfig
 from models.layout import layout_federation
 from models.report import RunReport

@@ -7,17 +7,21 @@ from collections import defaultdict
 
 import numpy as np
 import pytest
+from randomgen import ChaCha
 from scipy import stats
 
+from secure import dp
 from secure.dp import (
     GaussianNoise,
     NoiseSource,
+    NotPrivateNoiseError,
     affected_rows,
     clip_rows,
     effective_noise_multiplier,
     node_sensitivity,
     per_client_noise_std,
     privatize,
+    require_private_noise,
     row_count_sensitivity,
 )
 
@@ -319,7 +323,7 @@ def test_privatize_without_noise_is_clipping() -> None:
     assert np.array_equal(out, clip_rows(m, clip=1.0))
 
 
-def test_crypto_seeded_noise_differs_and_seeded_noise_reproduces() -> None:
+def test_unseeded_noise_differs_and_seeded_noise_reproduces() -> None:
     a, b = GaussianNoise(), GaussianNoise()
     assert not a.reproducible
     x1, x2, y = a.sample((64, 8), std=1.0), a.sample((64, 8), std=1.0), b.sample((64, 8), std=1.0)
@@ -344,6 +348,123 @@ def test_noise_rejects_bad_arguments() -> None:
         GaussianNoise(seed=1.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         privatize(np.ones((2, 2)), clip=1.0, noise_std=-0.1, noise=GaussianNoise())
+
+
+def test_unseeded_noise_is_private_and_runs_on_chacha20() -> None:
+    noise = GaussianNoise()
+    assert noise.private and not noise.reproducible
+    bit_generators = [noise._generator().bit_generator for _ in range(2)]
+    for bg in bit_generators:
+        assert isinstance(bg, ChaCha)
+        assert bg.state["state"]["rounds"] == 20
+    # a fresh 256-bit key per call
+    keys = [tuple(bg.state["state"]["keysetup"]) for bg in bit_generators]
+    assert keys[0] != keys[1]
+
+
+def test_unseeded_noise_is_keyed_from_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    key = 0x0123456789ABCDEF_FEDCBA9876543210_0F1E2D3C4B5A6978_8796A5B4C3D2E1F0
+    calls: list[int] = []
+
+    def randbits(k: int) -> int:
+        calls.append(k)
+        return key
+
+    monkeypatch.setattr(dp.secrets, "randbits", randbits)
+    got = GaussianNoise().sample((300, 7), std=1.5)
+    assert calls == [256]
+    expected = dp._standard_normal(np.random.Generator(ChaCha(key=key, counter=0)), (300, 7))
+    assert np.array_equal(got, 1.5 * expected)
+
+
+def test_randomgen_chacha_is_the_chacha20_keystream() -> None:
+    # RFC 7539 (ChaCha20), appendix A.1, test vector 1: all-zero key, nonce and counter.
+    first_block = (
+        "76b8e0ada0f13d90405d6ae55386bd28bdd219b8a08ded1aa836efcc8b770dc7"
+        "da41597c5157488d7724e03fb8d84a376a43b8f41518a11cc387b669b2ee6586"
+    )
+    raw = ChaCha(key=0, counter=0, rounds=20).random_raw(8)
+    assert raw.astype("<u8").tobytes().hex() == first_block
+
+
+def test_seeded_noise_is_not_private() -> None:
+    noise = GaussianNoise(seed=5)
+    assert noise.reproducible and not noise.private
+    assert isinstance(noise._generator().bit_generator, np.random.PCG64DXSM)
+
+
+def test_noise_mean_and_std_on_a_large_sample() -> None:
+    n, std = 2_000_000, 3.0
+    x = GaussianNoise().sample(n, std=std)
+    assert x.shape == (n,) and x.dtype == np.float64
+    assert abs(x.std() - std) < 5 * std / math.sqrt(2 * n)
+    assert abs(x.mean()) < 5 * std / math.sqrt(n)
+    # the tail (re-drawn at full resolution) has the right weight
+    for t in (2.0, dp._TAIL_START, 4.5):
+        p = 2 * stats.norm.sf(t)
+        frac = float(np.mean(np.abs(x) >= t * std))
+        assert abs(frac - p) < 5 * math.sqrt(p * (1 - p) / n), t
+
+
+def test_seeded_noise_is_gaussian_in_bulk_and_tail() -> None:
+    z = GaussianNoise(seed=11).sample(1_000_000, std=1.0)
+    assert stats.kstest(z, "norm").pvalue > 1e-3
+    tail = z[z >= dp._TAIL_START]
+    assert tail.size > 100
+    assert stats.kstest(tail, stats.truncnorm(dp._TAIL_START, np.inf).cdf).pvalue > 1e-3
+    assert np.mean(z < 0) == pytest.approx(0.5, abs=5 * 0.5 / math.sqrt(z.size))
+
+
+@pytest.mark.parametrize("start", [dp._TAIL_START, 8.0])
+def test_gaussian_tail_is_the_conditional_gaussian(start: float) -> None:
+    gen = np.random.Generator(np.random.PCG64DXSM(21))
+    t = dp._gaussian_tail(gen, 50_000, start)
+    assert t.min() >= start
+    assert stats.kstest(t, stats.truncnorm(start, np.inf).cdf).pvalue > 1e-3
+
+
+def test_uniform_open_is_uniform_with_fine_resolution_near_zero() -> None:
+    gen = np.random.Generator(np.random.PCG64DXSM(4))
+    u = dp._uniform_open(gen, 1_000_000)
+    assert u.min() > 0.0 and u.max() < 1.0
+    assert stats.kstest(u, "uniform").pvalue > 1e-3
+    # binade j = floor(-log2 u) has probability 2^-(j+1)
+    binade = np.floor(-np.log2(u)).astype(int)
+    counts = np.bincount(binade, minlength=8)[:8]
+    expected = u.size * 0.5 ** np.arange(1, 9)
+    assert np.all(np.abs(counts - expected) < 5 * np.sqrt(expected))
+
+
+def test_uniform_open_counts_leading_zeros_across_words() -> None:
+    class Scripted:
+        """Two all-zero 32-bit words, then 1 (31 more leading zeros), mantissa 2^51."""
+
+        def __init__(self) -> None:
+            self.words = [np.zeros(3, dtype=np.uint32)] * 2 + [np.ones(3, dtype=np.uint32)]
+
+        def integers(self, low: int, high: int, *, size: int, dtype: type) -> np.ndarray:
+            if dtype is np.uint32:
+                return self.words.pop(0)[:size]
+            return np.full(size, 2**51, dtype=np.int64)
+
+    u = dp._uniform_open(Scripted(), 3)  # type: ignore[arg-type]
+    # e = 32 + 32 + 31 leading zeros: U = 1.5 * 2^-96
+    assert np.array_equal(u, np.full(3, 1.5 * 2.0**-96))
+
+
+def test_require_private_noise() -> None:
+    assert require_private_noise(GaussianNoise()) is True
+    with pytest.raises(NotPrivateNoiseError, match="not private"):
+        require_private_noise(GaussianNoise(seed=1))
+    assert require_private_noise(GaussianNoise(seed=1), allow_reproducible=True) is False
+
+    class Other(NoiseSource):
+        def sample(self, shape: int | tuple[int, ...], *, std: float) -> np.ndarray:
+            return np.zeros(shape)
+
+    assert not Other().private  # a source that does not say so is not private
+    with pytest.raises(NotPrivateNoiseError):
+        require_private_noise(Other())
 
 
 # ------------------------------------------------------------------------------------------

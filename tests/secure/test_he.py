@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import stat
 import struct
 from collections.abc import Callable
@@ -23,26 +24,38 @@ from secure.he import (
     FORMAT_VERSION,
     MAGIC,
     MAX_ABS_SUM,
+    MAX_CHUNK_BYTES,
     MAX_SHARES,
     SLOTS_PER_CIPHERTEXT,
     SUM_ERROR_BOUND,
     CkksCodec,
     CkksSumAggregator,
     KeyMaterialError,
+    chunk_lengths,
     frame_chunks,
     generate_keys,
     load_public_context,
     load_secret_context,
     make_codec,
     make_sum_aggregator,
+    max_payload_bytes,
     new_context,
     parse_frame,
     public_context_bytes,
     share_bound,
 )
-from secure.he_context import KEY_ID_BYTES
+from secure.he_context import (
+    COEFF_MOD_BIT_SIZES,
+    GLOBAL_SCALE_BITS,
+    HE_STANDARD_128_CLASSICAL,
+    HE_STANDARD_128_QUANTUM,
+    KEY_ID_BYTES,
+    POLY_MODULUS_DEGREE,
+    SUM_ERROR_FAILURE_BITS,
+    decoding_error_scale,
+)
 
-ROWS, COLS = 9, 130  # 1170 values: one full chunk and a partial one
+ROWS, COLS = 17, 130  # 2210 values: one full chunk of 2048 and a partial one
 
 
 @pytest.fixture(scope="module")
@@ -192,18 +205,21 @@ def test_sum_of_three_clients(codec: CkksCodec, key_files: tuple[Path, Path]) ->
 
 
 def test_sum_at_the_encodable_limit(codec: CkksCodec, aggregator: CkksSumAggregator) -> None:
-    """MAX_SHARES constant shares at the per-share bound: the worst case for the modulus."""
-    share = np.full(
-        (2, SLOTS_PER_CIPHERTEXT // 2), share_bound(clients=MAX_SHARES), dtype=np.float32
+    """MAX_SHARES constant shares at the per-share bound: the worst case for the modulus. Each
+    client encrypts its own share (independent noise, as in the protocol); the raw CKKS error
+    stays within SUM_ERROR_BOUND and the decoded sum is exact."""
+    bound = share_bound(clients=MAX_SHARES)
+    share = np.full((2, SLOTS_PER_CIPHERTEXT // 2), bound, dtype=np.float32)
+    share[1] = -bound
+    cols = share.shape[1]
+    total = aggregator.add([codec.encode(share) for _ in range(MAX_SHARES)], rows=2, cols=cols)
+    raw = np.concatenate(
+        [ts.ckks_vector_from(codec.context, chunk).decrypt() for chunk in parse_frame(total).chunks]
     )
-    share[1] = -share_bound(clients=MAX_SHARES)
-    payload = codec.encode(share)
-    total = aggregator.add([payload] * MAX_SHARES, rows=2, cols=share.shape[1])
-    decoded = codec.decode_sum(total, rows=2, cols=share.shape[1])
-    float32_rounding = float(np.spacing(np.float32(share_bound(clients=MAX_SHARES) * MAX_SHARES)))
-    np.testing.assert_allclose(
-        decoded, share * MAX_SHARES, rtol=0, atol=SUM_ERROR_BOUND + float32_rounding
-    )
+    raw_error = np.abs(raw - share.reshape(-1).astype(np.float64) * MAX_SHARES).max()
+    assert raw_error <= SUM_ERROR_BOUND < SHARE_GRID / 2
+    decoded = codec.decode_sum(total, rows=2, cols=cols)
+    np.testing.assert_array_equal(decoded, share * MAX_SHARES)
 
 
 def test_add_keeps_order_and_limits(codec: CkksCodec, aggregator: CkksSumAggregator) -> None:
@@ -234,7 +250,51 @@ def test_encode_refuses_what_ckks_cannot_carry(codec: CkksCodec, share: np.ndarr
 
 def test_payload_size(codec: CkksCodec) -> None:
     payload = codec.encode(random_share(16, 128, seed=3))
-    assert len(payload) / (16 * 128) < 26  # ~24.1 bytes per float, docs/encryption.md
+    assert len(payload) / (16 * 128) < 26  # ~24.9 bytes per float, docs/encryption.md
+
+
+def test_chunking_follows_the_ring_degree() -> None:
+    assert SLOTS_PER_CIPHERTEXT == POLY_MODULUS_DEGREE // 2
+    assert SLOTS_PER_CIPHERTEXT < ROWS * COLS < 2 * SLOTS_PER_CIPHERTEXT
+    assert chunk_lengths(rows=ROWS, cols=COLS) == [SLOTS_PER_CIPHERTEXT, ROWS * COLS - SLOTS_PER_CIPHERTEXT]
+    # two chunks of at most MAX_CHUNK_BYTES each, plus the frame header and length fields
+    assert max_payload_bytes(rows=ROWS, cols=COLS) == HEADER_BYTES + 2 * (4 + MAX_CHUNK_BYTES)
+    assert MAX_CHUNK_BYTES == 2 * 2 * POLY_MODULUS_DEGREE * 8
+
+
+def test_parameters_within_the_he_standard(codec: CkksCodec) -> None:
+    """The key-level modulus (all primes) is within the HomomorphicEncryption.org 128-bit limit
+    for N, with a margin, classically and against quantum attacks; SEAL agrees on the sizes."""
+    total_bits = sum(COEFF_MOD_BIT_SIZES)
+    assert total_bits <= HE_STANDARD_128_CLASSICAL[POLY_MODULUS_DEGREE] - 32
+    assert total_bits <= HE_STANDARD_128_QUANTUM[POLY_MODULUS_DEGREE] - 32
+    seal = codec.context.seal_context().data
+    assert seal.key_context_data().total_coeff_modulus_bit_count() == total_bits
+    assert seal.first_context_data().total_coeff_modulus_bit_count() == COEFF_MOD_BIT_SIZES[0]
+    assert seal.first_context_data().parms().poly_modulus_degree() == POLY_MODULUS_DEGREE
+    # the previous parameters sat exactly at the classical limit, above the post-quantum one
+    assert HE_STANDARD_128_CLASSICAL[2048] == 40 + 14 > HE_STANDARD_128_QUANTUM[2048]
+
+
+def test_decoding_error_bound_fits_the_share_grid() -> None:
+    """The 2^-40 tail bound of a MAX_SHARES sum is below half a grid step, and the range
+    leaves room for the largest sum below q / 2."""
+    assert SUM_ERROR_BOUND == pytest.approx(
+        decoding_error_scale(shares=MAX_SHARES) * SUM_ERROR_FAILURE_BITS * np.log(2)
+    )
+    assert SUM_ERROR_BOUND < SHARE_GRID / 2
+    assert 2 * MAX_ABS_SUM * 2.0**GLOBAL_SCALE_BITS <= 2.0 ** (COEFF_MOD_BIT_SIZES[0] - 1)
+    assert share_bound(clients=1) == MAX_ABS_SUM
+
+
+def test_key_id_is_a_prefix_of_the_public_context_sha256(
+    key_files: tuple[Path, Path], codec: CkksCodec, aggregator: CkksSumAggregator
+) -> None:
+    """docs/encryption.md: key id = SHA-256(bytes of public.context)[:8], at payload bytes 5..12."""
+    expected = hashlib.sha256(key_files[1].read_bytes()).digest()[:KEY_ID_BYTES]
+    assert codec.key_id == aggregator.key_id == expected
+    payload = codec.encode(random_share(2, 2, seed=9))
+    assert payload[len(MAGIC) + 1 : len(MAGIC) + 1 + KEY_ID_BYTES] == expected
 
 
 # ---------------------------------------------------------------------------------------------
@@ -256,7 +316,7 @@ def _wrong_scale_chunk(codec: CkksCodec) -> bytes:
 
 def _other_parameters_chunk(codec: CkksCodec) -> bytes:
     """Same N and slot count, another coefficient modulus: SEAL must refuse to load it."""
-    context = ts.context(ts.SCHEME_TYPE.CKKS, 2048, coeff_mod_bit_sizes=[30, 24])
+    context = ts.context(ts.SCHEME_TYPE.CKKS, POLY_MODULUS_DEGREE, coeff_mod_bit_sizes=[30, 30])
     context.global_scale = 2.0**20
     return ts.ckks_vector(context, [0.5] * SLOTS_PER_CIPHERTEXT).serialize()
 

@@ -108,3 +108,44 @@ def test_the_plan_loads_no_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert result.stdout.split() == ["False", "False"]
+
+
+def _rdp_reference(z: float, releases: int, delta: float) -> float:
+    """R Gaussian releases with multiplier z: RDP R alpha / (2 z^2), converted to (epsilon,
+    delta) (Balle et al. 2020, Thm 21) and minimised over real orders, without the backend."""
+    from scipy.optimize import minimize_scalar
+
+    rho = releases / (2.0 * z * z)
+
+    def eps(log_am1: float) -> float:
+        a = 1.0 + math.exp(log_am1)
+        return rho * a + math.log((a - 1) / a) - (math.log(delta) + math.log(a)) / (a - 1)
+
+    return float(minimize_scalar(eps, bounds=(-14.0, 16.0), method="bounded").fun)
+
+
+def test_epsilon_against_each_adversary_matches_the_audit() -> None:
+    """The audit of the default run before shared noise became opt-in: epsilon 4 against one
+    curious peer, 5.91 against two colluding peers, 8.82 for a node across all three clients."""
+    shared = SessionPrivacy.plan(epsilon=4.0, shared_noise=True, **BASE)
+    report = shared.report(releases=330)
+    by_name = {a["adversary"].split(",")[0]: a for a in report["adversaries"]}
+    assert by_name["the service alone"]["epsilon"] is None  # ciphertexts only
+    assert by_name["one curious peer"]["epsilon"] == pytest.approx(3.998, abs=1e-3)
+    colluding = by_name["all other peers colluding"]
+    assert colluding["epsilon"] == pytest.approx(5.91, abs=5e-3)
+    # independently: the coalition isolates the victim's share, which carries z Delta / sqrt(M)
+    z_coalition = shared.noise_multiplier / math.sqrt(3)
+    assert colluding["epsilon"] == pytest.approx(_rdp_reference(z_coalition, 330, 1e-6), rel=2e-3)
+    node_everywhere = next(a for a in report["adversaries"] if "all 3 clients" in a["adversary"])
+    assert node_everywhere["epsilon"] == pytest.approx(8.82, abs=5e-3)
+    assert "edges" in " ".join(report["not_protected"]) and "feature row" in report["privacy_unit"]
+
+
+def test_without_shared_noise_the_target_holds_against_all_peers_colluding() -> None:
+    report = SessionPrivacy.plan(epsilon=4.0, **BASE).report(releases=330)
+    colluding = next(a for a in report["adversaries"] if "colluding" in a["adversary"])
+    assert colluding["epsilon"] == pytest.approx(report["epsilon"]) and report["epsilon"] <= 4.0
+    plaintext = SessionPrivacy.plan(epsilon=4.0, **{**BASE, "encrypted": False})
+    service = plaintext.report(releases=330)["adversaries"][0]
+    assert service["adversary"] == "the service alone" and service["epsilon"] <= 4.0

@@ -7,13 +7,21 @@ A simulated federation runs the wire protocol through an in-process HTTP client
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 from fastapi import FastAPI
 
+ROOT = Path(__file__).resolve().parents[2]
 ADMIN_TOKEN = "admin-token-for-tests-0123456789"
 INT64_LE = np.dtype("<i8")
 FLOAT32_LE = np.dtype("<f4")
@@ -206,3 +214,76 @@ class Federation:
                 return response
             assert response.status_code == 202, response.text
         raise AssertionError(f"{path} never completed")
+
+
+# The served process: `glasu serve` as deploy/Dockerfile.service runs it.
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class ServedProcess:
+    process: subprocess.Popen[bytes]
+    base: str  # http://127.0.0.1:<port>
+    log: Path  # its stdout and stderr
+
+    def wait_healthy(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, f"glasu serve exited early:\n{self.log_text()}"
+            try:
+                if httpx.get(f"{self.base}/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        raise AssertionError(f"/healthz never answered 200:\n{self.log_text()}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def start_serve(
+    tmp_path: Path, database: Path, *, name: str = "serve", bootstrap: str | None = None
+) -> ServedProcess:
+    """Start ``python -m clients.cli.main serve`` (the container's ``glasu serve``) on
+    ``database`` with the test admin token, on a free loopback port, without the caller's GLASU_*
+    variables. ``bootstrap``: run ``python -c <bootstrap> serve ...`` instead, Python code that
+    prepares the process and then calls ``clients.cli.main.main(sys.argv[1:])`` itself."""
+    token_file = tmp_path / "admin-token"
+    token_file.write_text(ADMIN_TOKEN)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GLASU_")}
+    launcher = ["-m", "clients.cli.main"] if bootstrap is None else ["-c", bootstrap]
+    command = [
+        sys.executable,
+        *launcher,
+        "serve",
+        "--database",
+        str(database),
+        "--admin-token-file",
+        str(token_file),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
+    log = tmp_path / f"{name}.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    return ServedProcess(process, f"http://127.0.0.1:{port}", log)

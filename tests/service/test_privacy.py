@@ -246,9 +246,7 @@ async def test_a_private_session_aggregates_at_the_release_layer_only(
     await create_session(client, agg_layers=refused[0])
     created = await create_session(client, **private_session_request(settings))
     assert created["noise_multiplier"] == 2.0
-    status = (
-        await client.get(f"/v1/sessions/{created['session_id']}", headers=admin())
-    ).json()
+    status = (await client.get(f"/v1/sessions/{created['session_id']}", headers=admin())).json()
     assert status["config"]["agg_layers"] == PRIVATE_AGG_LAYERS
 
 

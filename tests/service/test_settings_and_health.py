@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,7 +12,16 @@ from typing import Any
 import httpx
 import pytest
 from pydantic import ValidationError
-from service_testkit import ADMIN_TOKEN, Federation, admin, create_session, session_request
+from service_testkit import (
+    ADMIN_TOKEN,
+    Federation,
+    ServedProcess,
+    admin,
+    create_session,
+    private_session_request,
+    session_request,
+    start_serve,
+)
 
 from service import server
 from service.settings import ServiceSettings
@@ -158,15 +164,8 @@ def test_the_service_does_not_import_models_clients_or_torch() -> None:
     assert result.stdout.strip() == ""
 
 
-ROOT = Path(__file__).resolve().parents[2]
 TORCH_MARKERS = ("libtorch", "/torch/", "/torch_geometric/")
 MAX_IDLE_RSS_MB = 150
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _rss_mb(pid: int) -> float:
@@ -184,67 +183,25 @@ def _torch_files_mapped(pid: int) -> list[str]:
 
 
 @pytest.fixture
-def glasu_serve(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+def glasu_serve(tmp_path: Path) -> Iterator[ServedProcess]:
     """`glasu serve` as deploy/Dockerfile.service runs it (entrypoint `glasu`, command `serve`),
-    on a temporary database and admin token file; yields the process and its base URL."""
-    token_file = tmp_path / "admin-token"
-    token_file.write_text(ADMIN_TOKEN)
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GLASU_")}
-    command = [
-        sys.executable,
-        "-m",
-        "clients.cli.main",
-        "serve",
-        "--database",
-        str(tmp_path / "service.sqlite3"),
-        "--admin-token-file",
-        str(token_file),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-    ]
-    log = (tmp_path / "serve.log").open("wb")
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    on a temporary database and admin token file."""
+    served = start_serve(tmp_path, tmp_path / "service.sqlite3")
     try:
-        yield process, f"http://127.0.0.1:{port}"
+        yield served
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
+        served.stop()
 
 
-def _wait_healthy(process: subprocess.Popen[bytes], base: str, log: Path) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        assert process.poll() is None, f"glasu serve exited early:\n{log.read_text()}"
-        try:
-            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"/healthz never answered 200:\n{log.read_text()}")
-
-
-def test_the_served_process_never_maps_torch(
-    glasu_serve: tuple[subprocess.Popen[bytes], str], tmp_path: Path
-) -> None:
+def test_the_served_process_never_maps_torch(glasu_serve: ServedProcess) -> None:
     """The process `glasu serve` runs, up and after its first session with differential privacy
     (which loads the privacy accountant), has no torch library mapped and stays small."""
-    process, base = glasu_serve
-    _wait_healthy(process, base, tmp_path / "serve.log")
+    process, base = glasu_serve.process, glasu_serve.base
+    glasu_serve.wait_healthy()
     time.sleep(1.0)  # let start-up settle before reading the idle size
     rss_started = _rss_mb(process.pid)
-    request = session_request(
-        privacy={"delta": 1e-5, "clip": 1.0, "occurrence_cap": 0, "noise_multiplier": 2.0}
+    request = private_session_request(
+        {"delta": 1e-5, "clip": 1.0, "occurrence_cap": 0, "noise_multiplier": 2.0}
     )
     response = httpx.post(f"{base}/v1/sessions", json=request, headers=admin(), timeout=60)
     assert response.status_code == 201, response.text

@@ -18,8 +18,8 @@ import pytest
 
 from clients.admin import AdminClient
 from clients.cli.errors import EXIT_FAILED, EXIT_REFUSED, EXIT_UNREACHABLE
-from clients.cli.local_federation import session_request
 from clients.cli.main import main
+from clients.local.session import session_request
 from models.config import TrainConfig
 from models.layout import layout_federation
 from secure.schedule import pass_schedule

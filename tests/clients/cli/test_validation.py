@@ -52,6 +52,7 @@ def _exit_code(argv: list[str]) -> int:
         (["--clients", "50"], "--clients 50: CKKS encryption is sized for at most 16 clients"),
         (["--clients", "65", "--no-he"], "--clients 65: the service takes at most 64 clients"),
         (["--mode", "flat"], "argument --mode: invalid choice: 'flat'"),
+        (["--shared-noise", "--no-he"], "--shared-noise needs encryption"),
     ],
 )
 def test_train_refuses_bad_values_at_once(

@@ -1,0 +1,182 @@
+"""``glasu train --transport http``: the service and one worker process per client on this
+machine, over real HTTP on loopback. Every process started here is stopped here, whatever
+happens."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack, suppress
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from clients.admin import AdminClient, ServiceUnavailable
+from clients.local.processes import (
+    FederationFailed,
+    ManagedProcess,
+    exit_failure,
+    free_port,
+    glasu_command,
+    secret_file,
+    start_process,
+    stop_all,
+)
+from clients.local.report import report_from_workers
+from clients.local.session import session_request, worker_arguments
+from models.config import TrainConfig
+from models.data import GraphDataset
+from models.layout import FederationLayout
+from models.partition import save_partition
+from models.report import RunReport
+
+STARTUP_SECONDS = 60.0
+
+
+def train_over_http(
+    config: TrainConfig,
+    layout: FederationLayout,
+    dataset: GraphDataset,
+    *,
+    threads: int = 1,
+    progress: bool = True,
+    work_dir: Path | None = None,
+) -> RunReport:
+    if len(layout.groups) != 1:
+        raise ValueError(
+            "this mode trains clients independently; run it with "
+            "--transport inprocess (it sends nothing)"
+        )
+    started = time.perf_counter()
+    with ExitStack() as stack:
+        # A process that is still writing its log while the directory goes must not turn an
+        # interrupted run into an OSError.
+        root = work_dir or Path(
+            stack.enter_context(
+                tempfile.TemporaryDirectory(prefix="glasu-", ignore_cleanup_errors=True)
+            )
+        )
+        processes: list[ManagedProcess] = []
+        stack.callback(stop_all, processes)
+        admin_token = secrets.token_urlsafe(32)
+        admin_file = secret_file(root / "admin.token", admin_token)
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        serve_args = [
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--database",
+            str(root / "service.sqlite3"),
+            "--admin-token-file",
+            str(admin_file),
+            "--log-level",
+            "warning",
+        ]
+        secret_context = None
+        if config.encrypted:
+            from secure.he import generate_keys
+
+            secret_context, public_context = generate_keys(root / "keys")
+            serve_args += ["--public-context", str(public_context)]
+        processes.append(start_process("service", glasu_command(*serve_args), root / "service.log"))
+        admin = stack.enter_context(AdminClient(base_url=url, token=admin_token))
+        wait_healthy(admin, processes[0])
+        created = admin.create_session(session_request(config, layout, dataset))
+        session_id = created["session_id"]
+        for part, token in zip(layout.partitions, created["client_tokens"], strict=True):
+            folder = save_partition(part, root / "partitions")
+            token_file = secret_file(root / f"client-{part.client}.token", token)
+            args = worker_arguments(
+                config,
+                server=url,
+                session_id=session_id,
+                client=part.client,
+                token_file=token_file,
+                data=folder,
+                result=root / f"client-{part.client}.json",
+                secret_context=secret_context,
+                threads=threads,
+                passes_total=created["passes_total"],
+            )
+            processes.append(
+                start_process(
+                    f"worker {part.client}",
+                    glasu_command(*args),
+                    root / f"client-{part.client}.log",
+                )
+            )
+        follow(admin, session_id, processes, created["passes_total"], progress)
+        results = [
+            json.loads((root / f"client-{m}.json").read_text())
+            for m in range(len(layout.partitions))
+        ]
+        privacy = admin.privacy(session_id)
+    return report_from_workers(
+        config, layout, dataset, results, privacy, wall_seconds=time.perf_counter() - started
+    )
+
+
+def wait_healthy(admin: AdminClient, service: ManagedProcess) -> None:
+    deadline = time.monotonic() + STARTUP_SECONDS
+    while time.monotonic() < deadline:
+        code = service.process.poll()
+        if code is not None:
+            raise exit_failure(service, code)
+        if admin.healthy(timeout=2.0):
+            return
+        time.sleep(0.2)
+    raise FederationFailed(
+        f"the service did not become healthy in {STARTUP_SECONDS:.0f} s:\n{service.tail()}"
+    )
+
+
+def follow(
+    admin: AdminClient,
+    session_id: str,
+    processes: Sequence[ManagedProcess],
+    passes_total: int,
+    progress: bool,
+) -> dict[str, Any]:
+    """Show one progress bar for the whole federation until every worker has exited; fail fast
+    (naming the process) when any process dies with an error."""
+    workers = processes[1:]
+    bar = tqdm(
+        total=passes_total, desc="federation", unit="pass", disable=not progress, leave=False
+    )
+    status: dict[str, Any] = {}
+
+    def check_processes() -> None:
+        for managed in processes:
+            code = managed.process.poll()
+            if code not in (None, 0) or (managed is processes[0] and code is not None):
+                raise exit_failure(managed, code)
+
+    try:
+        while True:
+            check_processes()
+            try:
+                status = admin.session(session_id)
+            except ServiceUnavailable:
+                # The service may have stopped between the check and the call (it is the first
+                # to go when Ctrl-C reaches the process group): name it rather than the symptom.
+                with suppress(subprocess.TimeoutExpired):
+                    processes[0].process.wait(timeout=1.0)
+                check_processes()
+                raise
+            bar.update(max(0, min(status["current_pass"], passes_total) - bar.n))
+            evals = [m for m in status.get("metrics", []) if m.get("val_accuracy") is not None]
+            if evals:
+                bar.set_postfix(round=evals[-1]["round"], val=f"{evals[-1]['val_accuracy']:.3f}")
+            if all(w.process.poll() == 0 for w in workers):
+                return status
+            time.sleep(0.3)
+    finally:
+        bar.close()

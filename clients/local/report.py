@@ -1,0 +1,63 @@
+"""The run report of an HTTP federation, from the workers' result files and the session's
+privacy report (the same builder as in process: ``models.report.build_report``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from clients.local.processes import FederationFailed
+from models.config import TrainConfig
+from models.data import GraphDataset
+from models.layout import FederationLayout
+from models.report import HistoryEntry, RunReport, build_report
+
+
+def report_from_workers(
+    config: TrainConfig,
+    layout: FederationLayout,
+    dataset: GraphDataset,
+    results: list[dict[str, Any]],
+    privacy: dict[str, Any],
+    *,
+    wall_seconds: float,
+) -> RunReport:
+    """The workers' histories, one row per evaluation, averaged over clients (bytes summed)."""
+    epsilon_at_pass = {entry["pass"]: entry["epsilon"] for entry in privacy.get("ledger", [])}
+
+    def mean(rows: list[dict[str, Any]], key: str) -> float:
+        return float(np.mean([row[key] for row in rows]))
+
+    history = [
+        HistoryEntry(
+            round=rows[0]["round"],
+            loss=mean(rows, "loss"),
+            val_accuracy=mean(rows, "val_accuracy"),
+            test_accuracy=mean(rows, "test_accuracy"),
+            bytes_up=sum(row["bytes_up"] for row in rows),
+            bytes_down=sum(row["bytes_down"] for row in rows),
+            training_bytes=sum(row["training_bytes"] for row in rows),
+            epsilon=epsilon_at_pass.get(rows[0]["pass"]),
+        )
+        for rows in zip(*(res["history"] for res in results), strict=True)
+    ]
+    reasons = {res["finished_reason"] for res in results}
+    stopped = next((r for r in reasons if r != "finished"), None)
+    try:
+        return build_report(
+            config,
+            transport="http",
+            history=history,
+            agg_layers=layout.client_config.agg_layers,
+            stale=layout.client_config.stale,
+            split_note=dataset.split_note,
+            devices=[res["device"] for res in results],
+            wall_seconds=wall_seconds,
+            privacy=privacy if privacy.get("enabled") else None,
+            bytes_up=sum(res["bytes_up"] for res in results),
+            bytes_down=sum(res["bytes_down"] for res in results),
+            stopped_early=stopped,
+        )
+    except ValueError as exc:  # no evaluation before the session ended
+        raise FederationFailed(str(exc)) from exc
