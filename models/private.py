@@ -18,6 +18,7 @@ their sensitivity is the whole matrix, which no useful noise level covers (notes
 
 from __future__ import annotations
 
+import os
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 
@@ -28,7 +29,7 @@ from models.federated import ClientConfig, GlasuClient
 from models.layers import Block
 from models.partition import ClientPartition
 from secure.aggregation import EmbeddingCodec
-from secure.dp import GaussianNoise, NoiseSource, privatize
+from secure.dp import GaussianNoise, NoiseSource, privatize, require_private_noise
 from secure.privacy import RELEASE_LAYER, SessionPrivacy
 from secure.protocol import Request, Response
 
@@ -131,11 +132,20 @@ class PrivateGlasuClient(GlasuClient):
         return h
 
 
+#: Set to 1 in tests only: allows a fixed noise seed in a private run (the report then says the
+#: noise was not private). Anywhere else a fixed seed in a run that reports epsilon is refused.
+REPRODUCIBLE_NOISE_ENV = "GLASU_TEST_REPRODUCIBLE_NOISE"
+
+
 def noise_source(*, noise_seed: int | None, client: int) -> GaussianNoise:
-    """Cryptographically seeded unless the user fixed a seed for reproducibility."""
+    """Cryptographic noise (a fresh ChaCha20 key per draw), or, for tests, noise from a fixed
+    seed: refused (:class:`secure.dp.NotPrivateNoiseError`) unless ``REPRODUCIBLE_NOISE_ENV``
+    is set, since its noise can be reproduced and removed."""
     if noise_seed is None:
         return GaussianNoise()
-    return GaussianNoise(seed=noise_seed * 1000 + client)
+    noise = GaussianNoise(seed=noise_seed * 1000 + client)
+    require_private_noise(noise, allow_reproducible=os.environ.get(REPRODUCIBLE_NOISE_ENV) == "1")
+    return noise
 
 
 def release_projection_seed(*, seed: int, client: int) -> int:

@@ -58,6 +58,13 @@ def _json_default(value: object) -> object:
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
+def noise_kind(config: TrainConfig) -> str:
+    """How the run drew its DP noise, as the report states it."""
+    if config.noise_seed is None:
+        return "cryptographic (ChaCha20, a fresh key per draw)"
+    return "reproducible from a fixed seed (tests only): NOT PRIVATE, no guarantee holds"
+
+
 def recent_training_loss(losses: Sequence[float], *, window: int = 10) -> float:
     """A history row's loss: the mean training loss of the last ``window`` rounds (NaN before
     the first)."""
@@ -109,7 +116,7 @@ def build_report(
         wall_seconds=wall_seconds,
         bytes_up=bytes_up,
         bytes_down=bytes_down,
-        privacy=privacy,
+        privacy=None if privacy is None else {**privacy, "noise": noise_kind(config)},
         config={
             **config.to_dict(),
             "encryption": "ckks" if config.encrypted else "none",

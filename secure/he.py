@@ -65,6 +65,7 @@ __all__ = [
     "FORMAT_VERSION",
     "GLOBAL_SCALE",
     "GLOBAL_SCALE_BITS",
+    "KEY_ID_BYTES",
     "MAGIC",
     "MAX_ABS_SUM",
     "MAX_CHUNK_BYTES",

@@ -58,17 +58,19 @@ def decoding_error_scale(*, shares: int) -> float:
 
     The error is dominated by the rounding r1 * s of SEAL's switch of a fresh public-key
     ciphertext from the key level to the data prime (r1: coefficients in [-1/2, 1/2], variance
-    1/12; s: ternary secret, variance 2/3). In a slot it is Re(sigma(r1) sigma(s)) / scale, a
-    product of two complex Gaussians with E|.|^2 = N/12 and 2N/3, i.e. Laplace with scale
-    N / (2 sqrt(18)) / scale; a sum of M shares has sqrt(M) times that (docs/encryption.md).
+    1/12; s: ternary secret, variance 2/3). In a slot it is Re(sigma(r1) sigma(s)) / scale, the
+    real part of a product of two complex Gaussians with E|.|^2 = N/12 and 2N/3, i.e. Laplace
+    with scale N / (2 sqrt(18)) / scale; a sum of M shares has sqrt(M) times that. The other
+    terms (encoding rounding, r0, key-level noise / special prime) add < 1 % (docs/encryption.md).
     """
     return POLY_MODULUS_DEGREE * math.sqrt(shares / 18) / (2 * GLOBAL_SCALE)
 
 
 # Absolute decoding error of a sum of up to MAX_SHARES independently encrypted shares, exceeded
-# with probability at most 2^-40 per value: 40 ln 2 Laplace scales, 5.0e-5 (the largest of 16,384
-# values measured: 1.7e-5). Below half a step of the 2^-12 share grid (1.2e-4), so decoded sums
-# round to the exact plaintext sum (secure.aggregation.to_grid).
+# with probability at most 2^-40 per value: 40 ln 2 Laplace scales, 5.0e-5 (the largest of 524,288
+# values measured: 1.9e-5; N = 2048 at 2^29 had the same bound). Below half a step of the 2^-12
+# share grid (1.2e-4, exceeded with probability ~2^-98), so decoded sums round to the exact
+# plaintext sum (secure.aggregation.to_grid).
 SUM_ERROR_FAILURE_BITS = 40
 SUM_ERROR_BOUND = decoding_error_scale(shares=MAX_SHARES) * SUM_ERROR_FAILURE_BITS * math.log(2)
 

@@ -132,6 +132,8 @@ def describe(report: dict) -> str:
         f"mechanism: Gaussian, {noise}, sensitivity = {report['sensitivity']:.4g}, "
         f"clip C = {report['clip']:.4g}",
     ]
+    if "NOT PRIVATE" in report.get("noise", ""):
+        lines.insert(0, f"WARNING: the noise was {report['noise']}")
     if report.get("privacy_unit"):
         lines.append(f"protects: {report['privacy_unit']}")
         lines.append("against:")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,7 @@ from clients.cli.train_options import (
     add_data_arguments,
     add_federation_arguments,
     add_no_he_argument,
+    add_privacy_arguments,
     check_federation,
     config_from_args,
 )
@@ -39,13 +41,14 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         description="Build the session (training/evaluation node ids, aggregation layers) from "
         "the dataset exactly as `glasu train` does, POST it, and write OUT/session.json, "
         "OUT/session.id and OUT/client-<m>.token (mode 0600; give each organisation its own). "
-        "Differential privacy is not offered here yet: the session has no (epsilon, delta).",
+        "Differential privacy is on by default (epsilon 4 over the whole session); each "
+        "organisation's worker checks it against its own privacy policy before it sends anything.",
     )
     _connection_arguments(create)
     add_data_arguments(create)
     add_federation_arguments(create, local=False)
     add_no_he_argument(create)
-    create.set_defaults(dp=False, epsilon=None, noise_multiplier=None)
+    add_privacy_arguments(create, noise_seed=False)
     create.add_argument("--label", default=None, help="free text shown in the status")
     create.add_argument(
         "--out", type=Path, required=True, metavar="DIR", help="output directory (required)"
@@ -95,6 +98,13 @@ def _create(admin: AdminClient, args: argparse.Namespace) -> int:
     from models.layout import layout_federation
 
     config = config_from_args(args)
+    if not config.dp:
+        print(
+            "glasu session create: WARNING: differential privacy is OFF for this session: the "
+            "organisations' workers refuse it unless their owners pass --no-require-dp, and "
+            "nothing bounds what the shares reveal to the other parties",
+            file=sys.stderr,
+        )
     with failing_as(f"cannot load the {config.dataset} dataset", ValueError, OSError, RuntimeError):
         dataset = load_dataset(
             config.dataset, data_dir=config.data_dir, split=config.split, seed=config.seed
@@ -115,16 +125,26 @@ def _create(admin: AdminClient, args: argparse.Namespace) -> int:
         "clients": body["clients"],
         "encryption": body["encryption"],
         "noise_multiplier": created.get("noise_multiplier"),
+        "privacy": body["privacy"],
         "label": body["label"],
     }
     (args.out / "session.id").write_text(created["session_id"])  # no newline: a ConfigMap value
     (args.out / "session.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(
         f"session {created['session_id']}: {created['passes_total']} passes, "
-        f"{body['clients']} clients, encryption {body['encryption']}; "
-        f"tokens in {args.out}/client-<m>.token"
+        f"{body['clients']} clients, encryption {body['encryption']}, "
+        + _privacy_words(body["privacy"], created.get("noise_multiplier"))
+        + f"; tokens in {args.out}/client-<m>.token"
     )
     return 0
+
+
+def _privacy_words(privacy: dict[str, Any] | None, noise_multiplier: float | None) -> str:
+    if not privacy or noise_multiplier is None:
+        return "differential privacy OFF"
+    target = privacy.get("epsilon")
+    budget = f", epsilon target {target:g}" if target is not None else ", no epsilon target"
+    return f"differential privacy (z {noise_multiplier:.4g}{budget})"
 
 
 def _write_private(path: Path, content: str) -> None:

@@ -189,7 +189,8 @@ def add_no_he_argument(p: argparse._ActionsContainer) -> None:
     )
 
 
-def add_privacy_arguments(p: argparse._ActionsContainer) -> None:
+def add_privacy_arguments(p: argparse._ActionsContainer, *, noise_seed: bool = True) -> None:
+    """The session's privacy options; ``noise_seed`` adds the worker-side test option."""
     p.add_argument(
         "--no-dp",
         dest="dp",
@@ -255,12 +256,15 @@ def add_privacy_arguments(p: argparse._ActionsContainer) -> None:
         "against one curious peer, not against colluding ones",
     )
     p.set_defaults(shared_noise=DEFAULTS.shared_noise)
+    if not noise_seed:
+        return
     p.add_argument(
         "--noise-seed",
         type=non_negative_int,
         default=None,
         metavar="SEED",
-        help="fix the DP noise (experiments only: a known seed voids the guarantee)",
+        help="fix the DP noise (tests only: refused unless GLASU_TEST_REPRODUCIBLE_NOISE=1, and "
+        "the report then says NOT PRIVATE)",
     )
 
 

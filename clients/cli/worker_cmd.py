@@ -58,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from clients.worker import LocalModelOptions, run_worker
     from models.device import resolve_device
     from models.partition import load_partition
+    from secure.dp import NotPrivateNoiseError
     from secure.he import make_codec
     from secure.protocol import ProtocolViolation
 
@@ -113,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
                 device=device,
                 on_pass=progress,
             )
-        except PolicyRefusal as exc:
+        except (PolicyRefusal, NotPrivateNoiseError) as exc:
             print(f"glasu worker {settings.client}: privacy policy: {exc}", file=sys.stderr)
             return EXIT_POLICY
         except ProtocolViolation as exc:

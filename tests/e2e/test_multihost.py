@@ -471,7 +471,19 @@ def test_three_hosts_train_over_tls_and_survive_a_cut_link(federation: Federatio
         ),
         timeout=60,
     )  # fmt: skip
-    assert budget.returncode == 0 and "differential privacy is OFF" in budget.stdout, budget
+    # differential privacy is on by default; the report says against whom it holds
+    assert budget.returncode == 0 and "all other peers colluding" in budget.stdout, budget
+    assert "epsilon <= 4" in budget.stdout, budget.stdout
+    # each organisation's own ledger, beside its data, counted every release it sent
+    local = _run(
+        lab.exec_args(
+            "worker-2", glasu("budget", "--local", str(fed.partitions / "client-2"), "--json")
+        ),
+        timeout=60,
+    )
+    assert local.returncode == 0, local.stderr
+    ledger = json.loads(local.stdout)
+    assert ledger["releases"] == 4 and 0 < ledger["epsilon"] <= 4.0, ledger
 
     part1_s = time.monotonic() - started
 

@@ -9,6 +9,7 @@ import torch
 import models.inprocess as inprocess
 from models.config import TrainConfig
 from models.partition import feature_blocks
+from models.private import REPRODUCIBLE_NOISE_ENV
 from models.trainer import train_inprocess
 from secure.privacy import SessionPrivacy, release_sensitivity
 from secure.protocol import EmbeddingRequest, NodesRequest
@@ -23,6 +24,12 @@ PRIVATE = dict(
     eval_every=2,
     hidden=32,
 )
+
+
+@pytest.fixture(autouse=True)
+def reproducible_noise(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests fix the noise seed: allowed in tests only, and the report says so."""
+    monkeypatch.setenv(REPRODUCIBLE_NOISE_ENV, "1")
 
 
 def record_sends(monkeypatch: pytest.MonkeyPatch, cora, config: TrainConfig) -> list[list]:
@@ -126,3 +133,21 @@ def test_shared_noise_splits_the_variance() -> None:
     unshared = privacy(shared=False)
     assert unshared.client_noise_std == pytest.approx(2.0 * delta)
     assert unshared.ledger_noise_multiplier == 2.0
+
+
+def test_a_fixed_noise_seed_is_refused_outside_tests_and_marked_not_private(
+    monkeypatch: pytest.MonkeyPatch, cora
+) -> None:
+    from secure.dp import NotPrivateNoiseError
+
+    config = TrainConfig(**{**PRIVATE, "rounds": 1, "eval_every": 0})
+    report = train_inprocess(config, dataset=cora, progress=False)
+    assert report.privacy is not None and "NOT PRIVATE" in report.privacy["noise"]
+    monkeypatch.delenv(REPRODUCIBLE_NOISE_ENV)
+    with pytest.raises(NotPrivateNoiseError, match="not private"):
+        train_inprocess(config, dataset=cora, progress=False)
+    cryptographic = train_inprocess(
+        dataclasses.replace(config, noise_seed=None), dataset=cora, progress=False
+    )
+    assert cryptographic.privacy is not None
+    assert cryptographic.privacy["noise"].startswith("cryptographic")

@@ -58,6 +58,8 @@ async def test_encrypted_session_sums_ciphertexts(
         status = (await http.get(f"/v1/sessions/{sid}", headers=admin())).json()
         assert status["config"]["encoding"] == "ckks"
         assert status["config"]["public_context_sha256"] == loaded.sha256
+        # the key id in every frame is the first 8 bytes of that digest (docs/encryption.md)
+        assert loaded.sha256[: 2 * he.KEY_ID_BYTES] == codec.key_id.hex()
         rows = len(
             (await http.get(f"{client_path(sid, 0)}/passes/0", headers=bearer(tokens[0]))).json()[
                 "output_nodes"

@@ -95,8 +95,8 @@ def test_create_writes_the_session_and_private_token_files(
     assert all(t.stat().st_mode & 0o777 == 0o600 for t in tokens)
     assert len({t.read_text() for t in tokens}) == 3
     assert summary["session_id"] in capsys.readouterr().out
-    # The session is the one `glasu train` builds from the same settings.
-    config = TrainConfig(rounds=5, eval_every=2, hidden=32, data_dir=data_dir, dp=False)
+    # The session is the one `glasu train` builds from the same settings: private by default.
+    config = TrainConfig(rounds=5, eval_every=2, hidden=32, data_dir=data_dir)
     body = session_request(config, layout_federation(config, cora), cora)
     with _admin(server) as admin:
         status = admin.session(summary["session_id"])
@@ -104,7 +104,8 @@ def test_create_writes_the_session_and_private_token_files(
     assert view["agg_layers"] == body["agg_layers"] and view["stale"] == body["stale"]
     assert view["train_nodes_count"] == len(body["train_nodes"])
     assert view["eval_nodes_count"] == len(body["eval_nodes"])
-    assert view["privacy"] is None
+    assert view["privacy"]["epsilon"] == 4.0 and summary["privacy"]["epsilon"] == 4.0
+    assert status["privacy"]["epsilon_planned"] <= 4.0
     # A client token works for the worker's first call.
     token = tokens[1].read_text().strip()
     response = httpx.get(
@@ -123,10 +124,21 @@ def test_no_he_makes_a_plaintext_session(
     assert not (tmp_path / "client-2.token").exists()
 
 
+def test_switching_dp_off_is_said_loudly(
+    server: dict[str, str], tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture
+) -> None:
+    assert _create(server, tmp_path, data_dir, "--no-dp") == 0
+    captured = capsys.readouterr()
+    assert "WARNING: differential privacy is OFF" in captured.err
+    assert "differential privacy OFF" in captured.out
+    assert json.loads((tmp_path / "session.json").read_text())["privacy"] is None
+
+
 def test_status_names_the_missing_clients_and_close_closes(
     server: dict[str, str], tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    assert _create(server, tmp_path, data_dir) == 0
+    # GLASU's own arrangement (no DP) has an aggregation layer below the top to exchange
+    assert _create(server, tmp_path, data_dir, "--no-dp") == 0
     sid = (tmp_path / "session.id").read_text()
     token = (tmp_path / "client-0.token").read_text().strip()
     # Client 0 uploads its node set for the highest aggregation layer below the top one.
