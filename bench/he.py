@@ -28,7 +28,7 @@ import numpy as np
 import tenseal as ts
 
 from secure.aggregation import PlainCodec, PlainSumAggregator, to_grid
-from secure.he import (
+from secure.ckks import (
     COEFF_MOD_BIT_SIZES,
     GLOBAL_SCALE_BITS,
     KEY_ID_BYTES,
@@ -41,7 +41,7 @@ from secure.he import (
     public_context_bytes,
     secret_context_bytes,
 )
-from secure.he_context import (
+from secure.ckks_context import (
     HE_STANDARD_128_CLASSICAL,
     HE_STANDARD_128_QUANTUM,
     SUM_ERROR_FAILURE_BITS,
@@ -106,7 +106,7 @@ def security(poly_modulus_degree: int, bits: Sequence[int]) -> dict[str, object]
 
 
 def predicted_error_bound(poly_modulus_degree: int, scale_bits: int, *, shares: int) -> float:
-    """The 2^-40-per-value tail bound of secure.he_context.decoding_error_scale, for any N."""
+    """The 2^-40-per-value tail bound of secure.ckks_context.decoding_error_scale, for any N."""
     laplace_scale = poly_modulus_degree * math.sqrt(shares / 18) / (2 * 2.0**scale_bits)
     return laplace_scale * SUM_ERROR_FAILURE_BITS * math.log(2)
 

@@ -21,6 +21,7 @@ from urllib.parse import quote
 import httpx
 
 from clients.service_http import (
+    BearerConnection,
     RetryPolicy,
     ServiceError,
     ServiceUnavailable,
@@ -44,7 +45,7 @@ __all__ = [
 ADMIN_RETRY = RetryPolicy(attempts=3, first_delay=0.2, max_delay=1.0)
 
 
-class AdminClient:
+class AdminClient(BearerConnection):
     """Admin calls with one bearer token: the admin token, or for :meth:`privacy` a client
     token of that session (the service allows both there)."""
 
@@ -59,25 +60,11 @@ class AdminClient:
         timeout: float = 60.0,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
+        super().__init__(
+            base_url=base_url, token=token, transport=transport, verify=verify, timeout=timeout
+        )
         self.retry = retry or ADMIN_RETRY
         self._sleep = sleep
-        self._http = httpx.Client(
-            base_url=self.base_url,
-            headers={"Authorization": f"Bearer {token}"},
-            transport=transport,
-            verify=verify,
-            timeout=httpx.Timeout(timeout, connect=10.0),
-        )
-
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> AdminClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # -- calls ----------------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import httpx
 
@@ -185,3 +185,35 @@ def send_with_retries(
         failure=failure,
         answered=answered,
     )
+
+
+class BearerConnection:
+    """An ``httpx.Client`` to the service with one bearer token, on the transport seam (an
+    in-process ASGI transport in tests, the network in production); closes with ``with``."""
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        token: str,
+        transport: httpx.BaseTransport | None,
+        verify: ssl.SSLContext | bool,
+        timeout: float,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            headers={"Authorization": f"Bearer {token}"},
+            transport=transport,
+            verify=verify,
+            timeout=httpx.Timeout(timeout, connect=10.0),
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

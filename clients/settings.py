@@ -6,7 +6,6 @@ bound what any session may spend of this data (``clients/policy.py``)."""
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -21,18 +20,9 @@ from pydantic_settings import (
 )
 
 from clients.policy import PrivacyPolicy
+from secure.protocol import is_loopback_host
 
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
-
-
-def is_loopback(url: str) -> bool:
-    host = urlsplit(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class WorkerSettings(BaseSettings):
@@ -128,7 +118,8 @@ class WorkerSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _tls_unless_loopback(self) -> WorkerSettings:
-        plain = urlsplit(self.server).scheme == "http" and not is_loopback(self.server)
+        url = urlsplit(self.server)
+        plain = url.scheme == "http" and not is_loopback_host(url.hostname or "")
         if plain and not self.insecure_http:
             raise ValueError(
                 f"server {self.server} is plain HTTP on a network address: use https:// "

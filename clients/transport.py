@@ -17,6 +17,7 @@ import httpx
 import numpy as np
 
 from clients.service_http import (
+    BearerConnection,
     RetryPolicy,
     ServiceError,
     ServiceUnavailable,
@@ -62,7 +63,7 @@ class Traffic:
     down: int = 0
 
 
-class ServiceClient:
+class ServiceClient(BearerConnection):
     def __init__(
         self,
         *,
@@ -85,22 +86,9 @@ class ServiceClient:
         self.peer_wait_seconds = peer_wait_seconds
         self.traffic = Traffic()
         self._sleep = sleep
-        self._http = httpx.Client(
-            base_url=base_url.rstrip("/"),
-            headers={"Authorization": f"Bearer {token}"},
-            transport=transport,
-            verify=verify,
-            timeout=httpx.Timeout(timeout, connect=10.0),
+        super().__init__(
+            base_url=base_url, token=token, transport=transport, verify=verify, timeout=timeout
         )
-
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> ServiceClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     @property
     def _client_path(self) -> str:

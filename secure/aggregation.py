@@ -55,7 +55,7 @@ class SumAggregator(ABC):
 # Shares travel on a fixed-point grid of step 2^-12 (about 2.4e-4), and sums are rounded back to
 # it. Encrypted sums then decode to exactly the plaintext sums: CKKS's decoding error (below
 # 5.0e-5 for a sum of up to 16 shares except with probability 2^-40 per value,
-# secure.he_context.SUM_ERROR_BOUND, docs/encryption.md) is below half a step (1.2e-4), so
+# secure.ckks_context.SUM_ERROR_BOUND, docs/encryption.md) is below half a step (1.2e-4), so
 # rounding removes it, and an encrypted run reproduces a plaintext run with the same seed bit for
 # bit.
 SHARE_GRID = 2.0**-12

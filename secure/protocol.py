@@ -13,12 +13,13 @@ Binary bodies carry their shape and their encoding in headers:
 - ``X-Glasu-Shape``: ``n`` for a node set, ``rows,cols`` for a matrix;
 - ``X-Glasu-Encoding``: how the body's bytes encode the values: ``int64`` (node ids,
   little-endian), ``float32`` (a plaintext share, little-endian, row-major) or ``ckks`` (framed
-  CKKS ciphertexts, ``secure/he.py``);
+  CKKS ciphertexts, ``secure/ckks.py``);
 - ``X-Glasu-Count`` (on an aggregate): how many shares the sum holds.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -105,3 +106,14 @@ def check_union(union: np.ndarray, *, own: np.ndarray, num_nodes: int, layer: in
     if not bool(np.all(np.isin(own, checked, assume_unique=True))):
         raise ProtocolViolation(f"the node union of layer {layer} lacks nodes this client sent")
     return checked
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether ``host`` (a name or an address) is this machine: the only place plain HTTP is
+    acceptable (both the service and the worker warn or refuse otherwise)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

@@ -1,8 +1,8 @@
 """The service's aggregators: which :class:`SumAggregator` adds a session's shares (plaintext
 float32, or CKKS under the service's public context), and loading that public context.
 
-Not to be confused with ``secure/he.py``, the CKKS arithmetic itself: this module only chooses
-and guards it. Refusals are domain errors (:mod:`service.domain_errors`). ``secure.he`` is
+Not to be confused with ``secure/ckks.py``, the CKKS arithmetic itself: this module only chooses
+and guards it. Refusals are domain errors (:mod:`service.domain_errors`). ``secure.ckks`` is
 imported only when a public context is configured, so a plaintext-only service (and its tests)
 does not need TenSEAL.
 """
@@ -31,11 +31,11 @@ class PublicContext:
 
 def load_public_context(path: Path) -> PublicContext:
     """Read and check the context file; a context with a secret key raises
-    ``secure.he.KeyMaterialError`` and the service must not start."""
-    from secure import he
+    ``secure.ckks.KeyMaterialError`` and the service must not start."""
+    from secure import ckks
 
     data = path.read_bytes()
-    he.load_public_context(data)
+    ckks.load_public_context(data)
     return PublicContext(data=data, sha256=hashlib.sha256(data).hexdigest())
 
 
@@ -74,11 +74,11 @@ class Aggregators:
     def check_ckks_session(self, clients: int) -> PublicContext:
         """The context a new ckks session will use; refuses more shares than CKKS is sized for."""
         context = self.require_ckks()
-        from secure import he
+        from secure import ckks
 
-        if clients > he.MAX_SHARES:
+        if clients > ckks.MAX_SHARES:
             raise InvalidSessionRequest(
-                f"clients: encryption 'ckks' supports at most {he.MAX_SHARES} clients (the CKKS"
+                f"clients: encryption 'ckks' supports at most {ckks.MAX_SHARES} clients (the CKKS"
                 f" parameters bound the sum of that many shares), got {clients}",
             )
         return context
@@ -95,7 +95,7 @@ class Aggregators:
             raise EncryptionUnavailable.other_context()
         with self._lock:
             if self._ckks is None:
-                from secure import he
+                from secure import ckks
 
-                self._ckks = _SerializedAggregator(he.make_sum_aggregator("ckks", context.data))
+                self._ckks = _SerializedAggregator(ckks.make_sum_aggregator("ckks", context.data))
             return self._ckks

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 
 import uvicorn
 
+from secure.protocol import is_loopback_host
 from service.app import create_app
 from service.settings import ServiceSettings
 
@@ -18,7 +18,7 @@ def serve(settings: ServiceSettings) -> None:
     SQLite database has a single writer."""
     app = create_app(settings)
     tls = settings.tls_certfile is not None
-    if not tls and not _is_loopback(settings.host):
+    if not tls and not is_loopback_host(settings.host):
         logger.warning(
             "serving plain HTTP on %s: bearer tokens and payload metadata travel unencrypted;"
             " set GLASU_TLS_CERTFILE and GLASU_TLS_KEYFILE or terminate TLS in front",
@@ -35,12 +35,3 @@ def serve(settings: ServiceSettings) -> None:
         workers=1,
         timeout_graceful_shutdown=5,  # a worker behind a dead link must not hold a stop
     )
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

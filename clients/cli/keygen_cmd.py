@@ -34,7 +34,7 @@ def check(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from secure.he import generate_keys
+    from secure.ckks import generate_keys
 
     with failing_as("cannot write the keys"):
         secret, public = generate_keys(args.out, overwrite=args.overwrite)

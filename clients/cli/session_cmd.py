@@ -15,8 +15,8 @@ from clients.cli.errors import failing_as
 from clients.cli.options import add_command, check_output_dir
 from clients.cli.train_options import (
     add_data_arguments,
+    add_encryption_argument,
     add_federation_arguments,
-    add_no_he_argument,
     add_privacy_arguments,
     check_federation,
     config_from_args,
@@ -47,7 +47,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     _connection_arguments(create)
     add_data_arguments(create)
     add_federation_arguments(create, local=False)
-    add_no_he_argument(create)
+    add_encryption_argument(create)
     add_privacy_arguments(create, noise_seed=False)
     create.add_argument("--label", default=None, help="free text shown in the status")
     create.add_argument(

@@ -18,8 +18,8 @@ from clients.cli.errors import failing_as
 from clients.cli.options import PLOT_FORMATS, add_command, check_output_file, positive_int
 from clients.cli.train_options import (
     add_data_arguments,
+    add_encryption_argument,
     add_federation_arguments,
-    add_no_he_argument,
     add_privacy_arguments,
     check_federation,
     config_from_args,
@@ -57,7 +57,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="CPU threads per process (the matrices are small: 1 is fastest)",
     )
     security = p.add_argument_group("encryption and differential privacy (both on by default)")
-    add_no_he_argument(security)
+    add_encryption_argument(security)
     add_privacy_arguments(security)
     output = p.add_argument_group("output")
     output.add_argument(

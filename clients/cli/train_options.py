@@ -30,7 +30,7 @@ from service.schemas import MAX_CLIENTS, MAX_LAYERS, MAX_ROUNDS, MAX_WIDTH
 
 DEFAULTS = TrainConfig()
 
-# secure.he_context.MAX_SHARES, for the help text (a test keeps them equal); the check below
+# secure.ckks_context.MAX_SHARES, for the help text (a test keeps them equal); the check below
 # reads the real one.
 CKKS_MAX_CLIENTS = 16
 
@@ -177,7 +177,7 @@ def add_federation_arguments(p: argparse._ActionsContainer, *, local: bool) -> N
         )
 
 
-def add_no_he_argument(p: argparse._ActionsContainer) -> None:
+def add_encryption_argument(p: argparse._ActionsContainer) -> None:
     p.add_argument(
         "--no-he",
         dest="encryption",
@@ -278,7 +278,7 @@ def releases_anything(args: argparse.Namespace) -> bool:
 
 def check_federation(args: argparse.Namespace, *, through_service: bool) -> None:
     """What the per-option types cannot see: K <= L, and M within what the service and CKKS
-    take (``service.schemas.MAX_CLIENTS``, ``secure.he_context.MAX_SHARES``)."""
+    take (``service.schemas.MAX_CLIENTS``, ``secure.ckks_context.MAX_SHARES``)."""
     mode = getattr(args, "mode", "glasu")
     if mode == "glasu" and args.agg_layers > args.layers:
         raise UsageError(
@@ -292,7 +292,7 @@ def check_federation(args: argparse.Namespace, *, through_service: bool) -> None
             f"--clients {args.clients}: the service takes at most {MAX_CLIENTS} clients"
         )
     if args.encryption == "ckks":
-        from secure.he_context import MAX_SHARES  # TenSEAL, no torch
+        from secure.ckks_context import MAX_SHARES  # TenSEAL, no torch
 
         if args.clients > MAX_SHARES:
             raise UsageError(

@@ -58,8 +58,8 @@ def run(args: argparse.Namespace) -> int:
     from clients.worker import LocalModelOptions, run_worker
     from models.device import resolve_device
     from models.partition import load_partition
+    from secure.ckks import make_codec
     from secure.dp import NotPrivateNoiseError
-    from secure.he import make_codec
     from secure.protocol import ProtocolViolation
 
     torch.set_num_threads(settings.threads)

@@ -82,7 +82,7 @@ def train_over_http(
         ]
         secret_context = None
         if config.encrypted:
-            from secure.he import generate_keys
+            from secure.ckks import generate_keys
 
             secret_context, public_context = generate_keys(root / "keys")
             serve_args += ["--public-context", str(public_context)]

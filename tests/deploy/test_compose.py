@@ -92,10 +92,10 @@ def test_the_service_gets_tls_and_only_the_public_context(project: dict[str, Any
     assert env["GLASU_ADMIN_TOKEN_FILE"] == "/run/secrets/admin_token"
     assert "GLASU_ADMIN_TOKEN" not in env  # never the token itself in the environment
     mounts = _mounts(service)
-    assert mounts["/etc/glasu/public"]["source"] == "he-public"
+    assert mounts["/etc/glasu/public"]["source"] == "ckks-public"
     assert mounts["/etc/glasu/public"]["read_only"] is True
     assert mounts["/var/lib/glasu"]["source"] == "ledger"
-    assert all(m["source"] != "he-secret" for m in service["volumes"])
+    assert all(m["source"] != "ckks-secret" for m in service["volumes"])
     assert service["healthcheck"]["test"][-1] == "/opt/glasu/share/healthcheck.py"
     assert {p["host_ip"] for p in service.get("ports", [])} <= {"127.0.0.1"}
     assert set(project["secrets"]) == {"admin_token", "tls_cert", "tls_key", "ca_cert"}
@@ -118,7 +118,7 @@ def test_each_worker_is_its_own_client_with_read_only_inputs(project: dict[str, 
         assert partition["source"] == "partitions" and partition["read_only"] is True
         assert partition["volume"]["subpath"] == f"client-{m}"
         secret = mounts["/etc/glasu/secret"]
-        assert secret["source"] == "he-secret" and secret["read_only"] is True
+        assert secret["source"] == "ckks-secret" and secret["read_only"] is True
         assert env["GLASU_SECRET_CONTEXT"].startswith("/etc/glasu/secret/")
         assert mounts["/run/glasu/session"]["read_only"] is True
         assert mounts["/srv/glasu/results"]["source"] == "results"
@@ -129,8 +129,8 @@ def test_each_worker_is_its_own_client_with_read_only_inputs(project: dict[str, 
 
 
 def test_the_keys_are_split_between_service_and_workers(project: dict[str, Any]) -> None:
-    """keygen writes both contexts to he-secret and copies only the public one to he-public;
-    nothing but keygen and the workers mounts he-secret."""
+    """keygen writes both contexts to ckks-secret and copies only the public one to ckks-public;
+    nothing but keygen and the workers mounts ckks-secret."""
     keygen = project["services"]["keygen"]
     script = keygen["entrypoint"][-1]
     assert "glasu keygen --out /etc/glasu/secret" in script
@@ -138,7 +138,7 @@ def test_the_keys_are_split_between_service_and_workers(project: dict[str, Any])
     users = {
         name
         for name, service in project["services"].items()
-        if any(m.get("source") == "he-secret" for m in service.get("volumes", []))
+        if any(m.get("source") == "ckks-secret" for m in service.get("volumes", []))
     }
     assert users == {"keygen", *WORKERS}
 

@@ -219,7 +219,7 @@ def test_pods_run_restricted(which: str) -> None:
 
 def test_key_material_fits_in_a_secret(tmp_path: Path) -> None:
     """The contexts travel as Kubernetes Secrets (1 MiB at most)."""
-    from secure.he import generate_keys
+    from secure.ckks import generate_keys
 
     generate_keys(tmp_path)
     for name in ("secret.context", "public.context"):

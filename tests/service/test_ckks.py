@@ -23,20 +23,20 @@ from service_testkit import (
 
 from service.app import service_context
 
-he = pytest.importorskip("secure.he")
+ckks = pytest.importorskip("secure.ckks")
 ts = pytest.importorskip("tenseal")
 
 
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    return he.generate_keys(tmp_path_factory.mktemp("keys"))
+    return ckks.generate_keys(tmp_path_factory.mktemp("keys"))
 
 
 def test_refuses_to_start_with_a_secret_context(
     make_app: Callable[..., FastAPI], keys: tuple[Path, Path]
 ) -> None:
     secret, _ = keys
-    with pytest.raises(he.KeyMaterialError, match="secret key"):
+    with pytest.raises(ckks.KeyMaterialError, match="secret key"):
         make_app(public_context=secret)
 
 
@@ -48,7 +48,7 @@ async def test_encrypted_session_sums_ciphertexts(
     app = make_app(public_context=public)
     loaded = service_context(app).aggregators.context
     assert loaded is not None and not ts.context_from(loaded.data).is_private()
-    codec = he.CkksCodec.from_file(secret)
+    codec = ckks.CkksCodec.from_file(secret)
     async with http_client(app) as http:
         assert (await http.get("/healthz")).json()["encryption"] is True
         created = await create_session(
@@ -59,7 +59,7 @@ async def test_encrypted_session_sums_ciphertexts(
         assert status["config"]["encoding"] == "ckks"
         assert status["config"]["public_context_sha256"] == loaded.sha256
         # the key id in every frame is the first 8 bytes of that digest (docs/encryption.md)
-        assert loaded.sha256[: 2 * he.KEY_ID_BYTES] == codec.key_id.hex()
+        assert loaded.sha256[: 2 * ckks.KEY_ID_BYTES] == codec.key_id.hex()
         rows = len(
             (await http.get(f"{client_path(sid, 0)}/passes/0", headers=bearer(tokens[0]))).json()[
                 "output_nodes"
@@ -107,14 +107,14 @@ async def test_ckks_session_limits(
     async with http_client(make_app(public_context=public)) as http:
         too_many = await http.post(
             "/v1/sessions",
-            json=session_request(clients=he.MAX_SHARES + 1, encryption="ckks"),
+            json=session_request(clients=ckks.MAX_SHARES + 1, encryption="ckks"),
             headers=admin(),
         )
         assert_problem(too_many, 422, "validation-error", mentions="at most")
         created = await create_session(http, clients=2, encryption="ckks")
 
     # Restarted with another key pair, the session's shares could not be added: refuse clearly.
-    _, other_public = he.generate_keys(tmp_path / "other")
+    _, other_public = ckks.generate_keys(tmp_path / "other")
     async with http_client(make_app(public_context=other_public)) as http:
         sid, tokens = created["session_id"], created["client_tokens"]
         for m in range(2):

@@ -173,8 +173,8 @@ async def test_shared_noise_needs_encryption(
 async def test_shared_noise_is_accounted_against_a_curious_peer(
     make_app: Callable[..., FastAPI], accounting: ModuleType, tmp_path: Path
 ) -> None:
-    he = pytest.importorskip("secure.he")
-    _, public = he.generate_keys(tmp_path / "keys")
+    ckks = pytest.importorskip("secure.ckks")
+    _, public = ckks.generate_keys(tmp_path / "keys")
     async with http_client(make_app(public_context=public)) as http:
         created = await create_session(
             http,

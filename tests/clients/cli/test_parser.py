@@ -181,6 +181,6 @@ def test_the_parsers_defaults_are_the_models() -> None:
 
 
 def test_the_limits_in_the_help_are_the_services_and_ckks() -> None:
-    from secure.he_context import MAX_SHARES
+    from secure.ckks_context import MAX_SHARES
 
     assert CKKS_MAX_CLIENTS == MAX_SHARES

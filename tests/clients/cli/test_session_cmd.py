@@ -34,7 +34,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     root = tmp_path_factory.mktemp("session-cmd")
-    from secure.he import generate_keys
+    from secure.ckks import generate_keys
 
     _, public = generate_keys(root / "keys")
     token = root / "admin.token"

@@ -1,4 +1,4 @@
-"""CKKS key material, codec and encrypted sum (secure/he.py, secure/he_context.py)."""
+"""CKKS key material, codec and encrypted sum (secure/ckks.py, secure/ckks_context.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from secure.aggregation import (
     PlainSumAggregator,
     to_grid,
 )
-from secure.he import (
+from secure.ckks import (
     FORMAT_VERSION,
     MAGIC,
     MAX_ABS_SUM,
@@ -44,7 +44,7 @@ from secure.he import (
     public_context_bytes,
     share_bound,
 )
-from secure.he_context import (
+from secure.ckks_context import (
     COEFF_MOD_BIT_SIZES,
     GLOBAL_SCALE_BITS,
     HE_STANDARD_128_CLASSICAL,

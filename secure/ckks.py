@@ -9,7 +9,7 @@ The key id is bytes 5 to 12 of the payload. The matrix is flattened row-major an
 chunks of ``SLOTS_PER_CIPHERTEXT`` (N / 2 = 2048) values (the last chunk may be shorter);
 ``rows * cols == 0`` gives zero chunks. The key id is the first 8 bytes of SHA-256 over the
 public context's serialization, i.e. over the bytes of ``public.context``
-(:func:`secure.he_context.context_key_id`): a share encrypted under another key pair or other
+(:func:`secure.ckks_context.context_key_id`): a share encrypted under another key pair or other
 parameters is refused instead of silently corrupting the sum. The service returns only the sum;
 clients divide by the count (docs/encryption.md).
 """
@@ -35,7 +35,7 @@ from secure.aggregation import (
     SumAggregator,
     to_grid,
 )
-from secure.he_context import (
+from secure.ckks_context import (
     COEFF_MOD_BIT_SIZES,
     GLOBAL_SCALE,
     GLOBAL_SCALE_BITS,
