@@ -20,6 +20,7 @@ from pydantic_settings import (
 )
 
 from clients.policy import PrivacyPolicy
+from secure.accounting import AccountantName
 from secure.protocol import is_loopback_host
 
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
@@ -105,7 +106,7 @@ class WorkerSettings(BaseSettings):
         description="Take part in sessions with shared noise (the guarantee then holds against "
         "one curious peer only, not against peers colluding).",
     )
-    policy_accountant: Literal["rdp", "prv"] = Field(
+    policy_accountant: AccountantName = Field(
         PrivacyPolicy.accountant, description="The accountant of this worker's own ledger."
     )
 

@@ -36,7 +36,7 @@ import math
 import threading
 from collections.abc import Callable, Mapping
 from functools import lru_cache
-from typing import Any, Literal, cast
+from typing import Any, Literal, cast, get_args
 
 import numpy as np
 
@@ -45,6 +45,7 @@ from secure.dp import effective_noise_multiplier
 AccountantName = Literal["rdp", "prv"]
 
 __all__ = [
+    "ACCOUNTANTS",
     "MAX_PRV_GRID_POINTS",
     "PRV_EPS_ERROR",
     "RDP_ORDERS",
@@ -87,7 +88,7 @@ MAX_PRV_GRID_POINTS = 5_000_000
 #: Calibration gives up above this noise multiplier (Opacus's ``MAX_SIGMA``).
 _MAX_CALIBRATED_NOISE_MULTIPLIER = 1e6
 
-_ACCOUNTANTS: tuple[str, ...] = ("rdp", "prv")
+ACCOUNTANTS: tuple[str, ...] = get_args(AccountantName)
 
 
 class AccountingError(ValueError):
@@ -133,8 +134,8 @@ def _check_releases(releases: int, *, minimum: int = 0) -> int:
 
 
 def _check_accountant(accountant: str) -> str:
-    if accountant not in _ACCOUNTANTS:
-        raise ValueError(f"accountant must be one of {_ACCOUNTANTS}, got {accountant!r}")
+    if accountant not in ACCOUNTANTS:
+        raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
     return accountant
 
 

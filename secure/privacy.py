@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from secure.accounting import (
+    ACCOUNTANTS,
     AccountantName,
     PrivacyLedger,
     calibrate_session_noise_multiplier,
@@ -106,7 +107,7 @@ class SessionPrivacy:
             raise PrivacyPlanError(f"clip must be a finite number > 0, got {self.clip}")
         if self.occurrence_cap < 0:
             raise PrivacyPlanError(f"occurrence_cap must be >= 0, got {self.occurrence_cap}")
-        if self.accountant not in ("rdp", "prv"):
+        if self.accountant not in ACCOUNTANTS:
             raise PrivacyPlanError(f"accountant must be 'rdp' or 'prv', got {self.accountant!r}")
         if self.max_releases is not None and self.max_releases < 1:
             raise PrivacyPlanError(f"max_releases must be >= 1, got {self.max_releases}")

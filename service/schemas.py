@@ -8,6 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from secure.accounting import AccountantName
+
 SessionState = Literal["running", "finished", "budget_exhausted", "closed"]
 PassKindOrDone = Literal["train", "eval", "done"]
 DoneReason = Literal["finished", "budget-exhausted", "closed"]
@@ -43,7 +45,7 @@ class PrivacySettings(StrictModel):
     )
     delta: float = Field(gt=0, lt=1)
     clip: float = Field(gt=0, le=1e9, description="C: per-row L2 clip bound (clients apply it).")
-    accountant: Literal["rdp", "prv"] = "rdp"
+    accountant: AccountantName = "rdp"
     max_releases: int | None = Field(None, ge=1, le=MAX_COUNT, description="Cap on releases.")
     shared_noise: bool = Field(
         False, description="Each client adds variance sigma^2/M so the sum carries sigma^2."
@@ -235,7 +237,7 @@ class PrivacyReport(BaseModel):
     noise_std: float | None = Field(None, description="z * sensitivity, per coordinate of the sum.")
     releases: int = 0
     max_releases: int | None = None
-    accountant: Literal["rdp", "prv"] | None = None
+    accountant: AccountantName | None = None
     epsilon_target: float | None = None
     epsilon_planned: float | None = Field(None, description="Epsilon after every planned release.")
     shared_noise: bool | None = None

@@ -11,6 +11,7 @@ from clients.cli.connection import add_server_arguments, admin_client, read_toke
 from clients.cli.errors import CliError, UsageError
 from clients.cli.options import add_command, probability
 from clients.policy import PrivacyPolicy
+from secure.accounting import ACCOUNTANTS
 
 
 def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -40,7 +41,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--accountant",
-        choices=("rdp", "prv"),
+        choices=ACCOUNTANTS,
         default=PrivacyPolicy.accountant,
         help="with --local: the accountant",
     )

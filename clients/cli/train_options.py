@@ -26,6 +26,7 @@ from clients.cli.options import (
     switch_note,
 )
 from models.config import TrainConfig
+from secure.accounting import ACCOUNTANTS
 from service.schemas import MAX_CLIENTS, MAX_LAYERS, MAX_ROUNDS, MAX_WIDTH
 
 DEFAULTS = TrainConfig()
@@ -228,7 +229,7 @@ def add_privacy_arguments(p: argparse._ActionsContainer, *, noise_seed: bool = T
     )
     p.add_argument(
         "--accountant",
-        choices=["rdp", "prv"],
+        choices=ACCOUNTANTS,
         default=DEFAULTS.accountant,
         help="privacy accountant: rdp (Renyi DP) or prv (privacy random variables)",
     )

@@ -19,7 +19,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from service.context import ServiceContext
 from service.domain_errors import SessionNotFound
 from service.errors import ProblemError
-from service.rounds import ClientSlot
+from service.rounds import Caller
 from service.schemas import MAX_CLIENTS
 from service.sessions import token_sha256
 
@@ -82,7 +82,7 @@ def require_client(
     credentials: CredentialsDep,
     session_id: SessionIdPath,
     client: ClientIndexPath,
-) -> ClientSlot:
+) -> Caller:
     token_hash = _token_hash(credentials)
     if _is_admin(context, token_hash):
         raise ProblemError(
@@ -95,7 +95,7 @@ def require_client(
             "forbidden",
             f"this token belongs to client {owner}; it cannot act as client {client}",
         )
-    return ClientSlot(session_id=session_id, client_index=client)
+    return Caller(session_id=session_id, client_index=client)
 
 
 def require_session_reader(
@@ -123,5 +123,5 @@ def _client_of_session(context: ServiceContext, token_hash: bytes, session_id: s
 
 
 AdminDep = Annotated[None, Depends(require_admin)]
-ClientDep = Annotated[ClientSlot, Depends(require_client)]
+ClientDep = Annotated[Caller, Depends(require_client)]
 SessionReaderDep = Annotated[None, Depends(require_session_reader)]

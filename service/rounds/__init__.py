@@ -19,6 +19,6 @@ Every method is blocking (SQLite, CKKS); call them from a worker thread. Refusal
 """
 
 from service.rounds.engine import RoundEngine
-from service.rounds.types import ClientSlot, Payload, UploadOutcome, Waiting
+from service.rounds.types import Caller, Payload, UploadOutcome, Waiting
 
-__all__ = ["ClientSlot", "Payload", "RoundEngine", "UploadOutcome", "Waiting"]
+__all__ = ["Caller", "Payload", "RoundEngine", "UploadOutcome", "Waiting"]

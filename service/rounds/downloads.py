@@ -11,7 +11,7 @@ from service.domain_errors import UnknownPass, WrongPass
 from service.plan import PlanCache, SessionPlan
 from service.rounds.gate import check_downloadable, load_session, open_layer, uploaders
 from service.rounds.sums import ShareSums
-from service.rounds.types import ClientSlot, Payload, Waiting
+from service.rounds.types import Caller, Payload, Waiting
 from service.schemas import PassInfo
 from service.store import ResultKind, ResultRow, SessionRow, Store, Transaction, UploadKind
 from service.telemetry import Telemetry
@@ -60,39 +60,41 @@ class Downloads:
         )
 
     def get(
-        self, kind: ResultKind, slot: ClientSlot, pass_index: int, layer: int
+        self, kind: ResultKind, caller: Caller, pass_index: int, layer: int
     ) -> Payload | Waiting:
         """The node union or the sum of one layer, or who is still missing."""
-        answer = self._fetch(kind, slot, pass_index, layer)
+        answer = self._fetch(kind, caller, pass_index, layer)
         if isinstance(answer, Waiting) and kind == "aggregate" and not answer.missing:
             # All shares are in but no sum: the summing request died (e.g. a restart). Redo it.
-            self.sums.sum_shares(slot.session_id, pass_index, layer)
-            answer = self._fetch(kind, slot, pass_index, layer)
+            self.sums.sum_shares(caller.session_id, pass_index, layer)
+            answer = self._fetch(kind, caller, pass_index, layer)
         return answer
 
     def _fetch(
-        self, kind: ResultKind, slot: ClientSlot, pass_index: int, layer: int
+        self, kind: ResultKind, caller: Caller, pass_index: int, layer: int
     ) -> Payload | Waiting:
         upload_kind = UPLOAD_KIND[kind]
         with self.store.transaction() as tx:
-            row, plan = open_layer(tx, self.plans, slot.session_id, pass_index, layer, upload_kind)
+            row, plan = open_layer(
+                tx, self.plans, caller.session_id, pass_index, layer, upload_kind
+            )
             check_downloadable(row, pass_index)
-            result = tx.result(slot.session_id, pass_index, layer, kind)
+            result = tx.result(caller.session_id, pass_index, layer, kind)
             if result is None:
                 received, missing = uploaders(tx, plan, pass_index, layer, upload_kind)
                 return Waiting(pass_index, layer, received, missing)
-            payload = _payload(kind, plan, result, _served(tx, slot, row, pass_index, result))
+            payload = _payload(kind, plan, result, _served(tx, caller, row, pass_index, result))
         self.telemetry.bytes_sent.labels(kind=kind).inc(len(payload.body))
         return payload
 
 
 def _served(
-    tx: Transaction, slot: ClientSlot, row: SessionRow, pass_index: int, result: ResultRow
+    tx: Transaction, caller: Caller, row: SessionRow, pass_index: int, result: ResultRow
 ) -> bytes:
     """The result's body, counted as traffic to the client."""
     if result.body is None:
         raise WrongPass("discarded", pass_index, row.current_pass)
-    tx.add_traffic(slot.session_id, slot.client_index, down=len(result.body))
+    tx.add_traffic(caller.session_id, caller.client_index, down=len(result.body))
     return result.body
 
 

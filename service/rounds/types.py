@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True, slots=True)
-class ClientSlot:
+class Caller:
     """Who is calling: client ``client_index`` of session ``session_id`` (authenticated)."""
 
     session_id: str

@@ -40,14 +40,14 @@ from service.rounds.gate import (
     uploaders,
 )
 from service.rounds.sums import ShareSums
-from service.rounds.types import ClientSlot, UploadOutcome
+from service.rounds.types import Caller, UploadOutcome
 from service.schemas import Metrics
 from service.store import Store, Transaction, UploadKind
 from service.telemetry import Telemetry
 
 
 @dataclass(frozen=True, slots=True)
-class _Slot:
+class _UploadTarget:
     """An upload slot that passed its checks: the plan and, for embeddings, the shape."""
 
     plan: SessionPlan
@@ -56,7 +56,7 @@ class _Slot:
     cols: int = 0
 
 
-Validator = Callable[[_Slot], None]
+Validator = Callable[[_UploadTarget], None]
 
 
 class Uploads:
@@ -77,7 +77,7 @@ class Uploads:
     def put(
         self,
         kind: UploadKind,
-        slot: ClientSlot,
+        caller: Caller,
         pass_index: int,
         layer: int,
         *,
@@ -90,32 +90,32 @@ class Uploads:
             validate = self._node_set_validator(shape, encoding, body)
         else:
             validate = self._embedding_validator(pass_index, layer, shape, encoding, body)
-        outcome = self._accept(slot, pass_index, layer, kind, body, validate)
+        outcome = self._accept(caller, pass_index, layer, kind, body, validate)
         if kind == "embedding" and outcome.created and not outcome.missing:
-            self.sums.sum_shares(slot.session_id, pass_index, layer)
+            self.sums.sum_shares(caller.session_id, pass_index, layer)
         return outcome
 
-    def put_metrics(self, slot: ClientSlot, pass_index: int, metrics: Metrics) -> None:
+    def put_metrics(self, caller: Caller, pass_index: int, metrics: Metrics) -> None:
         """Store a client's metrics of a pass; refused in a session with differential privacy
         (even an empty report: the route is not part of a private session's protocol)."""
         with self.store.transaction() as tx:
-            row, plan = open_session(tx, self.plans, slot.session_id)
+            row, plan = open_session(tx, self.plans, caller.session_id)
             if plan.privacy is not None:
-                raise MetricsRefused(slot.session_id)
+                raise MetricsRefused(caller.session_id)
             check_pass_in_schedule(plan, pass_index)
             if pass_index > row.current_pass:
                 raise WrongPass("metrics-too-early", pass_index, row.current_pass)
             if metrics.empty:
                 return
             tx.upsert_metrics(
-                slot.session_id, pass_index, slot.client_index, **metrics.model_dump()
+                caller.session_id, pass_index, caller.client_index, **metrics.model_dump()
             )
 
     @staticmethod
     def _node_set_validator(shape: str | None, encoding: str | None, body: bytes) -> Validator:
         declared = parse_node_headers(shape, encoding)
 
-        def validate(target: _Slot) -> None:
+        def validate(target: _UploadTarget) -> None:
             validate_node_set(body, declared=declared, num_nodes=target.plan.config.num_nodes)
 
         return validate
@@ -125,7 +125,7 @@ class Uploads:
     ) -> Validator:
         header = parse_matrix_headers(shape, encoding)
 
-        def validate(target: _Slot) -> None:
+        def validate(target: _UploadTarget) -> None:
             plan = target.plan
             if header.encoding != plan.encoding:
                 raise WrongEncoding(plan.encoding, header.encoding)
@@ -150,7 +150,7 @@ class Uploads:
 
     def _accept(
         self,
-        slot: ClientSlot,
+        caller: Caller,
         pass_index: int,
         layer: int,
         kind: UploadKind,
@@ -161,22 +161,22 @@ class Uploads:
         atomically. An identical re-upload is answered without validation."""
         sha256 = hashlib.sha256(body).digest()
         with self.store.transaction() as tx:
-            target = self._check_slot(tx, slot, pass_index, layer, kind, sha256)
+            target = self._check_slot(tx, caller, pass_index, layer, kind, sha256)
         if not target.duplicate:
             validate(target)
         with self.store.transaction() as tx:
-            target = self._check_slot(tx, slot, pass_index, layer, kind, sha256)
+            target = self._check_slot(tx, caller, pass_index, layer, kind, sha256)
             if not target.duplicate:
                 tx.insert_upload(
-                    slot.session_id,
+                    caller.session_id,
                     pass_index,
                     layer,
                     kind,
-                    slot.client_index,
+                    caller.client_index,
                     sha256=sha256,
                     body=body,
                 )
-            tx.add_traffic(slot.session_id, slot.client_index, up=len(body))
+            tx.add_traffic(caller.session_id, caller.client_index, up=len(body))
             received, missing = uploaders(tx, target.plan, pass_index, layer, kind)
             outcome = UploadOutcome(not target.duplicate, received, missing)
             if kind == "nodes" and outcome.created and not missing:
@@ -187,27 +187,27 @@ class Uploads:
     def _check_slot(
         self,
         tx: Transaction,
-        slot: ClientSlot,
+        caller: Caller,
         pass_index: int,
         layer: int,
         kind: UploadKind,
         sha256: bytes,
-    ) -> _Slot:
+    ) -> _UploadTarget:
         """Everything an upload must satisfy apart from its body."""
-        row, plan = open_layer(tx, self.plans, slot.session_id, pass_index, layer, kind)
-        existing = tx.upload(slot.session_id, pass_index, layer, kind, slot.client_index)
+        row, plan = open_layer(tx, self.plans, caller.session_id, pass_index, layer, kind)
+        existing = tx.upload(caller.session_id, pass_index, layer, kind, caller.client_index)
         if existing is not None:
             if hmac.compare_digest(existing.sha256, sha256):
-                return _Slot(plan, duplicate=True)
-            raise Conflict(slot.client_index, kind, pass_index, layer)
+                return _UploadTarget(plan, duplicate=True)
+            raise Conflict(caller.client_index, kind, pass_index, layer)
         check_current_pass(row, pass_index)
         if kind == "nodes":
-            return _Slot(plan, duplicate=False)
+            return _UploadTarget(plan, duplicate=False)
         for lower in plan.agg_layers_below(layer):
-            if tx.result(slot.session_id, pass_index, lower, "aggregate") is None:
+            if tx.result(caller.session_id, pass_index, lower, "aggregate") is None:
                 raise NotReady.lower_sum(pass_index, lower)
         rows = layer_rows(tx, plan, pass_index, layer)
-        return _Slot(plan, duplicate=False, rows=rows, cols=plan.widths[layer])
+        return _UploadTarget(plan, duplicate=False, rows=rows, cols=plan.widths[layer])
 
 
 def _store_union(tx: Transaction, plan: SessionPlan, pass_index: int, layer: int) -> None:

@@ -26,7 +26,7 @@ from service.api.routes.docs import (
 from service.context import ServiceContext
 from service.errors import ProblemError
 from service.notify import long_poll
-from service.rounds import ClientSlot, Payload, UploadOutcome, Waiting
+from service.rounds import Caller, Payload, UploadOutcome, Waiting
 from service.schemas import (
     MAX_COUNT,
     MAX_LAYERS,
@@ -87,12 +87,12 @@ def _payload_response(result: Payload | Waiting) -> Response:
 
 
 def _receipt_response(
-    slot: ClientSlot, pass_index: int, layer: int, outcome: UploadOutcome
+    caller: Caller, pass_index: int, layer: int, outcome: UploadOutcome
 ) -> JSONResponse:
     receipt = UploadReceipt(
         pass_index=pass_index,
         layer=layer,
-        client=slot.client_index,
+        client=caller.client_index,
         status="created" if outcome.created else "duplicate",
         received=outcome.received,
         missing=outcome.missing,
@@ -125,9 +125,9 @@ def _is_waiting(result: object) -> bool:
 
 
 @router.get("/passes/{p}", response_model=PassInfo, summary="Describe pass p")
-def get_pass(slot: ClientDep, context: ContextDep, pass_index: PassPath) -> PassInfo:
+def get_pass(caller: ClientDep, context: ContextDep, pass_index: PassPath) -> PassInfo:
     """Kind, round and output nodes of pass p; kind 'done' once the session has no pass p."""
-    return context.engine.downloads.pass_info(slot.session_id, pass_index)
+    return context.engine.downloads.pass_info(caller.session_id, pass_index)
 
 
 def _add_layer_exchange(
@@ -143,7 +143,7 @@ def _add_layer_exchange(
     """The two routes of one exchange at a layer: PUT this client's upload, GET the result."""
 
     async def upload(
-        slot: ClientDep,
+        caller: ClientDep,
         context: ContextDep,
         request: Request,
         pass_index: PassPath,
@@ -154,13 +154,13 @@ def _add_layer_exchange(
         # Read the binary body, store it off the event loop, wake the long-polls, answer with a
         # receipt. (No docstring: it would become the route's OpenAPI description.)
         body = await _binary_body(request)
-        store = partial(context.engine.uploads.put, upload_kind, slot, pass_index, layer)
+        store = partial(context.engine.uploads.put, upload_kind, caller, pass_index, layer)
         outcome = await run_in_threadpool(store, shape=shape, encoding=encoding, body=body)
-        context.notifier.notify(slot.session_id)
-        return _receipt_response(slot, pass_index, layer, outcome)
+        context.notifier.notify(caller.session_id)
+        return _receipt_response(caller, pass_index, layer, outcome)
 
     async def download(
-        slot: ClientDep,
+        caller: ClientDep,
         context: ContextDep,
         pass_index: PassPath,
         layer: LayerPath,
@@ -169,8 +169,8 @@ def _add_layer_exchange(
         # Long-poll until the result is complete or the wait runs out (202).
         result = await long_poll(
             context.notifier,
-            slot.session_id,
-            partial(context.engine.downloads.get, result_kind, slot, pass_index, layer),
+            caller.session_id,
+            partial(context.engine.downloads.get, result_kind, caller, pass_index, layer),
             is_waiting=_is_waiting,
             timeout=_wait_seconds(context, wait),
         )
@@ -221,8 +221,8 @@ _add_layer_exchange(
     "/passes/{p}/metrics", status_code=204, response_class=Response, summary="Report metrics"
 )
 def post_metrics(
-    slot: ClientDep, context: ContextDep, pass_index: PassPath, metrics: Metrics
+    caller: ClientDep, context: ContextDep, pass_index: PassPath, metrics: Metrics
 ) -> Response:
     """Stored for the status page only; a second report of the same client replaces the first."""
-    context.engine.uploads.put_metrics(slot, pass_index, metrics)
+    context.engine.uploads.put_metrics(caller, pass_index, metrics)
     return Response(status_code=204)
