@@ -66,7 +66,10 @@ class WorkerSettings(BaseSettings):
     eval_fanout: int = Field(10, ge=1, description="Neighbours per node in evaluation passes.")
     seed: int | None = Field(None, description="Initialisation seed (default: the session's).")
     noise_seed: int | None = Field(
-        None, description="Fix the DP noise for reproducibility (default: cryptographic seed)."
+        None,
+        description="Tests only: fix the DP noise (refused in a private session unless "
+        "GLASU_TEST_REPRODUCIBLE_NOISE=1; the report then says NOT PRIVATE). Default: "
+        "cryptographic noise.",
     )
     threads: int = Field(1, ge=1, description="CPU threads (the matrices are small: 1 is fastest).")
     result: Path | None = Field(None, description="Write a JSON summary of this worker's run here.")

@@ -35,7 +35,9 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="run one client against the aggregation service",
         description="One organisation's worker: loads only its own partition and follows the "
         "session's passes. Every flag can also be given as an environment variable "
-        "GLASU_<FLAG> (a flag wins over its variable).",
+        "GLASU_<FLAG>, or in a TOML --settings-file (a flag wins over its variable, a variable "
+        "over the file). The privacy policy settings are the data owner's: the worker refuses "
+        "a session that would spend more.",
     )
     add_settings_arguments(p, WorkerSettings)
     p.add_argument("--quiet", action="store_true", help="no per-pass progress lines")
