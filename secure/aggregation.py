@@ -66,11 +66,19 @@ def to_grid(values: np.ndarray) -> np.ndarray:
     return np.round(np.asarray(values, dtype=np.float64) / SHARE_GRID) * SHARE_GRID
 
 
+#: The largest |value| of a plaintext share: any sum of up to 2^27 shares of at most 2^100 stays
+#: below 2^127, finite in float32 (whose largest value is about 2^128).
+PLAIN_VALUE_BOUND = 2.0**100
+
+
 class PlainCodec(EmbeddingCodec):
     """Little-endian float32, row-major, no header: ``rows * cols * 4`` bytes, values on the
-    share grid."""
+    share grid, |values| at most :data:`PLAIN_VALUE_BOUND`."""
 
     encoding = "float32"
+
+    def value_bound(self, *, shares: int) -> float:
+        return PLAIN_VALUE_BOUND
 
     def encode(self, matrix: np.ndarray) -> bytes:
         if matrix.ndim != 2:
@@ -91,8 +99,14 @@ class PlainSumAggregator(SumAggregator):
                 f"float32 body of {len(payload)} bytes does not match shape ({rows}, {cols}):"
                 f" expected {expected} bytes"
             )
-        if not np.isfinite(np.frombuffer(payload, dtype=FLOAT32_LE)).all():
+        values = np.frombuffer(payload, dtype=FLOAT32_LE)
+        if not np.isfinite(values).all():
             raise PayloadError("float32 body contains NaN or infinite values")
+        if values.size and float(np.abs(values).max()) > PLAIN_VALUE_BOUND:
+            raise PayloadError(
+                f"float32 body holds values beyond +-{PLAIN_VALUE_BOUND:.3g} (2^100): the sum of"
+                " the shares could overflow float32"
+            )
 
     def add(self, payloads: Sequence[bytes], *, rows: int, cols: int) -> bytes:
         if not payloads:

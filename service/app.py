@@ -9,10 +9,13 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+from starlette.routing import compile_path
 
 from service.api.routes import health, rounds, sessions
+from service.api.routes.docs import mark_required_headers
 from service.context import ServiceContext, build_context
 from service.domain_errors import DomainError
 from service.errors import SLUG_BY_STATUS, ProblemError, domain_problem, problem_response
@@ -21,6 +24,9 @@ from service.settings import ServiceSettings
 from service.telemetry import RequestTimingMiddleware
 
 logger = logging.getLogger("glasu.service")
+
+#: nginx's "client closed request": never sent (the client is gone), but logged and counted.
+CLIENT_CLOSED_REQUEST = 499
 
 DESCRIPTION = """\
 Aggregation service of GLASU vertical federated GNN training. Clients exchange node sets and
@@ -51,6 +57,7 @@ def create_app(settings: ServiceSettings) -> FastAPI:
     app.include_router(sessions.router)
     app.include_router(rounds.router)
     _install_problem_handlers(app)
+    _install_openapi(app)
     # Added last = outermost: timing sees every response, 413s included.
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(RequestTimingMiddleware, telemetry=context.telemetry)
@@ -61,22 +68,41 @@ def service_context(app: FastAPI) -> ServiceContext:
     return app.state.glasu  # type: ignore[no-any-return]
 
 
+def _install_openapi(app: FastAPI) -> None:
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = mark_required_headers(generate())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 def _install_problem_handlers(app: FastAPI) -> None:
     async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
+        headers = exc.headers
         if isinstance(exc, ProblemError):
             slug, detail, extensions = exc.slug, exc.detail, exc.extensions
         else:
             slug = SLUG_BY_STATUS.get(exc.status_code, "error")
             detail, extensions = _framework_detail(request, exc), None
+        if exc.status_code == 405:  # Starlette names only the first matching route's methods
+            headers = {**(headers or {}), "Allow": ", ".join(_allowed_methods(app, request))}
         return problem_response(
             status=exc.status_code,
             slug=slug,
             detail=detail,
             instance=request.url.path,
-            headers=exc.headers,
+            headers=headers,
             extensions=extensions,
         )
+
+    async def on_client_disconnect(request: Request, exc: Exception) -> Response:
+        # The client went away mid-body: its error, not ours. Logged, counted as 499.
+        logger.info("client disconnected during %s %s", request.method, request.url.path)
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
 
     async def on_domain_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, DomainError)
@@ -87,9 +113,21 @@ def _install_problem_handlers(app: FastAPI) -> None:
 
     async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
+        if _json_body_with_wrong_media_type(request, exc):
+            return problem_response(
+                status=415,
+                slug="unsupported-media-type",
+                detail=f"this route takes a JSON body (Content-Type: application/json), not"
+                f" {request.headers.get('content-type') or 'no Content-Type'}",
+                instance=request.url.path,
+            )
         errors: list[dict[str, Any]] = []
         for e in exc.errors():
-            error = {"loc": [str(part) for part in e["loc"]], "msg": e["msg"], "type": e["type"]}
+            message = e["msg"]
+            if e["type"] == "json_invalid":  # loc is ("body", character offset)
+                reason = (e.get("ctx") or {}).get("error", "malformed")
+                message = f"the body is not valid JSON ({reason} at character {e['loc'][-1]})"
+            error = {"loc": [str(part) for part in e["loc"]], "msg": message, "type": e["type"]}
             if error not in errors:  # a path parameter read by a dependency and the route
                 errors.append(error)
         detail = "; ".join(f"{'.'.join(e['loc'])}: {e['msg']}" for e in errors)
@@ -111,9 +149,29 @@ def _install_problem_handlers(app: FastAPI) -> None:
         )
 
     app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_exception_handler(ClientDisconnect, on_client_disconnect)
     app.add_exception_handler(DomainError, on_domain_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(Exception, on_unexpected_error)
+
+
+def _allowed_methods(app: FastAPI, request: Request) -> list[str]:
+    """Every method the API accepts at this path, from the OpenAPI schema (its one public map
+    of paths to methods)."""
+    methods: set[str] = set()
+    for template, operations in app.openapi()["paths"].items():
+        pattern, _, _ = compile_path(template)
+        if pattern.match(request.url.path):
+            methods |= {method.upper() for method in operations}
+    return sorted(methods)
+
+
+def _json_body_with_wrong_media_type(request: Request, exc: RequestValidationError) -> bool:
+    """A JSON route whose body failed to parse because it was not sent as JSON."""
+    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media_type == "application/json" or media_type.endswith("+json"):
+        return False
+    return any(e["loc"] and e["loc"][0] == "body" for e in exc.errors())
 
 
 def _framework_detail(request: Request, exc: StarletteHTTPException) -> str:

@@ -23,7 +23,7 @@ MAX_COUNT = 2**31 - 1  # bound for counts that have no natural limit (Q, fanout,
 
 
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class AggLayer(StrictModel):

@@ -26,11 +26,15 @@ def _problem(description: str) -> dict[str, Any]:
 
 
 PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: _problem(
+        "Malformed header: Content-Length, X-Glasu-Shape or X-Glasu-Encoding (bad-header)."
+    ),
     401: _problem("Missing or invalid bearer token (unauthorized)."),
     403: _problem("Token not allowed on this route (forbidden)."),
     404: _problem("Unknown session, pass or layer."),
     409: _problem("State conflict: wrong pass, occupied slot, closed session, budget exhausted."),
     413: _problem("Body larger than GLASU_MAX_BODY_BYTES."),
+    415: _problem("Body of another media type than the route takes (JSON or octet-stream)."),
     422: _problem("Invalid request (validation-error, wrong-shape, wrong-encoding, bad-payload)."),
 }
 
@@ -57,3 +61,22 @@ def binary_response(description: str, *, with_count: bool) -> dict[str, Any]:
         "content": {OCTET_STREAM: {"schema": {"type": "string", "format": "binary"}}},
         "headers": headers,
     }
+
+
+#: Headers every binary upload must carry. The routes read them as optional so that a missing
+#: one is a 400 bad-header naming it (the protocol's own error), not a generic 422; the schema
+#: still says they are required.
+REQUIRED_UPLOAD_HEADERS = ("X-Glasu-Shape", "X-Glasu-Encoding")
+
+
+def mark_required_headers(schema: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAPI schema with the upload headers marked required."""
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            if "requestBody" not in operation:
+                continue
+            for parameter in operation.get("parameters", []):
+                if parameter["in"] == "header" and parameter["name"] in REQUIRED_UPLOAD_HEADERS:
+                    parameter["required"] = True
+                    parameter["schema"] = {"type": "string"}
+    return schema
