@@ -1,0 +1,73 @@
+"""The group operations of the private entity alignment (docs/protocol.md, "Alignment"): a
+Diffie-Hellman private set intersection over ristretto255, with libsodium's own functions
+(``rbcl`` bundles libsodium and wraps its ristretto255 API; no group arithmetic here).
+
+A node id becomes a group element by a domain-separated SHA-512 (the tag names the alignment, so
+values of one alignment say nothing in another) and libsodium's hash-to-group; each party raises
+elements to its secret scalar. Exponentiation commutes, so an id blinded by every party's key is
+the same element whichever party holds it, and nothing less than all keys makes it comparable.
+
+Torch-free and numpy-free: the service validates the elements it relays with
+:func:`check_elements`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+
+import rbcl
+
+ELEMENT_BYTES = rbcl.crypto_core_ristretto255_BYTES  # 32: one encoded group element
+DOMAIN_TAG = b"glasu/alignment/v1/ristretto255-sha512"
+
+
+def id_digest(alignment_id: str, node_id: str) -> bytes:
+    """SHA-512 of the id under a tag that names this alignment (length-prefixed fields, so no
+    two (alignment, id) pairs share an input)."""
+    digest = hashlib.sha512()
+    for field in (DOMAIN_TAG, alignment_id.encode("utf-8"), node_id.encode("utf-8")):
+        digest.update(len(field).to_bytes(8, "big"))
+        digest.update(field)
+    return digest.digest()
+
+
+def hash_to_group(alignment_id: str, node_id: str) -> bytes:
+    """The id as a ristretto255 element (libsodium's uniform hash-to-group of the digest)."""
+    return bytes(rbcl.crypto_core_ristretto255_from_hash(id_digest(alignment_id, node_id)))
+
+
+class BlindingKey:
+    """One party's secret scalar for one alignment (fresh, never stored)."""
+
+    def __init__(self, scalar: bytes | None = None) -> None:
+        self._scalar = scalar if scalar is not None else rbcl.crypto_core_ristretto255_scalar_random()
+
+    def blind(self, element: bytes) -> bytes:
+        """``element`` raised to this key; refuses an invalid encoding or the identity."""
+        return bytes(rbcl.crypto_scalarmult_ristretto255(self._scalar, element))
+
+    def blind_all(self, elements: Iterable[bytes]) -> list[bytes]:
+        return [self.blind(e) for e in elements]
+
+
+def pack(elements: Sequence[bytes]) -> bytes:
+    """Elements as one body: ``len(elements) * ELEMENT_BYTES`` bytes, in order."""
+    return b"".join(elements)
+
+
+def unpack(body: bytes) -> list[bytes]:
+    if len(body) % ELEMENT_BYTES:
+        raise ValueError(
+            f"a set body is a whole number of {ELEMENT_BYTES}-byte elements, got {len(body)} bytes"
+        )
+    return [body[i : i + ELEMENT_BYTES] for i in range(0, len(body), ELEMENT_BYTES)]
+
+
+def check_elements(elements: Sequence[bytes]) -> None:
+    """Every element a canonical ristretto255 encoding (not the identity), all distinct."""
+    for index, element in enumerate(elements):
+        if not rbcl.crypto_core_ristretto255_is_valid_point(element):
+            raise ValueError(f"element {index} is not a valid ristretto255 group element")
+    if len(set(elements)) != len(elements):
+        raise ValueError("the set holds the same element twice")
