@@ -99,6 +99,23 @@ class AdminClient(BearerConnection):
             f"to show the privacy budget of session {session_id!r}",
         )
 
+    def create_alignment(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """``POST /v1/alignments``: the alignment id and one token per party. Not retried once
+        sent."""
+        return self._call(
+            "POST", "/v1/alignments", "to create the alignment", json=dict(body), retry_sent=False
+        )
+
+    def alignment(self, alignment_id: str) -> dict[str, Any]:
+        """``GET /v1/alignments/{id}``: set sizes, progress and, once done, the shared nodes."""
+        if not alignment_id:
+            raise ValueError("an alignment id is required")
+        return self._call(
+            "GET",
+            f"/v1/alignments/{quote(alignment_id, safe='')}",
+            f"to show alignment {alignment_id!r}",
+        )
+
     # -- plumbing -------------------------------------------------------------------------------
 
     @staticmethod

@@ -168,6 +168,9 @@ def run_worker(
                     "loss": recent_training_loss(training_losses),
                     "val_accuracy": outcome.val_accuracy,
                     "test_accuracy": outcome.test_accuracy,
+                    # the party-alone reference (private runs): stays in this local file
+                    "reference_val_accuracy": outcome.reference_val_accuracy,
+                    "reference_test_accuracy": outcome.reference_test_accuracy,
                     "bytes_up": service.traffic.up,
                     "bytes_down": service.traffic.down,
                     "training_bytes": result.training_bytes,

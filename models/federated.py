@@ -41,6 +41,9 @@ class PassOutcome:
     loss: float
     val_accuracy: float | None = None
     test_accuracy: float | None = None
+    # the party-alone reference of a private client (models/private.py), same batches
+    reference_val_accuracy: float | None = None
+    reference_test_accuracy: float | None = None
 
 
 @dataclass(frozen=True)
@@ -109,7 +112,7 @@ class GlasuClient:
         self.share_transform = share_transform
         self.device = torch.device(device)
         self.layers = config.model.layers
-        client_seed = int(
+        self.client_seed = client_seed = int(
             np.random.SeedSequence([config.seed, partition.client]).generate_state(1)[0]
         )
         # Initialisation draws from torch's global generator (PyG layers offer no other):
@@ -280,20 +283,25 @@ class GlasuClient:
         h = yield from self._forward(blocks, input_nodes, h0_rows, {}, grad=False)
         with torch.no_grad():
             logits = self.network.classify(h, generator=self.generator)
+        loss, val_accuracy, test_accuracy = self.scores(logits, labels, output_nodes)
+        return PassOutcome(
+            kind="eval", loss=loss, val_accuracy=val_accuracy, test_accuracy=test_accuracy
+        )
+
+    def scores(
+        self, logits: torch.Tensor, labels: torch.Tensor, output_nodes: np.ndarray
+    ) -> tuple[float, float | None, float | None]:
+        """Validation loss, validation and test accuracy of ``logits`` on an evaluation pass."""
         correct = (logits.argmax(dim=1) == labels).cpu().numpy()
         output_nodes = np.asarray(output_nodes, dtype=np.int64)
         val = np.isin(output_nodes, self.partition.val_nodes)
         test = np.isin(output_nodes, self.partition.test_nodes)
-        return PassOutcome(
-            kind="eval",
-            loss=float(
-                F.cross_entropy(
-                    logits[torch.from_numpy(val).to(self.device)],
-                    labels[torch.from_numpy(val).to(self.device)],
-                ).item()
-            )
-            if val.any()
-            else float("nan"),
-            val_accuracy=float(correct[val].mean()) if val.any() else None,
-            test_accuracy=float(correct[test].mean()) if test.any() else None,
+        loss = float("nan")
+        if val.any():
+            rows = torch.from_numpy(val).to(self.device)
+            loss = float(F.cross_entropy(logits[rows], labels[rows]).item())
+        return (
+            loss,
+            float(correct[val].mean()) if val.any() else None,
+            float(correct[test].mean()) if test.any() else None,
         )

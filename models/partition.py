@@ -1,10 +1,9 @@
 """Vertical partitioning: every client holds all node ids, the labels and the split, its own block
-of feature columns and its own sample of the undirected edges. Also the on-disk format of one
-client's partition, which is all a worker process ever loads."""
+of feature columns and its own sample of the undirected edges. Also what a worker process
+loads: one client's folder (``models/party.py``) as a partition over the aligned node index."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,8 +11,16 @@ import numpy as np
 import torch
 
 from models.data import GraphDataset
-
-PARTITION_FORMAT_VERSION = 1
+from models.party import (
+    PartyAlignment,
+    PartyData,
+    aligned_edges,
+    read_alignment,
+    read_party,
+    unlabeled_split_nodes,
+    write_alignment,
+    write_party,
+)
 
 
 @dataclass(frozen=True)
@@ -105,78 +112,79 @@ def partition(
 
 
 def save_partition(part: ClientPartition, directory: Path) -> Path:
-    """Write one client's partition to ``directory/client-<m>/``: ``meta.json`` plus
-    ``features.npy`` (float32, N x d_m), ``edges.npy`` (int64, 2 x E_m), ``labels.npy`` (int64,
-    N) and ``train.npy``/``val.npy``/``test.npy`` (int64 node ids)."""
+    """Write one client's partition to ``directory/client-<m>/`` in the organisations' folder
+    format (``models/party.py``, docs/data.md): the node index as ids, aligned to itself (every
+    client of a benchmark holds the same ids in the same order), with the dataset's split."""
     out = Path(directory) / f"client-{part.client}"
-    out.mkdir(parents=True, exist_ok=True)
-    np.save(out / "features.npy", part.features.numpy().astype(np.float32))
-    np.save(out / "edges.npy", part.edge_index.numpy().astype(np.int64))
-    np.save(out / "labels.npy", part.labels.numpy().astype(np.int64))
-    for name, nodes in (
-        ("train", part.train_nodes),
-        ("val", part.val_nodes),
-        ("test", part.test_nodes),
-    ):
-        np.save(out / f"{name}.npy", nodes.astype(np.int64))
-    meta = {
-        "format_version": PARTITION_FORMAT_VERSION,
-        "dataset": part.dataset,
-        "client": part.client,
-        "clients": part.clients,
-        "feature_columns": part.feature_columns.tolist(),
-        "num_nodes": part.num_nodes,
-    }
-    (out / "meta.json").write_text(json.dumps(meta))
+    rows = np.arange(part.num_nodes, dtype=np.int64)
+    data = PartyData(
+        ids=[str(node) for node in range(part.num_nodes)],
+        features=part.features.numpy().astype(np.float32),
+        feature_names=[f"{part.dataset} feature {c}" for c in part.feature_columns.tolist()],
+        edges=part.edge_index.numpy().astype(np.int64),
+        labels=part.labels.numpy().astype(np.int64),
+        extra_meta={"dataset": part.dataset, "feature_columns": part.feature_columns.tolist()},
+    )
+    write_party(data, out)
+    write_alignment(
+        PartyAlignment(
+            alignment_id=None,
+            party=part.client,
+            parties=part.clients,
+            aligned_nodes=part.num_nodes,
+            digest=None,
+            rows=rows,
+            train_nodes=part.train_nodes,
+            val_nodes=part.val_nodes,
+            test_nodes=part.test_nodes,
+            split_note=f"the {part.dataset} split",
+        ),
+        out,
+    )
     return out
 
 
 def load_partition(directory: Path) -> ClientPartition:
-    """Read a partition written by :func:`save_partition`; every inconsistency is an error that
-    names the file."""
+    """Read a folder written by :func:`save_partition`, or by ``glasu prepare`` and aligned by
+    ``glasu align``: the partition over the aligned index. Every inconsistency is an error that
+    names the file; so is a training or evaluation node without a label."""
     folder = Path(directory)
-    meta_path = folder / "meta.json"
-    if not meta_path.exists():
-        raise FileNotFoundError(f"{meta_path} not found: is {folder} a partition directory?")
-    meta = json.loads(meta_path.read_text())
-    if meta.get("format_version") != PARTITION_FORMAT_VERSION:
-        raise ValueError(f"{meta_path}: unsupported format_version {meta.get('format_version')}")
+    data = read_party(folder, with_ids=False)
+    alignment = read_alignment(folder, rows=data.num_rows)
+    if alignment is None:
+        raise ValueError(
+            f"{folder} is prepared but not aligned: run `glasu align` (a deployed party) or "
+            "train it with `glasu train --party` (on this machine)"
+        )
+    part = aligned_partition(data, alignment)
+    missing = unlabeled_split_nodes(part.labels.numpy(), alignment)
+    if missing.size:
+        raise ValueError(
+            f"{folder}/labels.npy has no label for {missing.size} of the shared training and "
+            f"evaluation nodes (e.g. aligned node {missing[0]}): every party needs a label for "
+            "every shared node until the single-label-holder mode exists (docs/data.md)"
+        )
+    return part
 
-    def array(name: str, dtype: type) -> np.ndarray:
-        path = folder / f"{name}.npy"
-        if not path.exists():
-            raise FileNotFoundError(f"{path} is missing")
-        return np.load(path, allow_pickle=False).astype(dtype, copy=False)
 
-    features, edges, labels = (
-        array("features", np.float32),
-        array("edges", np.int64),
-        array("labels", np.int64),
-    )
-    n = int(meta["num_nodes"])
-    if features.ndim != 2 or features.shape[0] != n:
-        raise ValueError(f"{folder}/features.npy has shape {features.shape}, expected ({n}, d)")
-    if (
-        edges.ndim != 2
-        or edges.shape[0] != 2
-        or (edges.size and (edges.min() < 0 or edges.max() >= n))
-    ):
-        raise ValueError(f"{folder}/edges.npy must be 2 x E with node ids in [0, {n})")
-    if labels.shape != (n,):
-        raise ValueError(f"{folder}/labels.npy has shape {labels.shape}, expected ({n},)")
-    splits = {name: array(name, np.int64) for name in ("train", "val", "test")}
-    for name, nodes in splits.items():
-        if nodes.size and (nodes.min() < 0 or nodes.max() >= n):
-            raise ValueError(f"{folder}/{name}.npy has node ids outside [0, {n})")
+def aligned_partition(
+    data: PartyData, alignment: PartyAlignment, *, labels: np.ndarray | None = None
+) -> ClientPartition:
+    """A party's partition over the aligned index: its features and labels in aligned order and
+    its edges between shared nodes. ``labels`` (aligned order) replaces the party's own (the
+    local federation gives every client the label holders' labels)."""
+    order = alignment.local_rows()
+    own = data.labels[order] if labels is None else np.asarray(labels, dtype=np.int64)
+    columns = data.extra_meta.get("feature_columns", range(data.features.shape[1]))
     return ClientPartition(
-        client=int(meta["client"]),
-        clients=int(meta["clients"]),
-        dataset=str(meta["dataset"]),
-        feature_columns=np.asarray(meta["feature_columns"], dtype=np.int64),
-        features=torch.from_numpy(features.copy()),
-        edge_index=torch.from_numpy(edges.copy()),
-        labels=torch.from_numpy(labels.copy()),
-        train_nodes=splits["train"],
-        val_nodes=splits["val"],
-        test_nodes=splits["test"],
+        client=alignment.party,
+        clients=alignment.parties,
+        dataset=str(data.extra_meta.get("dataset", "own data")),
+        feature_columns=np.asarray(columns, dtype=np.int64),
+        features=torch.from_numpy(np.ascontiguousarray(data.features[order])),
+        edge_index=torch.from_numpy(aligned_edges(data.edges, alignment.rows)),
+        labels=torch.from_numpy(np.ascontiguousarray(own)),
+        train_nodes=alignment.train_nodes,
+        val_nodes=alignment.val_nodes,
+        test_nodes=alignment.test_nodes,
     )

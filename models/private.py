@@ -18,14 +18,18 @@ their sensitivity is the whole matrix, which no useful noise level covers (notes
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import os
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
-from models.federated import ClientConfig, GlasuClient
+from models.backbone import ClientNetwork
+from models.federated import ClientConfig, GlasuClient, PassOutcome
 from models.layers import Block
 from models.partition import ClientPartition
 from secure.aggregation import EmbeddingCodec
@@ -91,6 +95,16 @@ class PrivateGlasuClient(GlasuClient):
         others_noise = release.noise_std * max(m - 1, 0) ** 0.5 / m
         signal = release.clip / release.width**0.5 * (m - 1) / m
         self.receiver_scale = 1.0 / max((signal**2 + others_noise**2) ** 0.5, 1e-12)
+        # The party-alone reference: the same network, initialisation and dropout stream, trained
+        # on the same batches, without the others' release. It never leaves this client; only
+        # its accuracy is reported beside the federated one, so a user sees whether federating
+        # paid (docs/privacy.md, "Did private federation pay?").
+        self.reference = copy.deepcopy(self.network)
+        self.reference_generator = torch.Generator(device=self.device)
+        self.reference_generator.manual_seed(self.client_seed)
+        self.reference_optimizer = torch.optim.Adam(
+            self.reference.parameters(), lr=config.lr, weight_decay=config.weight_decay
+        )
 
     def _privatize(self, layer: int, share: np.ndarray) -> np.ndarray:
         return privatize(
@@ -118,18 +132,79 @@ class PrivateGlasuClient(GlasuClient):
             with torch.no_grad():
                 released = self.release_map(blocks[0], input_nodes)
             others[RELEASE_LAYER] = yield from self._joint_aggregate(RELEASE_LAYER, released)
-        receiver = self.network.receiver
-        assert receiver is not None
-        received = others[RELEASE_LAYER] * self.receiver_scale
         with torch.set_grad_enabled(grad):
-            h0 = self.network.project(self.features[input_nodes], generator=self.generator)
-            h = h0
-            for depth, block in enumerate(blocks, start=1):
-                initial = h0[h0_rows[depth - 1]] if self.network.uses_initial_residual else None
-                h = self.network.propagate(depth, h, block, initial, generator=self.generator)
-                if depth == RELEASE_LAYER:
-                    h = h + receiver(received)
+            return self._local_forward(
+                self.network,
+                self.generator,
+                blocks,
+                input_nodes,
+                h0_rows,
+                received=others[RELEASE_LAYER] * self.receiver_scale,
+            )
+
+    def _local_forward(
+        self,
+        network: ClientNetwork,
+        generator: torch.Generator,
+        blocks: Sequence[Block],
+        input_nodes: torch.Tensor,
+        h0_rows: Sequence[torch.Tensor],
+        *,
+        received: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """All L layers of ``network`` on this client's own features, the scaled release of the
+        others (if any) entering at the release layer."""
+        h0 = network.project(self.features[input_nodes], generator=generator)
+        h = h0
+        for depth, block in enumerate(blocks, start=1):
+            initial = h0[h0_rows[depth - 1]] if network.uses_initial_residual else None
+            h = network.propagate(depth, h, block, initial, generator=generator)
+            if depth == RELEASE_LAYER and received is not None:
+                assert network.receiver is not None
+                h = h + network.receiver(received)
         return h
+
+    def _train(
+        self,
+        blocks: Sequence[Block],
+        input_nodes: torch.Tensor,
+        h0_rows: Sequence[torch.Tensor],
+        labels: torch.Tensor,
+    ) -> Generator[Request, Response, PassOutcome]:
+        outcome = yield from super()._train(blocks, input_nodes, h0_rows, labels)
+        self.reference.train()
+        for _ in range(self.config.stale):  # the same Q local steps on the same batch
+            h = self._local_forward(
+                self.reference, self.reference_generator, blocks, input_nodes, h0_rows,
+                received=None,
+            )  # fmt: skip
+            logits = self.reference.classify(h, generator=self.reference_generator)
+            loss = F.cross_entropy(logits, labels)
+            self.reference_optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.reference_optimizer.step()
+        return outcome
+
+    def _evaluate(
+        self,
+        blocks: Sequence[Block],
+        input_nodes: torch.Tensor,
+        h0_rows: Sequence[torch.Tensor],
+        output_nodes: np.ndarray,
+        labels: torch.Tensor,
+    ) -> Generator[Request, Response, PassOutcome]:
+        outcome = yield from super()._evaluate(blocks, input_nodes, h0_rows, output_nodes, labels)
+        self.reference.eval()
+        with torch.no_grad():
+            h = self._local_forward(
+                self.reference, self.reference_generator, blocks, input_nodes, h0_rows,
+                received=None,
+            )  # fmt: skip
+            logits = self.reference.classify(h, generator=self.reference_generator)
+        _, val_accuracy, test_accuracy = self.scores(logits, labels, output_nodes)
+        return dataclasses.replace(
+            outcome, reference_val_accuracy=val_accuracy, reference_test_accuracy=test_accuracy
+        )
 
 
 #: Set to 1 in tests only: allows a fixed noise seed in a private run (the report then says the

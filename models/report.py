@@ -22,6 +22,9 @@ class HistoryEntry:
     bytes_down: int = 0
     training_bytes: int = 0  # exchanged in training passes so far (up + down, all clients)
     epsilon: float | None = None
+    # the party-alone reference of private runs: each client without the others' release
+    reference_val_accuracy: float | None = None
+    reference_test_accuracy: float | None = None
 
 
 @dataclass
@@ -40,6 +43,10 @@ class RunReport:
     history: list[HistoryEntry] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     stopped_early: str | None = None
+    # private runs: the party-alone reference at its own best validation, and the gain over it
+    reference_test_accuracy: float | None = None
+    reference_val_accuracy: float | None = None
+    gain: float | None = None  # test_accuracy - reference_test_accuracy
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -56,6 +63,13 @@ def _json_default(value: object) -> object:
     if isinstance(value, float) and math.isnan(value):
         return None
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def mean_or_none(values: Sequence[float | None]) -> float | None:
+    """The mean over clients of a figure some runs do not have (None when any lacks it)."""
+    if not values or any(v is None for v in values):
+        return None
+    return float(sum(values) / len(values))  # type: ignore[arg-type]
 
 
 def noise_kind(config: TrainConfig) -> str:
@@ -102,6 +116,7 @@ def build_report(
         raise ValueError(f"the run ended ({stopped_early or 'finished'}) before any evaluation")
     best = select_best(evaluated)
     final = evaluated[-1]
+    reference = select_reference(evaluated)
     if transport == "http":
         traffic = "bytes: request and response bodies as the workers sent and received them"
     else:
@@ -135,7 +150,20 @@ def build_report(
             traffic,
         ],
         stopped_early=stopped_early,
+        reference_test_accuracy=reference[1] if reference else None,
+        reference_val_accuracy=reference[0] if reference else None,
+        gain=float(best.test_accuracy or 0.0) - reference[1] if reference else None,
     )
+
+
+def select_reference(history: list[HistoryEntry]) -> tuple[float, float] | None:
+    """(validation, test) accuracy of the party-alone reference at its own best validation
+    (the earliest on ties), or None when the run has no reference."""
+    rows = [h for h in history if h.reference_val_accuracy is not None]
+    if not rows:
+        return None
+    best = max(rows, key=lambda h: (h.reference_val_accuracy, -h.round))
+    return float(best.reference_val_accuracy or 0.0), float(best.reference_test_accuracy or 0.0)
 
 
 def plot_history(report: RunReport, path: Path) -> None:
@@ -162,6 +190,14 @@ def plot_history(report: RunReport, path: Path) -> None:
         if panel == "accuracy":
             ax.plot(rounds, [h.val_accuracy for h in history], label="validation")
             ax.plot(rounds, [h.test_accuracy for h in history], label="test", alpha=0.7)
+            if report.reference_test_accuracy is not None:
+                ax.plot(
+                    rounds,
+                    [h.reference_test_accuracy for h in history],
+                    label="test, party alone",
+                    linestyle="--",
+                    alpha=0.7,
+                )
             ax.axvline(report.best_round, color="grey", linestyle=":", label="selected")
             ax.set_ylabel("accuracy")
             ax.legend(loc="lower right")

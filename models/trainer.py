@@ -19,7 +19,13 @@ from models.inprocess import run_pass_inprocess
 from models.layout import FederationLayout, eval_nodes, layout_federation
 from models.partition import ClientPartition
 from models.private import make_client
-from models.report import HistoryEntry, RunReport, build_report, recent_training_loss
+from models.report import (
+    HistoryEntry,
+    RunReport,
+    build_report,
+    mean_or_none,
+    recent_training_loss,
+)
 from secure.aggregation import EmbeddingCodec, PlainCodec, PlainSumAggregator, SumAggregator
 from secure.privacy import SessionPrivacy
 from secure.schedule import SessionSchedule
@@ -167,6 +173,8 @@ def summarize_eval(
         loss=recent_training_loss(losses),
         val_accuracy=float(np.mean([o.val_accuracy for o in outcomes])),
         test_accuracy=float(np.mean([o.test_accuracy for o in outcomes])),
+        reference_val_accuracy=mean_or_none([o.reference_val_accuracy for o in outcomes]),
+        reference_test_accuracy=mean_or_none([o.reference_test_accuracy for o in outcomes]),
     )
 
 

@@ -2,8 +2,8 @@
 be able to read, clients decode the sum and divide by the count.
 
 The in-process trainer and the HTTP service use the same classes, so both transports run the same
-arithmetic. The service only ever needs a :class:`SumAggregator`; clients own an
-:class:`EmbeddingCodec`.
+arithmetic. The service only ever needs a :class:`SumAggregator`, which validates each share once
+and adds it into a :class:`RunningSum` as it arrives; clients own an :class:`EmbeddingCodec`.
 """
 
 from __future__ import annotations
@@ -11,10 +11,13 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from typing import Generic, TypeVar
 
 import numpy as np
 
 from secure.protocol import FLOAT32_LE
+
+S = TypeVar("S")  # a share as an aggregator parsed it (a float32 matrix, CKKS vectors)
 
 
 class PayloadError(ValueError):
@@ -38,18 +41,56 @@ class EmbeddingCodec(ABC):
         return math.inf
 
 
-class SumAggregator(ABC):
-    """Service side: validates shares and adds them without needing to read them."""
+class RunningSum(ABC, Generic[S]):
+    """A sum formed share by share as the shares arrive, each client's share at most once."""
+
+    @property
+    @abstractmethod
+    def clients(self) -> frozenset[int]:
+        """The clients whose share is in the sum."""
+
+    @abstractmethod
+    def add(self, client: int, share: S) -> None:
+        """Add ``client``'s share (from :meth:`SumAggregator.read_share`); ValueError if that
+        client's share is already in, or for more shares than the encoding can sum."""
+
+    @abstractmethod
+    def payload(self) -> bytes:
+        """The sum so far, in the session's encoding, as if the shares had been added in client
+        order 0..M-1."""
+
+
+class SumAggregator(ABC, Generic[S]):
+    """Service side: validates shares and adds them without needing to read them. A share is
+    validated and parsed once (:meth:`read_share`) and then added into a :class:`RunningSum`."""
 
     encoding: str
 
     @abstractmethod
-    def validate(self, payload: bytes, *, rows: int, cols: int) -> None:
-        """Raise :class:`PayloadError` with a message saying what is wrong."""
+    def read_share(self, payload: bytes, *, rows: int, cols: int) -> S:
+        """The share parsed for adding; :class:`PayloadError` with a message saying what is
+        wrong."""
 
     @abstractmethod
+    def new_sum(self, *, rows: int, cols: int) -> RunningSum[S]:
+        """An empty sum of (rows x cols) shares."""
+
+    def validate(self, payload: bytes, *, rows: int, cols: int) -> None:
+        """Raise :class:`PayloadError` with a message saying what is wrong."""
+        self.read_share(payload, rows=rows, cols=cols)
+
     def add(self, payloads: Sequence[bytes], *, rows: int, cols: int) -> bytes:
         """The sum of the shares, in the same encoding, in the order given."""
+        if not payloads:
+            raise ValueError("nothing to add")
+        total = self.new_sum(rows=rows, cols=cols)
+        for index, payload in enumerate(payloads):
+            try:
+                share = self.read_share(payload, rows=rows, cols=cols)
+            except PayloadError as error:
+                raise PayloadError(f"share {index}: {error}") from None
+            total.add(index, share)
+        return total.payload()
 
 
 # Shares travel on a fixed-point grid of step 2^-12 (about 2.4e-4), and sums are rounded back to
@@ -89,31 +130,53 @@ class PlainCodec(EmbeddingCodec):
         return to_grid(decode_float32(payload, rows=rows, cols=cols)).astype(np.float32)
 
 
-class PlainSumAggregator(SumAggregator):
+class PlainSumAggregator(SumAggregator[np.ndarray]):
     encoding = "float32"
 
-    def validate(self, payload: bytes, *, rows: int, cols: int) -> None:
+    def read_share(self, payload: bytes, *, rows: int, cols: int) -> np.ndarray:
         expected = rows * cols * FLOAT32_LE.itemsize
         if len(payload) != expected:
             raise PayloadError(
                 f"float32 body of {len(payload)} bytes does not match shape ({rows}, {cols}):"
                 f" expected {expected} bytes"
             )
-        values = np.frombuffer(payload, dtype=FLOAT32_LE)
-        if not np.isfinite(values).all():
+        share = decode_float32(payload, rows=rows, cols=cols)
+        if not np.isfinite(share).all():
             raise PayloadError("float32 body contains NaN or infinite values")
-        if values.size and float(np.abs(values).max()) > PLAIN_VALUE_BOUND:
+        if share.size and float(np.abs(share).max()) > PLAIN_VALUE_BOUND:
             raise PayloadError(
                 f"float32 body holds values beyond +-{PLAIN_VALUE_BOUND:.3g} (2^100): the sum of"
                 " the shares could overflow float32"
             )
+        return share
 
-    def add(self, payloads: Sequence[bytes], *, rows: int, cols: int) -> bytes:
-        if not payloads:
-            raise ValueError("nothing to add")
-        total = np.zeros((rows, cols), dtype=FLOAT32_LE)
-        for payload in payloads:
-            total += decode_float32(payload, rows=rows, cols=cols)
+    def new_sum(self, *, rows: int, cols: int) -> RunningSum[np.ndarray]:
+        return PlainRunningSum(rows=rows, cols=cols)
+
+
+class PlainRunningSum(RunningSum[np.ndarray]):
+    """Keeps the shares and adds them in client order when the sum is asked for: float32
+    addition is not associative, and plaintext runs must match in-process runs bit for bit."""
+
+    def __init__(self, *, rows: int, cols: int) -> None:
+        self._shape = (rows, cols)
+        self._shares: dict[int, np.ndarray] = {}
+
+    @property
+    def clients(self) -> frozenset[int]:
+        return frozenset(self._shares)
+
+    def add(self, client: int, share: np.ndarray) -> None:
+        if client in self._shares:
+            raise ValueError(f"the share of client {client} is already in the sum")
+        if share.shape != self._shape:
+            raise ValueError(f"share of shape {share.shape} added to a sum of {self._shape}")
+        self._shares[client] = share
+
+    def payload(self) -> bytes:
+        total = np.zeros(self._shape, dtype=FLOAT32_LE)
+        for client in sorted(self._shares):
+            total += self._shares[client]
         return total.tobytes()
 
 

@@ -32,6 +32,7 @@ from secure.aggregation import (
     PayloadError,
     PlainCodec,
     PlainSumAggregator,
+    RunningSum,
     SumAggregator,
     to_grid,
 )
@@ -58,6 +59,7 @@ from secure.ckks_context import (
     public_context_bytes,
     secret_context_bytes,
     share_bound,
+    symmetric_context,
 )
 
 __all__ = [
@@ -77,6 +79,7 @@ __all__ = [
     "SUM_ERROR_BOUND",
     "CkksCodec",
     "CkksFrame",
+    "CkksRunningSum",
     "CkksSumAggregator",
     "KeyMaterialError",
     "LoadedContext",
@@ -95,6 +98,7 @@ __all__ = [
     "public_context_bytes",
     "secret_context_bytes",
     "share_bound",
+    "symmetric_context",
 ]
 
 MAGIC = b"GLCK"
@@ -258,7 +262,9 @@ def _check_ciphertext(loaded: LoadedContext, ciphertext: Any, *, index: int) -> 
 
 
 class CkksCodec(EmbeddingCodec):
-    """Encrypts shares and decrypts sums with a worker's secret context."""
+    """Encrypts shares and decrypts sums with a worker's secret context. Shares are encrypted
+    with the secret key (:func:`symmetric_context`): cheaper than public-key encryption, and the
+    service adds them under its public context like any other ciphertext."""
 
     encoding = "ckks"
 
@@ -266,6 +272,7 @@ class CkksCodec(EmbeddingCodec):
         if not context.is_private():
             raise KeyMaterialError("CkksCodec needs the secret context; this one is public")
         self._loaded = describe_context(context)
+        self._encrypting = symmetric_context(context)
 
     @classmethod
     def from_file(cls, path: Path | str) -> CkksCodec:
@@ -286,7 +293,7 @@ class CkksCodec(EmbeddingCodec):
         values = to_grid(_flatten_share(matrix))
         slots = self._loaded.slots
         chunks = [
-            ts.ckks_vector(self._loaded.context, values[start : start + slots].tolist()).serialize()
+            ts.ckks_vector(self._encrypting, values[start : start + slots].tolist()).serialize()
             for start in range(0, values.size, slots)
         ]
         return frame_chunks(chunks, key_id=self._loaded.key_id)
@@ -321,7 +328,7 @@ def _flatten_share(matrix: np.ndarray) -> np.ndarray:
 # Service side
 
 
-class CkksSumAggregator(SumAggregator):
+class CkksSumAggregator(SumAggregator[list[ts.CKKSVector]]):
     """Validates and adds ciphertext shares with the public context only."""
 
     encoding = "ckks"
@@ -341,30 +348,47 @@ class CkksSumAggregator(SumAggregator):
     def key_id(self) -> bytes:
         return self._loaded.key_id
 
-    def validate(self, payload: bytes, *, rows: int, cols: int) -> None:
-        _read_vectors(self._loaded, payload, rows=rows, cols=cols)
+    def read_share(self, payload: bytes, *, rows: int, cols: int) -> list[ts.CKKSVector]:
+        return _read_vectors(self._loaded, payload, rows=rows, cols=cols)
 
-    def add(self, payloads: Sequence[bytes], *, rows: int, cols: int) -> bytes:
-        if not payloads:
-            raise ValueError("nothing to add")
-        if len(payloads) > MAX_SHARES:
+    def new_sum(self, *, rows: int, cols: int) -> CkksRunningSum:
+        return CkksRunningSum(key_id=self._loaded.key_id)
+
+
+class CkksRunningSum(RunningSum[list[ts.CKKSVector]]):
+    """Adds each share into the accumulator as it arrives. Ciphertext addition is exact
+    arithmetic modulo q, so the order of arrival does not change a single bit of the sum."""
+
+    def __init__(self, *, key_id: bytes) -> None:
+        self._key_id = key_id
+        self._clients: set[int] = set()
+        self._total: list[ts.CKKSVector] | None = None
+
+    @property
+    def clients(self) -> frozenset[int]:
+        return frozenset(self._clients)
+
+    def add(self, client: int, share: list[ts.CKKSVector]) -> None:
+        if client in self._clients:
+            raise ValueError(f"the share of client {client} is already in the sum")
+        if len(self._clients) >= MAX_SHARES:
             raise ValueError(
-                f"{len(payloads)} shares exceed the {MAX_SHARES} the CKKS parameters are sized for"
+                f"{len(self._clients) + 1} shares exceed the {MAX_SHARES} the CKKS parameters are"
+                " sized for"
             )
-        total = self._read_share(payloads, 0, rows=rows, cols=cols)
-        for index in range(1, len(payloads)):
-            share = self._read_share(payloads, index, rows=rows, cols=cols)
-            for accumulator, vector in zip(total, share, strict=True):
+        if self._total is None:
+            self._total = share  # freshly deserialized vectors: ours to accumulate into
+        else:
+            if len(share) != len(self._total):
+                raise ValueError(f"share of {len(share)} chunks added to {len(self._total)}")
+            for accumulator, vector in zip(self._total, share, strict=True):
                 accumulator += vector
-        return frame_chunks([vector.serialize() for vector in total], key_id=self._loaded.key_id)
+        self._clients.add(client)
 
-    def _read_share(
-        self, payloads: Sequence[bytes], index: int, *, rows: int, cols: int
-    ) -> list[ts.CKKSVector]:
-        try:
-            return _read_vectors(self._loaded, payloads[index], rows=rows, cols=cols)
-        except PayloadError as error:
-            raise PayloadError(f"share {index}: {error}") from None
+    def payload(self) -> bytes:
+        if self._total is None:
+            raise ValueError("nothing to add")
+        return frame_chunks([vector.serialize() for vector in self._total], key_id=self._key_id)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Sequence
 import rbcl
 
 ELEMENT_BYTES = rbcl.crypto_core_ristretto255_BYTES  # 32: one encoded group element
+IDENTITY = bytes(ELEMENT_BYTES)  # the neutral element's encoding: never a blinded id
 DOMAIN_TAG = b"glasu/alignment/v1/ristretto255-sha512"
 
 
@@ -41,11 +42,16 @@ class BlindingKey:
     """One party's secret scalar for one alignment (fresh, never stored)."""
 
     def __init__(self, scalar: bytes | None = None) -> None:
-        self._scalar = scalar if scalar is not None else rbcl.crypto_core_ristretto255_scalar_random()
+        if scalar is None:
+            scalar = rbcl.crypto_core_ristretto255_scalar_random()
+        self._scalar = scalar
 
     def blind(self, element: bytes) -> bytes:
         """``element`` raised to this key; refuses an invalid encoding or the identity."""
-        return bytes(rbcl.crypto_scalarmult_ristretto255(self._scalar, element))
+        try:
+            return bytes(rbcl.crypto_scalarmult_ristretto255(self._scalar, element))
+        except RuntimeError as exc:  # libsodium's refusal of a bad element
+            raise ValueError(f"not a blindable ristretto255 element: {exc}") from None
 
     def blind_all(self, elements: Iterable[bytes]) -> list[bytes]:
         return [self.blind(e) for e in elements]
@@ -67,7 +73,7 @@ def unpack(body: bytes) -> list[bytes]:
 def check_elements(elements: Sequence[bytes]) -> None:
     """Every element a canonical ristretto255 encoding (not the identity), all distinct."""
     for index, element in enumerate(elements):
-        if not rbcl.crypto_core_ristretto255_is_valid_point(element):
+        if element == IDENTITY or not rbcl.crypto_core_ristretto255_is_valid_point(element):
             raise ValueError(f"element {index} is not a valid ristretto255 group element")
     if len(set(elements)) != len(elements):
         raise ValueError("the set holds the same element twice")

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from secure.aggregation import PlainSumAggregator, SumAggregator
+from secure.aggregation import PlainSumAggregator, RunningSum, SumAggregator
 from service.domain_errors import EncryptionUnavailable, InvalidSessionRequest
 
 if TYPE_CHECKING:
@@ -39,22 +38,41 @@ def load_public_context(path: Path) -> PublicContext:
     return PublicContext(data=data, sha256=hashlib.sha256(data).hexdigest())
 
 
-class _SerializedAggregator(SumAggregator):
+class _SerializedAggregator(SumAggregator[Any]):
     """One shared CKKS aggregator; TenSEAL does not document that a context may be used from
-    several threads at once, so calls are serialised."""
+    several threads at once, so every call into it (parsing a share, adding it, serializing a
+    sum) takes one lock."""
 
-    def __init__(self, inner: SumAggregator) -> None:
+    def __init__(self, inner: SumAggregator[Any]) -> None:
         self._inner = inner
         self._lock = threading.Lock()
         self.encoding = inner.encoding
 
-    def validate(self, payload: bytes, *, rows: int, cols: int) -> None:
+    def read_share(self, payload: bytes, *, rows: int, cols: int) -> Any:
         with self._lock:
-            self._inner.validate(payload, rows=rows, cols=cols)
+            return self._inner.read_share(payload, rows=rows, cols=cols)
 
-    def add(self, payloads: Sequence[bytes], *, rows: int, cols: int) -> bytes:
+    def new_sum(self, *, rows: int, cols: int) -> RunningSum[Any]:
         with self._lock:
-            return self._inner.add(payloads, rows=rows, cols=cols)
+            return _SerializedSum(self._inner.new_sum(rows=rows, cols=cols), self._lock)
+
+
+class _SerializedSum(RunningSum[Any]):
+    def __init__(self, inner: RunningSum[Any], lock: threading.Lock) -> None:
+        self._inner = inner
+        self._lock = lock
+
+    @property
+    def clients(self) -> frozenset[int]:
+        return self._inner.clients
+
+    def add(self, client: int, share: Any) -> None:
+        with self._lock:
+            self._inner.add(client, share)
+
+    def payload(self) -> bytes:
+        with self._lock:
+            return self._inner.payload()
 
 
 class Aggregators:
@@ -63,7 +81,7 @@ class Aggregators:
     def __init__(self, context: PublicContext | None) -> None:
         self.context = context
         self._plain = PlainSumAggregator()
-        self._ckks: SumAggregator | None = None
+        self._ckks: SumAggregator[Any] | None = None
         self._lock = threading.Lock()
 
     def require_ckks(self) -> PublicContext:
@@ -83,11 +101,11 @@ class Aggregators:
             )
         return context
 
-    def for_session(self, plan: SessionPlan) -> SumAggregator:
+    def for_session(self, plan: SessionPlan) -> SumAggregator[Any]:
         """The aggregator of a session's embeddings."""
         return self.for_encoding(plan.encoding, context_sha256=plan.public_context_sha256)
 
-    def for_encoding(self, encoding: str, *, context_sha256: str | None) -> SumAggregator:
+    def for_encoding(self, encoding: str, *, context_sha256: str | None) -> SumAggregator[Any]:
         if encoding == "float32":
             return self._plain
         context = self.require_ckks()

@@ -14,7 +14,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.routing import compile_path
 
-from service.api.routes import health, rounds, sessions
+from service.alignment import AlignmentManager
+from service.api.routes import alignment, health, rounds, sessions
 from service.api.routes.docs import mark_required_headers
 from service.context import ServiceContext, build_context
 from service.domain_errors import DomainError
@@ -53,9 +54,11 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.glasu = context
+    app.state.glasu_alignments = AlignmentManager(context.store)
     app.include_router(health.router)
     app.include_router(sessions.router)
     app.include_router(rounds.router)
+    app.include_router(alignment.router)
     _install_problem_handlers(app)
     _install_openapi(app)
     # Added last = outermost: timing sees every response, 413s included.

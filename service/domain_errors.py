@@ -256,3 +256,24 @@ class WrongEncoding(DomainError):
         )
         self.expected = expected
         self.declared = declared
+
+
+# Alignments (service/alignment.py)
+
+
+class AlignmentNotFound(DomainError):
+    def __init__(self, alignment_id: str) -> None:
+        super().__init__(f"no alignment with id {alignment_id!r}")
+        self.alignment_id = alignment_id
+
+
+class AlignmentSlotForbidden(DomainError):
+    """A party posting or fetching a set that the ring assigns to another party."""
+
+
+class AlignmentNotReady(DomainError):
+    """A set posted before the set it blinds further is in."""
+
+
+class AlignmentConflict(DomainError):
+    """A set slot already holds a different body."""

@@ -23,6 +23,7 @@ PROBLEM_MEDIA_TYPE = "application/problem+json"
 PROBLEM_TYPE_BASE = "https://glasu.dev/problems/"
 
 TITLES: dict[str, str] = {
+    "alignment-not-found": "Alignment not found",
     "bad-header": "Missing or malformed header",
     "bad-payload": "Invalid payload",
     "conflict": "Slot already holds a different body",
@@ -79,6 +80,10 @@ DOMAIN_PROBLEMS: dict[type[domain.DomainError], tuple[int, str]] = {
     domain.BadPayload: (422, "bad-payload"),
     domain.WrongShape: (422, "wrong-shape"),
     domain.WrongEncoding: (422, "wrong-encoding"),
+    domain.AlignmentNotFound: (404, "alignment-not-found"),
+    domain.AlignmentSlotForbidden: (403, "forbidden"),
+    domain.AlignmentNotReady: (409, "not-ready"),
+    domain.AlignmentConflict: (409, "conflict"),
 }
 
 

@@ -99,7 +99,9 @@ class SessionManager:
                 tx.discard_payloads(session_id)
                 row = tx.session(session_id)
                 assert row is not None
-            return self._summary(row, plan)
+            summary = self._summary(row, plan)
+        self.engine.discard_payloads(session_id)  # the shares and sums kept outside SQLite
+        return summary
 
     def status(self, session_id: str) -> SessionStatus:
         with self.store.transaction() as tx:

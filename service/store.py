@@ -16,6 +16,10 @@ every download commits its traffic counter, and the store's lock would be held f
 
 Payload bodies are kept for the current and the previous pass only (see
 :meth:`Transaction.discard_payloads`); their SHA-256 stays so identical re-uploads remain harmless.
+Only node sets and their unions (kilobytes) keep their bodies here. Embedding shares and sums
+(0.1 to 10 MB each) are files beside the database (``service/rounds/payload_files.py``): an
+upload's row holds its hash and size, and written in SQLite such a body would be written twice
+(WAL, then checkpoint) and read back under the store's lock.
 """
 
 from __future__ import annotations
@@ -128,7 +132,7 @@ class ResultRow:
     rows: int
     cols: int
     count: int
-    body: bytes | None  # None once discarded
+    body: bytes | None  # None once discarded, and for sums (kept outside SQLite)
     released_at: float | None
 
 
@@ -156,6 +160,12 @@ class Transaction:
     def __init__(self, connection: sqlite3.Connection, *, durable: bool = False) -> None:
         self._db = connection
         self.durable = durable  # committed under synchronous=FULL
+
+    @property
+    def connection(self) -> sqlite3.Connection:
+        """The connection, for modules that keep their own tables in this database (the
+        alignments: ``service/alignment_store.py``); only inside this transaction."""
+        return self._db
 
     # Sessions and tokens
 
@@ -247,6 +257,17 @@ class Transaction:
         ).fetchall()
         return [int(r[0]) for r in rows]
 
+    def uploads(
+        self, session_id: str, pass_index: int, layer: int, kind: UploadKind
+    ) -> list[UploadRow]:
+        """The slot's uploads in client index order."""
+        rows = self._db.execute(
+            "SELECT client_index, sha256, size FROM uploads WHERE session_id = ? AND pass_index = ?"
+            " AND layer = ? AND kind = ? ORDER BY client_index",
+            (session_id, pass_index, layer, kind),
+        ).fetchall()
+        return [UploadRow(int(r[0]), bytes(r[1]), int(r[2])) for r in rows]
+
     def upload_bodies(
         self, session_id: str, pass_index: int, layer: int, kind: UploadKind
     ) -> list[bytes]:
@@ -269,8 +290,10 @@ class Transaction:
         client_index: int,
         *,
         sha256: bytes,
-        body: bytes,
+        size: int,
+        body: bytes | None,
     ) -> None:
+        """``body`` None: the body is kept outside SQLite (embedding shares)."""
         self._db.execute(
             "INSERT INTO uploads (session_id, pass_index, layer, kind, client_index, sha256, size,"
             " body, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -281,7 +304,7 @@ class Transaction:
                 kind,
                 client_index,
                 sha256,
-                len(body),
+                size,
                 body,
                 time.time(),
             ),
@@ -310,9 +333,10 @@ class Transaction:
         rows: int,
         cols: int,
         count: int,
-        body: bytes,
+        body: bytes | None,
         released_at: float | None = None,
     ) -> None:
+        """``body`` None: the body is kept outside SQLite (sums)."""
         self._db.execute(
             "INSERT INTO results (session_id, pass_index, layer, kind, rows, cols, count, body,"
             " created_at, released_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -421,6 +445,7 @@ class Transaction:
 
 class Store:
     def __init__(self, path: Path) -> None:
+        self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         # isolation_level=None: we issue BEGIN/COMMIT ourselves; the lock serialises threads.

@@ -164,6 +164,18 @@ def summary(report: RunReport) -> str:
         f"wall time {report.wall_seconds:.1f} s, bytes up {report.bytes_up:,}, "
         f"down {report.bytes_down:,}",
     ]
+    if report.reference_test_accuracy is not None and report.gain is not None:
+        lines.append(
+            f"party alone (same batches, without the others' release): test accuracy "
+            f"{report.reference_test_accuracy:.4f}; gain from federating "
+            f"{100 * report.gain:+.1f} points"
+        )
+        if report.gain <= 0:
+            lines.append(
+                "Private federation did not beat training alone in this run: the noise that "
+                "protects the others' features leaves too little signal here (docs/privacy.md, "
+                "section 1.4)."
+            )
     if report.privacy:
         from clients.cli.budget_cmd import describe
 

@@ -11,7 +11,7 @@ from clients.local.processes import FederationFailed
 from models.config import TrainConfig
 from models.data import GraphDataset
 from models.layout import FederationLayout
-from models.report import HistoryEntry, RunReport, build_report
+from models.report import HistoryEntry, RunReport, build_report, mean_or_none
 
 
 def report_from_workers(
@@ -39,6 +39,8 @@ def report_from_workers(
             bytes_down=sum(row["bytes_down"] for row in rows),
             training_bytes=sum(row["training_bytes"] for row in rows),
             epsilon=epsilon_at_pass.get(rows[0]["pass"]),
+            reference_val_accuracy=mean_or_none([row["reference_val_accuracy"] for row in rows]),
+            reference_test_accuracy=mean_or_none([row["reference_test_accuracy"] for row in rows]),
         )
         for rows in zip(*(res["history"] for res in results), strict=True)
     ]

@@ -1,7 +1,9 @@
 """What clients read: the pass descriptor, a layer's node union and a layer's sum.
 
-A download answers :class:`Waiting` until its result is complete. A sum whose shares are all in
-but which was never stored (the summing request died, e.g. in a restart) is computed here.
+A download answers :class:`Waiting` until its result is complete. Unions are read from the store,
+sums from :class:`ShareSums` (memory, else their files). A download never sums shares while
+another request is adding one or storing the sum; after a restart it stores a sum whose shares
+were all acknowledged before (:meth:`ShareSums.complete`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from service.rounds.gate import check_downloadable, load_session, open_layer, up
 from service.rounds.sums import ShareSums
 from service.rounds.types import Caller, Payload, Waiting
 from service.schemas import PassInfo
-from service.store import ResultKind, ResultRow, SessionRow, Store, Transaction, UploadKind
+from service.store import ResultKind, ResultRow, Store, UploadKind
 from service.telemetry import Telemetry
 
 DONE_REASON = {
@@ -65,8 +67,11 @@ class Downloads:
         """The node union or the sum of one layer, or who is still missing."""
         answer = self._fetch(kind, caller, pass_index, layer)
         if isinstance(answer, Waiting) and kind == "aggregate" and not answer.missing:
-            # All shares are in but no sum: the summing request died (e.g. a restart). Redo it.
-            self.sums.sum_shares(caller.session_id, pass_index, layer)
+            # All shares are in but no sum: the upload of the last one is storing it (then this
+            # returns at once and the long poll waits to be notified), or it never did (a
+            # restart, a failure), and the sum is stored here from the running sum or the
+            # shares' files.
+            self.sums.complete(caller.session_id, pass_index, layer, wait=False)
             answer = self._fetch(kind, caller, pass_index, layer)
         return answer
 
@@ -83,19 +88,16 @@ class Downloads:
             if result is None:
                 received, missing = uploaders(tx, plan, pass_index, layer, upload_kind)
                 return Waiting(pass_index, layer, received, missing)
-            payload = _payload(kind, plan, result, _served(tx, caller, row, pass_index, result))
-        self.telemetry.bytes_sent.labels(kind=kind).inc(len(payload.body))
-        return payload
-
-
-def _served(
-    tx: Transaction, caller: Caller, row: SessionRow, pass_index: int, result: ResultRow
-) -> bytes:
-    """The result's body, counted as traffic to the client."""
-    if result.body is None:
-        raise WrongPass("discarded", pass_index, row.current_pass)
-    tx.add_traffic(caller.session_id, caller.client_index, down=len(result.body))
-    return result.body
+        if kind == "union":
+            body = result.body
+        else:
+            body = self.sums.sum_body(caller.session_id, pass_index, layer)
+        if body is None:
+            raise WrongPass("discarded", pass_index, row.current_pass)
+        with self.store.transaction() as tx:
+            tx.add_traffic(caller.session_id, caller.client_index, down=len(body))
+        self.telemetry.bytes_sent.labels(kind=kind).inc(len(body))
+        return _payload(kind, plan, result, body)
 
 
 def _payload(kind: ResultKind, plan: SessionPlan, result: ResultRow, body: bytes) -> Payload:

@@ -8,6 +8,7 @@ from service.aggregators import Aggregators
 from service.plan import PlanCache, SessionPlan
 from service.rounds.downloads import Downloads
 from service.rounds.gate import load_session
+from service.rounds.payload_files import PayloadFiles
 from service.rounds.sums import ShareSums
 from service.rounds.uploads import Uploads
 from service.store import SessionRow, Store, Transaction
@@ -19,10 +20,16 @@ class RoundEngine:
         self, store: Store, plans: PlanCache, aggregators: Aggregators, telemetry: Telemetry
     ) -> None:
         self.plans = plans
-        self.sums = ShareSums(store, plans, aggregators, telemetry)
-        self.uploads = Uploads(store, plans, aggregators, telemetry, self.sums)
+        files = PayloadFiles.beside(store.path)
+        self.sums = ShareSums(store, plans, aggregators, telemetry, files)
+        self.uploads = Uploads(store, plans, aggregators, telemetry, self.sums, files)
         self.downloads = Downloads(store, plans, telemetry, self.sums)
 
     def session(self, tx: Transaction, session_id: str) -> tuple[SessionRow, SessionPlan]:
         """A session's row and plan; ``SessionNotFound`` if there is none."""
         return load_session(tx, self.plans, session_id)
+
+    def discard_payloads(self, session_id: str) -> None:
+        """Drop every share and sum of a session (closed) that the store does not hold itself
+        (after ``Transaction.discard_payloads`` committed)."""
+        self.sums.discard(session_id)

@@ -1,51 +1,151 @@
-"""Summing a layer's shares once all M are in, recording the pass's release in the privacy
-ledger, and advancing the session to the next pass.
+"""Summing a layer's shares as they arrive, recording the pass's release in the privacy ledger,
+and advancing the session to the next pass.
 
-With DP on, summing the first aggregation layer of a pass is its release: the ledger row and the
-stored sum are written in one durable transaction (synced to disk before ``COMMIT`` returns, see
-service/store.py), and nothing of the pass is served before.
+Each share is validated and parsed once, when it is uploaded, and added into the running sum of
+its (pass, layer) under the slot's lock, together with the commit that acknowledges it (see
+:meth:`ShareSums.forming`); the upload that brings the M-th share stores the sum. A download that
+finds every share in but no sum never computes it while another request holds the slot: it waits
+for the notification that the sum is stored.
+
+Crash safety: acknowledged shares are durable, running sums are not. A share's file is written
+before the transaction that acknowledges it commits (service/rounds/payload_files.py). After a
+restart (or if storing a sum failed) the first download or repeated upload that finds all M
+shares committed and no sum adds the shares missing from the running sum from their files and
+stores the sum (:meth:`ShareSums.complete`).
+
+With DP on, storing the first aggregation layer's sum of a pass is its release: the sum's file is
+synced to disk, then the ledger row and the sum's row are written in one durable transaction (on
+disk before ``COMMIT`` returns, see service/store.py); a sum is served only once its row exists.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
 
+from secure.aggregation import RunningSum
 from service.aggregators import Aggregators
 from service.plan import PlanCache, SessionPlan
 from service.rounds.gate import layer_rows, load_session
+from service.rounds.payload_files import PayloadFiles
 from service.store import SessionRow, Store, Transaction
 from service.telemetry import Telemetry
+
+# Sums are served from memory while they fit (one sum is 0.1 to 10 MB; every client downloads
+# it); older ones are read from their files.
+RECENT_SUM_BYTES = 256 * 2**20
+
+SlotKey = tuple[str, int, int]  # session, pass, layer
+
+
+@dataclass
+class _Slot:
+    """The sum of one (pass, layer) while its shares arrive."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    running: RunningSum[Any] | None = None
 
 
 class ShareSums:
     def __init__(
-        self, store: Store, plans: PlanCache, aggregators: Aggregators, telemetry: Telemetry
+        self,
+        store: Store,
+        plans: PlanCache,
+        aggregators: Aggregators,
+        telemetry: Telemetry,
+        files: PayloadFiles,
     ) -> None:
         self.store = store
         self.plans = plans
         self.aggregators = aggregators
         self.telemetry = telemetry
+        self.files = files
+        self._slots: dict[SlotKey, _Slot] = {}
+        self._slots_lock = threading.Lock()
+        self._recent = _RecentSums(RECENT_SUM_BYTES)
 
-    def sum_shares(self, session_id: str, pass_index: int, layer: int) -> None:
-        """Add the M shares in client order (outside the lock: CKKS is slow), then store the sum
-        if nothing changed meanwhile. Does nothing if the slot is not complete or already summed,
-        so a second caller is harmless."""
-        with self.store.transaction() as tx:
-            row, plan = load_session(tx, self.plans, session_id)
-            if not _sum_pending(tx, row, pass_index, layer):
-                return
-            bodies = tx.upload_bodies(session_id, pass_index, layer, "embedding")
-            if len(bodies) < plan.clients:
-                return
-            rows = layer_rows(tx, plan, pass_index, layer)
-        cols = plan.widths[layer]
-        total = self.aggregators.for_session(plan).add(bodies, rows=rows, cols=cols)
-        completed_kind = None
-        # A release's ledger row must be on disk before its sum can be served: a durable
-        # transaction's COMMIT returns only once the WAL is synced (service/store.py).
+    @contextmanager
+    def forming(
+        self, plan: SessionPlan, pass_index: int, layer: int, *, rows: int, cols: int
+    ) -> Iterator[RunningSum[Any]]:
+        """The running sum of a slot, its lock held: commit a share's upload and add the share
+        inside, so that nobody sees the share committed but not yet added."""
+        slot = self._slot((plan.session_id, pass_index, layer))
+        with slot.lock:
+            if slot.running is None:
+                slot.running = self.aggregators.for_session(plan).new_sum(rows=rows, cols=cols)
+            yield slot.running
+
+    def complete(self, session_id: str, pass_index: int, layer: int, *, wait: bool) -> None:
+        """Store the slot's sum if all M shares are committed and no sum is stored, adding first
+        any committed share the running sum lacks (after a restart: all of them) from its file.
+        Without ``wait``, returns at once while another request holds the slot."""
+        key = (session_id, pass_index, layer)
+        slot = self._slot(key)
+        if not slot.lock.acquire(blocking=wait):
+            return
+        try:
+            with self.store.transaction() as tx:
+                row, plan = load_session(tx, self.plans, session_id)
+                if not _sum_pending(tx, row, pass_index, layer):
+                    self._forget(key, slot)
+                    return
+                committed = tx.uploads(session_id, pass_index, layer, "embedding")
+                if len(committed) < plan.clients:
+                    return
+                rows = layer_rows(tx, plan, pass_index, layer)
+            aggregator = self.aggregators.for_session(plan)
+            if slot.running is None:
+                slot.running = aggregator.new_sum(rows=rows, cols=plan.widths[layer])
+            for upload in committed:
+                if upload.client_index in slot.running.clients:
+                    continue
+                body = self.files.read_share(
+                    session_id, pass_index, layer, upload.client_index, upload.sha256
+                )
+                share = aggregator.read_share(body, rows=rows, cols=plan.widths[layer])
+                slot.running.add(upload.client_index, share)
+            self._store(plan, pass_index, layer, rows, slot.running.payload())
+            self._forget(key, slot)
+        finally:
+            slot.lock.release()
+
+    def sum_body(self, session_id: str, pass_index: int, layer: int) -> bytes | None:
+        """A stored sum's body; None once discarded."""
+        key = (session_id, pass_index, layer)
+        body = self._recent.get(key)
+        if body is None:
+            body = self.files.read_sum(session_id, pass_index, layer)
+            if body is not None:
+                self._recent.put(key, body)
+        return body
+
+    def discard(self, session_id: str, *, before_pass: int | None = None) -> None:
+        """Forget the running sums, sums and files of passes < ``before_pass`` (all if None)."""
+        limit = before_pass if before_pass is not None else 2**62
+        with self._slots_lock:
+            for key in [k for k in self._slots if k[0] == session_id and k[1] < limit]:
+                del self._slots[key]
+        self._recent.drop(session_id, before_pass=limit)
+        self.files.discard(session_id, before_pass=before_pass)
+
+    def _store(
+        self, plan: SessionPlan, pass_index: int, layer: int, rows: int, body: bytes
+    ) -> None:
+        """Write the sum's file, then its row (with the ledger row if it is a release)."""
+        # A release's ledger row must be on disk before its sum can be served, and the sum with
+        # it: a durable transaction's COMMIT returns only once the WAL is synced
+        # (service/store.py), and the sum's file is synced before.
         is_release = plan.privacy is not None and layer == plan.first_agg_layer
+        self.files.write_sum(plan.session_id, pass_index, layer, body, sync=is_release)
+        completed_kind = None
         with self.store.transaction(durable=is_release) as tx:
-            row, _ = load_session(tx, self.plans, session_id)
+            row, _ = load_session(tx, self.plans, plan.session_id)
             if not _sum_pending(tx, row, pass_index, layer):
                 return
             released_at = None
@@ -54,21 +154,68 @@ class ShareSums:
                 if released_at is None:
                     return
             tx.insert_result(
-                session_id,
+                plan.session_id,
                 pass_index,
                 layer,
                 "aggregate",
                 rows=rows,
-                cols=cols,
+                cols=plan.widths[layer],
                 count=plan.clients,
-                body=total,
+                body=None,
                 released_at=released_at,
             )
             if layer == plan.last_agg_layer:
                 completed_kind = plan.passes[pass_index].kind
                 _advance(tx, plan, pass_index)
+        self._recent.put((plan.session_id, pass_index, layer), body)
         if completed_kind is not None:
             self.telemetry.passes_completed.labels(kind=completed_kind).inc()
+            # the store keeps the payloads of this pass and the one before (_advance)
+            self.discard(plan.session_id, before_pass=pass_index)
+
+    def _slot(self, key: SlotKey) -> _Slot:
+        with self._slots_lock:
+            slot = self._slots.get(key)
+            if slot is None:
+                slot = self._slots[key] = _Slot()
+            return slot
+
+    def _forget(self, key: SlotKey, slot: _Slot) -> None:
+        with self._slots_lock:
+            if self._slots.get(key) is slot:
+                del self._slots[key]
+
+
+class _RecentSums:
+    """The bodies of the latest sums, newest first, within a byte budget."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self._max_bytes = max_bytes
+        self._bodies: OrderedDict[SlotKey, bytes] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: SlotKey) -> bytes | None:
+        with self._lock:
+            return self._bodies.get(key)
+
+    def put(self, key: SlotKey, body: bytes) -> None:
+        with self._lock:
+            self._pop(key)
+            self._bodies[key] = body
+            self._bytes += len(body)
+            while self._bytes > self._max_bytes and len(self._bodies) > 1:
+                self._pop(next(iter(self._bodies)))
+
+    def drop(self, session_id: str, *, before_pass: int) -> None:
+        with self._lock:
+            for key in [k for k in self._bodies if k[0] == session_id and k[1] < before_pass]:
+                self._pop(key)
+
+    def _pop(self, key: SlotKey) -> None:
+        body = self._bodies.pop(key, None)
+        if body is not None:
+            self._bytes -= len(body)
 
 
 def _sum_pending(tx: Transaction, row: SessionRow, pass_index: int, layer: int) -> bool:

@@ -1,5 +1,6 @@
 """Accepting uploads: node sets (the union is formed when the M-th arrives), embedding shares
-(summed when the M-th arrives) and per-pass metrics.
+(each validated once and added into its layer's running sum; the M-th completes it) and per-pass
+metrics.
 
 Each upload is checked twice: once before the (possibly slow) payload validation and again,
 atomically, with the insert. A slot is written once; an identical re-upload is answered without
@@ -10,8 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from secure.aggregation import PayloadError
 from service.aggregators import Aggregators
@@ -25,6 +26,7 @@ from service.domain_errors import (
     WrongShape,
 )
 from service.payloads import (
+    MatrixHeader,
     parse_matrix_headers,
     parse_node_headers,
     union_of,
@@ -39,6 +41,7 @@ from service.rounds.gate import (
     open_session,
     uploaders,
 )
+from service.rounds.payload_files import PayloadFiles
 from service.rounds.sums import ShareSums
 from service.rounds.types import Caller, UploadOutcome
 from service.schemas import Metrics
@@ -56,9 +59,6 @@ class _UploadTarget:
     cols: int = 0
 
 
-Validator = Callable[[_UploadTarget], None]
-
-
 class Uploads:
     def __init__(
         self,
@@ -67,12 +67,14 @@ class Uploads:
         aggregators: Aggregators,
         telemetry: Telemetry,
         sums: ShareSums,
+        files: PayloadFiles,
     ) -> None:
         self.store = store
         self.plans = plans
         self.aggregators = aggregators
         self.telemetry = telemetry
         self.sums = sums
+        self.files = files
 
     def put(
         self,
@@ -87,13 +89,9 @@ class Uploads:
     ) -> UploadOutcome:
         """Store a node set or an embedding share; the headers are checked first."""
         if kind == "nodes":
-            validate = self._node_set_validator(shape, encoding, body)
-        else:
-            validate = self._embedding_validator(pass_index, layer, shape, encoding, body)
-        outcome = self._accept(caller, pass_index, layer, kind, body, validate)
-        if kind == "embedding" and outcome.created and not outcome.missing:
-            self.sums.sum_shares(caller.session_id, pass_index, layer)
-        return outcome
+            return self._accept_node_set(caller, pass_index, layer, shape, encoding, body)
+        header = parse_matrix_headers(shape, encoding)
+        return self._accept_share(caller, pass_index, layer, header, body)
 
     def put_metrics(self, caller: Caller, pass_index: int, metrics: Metrics) -> None:
         """Store a client's metrics of a pass; refused in a session with differential privacy
@@ -111,59 +109,94 @@ class Uploads:
                 caller.session_id, pass_index, caller.client_index, **metrics.model_dump()
             )
 
-    @staticmethod
-    def _node_set_validator(shape: str | None, encoding: str | None, body: bytes) -> Validator:
+    def _accept_node_set(
+        self,
+        caller: Caller,
+        pass_index: int,
+        layer: int,
+        shape: str | None,
+        encoding: str | None,
+        body: bytes,
+    ) -> UploadOutcome:
+        """Check, validate outside the lock, then check again, insert and (with the M-th) form
+        the union atomically."""
         declared = parse_node_headers(shape, encoding)
-
-        def validate(target: _UploadTarget) -> None:
+        sha256 = hashlib.sha256(body).digest()
+        with self.store.transaction() as tx:
+            target = self._check_slot(tx, caller, pass_index, layer, "nodes", sha256)
+        if not target.duplicate:
             validate_node_set(body, declared=declared, num_nodes=target.plan.config.num_nodes)
+        return self._record(caller, pass_index, layer, "nodes", sha256, body, keep_body=True)
 
-        return validate
+    def _accept_share(
+        self, caller: Caller, pass_index: int, layer: int, header: MatrixHeader, body: bytes
+    ) -> UploadOutcome:
+        """Check; validate and parse the share once, outside the lock (CKKS parsing is slow);
+        write its file; then, holding the layer's running sum, check again, insert and add it.
+        The upload that completes the layer (or repeats one whose sum was not stored) stores the
+        sum."""
+        sha256 = hashlib.sha256(body).digest()
+        with self.store.transaction() as tx:
+            target = self._check_slot(tx, caller, pass_index, layer, "embedding", sha256)
+        if target.duplicate:
+            outcome = self._record(caller, pass_index, layer, "embedding", sha256, body)
+        else:
+            share = self._read_share(target, header, pass_index, layer, body)
+            self.files.write_share(
+                caller.session_id, pass_index, layer, caller.client_index, sha256, body
+            )
+            with self.sums.forming(
+                target.plan, pass_index, layer, rows=target.rows, cols=target.cols
+            ) as running:
+                outcome = self._record(caller, pass_index, layer, "embedding", sha256, body)
+                if outcome.created:
+                    running.add(caller.client_index, share)
+        if not outcome.missing:
+            self.sums.complete(caller.session_id, pass_index, layer, wait=True)
+        return outcome
 
-    def _embedding_validator(
-        self, pass_index: int, layer: int, shape: str | None, encoding: str | None, body: bytes
-    ) -> Validator:
-        header = parse_matrix_headers(shape, encoding)
+    def _read_share(
+        self,
+        target: _UploadTarget,
+        header: MatrixHeader,
+        pass_index: int,
+        layer: int,
+        body: bytes,
+    ) -> Any:
+        """The share, validated against the slot and parsed by the session's aggregator."""
+        plan = target.plan
+        if header.encoding != plan.encoding:
+            raise WrongEncoding(plan.encoding, header.encoding)
+        if (header.rows, header.cols) != (target.rows, target.cols):
+            raise WrongShape.embedding(
+                pass_index,
+                layer,
+                expected=(target.rows, target.cols),
+                declared=(header.rows, header.cols),
+                rows_are="the pass's output nodes"
+                if layer == plan.top_layer
+                else f"the node union of layer {layer}",
+            )
+        try:
+            return self.aggregators.for_session(plan).read_share(
+                body, rows=target.rows, cols=target.cols
+            )
+        except PayloadError as exc:
+            raise BadPayload(str(exc)) from exc
 
-        def validate(target: _UploadTarget) -> None:
-            plan = target.plan
-            if header.encoding != plan.encoding:
-                raise WrongEncoding(plan.encoding, header.encoding)
-            if (header.rows, header.cols) != (target.rows, target.cols):
-                raise WrongShape.embedding(
-                    pass_index,
-                    layer,
-                    expected=(target.rows, target.cols),
-                    declared=(header.rows, header.cols),
-                    rows_are="the pass's output nodes"
-                    if layer == plan.top_layer
-                    else f"the node union of layer {layer}",
-                )
-            try:
-                self.aggregators.for_session(plan).validate(
-                    body, rows=target.rows, cols=target.cols
-                )
-            except PayloadError as exc:
-                raise BadPayload(str(exc)) from exc
-
-        return validate
-
-    def _accept(
+    def _record(
         self,
         caller: Caller,
         pass_index: int,
         layer: int,
         kind: UploadKind,
+        sha256: bytes,
         body: bytes,
-        validate: Validator,
+        *,
+        keep_body: bool = False,
     ) -> UploadOutcome:
-        """Check, validate outside the lock (CKKS parsing is slow), then check again and insert
-        atomically. An identical re-upload is answered without validation."""
-        sha256 = hashlib.sha256(body).digest()
-        with self.store.transaction() as tx:
-            target = self._check_slot(tx, caller, pass_index, layer, kind, sha256)
-        if not target.duplicate:
-            validate(target)
+        """Check the slot again and insert the upload (its body too if ``keep_body``), count the
+        traffic and, with the M-th node set, store the union: one transaction."""
         with self.store.transaction() as tx:
             target = self._check_slot(tx, caller, pass_index, layer, kind, sha256)
             if not target.duplicate:
@@ -174,7 +207,8 @@ class Uploads:
                     kind,
                     caller.client_index,
                     sha256=sha256,
-                    body=body,
+                    size=len(body),
+                    body=body if keep_body else None,
                 )
             tx.add_traffic(caller.session_id, caller.client_index, up=len(body))
             received, missing = uploaders(tx, target.plan, pass_index, layer, kind)

@@ -104,6 +104,12 @@ def test_http_run_equals_inprocess_run_with_dp(dp_runs: DpRuns) -> None:
     assert over_http.val_accuracy == pytest.approx(in_process.val_accuracy, abs=1e-9)
     assert over_http.final_test_accuracy == pytest.approx(in_process.final_test_accuracy, abs=1e-9)
     assert over_http.best_round == in_process.best_round
+    # the party-alone reference: in both reports, trained identically
+    assert in_process.reference_test_accuracy is not None and in_process.gain is not None
+    assert over_http.reference_test_accuracy == pytest.approx(
+        in_process.reference_test_accuracy, abs=1e-9
+    )
+    assert over_http.gain == pytest.approx(in_process.gain, abs=1e-9)
     assert_token_files_are_private(dp_runs.work_dir, clients=DP_CONFIG.clients)
 
 

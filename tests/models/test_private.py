@@ -151,3 +151,28 @@ def test_a_fixed_noise_seed_is_refused_outside_tests_and_marked_not_private(
     )
     assert cryptographic.privacy is not None
     assert cryptographic.privacy["noise"].startswith("cryptographic")
+
+
+def test_the_party_alone_reference_trains_on_the_federated_batches(
+    monkeypatch: pytest.MonkeyPatch, cora
+) -> None:
+    """Every forward of the reference model mirrors one of the federated model: same input
+    nodes, same blocks, in the same order; and the report states both accuracies."""
+    from models.private import PrivateGlasuClient
+
+    seen: dict[str, list] = {"federated": [], "reference": []}
+    forward = PrivateGlasuClient._local_forward
+
+    def recording(self, network, generator, blocks, input_nodes, h0_rows, *, received):
+        which = "reference" if network is self.reference else "federated"
+        assert (received is None) == (which == "reference")
+        seen[which].append((self.partition.client, input_nodes.tolist(), len(blocks)))
+        return forward(self, network, generator, blocks, input_nodes, h0_rows, received=received)
+
+    monkeypatch.setattr(PrivateGlasuClient, "_local_forward", recording)
+    config = TrainConfig(**{**PRIVATE, "rounds": 3, "eval_every": 3, "stale": 2})
+    report = train_inprocess(config, dataset=cora, progress=False)
+    assert seen["federated"] and seen["reference"] == seen["federated"]
+    assert report.reference_test_accuracy is not None and report.gain is not None
+    assert report.gain == pytest.approx(report.test_accuracy - report.reference_test_accuracy)
+    assert all(h.reference_test_accuracy is not None for h in report.history)

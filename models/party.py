@@ -1,0 +1,245 @@
+"""One organisation's folder: the worker's on-disk format (docs/data.md), written by
+``glasu prepare`` from the organisation's own tables and by ``glasu partition`` from a benchmark
+dataset.
+
+In the organisation's own row order (row r is the r-th row of its node table):
+
+- ``meta.json``: ``format_version``, ``num_rows``, ``feature_names``, counts, and what
+  ``glasu prepare`` did (``summary``); a benchmark partition adds ``dataset`` and
+  ``feature_columns``;
+- ``ids.parquet``: column ``id`` (text), the organisation's own node ids: private, never sent;
+- ``features.npy`` (float32, rows x d), ``edges.npy`` (int64, 2 x 2E: both directions of every
+  undirected edge, as row numbers), ``labels.npy`` (int64 class index per row, -1 = no label).
+
+After the alignment (``glasu align``, or ``glasu train --party`` in memory):
+
+- ``alignment.json``: the alignment's id, this party's index, the number of parties, the number
+  of shared nodes N, the digest all parties hold, and how the split was drawn;
+- ``aligned.npy`` (int64 per row: its index in the aligned node index 0..N-1, -1 where the
+  node is not shared); ``train.npy``/``val.npy``/``test.npy`` (int64 aligned indices).
+
+``models.partition.aligned_partition`` turns the two into what the training uses: a
+``ClientPartition`` over the aligned index. Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+FORMAT_VERSION = 2
+META = "meta.json"
+IDS = "ids.parquet"
+ALIGNMENT = "alignment.json"
+NO_LABEL = -1
+NOT_SHARED = -1
+
+
+@dataclass(frozen=True)
+class PartyData:
+    """One organisation's graph in its own row order."""
+
+    ids: list[str]  # private: the organisation's own node ids
+    features: np.ndarray  # float32 (rows, d)
+    feature_names: list[str]
+    edges: np.ndarray  # int64 (2, 2E): both directions, row numbers
+    labels: np.ndarray  # int64 (rows,), NO_LABEL where none
+    summary: dict[str, Any] = field(default_factory=dict)  # what `glasu prepare` did
+    extra_meta: dict[str, Any] = field(default_factory=dict)  # benchmark: dataset, columns
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.features.shape[0])
+
+    @property
+    def labeled(self) -> int:
+        return int((self.labels != NO_LABEL).sum())
+
+
+@dataclass(frozen=True)
+class PartyAlignment:
+    """Where each of this party's rows sits in the shared node index, and the split over it."""
+
+    alignment_id: str | None  # None: a benchmark partition, whose ids are identical everywhere
+    party: int
+    parties: int
+    aligned_nodes: int  # N
+    digest: str | None  # SHA-256 of the sorted intersection: the same at every party
+    rows: np.ndarray  # int64 (rows,): aligned index of each row, NOT_SHARED where none
+    train_nodes: np.ndarray
+    val_nodes: np.ndarray
+    test_nodes: np.ndarray
+    split_note: str
+
+    def local_rows(self) -> np.ndarray:
+        """The row of each aligned node 0..N-1 (the inverse of ``rows``)."""
+        shared = np.flatnonzero(self.rows != NOT_SHARED)
+        order = np.empty(self.aligned_nodes, dtype=np.int64)
+        order[self.rows[shared]] = shared
+        return order
+
+
+# -- writing ---------------------------------------------------------------------------------------
+
+
+def write_party(data: PartyData, folder: Path) -> None:
+    """The organisation's own files (everything but the alignment) into ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    np.save(folder / "features.npy", data.features.astype(np.float32, copy=False))
+    np.save(folder / "edges.npy", data.edges.astype(np.int64, copy=False))
+    np.save(folder / "labels.npy", data.labels.astype(np.int64, copy=False))
+    pq.write_table(pa.table({"id": pa.array(data.ids, type=pa.string())}), folder / IDS)
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "num_rows": data.num_rows,
+        "num_features": int(data.features.shape[1]),
+        "feature_names": data.feature_names,
+        "labeled_rows": data.labeled,
+        "undirected_edges": int(data.edges.shape[1] // 2),
+        "summary": data.summary,
+        **data.extra_meta,
+    }
+    (folder / META).write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def write_alignment(alignment: PartyAlignment, folder: Path) -> None:
+    """The alignment's files; ``alignment.json`` goes last (atomically), so a folder has an
+    alignment only once every array of it is complete."""
+    for name, array in (
+        ("aligned", alignment.rows),
+        ("train", alignment.train_nodes),
+        ("val", alignment.val_nodes),
+        ("test", alignment.test_nodes),
+    ):
+        np.save(folder / f"{name}.npy", np.asarray(array, dtype=np.int64))
+    record = {
+        "alignment_id": alignment.alignment_id,
+        "party": alignment.party,
+        "parties": alignment.parties,
+        "aligned_nodes": alignment.aligned_nodes,
+        "digest": alignment.digest,
+        "split": alignment.split_note,
+    }
+    pending = folder / f".{ALIGNMENT}.tmp"
+    pending.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(pending, folder / ALIGNMENT)
+
+
+# -- reading ---------------------------------------------------------------------------------------
+
+
+def read_meta(folder: Path) -> dict[str, Any]:
+    path = Path(folder) / META
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{path} not found: is {folder} a folder written by glasu prepare or glasu partition?"
+        )
+    meta = json.loads(path.read_text())
+    version = meta.get("format_version")
+    if version != FORMAT_VERSION:
+        raise ValueError(
+            f"{path}: format_version {version} is not {FORMAT_VERSION}; write the folder again "
+            "with this glasu (glasu prepare or glasu partition)"
+        )
+    return meta
+
+
+def _array(folder: Path, name: str, dtype: type) -> np.ndarray:
+    path = folder / f"{name}.npy"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing")
+    return np.load(path, allow_pickle=False).astype(dtype, copy=False)
+
+
+def read_party(folder: Path, *, with_ids: bool = True) -> PartyData:
+    """The organisation's own files, checked against each other (every inconsistency names the
+    file). ``with_ids=False`` leaves the ids on disk (a worker never needs them)."""
+    folder = Path(folder)
+    meta = read_meta(folder)
+    rows = int(meta["num_rows"])
+    features = _array(folder, "features", np.float32)
+    edges = _array(folder, "edges", np.int64)
+    labels = _array(folder, "labels", np.int64)
+    if features.ndim != 2 or features.shape[0] != rows:
+        raise ValueError(f"{folder}/features.npy has shape {features.shape}, expected ({rows}, d)")
+    if (
+        edges.ndim != 2
+        or edges.shape[0] != 2
+        or (edges.size and not 0 <= edges.min() <= edges.max() < rows)
+    ):
+        raise ValueError(f"{folder}/edges.npy must be 2 x E with row numbers in [0, {rows})")
+    if labels.shape != (rows,):
+        raise ValueError(f"{folder}/labels.npy has shape {labels.shape}, expected ({rows},)")
+    ids: list[str] = []
+    if with_ids:
+        ids = pq.read_table(folder / IDS, columns=["id"]).column("id").to_pylist()
+        if len(ids) != rows:
+            raise ValueError(f"{folder}/{IDS} has {len(ids)} ids, expected {rows}")
+    extra = {k: v for k, v in meta.items() if k in ("dataset", "feature_columns", "client")}
+    return PartyData(
+        ids=ids,
+        features=features,
+        feature_names=list(meta.get("feature_names", [])),
+        edges=edges,
+        labels=labels,
+        summary=dict(meta.get("summary", {})),
+        extra_meta=extra,
+    )
+
+
+def read_alignment(folder: Path, *, rows: int) -> PartyAlignment | None:
+    """The folder's alignment, or None if it has none yet."""
+    folder = Path(folder)
+    path = folder / ALIGNMENT
+    if not path.exists():
+        return None
+    record = json.loads(path.read_text())
+    n = int(record["aligned_nodes"])
+    aligned = _array(folder, "aligned", np.int64)
+    if aligned.shape != (rows,):
+        raise ValueError(f"{folder}/aligned.npy has shape {aligned.shape}, expected ({rows},)")
+    shared = np.sort(aligned[aligned != NOT_SHARED])
+    if not np.array_equal(shared, np.arange(n)):
+        raise ValueError(
+            f"{folder}/aligned.npy does not map rows one to one onto the {n} aligned nodes"
+        )
+    splits = {name: _array(folder, name, np.int64) for name in ("train", "val", "test")}
+    for name, nodes in splits.items():
+        if nodes.size and (nodes.min() < 0 or nodes.max() >= n):
+            raise ValueError(f"{folder}/{name}.npy has node ids outside [0, {n})")
+    return PartyAlignment(
+        alignment_id=record.get("alignment_id"),
+        party=int(record["party"]),
+        parties=int(record["parties"]),
+        aligned_nodes=n,
+        digest=record.get("digest"),
+        rows=aligned,
+        train_nodes=splits["train"],
+        val_nodes=splits["val"],
+        test_nodes=splits["test"],
+        split_note=str(record.get("split", "")),
+    )
+
+
+# -- the training's view ---------------------------------------------------------------------------
+
+
+def aligned_edges(edges: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The edges between shared nodes, as aligned indices (both directions kept as given)."""
+    src, dst = rows[edges[0]], rows[edges[1]]
+    keep = (src != NOT_SHARED) & (dst != NOT_SHARED)
+    return np.stack([src[keep], dst[keep]]).astype(np.int64)
+
+
+def unlabeled_split_nodes(labels: np.ndarray, alignment: PartyAlignment) -> np.ndarray:
+    """The training and evaluation nodes (aligned indices) without a label in ``labels``
+    (aligned order)."""
+    nodes = np.concatenate([alignment.train_nodes, alignment.val_nodes, alignment.test_nodes])
+    return np.sort(nodes[labels[nodes] == NO_LABEL])

@@ -1,0 +1,295 @@
+"""Private entity alignment: the service's side of the ring PSI (docs/protocol.md, "Alignment").
+
+M parties each hold a set of node ids. Each blinds its own set with its secret key, shuffles
+it and posts it (hop 0); the set then travels the ring: party ``owner + h`` (mod M) blinds hop
+``h - 1`` further and posts hop ``h``, keeping the order. After hop M - 1 every element carries
+every key, so equal ids have become equal elements. The service only relays: a set at
+``(owner, hop)`` is served to the next blinder, party ``owner + hop + 1``, and the fully blinded
+sets are served to nobody. When all M are in, the service intersects them, sorts the
+intersection (the aligned index) and keeps, for each owner, the aligned index of every position
+of its set (-1 where not shared); then it drops every set body.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+
+from secure.psi import ELEMENT_BYTES, check_elements, pack, unpack
+from service.alignment_schemas import (
+    AlignmentCreate,
+    AlignmentCreated,
+    AlignmentStatus,
+    SetProgress,
+)
+from service.alignment_store import (
+    AlignmentRow,
+    AlignmentTables,
+    SetRow,
+    create_alignment_tables,
+)
+from service.domain_errors import (
+    AlignmentConflict,
+    AlignmentNotFound,
+    AlignmentNotReady,
+    AlignmentSlotForbidden,
+    BadHeader,
+    BadPayload,
+    WrongShape,
+)
+from service.sessions import token_sha256
+from service.store import Store
+
+SET_ENCODING = "ristretto255"
+POSITIONS_ENCODING = "int64"
+POSITION_BYTES = 8  # little-endian int64
+PARTY_TOKEN_BYTES = 32
+
+
+@dataclass(frozen=True)
+class PartyCaller:
+    alignment_id: str
+    party: int
+
+
+@dataclass(frozen=True)
+class Waiting:
+    missing: list[int]
+
+
+@dataclass(frozen=True)
+class SetUpload:
+    created: bool
+    size: int
+
+
+def next_blinder(owner: int, hop: int, parties: int) -> int:
+    """The party that blinds the set of ``owner`` after hop ``hop`` (and may fetch it)."""
+    return (owner + hop + 1) % parties
+
+
+def poster(owner: int, hop: int, parties: int) -> int:
+    """The party that posts the set of ``owner`` at hop ``hop``."""
+    return (owner + hop) % parties
+
+
+class AlignmentManager:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        create_alignment_tables(store)
+
+    # -- admin -----------------------------------------------------------------------------------
+
+    def create(self, request: AlignmentCreate) -> AlignmentCreated:
+        alignment_id = uuid.uuid4().hex
+        tokens = [secrets.token_urlsafe(PARTY_TOKEN_BYTES) for _ in range(request.parties)]
+        with self.store.transaction() as tx:
+            AlignmentTables(tx).insert(
+                alignment_id,
+                parties=request.parties,
+                seed=request.seed,
+                label=request.label,
+                token_hashes=[token_sha256(t) for t in tokens],
+            )
+        return AlignmentCreated(
+            alignment_id=alignment_id,
+            party_tokens=tokens,
+            parties=request.parties,
+            seed=request.seed,
+        )
+
+    def status(self, alignment_id: str) -> AlignmentStatus:
+        with self.store.transaction() as tx:
+            tables = AlignmentTables(tx)
+            row = _alignment(tables, alignment_id)
+            sets = tables.sets(alignment_id)
+        progress = []
+        for owner in range(row.parties):
+            own = [s for s in sets if s.owner == owner]
+            size = next((s.size for s in own if s.hop == 0), None)
+            progress.append(SetProgress(owner=owner, size=size, hops=len(own)))
+        return AlignmentStatus(
+            alignment_id=row.id,
+            label=row.label,
+            parties=row.parties,
+            seed=row.seed,
+            state=row.state,  # type: ignore[arg-type]
+            created_at=row.created_at,
+            sets=progress,
+            aligned_nodes=row.aligned_nodes,
+            digest=row.digest.hex() if row.digest is not None else None,
+        )
+
+    def party_of_token(self, token_hash: bytes) -> tuple[str, int] | None:
+        with self.store.transaction() as tx:
+            return AlignmentTables(tx).token_owner(token_hash)
+
+    def exists(self, alignment_id: str) -> bool:
+        with self.store.transaction() as tx:
+            return AlignmentTables(tx).alignment(alignment_id) is not None
+
+    # -- parties ---------------------------------------------------------------------------------
+
+    def put_set(
+        self,
+        caller: PartyCaller,
+        owner: int,
+        hop: int,
+        *,
+        shape: str | None,
+        encoding: str | None,
+        body: bytes,
+    ) -> SetUpload:
+        """Store the set of ``owner`` at ``hop``, posted by ``caller``; complete the alignment
+        when it was the last fully blinded set."""
+        size = _declared_size(shape, encoding)
+        _check_body(body, size)  # before the store's lock is taken: it costs ~10 us an element
+        digest = hashlib.sha256(body).digest()
+        with self.store.transaction() as tx:
+            tables = AlignmentTables(tx)
+            row = _alignment(tables, caller.alignment_id)
+            _check_slot(row, owner, hop)
+            expected = poster(owner, hop, row.parties)
+            if caller.party != expected:
+                raise AlignmentSlotForbidden(
+                    f"party {caller.party} cannot post hop {hop} of the set of party {owner}: "
+                    f"party {expected} blinds it there"
+                )
+            existing = tables.set(row.id, owner, hop)
+            if existing is not None:
+                if existing.sha256 != digest:
+                    raise AlignmentConflict(
+                        f"hop {hop} of the set of party {owner} was already posted with a "
+                        "different body; a set is posted once"
+                    )
+                return SetUpload(created=False, size=existing.size)
+            if hop > 0:
+                previous = tables.set(row.id, owner, hop - 1)
+                if previous is None:
+                    raise AlignmentNotReady(
+                        f"hop {hop - 1} of the set of party {owner} is not in yet: blind the set "
+                        "you fetched, not another"
+                    )
+                if previous.size != size:
+                    raise WrongShape(
+                        f"the set of party {owner} has {previous.size} elements, "
+                        f"X-Glasu-Shape says {size}"
+                    )
+            tables.insert_set(row.id, owner, hop, sha256=digest, size=size, body=body)
+            if hop == row.parties - 1:
+                _complete_if_ready(tables, row)
+        return SetUpload(created=True, size=size)
+
+    def get_set(self, caller: PartyCaller, owner: int, hop: int) -> bytes | Waiting:
+        with self.store.transaction() as tx:
+            tables = AlignmentTables(tx)
+            row = _alignment(tables, caller.alignment_id)
+            _check_slot(row, owner, hop)
+            if hop == row.parties - 1:
+                raise AlignmentSlotForbidden(
+                    "a fully blinded set is served to nobody; fetch your positions instead"
+                )
+            receiver = next_blinder(owner, hop, row.parties)
+            if caller.party != receiver:
+                raise AlignmentSlotForbidden(
+                    f"hop {hop} of the set of party {owner} goes to party {receiver} only"
+                )
+            found = tables.set(row.id, owner, hop)
+        if found is None:
+            return Waiting(missing=[poster(owner, hop, row.parties)])
+        if found.body is None:
+            raise AlignmentConflict(
+                f"alignment {row.id!r} is complete and its blinded sets are discarded; "
+                "fetch your positions"
+            )
+        return found.body
+
+    def positions(self, caller: PartyCaller) -> bytes | Waiting:
+        """For each position of the set ``caller`` posted, its aligned index (-1: not shared),
+        as little-endian int64."""
+        with self.store.transaction() as tx:
+            tables = AlignmentTables(tx)
+            row = _alignment(tables, caller.alignment_id)
+            if row.state == "done":
+                body = tables.positions(row.id, caller.party)
+                if body is None:  # every owner's positions are written with the state
+                    raise LookupError(f"alignment {row.id} is done without positions")
+                return body
+            sets = tables.sets(row.id)
+        return Waiting(missing=_owing(sets, row.parties))
+
+
+def _alignment(tables: AlignmentTables, alignment_id: str) -> AlignmentRow:
+    row = tables.alignment(alignment_id)
+    if row is None:
+        raise AlignmentNotFound(alignment_id)
+    return row
+
+
+def _check_slot(row: AlignmentRow, owner: int, hop: int) -> None:
+    if owner >= row.parties or hop >= row.parties:
+        raise AlignmentSlotForbidden(
+            f"alignment {row.id!r} has {row.parties} parties: owners and hops run from 0 to "
+            f"{row.parties - 1}, got owner {owner}, hop {hop}"
+        )
+
+
+def _declared_size(shape: str | None, encoding: str | None) -> int:
+    if encoding is None or shape is None:
+        missing = "X-Glasu-Encoding" if encoding is None else "X-Glasu-Shape"
+        raise BadHeader(f"a blinded set needs the header {missing}")
+    if encoding != SET_ENCODING:
+        raise BadHeader(f"a blinded set's X-Glasu-Encoding is {SET_ENCODING!r}, not {encoding!r}")
+    if not shape.isdigit() or int(shape) < 1:
+        raise BadHeader(f"X-Glasu-Shape of a blinded set is its element count >= 1, not {shape!r}")
+    return int(shape)
+
+
+def _check_body(body: bytes, size: int) -> None:
+    if len(body) != size * ELEMENT_BYTES:
+        raise BadPayload(
+            f"{size} elements take {size * ELEMENT_BYTES} bytes ({ELEMENT_BYTES} each), the body "
+            f"has {len(body)}"
+        )
+    try:
+        check_elements(unpack(body))
+    except ValueError as exc:
+        raise BadPayload(f"the blinded set is not usable: {exc}") from None
+
+
+def _owing(sets: list[SetRow], parties: int) -> list[int]:
+    posted = {(s.owner, s.hop) for s in sets}
+    return sorted(
+        {
+            poster(owner, hop, parties)
+            for owner in range(parties)
+            for hop in range(parties)
+            if (owner, hop) not in posted
+        }
+    )
+
+
+def _complete_if_ready(tables: AlignmentTables, row: AlignmentRow) -> None:
+    """Once every owner's fully blinded set is in: intersect, sort, map each owner's positions
+    to the aligned index, and drop the bodies."""
+    last = row.parties - 1
+    full = [tables.set(row.id, owner, last) for owner in range(row.parties)]
+    if any(s is None or s.body is None for s in full):
+        return
+    owned = [unpack(s.body) for s in full if s is not None and s.body is not None]
+    shared = set(owned[0]).intersection(*owned[1:])
+    intersection = sorted(shared)
+    index = {element: i for i, element in enumerate(intersection)}
+    positions = [
+        np.array([index.get(e, -1) for e in elements], dtype="<i8").tobytes() for elements in owned
+    ]
+    tables.complete(
+        row.id,
+        aligned_nodes=len(intersection),
+        digest=hashlib.sha256(pack(intersection)).digest(),
+        positions=positions,
+    )

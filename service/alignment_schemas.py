@@ -1,0 +1,67 @@
+"""JSON bodies of the alignment routes (``service/api/routes/alignment.py``); the blinded sets
+and the positions travel as binary bodies (docs/protocol.md, "Alignment")."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from service.schemas import MAX_CLIENTS, StrictModel
+
+AlignmentState = Literal["running", "done"]
+MAX_SEED = 2**63 - 1
+
+
+class AlignmentCreate(StrictModel):
+    parties: int = Field(
+        ge=2, le=MAX_CLIENTS, description="M, the organisations whose node ids are aligned."
+    )
+    seed: int = Field(
+        0,
+        ge=0,
+        le=MAX_SEED,
+        description="Seeds the train/validation/test split drawn over the aligned node index.",
+    )
+    label: str | None = Field(None, max_length=200, description="Free text shown in the status.")
+
+
+class AlignmentCreated(BaseModel):
+    alignment_id: str
+    party_tokens: list[str] = Field(description="One per party, returned once.")
+    parties: int
+    seed: int
+
+
+class SetProgress(BaseModel):
+    owner: int = Field(description="The party whose node ids the set holds (blinded).")
+    size: int | None = Field(description="Elements in the set (null until its owner posts it).")
+    hops: int = Field(description="Blinded versions posted so far (M when fully blinded).")
+
+
+class AlignmentStatus(BaseModel):
+    alignment_id: str
+    label: str | None
+    parties: int
+    seed: int
+    state: AlignmentState
+    created_at: float
+    sets: list[SetProgress]
+    aligned_nodes: int | None = Field(description="Size of the intersection, once done.")
+    digest: str | None = Field(
+        description="SHA-256 (hex) of the sorted intersection of the fully blinded sets, once "
+        "done: every party records it, so all can check they hold the same alignment."
+    )
+
+
+class SetReceipt(BaseModel):
+    owner: int
+    hop: int
+    party: int
+    status: Literal["created", "duplicate"]
+    size: int
+
+
+class AlignmentWaiting(BaseModel):
+    status: Literal["waiting"] = "waiting"
+    missing: list[int] = Field(description="Parties that still owe a set this answer needs.")

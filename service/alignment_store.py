@@ -1,0 +1,179 @@
+"""The alignments' tables, in the service's SQLite database (the store's connection, inside its
+transactions: ``Store.transaction()``).
+
+An alignment keeps: its parties' token hashes; every blinded set a party posted, by owner and
+hop (the body until the alignment is complete, then only its size and SHA-256); and, once
+complete, for each owner the aligned index of every position of the set it posted. No node id,
+and no value anyone could test an id against, is ever stored (docs/threat-model.md).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from service.store import Store, Transaction
+
+ALIGNMENT_SCHEMA = """
+CREATE TABLE IF NOT EXISTS alignments (
+    id TEXT PRIMARY KEY,
+    parties INTEGER NOT NULL,
+    seed INTEGER NOT NULL,
+    label TEXT,
+    state TEXT NOT NULL CHECK (state IN ('running', 'done')),
+    aligned_nodes INTEGER,
+    digest BLOB,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS alignment_tokens (
+    alignment_id TEXT NOT NULL REFERENCES alignments(id),
+    party INTEGER NOT NULL,
+    token_sha256 BLOB NOT NULL UNIQUE,
+    PRIMARY KEY (alignment_id, party)
+);
+CREATE TABLE IF NOT EXISTS alignment_sets (
+    alignment_id TEXT NOT NULL REFERENCES alignments(id),
+    owner INTEGER NOT NULL,
+    hop INTEGER NOT NULL,
+    size INTEGER NOT NULL,
+    sha256 BLOB NOT NULL,
+    body BLOB,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (alignment_id, owner, hop)
+);
+CREATE TABLE IF NOT EXISTS alignment_positions (
+    alignment_id TEXT NOT NULL REFERENCES alignments(id),
+    owner INTEGER NOT NULL,
+    body BLOB NOT NULL,
+    PRIMARY KEY (alignment_id, owner)
+);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class AlignmentRow:
+    id: str
+    parties: int
+    seed: int
+    label: str | None
+    state: str
+    aligned_nodes: int | None
+    digest: bytes | None
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class SetRow:
+    owner: int
+    hop: int
+    size: int
+    sha256: bytes
+    body: bytes | None  # None once the alignment is complete
+
+
+def create_alignment_tables(store: Store) -> None:
+    """Create the tables if this database has none yet (idempotent)."""
+    with store.transaction() as tx:
+        for statement in ALIGNMENT_SCHEMA.split(";"):
+            if statement.strip():
+                tx.connection.execute(statement)
+
+
+class AlignmentTables:
+    """The alignments' queries within one store transaction."""
+
+    def __init__(self, tx: Transaction) -> None:
+        self._db = tx.connection
+
+    def insert(
+        self,
+        alignment_id: str,
+        *,
+        parties: int,
+        seed: int,
+        label: str | None,
+        token_hashes: list[bytes],
+    ) -> None:
+        now = time.time()
+        self._db.execute(
+            "INSERT INTO alignments (id, parties, seed, label, state, created_at, updated_at)"
+            " VALUES (?, ?, ?, ?, 'running', ?, ?)",
+            (alignment_id, parties, seed, label, now, now),
+        )
+        self._db.executemany(
+            "INSERT INTO alignment_tokens (alignment_id, party, token_sha256) VALUES (?, ?, ?)",
+            [(alignment_id, m, h) for m, h in enumerate(token_hashes)],
+        )
+
+    def alignment(self, alignment_id: str) -> AlignmentRow | None:
+        row = self._db.execute(
+            "SELECT id, parties, seed, label, state, aligned_nodes, digest, created_at"
+            " FROM alignments WHERE id = ?",
+            (alignment_id,),
+        ).fetchone()
+        if not row:
+            return None
+        digest = bytes(row[6]) if row[6] is not None else None
+        return AlignmentRow(*row[:6], digest, row[7])
+
+    def token_owner(self, token_sha256: bytes) -> tuple[str, int] | None:
+        row = self._db.execute(
+            "SELECT alignment_id, party FROM alignment_tokens WHERE token_sha256 = ?",
+            (token_sha256,),
+        ).fetchone()
+        return (str(row[0]), int(row[1])) if row else None
+
+    def sets(self, alignment_id: str) -> list[SetRow]:
+        rows = self._db.execute(
+            "SELECT owner, hop, size, sha256, body FROM alignment_sets WHERE alignment_id = ?"
+            " ORDER BY owner, hop",
+            (alignment_id,),
+        ).fetchall()
+        return [_set_row(row) for row in rows]
+
+    def set(self, alignment_id: str, owner: int, hop: int) -> SetRow | None:
+        row = self._db.execute(
+            "SELECT owner, hop, size, sha256, body FROM alignment_sets"
+            " WHERE alignment_id = ? AND owner = ? AND hop = ?",
+            (alignment_id, owner, hop),
+        ).fetchone()
+        return _set_row(row) if row else None
+
+    def insert_set(
+        self, alignment_id: str, owner: int, hop: int, *, sha256: bytes, size: int, body: bytes
+    ) -> None:
+        self._db.execute(
+            "INSERT INTO alignment_sets (alignment_id, owner, hop, size, sha256, body, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (alignment_id, owner, hop, size, sha256, body, time.time()),
+        )
+
+    def complete(
+        self, alignment_id: str, *, aligned_nodes: int, digest: bytes, positions: list[bytes]
+    ) -> None:
+        """Store each owner's positions, mark the alignment done and drop every set body."""
+        self._db.executemany(
+            "INSERT INTO alignment_positions (alignment_id, owner, body) VALUES (?, ?, ?)",
+            [(alignment_id, owner, body) for owner, body in enumerate(positions)],
+        )
+        self._db.execute(
+            "UPDATE alignments SET state = 'done', aligned_nodes = ?, digest = ?, updated_at = ?"
+            " WHERE id = ?",
+            (aligned_nodes, digest, time.time(), alignment_id),
+        )
+        self._db.execute(
+            "UPDATE alignment_sets SET body = NULL WHERE alignment_id = ?", (alignment_id,)
+        )
+
+    def positions(self, alignment_id: str, owner: int) -> bytes | None:
+        row = self._db.execute(
+            "SELECT body FROM alignment_positions WHERE alignment_id = ? AND owner = ?",
+            (alignment_id, owner),
+        ).fetchone()
+        return bytes(row[0]) if row else None
+
+
+def _set_row(row: tuple) -> SetRow:
+    owner, hop, size, sha256, body = row
+    return SetRow(int(owner), int(hop), int(size), bytes(sha256), bytes(body) if body else None)

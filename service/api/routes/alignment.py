@@ -1,0 +1,315 @@
+"""Alignment routes: the admin creates an alignment (one token per party); each party posts the
+blinded sets the ring gives it, fetches the one it blinds next (long poll) and, at the end, its
+positions in the aligned node index. See ``service/alignment.py`` and docs/protocol.md.
+
+Authentication: the admin token for creating; a party token (bound to one alignment and one
+party index) for the party routes; either for the status. Order of checks as elsewhere: no or
+unknown token -> 401, unknown alignment -> 404, token not allowed here -> 403.
+"""
+
+from __future__ import annotations
+
+import hmac
+from functools import partial
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from secure.psi import ELEMENT_BYTES
+from service.alignment import (
+    POSITION_BYTES,
+    POSITIONS_ENCODING,
+    SET_ENCODING,
+    AlignmentManager,
+    PartyCaller,
+    SetUpload,
+    Waiting,
+)
+from service.alignment_schemas import (
+    AlignmentCreate,
+    AlignmentCreated,
+    AlignmentStatus,
+    AlignmentWaiting,
+    SetReceipt,
+)
+from service.api.deps import UNAUTHORIZED_HEADERS, ContextDep, CredentialsDep
+from service.api.routes.docs import (
+    BINARY_REQUEST_BODY,
+    OCTET_STREAM,
+    PROBLEM_RESPONSES,
+    binary_response,
+)
+from service.context import ServiceContext
+from service.domain_errors import AlignmentNotFound
+from service.errors import ProblemError
+from service.notify import long_poll
+from service.schemas import MAX_CLIENTS
+from service.sessions import token_sha256
+from service.settings import MAX_LONG_POLL_SECONDS
+
+router = APIRouter(prefix="/v1/alignments", tags=["alignments"], responses=PROBLEM_RESPONSES)
+
+AlignmentIdPath = Annotated[
+    str, Path(alias="aid", min_length=1, max_length=64, description="Alignment id.")
+]
+PartyPath = Annotated[
+    int, Path(alias="m", ge=0, lt=MAX_CLIENTS, description="Party index m (0-based).")
+]
+OwnerPath = Annotated[
+    int, Path(alias="o", ge=0, lt=MAX_CLIENTS, description="The party whose ids the set holds.")
+]
+HopPath = Annotated[
+    int, Path(alias="h", ge=0, lt=MAX_CLIENTS, description="Keys applied so far, minus one.")
+]
+WaitQuery = Annotated[
+    float | None,
+    Query(
+        ge=0,
+        le=MAX_LONG_POLL_SECONDS,
+        description="Seconds to wait for completion (default and cap: GLASU_LONG_POLL_SECONDS).",
+    ),
+]
+ShapeHeader = Annotated[
+    str | None, Header(alias="X-Glasu-Shape", description="Element count of the set.")
+]
+EncodingHeader = Annotated[
+    str | None, Header(alias="X-Glasu-Encoding", description=f"'{SET_ENCODING}'.")
+]
+
+WAITING_RESPONSE: dict[int | str, dict[str, object]] = {
+    202: {"model": AlignmentWaiting, "description": "Not there yet: the parties still owing."}
+}
+
+
+def get_alignments(request: Request) -> AlignmentManager:
+    return request.app.state.glasu_alignments  # type: ignore[no-any-return]
+
+
+AlignmentsDep = Annotated[AlignmentManager, Depends(get_alignments)]
+
+
+# -- authentication --------------------------------------------------------------------------------
+
+
+def _token_hash(credentials: CredentialsDep) -> bytes:
+    if credentials is None or not credentials.credentials:
+        raise ProblemError(
+            401,
+            "unauthorized",
+            "missing bearer token: send 'Authorization: Bearer <token>'",
+            headers=UNAUTHORIZED_HEADERS,
+        )
+    return token_sha256(credentials.credentials)
+
+
+def _is_admin(context: ServiceContext, token_hash: bytes) -> bool:
+    return hmac.compare_digest(token_hash, context.admin_token_sha256)
+
+
+def _party_of(alignments: AlignmentManager, token_hash: bytes, alignment_id: str) -> int:
+    owner = alignments.party_of_token(token_hash)
+    if owner is None:
+        raise ProblemError(
+            401, "unauthorized", "the bearer token is not valid", headers=UNAUTHORIZED_HEADERS
+        )
+    if not alignments.exists(alignment_id):
+        raise AlignmentNotFound(alignment_id)
+    if owner[0] != alignment_id:
+        raise ProblemError(403, "forbidden", "this token belongs to another alignment")
+    return owner[1]
+
+
+def require_admin(
+    context: ContextDep, alignments: AlignmentsDep, credentials: CredentialsDep
+) -> None:
+    token_hash = _token_hash(credentials)
+    if _is_admin(context, token_hash):
+        return
+    with context.store.transaction() as tx:
+        session_token = tx.token_owner(token_hash) is not None
+    if session_token or alignments.party_of_token(token_hash) is not None:
+        raise ProblemError(403, "forbidden", "only the admin token creates alignments")
+    raise ProblemError(
+        401, "unauthorized", "the bearer token is not valid", headers=UNAUTHORIZED_HEADERS
+    )
+
+
+def require_party(
+    context: ContextDep,
+    alignments: AlignmentsDep,
+    credentials: CredentialsDep,
+    alignment_id: AlignmentIdPath,
+    party: PartyPath,
+) -> PartyCaller:
+    token_hash = _token_hash(credentials)
+    if _is_admin(context, token_hash):
+        raise ProblemError(
+            403, "forbidden", "the admin token cannot act as a party; use that party's token"
+        )
+    owner = _party_of(alignments, token_hash, alignment_id)
+    if owner != party:
+        raise ProblemError(
+            403, "forbidden", f"this token belongs to party {owner}; it cannot act as party {party}"
+        )
+    return PartyCaller(alignment_id=alignment_id, party=party)
+
+
+def require_reader(
+    context: ContextDep,
+    alignments: AlignmentsDep,
+    credentials: CredentialsDep,
+    alignment_id: AlignmentIdPath,
+) -> None:
+    """The admin, or any party of the alignment."""
+    token_hash = _token_hash(credentials)
+    if not _is_admin(context, token_hash):
+        _party_of(alignments, token_hash, alignment_id)
+
+
+AdminDep = Annotated[None, Depends(require_admin)]
+PartyDep = Annotated[PartyCaller, Depends(require_party)]
+ReaderDep = Annotated[None, Depends(require_reader)]
+
+
+# -- routes ----------------------------------------------------------------------------------------
+
+
+def _notify_key(alignment_id: str) -> str:
+    return f"alignment:{alignment_id}"
+
+
+def _wait_seconds(context: ServiceContext, wait: float | None) -> float:
+    limit = context.settings.long_poll_seconds
+    return limit if wait is None else min(wait, limit)
+
+
+def _is_waiting(result: object) -> bool:
+    return isinstance(result, Waiting)
+
+
+def _binary(result: bytes | Waiting, *, shape: str, encoding: str) -> Response:
+    if isinstance(result, Waiting):
+        waiting = AlignmentWaiting(missing=result.missing)
+        return JSONResponse(waiting.model_dump(mode="json"), status_code=202)
+    return Response(
+        result,
+        media_type=OCTET_STREAM,
+        headers={"X-Glasu-Shape": shape, "X-Glasu-Encoding": encoding},
+    )
+
+
+@router.post("", status_code=201, response_model=AlignmentCreated, summary="Create an alignment")
+def create_alignment(
+    _: AdminDep, alignments: AlignmentsDep, request: AlignmentCreate, response: Response
+) -> AlignmentCreated:
+    """Admin only. Returns the party tokens once: the service keeps only their hashes."""
+    created = alignments.create(request)
+    response.headers["Location"] = f"/v1/alignments/{created.alignment_id}"
+    return created
+
+
+@router.get("/{aid}", response_model=AlignmentStatus, summary="Alignment status")
+def get_alignment(
+    _: ReaderDep, alignments: AlignmentsDep, alignment_id: AlignmentIdPath
+) -> AlignmentStatus:
+    """The admin or any party of the alignment: set sizes, hops posted and, once done, the size
+    of the intersection and its digest."""
+    return alignments.status(alignment_id)
+
+
+@router.put(
+    "/{aid}/parties/{m}/sets/{o}/hops/{h}",
+    status_code=201,
+    response_model=SetReceipt,
+    responses={200: {"model": SetReceipt, "description": "Identical duplicate."}},
+    openapi_extra=BINARY_REQUEST_BODY,
+    summary="Post a blinded set",
+)
+async def put_set(
+    caller: PartyDep,
+    context: ContextDep,
+    alignments: AlignmentsDep,
+    request: Request,
+    owner: OwnerPath,
+    hop: HopPath,
+    shape: ShapeHeader = None,
+    encoding: EncodingHeader = None,
+) -> JSONResponse:
+    # The set of party o blinded by parties o..o+h (mod M): party o posts hop 0 (its own set,
+    # blinded and shuffled), party o+h posts hop h. (No docstring: OpenAPI description.)
+    content_type = request.headers.get("content-type")
+    if content_type and content_type.split(";")[0].strip().lower() != OCTET_STREAM:
+        raise ProblemError(
+            415, "unsupported-media-type", f"send the body as {OCTET_STREAM}, not {content_type!r}"
+        )
+    body = b"".join([chunk async for chunk in request.stream()])
+    store = partial(alignments.put_set, caller, owner, hop)
+    upload: SetUpload = await run_in_threadpool(store, shape=shape, encoding=encoding, body=body)
+    context.notifier.notify(_notify_key(caller.alignment_id))
+    receipt = SetReceipt(
+        owner=owner,
+        hop=hop,
+        party=caller.party,
+        status="created" if upload.created else "duplicate",
+        size=upload.size,
+    )
+    return JSONResponse(receipt.model_dump(mode="json"), status_code=201 if upload.created else 200)
+
+
+@router.get(
+    "/{aid}/parties/{m}/sets/{o}/hops/{h}",
+    response_class=Response,
+    responses={
+        200: binary_response("The set to blind next (ristretto255 elements).", with_count=False),
+        **WAITING_RESPONSE,
+    },
+    summary="Fetch the set to blind next (long poll)",
+)
+async def get_set(
+    caller: PartyDep,
+    context: ContextDep,
+    alignments: AlignmentsDep,
+    owner: OwnerPath,
+    hop: HopPath,
+    wait: WaitQuery = None,
+) -> Response:
+    # Served only to party o+h+1 (mod M), the next to blind it; never the fully blinded hop.
+    result = await long_poll(
+        context.notifier,
+        _notify_key(caller.alignment_id),
+        partial(alignments.get_set, caller, owner, hop),
+        is_waiting=_is_waiting,
+        timeout=_wait_seconds(context, wait),
+    )
+    size = "0" if isinstance(result, Waiting) else str(len(result) // ELEMENT_BYTES)
+    return _binary(result, shape=size, encoding=SET_ENCODING)
+
+
+@router.get(
+    "/{aid}/parties/{m}/positions",
+    response_class=Response,
+    responses={
+        200: binary_response(
+            "For each position of the set this party posted, its aligned index (-1: not "
+            "shared), little-endian int64.",
+            with_count=False,
+        ),
+        **WAITING_RESPONSE,
+    },
+    summary="Fetch this party's positions in the aligned index (long poll)",
+)
+async def get_positions(
+    caller: PartyDep, context: ContextDep, alignments: AlignmentsDep, wait: WaitQuery = None
+) -> Response:
+    # Ready once every fully blinded set is in and the service has intersected them.
+    result = await long_poll(
+        context.notifier,
+        _notify_key(caller.alignment_id),
+        partial(alignments.positions, caller),
+        is_waiting=_is_waiting,
+        timeout=_wait_seconds(context, wait),
+    )
+    size = "0" if isinstance(result, Waiting) else str(len(result) // POSITION_BYTES)
+    return _binary(result, shape=size, encoding=POSITIONS_ENCODING)
