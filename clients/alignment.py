@@ -146,6 +146,11 @@ def align(
 ) -> AlignmentOutcome:
     """Run this party's side of the alignment over ``ids`` (its own node ids, distinct, in row
     order) and return where each row sits in the aligned node index."""
+    seen: set[str] = set()
+    for node in ids:
+        if node in seen:
+            raise ValueError(f"the ids are not distinct: {node!r} twice")
+        seen.add(node)
     status = client.status()
     parties, m = int(status["parties"]), client.party
     key = key or BlindingKey()

@@ -12,7 +12,7 @@ from secure.accounting import AccountantName
 from secure.privacy import SessionPrivacy
 
 DatasetName = Literal["cora", "citeseer", "pubmed"]
-SplitName = Literal["paper", "public"]
+SplitName = Literal["paper", "public", "aligned"]  # aligned: glasu train --party
 BackboneName = Literal["gcnii", "gcn", "gat"]
 Mode = Literal["glasu", "centralized", "standalone", "simulated"]
 Encryption = Literal["ckks", "none"]
@@ -31,11 +31,17 @@ class TrainConfig:
     layers: int = 4
     agg_layers: int = 2  # K
     stale: int = 4  # Q
+    cache_rounds: int = 1  # W: rounds of stale statistics local steps reuse (CELU-VFL)
+    instance_weighting: bool = False  # CELU-VFL's staleness weights in local steps
+    weight_threshold: float = 0.5  # cos(xi) of the instance weights
     rounds: int = 300
     batch_size: int = 16
     fanout: int = 3
     eval_fanout: int = 10
-    eval_every: int = 10
+    # Every evaluation pass is a joint inference over the validation and test nodes (most of
+    # the graph: ~20 training passes' worth of encrypted floats on Cora) and, with DP, one
+    # release: every 20 rounds halves that against every 10 (docs/encryption.md).
+    eval_every: int = 20
     hidden: int = 128
     dropout: float = 0.5
     lr: float = 0.01

@@ -23,6 +23,7 @@ from models.backbone import ClientNetwork, ModelConfig
 from models.layers import Block
 from models.partition import ClientPartition
 from models.sampler import NeighbourSampler, SampledLayer, sampling_rng
+from models.workset import CachedBatch, Workset, instance_weights, weighted_cross_entropy
 from secure.aggregation import EmbeddingCodec, PlainCodec
 from secure.protocol import (
     Aggregate,
@@ -53,6 +54,9 @@ class ClientConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     agg_layers: tuple[int, ...] = (2, 4)
     stale: int = 4
+    cache_rounds: int = 1  # W: rounds whose statistics local steps reuse (CELU-VFL)
+    instance_weighting: bool = False  # CELU-VFL's staleness weights for local steps
+    weight_threshold: float = 0.5  # cos(xi): instances less similar than this get weight 0
     fanout: int = 3
     eval_fanout: int = 10
     occurrence_cap: int | None = None
@@ -68,6 +72,10 @@ class ClientConfig:
             raise ValueError(f"agg_layers {self.agg_layers} must lie in 1..{layers}")
         if self.stale < 1:
             raise ValueError(f"stale (Q) must be >= 1, got {self.stale}")
+        if self.cache_rounds < 1:
+            raise ValueError(f"cache rounds (W) must be >= 1, got {self.cache_rounds}")
+        if not -1.0 <= self.weight_threshold <= 1.0:
+            raise ValueError(f"the weight threshold is a cosine, got {self.weight_threshold}")
 
 
 _GLOBAL_RNG_LOCK = threading.Lock()
@@ -130,6 +138,7 @@ class GlasuClient:
         self.optimizer = torch.optim.Adam(
             self.network.parameters(), lr=config.lr, weight_decay=config.weight_decay
         )
+        self.workset = Workset(config.cache_rounds)
         self.features = partition.features.to(self.device)
         self.labels = partition.labels.to(self.device)
         # The occurrence cap (a DP assumption) holds at every layer up to the first aggregation
@@ -256,19 +265,42 @@ class GlasuClient:
         h0_rows: Sequence[torch.Tensor],
         labels: torch.Tensor,
     ) -> Generator[Request, Response, PassOutcome]:
-        """One round: the joint inference is local step 0; steps 1..Q-1 reuse the stale others'
-        parts on the same mini-batch."""
+        """One round: the joint inference is local step 0; steps 1..Q-1 reuse stale statistics
+        from the workset (models/workset.py): with W = 1 the others' parts of this very batch."""
         self.network.train()
-        others: dict[int, torch.Tensor] = {}
-        losses = []
-        for _ in range(self.config.stale):
-            h = yield from self._forward(blocks, input_nodes, h0_rows, others, grad=True)
-            loss = F.cross_entropy(self.network.classify(h, generator=self.generator), labels)
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            self.optimizer.step()
-            losses.append(loss.item())
+        fresh = CachedBatch(blocks, input_nodes, h0_rows, labels)
+        h = yield from self._forward(blocks, input_nodes, h0_rows, fresh.others, grad=True)
+        fresh.own_output = h.detach()
+        losses = [self._step(fresh, h, weights=None)]
+        self.workset.add(fresh)
+        for _ in range(1, self.config.stale):
+            batch = self.workset.next_batch()
+            # every aggregation layer is in batch.others: no request is made
+            h = yield from self._forward(
+                batch.blocks, batch.input_nodes, batch.h0_rows, batch.others, grad=True
+            )
+            weights = None
+            if self.config.instance_weighting:
+                assert batch.own_output is not None
+                weights = instance_weights(
+                    h.detach(), batch.own_output, threshold=self.config.weight_threshold
+                )
+            losses.append(self._step(batch, h, weights=weights))
         return PassOutcome(kind="train", loss=float(np.mean(losses)))
+
+    def _step(self, batch: CachedBatch, h: torch.Tensor, *, weights: torch.Tensor | None) -> float:
+        """One optimiser step on ``batch`` from its top-layer representation ``h``."""
+        logits = self.network.classify(h, generator=self.generator)
+        loss = weighted_cross_entropy(logits, batch.labels, weights)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        self._after_step(batch)
+        return loss.item()
+
+    def _after_step(self, batch: CachedBatch) -> None:
+        """Called after every local step with the batch it used (the private client's reference
+        model trains on the same batches)."""
 
     def _evaluate(
         self,

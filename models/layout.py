@@ -25,7 +25,9 @@ class FederationLayout:
     groups: list[list[int]]  # clients that train together; standalone has one group per client
 
 
-def layout_federation(config: TrainConfig, dataset: GraphDataset) -> FederationLayout:
+def client_config(config: TrainConfig) -> ClientConfig:
+    """How every client of ``config`` computes: its model, sampling and optimiser, and which
+    layers meet at the service how often (the private arrangement's single release under DP)."""
     model = ModelConfig(
         backbone=config.backbone,
         layers=config.layers,
@@ -41,49 +43,67 @@ def layout_federation(config: TrainConfig, dataset: GraphDataset) -> FederationL
         weight_decay=config.weight_decay,
         seed=config.seed,
         occurrence_cap=config.occurrence_cap if config.private else None,
+        cache_rounds=config.cache_rounds,
+        instance_weighting=config.instance_weighting,
+        weight_threshold=config.weight_threshold,
     )
-    last_only = (config.layers,)
+    match config.mode:
+        case "centralized" | "standalone":
+            configured = ClientConfig(agg_layers=(config.layers,), stale=1, **base)
+        case "simulated":
+            configured = ClientConfig(
+                agg_layers=tuple(range(1, config.layers + 1)), stale=1, **base
+            )
+        case "glasu":
+            configured = ClientConfig(
+                agg_layers=uniform_agg_layers(layers=config.layers, count=config.agg_layers),
+                stale=config.stale,
+                **base,
+            )
+        case _:
+            raise ValueError(f"unknown mode {config.mode!r}")
+    if config.private:  # the private arrangement: one noisy release at layer 1 (models/private.py)
+        configured = dataclasses.replace(configured, agg_layers=(RELEASE_LAYER,))
+    return configured
+
+
+def layout_federation(
+    config: TrainConfig, dataset: GraphDataset, *, partitions: list[ClientPartition] | None = None
+) -> FederationLayout:
+    """``partitions``: the organisations' own (aligned) data, used instead of partitioning
+    ``dataset`` in every mode but centralized, which trains on ``dataset`` (their pooled data)."""
     match config.mode:
         case "centralized":
             parts = partition(dataset, clients=1, edge_fraction=1.0, seed=config.seed)
-            client_config = ClientConfig(agg_layers=last_only, stale=1, **base)
             groups = [[0]]
         case "standalone":
             parts = [
                 dataclasses.replace(p, clients=1)
-                for p in partition(
+                for p in partitions
+                or partition(
                     dataset,
                     clients=config.clients,
                     edge_fraction=config.edge_fraction,
                     seed=config.seed,
                 )
             ]
-            client_config = ClientConfig(agg_layers=last_only, stale=1, **base)
-            groups = [[m] for m in range(config.clients)]
+            groups = [[m] for m in range(len(parts))]
         case "simulated":
-            parts = partition(dataset, clients=config.clients, edge_fraction=1.0, seed=config.seed)
-            client_config = ClientConfig(
-                agg_layers=tuple(range(1, config.layers + 1)), stale=1, **base
+            parts = partitions or partition(
+                dataset, clients=config.clients, edge_fraction=1.0, seed=config.seed
             )
-            groups = [list(range(config.clients))]
+            groups = [list(range(len(parts)))]
         case "glasu":
-            parts = partition(
+            parts = partitions or partition(
                 dataset,
                 clients=config.clients,
                 edge_fraction=config.edge_fraction,
                 seed=config.seed,
             )
-            client_config = ClientConfig(
-                agg_layers=uniform_agg_layers(layers=config.layers, count=config.agg_layers),
-                stale=config.stale,
-                **base,
-            )
-            groups = [list(range(config.clients))]
+            groups = [list(range(len(parts)))]
         case _:
             raise ValueError(f"unknown mode {config.mode!r}")
-    if config.private:  # the private arrangement: one noisy release at layer 1 (models/private.py)
-        client_config = dataclasses.replace(client_config, agg_layers=(RELEASE_LAYER,))
-    return FederationLayout(partitions=parts, client_config=client_config, groups=groups)
+    return FederationLayout(partitions=parts, client_config=client_config(config), groups=groups)
 
 
 def eval_nodes(dataset: GraphDataset) -> np.ndarray:

@@ -80,10 +80,15 @@ class PartyAlignment:
 
     def local_rows(self) -> np.ndarray:
         """The row of each aligned node 0..N-1 (the inverse of ``rows``)."""
-        shared = np.flatnonzero(self.rows != NOT_SHARED)
-        order = np.empty(self.aligned_nodes, dtype=np.int64)
-        order[self.rows[shared]] = shared
-        return order
+        return local_rows(self.rows, self.aligned_nodes)
+
+
+def local_rows(rows: np.ndarray, aligned_nodes: int) -> np.ndarray:
+    """The row of each aligned node 0..N-1, given the aligned index of each row."""
+    shared = np.flatnonzero(rows != NOT_SHARED)
+    order = np.empty(aligned_nodes, dtype=np.int64)
+    order[rows[shared]] = shared
+    return order
 
 
 # -- writing ---------------------------------------------------------------------------------------

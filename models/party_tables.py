@@ -336,11 +336,11 @@ def _numbers(path: Path, batch: pa.RecordBatch, name: str, first_row: int) -> np
     ).to_numpy(zero_copy_only=False)
     bad = np.flatnonzero(~np.isfinite(numbers) | (np.abs(numbers) > np.finfo(np.float32).max))
     if bad.size:
-        value = numbers[bad[0]]
+        value = float(numbers[bad[0]])
         problem = (
             "NaN is not a usable feature value"
             if np.isnan(value)
-            else f"{value!r} is not a finite float32 feature value"
+            else f"{value:g} is not a finite float32 feature value"
         )
         raise TableError(path, problem, row=first_row + int(bad[0]), column=name)
     return numbers

@@ -32,6 +32,7 @@ from models.backbone import ClientNetwork
 from models.federated import ClientConfig, GlasuClient, PassOutcome
 from models.layers import Block
 from models.partition import ClientPartition
+from models.workset import CachedBatch
 from secure.aggregation import EmbeddingCodec
 from secure.dp import GaussianNoise, NoiseSource, privatize, require_private_noise
 from secure.privacy import RELEASE_LAYER, SessionPrivacy
@@ -164,26 +165,18 @@ class PrivateGlasuClient(GlasuClient):
                 h = h + network.receiver(received)
         return h
 
-    def _train(
-        self,
-        blocks: Sequence[Block],
-        input_nodes: torch.Tensor,
-        h0_rows: Sequence[torch.Tensor],
-        labels: torch.Tensor,
-    ) -> Generator[Request, Response, PassOutcome]:
-        outcome = yield from super()._train(blocks, input_nodes, h0_rows, labels)
+    def _after_step(self, batch: CachedBatch) -> None:
+        """The reference takes the same local step on the same batch, unweighted."""
         self.reference.train()
-        for _ in range(self.config.stale):  # the same Q local steps on the same batch
-            h = self._local_forward(
-                self.reference, self.reference_generator, blocks, input_nodes, h0_rows,
-                received=None,
-            )  # fmt: skip
-            logits = self.reference.classify(h, generator=self.reference_generator)
-            loss = F.cross_entropy(logits, labels)
-            self.reference_optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            self.reference_optimizer.step()
-        return outcome
+        h = self._local_forward(
+            self.reference, self.reference_generator, batch.blocks, batch.input_nodes,
+            batch.h0_rows, received=None,
+        )  # fmt: skip
+        logits = self.reference.classify(h, generator=self.reference_generator)
+        loss = F.cross_entropy(logits, batch.labels)
+        self.reference_optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.reference_optimizer.step()
 
     def _evaluate(
         self,

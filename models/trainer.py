@@ -77,14 +77,16 @@ def train_inprocess(
     dataset: GraphDataset | None = None,
     security: Security | None = None,
     progress: bool = True,
+    layout: FederationLayout | None = None,
 ) -> RunReport:
-    """Run ``config`` with every client in this process and return the report."""
+    """Run ``config`` with every client in this process and return the report (``layout``:
+    the clients, if not the partition of ``dataset``; e.g. the organisations' own data)."""
     started = time.perf_counter()
     dataset = dataset or load_dataset(
         config.dataset, data_dir=config.data_dir, split=config.split, seed=config.seed
     )
     device = resolve_device(config.device)
-    layout = layout_federation(config, dataset)
+    layout = layout or layout_federation(config, dataset)
     schedule = SessionSchedule.create(
         rounds=config.rounds,
         eval_every=config.eval_every,

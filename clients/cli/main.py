@@ -38,6 +38,8 @@ COMMANDS: dict[str, str] = {
     "train": "clients.cli.train_cmd",
     "serve": "clients.cli.serve_cmd",
     "worker": "clients.cli.worker_cmd",
+    "prepare": "clients.cli.prepare_cmd",
+    "align": "clients.cli.align_cmd",
     "partition": "clients.cli.partition_cmd",
     "keygen": "clients.cli.keygen_cmd",
     "session": "clients.cli.session_cmd",

@@ -184,3 +184,11 @@ def check_output_dir(path: Path, flag: str) -> None:
         raise UsageError(f"{flag} {path} {where}; give a directory")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UsageError(f"{flag} {path}: cannot write in {existing} (permission denied)")
+
+
+def write_private_file(path: Path, content: str) -> None:
+    """Write a secret (a token) readable by its owner only (mode 0600), with a final newline."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        os.fchmod(handle.fileno(), 0o600)
+        handle.write(content + "\n")

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clients.cli.connection import add_server_arguments, admin_client, read_token
 from clients.cli.errors import failing_as
-from clients.cli.options import add_command, check_output_dir
+from clients.cli.options import add_command, check_output_dir, write_private_file
 from clients.cli.train_options import (
     add_data_arguments,
     add_encryption_argument,
@@ -46,6 +45,13 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     _connection_arguments(create)
     add_data_arguments(create)
+    create.add_argument(
+        "--alignment",
+        default=None,
+        metavar="ID",
+        help="the organisations' own data: an alignment every party has run `glasu align run` "
+        "for; its shared nodes and split replace --dataset (docs/data.md)",
+    )
     add_federation_arguments(create, local=False)
     add_encryption_argument(create)
     add_privacy_arguments(create, noise_seed=False)
@@ -93,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _create(admin: AdminClient, args: argparse.Namespace) -> int:
-    from clients.local.session import session_request
+    from clients.local.session import aligned_session_request, session_request
     from models.data import load_dataset
     from models.layout import layout_federation
 
@@ -105,19 +111,26 @@ def _create(admin: AdminClient, args: argparse.Namespace) -> int:
             "nothing bounds what the shares reveal to the other parties",
             file=sys.stderr,
         )
-    with failing_as(f"cannot load the {config.dataset} dataset", ValueError, OSError, RuntimeError):
-        dataset = load_dataset(
-            config.dataset, data_dir=config.data_dir, split=config.split, seed=config.seed
-        )
-    with failing_as(f"the options do not fit {config.dataset}", ValueError):
-        layout = layout_federation(config, dataset)
-    body = session_request(config, layout, dataset)
-    body["label"] = args.label or f"glasu session create {config.dataset}"
+    if args.alignment is not None:
+        with failing_as(f"cannot use alignment {args.alignment}", ValueError):
+            body = aligned_session_request(config, admin.alignment(args.alignment))
+        body["label"] = args.label or f"glasu session create --alignment {args.alignment}"
+    else:
+        with failing_as(
+            f"cannot load the {config.dataset} dataset", ValueError, OSError, RuntimeError
+        ):
+            dataset = load_dataset(
+                config.dataset, data_dir=config.data_dir, split=config.split, seed=config.seed
+            )
+        with failing_as(f"the options do not fit {config.dataset}", ValueError):
+            layout = layout_federation(config, dataset)
+        body = session_request(config, layout, dataset)
+        body["label"] = args.label or f"glasu session create {config.dataset}"
     with failing_as(f"cannot create --out {args.out}"):
         args.out.mkdir(parents=True, exist_ok=True)
     created = admin.create_session(body)
     for m, client_token in enumerate(created["client_tokens"]):
-        _write_private(args.out / f"client-{m}.token", client_token)
+        write_private_file(args.out / f"client-{m}.token", client_token)
     summary = {
         "session_id": created["session_id"],
         "passes_total": created["passes_total"],
@@ -145,13 +158,6 @@ def _privacy_words(privacy: dict[str, Any] | None, noise_multiplier: float | Non
     target = privacy.get("epsilon")
     budget = f", epsilon target {target:g}" if target is not None else ", no epsilon target"
     return f"differential privacy (z {noise_multiplier:.4g}{budget})"
-
-
-def _write_private(path: Path, content: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        os.fchmod(handle.fileno(), 0o600)
-        handle.write(content + "\n")
 
 
 def describe(status: dict[str, Any]) -> str:

@@ -12,9 +12,9 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from clients.cli.errors import failing_as
+from clients.cli.errors import CliError, UsageError, failing_as
 from clients.cli.options import PLOT_FORMATS, add_command, check_output_file, positive_int
 from clients.cli.train_options import (
     add_data_arguments,
@@ -27,6 +27,8 @@ from clients.cli.train_options import (
 
 if TYPE_CHECKING:
     from models.config import TrainConfig
+    from models.data import GraphDataset
+    from models.partition import ClientPartition
     from models.report import RunReport
 
 
@@ -39,7 +41,18 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "machine and train (or, with --transport inprocess, every client in this process). "
         "Encryption and differential privacy are on unless switched off.",
     )
-    add_data_arguments(p.add_argument_group("data"))
+    data = p.add_argument_group("data")
+    add_data_arguments(data)
+    data.add_argument(
+        "--party",
+        type=Path,
+        action="append",
+        default=None,
+        metavar="DIR",
+        help="an organisation's folder from `glasu prepare`, given once per organisation (at "
+        "least two): trains on the nodes they share, aligned by a private set intersection, "
+        "instead of --dataset (docs/data.md)",
+    )
     federation = p.add_argument_group("federation and training")
     add_federation_arguments(federation, local=True)
     federation.add_argument(
@@ -80,6 +93,8 @@ def uses_service(args: argparse.Namespace) -> bool:
 
 def check(args: argparse.Namespace) -> None:
     """Everything that can be checked before anything starts (no torch, no dataset)."""
+    if args.party is not None:
+        check_parties(args)
     check_federation(args, through_service=uses_service(args))
     check_output_file(args.report, "--report")
     check_output_file(args.plot, "--plot", formats=PLOT_FORMATS)
@@ -89,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    config = config_from_args(args)
+    config = config_from_args(args, **party_settings(args))
     with _sigterm_interrupts():
         report = _train(config, args)
     finish(report, report_path=args.report, plot_path=args.plot)
@@ -104,22 +119,68 @@ def _train(config: TrainConfig, args: argparse.Namespace) -> RunReport:
 
     with failing_as("--device", RuntimeError, ValueError):
         resolve_device(config.device)
-    with failing_as(f"cannot load the {config.dataset} dataset", ValueError, OSError, RuntimeError):
-        dataset = load_dataset(
-            config.dataset, data_dir=config.data_dir, split=config.split, seed=config.seed
-        )
+    if args.party is not None:
+        dataset, partitions = _aligned_parties(args.party, config, progress=not args.quiet)
+    else:
+        with failing_as(
+            f"cannot load the {config.dataset} dataset", ValueError, OSError, RuntimeError
+        ):
+            dataset = load_dataset(
+                config.dataset, data_dir=config.data_dir, split=config.split, seed=config.seed
+            )
+        partitions = None
+    with failing_as(f"the options do not fit {config.dataset}", ValueError):
+        layout = layout_federation(config, dataset, partitions=partitions)
     if not uses_service(args):
         with failing_as(f"the options do not fit {config.dataset}", ValueError):
-            return train_inprocess(config, dataset=dataset, progress=not args.quiet)
+            return train_inprocess(config, dataset=dataset, layout=layout, progress=not args.quiet)
     from clients.local.federation import train_over_http
     from clients.local.processes import FederationFailed
 
-    with failing_as(f"the options do not fit {config.dataset}", ValueError):
-        layout = layout_federation(config, dataset)
     with failing_as("the federation failed", FederationFailed):
         return train_over_http(
             config, layout, dataset, threads=args.threads, progress=not args.quiet
         )
+
+
+def check_parties(args: argparse.Namespace) -> None:
+    """``--party``: at least two existing folders, no benchmark dataset; M is their number."""
+    if len(args.party) < 2:
+        raise UsageError("give --party once per organisation, at least two")
+    if args.data_dir is not None:
+        raise UsageError("--party trains the organisations' own data: drop --data-dir")
+    for folder in args.party:
+        if not folder.is_dir():
+            raise UsageError(f"--party {folder} is not a directory (a folder of glasu prepare)")
+    args.clients = len(args.party)
+
+
+def party_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """What ``--party`` sets in the run's configuration: M, the data's name, the split."""
+    if args.party is None:
+        return {}
+    from clients.local.parties import party_names
+
+    return {
+        "clients": len(args.party),
+        "dataset": f"own data ({', '.join(party_names(args.party))})",
+        "split": "aligned",
+    }
+
+
+def _aligned_parties(
+    folders: list[Path], config: TrainConfig, *, progress: bool
+) -> tuple[GraphDataset, list[ClientPartition]]:
+    from clients.alignment import AlignmentFailed
+    from clients.local.parties import federation_of_parties
+
+    with failing_as("cannot read the --party folders", ValueError, OSError):
+        try:
+            federation = federation_of_parties(folders, seed=config.seed, progress=progress)
+        except AlignmentFailed as exc:
+            raise CliError(f"the alignment failed: {exc}") from exc
+    print(f"aligned privately: {federation.summary}", flush=True)
+    return federation.dataset, federation.partitions
 
 
 @contextmanager

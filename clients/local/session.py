@@ -6,30 +6,73 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from models.config import TrainConfig
 from models.data import GraphDataset
-from models.layout import FederationLayout, eval_nodes
+from models.federated import ClientConfig
+from models.layout import FederationLayout, client_config, eval_nodes
 
 
 def session_request(
     config: TrainConfig, layout: FederationLayout, dataset: GraphDataset
 ) -> dict[str, Any]:
     """The ``POST /v1/sessions`` body for ``config``."""
+    return session_body(
+        config,
+        clients=len(layout.partitions),
+        client_settings=layout.client_config,
+        num_nodes=dataset.num_nodes,
+        train_nodes=dataset.train_nodes,
+        eval_nodes=eval_nodes(dataset),
+    )
+
+
+def aligned_session_request(config: TrainConfig, alignment: dict[str, Any]) -> dict[str, Any]:
+    """The body for a deployed federation aligned by ``glasu align`` (``alignment``: the status
+    of ``GET /v1/alignments/{id}``): its N shared nodes, with the split every party's
+    ``glasu align`` drew over them from the alignment's seed."""
+    from models.aligned import split_nodes
+
+    if alignment.get("state") != "done":
+        raise ValueError(
+            f"alignment {alignment.get('alignment_id')} is not done yet (every party must run "
+            "`glasu align` first)"
+        )
+    n = int(alignment["aligned_nodes"])
+    train, val, test = split_nodes(np.arange(n), seed=int(alignment["seed"]))
+    return session_body(
+        config,
+        clients=int(alignment["parties"]),
+        client_settings=client_config(config),
+        num_nodes=n,
+        train_nodes=train,
+        eval_nodes=np.union1d(val, test),
+    )
+
+
+def session_body(
+    config: TrainConfig,
+    *,
+    clients: int,
+    client_settings: ClientConfig,
+    num_nodes: int,
+    train_nodes: np.ndarray,
+    eval_nodes: np.ndarray,
+) -> dict[str, Any]:
     width = config.release_width if config.private else config.hidden
     return {
-        "clients": len(layout.partitions),
+        "clients": clients,
         "layers": config.layers,
-        "agg_layers": [
-            {"layer": layer, "width": width} for layer in layout.client_config.agg_layers
-        ],
-        "stale": layout.client_config.stale,
+        "agg_layers": [{"layer": layer, "width": width} for layer in client_settings.agg_layers],
+        "stale": client_settings.stale,
         "rounds": config.rounds,
         "eval_every": config.eval_every,
         "batch_size": config.batch_size,
         "fanout": config.fanout,
-        "num_nodes": dataset.num_nodes,
-        "train_nodes": dataset.train_nodes.tolist(),
-        "eval_nodes": eval_nodes(dataset).tolist(),
+        "num_nodes": num_nodes,
+        "train_nodes": train_nodes.tolist(),
+        "eval_nodes": eval_nodes.tolist(),
         "seed": config.seed,
         "encryption": "ckks" if config.encrypted else "none",
         "privacy": config.privacy_request(),

@@ -257,12 +257,18 @@ class ServedProcess:
 
 
 def start_serve(
-    tmp_path: Path, database: Path, *, name: str = "serve", bootstrap: str | None = None
+    tmp_path: Path,
+    database: Path,
+    *,
+    name: str = "serve",
+    bootstrap: str | None = None,
+    extra_args: tuple[str, ...] = (),
 ) -> ServedProcess:
     """Start ``python -m clients.cli.main serve`` (the container's ``glasu serve``) on
     ``database`` with the test admin token, on a free loopback port, without the caller's GLASU_*
     variables. ``bootstrap``: run ``python -c <bootstrap> serve ...`` instead, Python code that
-    prepares the process and then calls ``clients.cli.main.main(sys.argv[1:])`` itself."""
+    prepares the process and then calls ``clients.cli.main.main(sys.argv[1:])`` itself.
+    ``extra_args``: more ``serve`` options (``--public-context PATH``)."""
     token_file = tmp_path / "admin-token"
     token_file.write_text(ADMIN_TOKEN)
     port = free_port()
@@ -282,6 +288,7 @@ def start_serve(
         str(port),
         "--log-level",
         "warning",
+        *extra_args,
     ]
     log = tmp_path / f"{name}.log"
     with log.open("wb") as out:

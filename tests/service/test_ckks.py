@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
@@ -130,3 +132,65 @@ async def test_ckks_session_limits(
             headers={**bearer(tokens[0]), **matrix_headers(1, 8, "ckks")},
         )
         assert_problem(response, 409, "encryption-unavailable", mentions="different CKKS")
+
+
+@pytest.mark.anyio
+async def test_each_share_is_parsed_once_and_the_sum_never_recomputed(
+    make_app: Callable[..., FastAPI],
+    keys: tuple[Path, Path],
+    database: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Shares are validated and parsed at upload and added into the running sum; downloads that
+    long-poll while the shares arrive, and after, serve that sum without parsing anything again.
+    Share and sum bodies stay out of SQLite."""
+    secret, public = keys
+    parsed: list[int] = []
+    read_share = ckks.CkksSumAggregator.read_share
+
+    def counting_read_share(self, payload: bytes, *, rows: int, cols: int) -> object:
+        parsed.append(len(payload))
+        return read_share(self, payload, rows=rows, cols=cols)
+
+    monkeypatch.setattr(ckks.CkksSumAggregator, "read_share", counting_read_share)
+    codec = ckks.CkksCodec.from_file(secret)
+    clients, width = 3, 4
+    async with http_client(make_app(public_context=public)) as http:
+        created = await create_session(
+            http, clients=clients, encryption="ckks", agg_layers=[{"layer": 3, "width": width}]
+        )
+        sid, tokens = created["session_id"], created["client_tokens"]
+        info = await http.get(f"{client_path(sid, 0)}/passes/0", headers=bearer(tokens[0]))
+        rows = len(info.json()["output_nodes"])
+        shares = [np.full((rows, width), 0.5 * (m + 1)) for m in range(clients)]
+
+        async def download(m: int) -> np.ndarray:
+            response = await http.get(
+                f"{client_path(sid, m)}/passes/0/layers/3/aggregate",
+                params={"wait": 10},
+                headers=bearer(tokens[m]),
+            )
+            assert response.status_code == 200, response.text
+            return codec.decode_sum(response.content, rows=rows, cols=width)
+
+        waiting = [asyncio.create_task(download(m)) for m in range(clients)]
+        for m, share in enumerate(shares):
+            put = await http.put(
+                f"{client_path(sid, m)}/passes/0/layers/3/embedding",
+                content=codec.encode(share),
+                headers={**bearer(tokens[m]), **matrix_headers(rows, width, "ckks")},
+            )
+            assert put.status_code == 201, put.text
+        sums = await asyncio.gather(*waiting) + [await download(m) for m in range(clients)]
+    for total in sums:
+        np.testing.assert_array_equal(total, np.sum(shares, axis=0).astype(np.float32))
+    assert len(parsed) == clients  # one parse per share, none for the sum
+    with sqlite3.connect(database) as db:
+        bodies = db.execute(
+            "SELECT COUNT(*) FROM uploads WHERE kind = 'embedding' AND body IS NOT NULL"
+            " UNION ALL SELECT COUNT(*) FROM results WHERE kind = 'aggregate' AND body IS NOT NULL"
+        ).fetchall()
+    assert bodies == [(0,), (0,)]
+    pass_dir = database.parent / f"{database.name}-payloads" / sid / "0"
+    files = sorted(path.name.split("-")[:2][-1] for path in pass_dir.iterdir())
+    assert files == [*(f"c{m}" for m in range(clients)), "l3.sum"]  # the shares and their sum

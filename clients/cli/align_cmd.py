@@ -1,0 +1,244 @@
+"""``glasu align``: the private entity alignment of a deployed federation (docs/data.md).
+
+``glasu align create`` (the operator, admin token) opens an alignment and writes one token per
+party; each organisation runs ``glasu align run`` on its prepared folder (its ids never leave its
+machine: only blinded values do) and gets its rows' places in the shared node index, with the
+train/validation/test split, written into the folder; the operator then creates the training
+session with ``glasu session create --alignment ID`` and each organisation runs
+``glasu worker --data DIR``. ``glasu align status`` shows the progress."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from clients.cli.connection import add_server_arguments, admin_client, read_token
+from clients.cli.errors import EXIT_PEERS_MISSING, CliError, UsageError, failing_as
+from clients.cli.options import (
+    add_command,
+    check_output_dir,
+    int_range,
+    non_negative_int,
+    write_private_file,
+)
+from service.alignment_schemas import MAX_SEED
+from service.schemas import MAX_CLIENTS
+
+
+def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = add_command(
+        commands,
+        "align",
+        help="align the organisations' node ids privately (deployed federations)",
+        description="A private set intersection through the service: the organisations learn "
+        "which of their node ids they all share, and nothing else about each other's ids.",
+    )
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION", title="actions")
+    create = add_command(
+        actions,
+        "create",
+        help="open an alignment and write the party tokens (admin)",
+        description="POST /v1/alignments; writes OUT/alignment.id and OUT/party-<m>.token (mode "
+        "0600: give each organisation its own).",
+    )
+    add_server_arguments(create)
+    create.add_argument(
+        "--admin-token-file",
+        type=Path,
+        required=True,
+        metavar="PATH",
+        help="file with the service's admin token (required)",
+    )
+    create.add_argument(
+        "--parties",
+        type=int_range(2, MAX_CLIENTS),
+        required=True,
+        metavar="M",
+        help="number of organisations (required)",
+    )
+    create.add_argument(
+        "--seed",
+        type=int_range(0, MAX_SEED),
+        default=0,
+        help="seeds the train/validation/test split over the shared nodes",
+    )
+    create.add_argument("--label", default=None, help="free text shown in the status")
+    create.add_argument(
+        "--out", type=Path, required=True, metavar="DIR", help="output directory (required)"
+    )
+    run_ = add_command(
+        actions,
+        "run",
+        help="take part in an alignment with this organisation's prepared folder",
+        description="Blind this organisation's node ids, take its turns in the ring, and write "
+        "where each of its nodes sits in the shared node index (and the split) into DIR.",
+    )
+    _party_arguments(run_)
+    run_.add_argument(
+        "--data",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="this organisation's folder from `glasu prepare` (required)",
+    )
+    run_.add_argument(
+        "--peer-wait-seconds",
+        type=non_negative_int,
+        default=900,
+        metavar="S",
+        help="how long to wait for the other parties at one step before giving up (exit 5)",
+    )
+    run_.add_argument(
+        "--insecure-http",
+        action="store_true",
+        help="allow a plain-HTTP service address other than loopback (off by default)",
+    )
+    run_.add_argument("--quiet", action="store_true", help="no progress bar")
+    status = add_command(
+        actions,
+        "status",
+        help="show an alignment's progress",
+        description="The admin token or a party token.",
+    )
+    _party_arguments(status, party=False)
+    status.add_argument("--json", action="store_true", help="print the raw JSON")
+    return p
+
+
+def _party_arguments(p: argparse.ArgumentParser, *, party: bool = True) -> None:
+    add_server_arguments(p)
+    p.add_argument("--alignment", required=True, metavar="ID", help="alignment id (required)")
+    if party:
+        p.add_argument(
+            "--party",
+            type=int_range(0, MAX_CLIENTS - 1),
+            required=True,
+            metavar="M",
+            help="this organisation's party index (required)",
+        )
+    p.add_argument(
+        "--token-file",
+        type=Path,
+        required=True,
+        metavar="PATH",
+        help="file with this party's token"
+        + ("" if party else " or the admin token")
+        + " (required)",
+    )
+
+
+def check(args: argparse.Namespace) -> None:
+    if args.action == "create":
+        check_output_dir(args.out, "--out")
+    if args.action == "run":
+        from secure.protocol import is_loopback_host
+
+        url = urlsplit(args.server)
+        if (
+            url.scheme == "http"
+            and not is_loopback_host(url.hostname or "")
+            and not (args.insecure_http)
+        ):
+            raise UsageError(
+                f"--server {args.server} is plain HTTP on a network address: use https:// "
+                "(with --ca-file), or pass --insecure-http"
+            )
+        if not args.data.is_dir():
+            raise UsageError(f"--data {args.data} is not a directory (a folder of glasu prepare)")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.action == "create":
+        return _create(args)
+    if args.action == "status":
+        token = read_token(args.token_file, flag="--token-file")
+        with admin_client(args, token) as reader:
+            body = reader.alignment(args.alignment)
+        print(json.dumps(body, indent=2) if args.json else describe(body))
+        return 0
+    return _run_party(args)
+
+
+def _create(args: argparse.Namespace) -> int:
+    token = read_token(args.admin_token_file, flag="--admin-token-file")
+    with admin_client(args, token) as admin:
+        created = admin.create_alignment(
+            {"parties": args.parties, "seed": args.seed, "label": args.label}
+        )
+    with failing_as(f"cannot write --out {args.out}"):
+        args.out.mkdir(parents=True, exist_ok=True)
+        for m, party_token in enumerate(created["party_tokens"]):
+            write_private_file(args.out / f"party-{m}.token", party_token)
+        (args.out / "alignment.id").write_text(created["alignment_id"])
+    print(
+        f"alignment {created['alignment_id']}: {args.parties} parties, split seed {args.seed}; "
+        f"tokens in {args.out}/party-<m>.token"
+    )
+    return 0
+
+
+def _run_party(args: argparse.Namespace) -> int:
+    from clients.alignment import AlignmentClient, AlignmentFailed, align
+    from clients.service_http import tls_verification
+    from clients.transport import PeersMissing
+    from models.aligned import deployed_alignment
+    from models.party import NO_LABEL, read_party, write_alignment
+
+    token = read_token(args.token_file, flag="--token-file")
+    with failing_as(f"cannot read --data {args.data}"):
+        data = read_party(args.data)
+    with failing_as("--ca-file"):
+        verify = tls_verification(args.ca_file)
+    with AlignmentClient(
+        base_url=args.server,
+        alignment_id=args.alignment,
+        party=args.party,
+        token=token,
+        verify=verify,
+        peer_wait_seconds=args.peer_wait_seconds,
+    ) as client:
+        try:
+            outcome = align(client, data.ids, progress=not args.quiet)
+        except AlignmentFailed as exc:
+            raise CliError(f"the alignment failed: {exc}") from exc
+        except PeersMissing as exc:
+            print(f"glasu align run: {exc}", file=sys.stderr)
+            return EXIT_PEERS_MISSING
+    alignment = deployed_alignment(
+        alignment_id=outcome.alignment_id,
+        party=outcome.party,
+        parties=outcome.parties,
+        digest=outcome.digest,
+        rows=outcome.rows,
+        seed=outcome.seed,
+    )
+    with failing_as(f"cannot write the alignment into {args.data}"):
+        write_alignment(alignment, args.data)
+    unlabelled = int((data.labels[alignment.local_rows()] == NO_LABEL).sum())
+    print(
+        f"{args.data}: {outcome.aligned_nodes} of its {data.num_rows} nodes are shared by all "
+        f"{outcome.parties} parties (digest {outcome.digest[:16]}...); {alignment.split_note}"
+    )
+    if unlabelled:
+        print(
+            f"glasu align run: warning: {unlabelled} shared nodes have no label here; the worker "
+            "needs a label for every shared node (docs/data.md)",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def describe(status: dict) -> str:
+    sets = ", ".join(
+        f"party {s['owner']}: {s['size'] if s['size'] is not None else '?'} ids, "
+        f"{s['hops']}/{status['parties']} blindings"
+        for s in status["sets"]
+    )
+    line = f"alignment {status['alignment_id']} ({status.get('label') or 'no label'}): "
+    line += f"{status['state']}; {sets}"
+    if status["state"] == "done":
+        line += f"; {status['aligned_nodes']} shared nodes, digest {status['digest']}"
+    return line

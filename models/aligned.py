@@ -1,0 +1,186 @@
+"""A federation of organisations' own data, once aligned: the split over the shared node index,
+the labels of a run, each party's partition, and the pooled view (``glasu train --party``).
+
+Labels and split (docs/data.md): until a single-label-holder mode exists, every client of a run
+trains against labels. In ``glasu train --party`` (one machine holds every folder) the labels are
+the label holders' labels, merged: the parties that carry labels must agree on every shared node
+they both label, and every client gets the merged labels. The split is drawn from the seed over
+the shared nodes that have a label. A deployed party has only its own labels: there the split is
+drawn over every shared node (:func:`deployed_alignment`), so every party needs a label for
+every shared node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from models.data import GraphDataset
+from models.partition import ClientPartition, aligned_partition, undirected_edges
+from models.party import NO_LABEL, PartyAlignment, PartyData, aligned_edges, local_rows
+
+TRAIN_FRACTION = 0.6
+VAL_FRACTION = 0.2  # the rest is the test set
+
+
+@dataclass(frozen=True)
+class SharedIndex:
+    """What one alignment gave every party: N, its id and digest, each party's rows."""
+
+    alignment_id: str | None
+    digest: str | None
+    aligned_nodes: int
+    rows: Sequence[np.ndarray]  # per party: aligned index of each of its rows, -1 if not shared
+
+
+@dataclass(frozen=True)
+class AlignedFederation:
+    dataset: GraphDataset  # the pooled view: every party's features side by side, all edges
+    partitions: list[ClientPartition]  # party m's own features and edges, aligned
+    index: SharedIndex  # the alignment it was built on
+    summary: str  # for people: who holds how many nodes, how many are shared and labelled
+
+
+class LabelConflict(ValueError):
+    """Label holders disagree on shared nodes."""
+
+
+def split_nodes(nodes: np.ndarray, *, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A seeded random split of ``nodes`` (aligned indices): 60% training, 20% validation, the
+    rest test; each sorted."""
+    order = np.random.default_rng([seed, 4]).permutation(np.asarray(nodes, dtype=np.int64))
+    train_end = round(TRAIN_FRACTION * order.size)
+    val_end = train_end + round(VAL_FRACTION * order.size)
+    return (
+        np.sort(order[:train_end]),
+        np.sort(order[train_end:val_end]),
+        np.sort(order[val_end:]),
+    )
+
+
+def split_note(candidates: int, train: np.ndarray, val: np.ndarray, seed: int, what: str) -> str:
+    return (
+        f"seeded random split of the {candidates} {what}: {train.size} training, {val.size} "
+        f"validation, {candidates - train.size - val.size} test (seed {seed})"
+    )
+
+
+def deployed_alignment(
+    *, alignment_id: str, party: int, parties: int, digest: str, rows: np.ndarray, seed: int
+) -> PartyAlignment:
+    """A deployed party's alignment (``glasu align``): the split over every shared node, the
+    same at every party and at the operator (:func:`split_nodes` of N and the seed)."""
+    n = int((rows >= 0).sum())
+    train, val, test = split_nodes(np.arange(n), seed=seed)
+    return PartyAlignment(
+        alignment_id=alignment_id,
+        party=party,
+        parties=parties,
+        aligned_nodes=n,
+        digest=digest,
+        rows=rows,
+        train_nodes=train,
+        val_nodes=val,
+        test_nodes=test,
+        split_note=split_note(n, train, val, seed, "shared nodes"),
+    )
+
+
+def merged_labels(
+    parties: Sequence[PartyData], index: SharedIndex, names: Sequence[str]
+) -> np.ndarray:
+    """The label holders' labels in aligned order (NO_LABEL where nobody labels a node); a
+    node two holders label differently is an error naming both parties' ids."""
+    merged = np.full(index.aligned_nodes, NO_LABEL, dtype=np.int64)
+    source = np.full(index.aligned_nodes, -1, dtype=np.int64)  # the party that labelled it
+    for m, (data, rows) in enumerate(zip(parties, index.rows, strict=True)):
+        if data.labeled == 0:
+            continue
+        order = local_rows(rows, index.aligned_nodes)
+        labels = data.labels[order]
+        clash = np.flatnonzero((labels != NO_LABEL) & (merged != NO_LABEL) & (labels != merged))
+        if clash.size:
+            node = clash[0]
+            other = int(source[node])
+            raise LabelConflict(
+                f"{names[other]} and {names[m]} label {clash.size} shared node(s) differently, "
+                f"e.g. {names[other]}'s id {_id(parties[other], index.rows[other], node)!r} has "
+                f"label {merged[node]} and {names[m]}'s id {_id(data, rows, node)!r} has label "
+                f"{labels[node]}: the label holders must agree on the nodes they share"
+            )
+        fill = (labels != NO_LABEL) & (merged == NO_LABEL)
+        merged[fill] = labels[fill]
+        source[fill] = m
+    return merged
+
+
+def aligned_federation(
+    parties: Sequence[PartyData], index: SharedIndex, *, names: Sequence[str], seed: int
+) -> AlignedFederation:
+    """Every party's partition over the shared index, with the merged labels and the split over
+    the labelled shared nodes, and the pooled dataset (the centralized baseline's data)."""
+    if not any(data.labeled for data in parties):
+        raise ValueError(
+            "no party carries labels: training needs a label table at one party at least "
+            "(glasu prepare --labels)"
+        )
+    labels = merged_labels(parties, index, names)
+    labelled = np.flatnonzero(labels != NO_LABEL)
+    if labelled.size < 3:
+        raise ValueError(
+            f"only {labelled.size} shared node(s) have a label: too few for a training, a "
+            "validation and a test set"
+        )
+    train, val, test = split_nodes(labelled, seed=seed)
+    note = split_note(labelled.size, train, val, seed, "labelled shared nodes")
+    partitions = []
+    for m, (data, rows) in enumerate(zip(parties, index.rows, strict=True)):
+        alignment = PartyAlignment(
+            alignment_id=index.alignment_id,
+            party=m,
+            parties=len(parties),
+            aligned_nodes=index.aligned_nodes,
+            digest=index.digest,
+            rows=rows,
+            train_nodes=train,
+            val_nodes=val,
+            test_nodes=test,
+            split_note=note,
+        )
+        partitions.append(aligned_partition(data, alignment, labels=labels))
+    pooled_edges = undirected_edges(
+        torch.from_numpy(
+            np.concatenate(
+                [aligned_edges(d.edges, r) for d, r in zip(parties, index.rows, strict=True)],
+                axis=1,
+            )
+        )
+    )
+    dataset = GraphDataset(
+        name="own data (" + ", ".join(names) + ")",
+        features=torch.cat([p.features for p in partitions], dim=1),
+        labels=torch.from_numpy(labels),
+        edge_index=torch.from_numpy(
+            np.ascontiguousarray(np.concatenate([pooled_edges, pooled_edges[:, ::-1]]).T)
+        ),
+        train_nodes=train,
+        val_nodes=val,
+        test_nodes=test,
+        split="aligned",
+        split_note=note,
+    )
+    held = ", ".join(f"{name} {data.num_rows}" for name, data in zip(names, parties, strict=True))
+    summary = (
+        f"{len(parties)} parties (nodes held: {held}) share {index.aligned_nodes} nodes, "
+        f"{labelled.size} of them labelled; {note}"
+    )
+    return AlignedFederation(
+        dataset=dataset, partitions=partitions, index=index, summary=summary
+    )
+
+
+def _id(data: PartyData, rows: np.ndarray, node: int) -> str:
+    return data.ids[int(np.flatnonzero(rows == node)[0])]

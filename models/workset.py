@@ -1,0 +1,88 @@
+"""The stale statistics that local steps reuse (CELU-VFL, ``../shared/papers/celu-vfl.txt``).
+
+A GLASU round is one joint inference on a mini-batch (local step 0) and Q - 1 local steps that
+reuse the others' parts of that inference instead of meeting again. CELU-VFL keeps the
+statistics of the last W rounds in a *workset* and spreads the local steps over them round-robin
+(the least recently used cached batch first, so no batch is reused within W - 1 steps), and it
+weights each instance by how far its cached statistics have drifted: the cosine similarity
+between the client's current local output for the instance and the one it had at the joint
+inference, zero below a threshold cos(xi). W = 1 is GLASU's own stale updates (every local step
+on the round's batch), with no weighting unless asked for.
+
+Under differential privacy the cache holds only the others' noisy releases, already accounted
+when they were summed: reusing them is post-processing and spends no budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from models.layers import Block
+
+
+@dataclass
+class CachedBatch:
+    """One joint inference: the batch's sampled structure, labels, the others' parts at each
+    aggregation layer, and this client's own local output then (for the instance weights)."""
+
+    blocks: Sequence[Block]
+    input_nodes: torch.Tensor
+    h0_rows: Sequence[torch.Tensor]
+    labels: torch.Tensor
+    others: dict[int, torch.Tensor] = field(default_factory=dict)
+    own_output: torch.Tensor | None = None
+    last_used: int = -1  # the local step that last used this batch
+
+
+class Workset:
+    """The last ``capacity`` rounds' statistics, handed out round-robin for local steps."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"the workset holds at least one round, got {capacity}")
+        self.capacity = capacity
+        self._batches: list[CachedBatch] = []
+        self._step = 0
+
+    def __len__(self) -> int:
+        return len(self._batches)
+
+    def add(self, batch: CachedBatch) -> None:
+        """The newest round's statistics; the oldest round falls out beyond the capacity."""
+        batch.last_used = self._step
+        self._step += 1
+        self._batches.append(batch)
+        del self._batches[: -self.capacity]
+
+    def next_batch(self) -> CachedBatch:
+        """The least recently used batch (the oldest on ties): with W = 1 always the newest."""
+        if not self._batches:
+            raise RuntimeError("no round in the workset yet")
+        batch = min(self._batches, key=lambda b: b.last_used)
+        batch.last_used = self._step
+        self._step += 1
+        return batch
+
+
+def instance_weights(
+    current: torch.Tensor, cached: torch.Tensor, *, threshold: float
+) -> torch.Tensor:
+    """CELU-VFL's weight of each instance (row): cos(current row, cached row), or 0 where that
+    is below ``threshold`` (cos xi). Computed without gradient."""
+    with torch.no_grad():
+        similarity = F.cosine_similarity(current, cached, dim=1, eps=1e-12)
+        return torch.where(similarity >= threshold, similarity, torch.zeros_like(similarity))
+
+
+def weighted_cross_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None
+) -> torch.Tensor:
+    """The mean loss, or the weighted mean sum(w l) / sum(w) (zero if every weight is zero)."""
+    if weights is None:
+        return F.cross_entropy(logits, labels)
+    per_instance = F.cross_entropy(logits, labels, reduction="none")
+    return (weights * per_instance).sum() / weights.sum().clamp_min(1e-12)

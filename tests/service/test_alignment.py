@@ -1,0 +1,182 @@
+"""The alignment routes: who may post and fetch which set (the ring), what the service checks in
+a blinded set, and what it keeps once the alignment is complete (positions only, no bodies)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import httpx
+import numpy as np
+import pytest
+from fastapi import FastAPI
+from service_testkit import admin, assert_problem, bearer, create_session, http_client
+
+from secure.psi import IDENTITY, BlindingKey, hash_to_group, pack
+from service.alignment_store import AlignmentTables
+from service.app import service_context
+
+pytestmark = pytest.mark.anyio
+
+
+def set_headers(count: int) -> dict[str, str]:
+    return {
+        "Content-Type": "application/octet-stream",
+        "X-Glasu-Encoding": "ristretto255",
+        "X-Glasu-Shape": str(count),
+    }
+
+
+def set_path(aid: str, party: int, owner: int, hop: int) -> str:
+    return f"/v1/alignments/{aid}/parties/{party}/sets/{owner}/hops/{hop}"
+
+
+async def create_alignment(client: httpx.AsyncClient, parties: int = 2) -> dict:
+    response = await client.post("/v1/alignments", json={"parties": parties}, headers=admin())
+    assert response.status_code == 201, response.text
+    assert response.headers["location"] == f"/v1/alignments/{response.json()['alignment_id']}"
+    return response.json()
+
+
+def blinded(aid: str, ids: list[str], *keys: BlindingKey) -> list[bytes]:
+    values = [hash_to_group(aid, node) for node in ids]
+    for key in keys:
+        values = key.blind_all(values)
+    return values
+
+
+async def put(
+    client: httpx.AsyncClient, created: dict, party: int, owner: int, hop: int, body: bytes
+) -> httpx.Response:
+    return await client.put(
+        set_path(created["alignment_id"], party, owner, hop),
+        content=body,
+        headers={**set_headers(len(body) // 32), **bearer(created["party_tokens"][party])},
+    )
+
+
+async def test_two_parties_get_their_positions_and_the_service_keeps_no_set(
+    make_app: Callable[..., FastAPI],
+) -> None:
+    app = make_app()
+    async with http_client(app) as client:
+        created = await create_alignment(client)
+        aid, tokens = created["alignment_id"], created["party_tokens"]
+        k0, k1 = BlindingKey(), BlindingKey()
+        own = {0: ["a", "b", "c"], 1: ["d", "c", "a", "e"]}
+        positions_path = f"/v1/alignments/{aid}/parties/0/positions"
+        waiting = await client.get(positions_path, params={"wait": 0}, headers=bearer(tokens[0]))
+        assert waiting.status_code == 202 and waiting.json()["missing"] == [0, 1]
+        for m, key in ((0, k0), (1, k1)):
+            body = pack(blinded(aid, own[m], key))
+            assert (await put(client, created, m, m, 0, body)).status_code == 201
+            assert (await put(client, created, m, m, 0, body)).status_code == 200  # duplicate
+        # party 1 blinds party 0's set further, and the other way round
+        got = await client.get(set_path(aid, 1, 0, 0), headers=bearer(tokens[1]))
+        assert got.status_code == 200 and got.headers["x-glasu-shape"] == "3"
+        full0 = k1.blind_all([got.content[i : i + 32] for i in range(0, 96, 32)])
+        assert (await put(client, created, 1, 0, 1, pack(full0))).status_code == 201
+        got = await client.get(set_path(aid, 0, 1, 0), headers=bearer(tokens[0]))
+        full1 = k0.blind_all([got.content[i : i + 32] for i in range(0, len(got.content), 32)])
+        assert (await put(client, created, 0, 1, 1, pack(full1))).status_code == 201
+        answers = []
+        for m in (0, 1):
+            response = await client.get(
+                f"/v1/alignments/{aid}/parties/{m}/positions", headers=bearer(tokens[m])
+            )
+            assert response.status_code == 200
+            answers.append(np.frombuffer(response.content, dtype="<i8"))
+        status = (await client.get(f"/v1/alignments/{aid}", headers=bearer(tokens[1]))).json()
+    # "a" and "c" are shared: the aligned index sorts them by their fully blinded value
+    shared = sorted(blinded(aid, ["a", "c"], k0, k1))
+    expected = {
+        node: shared.index(value)
+        for node, value in zip(["a", "c"], blinded(aid, ["a", "c"], k0, k1), strict=True)
+    }
+    assert answers[0].tolist() == [expected["a"], -1, expected["c"]]
+    assert answers[1].tolist() == [-1, expected["c"], expected["a"], -1]
+    assert status["state"] == "done" and status["aligned_nodes"] == 2
+    assert [s["size"] for s in status["sets"]] == [3, 4]
+    with service_context(app).store.transaction() as tx:
+        assert all(s.body is None for s in AlignmentTables(tx).sets(aid))
+
+
+async def test_the_ring_decides_who_posts_and_who_fetches(client: httpx.AsyncClient) -> None:
+    created = await create_alignment(client, parties=3)
+    aid, tokens = created["alignment_id"], created["party_tokens"]
+    body = pack(blinded(aid, ["x", "y"], BlindingKey()))
+    response = await put(client, created, 1, 0, 0, body)  # party 0's own set, posted by party 1
+    assert_problem(response, 403, "forbidden", mentions="party 0 blinds it")
+    response = await put(client, created, 1, 0, 1, body)  # hop 1 before hop 0
+    assert_problem(response, 409, "not-ready", mentions="hop 0")
+    assert (await put(client, created, 0, 0, 0, body)).status_code == 201
+    response = await put(client, created, 0, 0, 0, pack(blinded(aid, ["x", "z"], BlindingKey())))
+    assert_problem(response, 409, "conflict")
+    response = await put(client, created, 1, 0, 1, body[:32])
+    assert_problem(response, 422, "wrong-shape", mentions="has 2 elements")
+    for party, hop in ((2, 0), (0, 0)):  # hop 0 of party 0 goes to party 1 only
+        response = await client.get(set_path(aid, party, 0, hop), headers=bearer(tokens[party]))
+        assert_problem(response, 403, "forbidden", mentions="party 1 only")
+    response = await client.get(set_path(aid, 2, 0, 2), headers=bearer(tokens[2]))
+    assert_problem(response, 403, "forbidden", mentions="served to nobody")
+    response = await client.get(set_path(aid, 0, 0, 3), headers=bearer(tokens[0]))
+    assert_problem(response, 403, "forbidden", mentions="3 parties")
+    waiting = await client.get(
+        set_path(aid, 2, 1, 0), params={"wait": 0}, headers=bearer(tokens[2])
+    )  # party 1's own set, which party 1 has not posted yet
+    assert waiting.status_code == 202 and waiting.json() == {"status": "waiting", "missing": [1]}
+
+
+async def test_a_blinded_set_must_be_distinct_group_elements(client: httpx.AsyncClient) -> None:
+    created = await create_alignment(client)
+    aid = created["alignment_id"]
+    good = blinded(aid, ["x", "y"], BlindingKey())
+    for body, mentions in (
+        (pack([good[0], good[0]]), "same element twice"),
+        (pack([good[0], IDENTITY]), "not a valid"),
+        (pack([good[0], b"\xff" * 32]), "not a valid"),
+        (pack(good)[:-1], "bytes"),
+    ):
+        response = await client.put(
+            set_path(aid, 0, 0, 0),
+            content=body,
+            headers={**set_headers(2), **bearer(created["party_tokens"][0])},
+        )
+        assert_problem(response, 422, "bad-payload", mentions=mentions)
+    response = await client.put(
+        set_path(aid, 0, 0, 0),
+        content=pack(good),
+        headers={
+            **set_headers(2),
+            "X-Glasu-Encoding": "int64",
+            **bearer(created["party_tokens"][0]),
+        },
+    )
+    assert_problem(response, 400, "bad-header", mentions="ristretto255")
+
+
+async def test_tokens_are_bound_to_one_alignment_and_one_party(client: httpx.AsyncClient) -> None:
+    first, second = await create_alignment(client), await create_alignment(client)
+    session = await create_session(client)
+    aid = first["alignment_id"]
+    path = f"/v1/alignments/{aid}/parties/0/positions"
+    cases = [
+        ({}, 401, "unauthorized"),
+        (bearer("not-a-token-at-all-0123456789"), 401, "unauthorized"),
+        (admin(), 403, "forbidden"),
+        (bearer(first["party_tokens"][1]), 403, "forbidden"),
+        (bearer(second["party_tokens"][0]), 403, "forbidden"),
+        (bearer(session["client_tokens"][0]), 401, "unauthorized"),
+    ]
+    for headers, status, slug in cases:
+        assert_problem(await client.get(path, headers=headers), status, slug)
+    response = await client.get(
+        "/v1/alignments/nope/parties/0/positions", headers=bearer(first["party_tokens"][0])
+    )
+    assert_problem(response, 404, "alignment-not-found")
+    for token in (first["party_tokens"][0], session["client_tokens"][0]):
+        response = await client.post("/v1/alignments", json={"parties": 2}, headers=bearer(token))
+        assert_problem(response, 403, "forbidden", mentions="admin")
+    response = await client.get(f"/v1/alignments/{aid}", headers=bearer(second["party_tokens"][0]))
+    assert_problem(response, 403, "forbidden")
+    response = await client.post("/v1/alignments", json={"parties": 1}, headers=admin())
+    assert_problem(response, 422, "validation-error", mentions="parties")
