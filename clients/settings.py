@@ -64,6 +64,20 @@ class WorkerSettings(BaseSettings):
     lr: float = Field(0.01, gt=0.0)
     weight_decay: float = Field(5e-4, ge=0.0)
     eval_fanout: int = Field(10, ge=1, description="Neighbours per node in evaluation passes.")
+    cache_rounds: int = Field(
+        1,
+        ge=1,
+        description="Rounds of stale statistics the local steps reuse round-robin (CELU-VFL; "
+        "1: the round's own batch only).",
+    )
+    instance_weighting: bool = Field(
+        False,
+        description="Weight each instance of a local step by the cosine between its current "
+        "and its cached output (CELU-VFL).",
+    )
+    weight_threshold: float = Field(
+        0.5, ge=-1.0, le=1.0, description="cos(xi): instances less similar get weight 0."
+    )
     seed: int | None = Field(None, description="Initialisation seed (default: the session's).")
     noise_seed: int | None = Field(
         None,

@@ -40,6 +40,9 @@ class LocalModelOptions:
     eval_fanout: int = 10
     seed: int | None = None  # initialisation and dropout; default: the session's seed
     noise_seed: int | None = None  # reproducible DP noise (experiments only)
+    cache_rounds: int = 1  # W of the CELU-VFL workset (models/workset.py)
+    instance_weighting: bool = False
+    weight_threshold: float = 0.5
 
 
 @dataclass
@@ -77,6 +80,9 @@ def client_config_from_session(
         model=model,
         agg_layers=tuple(a["layer"] for a in session_config["agg_layers"]),
         stale=session_config["stale"],
+        cache_rounds=options.cache_rounds,
+        instance_weighting=options.instance_weighting,
+        weight_threshold=options.weight_threshold,
         fanout=session_config["fanout"],
         eval_fanout=options.eval_fanout,
         occurrence_cap=privacy["occurrence_cap"] if privacy else None,

@@ -99,6 +99,31 @@ def add_federation_arguments(p: argparse._ActionsContainer, *, local: bool) -> N
         metavar="Q",
         help="local steps per communication round (stale updates)",
     )
+    if local:  # each worker's own choice; a deployed worker takes them as its settings
+        p.add_argument(
+            "--cache-rounds",
+            type=positive_int,
+            default=DEFAULTS.cache_rounds,
+            metavar="W",
+            help="rounds of stale statistics the local steps reuse round-robin (CELU-VFL; 1: the "
+            "round's own batch only)",
+        )
+        p.add_argument(
+            "--instance-weighting",
+            action=argparse.BooleanOptionalAction,
+            default=None,  # set below: one way to show defaults
+            help=f"weight each instance of a local step by the cosine between its current and its "
+            f"cached output, 0 below --weight-threshold (CELU-VFL) "
+            f"{switch_note(DEFAULTS.instance_weighting)}",
+        )
+        p.set_defaults(instance_weighting=DEFAULTS.instance_weighting)
+        p.add_argument(
+            "--weight-threshold",
+            type=float,
+            default=DEFAULTS.weight_threshold,
+            metavar="COS",
+            help="cos(xi) of the instance weighting: instances less similar get weight 0",
+        )
     p.add_argument(
         "--rounds",
         type=int_range(1, MAX_ROUNDS),

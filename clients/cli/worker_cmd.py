@@ -82,6 +82,9 @@ def run(args: argparse.Namespace) -> int:
         lr=settings.lr,
         weight_decay=settings.weight_decay,
         eval_fanout=settings.eval_fanout,
+        cache_rounds=settings.cache_rounds,
+        instance_weighting=settings.instance_weighting,
+        weight_threshold=settings.weight_threshold,
         seed=settings.seed,
     )
 
