@@ -25,10 +25,16 @@ def test_one_cached_round_reproduces_the_runs_before_the_cache(
     """W = 1 without weighting is GLASU's own stale updates: the histories recorded before the
     workset existed (same seeds; the private one with a test-only fixed noise seed)."""
     monkeypatch.setenv(REPRODUCIBLE_NOISE_ENV, "1")
+    # recorded with one thread: torch's float sums depend on the thread count
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     golden = GOLDEN[name]
     config = TrainConfig(**golden["config"])
     assert config.cache_rounds == 1 and not config.instance_weighting
-    report = train_inprocess(config, dataset=cora, progress=False)
+    try:
+        report = train_inprocess(config, dataset=cora, progress=False)
+    finally:
+        torch.set_num_threads(threads)
     history = [[h.round, h.loss, h.val_accuracy, h.test_accuracy] for h in report.history]
     assert len(history) == len(golden["history"])
     for row, expected in zip(history, golden["history"], strict=True):
