@@ -1,9 +1,10 @@
 """What CKKS encryption costs a Cora training: accuracy against plaintext with the same seed, and
 wall time as a ratio, with DP off so that encryption is the only difference.
 
-Accuracy: 3 seeds in process (300 rounds, GLASU K=2 Q=4). Wall time: the same two runs over
-real HTTP (service and 3 worker processes on loopback), where encryption also multiplies the
-bytes on the wire. The table goes to docs/results.md.
+Accuracy: 3 seeds in process (300 rounds, GLASU K=2 Q=4, the default evaluation schedule). Wall
+time: the same two runs over real HTTP (service and 3 worker processes on loopback), where
+encryption also multiplies the bytes on the wire; bench/overhead.py measures that in interleaved
+pairs, in CPU time. The table goes to docs/results.md.
 
     python bench/encryption_overhead.py [--rounds 300] [--http-rounds 100]
 """
@@ -34,6 +35,7 @@ def main() -> None:
     from models.data import load_dataset
     from models.layout import layout_federation
     from models.trainer import train_inprocess
+    from secure.ckks_context import SUM_ERROR_BOUND
 
     rows = []
     for seed in SEEDS:
@@ -83,7 +85,8 @@ def main() -> None:
         "## Encryption: accuracy and overhead (`bench/encryption_overhead.py`)",
         "",
         f"Cora, paper split, GLASU (K=2, Q=4), 4-layer GCNII, M=3, DP off, same seed for "
-        f"both columns. In process, {args.rounds} rounds:",
+        f"both columns, evaluation every {TrainConfig().eval_every} rounds. In process, "
+        f"{args.rounds} rounds:",
         "",
         "| seed | plaintext test acc. | CKKS test acc. | difference (points) | plaintext "
         "final | CKKS final | wall-time ratio CKKS / plaintext |",
@@ -105,8 +108,9 @@ def main() -> None:
         f"test accuracy {pct(p['test'])} vs {pct(c['test'])}.",
         "",
         "Shares travel on a fixed-point grid of step 2^-12 and decoded sums are rounded "
-        "back to it (docs/encryption.md), which removes the CKKS decoding error (at most "
-        "5.2e-5): with the same seed the encrypted run is the plaintext run, so any "
+        "back to it (docs/encryption.md), which removes the CKKS decoding error (below "
+        f"{SUM_ERROR_BOUND:.1e} for a sum of up to 16 shares except with probability 2^-40 per "
+        "value): with the same seed the encrypted run is the plaintext run, so any "
         "difference above would be a bug, not noise. Only time and bytes differ.",
     ]
     write_section("encryption", "\n".join(lines))

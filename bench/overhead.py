@@ -16,7 +16,7 @@ just before it is stopped, so its start-up is not counted. Writes bench/results/
 and the "overhead" section of docs/results.md.
 
     python bench/overhead.py [--pairs 3] [--rounds 60] [--clients-pairs 2] [--clients-rounds 10]
-        [--dataset-pairs 2] [--dataset-rounds 20]
+        [--dataset-pairs 2] [--dataset-rounds 10] [--render]
 """
 
 from __future__ import annotations
@@ -150,6 +150,9 @@ def spread(stats: dict[str, float]) -> str:
     return f"{stats['median']:.2f}x ({stats['min']:.2f}-{stats['max']:.2f})"
 
 
+Pairs = list[tuple[Run, Run]]
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_data_dir_argument(parser)
@@ -158,10 +161,31 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--clients-pairs", type=int, default=2, help="M=8/M=2 pairs")
     parser.add_argument("--clients-rounds", type=int, default=10, help="rounds of those runs")
     parser.add_argument("--dataset-pairs", type=int, default=2, help="PubMed/Cora pairs")
-    parser.add_argument("--dataset-rounds", type=int, default=20, help="rounds of those runs")
+    parser.add_argument("--dataset-rounds", type=int, default=10, help="rounds of those runs")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--no-doc", action="store_true", help="do not write docs/results.md")
+    parser.add_argument(
+        "--render", action="store_true", help="no runs: summarize the runs saved in --out again"
+    )
     args = parser.parse_args(argv)
+    if args.render:
+        saved = json.loads(args.out.read_text())
+        settings = saved["settings"]
+        comparisons = {
+            name: [(Run(**a), Run(**b)) for a, b in pairs] for name, pairs in saved["pairs"].items()
+        }
+    else:
+        settings, comparisons = measure(args)
+    results = summarize(settings, comparisons)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    section = markdown(results, comparisons["ckks_over_plain"])
+    print(section)
+    if not args.no_doc:
+        write_section("overhead", section)
+
+
+def measure(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Pairs]]:
     single_thread()
     from models.config import TrainConfig
 
@@ -171,28 +195,37 @@ def main(argv: Sequence[str] | None = None) -> None:
     def run(label: str, **changes: Any) -> Callable[[], Run]:
         return lambda: run_over_http(label, replace(base, **changes), data_dir)
 
-    he = interleaved_pairs(
-        run("ckks", encryption="ckks"), run("plain", encryption="none"), pairs=args.pairs
-    )
-    clients = interleaved_pairs(
-        run("ckks M=8", clients=8, rounds=args.clients_rounds),
-        run("ckks M=2", clients=2, rounds=args.clients_rounds),
-        pairs=args.clients_pairs,
-    )
-    datasets = interleaved_pairs(
-        run("ckks pubmed", dataset="pubmed", rounds=args.dataset_rounds),
-        run("ckks cora", dataset="cora", rounds=args.dataset_rounds),
-        pairs=args.dataset_pairs,
-    )
-    results = {
-        "settings": {
-            "rounds": args.rounds,
-            "eval_every": base.eval_every,
-            "clients_rounds": args.clients_rounds,
-            "dataset_rounds": args.dataset_rounds,
-            "cpu_count": os.cpu_count(),
-            "load_average_1min": os.getloadavg()[0],
-        },
+    comparisons = {
+        "ckks_over_plain": interleaved_pairs(
+            run("ckks", encryption="ckks"), run("plain", encryption="none"), pairs=args.pairs
+        ),
+        "m8_over_m2": interleaved_pairs(
+            run("ckks M=8", clients=8, rounds=args.clients_rounds),
+            run("ckks M=2", clients=2, rounds=args.clients_rounds),
+            pairs=args.clients_pairs,
+        ),
+        "pubmed_over_cora": interleaved_pairs(
+            run("ckks pubmed", dataset="pubmed", rounds=args.dataset_rounds),
+            run("ckks cora", dataset="cora", rounds=args.dataset_rounds),
+            pairs=args.dataset_pairs,
+        ),
+    }
+    settings = {
+        "rounds": args.rounds,
+        "eval_every": base.eval_every,
+        "clients_rounds": args.clients_rounds,
+        "dataset_rounds": args.dataset_rounds,
+        "cpu_count": os.cpu_count(),
+        "load_average_1min": os.getloadavg()[0],
+    }
+    return settings, comparisons
+
+
+def summarize(settings: dict[str, Any], comparisons: dict[str, Pairs]) -> dict[str, Any]:
+    he = comparisons["ckks_over_plain"]
+    clients, datasets = comparisons["m8_over_m2"], comparisons["pubmed_over_cora"]
+    return {
+        "settings": settings,
         "ckks_over_plain": {
             "cpu": ratio(he, lambda r: r.cpu_seconds),
             "wall": ratio(he, lambda r: r.wall_seconds),
@@ -206,16 +239,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         },
         "pubmed_over_cora": {
             "cpu_per_round": ratio(datasets, lambda r: r.cpu_per_round),
+            "service_cpu_per_round": ratio(datasets, lambda r: r.service_cpu_seconds / r.rounds),
             "bytes": ratio(datasets, lambda r: r.bytes),
         },
-        "runs": [asdict(r) for pairs in (he, clients, datasets) for pair in pairs for r in pair],
+        "pairs": {
+            name: [[asdict(a), asdict(b)] for a, b in pairs] for name, pairs in comparisons.items()
+        },
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
-    section = markdown(results, he)
-    print(section)
-    if not args.no_doc:
-        write_section("overhead", section)
 
 
 def markdown(results: dict[str, Any], he: Sequence[tuple[Run, Run]]) -> str:
@@ -229,9 +259,12 @@ def markdown(results: dict[str, Any], he: Sequence[tuple[Run, Run]]) -> str:
             "## Encryption over HTTP (`bench/overhead.py`)",
             "",
             f"`glasu train --transport http` on loopback, GLASU (K=2, Q=4), DP off, seed 0,"
-            f" eval every {settings['eval_every']} rounds; {os.cpu_count()} cores shared with"
-            f" other work (load {settings['load_average_1min']:.1f}). Ratios per interleaved"
-            " pair of runs, median (min-max); CPU is the service's and the workers' processes.",
+            f" evaluation every {settings['eval_every']} rounds; {settings['cpu_count']} cores"
+            f" shared with other work (load average {settings['load_average_1min']:.1f} at the"
+            " end). Ratios per interleaved pair of runs, median (min-max). CPU is that of the"
+            " service and the workers, their start-up included (imports, data loading: roughly"
+            " 15 s of a run's CPU on Cora, from the runs of 10 and of 60 rounds); service CPU"
+            " excludes the service's start-up.",
             "",
             "| comparison | measure | ratio |",
             "|---|---|---|",
@@ -246,9 +279,10 @@ def markdown(results: dict[str, Any], he: Sequence[tuple[Run, Run]]) -> str:
             f"| | bytes | {spread(clients['bytes'])} |",
             f"| PubMed / Cora, CKKS, {settings['dataset_rounds']} rounds | CPU per round |"
             f" {spread(datasets['cpu_per_round'])} |",
+            f"| | service CPU per round | {spread(datasets['service_cpu_per_round'])} |",
             f"| | bytes | {spread(datasets['bytes'])} |",
             "",
-            f"Test accuracy: {accuracy} in both columns of every CKKS/plaintext pair"
+            f"Test accuracy: {accuracy} in both columns of every CKKS/plaintext pair."
             if over["same_accuracy"]
             else "Test accuracy differs between CKKS and plaintext runs: a bug.",
         ]

@@ -39,7 +39,10 @@ class WorkerSettings(BaseSettings):
     session: str = Field(description="Session id (from the operator).")
     client: int = Field(ge=0, description="This organisation's client index m.")
     token_file: Path = Field(description="File holding this client's bearer token.")
-    data: Path = Field(description="This client's partition directory (see `glasu partition`).")
+    data: Path = Field(
+        description="This client's folder: from `glasu partition`, or from `glasu prepare` "
+        "aligned by `glasu align run` (docs/data.md)."
+    )
     device: str = Field(
         "auto",
         description="Where to train: auto (a GPU if present), cpu, cuda or cuda:N (one GPU "

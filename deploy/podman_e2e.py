@@ -53,6 +53,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -68,6 +69,7 @@ APP_UID = 10001
 CLIENTS = 3
 CORA_CLASSES = 7
 SKIP = 77
+INDEX_PORT = 38457
 DEFAULT_DATASETS = REPO.parent / "shared" / "datasets" / "planetoid"
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "glasu-e2e"
 CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt")
@@ -173,11 +175,12 @@ def containers_conf() -> Path:
     nproc = resource.getrlimit(resource.RLIMIT_NPROC)[1]
     nofile = 1048576 if nofile == resource.RLIM_INFINITY else min(nofile, 1048576)
     nproc = 4096 if nproc == resource.RLIM_INFINITY else min(nproc, 4096)
-    folder = Path(tempfile.mkdtemp(prefix="glasu-e2e-conf-"))
-    path = folder / "containers.conf"
+    DEFAULT_CACHE.mkdir(parents=True, exist_ok=True)
+    path = DEFAULT_CACHE / "containers.conf"
     path.write_text(
         "[containers]\n"
         f'default_ulimits = ["nofile={nofile}:{nofile}", "nproc={nproc}:{nproc}"]\n'
+        'log_driver = "k8s-file"\n'
         "[engine]\n"
         'runtime = "runc"\n'
     )
@@ -302,14 +305,22 @@ def ensure_torch_index(cache: Path) -> Path:
             f'<a href="../../files/{urllib.parse.quote(p.name)}">{html.escape(p.name)}</a><br>\n'
             for p in paths
         )
-        (simple / name / "index.html").write_text(f"<!DOCTYPE html>\n<html><body>\n{links}</body></html>\n")
+        (simple / name / "index.html").write_text(
+            f"<!DOCTYPE html>\n<html><body>\n{links}</body></html>\n"
+        )
     return root
 
 
 @contextlib.contextmanager
-def serve_directory(root: Path) -> Iterator[str]:
+def serve_directory(root: Path, port: int) -> Iterator[str]:
+    """The index on a fixed port: TORCH_INDEX is a build argument, and a changed value would
+    rebuild every layer after it. Another port only when that one is taken."""
     handler = functools.partial(QuietHandler, directory=str(root))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    try:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+    except OSError:
+        say(f"warning: 127.0.0.1:{port} is taken: another port, so the worker's layers rebuild")
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -322,7 +333,7 @@ def serve_directory(root: Path) -> Iterator[str]:
 
 
 class QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
 
@@ -386,16 +397,16 @@ def logs_tail(name: str, lines: int = 40) -> str:
     return (done.stdout + done.stderr).strip()
 
 
-def wait_healthy(container: str, timeout: float) -> float:
-    """Run the image's HEALTHCHECK until it passes (podman's timers need systemd)."""
+def wait_healthy(container: str, timeout: float, command: list[str] | None = None) -> float:
+    """Run the image's HEALTHCHECK until it passes (podman's timers need systemd), or
+    ``command`` inside the container."""
     started = time.monotonic()
+    check_args = ["exec", container, *command] if command else ["healthcheck", "run", container]
     while True:
         state = container_state(container)
         if state.get("Status") != "running":
             raise Failed(f"{container} stopped ({state.get('Status')}):\n{logs_tail(container)}")
-        check = subprocess.run(
-            ["podman", "healthcheck", "run", container], capture_output=True, env=engine_env()
-        )
+        check = subprocess.run(["podman", *check_args], capture_output=True, env=engine_env())
         if check.returncode == 0:
             return time.monotonic() - started
         if time.monotonic() - started > timeout:
@@ -526,37 +537,63 @@ class ComposeRun:
             "--filter",
             f"label=com.docker.compose.project={self.project}",
             "--format",
-            "{{json .}}",
+            "json",
             capture=True,
             quiet=True,
         )
-        found = {}
-        for line in done.stdout.splitlines():
-            item = json.loads(line)
-            found[item["Labels"]["com.docker.compose.service"]] = item["Names"][0]
-        return found
+        return {
+            item["Labels"]["com.docker.compose.service"]: item["Names"][0]
+            for item in json.loads(done.stdout or "[]")
+        }
+
+    def waves(self) -> list[list[str]]:
+        """The services in the order of their depends_on: each wave needs only earlier ones."""
+        import yaml
+
+        services = yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"]
+        needs = {name: set(s.get("depends_on") or ()) for name, s in services.items()}
+        waves: list[list[str]] = []
+        done: set[str] = set()
+        while len(done) < len(needs):
+            wave = sorted(n for n, deps in needs.items() if n not in done and deps <= done)
+            if not wave:
+                raise Failed(f"compose.yaml has a dependency cycle among {set(needs) - done}")
+            waves.append(wave)
+            done.update(wave)
+        return waves
 
     def up(self, timings: dict[str, float]) -> dict[str, Any]:
+        import yaml
+
         make_secrets(self.secrets, "DNS:service", "DNS:localhost", "IP:127.0.0.1")
         import_dataset(f"{self.project}_datasets", self.datasets)
-        # podman before 4.6 cannot wait for `service_healthy`: start the service first and run
-        # its health check until it passes, then everything (Docker Compose: one `up -d`).
-        started = time.monotonic()
-        run([*self.compose, "up", "--detach", "--no-build", "service"], env=self.env)
-        service = self.containers()["service"]
-        waited = wait_healthy(service, timeout=180)
-        timings["compose: service start to healthy"] = round(time.monotonic() - started, 1)
-        say(f"service healthy after {waited:.1f} s of checks; {https_health(self.port, self.secrets / 'ca.crt')}")
-        run([*self.compose, "up", "--detach", "--no-build"], env=self.env, timeout=3600)
+        services = yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"]
+        # One wave of depends_on at a time, each waited for here: podman before 4.6 cannot wait
+        # for `service_healthy`, and podman-compose links dependencies with `--requires`, which
+        # would start the finished one-shot steps again. (Docker Compose: one `up`.)
+        for wave in self.waves():
+            started = time.monotonic()
+            run([*self.compose, "up", "--detach", "--no-build", "--no-deps", *wave], env=self.env)
+            containers = self.containers()
+            for name in wave:
+                if services[name].get("restart", "no") == "no":  # a one-shot step
+                    run(["podman", "wait", containers[name]], env=engine_env(), timeout=3600)
+                    state = container_state(containers[name])
+                    say(logs_tail(containers[name], 12))
+                    if state.get("ExitCode") != 0:
+                        raise Failed(
+                            f"compose service {name}: exit code {state.get('ExitCode')}\n"
+                            f"{logs_tail(containers[name])}"
+                        )
+                elif services[name].get("healthcheck"):
+                    wait_healthy(containers[name], timeout=180)
+                    timings[f"compose: {name} start to healthy"] = round(
+                        time.monotonic() - started, 1
+                    )
+                    ca = self.secrets / "ca.crt"
+                    say(f"https://localhost:{self.port}/healthz: {https_health(self.port, ca)}")
+            timings[f"compose: {' '.join(wave)}"] = round(time.monotonic() - started, 1)
         containers = self.containers()
-        run(["podman", "wait", containers["report"]], env=engine_env(), timeout=3600)
-        for name in ("keygen", "partition", "session", "worker-0", "worker-1", "worker-2", "report"):
-            state = container_state(containers[name])
-            if state.get("Status") != "exited" or state.get("ExitCode") != 0:
-                raise Failed(
-                    f"compose service {name}: {state.get('Status')}, exit code "
-                    f"{state.get('ExitCode')}\n{logs_tail(containers[name])}"
-                )
         say(logs_tail(containers["report"], 60))
         results_dir = volume_path(f"{self.project}_results")
         results = {
@@ -570,6 +607,10 @@ class ComposeRun:
         return check_training(results, budget, ledgers)
 
     def down(self) -> None:
+        # the containers with their anonymous volumes (the image's VOLUME), then the rest
+        names = list(self.containers().values())
+        if names:
+            podman("rm", "--force", "--volumes", *names, check=False, capture=True)
         run([*self.compose, "down", "--volumes"], env=self.env, check=False, timeout=300)
         # whatever podman-compose left (a failed `up` can leave volumes it never recorded)
         left = podman(
@@ -647,21 +688,33 @@ class KubeRun:
         self.played: list[Path] = []
         self.volumes: list[str] = [self.dataset_claim]
         self.skipped: dict[str, int] = {}
+        self.notes: set[str] = set()
 
     def adapt(self, docs: list[dict[str, Any]], **changes: Any) -> list[dict[str, Any]]:
         """What podman runs of the manifests, with the changes a CPU-only, registry-less
         podman host needs (each said on the log)."""
         kept = []
+        secrets_by_name = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Secret"}
         for doc in docs:
             kind = doc["kind"]
+            if kind == "Secret":  # podman 4.3 mounts a Secret's base64 text, not its value
+                self.skipped["Secret (mounted from a host directory)"] = (
+                    self.skipped.get("Secret (mounted from a host directory)", 0) + 1
+                )
+                continue
             if kind == "Job":  # podman runs no Jobs: run its pod, Never restarted, as a Pod
                 doc = {
                     "apiVersion": "v1",
                     "kind": "Pod",
-                    "metadata": {**doc["metadata"], "labels": doc["spec"]["template"]["metadata"]["labels"]},
+                    "metadata": {
+                        **doc["metadata"],
+                        "labels": doc["spec"]["template"]["metadata"]["labels"],
+                    },
                     "spec": doc["spec"]["template"]["spec"],
                 }
-                self.skipped["Job (run as its Pod)"] = self.skipped.get("Job (run as its Pod)", 0) + 1
+                self.skipped["Job (run as its Pod)"] = (
+                    self.skipped.get("Job (run as its Pod)", 0) + 1
+                )
             elif kind not in KUBE_PLAY_KINDS:
                 self.skipped[kind] = self.skipped.get(kind, 0) + 1
                 continue
@@ -669,11 +722,16 @@ class KubeRun:
             if spec is not None:
                 spec.pop("tolerations", None)
                 for volume in spec.get("volumes", []):
-                    if "secret" in volume:  # podman 4.3 dereferences `optional` unset
-                        volume["secret"].setdefault("optional", False)
+                    if "secret" in volume:
+                        secret = secrets_by_name[volume.pop("secret")["secretName"]]
+                        volume["hostPath"] = {
+                            "path": str(self.secret_directory(secret)),
+                            "type": "Directory",
+                        }
                     if volume["name"] == "dataset":  # the demo's download: a filled claim here
                         volume.pop("emptyDir", None)
                         volume["persistentVolumeClaim"] = {"claimName": self.dataset_claim}
+                self.resolve_sub_paths(spec)
                 for container in pod_containers(doc):
                     container["image"] = changes.get("image", container["image"])
                     for env in container.get("env", []):
@@ -686,11 +744,65 @@ class KubeRun:
             kept.append(doc)
         return kept
 
+    def resolve_sub_paths(self, spec: dict[str, Any]) -> None:
+        """podman 4.3 ignores `subPath` on a claim: such a claim becomes a host directory, and
+        each mount with a subPath a volume of its subdirectory."""
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        containers = spec.get("initContainers", []) + spec.get("containers", [])
+        for container in containers:
+            for mount in container.get("volumeMounts", []):
+                sub_path = mount.pop("subPath", None)
+                if sub_path is None:
+                    continue
+                volume = volumes[mount["name"]]
+                if "persistentVolumeClaim" in volume:
+                    claim = volume.pop("persistentVolumeClaim")["claimName"]
+                    volume["hostPath"] = {"path": str(self.app_dir("claims", claim))}
+                    volume["hostPath"]["type"] = "Directory"
+                path = Path(volume["hostPath"]["path"])
+                name = f"{mount['name']}-{sub_path}".replace("/", "-")
+                if name not in volumes:
+                    own = self.app_dir("claims", path.name, sub_path)
+                    volumes[name] = {"name": name, "hostPath": {"path": str(own)}}
+                    volumes[name]["hostPath"]["type"] = "Directory"
+                    spec["volumes"].append(volumes[name])
+                mount["name"] = name
+        self.notes.add("subPath on a claim: a host directory per subPath (podman 4.3)")
+
+    def app_dir(self, *parts: str) -> Path:
+        folder = self.work.joinpath(*parts)
+        folder.mkdir(parents=True, exist_ok=True)
+        current = self.work
+        for part in parts:
+            current = current / part
+            owned_by_app(current, 0o750)
+        return folder
+
+    def secret_directory(self, secret: dict[str, Any]) -> Path:
+        """A Secret's files, decoded, owned by the containers' uid, mode 0400."""
+        folder = self.work / "secret-volumes" / secret["metadata"]["name"]
+        if not folder.is_dir():
+            folder.mkdir(parents=True)
+            for key, value in secret["data"].items():
+                (folder / key).write_bytes(base64.b64decode(value))
+                owned_by_app(folder / key)
+            owned_by_app(folder, 0o500)
+        return folder
+
     def play(self, name: str, docs: list[dict[str, Any]]) -> None:
         import yaml
 
         path = self.work / f"{name}.yaml"
         path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+        # podman makes a volume of each claim and of each ConfigMap mounted as a volume
+        claims = [
+            d["metadata"]["name"]
+            for d in docs
+            if d["kind"] in ("PersistentVolumeClaim", "ConfigMap")
+        ]
+        for claim in claims:  # a claim is a podman volume of that name: none may be left over
+            podman("volume", "rm", "--force", claim, check=False, capture=True, quiet=True)
+        self.volumes += claims
         self.played.append(path)
         podman("kube", "play", "--network", self.network, str(path), capture=True)
 
@@ -722,10 +834,19 @@ class KubeRun:
         shutil.copy(keys / "secret.context", files / "secret.context")
 
         started = time.monotonic()
-        service_docs = self.adapt(kustomize(DEPLOY / "k8s" / "service", files))
+        service_docs = self.adapt(
+            kustomize(DEPLOY / "k8s" / "service", files), image=f"localhost/{SERVICE_IMAGE}"
+        )
         self.play("service", service_docs)
-        container = "glasu-service-pod-service"
-        wait_healthy(container, timeout=180)
+        container = self.container_of("glasu-service", "service")
+        probe = podman(
+            "inspect", "--format", "{{json .Config.Healthcheck}}", container,
+            capture=True, quiet=True,
+        ).stdout.strip()  # fmt: skip
+        say(f"podman's health check from the probes: {probe}")
+        # The image's own check: podman turns an httpGet probe into `curl`, which the image
+        # lacks (and runs it on systemd timers only).
+        wait_healthy(container, timeout=180, command=["python", "/opt/glasu/share/healthcheck.py"])
         timings["kube: service start to healthy"] = round(time.monotonic() - started, 1)
         address = podman(
             "inspect", "--format", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
@@ -755,13 +876,11 @@ class KubeRun:
             shutil.copy(session / name, files / name)
         worker_docs = self.adapt(
             kustomize(DEPLOY / "k8s" / "workers", files),
-            image=WORKER_IMAGE,
+            image=f"localhost/{WORKER_IMAGE}",
             host_aliases=[{"ip": address, "hostnames": ["glasu-service.glasu.svc"]}],
         )
-        for m in range(CLIENTS):
-            self.volumes.append(f"glasu-worker-{m}-results")
         self.play("workers", worker_docs)
-        names = [f"glasu-worker-{m}-worker" for m in range(CLIENTS)]
+        names = [self.container_of(f"glasu-worker-{m}", "worker") for m in range(CLIENTS)]
         run(["podman", "wait", *names], env=engine_env(), timeout=3600)
         for name in names:
             state = container_state(name)
@@ -775,25 +894,52 @@ class KubeRun:
         }
         budget = json.loads(
             podman(
-                "run", "--rm", "--network", self.network,
-                "--add-host", f"glasu-service.glasu.svc:{address}",
-                "--volume", f"{files / 'admin.token'}:/run/secrets/admin_token:ro",
-                "--volume", f"{files / 'ca.crt'}:/run/secrets/ca_cert:ro",
-                SERVICE_IMAGE, "budget", "--server", "https://glasu-service.glasu.svc:8443",
-                "--session", (files / "session.id").read_text().strip(),
-                "--token-file", "/run/secrets/admin_token", "--ca-file", "/run/secrets/ca_cert",
-                "--json", capture=True,
-            ).stdout  # fmt: skip
+                "run",
+                "--rm",
+                "--network",
+                self.network,
+                "--add-host",
+                f"glasu-service.glasu.svc:{address}",
+                "--volume",
+                f"{files / 'admin.token'}:/run/secrets/admin_token:ro",
+                "--volume",
+                f"{files / 'ca.crt'}:/run/secrets/ca_cert:ro",
+                SERVICE_IMAGE,
+                "budget",
+                "--server",
+                "https://glasu-service.glasu.svc:8443",
+                "--session",
+                (files / "session.id").read_text().strip(),
+                "--token-file",
+                "/run/secrets/admin_token",
+                "--ca-file",
+                "/run/secrets/ca_cert",
+                "--json",
+                capture=True,
+            ).stdout
         )
-        ledgers = {m: self.partition_ledger(f"glasu-worker-{m}-worker", m) for m in range(CLIENTS)}
+        ledgers = {m: self.partition_ledger(names[m]) for m in range(CLIENTS)}
         checked = check_training(results, budget, ledgers)
         checked["not run by podman kube play"] = dict(self.skipped)
+        checked["adapted"] = sorted(self.notes)
         return checked
 
-    def partition_ledger(self, container: str, client: int) -> Path:
+    def container_of(self, workload: str, container: str) -> str:
+        """The podman name of a container of a played workload (pod `NAME` or `NAME-pod-0`)."""
+        done = podman("ps", "--all", "--format", "json", capture=True, quiet=True)
+        for item in json.loads(done.stdout or "[]"):
+            name = item["Names"][0]
+            if name in (f"{workload}-{container}", f"{workload}-pod-0-{container}"):
+                return name
+        seen = [(i.get("PodName"), i["Names"][0]) for i in json.loads(done.stdout or "[]")]
+        raise Failed(f"podman runs no container {container} of {workload}: {seen}")
+
+    def partition_ledger(self, container: str) -> Path:
         """The worker's ledger lies in its partition directory (a volume of the pod)."""
         mounts = json.loads(
-            podman("inspect", "--format", "{{json .Mounts}}", container, capture=True, quiet=True).stdout
+            podman(
+                "inspect", "--format", "{{json .Mounts}}", container, capture=True, quiet=True
+            ).stdout
         )
         for mount in mounts:
             if mount["Destination"] == "/srv/glasu/partition":
@@ -806,7 +952,14 @@ class KubeRun:
         for name in self.volumes:
             podman("volume", "rm", "--force", name, check=False, capture=True)
         podman("network", "rm", "--force", self.network, check=False, capture=True)
-        for name in ("glasu-admin-token", "glasu-public-context", "glasu-service-tls", *(f"glasu-org-{m}" for m in range(CLIENTS))):
+        # made by `kube play` beside --network; removed unless something else uses it
+        podman("network", "rm", "podman-default-kube-network", check=False, capture=True)
+        for name in (
+            "glasu-admin-token",
+            "glasu-public-context",
+            "glasu-service-tls",
+            *(f"glasu-org-{m}" for m in range(CLIENTS)),
+        ):
             podman("secret", "rm", name, check=False, capture=True, quiet=True)
 
 
@@ -820,7 +973,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--datasets", type=Path, default=DEFAULT_DATASETS, help="holds Cora/")
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="the torch index")
     parser.add_argument("--context", type=Path, default=REPO, help="build context (the repo)")
+    parser.add_argument("--index-port", type=int, default=INDEX_PORT, help="torch index port")
     parser.add_argument("--ca-bundle", help="CA bundle for pip inside builds ('none': none)")
+    parser.add_argument("--skip-compose", action="store_true", help="kube play only")
     parser.add_argument("--skip-kube", action="store_true", help="compose only")
     parser.add_argument("--rebuild-base", action="store_true", help=f"remake {BASE_IMAGE}")
     parser.add_argument("--keep", action="store_true", help="leave containers and volumes")
@@ -834,7 +989,9 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.datasets / "Cora").is_dir():
         print(f"podman e2e: no Cora under {args.datasets} (--datasets)", file=sys.stderr)
         return 1
-    say(f"CONTAINERS_CONF={engine_env()['CONTAINERS_CONF']}:\n{Path(engine_env()['CONTAINERS_CONF']).read_text()}")
+    say(
+        f"CONTAINERS_CONF={engine_env()['CONTAINERS_CONF']}:\n{Path(engine_env()['CONTAINERS_CONF']).read_text()}"
+    )
     work = Path(tempfile.mkdtemp(prefix="glasu-e2e-", dir="/var/tmp"))
     timings: dict[str, float] = {}
     summary: dict[str, Any] = {"timings_s": timings}
@@ -851,7 +1008,7 @@ def main(argv: list[str] | None = None) -> int:
         with timed("torch index", timings):
             index_root = ensure_torch_index(args.cache)
         bundle = ca_bundle(args.ca_bundle)
-        with serve_directory(index_root) as index:
+        with serve_directory(index_root, args.index_port) as index:
             with timed("service image", timings):
                 build(
                     "Dockerfile.service", SERVICE_IMAGE, args.context, bundle,
@@ -867,11 +1024,12 @@ def main(argv: list[str] | None = None) -> int:
             tag: round(image_size(tag) / 1e6) for tag in (BASE_IMAGE, SERVICE_IMAGE, WORKER_IMAGE)
         }
         say(f"image sizes (MB): {summary['image_mb']}")
-        compose = ComposeRun(work, args.datasets, args.rounds, args.eval_every)
-        runs.append(compose)
-        with timed("compose run", timings):
-            summary["compose"] = compose.up(timings)
-        say(f"compose: {summary['compose']}")
+        if not args.skip_compose:
+            compose = ComposeRun(work, args.datasets, args.rounds, args.eval_every)
+            runs.append(compose)
+            with timed("compose run", timings):
+                summary["compose"] = compose.up(timings)
+            say(f"compose: {summary['compose']}")
         if not args.skip_kube:
             kube = KubeRun(work, args.datasets, args.rounds, args.eval_every)
             runs.append(kube)
@@ -879,9 +1037,11 @@ def main(argv: list[str] | None = None) -> int:
                 summary["kube"] = kube.up(timings)
             say(f"kube: {summary['kube']}")
         summary["passed"] = True
-    except (Failed, subprocess.TimeoutExpired, KeyboardInterrupt) as exc:
+    except (Exception, KeyboardInterrupt) as exc:
         summary["passed"] = False
-        summary["error"] = str(exc)
+        summary["error"] = str(exc) if isinstance(exc, Failed) else repr(exc)
+        if not isinstance(exc, Failed | KeyboardInterrupt):
+            traceback.print_exc()
         print(f"podman e2e FAILED: {exc}", file=sys.stderr, flush=True)
     finally:
         if not args.keep:

@@ -6,8 +6,8 @@ trains against labels. In ``glasu train --party`` (one machine holds every folde
 the label holders' labels, merged: the parties that carry labels must agree on every shared node
 they both label, and every client gets the merged labels. The split is drawn from the seed over
 the shared nodes that have a label. A deployed party has only its own labels: there the split is
-drawn over every shared node (:func:`deployed_alignment`), so every party needs a label for
-every shared node.
+drawn over every shared node (``models.shared_split.deployed_alignment``), so every party needs
+a label for every shared node.
 """
 
 from __future__ import annotations
@@ -21,9 +21,7 @@ import torch
 from models.data import GraphDataset
 from models.partition import ClientPartition, aligned_partition, undirected_edges
 from models.party import NO_LABEL, PartyAlignment, PartyData, aligned_edges, local_rows
-
-TRAIN_FRACTION = 0.6
-VAL_FRACTION = 0.2  # the rest is the test set
+from models.shared_split import split_nodes, split_note
 
 
 @dataclass(frozen=True)
@@ -46,47 +44,6 @@ class AlignedFederation:
 
 class LabelConflict(ValueError):
     """Label holders disagree on shared nodes."""
-
-
-def split_nodes(nodes: np.ndarray, *, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A seeded random split of ``nodes`` (aligned indices): 60% training, 20% validation, the
-    rest test; each sorted."""
-    order = np.random.default_rng([seed, 4]).permutation(np.asarray(nodes, dtype=np.int64))
-    train_end = round(TRAIN_FRACTION * order.size)
-    val_end = train_end + round(VAL_FRACTION * order.size)
-    return (
-        np.sort(order[:train_end]),
-        np.sort(order[train_end:val_end]),
-        np.sort(order[val_end:]),
-    )
-
-
-def split_note(candidates: int, train: np.ndarray, val: np.ndarray, seed: int, what: str) -> str:
-    return (
-        f"seeded random split of the {candidates} {what}: {train.size} training, {val.size} "
-        f"validation, {candidates - train.size - val.size} test (seed {seed})"
-    )
-
-
-def deployed_alignment(
-    *, alignment_id: str, party: int, parties: int, digest: str, rows: np.ndarray, seed: int
-) -> PartyAlignment:
-    """A deployed party's alignment (``glasu align``): the split over every shared node, the
-    same at every party and at the operator (:func:`split_nodes` of N and the seed)."""
-    n = int((rows >= 0).sum())
-    train, val, test = split_nodes(np.arange(n), seed=seed)
-    return PartyAlignment(
-        alignment_id=alignment_id,
-        party=party,
-        parties=parties,
-        aligned_nodes=n,
-        digest=digest,
-        rows=rows,
-        train_nodes=train,
-        val_nodes=val,
-        test_nodes=test,
-        split_note=split_note(n, train, val, seed, "shared nodes"),
-    )
 
 
 def merged_labels(
@@ -177,9 +134,7 @@ def aligned_federation(
         f"{len(parties)} parties (nodes held: {held}) share {index.aligned_nodes} nodes, "
         f"{labelled.size} of them labelled; {note}"
     )
-    return AlignedFederation(
-        dataset=dataset, partitions=partitions, index=index, summary=summary
-    )
+    return AlignedFederation(dataset=dataset, partitions=partitions, index=index, summary=summary)
 
 
 def _id(data: PartyData, rows: np.ndarray, node: int) -> str:

@@ -178,8 +178,11 @@ def chunk_lengths(*, rows: int, cols: int, slots: int = SLOTS_PER_CIPHERTEXT) ->
 
 def max_payload_bytes(*, rows: int, cols: int) -> int:
     """An upper bound on a valid payload's size, to refuse oversized bodies before parsing."""
-    count = len(chunk_lengths(rows=rows, cols=cols))
-    return _HEADER.size + count * (_CHUNK_LENGTH.size + MAX_CHUNK_BYTES)
+    return _max_payload_bytes(chunks=len(chunk_lengths(rows=rows, cols=cols)))
+
+
+def _max_payload_bytes(*, chunks: int) -> int:
+    return _HEADER.size + chunks * (_CHUNK_LENGTH.size + MAX_CHUNK_BYTES)
 
 
 def _check_shape(*, rows: int, cols: int) -> None:
@@ -195,7 +198,8 @@ def _read_vectors(
     loaded: LoadedContext, payload: bytes, *, rows: int, cols: int
 ) -> list[ts.CKKSVector]:
     """Parse and deserialize a payload for a (rows x cols) slot; PayloadError if it does not fit."""
-    if len(payload) > max_payload_bytes(rows=rows, cols=cols):
+    expected = chunk_lengths(rows=rows, cols=cols, slots=loaded.slots)
+    if len(payload) > _max_payload_bytes(chunks=len(expected)):
         raise PayloadError(f"ckks body of {len(payload)} bytes is too large for ({rows}, {cols})")
     frame = parse_frame(payload)
     if frame.key_id != loaded.key_id:
@@ -203,7 +207,6 @@ def _read_vectors(
             f"share encrypted under key id {frame.key_id.hex()}, this session uses"
             f" {loaded.key_id.hex()} (a different key pair or CKKS parameters)"
         )
-    expected = chunk_lengths(rows=rows, cols=cols, slots=loaded.slots)
     if len(frame.chunks) != len(expected):
         raise PayloadError(
             f"{len(frame.chunks)} chunks, but ({rows}, {cols}) needs {len(expected)}"
@@ -220,8 +223,8 @@ def _load_chunk(
 ) -> ts.CKKSVector:
     try:
         vector = ts.ckks_vector_from(loaded.context, data)
-        size = vector.size()
-        ciphertexts = vector.ciphertext()
+        size = vector.data.size()  # .data: the C++ object, without the wrapper's call
+        ciphertexts = vector.data.ciphertext()
     except Exception as error:  # TenSEAL raises ValueError/RuntimeError/TypeError/...
         raise PayloadError(
             f"chunk {index} is not a CKKS vector under this session's context: {error}"

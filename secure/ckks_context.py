@@ -143,9 +143,9 @@ def symmetric_context(context: ts.Context) -> ts.Context:
     A symmetric ciphertext is an ordinary 2-polynomial ciphertext at the data level: the service
     adds it to others under its key-less public context and any secret context decrypts it. It is
     encrypted directly at the data prime, so it skips the public-key encryption at the key level
-    and the division by the special prime: 0.57x the CPU time for the same bytes (bench/he.py),
-    and its decoding error is the fresh noise and the encoding's rounding alone, 22 times less
-    variance than a public-key share's, so :data:`SUM_ERROR_BOUND` still bounds it
+    and the division by the special prime: 0.55 to 0.64x the CPU time for the same bytes
+    (bench/he.py), and its decoding error is the fresh noise and the encoding's rounding alone,
+    22 times less variance than a public-key share's, so :data:`SUM_ERROR_BOUND` still bounds it
     (docs/encryption.md). Key ids are taken from ``context`` (a symmetric context has no public
     key to serialize).
     """

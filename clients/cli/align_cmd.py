@@ -124,8 +124,7 @@ def _party_arguments(p: argparse.ArgumentParser, *, party: bool = True) -> None:
         type=Path,
         required=True,
         metavar="PATH",
-        help="file with this party's token"
-        + ("" if party else " or the admin token")
+        help=("file with this party's token" if party else "file with a party or the admin token")
         + " (required)",
     )
 
@@ -137,11 +136,8 @@ def check(args: argparse.Namespace) -> None:
         from secure.protocol import is_loopback_host
 
         url = urlsplit(args.server)
-        if (
-            url.scheme == "http"
-            and not is_loopback_host(url.hostname or "")
-            and not (args.insecure_http)
-        ):
+        plain = url.scheme == "http" and not is_loopback_host(url.hostname or "")
+        if plain and not args.insecure_http:
             raise UsageError(
                 f"--server {args.server} is plain HTTP on a network address: use https:// "
                 "(with --ca-file), or pass --insecure-http"
@@ -184,8 +180,8 @@ def _run_party(args: argparse.Namespace) -> int:
     from clients.alignment import AlignmentClient, AlignmentFailed, align
     from clients.service_http import tls_verification
     from clients.transport import PeersMissing
-    from models.aligned import deployed_alignment
     from models.party import NO_LABEL, read_party, write_alignment
+    from models.shared_split import deployed_alignment
 
     token = read_token(args.token_file, flag="--token-file")
     with failing_as(f"cannot read --data {args.data}"):

@@ -174,7 +174,7 @@ def _aligned_parties(
     from clients.alignment import AlignmentFailed
     from clients.local.parties import federation_of_parties
 
-    with failing_as("cannot read the --party folders", ValueError, OSError):
+    with failing_as("--party", ValueError, OSError):
         try:
             federation = federation_of_parties(folders, seed=config.seed, progress=progress)
         except AlignmentFailed as exc:

@@ -1,6 +1,8 @@
 """The alignment of ``glasu train --party``: every party's side of the private set intersection
 (``clients/alignment.py``), one thread each, through the service's own routes running in this
-process on a temporary database (no sockets). The same messages as a deployed ``glasu align``."""
+process on a temporary database (no sockets). The same messages as a deployed ``glasu align``.
+Every alignment orders the shared nodes anew (by fully blinded values, which depend on fresh
+keys and on the alignment's id), so two runs with one seed draw different splits."""
 
 from __future__ import annotations
 

@@ -12,6 +12,9 @@ from models.config import TrainConfig
 from models.data import GraphDataset
 from models.federated import ClientConfig
 from models.layout import FederationLayout, client_config, eval_nodes
+from models.shared_split import split_nodes
+
+MAX_LABEL = 200  # service.schemas.SessionCreate.label
 
 
 def session_request(
@@ -32,8 +35,6 @@ def aligned_session_request(config: TrainConfig, alignment: dict[str, Any]) -> d
     """The body for a deployed federation aligned by ``glasu align`` (``alignment``: the status
     of ``GET /v1/alignments/{id}``): its N shared nodes, with the split every party's
     ``glasu align`` drew over them from the alignment's seed."""
-    from models.aligned import split_nodes
-
     if alignment.get("state") != "done":
         raise ValueError(
             f"alignment {alignment.get('alignment_id')} is not done yet (every party must run "
@@ -76,7 +77,7 @@ def session_body(
         "seed": config.seed,
         "encryption": "ckks" if config.encrypted else "none",
         "privacy": config.privacy_request(),
-        "label": f"glasu train {config.dataset} {config.mode}",
+        "label": f"glasu train {config.dataset} {config.mode}"[:MAX_LABEL],
     }
 
 

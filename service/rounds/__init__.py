@@ -1,11 +1,12 @@
 """The pass/round state machine of a session, independent of HTTP.
 
 Per pass and aggregation layer l, clients upload node sets (l below the top layer L; the service
-forms the sorted union once all M arrived) and then embedding shares (the service sums them in
-client order 0..M-1 once all M arrived). The pass advances when its last aggregation layer is
-summed. With DP on, summing the first aggregation layer of a pass is its release: the ledger row
-and the stored sum are written in one durable transaction (on disk before ``COMMIT`` returns),
-and nothing of the pass is served before.
+forms the sorted union once all M arrived) and then embedding shares (each validated once and
+added into the layer's running sum as it arrives; the M-th completes the sum). The pass advances
+when its last aggregation layer is summed. With DP on, storing the first aggregation layer's sum
+of a pass is its release: the ledger row and the sum's row are written in one durable transaction
+(on disk before ``COMMIT`` returns, the sum's file synced before), and nothing of the pass is
+served before.
 
 Every method is blocking (SQLite, CKKS); call them from a worker thread. Refusals are
 :mod:`service.domain_errors`; the app turns them into problem details.
@@ -13,7 +14,8 @@ Every method is blocking (SQLite, CKKS); call them from a worker thread. Refusal
 - :mod:`.engine`: :class:`RoundEngine`, the facade the routes and the session manager use;
 - :mod:`.gate`: the checks shared by every route (session, pass, layer, current pass);
 - :mod:`.uploads`: accepting node sets (and forming their union), shares and metrics;
-- :mod:`.sums`: summing shares, recording the release in the ledger, advancing the pass;
+- :mod:`.sums`: running sums, recording the release in the ledger, advancing the pass;
+- :mod:`.payload_files`: share and sum bodies as files beside the database;
 - :mod:`.downloads`: the pass descriptor, unions and sums for the clients;
 - :mod:`.types`: the values crossing the engine's boundary.
 """

@@ -29,6 +29,7 @@ COMPOSE_FILES = [DEPLOY / "compose.yaml", DEPLOY / "compose.gpu.yaml"]
 ENV_NAME = re.compile(r"\bGLASU_[A-Z0-9_]+\b")
 SHELL_OPERATORS = {"&&", "||", ";", "|", "&", "(", ")", ";;"}
 SHELLS = {"/bin/sh", "sh", "/bin/bash", "bash"}
+REDIRECTIONS = {">", ">>", "<", "2>", "&>"}
 
 
 # -- Dockerfiles ---------------------------------------------------------------------------------
@@ -199,10 +200,15 @@ def shell_invocations(script: str) -> list[list[str]]:
         lexer.whitespace_split = True
         lexer.commenters = "#"
         command: list[str] = []
+        redirect = False
         for token in [*lexer, ";"]:
             if token in SHELL_OPERATORS:
                 found += _glasu_command(command)
                 command = []
+            elif token in REDIRECTIONS:
+                redirect = True  # the next word is the file, not an argument
+            elif redirect:
+                redirect = False
             else:
                 command.append(token)
     return found

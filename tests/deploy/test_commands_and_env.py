@@ -60,7 +60,7 @@ def _image_env(image: str) -> dict[str, str]:
     env: dict[str, str] = {}
     if kind == "worker":
         variant = "cpu" if image.endswith("cpu") else "cuda"
-        env |= dockerfile_env(next(s for s in stages if s.name == f"base-{variant}"))
+        env |= dockerfile_env(next(s for s in stages if s.name == f"runtime-{variant}"))
     return env | dockerfile_env(stages[-1])
 
 

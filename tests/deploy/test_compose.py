@@ -11,7 +11,8 @@ import pytest
 import yaml
 from deploykit import COMPOSE_FILES, DEPLOY, compose_binary, compose_config, compose_schema
 
-SERVICE_IMAGE_STEPS = {"keygen", "partition", "session", "report"}
+SERVICE_IMAGE_STEPS = {"keygen", "report"}  # torch-free
+WORKER_IMAGE_STEPS = {"partition", "session"}  # they read the dataset (torch)
 WORKERS = ["worker-0", "worker-1", "worker-2"]
 
 
@@ -60,7 +61,12 @@ def test_the_compose_loader_accepts_both_files(project: dict[str, Any]) -> None:
         # The override changes the device only; the rest of the worker stays as it was.
         base = project["services"][name]
         assert gpu["volumes"] == base["volumes"] and gpu["entrypoint"] == base["entrypoint"]
-    assert set(project["services"]) == {*SERVICE_IMAGE_STEPS, "service", *WORKERS}
+    assert set(project["services"]) == {
+        *SERVICE_IMAGE_STEPS,
+        *WORKER_IMAGE_STEPS,
+        "service",
+        *WORKERS,
+    }
 
 
 def test_init_steps_run_once_and_in_order(project: dict[str, Any]) -> None:
@@ -68,6 +74,9 @@ def test_init_steps_run_once_and_in_order(project: dict[str, Any]) -> None:
     for name in SERVICE_IMAGE_STEPS:
         assert services[name]["restart"] == "no"
         assert services[name]["image"] == services["service"]["image"]
+    for name in WORKER_IMAGE_STEPS:
+        assert services[name]["restart"] == "no"
+        assert services[name]["image"] == services["worker-0"]["image"]
 
     def after(name: str) -> dict[str, str]:
         return {k: v["condition"] for k, v in services[name].get("depends_on", {}).items()}
@@ -114,9 +123,9 @@ def test_each_worker_is_its_own_client_with_read_only_inputs(project: dict[str, 
         assert env["GLASU_CA_FILE"] == "/run/secrets/ca_cert"
         assert env["GLASU_THREADS"] == "1"
         mounts = _mounts(worker)
+        # its own organisation's volume, writable: the worker's privacy ledger lives there
         partition = mounts[env["GLASU_DATA"]]
-        assert partition["source"] == "partitions" and partition["read_only"] is True
-        assert partition["volume"]["subpath"] == f"client-{m}"
+        assert partition["source"] == f"org-{m}" and not partition.get("read_only")
         secret = mounts["/etc/glasu/secret"]
         assert secret["source"] == "ckks-secret" and secret["read_only"] is True
         assert env["GLASU_SECRET_CONTEXT"].startswith("/etc/glasu/secret/")
@@ -149,3 +158,27 @@ def test_the_model_round_trips_as_json(project: dict[str, Any]) -> None:
     for name, service in project["services"].items():
         assert service.get("command") or service.get("entrypoint"), name
     json.dumps(project)
+
+
+def test_each_organisation_volume_is_mounted_by_its_worker_and_the_demo_split_only(
+    project: dict[str, Any],
+) -> None:
+    for m, name in enumerate(WORKERS):
+        users = {
+            service_name: mount["target"]
+            for service_name, service in project["services"].items()
+            for mount in service.get("volumes", [])
+            if mount.get("source") == f"org-{m}"
+        }
+        assert users == {
+            name: "/srv/glasu/partition",
+            "partition": f"/srv/glasu/partitions/client-{m}",
+        }
+    script = project["services"]["partition"]["entrypoint"][-1]
+    assert "glasu partition" in script and "--out /tmp/partitions" in script
+
+
+def test_the_report_keeps_the_budget_as_json(project: dict[str, Any]) -> None:
+    report = project["services"]["report"]
+    assert "--json > /srv/glasu/results/budget.json" in report["entrypoint"][-1]
+    assert _mounts(report)["/srv/glasu/results"]["source"] == "results"

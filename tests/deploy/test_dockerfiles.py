@@ -37,7 +37,7 @@ def test_hadolint_finds_nothing(image: str) -> None:
     )
     findings = json.loads(done.stdout or "[]")
     assert done.returncode == 0 and findings == [], json.dumps(findings, indent=2)
-    # The only suppression is the variable stage name of the worker's variant switch.
+    # The only suppression is the variable stage names of the worker's variant switch.
     pragmas = re.findall(r"hadolint ignore=(\S+)", DOCKERFILES[image].read_text())
     assert set(pragmas) <= {"DL3006"}
 
@@ -48,23 +48,30 @@ def _torch_pin_of_ci() -> str:
     return pinned.group(1)
 
 
-def test_service_image() -> None:
+def _args(stage) -> dict[str, str]:
+    return dict(a.partition("=")[::2] for a in stage.all("ARG"))
+
+
+def test_service_image_has_no_torch() -> None:
     global_args, stages = dockerfile_stages(DOCKERFILES["service"])
-    build, final = stages[0], stages[-1]
-    assert final.base == "${PYTHON_IMAGE}" and global_args["PYTHON_IMAGE"].startswith(
+    by_name = {s.name: s for s in stages if s.name}
+    deps, wheel, final = by_name["deps"], by_name["wheel"], stages[-1]
+    assert final.base == deps.base == "${PYTHON_IMAGE}" and global_args["PYTHON_IMAGE"].startswith(
         "python:3.11-"
     )
-    # CPU torch, the version CI tests with, installed before the project.
-    build_args = dict(a.partition("=")[::2] for a in build.all("ARG"))
-    assert build_args["TORCH_VERSION"] == _torch_pin_of_ci()
-    assert build_args["TORCH_INDEX"] == "https://download.pytorch.org/whl/cpu"
-    runs = build.all("RUN")
-    torch_run = next(i for i, r in enumerate(runs) if '"torch==${TORCH_VERSION}"' in r)
-    project_run = next(i for i, r in enumerate(runs) if "pip install ." in r)
-    assert torch_run < project_run and "--index-url" in runs[torch_run]
+    # pyproject's `service` group (no torch, PyG, matplotlib), then the project without deps.
+    text = DOCKERFILES["service"].read_text()
+    assert "torch==" not in text and "TORCH" not in text
+    assert any("pip install --group=service" in r for r in deps.all("RUN"))
+    assert not deps.all("COPY") or deps.all("COPY") == ["pyproject.toml ./"]
+    assert wheel.base == "deps" and any("pip wheel --no-deps" in r for r in wheel.all("RUN"))
+    install = " ".join(final.all("RUN"))
+    assert "--no-deps" in install and "/tmp/dist" in install
+    assert "--from=wheel /dist /tmp/dist" in final.all("COPY")
+    assert "find_spec(m) for m in ('torch', 'torch_geometric', 'matplotlib')" in install
     # Non-root, glasu as entrypoint, `serve` by default, health check on /healthz.
     assert final.last("USER") == "${APP_UID}:${APP_UID}"
-    assert dict(a.partition("=")[::2] for a in final.all("ARG"))["APP_UID"] != "0"
+    assert _args(final)["APP_UID"] != "0"
     assert exec_form(final.last("ENTRYPOINT")) == ["glasu"]
     assert exec_form(final.last("CMD"))[0] == "serve"
     healthcheck = final.last("HEALTHCHECK") or ""
@@ -88,23 +95,47 @@ def test_worker_image_is_cuda_by_default_and_cpu_by_argument() -> None:
     by_name = {s.name: s for s in stages if s.name}
     assert global_args["VARIANT"] == "cuda"
     assert re.match(r"nvidia/cuda:[\d.]+-(cudnn-)?runtime-", global_args["CUDA_IMAGE"])
-    assert by_name["base-cuda"].base == "${CUDA_IMAGE}"
-    assert by_name["base-cpu"].base == "${CPU_IMAGE}"
-    assert "whl/cu" in dockerfile_env(by_name["base-cuda"])["TORCH_INDEX"]
-    assert dockerfile_env(by_name["base-cpu"])["TORCH_INDEX"].endswith("/whl/cpu")
-    assert dockerfile_env(by_name["base-cuda"])["GLASU_DEVICE"] == "cuda"
-    assert dockerfile_env(by_name["base-cpu"])["GLASU_DEVICE"] == "cpu"
-    build, final = by_name["build"], stages[-1]
-    assert build.base == final.base == "base-${VARIANT}"
-    build_args = dict(a.partition("=")[::2] for a in build.all("ARG"))
-    assert build_args["TORCH_VERSION"] == _torch_pin_of_ci()
-    assert "uv python install 3.11" in " ".join(build.all("RUN"))
+    assert global_args["PYTHON_IMAGE"].startswith("python:3.11-")
+    assert by_name["runtime-cuda"].base == "${CUDA_IMAGE}"
+    assert by_name["runtime-cpu"].base == "${PYTHON_IMAGE}"  # the service image's base
+    assert dockerfile_env(by_name["runtime-cuda"])["GLASU_DEVICE"] == "cuda"
+    assert dockerfile_env(by_name["runtime-cpu"])["GLASU_DEVICE"] == "cpu"
+    # TORCH_INDEX is a build argument, with each variant's default.
+    assert "whl/cu" in _args(by_name["python-cuda"])["TORCH_INDEX"]
+    assert _args(by_name["python-cpu"])["TORCH_INDEX"].endswith("/whl/cpu")
+    # Only the CUDA variant takes Python from uv (the CUDA images ship another Python).
+    assert "uv python install 3.11" in " ".join(by_name["python-cuda"].all("RUN"))
+    assert "uv " not in " ".join(by_name["python-cpu"].all("RUN"))
+    assert "UV_NATIVE_TLS=1" in " ".join(by_name["python-cuda"].all("ENV"))
+    # Every line from here on is shared by both variants.
+    deps, wheel, final = by_name["deps"], by_name["wheel"], stages[-1]
+    assert deps.base == "python-${VARIANT}" and final.base == "runtime-${VARIANT}"
+    assert wheel.base == "deps"
+    assert _args(deps)["TORCH_VERSION"] == _torch_pin_of_ci()
+    runs = deps.all("RUN")
+    assert '"torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX}"' in runs[0]
     assert exec_form(final.last("ENTRYPOINT")) == ["glasu", "worker"]
     assert final.last("USER") == "${APP_UID}:${APP_UID}"
-    env = {**dockerfile_env(by_name["base-cuda"]), **dockerfile_env(final)}
+    env = {**dockerfile_env(by_name["runtime-cuda"]), **dockerfile_env(final)}
     worker_env = {f"GLASU_{f.upper()}" for f in WorkerSettings.model_fields}
     assert {n for n in env if n.startswith("GLASU_")} <= worker_env
     assert env["GLASU_THREADS"] == "1"
+
+
+def test_proxy_ca_is_a_build_secret_never_a_layer() -> None:
+    """Every RUN that reaches a package index can use a CA bundle mounted as the build secret
+    `ca_bundle` (a proxy that re-signs TLS), and nothing copies it into a layer."""
+    for image, path in DOCKERFILES.items():
+        _, stages = dockerfile_stages(path)
+        for stage in stages:
+            for run in stage.all("RUN"):
+                if re.search(r"\b(pip|uv) (install|wheel|python install)\b", run) and (
+                    "--no-index" not in run
+                ):
+                    assert "--mount=type=secret,id=ca_bundle" in run, f"{image}: {run}"
+        assert "ca_bundle" not in " ".join(
+            a for s in stages for a in s.all("COPY") + s.all("ENV") + s.all("ARG")
+        )
 
 
 @pytest.mark.parametrize("image", sorted(DOCKERFILES))
@@ -139,3 +170,6 @@ def test_worker_mount_points_exist_for_the_read_only_mounts() -> None:
             assert folder in runs, f"{image} does not create {folder}"
     worker_runs = " ".join(dockerfile_stages(DOCKERFILES["worker"])[1][-1].all("RUN"))
     assert "/srv/glasu/partition " in worker_runs and "/srv/glasu/results" in worker_runs
+    # compose mounts each organisation's volume at one of these in its `partition` step
+    for m in range(3):
+        assert f"/srv/glasu/partitions/client-{m}" in worker_runs

@@ -177,7 +177,11 @@ def test_the_worker_jobs() -> None:
         assert env["GLASU_TOKEN_FILE"]["value"] == "/etc/glasu/org/token"
         assert env["GLASU_SECRET_CONTEXT"]["value"] == "/etc/glasu/org/secret.context"
         partition = mounts[env["GLASU_DATA"]["value"]]
-        assert partition["readOnly"] and partition["subPath"] == f"client-{m}"
+        # writable: the worker's privacy ledger lives beside its partition, on a claim that
+        # outlives the Job
+        assert not partition.get("readOnly") and partition["subPath"] == f"client-{m}"
+        claim = volumes[partition["name"]]["persistentVolumeClaim"]["claimName"]
+        assert claim == f"glasu-worker-{m}-data"
         assert mounts["/etc/glasu/ca"]["readOnly"]
         assert env["GLASU_CA_FILE"]["value"].startswith("/etc/glasu/ca/")
         assert container["args"] == ["--threads", "1"]

@@ -6,6 +6,7 @@ aligned by identical ids."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -13,8 +14,9 @@ import numpy as np
 import pytest
 
 from clients.cli.main import main
+from clients.local import parties
 from clients.local.parties import federation_of_parties
-from models.aligned import SharedIndex, aligned_federation
+from models.aligned import AlignedFederation, SharedIndex, aligned_federation
 from models.config import TrainConfig
 from models.data import GraphDataset
 from models.layout import layout_federation
@@ -22,8 +24,10 @@ from models.party import read_party
 from models.trainer import train_inprocess
 from tests.clients.cli.cora_parties import PARTIES, CoraParties, write_cora_parties
 
-TRAINING = ("--rounds", "60", "--eval-every", "20", "--hidden", "64", "--seed", "1")
-CONFIG = TrainConfig(rounds=60, eval_every=20, hidden=64, seed=1, encryption="none", dp=False)
+TRAINING = ("--rounds", "100", "--eval-every", "25", "--batch-size", "64", "--hidden", "64")
+CONFIG = TrainConfig(
+    rounds=100, eval_every=25, batch_size=64, hidden=64, encryption="none", dp=False
+)
 
 
 @pytest.fixture(scope="module")
@@ -62,34 +66,96 @@ def test_the_alignment_puts_every_partys_row_of_a_node_at_one_index(
         assert np.array_equal(node_at[rows[rows >= 0]], nodes[rows >= 0])
         features = cora.features.numpy()[node_at][:, tables.columns[m]]
         np.testing.assert_array_equal(federation.partitions[m].features.numpy(), features)
+        own = tables.edges[party][:, np.isin(tables.edges[party], tables.shared).all(axis=0)]
+        aligned = node_at[federation.partitions[m].edge_index.numpy()]
+        assert sorted(map(tuple, aligned.T.tolist())) == sorted(map(tuple, own.T.tolist()))
     np.testing.assert_array_equal(federation.dataset.labels.numpy(), cora.labels.numpy()[node_at])
 
 
-@pytest.mark.slow  # two trainings of 60 rounds: ~30 s
+@pytest.mark.slow  # two trainings of 100 rounds: ~30 s
 def test_three_parties_train_as_well_as_with_identical_ids(
-    prepared: tuple[CoraParties, list[Path]], tmp_path: Path, capsys: pytest.CaptureFixture
+    prepared: tuple[CoraParties, list[Path]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
 ) -> None:
     tables, folders = prepared
+    built: list[AlignedFederation] = []
+    align_and_build = parties.federation_of_parties
+
+    def recording(*args, **kwargs) -> AlignedFederation:
+        built.append(align_and_build(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(parties, "federation_of_parties", recording)
     report = tmp_path / "report.json"
-    parties = [arg for folder in folders for arg in ("--party", str(folder))]
-    code = main(["train", *parties, "--transport", "inprocess", "--no-he", "--no-dp",
-                 *TRAINING, "--report", str(report), "--quiet"])  # fmt: skip
+    given = [arg for folder in folders for arg in ("--party", str(folder))]
+    code = main(["train", *given, "--transport", "inprocess", "--no-he", "--no-dp", *TRAINING,
+                 "--report", str(report), "--quiet"])  # fmt: skip
     said = capsys.readouterr().out
     assert code == 0
     assert f"share {len(tables.shared)} nodes, {len(tables.shared)} of them labelled" in said
     over_psi = json.loads(report.read_text())
     assert over_psi["config"]["clients"] == 3 and over_psi["config"]["split"] == "aligned"
-    # the same data, aligned by identical ids instead: the aligned index is the Cora index order
-    parties = [read_party(folder) for folder in folders]
+    # The same data with identical ids: every party's rows placed by the Cora node they are
+    # (the index in Cora order), trained with the same split (the same nodes) and settings.
+    psi = built[0]
+    first = psi.index.rows[0]
+    node_at = np.empty(psi.index.aligned_nodes, dtype=np.int64)
+    node_at[first[first >= 0]] = tables.nodes[PARTIES[0]][first >= 0]
     rows = []
     for party in PARTIES:
         nodes = tables.nodes[party]
-        where = np.searchsorted(tables.shared, nodes)
-        where[where == len(tables.shared)] = 0
+        where = np.minimum(np.searchsorted(tables.shared, nodes), len(tables.shared) - 1)
         rows.append(np.where(tables.shared[where] == nodes, where, -1).astype(np.int64))
     index = SharedIndex(None, None, len(tables.shared), rows)
-    federation = aligned_federation(parties, index, names=list(PARTIES), seed=CONFIG.seed)
-    layout = layout_federation(CONFIG, federation.dataset, partitions=federation.partitions)
-    by_ids = train_inprocess(CONFIG, dataset=federation.dataset, layout=layout, progress=False)
-    assert by_ids.test_accuracy > 0.7
-    assert over_psi["test_accuracy"] == pytest.approx(by_ids.test_accuracy, abs=0.05)
+    by_ids = aligned_federation(
+        [read_party(folder) for folder in folders], index, names=list(PARTIES), seed=0
+    )
+    split = {
+        name: np.sort(np.searchsorted(tables.shared, node_at[getattr(psi.dataset, name)]))
+        for name in ("train_nodes", "val_nodes", "test_nodes")
+    }
+    dataset = dataclasses.replace(by_ids.dataset, **split)
+    partitions = [dataclasses.replace(part, **split) for part in by_ids.partitions]
+    layout = layout_federation(CONFIG, dataset, partitions=partitions)
+    identical = train_inprocess(CONFIG, dataset=dataset, layout=layout, progress=False)
+    assert identical.test_accuracy > 0.75
+    assert over_psi["test_accuracy"] == pytest.approx(identical.test_accuracy, abs=0.05)
+
+
+@pytest.mark.slow  # the service and three worker processes, with CKKS and DP
+def test_a_secure_training_over_http_on_the_parties_folders(
+    prepared: tuple[CoraParties, list[Path]], tmp_path: Path
+) -> None:
+    _, folders = prepared
+    report = tmp_path / "secure.json"
+    given = [arg for folder in folders for arg in ("--party", str(folder))]
+    code = main(["train", *given, "--rounds", "2", "--eval-every", "2", "--hidden", "32",
+                 "--report", str(report), "--quiet"])  # fmt: skip
+    assert code == 0
+    secure = json.loads(report.read_text())
+    assert secure["config"]["encryption"] == "ckks" and secure["privacy"]["enabled"]
+    assert secure["rounds"] == 2 and 0 <= secure["test_accuracy"] <= 1
+
+
+def test_parties_that_share_no_node_are_told_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    folders = []
+    for name, ids in (("north", ["n1", "n2", "n3"]), ("south", ["s1", "s2"])):
+        nodes = tmp_path / f"{name}-nodes.csv"
+        nodes.write_text("id,x\n" + "".join(f"{i},1\n" for i in ids))
+        edges = tmp_path / f"{name}-edges.csv"
+        edges.write_text(f"a,b\n{ids[0]},{ids[1]}\n")
+        labels = tmp_path / f"{name}-labels.csv"
+        labels.write_text("id,y\n" + "".join(f"{i},0\n" for i in ids))
+        code = main(["prepare", "--nodes", str(nodes), "--edges", str(edges), "--labels",
+                     str(labels), "--id-column", "id", "--out", str(tmp_path / name)])  # fmt: skip
+        assert code == 0
+        folders += ["--party", str(tmp_path / name)]
+    capsys.readouterr()
+    code = main(["train", *folders, "--transport", "inprocess", "--no-he", "--no-dp", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "the alignment failed: the 2 parties share no node id" in err and "'42' and '042'" in err

@@ -1,0 +1,145 @@
+"""The deployed alignment against a real `glasu serve` on loopback: the operator's
+`glasu align create`, each party's `glasu align run` on its prepared folder, then
+`glasu session create --alignment`; every folder then loads as a worker's partition over the same
+shared node index and split as the session's."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from clients.admin import AdminClient
+from clients.cli.main import main
+from clients.local.session import aligned_session_request
+from models.config import TrainConfig
+from models.partition import load_partition
+
+SHARED = [f"person-{i:03d}" for i in range(0, 40, 2)]  # 20 ids every party holds
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    root = tmp_path_factory.mktemp("align-cmd")
+    token = root / "admin.token"
+    token.write_text(secrets.token_urlsafe(32) + "\n")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GLASU_")}
+    log = (root / "service.log").open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "clients.cli.main", "serve", "--log-level", "warning", "--port",
+         str(port), "--database", str(root / "db.sqlite3"), "--admin-token-file", str(token)],
+        env=env, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, (root / "service.log").read_text()
+            try:
+                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        yield {"url": url, "token_file": str(token)}
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+        log.close()
+
+
+def prepared_party(root: Path, m: int, *, label_every: int = 1) -> Path:
+    """Party m: the shared ids and ten of its own, its own order, its own feature (m + id)."""
+    rng = np.random.default_rng(m)
+    ids = SHARED + [f"own-{m}-{i}" for i in range(10)]
+    ids = [ids[i] for i in rng.permutation(len(ids))]
+    tables = root / f"tables-{m}"
+    tables.mkdir()
+    with (tables / "nodes.csv").open("w", newline="") as handle:
+        rows = [["person", f"feature_{m}"], *[[i, str(m + len(i))] for i in ids]]
+        csv.writer(handle).writerows(rows)
+    with (tables / "edges.csv").open("w", newline="") as handle:
+        csv.writer(handle).writerows([["a", "b"], *itertools.pairwise(ids)])
+    with (tables / "labels.csv").open("w", newline="") as handle:
+        labelled = [i for n, i in enumerate(sorted(ids)) if n % label_every == 0]
+        csv.writer(handle).writerows(
+            [["person", "y"], *[[i, str(int(i[-1]) % 2)] for i in labelled]]
+        )
+    out = root / f"party-{m}"
+    code = main(["prepare", "--nodes", str(tables / "nodes.csv"), "--edges",
+                 str(tables / "edges.csv"), "--labels", str(tables / "labels.csv"),
+                 "--id-column", "person", "--out", str(out), "--quiet"])  # fmt: skip
+    assert code == 0
+    return out
+
+
+def test_three_parties_align_and_the_session_matches_their_folders(
+    server: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    folders = [prepared_party(tmp_path, m, label_every=2 if m == 2 else 1) for m in range(3)]
+    connection = ["--server", server["url"]]
+    alignment = tmp_path / "alignment"
+    assert main(["align", "create", *connection, "--admin-token-file", server["token_file"],
+                 "--parties", "3", "--seed", "7", "--out", str(alignment)]) == 0  # fmt: skip
+    aid = (tmp_path / "alignment" / "alignment.id").read_text()
+    assert (tmp_path / "alignment" / "party-0.token").stat().st_mode & 0o777 == 0o600
+    codes: dict[int, int] = {}
+
+    def run_party(m: int) -> None:
+        codes[m] = main(["align", "run", *connection, "--alignment", aid, "--party", str(m),
+                         "--token-file", str(tmp_path / "alignment" / f"party-{m}.token"),
+                         "--data", str(folders[m]), "--quiet"])  # fmt: skip
+
+    threads = [threading.Thread(target=run_party, args=(m,)) for m in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    captured = capsys.readouterr()
+    assert codes == {0: 0, 1: 0, 2: 0}, captured.err
+    assert "20 of its 30 nodes are shared by all 3 parties" in captured.out
+    assert "warning: 10 shared nodes have no label here" in captured.err  # party 2
+    assert main(["align", "status", *connection, "--alignment", aid, "--token-file",
+                 str(tmp_path / "alignment" / "party-1.token")]) == 0  # fmt: skip
+    assert "done" in capsys.readouterr().out
+    records = [json.loads((folder / "alignment.json").read_text()) for folder in folders]
+    assert len({r["digest"] for r in records}) == 1 and {r["aligned_nodes"] for r in records} == {
+        20
+    }
+    partitions = [load_partition(folder) for folder in folders[:2]]
+    with pytest.raises(ValueError, match="no label for"):
+        load_partition(folders[2])  # deployed, every party needs every shared node's label
+    for part in partitions:
+        assert part.num_nodes == 20 and part.clients == 3
+        assert part.features.shape == (20, 1)
+    # the same node at the same index: feature m + len(id) is len(id) at both, shifted by m
+    np.testing.assert_array_equal(partitions[1].features - 1, partitions[0].features)
+    np.testing.assert_array_equal(partitions[0].labels, partitions[1].labels)
+    token = Path(server["token_file"]).read_text().strip()
+    with AdminClient(base_url=server["url"], token=token) as admin:
+        body = aligned_session_request(TrainConfig(), admin.alignment(aid))
+    assert body["num_nodes"] == 20 and body["clients"] == 3
+    assert body["train_nodes"] == partitions[0].train_nodes.tolist()
+    assert body["eval_nodes"] == sorted([*partitions[0].val_nodes, *partitions[0].test_nodes])
+    out = tmp_path / "session"
+    code = main(["session", "create", *connection, "--admin-token-file", server["token_file"],
+                 "--alignment", aid, "--no-he", "--rounds", "2", "--out", str(out)])  # fmt: skip
+    assert code == 0
+    assert json.loads((out / "session.json").read_text())["clients"] == 3

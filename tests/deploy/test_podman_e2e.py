@@ -1,0 +1,81 @@
+"""The deployment, run: deploy/podman_e2e.py builds the base, service and worker images and runs
+a secure training (CKKS + DP) through deploy/compose.yaml and deploy/k8s with podman.
+
+The run is slow (minutes; the first one on a machine builds everything) and needs root and
+podman: elsewhere it skips with the script's one-line reason. The other checks here are quick."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from deploykit import DEPLOY
+
+SCRIPT = DEPLOY / "podman_e2e.py"
+SKIP = 77
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("podman_e2e", SCRIPT)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(2700)
+def test_images_build_and_a_secure_training_runs_in_containers(tmp_path: Path) -> None:
+    reason = _script().skip_reason()
+    if reason:
+        pytest.skip(f"podman e2e cannot run here: {reason}")
+    summary_path = tmp_path / "summary.json"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--summary", str(summary_path)],
+        capture_output=True,
+        text=True,
+        timeout=2600,
+    )
+    output = (done.stdout + done.stderr)[-8000:]
+    if done.returncode == SKIP:
+        pytest.skip(done.stdout.strip().splitlines()[-1])
+    assert done.returncode == 0, output
+    summary = json.loads(summary_path.read_text())
+    print(json.dumps(summary, indent=2))  # timings and sizes, with `pytest -s`
+    assert summary["passed"], output
+    for run in ("compose", "kube"):
+        checked = summary[run]
+        assert 0 < checked["epsilon"] <= checked["epsilon_target"]
+        assert all(acc > 1 / 7 for acc in checked["test_accuracy"].values())
+    # the service image carries no torch: a fraction of the worker's size
+    sizes = summary["image_mb"]
+    assert sizes["glasu-service:local"] < sizes["glasu-worker:cpu"] / 2
+
+
+def test_the_script_says_why_it_cannot_run() -> None:
+    """The skip reason is one line, or None where podman runs containers."""
+    reason = _script().skip_reason()
+    assert reason is None or (reason and "\n" not in reason)
+
+
+def test_kustomize_renders_the_generators_like_kubectl(tmp_path: Path) -> None:
+    """The script's small `kubectl kustomize` stand-in: namespace, labels, generated Secrets
+    and ConfigMaps from files, image names."""
+    module = _script()
+    for name in ("admin.token", "public.context", "tls.crt", "tls.key"):
+        (tmp_path / name).write_bytes(f"{name}\n".encode())
+    docs = module.kustomize(DEPLOY / "k8s" / "service", tmp_path)
+    kinds = {d["kind"] for d in docs}
+    assert {"Deployment", "Secret", "PersistentVolumeClaim", "Service"} <= kinds
+    assert all(d["metadata"]["namespace"] == "glasu" for d in docs)
+    assert all(d["metadata"]["labels"]["app.kubernetes.io/part-of"] == "glasu" for d in docs)
+    tls = next(d for d in docs if d["metadata"]["name"] == "glasu-service-tls")
+    assert tls["type"] == "kubernetes.io/tls" and set(tls["data"]) == {"tls.crt", "tls.key"}
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image == "glasu-service:0.1.0"
