@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from clients.local.asgi import InProcessTransport
 from clients.local.session import session_request
 from clients.policy import PrivacyPolicy
 from clients.transport import ServiceClient
@@ -20,7 +21,6 @@ from models.trainer import train_inprocess
 from secure.aggregation import PlainCodec
 from service.app import create_app
 from service.settings import ServiceSettings
-from tests.clients.asgi_sync import SyncASGITransport
 
 CONFIG = TrainConfig(rounds=6, eval_every=3, hidden=32, encryption="none", dp=False, seed=3)
 
@@ -28,7 +28,7 @@ CONFIG = TrainConfig(rounds=6, eval_every=3, hidden=32, encryption="none", dp=Fa
 def run_federation(tmp_path: Path, config: TrainConfig, cora) -> tuple[list, dict]:
     token = secrets.token_urlsafe(24)
     app = create_app(ServiceSettings(database=tmp_path / "service.sqlite3", admin_token=token))
-    transport = SyncASGITransport(app)
+    transport = InProcessTransport(app)
     layout = layout_federation(config, cora)
     admin = ServiceClient(
         base_url="http://glasu.test",

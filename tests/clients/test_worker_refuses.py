@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from clients.ledger import LocalLedger
+from clients.local.asgi import InProcessTransport
 from clients.local.session import session_request
 from clients.policy import PolicyRefusal, PrivacyPolicy
 from clients.settings import WorkerSettings
@@ -25,19 +26,18 @@ from models.layout import layout_federation
 from secure.aggregation import PlainCodec
 from service.app import create_app
 from service.settings import ServiceSettings
-from tests.clients.asgi_sync import SyncASGITransport
 
 PRIVATE = TrainConfig(rounds=3, eval_every=0, hidden=16, encryption="none", seed=1)
 
 
 @pytest.fixture
-def service(tmp_path: Path) -> Iterator[tuple[SyncASGITransport, str]]:
+def service(tmp_path: Path) -> Iterator[tuple[InProcessTransport, str]]:
     token = secrets.token_urlsafe(24)
     app = create_app(ServiceSettings(database=tmp_path / "service.sqlite3", admin_token=token))
-    yield SyncASGITransport(app), token
+    yield InProcessTransport(app), token
 
 
-def create(service: tuple[SyncASGITransport, str], config: TrainConfig, cora) -> dict[str, Any]:
+def create(service: tuple[InProcessTransport, str], config: TrainConfig, cora) -> dict[str, Any]:
     transport, token = service
     body = session_request(config, layout_federation(config, cora), cora)
     with httpx.Client(base_url="http://glasu.test", transport=transport) as http:
@@ -49,7 +49,7 @@ def create(service: tuple[SyncASGITransport, str], config: TrainConfig, cora) ->
 
 
 def join(
-    service: tuple[SyncASGITransport, str],
+    service: tuple[InProcessTransport, str],
     created: dict[str, Any],
     config: TrainConfig,
     cora,

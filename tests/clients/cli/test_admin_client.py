@@ -12,10 +12,10 @@ import httpx
 import pytest
 
 from clients.admin import AdminClient, ServiceError, ServiceUnavailable
+from clients.local.asgi import InProcessTransport
 from clients.service_http import RetryPolicy
 from service.app import create_app, service_context
 from service.settings import ServiceSettings
-from tests.clients.asgi_sync import SyncASGITransport
 
 ADMIN_TOKEN = secrets.token_urlsafe(24)
 URL = "http://glasu.test"
@@ -45,18 +45,18 @@ def session_body(**changes: Any) -> dict[str, Any]:
 
 
 @pytest.fixture
-def transport(tmp_path: Path) -> Iterator[SyncASGITransport]:
+def transport(tmp_path: Path) -> Iterator[InProcessTransport]:
     app = create_app(
         ServiceSettings(database=tmp_path / "service.sqlite3", admin_token=ADMIN_TOKEN)
     )
-    transport = SyncASGITransport(app)
+    transport = InProcessTransport(app)
     yield transport
     transport.shutdown()
     service_context(app).close()
 
 
 @pytest.fixture
-def admin(transport: SyncASGITransport) -> Iterator[AdminClient]:
+def admin(transport: InProcessTransport) -> Iterator[AdminClient]:
     with AdminClient(base_url=URL, token=ADMIN_TOKEN, transport=transport) as client:
         yield client
 
@@ -74,7 +74,7 @@ def test_create_status_privacy_close(admin: AdminClient) -> None:
 
 
 def test_a_client_token_reads_the_privacy_budget(
-    admin: AdminClient, transport: SyncASGITransport
+    admin: AdminClient, transport: InProcessTransport
 ) -> None:
     created = admin.create_session(session_body())
     token = created["client_tokens"][1]
@@ -92,7 +92,7 @@ def test_a_refused_session_is_one_sentence_naming_the_fields(admin: AdminClient)
     )
 
 
-def test_unknown_session_and_wrong_token(admin: AdminClient, transport: SyncASGITransport) -> None:
+def test_unknown_session_and_wrong_token(admin: AdminClient, transport: InProcessTransport) -> None:
     with pytest.raises(ServiceError) as missing:
         admin.session("0000")
     assert missing.value.describe().startswith(
