@@ -26,13 +26,9 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from clients.service_http import (
-    BearerConnection,
     RetryPolicy,
-    ServiceError,
-    problem_of,
-    send_with_retries,
 )
-from clients.transport import PeersMissing, Traffic
+from clients.transport import PeerConnection
 from secure.psi import BlindingKey, hash_to_group, pack, unpack
 
 log = logging.getLogger(__name__)
@@ -55,8 +51,11 @@ class AlignmentOutcome:
     digest: str  # SHA-256 of the sorted intersection: the same at every party
 
 
-class AlignmentClient(BearerConnection):
+class AlignmentClient(PeerConnection):
     """Party ``party``'s calls to the alignment routes of the service."""
+
+    peers = "parties"
+    peers_hint = "is their `glasu align` running?"
 
     def __init__(
         self,
@@ -75,13 +74,16 @@ class AlignmentClient(BearerConnection):
     ) -> None:
         self.alignment_id = alignment_id
         self.party = party
-        self.retry = retry or RetryPolicy()
-        self.poll_seconds = poll_seconds
-        self.peer_wait_seconds = peer_wait_seconds
-        self.traffic = Traffic()
-        self._sleep = sleep
         super().__init__(
-            base_url=base_url, token=token, transport=transport, verify=verify, timeout=timeout
+            base_url=base_url,
+            token=token,
+            transport=transport,
+            verify=verify,
+            retry=retry,
+            poll_seconds=poll_seconds,
+            peer_wait_seconds=peer_wait_seconds,
+            timeout=timeout,
+            sleep=sleep,
         )
 
     @property
@@ -109,32 +111,6 @@ class AlignmentClient(BearerConnection):
     def fetch_positions(self) -> np.ndarray:
         body = self._wait_for(f"{self._party_path}/positions").content
         return np.frombuffer(body, dtype="<i8").astype(np.int64)
-
-    def _wait_for(self, path: str) -> httpx.Response:
-        """Long-poll until the service has it (200; 202 means still waiting); give up after
-        ``peer_wait_seconds`` naming the parties that never delivered."""
-        deadline = time.monotonic() + self.peer_wait_seconds
-        while True:
-            response = self._request("GET", path, params={"wait": self.poll_seconds})
-            if response.status_code == 200:
-                return response
-            missing = response.json().get("missing")
-            if time.monotonic() >= deadline:
-                raise PeersMissing(
-                    f"gave up after {self.peer_wait_seconds:.0f} s at {path}: parties {missing} "
-                    "never delivered (is their `glasu align` running?)"
-                )
-            log.info("waiting for parties %s at %s", missing, path)
-
-    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        response = send_with_retries(
-            self._http, method, path, retry=self.retry, sleep=self._sleep, **kwargs
-        )
-        self.traffic.up += len(response.request.content)
-        self.traffic.down += len(response.content)
-        if response.status_code >= 400:
-            raise ServiceError(response.status_code, problem_of(response), method, path)
-        return response
 
 
 def align(

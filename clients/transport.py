@@ -63,7 +63,65 @@ class Traffic:
     down: int = 0
 
 
-class ServiceClient(BearerConnection):
+class PeerConnection(BearerConnection):
+    """A party's connection to the service: bounded retries, the bytes it sends and receives,
+    and long polls for what the other parties deliver (the worker's passes, the alignment's
+    sets)."""
+
+    #: how the long poll names the others, and what to check when they never deliver
+    peers = "clients"
+    peers_hint = "is their worker running and connected?"
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        token: str,
+        transport: httpx.BaseTransport | None,
+        verify: ssl.SSLContext | bool,
+        retry: RetryPolicy | None,
+        poll_seconds: float,
+        peer_wait_seconds: float,
+        timeout: float,
+        sleep: Callable[[float], None],
+    ) -> None:
+        super().__init__(
+            base_url=base_url, token=token, transport=transport, verify=verify, timeout=timeout
+        )
+        self.retry = retry or RetryPolicy()
+        self.poll_seconds = poll_seconds
+        self.peer_wait_seconds = peer_wait_seconds
+        self.traffic = Traffic()
+        self._sleep = sleep
+
+    def _wait_for(self, path: str) -> httpx.Response:
+        """Long-poll until the service has it (200; 202 means still waiting). Gives up after
+        ``peer_wait_seconds`` naming the parties that never delivered."""
+        deadline = time.monotonic() + self.peer_wait_seconds
+        while True:
+            response = self._request("GET", path, params={"wait": self.poll_seconds})
+            if response.status_code == 200:
+                return response
+            missing = response.json().get("missing")
+            if time.monotonic() >= deadline:
+                raise PeersMissing(
+                    f"gave up after {self.peer_wait_seconds:.0f} s at {path}: {self.peers} "
+                    f"{missing} never delivered ({self.peers_hint})"
+                )
+            log.info("waiting for %s %s at %s", self.peers, missing, path)
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        response = send_with_retries(
+            self._http, method, path, retry=self.retry, sleep=self._sleep, **kwargs
+        )
+        self.traffic.up += len(response.request.content)
+        self.traffic.down += len(response.content)
+        if response.status_code >= 400:
+            raise ServiceError(response.status_code, problem_of(response), method, path)
+        return response
+
+
+class ServiceClient(PeerConnection):
     def __init__(
         self,
         *,
@@ -81,13 +139,16 @@ class ServiceClient(BearerConnection):
     ) -> None:
         self.session_id = session_id
         self.client_index = client_index
-        self.retry = retry or RetryPolicy()
-        self.poll_seconds = poll_seconds
-        self.peer_wait_seconds = peer_wait_seconds
-        self.traffic = Traffic()
-        self._sleep = sleep
         super().__init__(
-            base_url=base_url, token=token, transport=transport, verify=verify, timeout=timeout
+            base_url=base_url,
+            token=token,
+            transport=transport,
+            verify=verify,
+            retry=retry,
+            poll_seconds=poll_seconds,
+            peer_wait_seconds=peer_wait_seconds,
+            timeout=timeout,
+            sleep=sleep,
         )
 
     @property
@@ -138,37 +199,3 @@ class ServiceClient(BearerConnection):
     def report_metrics(self, pass_index: int, metrics: dict[str, float | None]) -> None:
         clean = {k: v for k, v in metrics.items() if v is not None and v == v}  # drop None/NaN
         self._request("POST", f"{self._client_path}/passes/{pass_index}/metrics", json=clean)
-
-    # -- plumbing -------------------------------------------------------------------------------
-
-    def _wait_for(self, path: str) -> httpx.Response:
-        """Long-poll until the service has the union or the sum (200); 202 means still waiting.
-        Gives up after ``peer_wait_seconds`` naming the clients that never delivered."""
-        deadline = time.monotonic() + self.peer_wait_seconds
-        while True:
-            response = self._request("GET", path, params={"wait": self.poll_seconds})
-            if response.status_code == 200:
-                return response
-            missing = response.json().get("missing")
-            if time.monotonic() >= deadline:
-                raise PeersMissing(
-                    f"gave up after {self.peer_wait_seconds:.0f} s at {path}: clients {missing} "
-                    "never delivered (is their worker running and connected?)"
-                )
-            log.info("waiting for clients %s at %s", missing, path)
-
-    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        response = send_with_retries(
-            self._http, method, path, retry=self.retry, sleep=self._sleep, **kwargs
-        )
-        self._count(kwargs.get("content"), kwargs.get("json"), response)
-        if response.status_code >= 400:
-            raise ServiceError(response.status_code, problem_of(response), method, path)
-        return response
-
-    def _count(self, content: bytes | None, json_body: object, response: httpx.Response) -> None:
-        if content is not None:
-            self.traffic.up += len(content)
-        elif json_body is not None:
-            self.traffic.up += len(response.request.content)
-        self.traffic.down += len(response.content)
