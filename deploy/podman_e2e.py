@@ -442,15 +442,25 @@ def make_secrets(folder: Path, *names: str) -> None:
 
 
 def import_dataset(volume: str, datasets: Path) -> None:
-    """Cora (raw files and PyG's processed copy) into a fresh volume, owned by the containers'
-    uid: nothing is downloaded."""
+    """Cora's files into a fresh volume, owned and writable by the containers' uid (PyG writes
+    its processed copy beside the raw files; the shared copy may be read-only): nothing is
+    downloaded."""
     podman("volume", "create", volume, capture=True)
     say(
-        f"+ tar -C {datasets} --owner={APP_UID} --group={APP_UID} -c Cora"
+        f"+ tar -C {datasets} --owner={APP_UID} --group={APP_UID} --mode=u+w -c Cora"
         f" | podman volume import {volume} -"
     )
     tar = subprocess.Popen(
-        ["tar", "-C", str(datasets), f"--owner={APP_UID}", f"--group={APP_UID}", "-c", "Cora"],
+        [
+            "tar",
+            "-C",
+            str(datasets),
+            f"--owner={APP_UID}",
+            f"--group={APP_UID}",
+            "--mode=u+w",
+            "-c",
+            "Cora",
+        ],
         stdout=subprocess.PIPE,
     )
     try:
