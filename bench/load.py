@@ -83,7 +83,11 @@ def follow(
     """One client through its session; returns the passes done."""
     passes = 0
     while True:
-        info = http.get(f"{base}/passes/{passes}").json()
+        got = http.get(f"{base}/passes/{passes}")
+        if got.status_code != 200:
+            timings.error(f"pass info {got.status_code}: {got.text[:200]}")
+            return passes
+        info = got.json()
         if info["kind"] == "done":
             return passes
         rows = len(info["output_nodes"])
@@ -154,7 +158,12 @@ def run(
             for s in range(sessions):
                 body = session_body(clients=clients, rows=rows, cols=cols, rounds=rounds, seed=s)
                 body["encryption"] = "ckks" if ckks else "none"
-                created = admin.post("/v1/sessions", json=body).json()
+                response = admin.post("/v1/sessions", json=body)
+                if response.status_code != 201:
+                    raise RuntimeError(
+                        f"session {s} refused: {response.status_code} {response.text[:300]}"
+                    )
+                created = response.json()
                 for m, token in enumerate(created["client_tokens"]):
                     share = rng.normal(size=(rows, cols)).astype(np.float32)
                     jobs.append(
@@ -172,7 +181,7 @@ def run(
                 ) as http:
                     try:
                         done.append(follow(http, base, payload, encoding, cols, timings))
-                    except httpx.HTTPError as exc:
+                    except Exception as exc:  # a thread's failure must count, not just print
                         timings.error(f"{type(exc).__name__}: {exc}")
 
             threads = [threading.Thread(target=client, args=(job,)) for job in jobs]

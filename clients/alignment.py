@@ -47,8 +47,10 @@ class AlignmentOutcome:
     parties: int
     seed: int  # the split's seed, chosen by whoever created the alignment
     rows: np.ndarray  # int64 per own row: its aligned index, -1 where not shared
-    aligned_nodes: int
-    digest: str  # SHA-256 of the sorted intersection: the same at every party
+    aligned_nodes: int  # N: the intersection's size, or the union's
+    digest: str  # SHA-256 of the sorted aligned index: the same at every party
+    nodes: str = "intersection"  # or "union": partly shared nodes
+    shared_nodes: int | None = None  # the intersection's size
 
 
 class AlignmentClient(PeerConnection):
@@ -164,19 +166,22 @@ def align(
     rows = np.empty(len(ids), dtype=np.int64)
     rows[np.asarray(order, dtype=np.int64)] = positions
     status = client.status()
-    shared = int((rows >= 0).sum())
+    nodes = str(status.get("nodes", "intersection"))
+    aligned = int(status["aligned_nodes"])
+    mine = rows[rows >= 0]
+    shared = int(status.get("shared_nodes") or mine.size)
     if shared == 0:
         raise AlignmentFailed(
             f"the {parties} parties share no node id, so there is nothing to train on. Check "
             "that every party took its ids from the same kind of column and writes them the "
             "same way (ids are compared as text: '42' and '042' differ)"
         )
-    if status.get("aligned_nodes") != shared or not np.array_equal(
-        np.sort(rows[rows >= 0]), np.arange(shared)
-    ):
+    one_to_one = np.unique(mine).size == mine.size and np.all(mine < aligned)
+    covered = mine.size == len(ids) if nodes == "union" else mine.size == aligned
+    if not (one_to_one and covered):
         raise AlignmentFailed(
-            f"the positions do not map this party's ids one to one onto the "
-            f"{status.get('aligned_nodes')} aligned nodes"
+            f"the positions do not map this party's ids one to one onto the {aligned} aligned "
+            f"nodes ({nodes})"
         )
     return AlignmentOutcome(
         alignment_id=client.alignment_id,
@@ -184,6 +189,8 @@ def align(
         parties=parties,
         seed=int(status["seed"]),
         rows=rows,
-        aligned_nodes=shared,
+        aligned_nodes=aligned,
         digest=str(status["digest"]),
+        nodes=nodes,
+        shared_nodes=shared,
     )

@@ -97,6 +97,16 @@ class WorkerSettings(BaseSettings):
         description="How long to wait for the other clients at one step before "
         "giving up (exit code 5).",
     )
+    checkpoint: Path | None = Field(
+        None,
+        description="Folder of this worker's checkpoints, written after every pass; a worker "
+        "started again (after a crash) resumes from its checkpoint there. Default: "
+        "checkpoints/ in the --data folder, beside the local privacy ledger.",
+    )
+    no_checkpoint: bool = Field(
+        False,
+        description="Write no checkpoints (a worker that stops cannot then rejoin its session).",
+    )
     insecure_http: bool = Field(
         False,
         description="Allow a plain-HTTP service address other than loopback (tokens and "
@@ -148,6 +158,12 @@ class WorkerSettings(BaseSettings):
                 "unprotected"
             )
         return self
+
+    def checkpoint_dir(self) -> Path | None:
+        """Where the checkpoints go, or None with ``--no-checkpoint``."""
+        if self.no_checkpoint:
+            return None
+        return self.checkpoint or self.data / "checkpoints"
 
     def policy(self) -> PrivacyPolicy:
         return PrivacyPolicy(

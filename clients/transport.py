@@ -182,10 +182,17 @@ class ServiceClient(PeerConnection):
     def exchange_embedding(
         self, pass_index: int, layer: int, payload: bytes, *, rows: int, cols: int, encoding: str
     ) -> Aggregate:
-        base = f"{self._client_path}/passes/{pass_index}/layers/{layer}"
+        self.put_embedding(pass_index, layer, payload, rows=rows, cols=cols, encoding=encoding)
+        return self.fetch_aggregate(pass_index, layer)
+
+    def put_embedding(
+        self, pass_index: int, layer: int, payload: bytes, *, rows: int, cols: int, encoding: str
+    ) -> None:
+        """Upload this client's share of (pass, layer); :class:`ServiceError` 409 ``conflict``
+        if the slot already holds a different body."""
         self._request(
             "PUT",
-            f"{base}/embedding",
+            f"{self._client_path}/passes/{pass_index}/layers/{layer}/embedding",
             content=payload,
             headers={
                 "Content-Type": "application/octet-stream",
@@ -193,7 +200,11 @@ class ServiceClient(PeerConnection):
                 SHAPE_HEADER: f"{rows},{cols}",
             },
         )
-        response = self._wait_for(f"{base}/aggregate")
+
+    def fetch_aggregate(self, pass_index: int, layer: int) -> Aggregate:
+        """The sum of (pass, layer), long-polling until every share is in."""
+        path = f"{self._client_path}/passes/{pass_index}/layers/{layer}/aggregate"
+        response = self._wait_for(path)
         return Aggregate(payload=response.content, count=int(response.headers[COUNT_HEADER]))
 
     def report_metrics(self, pass_index: int, metrics: dict[str, float | None]) -> None:

@@ -3,19 +3,28 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from clients.checkpoint import (
+    CheckpointError,
+    CheckpointStore,
+    DigestingCodec,
+    Fingerprint,
+    WorkerProgress,
+    use_replayable_noise,
+)
 from clients.ledger import LocalLedger
 from clients.policy import PrivacyPolicy, ReleaseGate, admit_session
-from clients.transport import ServiceClient
+from clients.transport import ServiceClient, ServiceError
 from models.backbone import ModelConfig
 from models.federated import ClientConfig, GlasuClient, PassOutcome
-from models.partition import ClientPartition
+from models.partition import ClientPartition, check_labels, without_labels
 from models.private import make_client
 from models.report import recent_training_loss
 from secure.aggregation import EmbeddingCodec
@@ -51,6 +60,16 @@ class WorkerResult:
     finished_reason: str = "finished"
     training_bytes: int = 0  # node sets, shares and sums of training passes, both directions
     history: list[dict[str, Any]] = field(default_factory=list)
+    resumed_from: list[int] = field(default_factory=list)  # the pass of each resume (checkpoint)
+
+
+@dataclass(frozen=True)
+class ResumedPass:
+    """The pass a resumed worker recomputes first, and the plaintext digests of the shares it
+    had journaled for that pass before it stopped (``{layer: sha256}``)."""
+
+    pass_index: int
+    shares: Mapping[str, str]
 
 
 def client_config_from_session(
@@ -86,10 +105,28 @@ def client_config_from_session(
         fanout=session_config["fanout"],
         eval_fanout=options.eval_fanout,
         occurrence_cap=privacy["occurrence_cap"] if privacy else None,
+        count_aware=session_config.get("nodes") == "union",
+        label_holder=session_config.get("label_holder"),
         lr=options.lr,
         weight_decay=options.weight_decay,
         seed=session_config["seed"] if options.seed is None else options.seed,
     )
+
+
+def session_partition(partition: ClientPartition, config: dict[str, Any]) -> ClientPartition:
+    """The partition as the session uses it: a passive party of a label holder's session keeps
+    no label and no split (GLASU B.2); every other client needs its labels."""
+    if partition.held is not None and config.get("nodes") != "union":
+        raise ValueError(
+            f"this party lacks {int((~partition.held).sum())} of the {partition.num_nodes} "
+            "aligned nodes (an alignment over the union), but the session averages over the "
+            "intersection: create the session from the alignment (nodes 'union')"
+        )
+    holder = config.get("label_holder")
+    if holder is not None and holder != partition.client:
+        return without_labels(partition)
+    check_labels(partition, where="this worker's data")
+    return partition
 
 
 def run_worker(
@@ -102,11 +139,18 @@ def run_worker(
     ledger: LocalLedger | None,
     device: torch.device | str = "cpu",
     on_pass: Callable[[dict[str, Any], PassOutcome], None] | None = None,
+    checkpoints: CheckpointStore | None = None,
+    on_resume: Callable[[int, Path], None] | None = None,
 ) -> WorkerResult:
     """Follow the session's passes until it says "done". Before anything is sent, the session
     must satisfy this organisation's privacy ``policy`` (:class:`PolicyRefusal` otherwise); with
     DP on, every release is written to ``ledger`` before it leaves (:class:`BudgetSpent` when the
-    next one would exceed the policy)."""
+    next one would exceed the policy).
+
+    With ``checkpoints``, the worker saves its state after every completed pass (and once
+    before the first) and, if a checkpoint of this session is there, resumes from it: it
+    recomputes the pass it was in, bit for bit, and rejoins the service there
+    (clients/checkpoint.py; :class:`CheckpointError` for a checkpoint it cannot use)."""
     session = service.session()
     config = session["config"]
     if partition.client != service.client_index:
@@ -124,6 +168,7 @@ def run_worker(
             f"the session expects {config['encoding']} shares, this worker's codec "
             f"makes {codec.encoding}: give the secret context (or --no-he) to match"
         )
+    partition = session_partition(partition, config)
     privacy = admit_session(policy, session, encrypted=codec.encoding == "ckks", ledger=ledger)
     gate = None
     if privacy is not None:
@@ -133,29 +178,64 @@ def run_worker(
     client = make_client(
         partition,
         client_config_from_session(config, options),
-        codec=codec,
+        codec=codec if checkpoints is None else DigestingCodec(codec),
         device=device,
         privacy=privacy,
         seed=config["seed"],
         noise_seed=options.noise_seed,
     )
-    result = WorkerResult()
-    training_losses: list[float] = []
-    pass_index = 0
+    progress = WorkerProgress()
+    resume: ResumedPass | None = None
+    fingerprint: Fingerprint | None = None
+    if checkpoints is not None:
+        use_replayable_noise(client)
+        fingerprint = Fingerprint.of(
+            session=session,
+            client=service.client_index,
+            options=options,
+            encoding=codec.encoding,
+            partition=partition,
+        )
+        if checkpoints.exists():
+            progress = checkpoints.load(client, fingerprint).progress
+            check_rejoin(session, progress.next_pass, checkpoints.path)
+            progress.resumed_from.append(progress.next_pass)
+            journal = checkpoints.uploads()
+            shares = journal["shares"] if journal.get("pass") == progress.next_pass else {}
+            resume = ResumedPass(pass_index=progress.next_pass, shares=shares)
+            service.traffic.up, service.traffic.down = progress.bytes_up, progress.bytes_down
+            log.info("client %d resumed from pass %d", service.client_index, progress.next_pass)
+            if on_resume:
+                on_resume(progress.next_pass, checkpoints.path)
+        else:
+            check_rejoin(session, 0, None)
+            # before any release: a private client's noise key of pass 0 is saved here
+            checkpoints.save(client, progress, fingerprint)
+    else:
+        check_rejoin(session, 0, None)
+    pass_index = progress.next_pass
     while True:
         info = service.pass_info(pass_index)
         if info["kind"] == "done":
-            result.finished_reason = info.get("reason", "finished")
+            result = WorkerResult(finished_reason=info.get("reason", "finished"))
             break
         exchanged_before = service.traffic.up + service.traffic.down
         if gate is not None:  # every pass of the private arrangement is one release
-            gate.admit(pass_index)
-        outcome = drive_pass(client, service, info)
+            if resume is not None and release_recorded(gate, pass_index):
+                # the same release (its noise replayed from the checkpoint) sent again: it is
+                # in the ledger once, as it was served once at most
+                log.info(
+                    "pass %d: release already in the local ledger, not counted twice", pass_index
+                )
+            else:
+                gate.admit(pass_index)
+        outcome = drive_pass(client, service, info, checkpoints=checkpoints, resume=resume)
         if outcome.kind == "train":
-            result.training_bytes += service.traffic.up + service.traffic.down - exchanged_before
-        if privacy is None:
+            progress.training_bytes += service.traffic.up + service.traffic.down - exchanged_before
+        if privacy is None and client.holds_labels:
             # Under DP a loss or an accuracy computed on clean features would be a release the
-            # ledger does not count: the worker keeps them to itself (result file, stdout).
+            # ledger does not count: the worker keeps them to itself (result file, stdout). A
+            # passive party (GLASU B.2) has no metric at all.
             service.report_metrics(
                 pass_index,
                 {
@@ -165,13 +245,13 @@ def run_worker(
                 },
             )
         if outcome.kind == "train":
-            training_losses.append(outcome.loss)
+            progress.training_losses.append(outcome.loss)
         else:
-            result.history.append(
+            progress.history.append(
                 {
                     "pass": pass_index,
                     "round": info["round"],
-                    "loss": recent_training_loss(training_losses),
+                    "loss": recent_training_loss(progress.training_losses),
                     "val_accuracy": outcome.val_accuracy,
                     "test_accuracy": outcome.test_accuracy,
                     # the party-alone reference (private runs): stays in this local file
@@ -179,17 +259,67 @@ def run_worker(
                     "reference_test_accuracy": outcome.reference_test_accuracy,
                     "bytes_up": service.traffic.up,
                     "bytes_down": service.traffic.down,
-                    "training_bytes": result.training_bytes,
+                    "training_bytes": progress.training_bytes,
                 }
             )
         if on_pass:
             on_pass(info, outcome)
-        result.passes += 1
+        progress.passes += 1
         pass_index += 1
+        resume = None
+        if checkpoints is not None:
+            assert fingerprint is not None
+            progress.next_pass = pass_index
+            progress.bytes_up, progress.bytes_down = service.traffic.up, service.traffic.down
+            checkpoints.save(client, progress, fingerprint)
+    result.passes = progress.passes
+    result.training_bytes = progress.training_bytes
+    result.history = progress.history
+    result.resumed_from = progress.resumed_from
     return result
 
 
-def drive_pass(client: GlasuClient, service: ServiceClient, info: dict[str, Any]) -> PassOutcome:
+def check_rejoin(session: Mapping[str, Any], next_pass: int, checkpoint: Path | None) -> None:
+    """A worker at ``next_pass`` can join only if the service is at that pass or at the next
+    one (its share of ``next_pass`` may have completed the pass before it stopped)."""
+    current = session.get("current_pass")
+    if not isinstance(current, int) or next_pass <= current <= next_pass + 1:
+        return
+    if checkpoint is None:
+        raise CheckpointError(
+            f"session {session.get('session_id')} is at pass {current} and this worker has no "
+            "checkpoint of it, so it cannot rejoin: restart it with the --checkpoint folder of "
+            "its first run (and without --no-checkpoint)"
+        )
+    if current < next_pass:
+        raise CheckpointError(
+            f"the checkpoint {checkpoint} is at pass {next_pass} but session "
+            f"{session.get('session_id')} is at pass {current}: the service lost passes (a "
+            "restored database?); a worker cannot go back, start a new session"
+        )
+    raise CheckpointError(
+        f"the checkpoint {checkpoint} is at pass {next_pass} but session "
+        f"{session.get('session_id')} is at pass {current}: the service cannot have gone on "
+        "without this client, so the checkpoint is older than this worker's last uploads "
+        "(restored from a backup?)"
+    )
+
+
+def release_recorded(gate: ReleaseGate, pass_index: int) -> bool:
+    """Whether the local ledger already counts the release of ``pass_index`` of this session.
+    Every pass of the private arrangement is one release, recorded in order; so after passes
+    0..p-1, more than p rows mean pass p's is there (or an earlier over-count, which is safe)."""
+    return gate.ledger.releases(session_id=gate.session_id) > pass_index
+
+
+def drive_pass(
+    client: GlasuClient,
+    service: ServiceClient,
+    info: dict[str, Any],
+    *,
+    checkpoints: CheckpointStore | None = None,
+    resume: ResumedPass | None = None,
+) -> PassOutcome:
     """Answer the client's requests of one pass with calls to the service."""
     pass_index = info["pass"]
     steps = client.run_pass(
@@ -206,13 +336,65 @@ def drive_pass(client: GlasuClient, service: ServiceClient, info: dict[str, Any]
         if isinstance(request, NodesRequest):
             answer = service.exchange_nodes(pass_index, request.layer, request.nodes)
         elif isinstance(request, EmbeddingRequest):
-            answer = service.exchange_embedding(
-                pass_index,
-                request.layer,
-                request.payload,
-                rows=request.rows,
-                cols=request.cols,
-                encoding=client.codec.encoding,
-            )
+            if checkpoints is None:
+                answer = service.exchange_embedding(
+                    pass_index,
+                    request.layer,
+                    request.payload,
+                    rows=request.rows,
+                    cols=request.cols,
+                    encoding=client.codec.encoding,
+                )
+            else:
+                answer = exchange_share(client, service, pass_index, request, checkpoints, resume)
         else:
             raise TypeError(f"unexpected request {request!r}")
+
+
+def exchange_share(
+    client: GlasuClient,
+    service: ServiceClient,
+    pass_index: int,
+    request: EmbeddingRequest,
+    checkpoints: CheckpointStore,
+    resume: ResumedPass | None,
+) -> Any:
+    """Upload a share (its plaintext digest journaled first) and fetch the sum. In the pass a
+    resumed worker recomputes, a slot that already holds this worker's share from before the
+    crash (409 ``conflict``: CKKS encrypts the same plaintext to other bytes) is taken over when
+    the recomputed plaintext is the journaled one: the sum then holds exactly this share, and
+    Extract(sum, share) is what the uninterrupted run computed."""
+    digest = getattr(client.codec, "last_digest", None)
+    if digest is not None:
+        checkpoints.record_upload(pass_index, request.layer, digest)
+    try:
+        service.put_embedding(
+            pass_index,
+            request.layer,
+            request.payload,
+            rows=request.rows,
+            cols=request.cols,
+            encoding=client.codec.encoding,
+        )
+    except ServiceError as exc:
+        if exc.status != 409 or exc.slug != "conflict" or resume is None:
+            raise
+        if resume.pass_index != pass_index:
+            raise
+        before = resume.shares.get(str(request.layer))
+        if before is None or before != digest:
+            raise CheckpointError(
+                f"pass {pass_index}, layer {request.layer}: the service holds a share this "
+                "worker uploaded before it stopped, and the share it recomputed from its "
+                "checkpoint "
+                + ("is not in its upload journal" if before is None else "differs from it")
+                + " (another --threads or device, or a damaged journal?): the pass cannot be "
+                "completed correctly"
+            ) from exc
+        log.info(
+            "pass %d, layer %d: the service holds this worker's share from before the restart "
+            "(the same plaintext); taking its sum",
+            pass_index,
+            request.layer,
+        )
+    return service.fetch_aggregate(pass_index, request.layer)

@@ -12,6 +12,7 @@ a label for every shared node.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -20,7 +21,15 @@ import torch
 
 from models.data import GraphDataset
 from models.partition import ClientPartition, aligned_partition, undirected_edges
-from models.party import NO_LABEL, PartyAlignment, PartyData, aligned_edges, local_rows
+from models.party import (
+    NO_LABEL,
+    NOT_SHARED,
+    PartyAlignment,
+    PartyData,
+    aligned_edges,
+    in_aligned_order,
+    local_rows,
+)
 from models.shared_split import split_nodes, split_note
 
 
@@ -56,8 +65,7 @@ def merged_labels(
     for m, (data, rows) in enumerate(zip(parties, index.rows, strict=True)):
         if data.labeled == 0:
             continue
-        order = local_rows(rows, index.aligned_nodes)
-        labels = data.labels[order]
+        labels = in_aligned_order(data.labels, local_rows(rows, index.aligned_nodes), fill=NO_LABEL)
         clash = np.flatnonzero((labels != NO_LABEL) & (merged != NO_LABEL) & (labels != merged))
         if clash.size:
             node = clash[0]
@@ -75,16 +83,36 @@ def merged_labels(
 
 
 def aligned_federation(
-    parties: Sequence[PartyData], index: SharedIndex, *, names: Sequence[str], seed: int
+    parties: Sequence[PartyData],
+    index: SharedIndex,
+    *,
+    names: Sequence[str],
+    seed: int,
+    label_holder: int | None = None,
 ) -> AlignedFederation:
     """Every party's partition over the shared index, with the merged labels and the split over
-    the labelled shared nodes, and the pooled dataset (the centralized baseline's data)."""
-    if not any(data.labeled for data in parties):
+    the labelled shared nodes, and the pooled dataset (the centralized baseline's data). With a
+    ``label_holder``, its labels alone (the others' partitions lose theirs in the layout)."""
+    if label_holder is not None:
+        if not 0 <= label_holder < len(parties):
+            raise ValueError(f"the label holder must be a party 0..{len(parties) - 1}")
+        if not parties[label_holder].labeled:
+            raise ValueError(
+                f"the label holder {names[label_holder]} carries no labels (glasu prepare --labels)"
+            )
+    elif not any(data.labeled for data in parties):
         raise ValueError(
             "no party carries labels: training needs a label table at one party at least "
             "(glasu prepare --labels)"
         )
-    labels = merged_labels(parties, index, names)
+    if label_holder is None:
+        labels = merged_labels(parties, index, names)
+    else:
+        labels = merged_labels(
+            [parties[label_holder]],
+            dataclasses.replace(index, rows=[index.rows[label_holder]]),
+            [names[label_holder]],
+        )
     labelled = np.flatnonzero(labels != NO_LABEL)
     if labelled.size < 3:
         raise ValueError(
@@ -130,9 +158,20 @@ def aligned_federation(
         split_note=note,
     )
     held = ", ".join(f"{name} {data.num_rows}" for name, data in zip(names, parties, strict=True))
+    holders = np.zeros(index.aligned_nodes, dtype=np.int64)
+    for rows in index.rows:
+        holders[rows[rows != NOT_SHARED]] += 1
+    shared_by_all = int((holders == len(parties)).sum())
+    if shared_by_all == index.aligned_nodes:
+        coverage = f"share {index.aligned_nodes} nodes"
+    else:
+        coverage = (
+            f"hold {index.aligned_nodes} nodes together (the union), {shared_by_all} of them "
+            "held by every party"
+        )
     summary = (
-        f"{len(parties)} parties (nodes held: {held}) share {index.aligned_nodes} nodes, "
-        f"{labelled.size} of them labelled; {note}"
+        f"{len(parties)} parties (nodes held: {held}) {coverage}, {labelled.size} of them "
+        f"labelled; {note}"
     )
     return AlignedFederation(dataset=dataset, partitions=partitions, index=index, summary=summary)
 

@@ -16,6 +16,7 @@ SplitName = Literal["paper", "public", "aligned"]  # aligned: glasu train --part
 BackboneName = Literal["gcnii", "gcn", "gat"]
 Mode = Literal["glasu", "centralized", "standalone", "simulated"]
 Encryption = Literal["ckks", "none"]
+AlignedNodes = Literal["intersection", "union"]
 
 
 @dataclass(frozen=True)
@@ -25,12 +26,17 @@ class TrainConfig:
     dataset: str = "cora"
     data_dir: Path | None = None
     split: SplitName = "paper"
+    # --party: train on the nodes every party holds, or on the union (partly shared nodes, the
+    # count-aware mean)
+    nodes: AlignedNodes = "intersection"
     mode: Mode = "glasu"
     clients: int = 3
     backbone: BackboneName = "gcnii"
     layers: int = 4
     agg_layers: int = 2  # K
     stale: int = 4  # Q
+    # GLASU Appendix B.2: only client m holds the labels and the split (None: every client)
+    label_holder: int | None = None
     cache_rounds: int = 1  # W: rounds of stale statistics local steps reuse (CELU-VFL)
     instance_weighting: bool = False  # CELU-VFL's staleness weights in local steps
     weight_threshold: float = 0.5  # cos(xi) of the instance weights

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from models.backbone import ClientNetwork, ModelConfig
 from models.layers import Block
 from models.partition import ClientPartition
+from models.party import NO_LABEL
 from models.sampler import NeighbourSampler, SampledLayer, sampling_rng
 from models.workset import CachedBatch, Workset, instance_weights, weighted_cross_entropy
 from secure.aggregation import EmbeddingCodec, PlainCodec
@@ -60,6 +61,12 @@ class ClientConfig:
     fanout: int = 3
     eval_fanout: int = 10
     occurrence_cap: int | None = None
+    # Partly shared nodes (the union of the parties' nodes): each share carries a presence
+    # column and the mean divides each row by the number of parties holding the node.
+    count_aware: bool = False
+    # GLASU Appendix B.2: only this client holds labels; the others learn from the gradient it
+    # broadcasts for the top layer (None: every client holds the labels)
+    label_holder: int | None = None
     lr: float = 0.01
     weight_decay: float = 5e-4
     seed: int = 0
@@ -93,12 +100,31 @@ def uniform_agg_layers(*, layers: int, count: int) -> tuple[int, ...]:
     return tuple(sorted({round(layers * (i + 1) / count) for i in range(count)}))
 
 
-def combine(stale_others: torch.Tensor, own: torch.Tensor, *, count: int) -> torch.Tensor:
-    """The aggregate as one client sees it in a local step: value ``stale_others + own / M``.
+@dataclass(frozen=True)
+class Extracted:
+    """What one joint aggregation leaves a client: the others' part ``H_{-m} = H - share / count``
+    and how its own output enters the mean in the local steps that reuse it."""
+
+    others: torch.Tensor
+    count: int | torch.Tensor  # M, or per row (rows, 1): the parties that hold each node
+    presence: torch.Tensor | None = None  # (rows, 1): 1 where this client holds the node
+
+
+def combine(
+    stale_others: torch.Tensor,
+    own: torch.Tensor,
+    *,
+    count: int | torch.Tensor,
+    presence: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The aggregate as one client sees it in a local step: value ``stale_others + own / M``
+    (per row ``own / count`` where nodes are partly shared, nothing where it lacks the node).
 
     The gradient reaches ``own`` as if its coefficient were 1, not 1/M: the true 1/M shrinks every
     client's gradient by M at each aggregation layer it crosses and collapses training
     (notes/calibration.md)."""
+    if presence is not None:
+        own = own * presence
     return stale_others + own.detach() / count + (own - own.detach())
 
 
@@ -141,6 +167,15 @@ class GlasuClient:
         self.workset = Workset(config.cache_rounds)
         self.features = partition.features.to(self.device)
         self.labels = partition.labels.to(self.device)
+        self.holds_labels = config.label_holder in (None, partition.client)
+        if self.gradient_layer is not None and self.layers not in config.agg_layers:
+            raise ValueError(
+                f"a single label holder needs aggregation at the top layer L={self.layers} "
+                f"(GLASU B.2), got aggregation layers {config.agg_layers}"
+            )
+        self.held = torch.from_numpy(
+            partition.held if partition.held is not None else np.ones(partition.num_nodes, bool)
+        )
         # The occurrence cap (a DP assumption) holds at every layer up to the first aggregation
         # layer; the layers above it are never released and sample freely.
         self._samplers = {
@@ -170,10 +205,28 @@ class GlasuClient:
             torch.from_numpy(np.searchsorted(sampled[0].sources, layer.targets)).to(self.device)
             for layer in sampled
         ]
-        labels = self.labels[torch.from_numpy(output_nodes).to(self.device)]
+        batch = CachedBatch(
+            blocks,
+            input_nodes,
+            h0_rows,
+            labels=self.labels[torch.from_numpy(output_nodes).to(self.device)],
+            presence=self._presence(sampled),
+        )
         if kind == "eval":
-            return (yield from self._evaluate(blocks, input_nodes, h0_rows, output_nodes, labels))
-        return (yield from self._train(blocks, input_nodes, h0_rows, labels))
+            return (yield from self._evaluate(batch, output_nodes))
+        return (yield from self._train(batch))
+
+    def _presence(self, sampled: Sequence[SampledLayer]) -> dict[int, torch.Tensor]:
+        """Per aggregation layer, a column with 1 where this client holds the node (count-aware
+        sessions only)."""
+        if not self.config.count_aware:
+            return {}
+        return {
+            depth: self.held[torch.from_numpy(sampled[depth - 1].targets)]
+            .to(self.device, torch.float32)
+            .unsqueeze(1)
+            for depth in self.config.agg_layers
+        }
 
     def _sample(
         self, pass_index: int, output_nodes: np.ndarray, fanout: int
@@ -203,46 +256,53 @@ class GlasuClient:
         return sampled
 
     def _forward(
-        self,
-        blocks: Sequence[Block],
-        input_nodes: torch.Tensor,
-        h0_rows: Sequence[torch.Tensor],
-        others: dict[int, torch.Tensor],
-        *,
-        grad: bool,
+        self, batch: CachedBatch, *, grad: bool
     ) -> Generator[Request, Response, torch.Tensor]:
-        """All L layers. At an aggregation layer whose "all but me" part is already in ``others``
-        (a local step), combine locally; otherwise this is the joint inference: upload the share,
-        download the sum and extract the others' part into ``others``.
+        """All L layers. At an aggregation layer whose "all but me" part is already in
+        ``batch.others`` (a local step), combine locally; otherwise this is the joint inference:
+        upload the share, download the sum and extract the others' part into ``batch.others``.
 
         Grad mode is set per synchronous stretch, never held across a ``yield``: other clients'
         code runs while this generator is suspended."""
+        others = batch.others
         with torch.set_grad_enabled(grad):
-            h0 = self.network.project(self.features[input_nodes], generator=self.generator)
+            h0 = self.network.project(self.features[batch.input_nodes], generator=self.generator)
         h = h0
-        for depth, block in enumerate(blocks, start=1):
+        for depth, block in enumerate(batch.blocks, start=1):
             with torch.set_grad_enabled(grad):
-                initial = h0[h0_rows[depth - 1]] if self.network.uses_initial_residual else None
+                initial = (
+                    h0[batch.h0_rows[depth - 1]] if self.network.uses_initial_residual else None
+                )
                 h = self.network.propagate(depth, h, block, initial, generator=self.generator)
             if depth not in self.config.agg_layers:
                 continue
             if depth not in others:
-                others[depth] = yield from self._joint_aggregate(depth, h)
+                others[depth] = yield from self._joint_aggregate(
+                    depth, h, presence=batch.presence.get(depth)
+                )
             with torch.set_grad_enabled(grad):
-                h = combine(others[depth], h, count=self.partition.clients)
+                stale = others[depth]
+                h = combine(stale.others, h, count=stale.count, presence=stale.presence)
         return h
 
     def _joint_aggregate(
-        self, depth: int, own: torch.Tensor
-    ) -> Generator[Request, Response, torch.Tensor]:
+        self, depth: int, own: torch.Tensor, *, presence: torch.Tensor | None = None
+    ) -> Generator[Request, Response, Extracted]:
         """Send this client's share of layer ``depth``; return H_{-m} = Extract(H, share) =
-        H - share / M, where ``share`` is what was actually sent (noise included)."""
+        H - share / M, where ``share`` is what was actually sent (noise included).
+
+        With ``presence`` (a count-aware session), rows of nodes this client lacks are sent as
+        zeros, a last column carries the presence itself, and the sum's last column is the
+        number of holders of each row, the divisor of the count-aware mean (Feras)."""
         share = own.detach().cpu().numpy().astype(np.float32)
         if self.share_transform is not None:
             share = self.share_transform(depth, share).astype(np.float32)
         bound = self.codec.value_bound(shares=self.partition.clients)
         if math.isfinite(bound):  # keep the encrypted sum decodable (post-processing of share)
             share = np.clip(share, -bound, bound)
+        if presence is not None:
+            column = presence.cpu().numpy().astype(np.float32)
+            share = np.concatenate([share * column, column], axis=1)
         rows, cols = share.shape
         answer = yield EmbeddingRequest(
             layer=depth, payload=self.codec.encode(share), rows=rows, cols=cols
@@ -255,67 +315,125 @@ class GlasuClient:
                 f"{self.partition.clients}"
             )
         total = self.codec.decode_sum(answer.payload, rows=rows, cols=cols)
-        mean = total / answer.count
-        return torch.from_numpy(mean - share / answer.count).to(self.device)
+        if presence is None:
+            mean = total / answer.count
+            others = mean - share / answer.count
+            return Extracted(torch.from_numpy(others).to(self.device), answer.count)
+        # the holder counts are small integers: round away the encryption's error; every node
+        # at an aggregation layer was sampled by a party that holds it, so count >= 1
+        count = np.clip(np.rint(total[:, -1:]), 1, answer.count)
+        others = (total[:, :-1] - share[:, :-1]) / count
+        return Extracted(
+            torch.from_numpy(others).to(self.device),
+            torch.from_numpy(count).to(self.device),
+            presence,
+        )
 
-    def _train(
-        self,
-        blocks: Sequence[Block],
-        input_nodes: torch.Tensor,
-        h0_rows: Sequence[torch.Tensor],
-        labels: torch.Tensor,
-    ) -> Generator[Request, Response, PassOutcome]:
+    @property
+    def gradient_layer(self) -> int | None:
+        """The wire layer L + 1 of GLASU B.2's broadcast gradient when one client holds the
+        labels, or None."""
+        return None if self.config.label_holder is None else self.layers + 1
+
+    def _train(self, fresh: CachedBatch) -> Generator[Request, Response, PassOutcome]:
         """One round: the joint inference is local step 0; steps 1..Q-1 reuse stale statistics
-        from the workset (models/workset.py): with W = 1 the others' parts of this very batch."""
+        from the workset (models/workset.py): with W = 1 the others' parts of this very batch.
+
+        With a single label holder (GLASU B.2), after the joint inference the holder sends the
+        gradient of its loss with respect to the top layer's aggregate, through the service,
+        and every other client steps along it by the chain rule, in every local step of the
+        round (the gradient is as stale as the others' parts)."""
         self.network.train()
-        fresh = CachedBatch(blocks, input_nodes, h0_rows, labels)
-        h = yield from self._forward(blocks, input_nodes, h0_rows, fresh.others, grad=True)
+        h = yield from self._forward(fresh, grad=True)
         fresh.own_output = h.detach()
-        losses = [self._step(fresh, h, weights=None)]
+        loss = self._loss(fresh, h, weights=None) if self.holds_labels else None
+        if self.gradient_layer is not None:
+            fresh.gradient = yield from self._broadcast_gradient(h, loss)
+            if loss is None:
+                loss = self._loss(fresh, h, weights=None)
+        losses = [self._apply(fresh, loss)]
         self.workset.add(fresh)
         for _ in range(1, self.config.stale):
             batch = self.workset.next_batch()
             # every aggregation layer is in batch.others: no request is made
-            h = yield from self._forward(
-                batch.blocks, batch.input_nodes, batch.h0_rows, batch.others, grad=True
-            )
+            h = yield from self._forward(batch, grad=True)
             weights = None
             if self.config.instance_weighting:
                 assert batch.own_output is not None
                 weights = instance_weights(
                     h.detach(), batch.own_output, threshold=self.config.weight_threshold
                 )
-            losses.append(self._step(batch, h, weights=weights))
-        return PassOutcome(kind="train", loss=float(np.mean(losses)))
+            losses.append(self._apply(batch, self._loss(batch, h, weights=weights)))
+        loss = float(np.mean(losses)) if self.holds_labels else float("nan")
+        return PassOutcome(kind="train", loss=loss)
 
-    def _step(self, batch: CachedBatch, h: torch.Tensor, *, weights: torch.Tensor | None) -> float:
-        """One optimiser step on ``batch`` from its top-layer representation ``h``."""
-        logits = self.network.classify(h, generator=self.generator)
-        loss = weighted_cross_entropy(logits, batch.labels, weights)
+    def _loss(
+        self, batch: CachedBatch, h: torch.Tensor, *, weights: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        """The loss of one local step from the top-layer representation ``h``: this client's
+        own, or, without labels, the chain-rule surrogate of the holder's (its gradient with
+        respect to ``h`` is the broadcast one); None without either (nothing to learn)."""
+        if self.holds_labels:
+            logits = self.network.classify(h, generator=self.generator)
+            return weighted_cross_entropy(logits, batch.labels, weights)
+        if batch.gradient is None:
+            return None
+        if weights is None:
+            return (batch.gradient * h).sum()
+        per_instance = (batch.gradient * h).sum(dim=1) * h.shape[0]
+        return (weights * per_instance).sum() / weights.sum().clamp_min(1e-12)
+
+    def _apply(self, batch: CachedBatch, loss: torch.Tensor | None) -> float:
+        """One optimiser step along ``loss`` (none without a loss)."""
+        if loss is None:
+            return float("nan")
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
         self._after_step(batch)
         return loss.item()
 
+    def _broadcast_gradient(
+        self, h: torch.Tensor, loss: torch.Tensor | None
+    ) -> Generator[Request, Response, torch.Tensor]:
+        """GLASU B.2's broadcast, as a sum through the service at wire layer L + 1: the label
+        holder sends its loss's gradient with respect to the top-layer aggregate (per instance:
+        times the batch size, so that it sits well above the share grid), every other client a
+        zero matrix (so the service cannot tell who holds the labels); everyone gets the sum."""
+        rows, cols = h.shape
+        if loss is not None:
+            (gradient,) = torch.autograd.grad(loss, h, retain_graph=True)
+            share = (gradient.detach() * rows).cpu().numpy().astype(np.float32)
+        else:
+            share = np.zeros((rows, cols), dtype=np.float32)
+        bound = self.codec.value_bound(shares=self.partition.clients)
+        if math.isfinite(bound):
+            share = np.clip(share, -bound, bound)
+        layer = self.layers + 1
+        answer = yield EmbeddingRequest(
+            layer=layer, payload=self.codec.encode(share), rows=rows, cols=cols
+        )
+        if not isinstance(answer, Aggregate) or answer.count != self.partition.clients:
+            raise ValueError(f"layer {layer}: expected the sum of every client's gradient share")
+        total = self.codec.decode_sum(answer.payload, rows=rows, cols=cols)
+        return torch.from_numpy(total / rows).to(self.device, torch.float32)
+
     def _after_step(self, batch: CachedBatch) -> None:
         """Called after every local step with the batch it used (the private client's reference
         model trains on the same batches)."""
 
     def _evaluate(
-        self,
-        blocks: Sequence[Block],
-        input_nodes: torch.Tensor,
-        h0_rows: Sequence[torch.Tensor],
-        output_nodes: np.ndarray,
-        labels: torch.Tensor,
+        self, batch: CachedBatch, output_nodes: np.ndarray
     ) -> Generator[Request, Response, PassOutcome]:
-        """Joint inference on the evaluation nodes; this client's own head predicts."""
+        """Joint inference on the evaluation nodes; this client's own head predicts (a client
+        without labels only takes part)."""
         self.network.eval()
-        h = yield from self._forward(blocks, input_nodes, h0_rows, {}, grad=False)
+        h = yield from self._forward(batch, grad=False)
+        if not self.holds_labels:
+            return PassOutcome(kind="eval", loss=float("nan"))
         with torch.no_grad():
             logits = self.network.classify(h, generator=self.generator)
-        loss, val_accuracy, test_accuracy = self.scores(logits, labels, output_nodes)
+        loss, val_accuracy, test_accuracy = self.scores(logits, batch.labels, output_nodes)
         return PassOutcome(
             kind="eval", loss=loss, val_accuracy=val_accuracy, test_accuracy=test_accuracy
         )
@@ -326,8 +444,9 @@ class GlasuClient:
         """Validation loss, validation and test accuracy of ``logits`` on an evaluation pass."""
         correct = (logits.argmax(dim=1) == labels).cpu().numpy()
         output_nodes = np.asarray(output_nodes, dtype=np.int64)
-        val = np.isin(output_nodes, self.partition.val_nodes)
-        test = np.isin(output_nodes, self.partition.test_nodes)
+        labelled = (labels != NO_LABEL).cpu().numpy()
+        val = np.isin(output_nodes, self.partition.val_nodes) & labelled
+        test = np.isin(output_nodes, self.partition.test_nodes) & labelled
         loss = float("nan")
         if val.any():
             rows = torch.from_numpy(val).to(self.device)

@@ -12,7 +12,7 @@ from models.backbone import ModelConfig
 from models.config import TrainConfig
 from models.data import GraphDataset
 from models.federated import ClientConfig, uniform_agg_layers
-from models.partition import ClientPartition, partition
+from models.partition import ClientPartition, partition, without_labels
 from secure.privacy import RELEASE_LAYER
 
 
@@ -46,6 +46,8 @@ def client_config(config: TrainConfig) -> ClientConfig:
         cache_rounds=config.cache_rounds,
         instance_weighting=config.instance_weighting,
         weight_threshold=config.weight_threshold,
+        count_aware=config.nodes == "union",
+        label_holder=config.label_holder if config.releases_anything else None,
     )
     match config.mode:
         case "centralized" | "standalone":
@@ -88,6 +90,8 @@ def layout_federation(
                 )
             ]
             groups = [[m] for m in range(len(parts))]
+            if config.label_holder is not None:  # the label holder alone
+                groups = [[config.label_holder]]
         case "simulated":
             parts = partitions or partition(
                 dataset, clients=config.clients, edge_fraction=1.0, seed=config.seed
@@ -103,6 +107,13 @@ def layout_federation(
             groups = [list(range(len(parts)))]
         case _:
             raise ValueError(f"unknown mode {config.mode!r}")
+    if config.label_holder is not None and config.mode != "centralized":
+        if not 0 <= config.label_holder < len(parts):
+            raise ValueError(
+                f"the label holder must be a client 0..{len(parts) - 1}, got {config.label_holder}"
+            )
+        if config.releases_anything:  # the passive parties keep no label and no split
+            parts = [p if p.client == config.label_holder else without_labels(p) for p in parts]
     return FederationLayout(partitions=parts, client_config=client_config(config), groups=groups)
 
 

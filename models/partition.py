@@ -4,6 +4,7 @@ loads: one client's folder (``models/party.py``) as a partition over the aligned
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,12 +13,14 @@ import torch
 
 from models.data import GraphDataset
 from models.party import (
+    NO_LABEL,
+    NOT_SHARED,
     PartyAlignment,
     PartyData,
     aligned_edges,
+    in_aligned_order,
     read_alignment,
     read_party,
-    unlabeled_split_nodes,
     write_alignment,
     write_party,
 )
@@ -37,6 +40,9 @@ class ClientPartition:
     train_nodes: np.ndarray
     val_nodes: np.ndarray
     test_nodes: np.ndarray
+    # bool (N,): the nodes this client holds, where nodes are partly shared (an alignment over
+    # the union); None: it holds every node. Features of a node it lacks are zero, with no edge.
+    held: np.ndarray | None = None
 
     @property
     def num_nodes(self) -> int:
@@ -44,7 +50,7 @@ class ClientPartition:
 
     @property
     def num_classes(self) -> int:
-        return int(self.labels.max().item()) + 1
+        return max(int(self.labels.max().item()) + 1, 1)  # a passive party has no label
 
 
 def feature_blocks(num_features: int, *, clients: int, seed: int) -> list[np.ndarray]:
@@ -144,10 +150,12 @@ def save_partition(part: ClientPartition, directory: Path) -> Path:
     return out
 
 
-def load_partition(directory: Path) -> ClientPartition:
+def load_partition(directory: Path, *, require_labels: bool = True) -> ClientPartition:
     """Read a folder written by :func:`save_partition`, or by ``glasu prepare`` and aligned by
     ``glasu align``: the partition over the aligned index. Every inconsistency is an error that
-    names the file; so is a training or evaluation node without a label."""
+    names the file; so is a training or evaluation node without a label, unless
+    ``require_labels`` is False (a worker checks that once it knows whether it holds the
+    labels: :func:`check_labels`)."""
     folder = Path(directory)
     data = read_party(folder, with_ids=False)
     alignment = read_alignment(folder, rows=data.num_rows)
@@ -157,14 +165,37 @@ def load_partition(directory: Path) -> ClientPartition:
             "train it with `glasu train --party` (on this machine)"
         )
     part = aligned_partition(data, alignment)
-    missing = unlabeled_split_nodes(part.labels.numpy(), alignment)
+    if require_labels:
+        check_labels(part, where=f"{folder}/labels.npy")
+    return part
+
+
+def check_labels(part: ClientPartition, *, where: str) -> None:
+    """A client that trains against labels needs one for every training and evaluation node it
+    holds."""
+    nodes = np.concatenate([part.train_nodes, part.val_nodes, part.test_nodes])
+    if part.held is not None:
+        nodes = nodes[part.held[nodes]]
+    missing = np.sort(nodes[part.labels.numpy()[nodes] == NO_LABEL])
     if missing.size:
         raise ValueError(
-            f"{folder}/labels.npy has no label for {missing.size} of the shared training and "
-            f"evaluation nodes (e.g. aligned node {missing[0]}): every party needs a label for "
-            "every shared node until the single-label-holder mode exists (docs/data.md)"
+            f"{where} has no label for {missing.size} of the aligned training and evaluation "
+            f"nodes it holds (e.g. aligned node {missing[0]}): a party that trains against "
+            "labels needs one for every aligned node it holds; otherwise make one party the "
+            "label holder (docs/data.md)"
         )
-    return part
+
+
+def without_labels(part: ClientPartition) -> ClientPartition:
+    """A passive party's partition (GLASU B.2): no label and no split, only features and edges."""
+    none = np.empty(0, dtype=np.int64)
+    return dataclasses.replace(
+        part,
+        labels=torch.full_like(part.labels, NO_LABEL),
+        train_nodes=none,
+        val_nodes=none,
+        test_nodes=none,
+    )
 
 
 def aligned_partition(
@@ -172,19 +203,26 @@ def aligned_partition(
 ) -> ClientPartition:
     """A party's partition over the aligned index: its features and labels in aligned order and
     its edges between shared nodes. ``labels`` (aligned order) replaces the party's own (the
-    local federation gives every client the label holders' labels)."""
+    local federation gives every client the label holders' labels). Over an alignment of the
+    union, a node the party lacks has zero features, no label and no edge."""
     order = alignment.local_rows()
-    own = data.labels[order] if labels is None else np.asarray(labels, dtype=np.int64)
+    held = order != NOT_SHARED
+    features = in_aligned_order(data.features, order, fill=0)
+    if labels is None:
+        own = in_aligned_order(data.labels, order, fill=NO_LABEL)
+    else:
+        own = np.asarray(labels, dtype=np.int64)
     columns = data.extra_meta.get("feature_columns", range(data.features.shape[1]))
     return ClientPartition(
         client=alignment.party,
         clients=alignment.parties,
         dataset=str(data.extra_meta.get("dataset", "own data")),
         feature_columns=np.asarray(columns, dtype=np.int64),
-        features=torch.from_numpy(np.ascontiguousarray(data.features[order])),
+        features=torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32)),
         edge_index=torch.from_numpy(aligned_edges(data.edges, alignment.rows)),
         labels=torch.from_numpy(np.ascontiguousarray(own)),
         train_nodes=alignment.train_nodes,
         val_nodes=alignment.val_nodes,
         test_nodes=alignment.test_nodes,
+        held=None if held.all() else held,
     )

@@ -77,6 +77,7 @@ class PartyAlignment:
     val_nodes: np.ndarray
     test_nodes: np.ndarray
     split_note: str
+    nodes: str = "intersection"  # or "union": N counts every node any party holds
 
     def local_rows(self) -> np.ndarray:
         """The row of each aligned node 0..N-1 (the inverse of ``rows``)."""
@@ -84,11 +85,21 @@ class PartyAlignment:
 
 
 def local_rows(rows: np.ndarray, aligned_nodes: int) -> np.ndarray:
-    """The row of each aligned node 0..N-1, given the aligned index of each row."""
+    """The row of each aligned node 0..N-1, given the aligned index of each row (NOT_SHARED for
+    an aligned node this party lacks: an alignment over the union)."""
     shared = np.flatnonzero(rows != NOT_SHARED)
-    order = np.empty(aligned_nodes, dtype=np.int64)
+    order = np.full(aligned_nodes, NOT_SHARED, dtype=np.int64)
     order[rows[shared]] = shared
     return order
+
+
+def in_aligned_order(values: np.ndarray, order: np.ndarray, *, fill: float | int) -> np.ndarray:
+    """``values`` (one per row) in aligned order, given :func:`local_rows`; ``fill`` for an
+    aligned node this party lacks."""
+    held = order != NOT_SHARED
+    out = values[np.where(held, order, 0)]
+    out[~held] = fill
+    return out
 
 
 # -- writing ---------------------------------------------------------------------------------------
@@ -99,7 +110,11 @@ def write_party(data: PartyData, folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     np.save(folder / "features.npy", data.features.astype(np.float32, copy=False))
     np.save(folder / "edges.npy", data.edges.astype(np.int64, copy=False))
-    np.save(folder / "labels.npy", data.labels.astype(np.int64, copy=False))
+    labels = folder / "labels.npy"
+    if data.labeled:  # a party without labels (a passive party of GLASU B.2) has no such file
+        np.save(labels, data.labels.astype(np.int64, copy=False))
+    else:
+        labels.unlink(missing_ok=True)
     pq.write_table(pa.table({"id": pa.array(data.ids, type=pa.string())}), folder / IDS)
     meta = {
         "format_version": FORMAT_VERSION,
@@ -117,13 +132,13 @@ def write_party(data: PartyData, folder: Path) -> None:
 def write_alignment(alignment: PartyAlignment, folder: Path) -> None:
     """The alignment's files; ``alignment.json`` goes last (atomically), so a folder has an
     alignment only once every array of it is complete."""
-    for name, array in (
-        ("aligned", alignment.rows),
-        ("train", alignment.train_nodes),
-        ("val", alignment.val_nodes),
-        ("test", alignment.test_nodes),
-    ):
-        np.save(folder / f"{name}.npy", np.asarray(array, dtype=np.int64))
+    np.save(folder / "aligned.npy", np.asarray(alignment.rows, dtype=np.int64))
+    split = (alignment.train_nodes, alignment.val_nodes, alignment.test_nodes)
+    for name, nodes in zip(("train", "val", "test"), split, strict=True):
+        if any(part.size for part in split):
+            np.save(folder / f"{name}.npy", np.asarray(nodes, dtype=np.int64))
+        else:  # a passive party of GLASU B.2 holds no split
+            (folder / f"{name}.npy").unlink(missing_ok=True)
     record = {
         "alignment_id": alignment.alignment_id,
         "party": alignment.party,
@@ -131,6 +146,7 @@ def write_alignment(alignment: PartyAlignment, folder: Path) -> None:
         "aligned_nodes": alignment.aligned_nodes,
         "digest": alignment.digest,
         "split": alignment.split_note,
+        "nodes": alignment.nodes,
     }
     pending = folder / f".{ALIGNMENT}.tmp"
     pending.write_text(json.dumps(record, indent=2) + "\n")
@@ -171,7 +187,11 @@ def read_party(folder: Path, *, with_ids: bool = True) -> PartyData:
     rows = int(meta["num_rows"])
     features = _array(folder, "features", np.float32)
     edges = _array(folder, "edges", np.int64)
-    labels = _array(folder, "labels", np.int64)
+    labels = (
+        _array(folder, "labels", np.int64)
+        if (folder / "labels.npy").exists()
+        else np.full(rows, NO_LABEL, dtype=np.int64)
+    )
     if features.ndim != 2 or features.shape[0] != rows:
         raise ValueError(f"{folder}/features.npy has shape {features.shape}, expected ({rows}, d)")
     if (
@@ -210,12 +230,26 @@ def read_alignment(folder: Path, *, rows: int) -> PartyAlignment | None:
     aligned = _array(folder, "aligned", np.int64)
     if aligned.shape != (rows,):
         raise ValueError(f"{folder}/aligned.npy has shape {aligned.shape}, expected ({rows},)")
+    nodes = str(record.get("nodes", "intersection"))
+    if nodes not in ("intersection", "union"):
+        raise ValueError(f"{folder}/{ALIGNMENT}: nodes must be intersection or union: {nodes!r}")
     shared = np.sort(aligned[aligned != NOT_SHARED])
-    if not np.array_equal(shared, np.arange(n)):
+    if nodes == "union":  # every row has its place; the others' nodes fill the rest
+        one_to_one = shared.size == rows and np.array_equal(np.unique(shared), shared)
+        one_to_one = one_to_one and (shared.size == 0 or 0 <= shared[0] <= shared[-1] < n)
+    else:
+        one_to_one = np.array_equal(shared, np.arange(n))
+    if not one_to_one:
         raise ValueError(
-            f"{folder}/aligned.npy does not map rows one to one onto the {n} aligned nodes"
+            f"{folder}/aligned.npy does not map rows one to one onto the {n} aligned nodes "
+            f"({nodes})"
         )
-    splits = {name: _array(folder, name, np.int64) for name in ("train", "val", "test")}
+    splits = {
+        name: _array(folder, name, np.int64)
+        if (folder / f"{name}.npy").exists()
+        else np.empty(0, dtype=np.int64)  # a passive party (GLASU B.2) holds no split
+        for name in ("train", "val", "test")
+    }
     for name, nodes in splits.items():
         if nodes.size and (nodes.min() < 0 or nodes.max() >= n):
             raise ValueError(f"{folder}/{name}.npy has node ids outside [0, {n})")
@@ -230,6 +264,7 @@ def read_alignment(folder: Path, *, rows: int) -> PartyAlignment | None:
         val_nodes=splits["val"],
         test_nodes=splits["test"],
         split_note=str(record.get("split", "")),
+        nodes=nodes,
     )
 
 
@@ -241,10 +276,3 @@ def aligned_edges(edges: np.ndarray, rows: np.ndarray) -> np.ndarray:
     src, dst = rows[edges[0]], rows[edges[1]]
     keep = (src != NOT_SHARED) & (dst != NOT_SHARED)
     return np.stack([src[keep], dst[keep]]).astype(np.int64)
-
-
-def unlabeled_split_nodes(labels: np.ndarray, alignment: PartyAlignment) -> np.ndarray:
-    """The training and evaluation nodes (aligned indices) without a label in ``labels``
-    (aligned order)."""
-    nodes = np.concatenate([alignment.train_nodes, alignment.val_nodes, alignment.test_nodes])
-    return np.sort(nodes[labels[nodes] == NO_LABEL])

@@ -107,6 +107,12 @@ class PrivateGlasuClient(GlasuClient):
             self.reference.parameters(), lr=config.lr, weight_decay=config.weight_decay
         )
 
+    @property
+    def gradient_layer(self) -> int | None:
+        """None: the private arrangement sends nothing label-derived. With a single label holder
+        the other clients only release; the holder trains on their releases."""
+        return None
+
     def _privatize(self, layer: int, share: np.ndarray) -> np.ndarray:
         return privatize(
             share,
@@ -121,26 +127,23 @@ class PrivateGlasuClient(GlasuClient):
         return torch.sparse.mm(block.adjacency, projected)
 
     def _forward(
-        self,
-        blocks: Sequence[Block],
-        input_nodes: torch.Tensor,
-        h0_rows: Sequence[torch.Tensor],
-        others: dict[int, torch.Tensor],
-        *,
-        grad: bool,
+        self, batch: CachedBatch, *, grad: bool
     ) -> Generator[Request, Response, torch.Tensor]:
+        others = batch.others
         if RELEASE_LAYER not in others:
             with torch.no_grad():
-                released = self.release_map(blocks[0], input_nodes)
-            others[RELEASE_LAYER] = yield from self._joint_aggregate(RELEASE_LAYER, released)
+                released = self.release_map(batch.blocks[0], batch.input_nodes)
+            others[RELEASE_LAYER] = yield from self._joint_aggregate(
+                RELEASE_LAYER, released, presence=batch.presence.get(RELEASE_LAYER)
+            )
         with torch.set_grad_enabled(grad):
             return self._local_forward(
                 self.network,
                 self.generator,
-                blocks,
-                input_nodes,
-                h0_rows,
-                received=others[RELEASE_LAYER] * self.receiver_scale,
+                batch.blocks,
+                batch.input_nodes,
+                batch.h0_rows,
+                received=others[RELEASE_LAYER].others * self.receiver_scale,
             )
 
     def _local_forward(
@@ -167,6 +170,8 @@ class PrivateGlasuClient(GlasuClient):
 
     def _after_step(self, batch: CachedBatch) -> None:
         """The reference takes the same local step on the same batch, unweighted."""
+        if not self.holds_labels:
+            return
         self.reference.train()
         h = self._local_forward(
             self.reference, self.reference_generator, batch.blocks, batch.input_nodes,
@@ -179,22 +184,19 @@ class PrivateGlasuClient(GlasuClient):
         self.reference_optimizer.step()
 
     def _evaluate(
-        self,
-        blocks: Sequence[Block],
-        input_nodes: torch.Tensor,
-        h0_rows: Sequence[torch.Tensor],
-        output_nodes: np.ndarray,
-        labels: torch.Tensor,
+        self, batch: CachedBatch, output_nodes: np.ndarray
     ) -> Generator[Request, Response, PassOutcome]:
-        outcome = yield from super()._evaluate(blocks, input_nodes, h0_rows, output_nodes, labels)
+        outcome = yield from super()._evaluate(batch, output_nodes)
+        if not self.holds_labels:
+            return outcome
         self.reference.eval()
         with torch.no_grad():
             h = self._local_forward(
-                self.reference, self.reference_generator, blocks, input_nodes, h0_rows,
-                received=None,
+                self.reference, self.reference_generator, batch.blocks, batch.input_nodes,
+                batch.h0_rows, received=None,
             )  # fmt: skip
             logits = self.reference.classify(h, generator=self.reference_generator)
-        _, val_accuracy, test_accuracy = self.scores(logits, labels, output_nodes)
+        _, val_accuracy, test_accuracy = self.scores(logits, batch.labels, output_nodes)
         return dataclasses.replace(
             outcome, reference_val_accuracy=val_accuracy, reference_test_accuracy=test_accuracy
         )

@@ -33,11 +33,25 @@ def split_note(candidates: int, train: np.ndarray, val: np.ndarray, seed: int, w
 
 
 def deployed_alignment(
-    *, alignment_id: str, party: int, parties: int, digest: str, rows: np.ndarray, seed: int
+    *,
+    alignment_id: str,
+    party: int,
+    parties: int,
+    digest: str,
+    rows: np.ndarray,
+    seed: int,
+    nodes: str = "intersection",
+    aligned_nodes: int | None = None,
 ) -> PartyAlignment:
-    """A deployed party's alignment (``glasu align``): the split over every shared node, the
-    same at every party and at the operator (:func:`split_nodes` of N and the seed)."""
-    n = int((rows >= 0).sum())
+    """A deployed party's alignment (``glasu align``): the split over every aligned node, the
+    same at every party and at the operator (:func:`split_nodes` of N and the seed).
+    ``aligned_nodes``: N, needed for an alignment over the union (``nodes``); over the
+    intersection it is the number of shared rows."""
+    if aligned_nodes is None:
+        if nodes == "union":
+            raise ValueError("an alignment over the union needs its number of aligned nodes")
+        aligned_nodes = int((rows >= 0).sum())
+    n = aligned_nodes
     train, val, test = split_nodes(np.arange(n), seed=seed)
     return PartyAlignment(
         alignment_id=alignment_id,
@@ -49,5 +63,6 @@ def deployed_alignment(
         train_nodes=train,
         val_nodes=val,
         test_nodes=test,
-        split_note=split_note(n, train, val, seed, "shared nodes"),
+        split_note=split_note(n, train, val, seed, f"aligned nodes ({nodes})"),
+        nodes=nodes,
     )

@@ -153,6 +153,8 @@ def _run_schedule(
             kind=spec.kind,
             output_nodes=schedule.output_nodes(spec.index),
         )
+        # with a single label holder, every metric is the holder's alone (GLASU B.2)
+        outcomes = [o for o, c in zip(outcomes, clients, strict=True) if c.holds_labels]
         if spec.kind == "train":
             losses.append(float(np.mean([o.loss for o in outcomes])))
             bar.update(1)

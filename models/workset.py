@@ -17,11 +17,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from models.layers import Block
+from models.party import NO_LABEL
+
+if TYPE_CHECKING:
+    from models.federated import Extracted
 
 
 @dataclass
@@ -33,8 +38,12 @@ class CachedBatch:
     input_nodes: torch.Tensor
     h0_rows: Sequence[torch.Tensor]
     labels: torch.Tensor
-    others: dict[int, torch.Tensor] = field(default_factory=dict)
+    # per aggregation layer, 1 where this client holds the node (count-aware sessions only)
+    presence: dict[int, torch.Tensor] = field(default_factory=dict)
+    others: dict[int, Extracted] = field(default_factory=dict)
     own_output: torch.Tensor | None = None
+    # GLASU B.2: the label holder's gradient for the top-layer aggregate, per row (mean loss)
+    gradient: torch.Tensor | None = None
     last_used: int = -1  # the local step that last used this batch
 
 
@@ -81,7 +90,14 @@ def instance_weights(
 def weighted_cross_entropy(
     logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None
 ) -> torch.Tensor:
-    """The mean loss, or the weighted mean sum(w l) / sum(w) (zero if every weight is zero)."""
+    """The mean loss, or the weighted mean sum(w l) / sum(w) (zero if every weight is zero),
+    over the instances with a label (a party of a union lacks the labels of others' nodes)."""
+    labelled = labels != NO_LABEL
+    if not labelled.all():
+        logits, labels = logits[labelled], labels[labelled]
+        weights = None if weights is None else weights[labelled]
+        if labels.numel() == 0:
+            return logits.sum() * 0.0  # nothing to learn from this batch
     if weights is None:
         return F.cross_entropy(logits, labels)
     per_instance = F.cross_entropy(logits, labels, reduction="none")

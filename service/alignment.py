@@ -93,6 +93,7 @@ class AlignmentManager:
                 parties=request.parties,
                 seed=request.seed,
                 label=request.label,
+                nodes=request.nodes,
                 token_hashes=[token_sha256(t) for t in tokens],
             )
         return AlignmentCreated(
@@ -100,6 +101,7 @@ class AlignmentManager:
             party_tokens=tokens,
             parties=request.parties,
             seed=request.seed,
+            nodes=request.nodes,
         )
 
     def status(self, alignment_id: str) -> AlignmentStatus:
@@ -120,7 +122,9 @@ class AlignmentManager:
             state=row.state,  # type: ignore[arg-type]
             created_at=row.created_at,
             sets=progress,
+            nodes=row.nodes,  # type: ignore[arg-type]
             aligned_nodes=row.aligned_nodes,
+            shared_nodes=row.shared_nodes,
             digest=row.digest.hex() if row.digest is not None else None,
         )
 
@@ -274,22 +278,23 @@ def _owing(sets: list[SetRow], parties: int) -> list[int]:
 
 
 def _complete_if_ready(tables: AlignmentTables, row: AlignmentRow) -> None:
-    """Once every owner's fully blinded set is in: intersect, sort, map each owner's positions
-    to the aligned index, and drop the bodies."""
+    """Once every owner's fully blinded set is in: intersect (or unite), sort, map each owner's
+    positions to the aligned index, and drop the bodies."""
     last = row.parties - 1
     full = [tables.set(row.id, owner, last) for owner in range(row.parties)]
     if any(s is None or s.body is None for s in full):
         return
     owned = [unpack(s.body) for s in full if s is not None and s.body is not None]
     shared = set(owned[0]).intersection(*owned[1:])
-    intersection = sorted(shared)
-    index = {element: i for i, element in enumerate(intersection)}
+    aligned = sorted(shared if row.nodes == "intersection" else set().union(*owned))
+    index = {element: i for i, element in enumerate(aligned)}
     positions = [
         np.array([index.get(e, -1) for e in elements], dtype="<i8").tobytes() for elements in owned
     ]
     tables.complete(
         row.id,
-        aligned_nodes=len(intersection),
-        digest=hashlib.sha256(pack(intersection)).digest(),
+        aligned_nodes=len(aligned),
+        shared_nodes=len(shared),
+        digest=hashlib.sha256(pack(aligned)).digest(),
         positions=positions,
     )

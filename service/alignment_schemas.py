@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 from service.schemas import MAX_CLIENTS, StrictModel
 
 AlignmentState = Literal["running", "done"]
+AlignedNodes = Literal["intersection", "union"]
 MAX_SEED = 2**63 - 1
 
 
@@ -24,6 +25,12 @@ class AlignmentCreate(StrictModel):
         description="Seeds the train/validation/test split drawn over the aligned node index.",
     )
     label: str | None = Field(None, max_length=200, description="Free text shown in the status.")
+    nodes: AlignedNodes = Field(
+        "intersection",
+        description="Which ids the aligned index covers: those every party holds "
+        "(`intersection`), or those any party holds (`union`: partly shared nodes, trained with "
+        "the count-aware mean; each party then also learns, per node, how many parties hold it).",
+    )
 
 
 class AlignmentCreated(BaseModel):
@@ -31,6 +38,7 @@ class AlignmentCreated(BaseModel):
     party_tokens: list[str] = Field(description="One per party, returned once.")
     parties: int
     seed: int
+    nodes: AlignedNodes
 
 
 class SetProgress(BaseModel):
@@ -47,9 +55,15 @@ class AlignmentStatus(BaseModel):
     state: AlignmentState
     created_at: float
     sets: list[SetProgress]
-    aligned_nodes: int | None = Field(description="Size of the intersection, once done.")
+    nodes: AlignedNodes
+    aligned_nodes: int | None = Field(
+        description="Size of the aligned index (the intersection or the union), once done."
+    )
+    shared_nodes: int | None = Field(
+        description="Ids every party holds (the intersection's size), once done."
+    )
     digest: str | None = Field(
-        description="SHA-256 (hex) of the sorted intersection of the fully blinded sets, once "
+        description="SHA-256 (hex) of the sorted aligned index of fully blinded values, once "
         "done: every party records it, so all can check they hold the same alignment."
     )
 

@@ -24,7 +24,9 @@ CREATE TABLE IF NOT EXISTS alignments (
     aligned_nodes INTEGER,
     digest BLOB,
     created_at REAL NOT NULL,
-    updated_at REAL NOT NULL
+    updated_at REAL NOT NULL,
+    nodes TEXT NOT NULL DEFAULT 'intersection' CHECK (nodes IN ('intersection', 'union')),
+    shared_nodes INTEGER
 );
 CREATE TABLE IF NOT EXISTS alignment_tokens (
     alignment_id TEXT NOT NULL REFERENCES alignments(id),
@@ -51,6 +53,13 @@ CREATE TABLE IF NOT EXISTS alignment_positions (
 """
 
 
+# columns added after the first release, with their declarations (added in place on open)
+ADDED_COLUMNS = {
+    "nodes": "TEXT NOT NULL DEFAULT 'intersection' CHECK (nodes IN ('intersection', 'union'))",
+    "shared_nodes": "INTEGER",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class AlignmentRow:
     id: str
@@ -61,6 +70,8 @@ class AlignmentRow:
     aligned_nodes: int | None
     digest: bytes | None
     created_at: float
+    nodes: str  # "intersection" or "union": which ids the aligned index covers
+    shared_nodes: int | None  # ids every party holds (the intersection's size), once done
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +89,10 @@ def create_alignment_tables(store: Store) -> None:
         for statement in ALIGNMENT_SCHEMA.split(";"):
             if statement.strip():
                 tx.connection.execute(statement)
+        columns = {row[1] for row in tx.connection.execute("PRAGMA table_info(alignments)")}
+        for column, declaration in ADDED_COLUMNS.items():
+            if column not in columns:  # a database written before the column existed
+                tx.connection.execute(f"ALTER TABLE alignments ADD COLUMN {column} {declaration}")
 
 
 class AlignmentTables:
@@ -93,13 +108,15 @@ class AlignmentTables:
         parties: int,
         seed: int,
         label: str | None,
+        nodes: str,
         token_hashes: list[bytes],
     ) -> None:
         now = time.time()
         self._db.execute(
-            "INSERT INTO alignments (id, parties, seed, label, state, created_at, updated_at)"
-            " VALUES (?, ?, ?, ?, 'running', ?, ?)",
-            (alignment_id, parties, seed, label, now, now),
+            "INSERT INTO alignments"
+            " (id, parties, seed, label, state, created_at, updated_at, nodes)"
+            " VALUES (?, ?, ?, ?, 'running', ?, ?, ?)",
+            (alignment_id, parties, seed, label, now, now, nodes),
         )
         self._db.executemany(
             "INSERT INTO alignment_tokens (alignment_id, party, token_sha256) VALUES (?, ?, ?)",
@@ -108,14 +125,14 @@ class AlignmentTables:
 
     def alignment(self, alignment_id: str) -> AlignmentRow | None:
         row = self._db.execute(
-            "SELECT id, parties, seed, label, state, aligned_nodes, digest, created_at"
-            " FROM alignments WHERE id = ?",
+            "SELECT id, parties, seed, label, state, aligned_nodes, digest, created_at, nodes,"
+            " shared_nodes FROM alignments WHERE id = ?",
             (alignment_id,),
         ).fetchone()
         if not row:
             return None
         digest = bytes(row[6]) if row[6] is not None else None
-        return AlignmentRow(*row[:6], digest, row[7])
+        return AlignmentRow(*row[:6], digest, *row[7:])
 
     def token_owner(self, token_sha256: bytes) -> tuple[str, int] | None:
         row = self._db.execute(
@@ -150,7 +167,13 @@ class AlignmentTables:
         )
 
     def complete(
-        self, alignment_id: str, *, aligned_nodes: int, digest: bytes, positions: list[bytes]
+        self,
+        alignment_id: str,
+        *,
+        aligned_nodes: int,
+        shared_nodes: int,
+        digest: bytes,
+        positions: list[bytes],
     ) -> None:
         """Store each owner's positions, mark the alignment done and drop every set body."""
         self._db.executemany(
@@ -158,9 +181,9 @@ class AlignmentTables:
             [(alignment_id, owner, body) for owner, body in enumerate(positions)],
         )
         self._db.execute(
-            "UPDATE alignments SET state = 'done', aligned_nodes = ?, digest = ?, updated_at = ?"
-            " WHERE id = ?",
-            (aligned_nodes, digest, time.time(), alignment_id),
+            "UPDATE alignments SET state = 'done', aligned_nodes = ?, shared_nodes = ?,"
+            " digest = ?, updated_at = ? WHERE id = ?",
+            (aligned_nodes, shared_nodes, digest, time.time(), alignment_id),
         )
         self._db.execute(
             "UPDATE alignment_sets SET body = NULL WHERE alignment_id = ?", (alignment_id,)

@@ -161,6 +161,14 @@ class WrongLayer(DomainError):
         )
 
     @classmethod
+    def gradient_on_evaluation(cls, layer: int, pass_index: int) -> WrongLayer:
+        return cls(
+            f"layer {layer} carries the label holder's gradient, sent in training passes only;"
+            f" pass {pass_index} is an evaluation pass",
+            layer=layer,
+        )
+
+    @classmethod
     def top_layer(cls, layer: int) -> WrongLayer:
         return cls(
             f"layer {layer} is the top layer: its rows are the pass's output nodes, so node"

@@ -24,8 +24,10 @@ class SessionPlan:
     config: SessionCreate  # privacy.noise_multiplier holds the z in use
     public_context_sha256: str | None
     schedule: SessionSchedule
-    widths: dict[int, int]
+    widths: dict[int, int]  # columns of a share per aggregation layer (+1: presence, "union")
     privacy: SessionPrivacy | None
+    # layers + 1: the label holder's broadcast gradient in training passes (GLASU B.2, no DP)
+    gradient_layer: int | None
 
     @classmethod
     def build(
@@ -56,13 +58,19 @@ class SessionPlan:
                 passes_total=schedule.passes_total,
                 encrypted=config.encryption == "ckks",
             )
+        widths = {a.layer: a.width + (config.nodes == "union") for a in config.agg_layers}
+        gradient_layer = None
+        if config.label_holder is not None and privacy is None:
+            gradient_layer = config.layers + 1
+            widths[gradient_layer] = config.agg_layers[-1].width
         return cls(
             session_id=session_id,
             config=config,
             public_context_sha256=public_context_sha256,
             schedule=schedule,
-            widths={a.layer: a.width for a in config.agg_layers},
+            widths=widths,
             privacy=privacy,
+            gradient_layer=gradient_layer,
         )
 
     @classmethod
@@ -110,8 +118,11 @@ class SessionPlan:
     def first_agg_layer(self) -> int:
         return self.config.agg_layers[0].layer
 
-    @property
-    def last_agg_layer(self) -> int:
+    def last_layer(self, pass_index: int) -> int:
+        """The layer whose sum completes the pass: the gradient's in a training pass of a
+        label holder's session, else the last aggregation layer."""
+        if self.gradient_layer is not None and self.passes[pass_index].kind == "train":
+            return self.gradient_layer
         return self.config.agg_layers[-1].layer
 
     def agg_layers_below(self, layer: int) -> list[int]:

@@ -87,6 +87,22 @@ class SessionCreate(StrictModel):
         "ckks", description="'ckks': the service adds ciphertexts; 'none': float32 plaintext."
     )
     privacy: PrivacySettings | None = None
+    nodes: Literal["intersection", "union"] = Field(
+        "intersection",
+        description="'union': nodes are partly shared (an alignment over the union). Each share "
+        "then carries one more column, the client's presence indicator (1 where it holds the "
+        "node, its row zero elsewhere), so the sum's last column counts each row's holders and "
+        "the clients divide by it (the count-aware mean).",
+    )
+    label_holder: int | None = Field(
+        None,
+        ge=0,
+        lt=MAX_CLIENTS,
+        description="GLASU Appendix B.2: the one client that holds the labels (null: every "
+        "client). Without privacy, the top layer must be an aggregation layer and every training "
+        "pass gains an exchange at layer `layers + 1` of the top layer's width: the holder's "
+        "gradient for the top-layer aggregate, summed with the others' zero shares.",
+    )
     label: str | None = Field(None, max_length=200)
 
     @field_validator("agg_layers")
@@ -115,6 +131,16 @@ class SessionCreate(StrictModel):
             nodes = getattr(self, name)
             if min(nodes) < 0 or max(nodes) >= self.num_nodes:
                 raise ValueError(f"{name} must lie in [0, num_nodes={self.num_nodes})")
+        if self.label_holder is not None:
+            if self.label_holder >= self.clients:
+                raise ValueError(
+                    f"label_holder {self.label_holder} is not a client (0..{self.clients - 1})"
+                )
+            if self.privacy is None and self.agg_layers[-1].layer != self.layers:
+                raise ValueError(
+                    "a single label holder needs the top layer as an aggregation layer "
+                    f"(layers={self.layers}), GLASU Appendix B.2"
+                )
         return self
 
     @property
@@ -150,6 +176,8 @@ class SessionConfigView(BaseModel):
         description="SHA-256 of the CKKS public context the session was created under."
     )
     privacy: PrivacySettings | None
+    nodes: Literal["intersection", "union"]
+    label_holder: int | None
     label: str | None
 
 

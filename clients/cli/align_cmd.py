@@ -65,6 +65,13 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         default=0,
         help="seeds the train/validation/test split over the shared nodes",
     )
+    create.add_argument(
+        "--nodes",
+        choices=["intersection", "union"],
+        default="intersection",
+        help="index the ids every party holds (intersection), or every id any party holds "
+        "(union: partly shared nodes, trained with the count-aware mean; docs/data.md)",
+    )
     create.add_argument("--label", default=None, help="free text shown in the status")
     create.add_argument(
         "--out", type=Path, required=True, metavar="DIR", help="output directory (required)"
@@ -162,7 +169,12 @@ def _create(args: argparse.Namespace) -> int:
     token = read_token(args.admin_token_file, flag="--admin-token-file")
     with admin_client(args, token) as admin:
         created = admin.create_alignment(
-            {"parties": args.parties, "seed": args.seed, "label": args.label}
+            {
+                "parties": args.parties,
+                "seed": args.seed,
+                "nodes": args.nodes,
+                "label": args.label,
+            }
         )
     with failing_as(f"cannot write --out {args.out}"):
         args.out.mkdir(parents=True, exist_ok=True)
@@ -210,18 +222,27 @@ def _run_party(args: argparse.Namespace) -> int:
         digest=outcome.digest,
         rows=outcome.rows,
         seed=outcome.seed,
+        nodes=outcome.nodes,
+        aligned_nodes=outcome.aligned_nodes,
     )
     with failing_as(f"cannot write the alignment into {args.data}"):
         write_alignment(alignment, args.data)
-    unlabelled = int((data.labels[alignment.local_rows()] == NO_LABEL).sum())
-    print(
-        f"{args.data}: {outcome.aligned_nodes} of its {data.num_rows} nodes are shared by all "
-        f"{outcome.parties} parties (digest {outcome.digest[:16]}...); {alignment.split_note}"
-    )
+    unlabelled = int((data.labels[outcome.rows >= 0] == NO_LABEL).sum())
+    if outcome.nodes == "union":
+        coverage = (
+            f"its {data.num_rows} nodes are among the {outcome.aligned_nodes} nodes of the "
+            f"union, {outcome.shared_nodes} of them held by all {outcome.parties} parties"
+        )
+    else:
+        coverage = (
+            f"{outcome.aligned_nodes} of its {data.num_rows} nodes are shared by all "
+            f"{outcome.parties} parties"
+        )
+    print(f"{args.data}: {coverage} (digest {outcome.digest[:16]}...); {alignment.split_note}")
     if unlabelled:
         print(
-            f"glasu align run: warning: {unlabelled} shared nodes have no label here; the worker "
-            "needs a label for every shared node (docs/data.md)",
+            f"glasu align run: warning: {unlabelled} of its aligned nodes have no label here; "
+            "the worker needs a label for every aligned node it holds (docs/data.md)",
             file=sys.stderr,
         )
     return 0
@@ -235,6 +256,11 @@ def describe(status: dict) -> str:
     )
     line = f"alignment {status['alignment_id']} ({status.get('label') or 'no label'}): "
     line += f"{status['state']}; {sets}"
-    if status["state"] == "done":
+    if status["state"] == "done" and status.get("nodes") == "union":
+        line += (
+            f"; {status['aligned_nodes']} nodes in the union, {status['shared_nodes']} shared "
+            f"by all, digest {status['digest']}"
+        )
+    elif status["state"] == "done":
         line += f"; {status['aligned_nodes']} shared nodes, digest {status['digest']}"
     return line

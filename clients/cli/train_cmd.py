@@ -53,6 +53,14 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "least two): trains on the nodes they share, aligned by a private set intersection, "
         "instead of --dataset (docs/data.md)",
     )
+    data.add_argument(
+        "--nodes",
+        choices=["intersection", "union"],
+        default="intersection",
+        help="with --party: train on the nodes every party holds (intersection), or on every "
+        "node any party holds (union: a party's share is zero where it lacks a node and each "
+        "row is averaged over the parties that hold it; docs/data.md)",
+    )
     federation = p.add_argument_group("federation and training")
     add_federation_arguments(federation, local=True)
     federation.add_argument(
@@ -95,6 +103,7 @@ def check(args: argparse.Namespace) -> None:
     """Everything that can be checked before anything starts (no torch, no dataset)."""
     if args.party is not None:
         check_parties(args)
+    check_nodes(args)
     check_federation(args, through_service=uses_service(args))
     check_output_file(args.report, "--report")
     check_output_file(args.plot, "--plot", formats=PLOT_FORMATS)
@@ -155,6 +164,13 @@ def check_parties(args: argparse.Namespace) -> None:
     args.clients = len(args.party)
 
 
+def check_nodes(args: argparse.Namespace) -> None:
+    if args.nodes == "union" and args.party is None:
+        raise UsageError(
+            "--nodes union needs --party: in a benchmark dataset every party holds every node"
+        )
+
+
 def party_settings(args: argparse.Namespace) -> dict[str, Any]:
     """What ``--party`` sets in the run's configuration: M, the data's name, the split."""
     if args.party is None:
@@ -176,7 +192,13 @@ def _aligned_parties(
 
     with failing_as("--party", ValueError, OSError):
         try:
-            federation = federation_of_parties(folders, seed=config.seed, progress=progress)
+            federation = federation_of_parties(
+                folders,
+                seed=config.seed,
+                nodes=config.nodes,
+                label_holder=config.label_holder,
+                progress=progress,
+            )
         except AlignmentFailed as exc:
             raise CliError(f"the alignment failed: {exc}") from exc
     print(f"aligned privately: {federation.summary}", flush=True)

@@ -99,6 +99,15 @@ def add_federation_arguments(p: argparse._ActionsContainer, *, local: bool) -> N
         metavar="Q",
         help="local steps per communication round (stale updates)",
     )
+    p.add_argument(
+        "--label-holder",
+        type=int_range(0, MAX_CLIENTS - 1),
+        default=None,
+        metavar="M",
+        help="only client M holds the labels and the split; the others learn from the gradient "
+        "it broadcasts through the service, encrypted (GLASU Appendix B.2); with --mode "
+        "standalone: client M alone. Default: every client holds the labels",
+    )
     if local:  # each worker's own choice; a deployed worker takes them as its settings
         p.add_argument(
             "--cache-rounds",
@@ -310,6 +319,10 @@ def check_federation(args: argparse.Namespace, *, through_service: bool) -> None
         raise UsageError(
             f"--agg-layers K={args.agg_layers} is more than --layers L={args.layers}: "
             "K layers out of L meet at the service"
+        )
+    if args.label_holder is not None and args.label_holder >= args.clients:
+        raise UsageError(
+            f"--label-holder {args.label_holder} is not a client (0..{args.clients - 1})"
         )
     if not releases_anything(args):
         return

@@ -1,12 +1,16 @@
 """``glasu worker``: one organisation's process.
 
 Exit codes: 0 the session finished (or the session's privacy budget was spent: said on stderr),
-2 bad settings, 1 unusable data or key files or an answer that breaks the protocol, 3 the service
-refused a call (the problem detail as one sentence), 4 the service stayed unreachable after
-bounded retries, 5 other clients did not deliver their part of a step within
---peer-wait-seconds, 6 this organisation's privacy policy refused the session, or its budget
-(per session or lifetime, counted in the local ledger beside the data) is spent. The parser
-needs only the settings model; torch and the models are imported when the worker runs."""
+2 bad settings, 1 unusable data, key files or checkpoint (another session's, damaged) or an
+answer that breaks the protocol, 3 the service refused a call (the problem detail as one
+sentence), 4 the service stayed unreachable after bounded retries, 5 other clients did not
+deliver their part of a step within --peer-wait-seconds, 6 this organisation's privacy policy
+refused the session, or its budget
+(per session or lifetime, counted in the local ledger beside the data) is spent. After every
+pass the worker writes a checkpoint (--checkpoint DIR, default checkpoints/ in the data folder);
+the same command run again after a crash resumes from it (docs/deploy.md, "Crashes and
+resuming"). The parser needs only the settings model; torch and the models are imported when
+the worker runs."""
 
 from __future__ import annotations
 
@@ -39,7 +43,26 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "over the file). The privacy policy settings are the data owner's: the worker refuses "
         "a session that would spend more.",
     )
-    add_settings_arguments(p, WorkerSettings)
+    add_settings_arguments(p, WorkerSettings, skip=frozenset({"checkpoint", "no_checkpoint"}))
+    p.add_argument(
+        "--checkpoint",
+        dest="checkpoint",
+        default=None,
+        metavar="DIR",
+        help="folder of this worker's checkpoints, written after every pass; started again "
+        "with the same command after a crash, the worker resumes from its checkpoint and "
+        "rejoins the session [env GLASU_CHECKPOINT] (default: checkpoints/ in the --data "
+        "folder, beside the local privacy ledger)",
+    )
+    p.add_argument(
+        "--no-checkpoint",
+        dest="no_checkpoint",
+        action="store_const",
+        const=True,
+        default=None,
+        help="write no checkpoints (a worker that stops cannot rejoin its session) "
+        "[env GLASU_NO_CHECKPOINT]",
+    )
     p.add_argument("--quiet", action="store_true", help="no per-pass progress lines")
     return p
 
@@ -48,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(WorkerSettings, args)
     import torch
 
+    from clients.checkpoint import CheckpointError, CheckpointStore
     from clients.ledger import LocalLedger
     from clients.policy import PolicyRefusal
     from clients.transport import (
@@ -67,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(settings.threads)
     token = read_token(settings.token_file, flag="--token-file")
     with failing_as(f"cannot load the partition {settings.data}"):
-        partition = load_partition(settings.data)
+        partition = load_partition(settings.data, require_labels=False)
     with failing_as("--device", RuntimeError, ValueError):
         device = resolve_device(settings.device)
     with failing_as("cannot load the secret context"):
@@ -96,6 +120,19 @@ def run(args: argparse.Namespace) -> int:
                 flush=True,
             )
 
+    def resumed(pass_index: int, path) -> None:
+        print(
+            f"glasu worker {settings.client}: resumed from pass {pass_index} (checkpoint {path})",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    directory = settings.checkpoint_dir()
+    checkpoints = (
+        None
+        if directory is None
+        else CheckpointStore(directory, session_id=settings.session, client=settings.client)
+    )
     with (
         ServiceClient(
             base_url=settings.server,
@@ -118,7 +155,11 @@ def run(args: argparse.Namespace) -> int:
                 ledger=ledger,
                 device=device,
                 on_pass=progress,
+                checkpoints=checkpoints,
+                on_resume=resumed,
             )
+        except CheckpointError as exc:
+            raise CliError(f"checkpoint: {exc}") from exc
         except (PolicyRefusal, NotPrivateNoiseError) as exc:
             print(f"glasu worker {settings.client}: privacy policy: {exc}", file=sys.stderr)
             return EXIT_POLICY
@@ -138,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
             "device": str(device),
             "passes": result.passes,
             "finished_reason": result.finished_reason,
+            "resumed_from": result.resumed_from,
             "bytes_up": service.traffic.up,
             "bytes_down": service.traffic.down,
             "history": result.history,

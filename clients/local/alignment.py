@@ -21,7 +21,11 @@ PEER_WAIT_SECONDS = 120.0  # the parties are threads of this process: none is ev
 
 
 def align_in_process(
-    party_ids: Sequence[Sequence[str]], *, seed: int, progress: bool = False
+    party_ids: Sequence[Sequence[str]],
+    *,
+    seed: int,
+    nodes: str = "intersection",
+    progress: bool = False,
 ) -> list[AlignmentOutcome]:
     """Align the parties' ids (one sequence per party, in its row order); the outcome of each
     party, in order. Raises :class:`clients.alignment.AlignmentFailed` (e.g. no shared id)."""
@@ -37,7 +41,12 @@ def align_in_process(
         try:
             with AdminClient(base_url=BASE_URL, token=admin_token, transport=transport) as admin:
                 created = admin.create_alignment(
-                    {"parties": len(party_ids), "seed": seed, "label": "glasu train --party"}
+                    {
+                        "parties": len(party_ids),
+                        "seed": seed,
+                        "nodes": nodes,
+                        "label": "glasu train --party",
+                    }
                 )
             with ThreadPoolExecutor(max_workers=len(party_ids)) as pool:
                 futures = [

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import secrets
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -18,11 +19,14 @@ from tqdm.auto import tqdm
 
 from clients.admin import AdminClient, ServiceUnavailable
 from clients.local.processes import (
+    MAX_WORKER_RESTARTS,
     FederationFailed,
     ManagedProcess,
+    crashed,
     exit_failure,
     free_port,
     glasu_command,
+    restart_process,
     secret_file,
     start_process,
     stop_all,
@@ -146,16 +150,35 @@ def follow(
     progress: bool,
 ) -> dict[str, Any]:
     """Show one progress bar for the whole federation until every worker has exited; fail fast
-    (naming the process) when any process dies with an error."""
+    (naming the process) when any process dies with an error. A worker that crashed (killed,
+    say by the kernel) is started again, up to ``MAX_WORKER_RESTARTS`` times: it resumes from
+    its checkpoint and rejoins the pass the service is at."""
     workers = processes[1:]
     bar = tqdm(
         total=passes_total, desc="federation", unit="pass", disable=not progress, leave=False
     )
     status: dict[str, Any] = {}
+    postfix: dict[str, Any] = {}
 
     def check_processes() -> None:
         for managed in processes:
             code = managed.process.poll()
+            restartable = (
+                managed is not processes[0]
+                and bool(managed.command)
+                and managed.restarts < MAX_WORKER_RESTARTS
+            )
+            if restartable and crashed(code):
+                restart_process(managed)
+                tqdm.write(
+                    f"{managed.name} crashed (exit code {code}); restarted it "
+                    f"({managed.restarts} of {MAX_WORKER_RESTARTS}): it resumes from its "
+                    "checkpoint",
+                    file=sys.stderr,
+                )
+                postfix["restarts"] = sum(w.restarts for w in workers)
+                bar.set_postfix(postfix)
+                continue
             if code not in (None, 0) or (managed is processes[0] and code is not None):
                 raise exit_failure(managed, code)
 
@@ -174,7 +197,8 @@ def follow(
             bar.update(max(0, min(status["current_pass"], passes_total) - bar.n))
             evals = [m for m in status.get("metrics", []) if m.get("val_accuracy") is not None]
             if evals:
-                bar.set_postfix(round=evals[-1]["round"], val=f"{evals[-1]['val_accuracy']:.3f}")
+                postfix.update(round=evals[-1]["round"], val=f"{evals[-1]['val_accuracy']:.3f}")
+                bar.set_postfix(postfix)
             if all(w.process.poll() == 0 for w in workers):
                 return status
             time.sleep(0.3)

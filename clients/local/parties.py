@@ -21,16 +21,26 @@ def party_names(folders: Sequence[Path]) -> list[str]:
 
 
 def federation_of_parties(
-    folders: Sequence[Path], *, seed: int, progress: bool = False
+    folders: Sequence[Path],
+    *,
+    seed: int,
+    nodes: str = "intersection",
+    label_holder: int | None = None,
+    progress: bool = False,
 ) -> AlignedFederation:
     """Read every folder, align the parties' ids privately and build the federation over the
-    shared nodes (their labels merged, the split drawn from ``seed``)."""
+    shared nodes, or over the union (``nodes``), their labels merged, the split drawn from
+    ``seed``."""
     parties = [read_party(Path(folder)) for folder in folders]
-    outcomes = align_in_process([data.ids for data in parties], seed=seed, progress=progress)
+    outcomes = align_in_process(
+        [data.ids for data in parties], seed=seed, nodes=nodes, progress=progress
+    )
     index = SharedIndex(
         alignment_id=outcomes[0].alignment_id,
         digest=outcomes[0].digest,
         aligned_nodes=outcomes[0].aligned_nodes,
         rows=[outcome.rows for outcome in outcomes],
     )
-    return aligned_federation(parties, index, names=party_names(folders), seed=seed)
+    return aligned_federation(
+        parties, index, names=party_names(folders), seed=seed, label_holder=label_holder
+    )

@@ -20,11 +20,23 @@ class FederationFailed(RuntimeError):
     """A process of the local federation failed; the message says which and why."""
 
 
+#: How often the local federation restarts one crashed worker (it resumes from its checkpoint).
+MAX_WORKER_RESTARTS = 3
+
+#: Exit codes of a crash (killed by the kernel or by kill -9, a fatal signal of its own), not of
+#: a stop that someone asked for (SIGINT, SIGTERM) or of a failure the worker reported itself.
+CRASH_CODES = frozenset(
+    -sig for sig in (signal.SIGKILL, signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGILL)
+)
+
+
 @dataclass
 class ManagedProcess:
     name: str
     process: subprocess.Popen
     log_path: Path
+    command: tuple[str, ...] = ()
+    restarts: int = 0
 
     def tail(self, lines: int = 15) -> str:
         try:
@@ -56,7 +68,25 @@ def start_process(name: str, command: Sequence[str], log_path: Path) -> ManagedP
         command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
     )
     log.close()
-    return ManagedProcess(name=name, process=process, log_path=log_path)
+    return ManagedProcess(name=name, process=process, log_path=log_path, command=tuple(command))
+
+
+def restart_process(managed: ManagedProcess) -> None:
+    """Start ``managed``'s command again, its output appended to the same log."""
+    if not managed.command:
+        raise ValueError(f"{managed.name} has no command to restart")
+    with managed.log_path.open("ab") as log:
+        log.write(f"--- restarted after exit code {managed.process.returncode} ---\n".encode())
+        log.flush()
+        managed.process = subprocess.Popen(
+            managed.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+    managed.restarts += 1
+
+
+def crashed(code: int | None) -> bool:
+    """Whether exit code ``code`` is a crash (see :data:`CRASH_CODES`)."""
+    return code in CRASH_CODES
 
 
 def stop_all(processes: Sequence[ManagedProcess], grace: float = 5.0) -> None:

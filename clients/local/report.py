@@ -23,24 +23,31 @@ def report_from_workers(
     *,
     wall_seconds: float,
 ) -> RunReport:
-    """The workers' histories, one row per evaluation, averaged over clients (bytes summed)."""
+    """The workers' histories, one row per evaluation, averaged over clients (bytes summed);
+    with a single label holder, its metrics alone (GLASU B.2)."""
     epsilon_at_pass = {entry["pass"]: entry["epsilon"] for entry in privacy.get("ledger", [])}
 
     def mean(rows: list[dict[str, Any]], key: str) -> float:
         return float(np.mean([row[key] for row in rows]))
 
+    holder = config.label_holder if config.mode != "standalone" else None
+    scored = [holder] if holder is not None else range(len(results))
     history = [
         HistoryEntry(
             round=rows[0]["round"],
-            loss=mean(rows, "loss"),
-            val_accuracy=mean(rows, "val_accuracy"),
-            test_accuracy=mean(rows, "test_accuracy"),
+            loss=mean([rows[m] for m in scored], "loss"),
+            val_accuracy=mean([rows[m] for m in scored], "val_accuracy"),
+            test_accuracy=mean([rows[m] for m in scored], "test_accuracy"),
             bytes_up=sum(row["bytes_up"] for row in rows),
             bytes_down=sum(row["bytes_down"] for row in rows),
             training_bytes=sum(row["training_bytes"] for row in rows),
             epsilon=epsilon_at_pass.get(rows[0]["pass"]),
-            reference_val_accuracy=mean_or_none([row["reference_val_accuracy"] for row in rows]),
-            reference_test_accuracy=mean_or_none([row["reference_test_accuracy"] for row in rows]),
+            reference_val_accuracy=mean_or_none(
+                [rows[m]["reference_val_accuracy"] for m in scored]
+            ),
+            reference_test_accuracy=mean_or_none(
+                [rows[m]["reference_test_accuracy"] for m in scored]
+            ),
         )
         for rows in zip(*(res["history"] for res in results), strict=True)
     ]

@@ -3,6 +3,7 @@ workers' command lines (their model options and their privacy policy)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ def aligned_session_request(config: TrainConfig, alignment: dict[str, Any]) -> d
         )
     n = int(alignment["aligned_nodes"])
     train, val, test = split_nodes(np.arange(n), seed=int(alignment["seed"]))
+    config = dataclasses.replace(config, nodes=alignment.get("nodes", "intersection"))
     return session_body(
         config,
         clients=int(alignment["parties"]),
@@ -77,6 +79,8 @@ def session_body(
         "seed": config.seed,
         "encryption": "ckks" if config.encrypted else "none",
         "privacy": config.privacy_request(),
+        "nodes": config.nodes,
+        "label_holder": config.label_holder if config.releases_anything else None,
         "label": f"glasu train {config.dataset} {config.mode}"[:MAX_LABEL],
     }
 

@@ -50,6 +50,8 @@ def open_layer(
         check_node_layer(plan, layer)
     else:
         check_aggregation_layer(plan, layer)
+        if layer == plan.gradient_layer and plan.passes[pass_index].kind != "train":
+            raise WrongLayer.gradient_on_evaluation(layer, pass_index)
     return row, plan
 
 
@@ -66,7 +68,7 @@ def check_aggregation_layer(plan: SessionPlan, layer: int) -> None:
 def check_node_layer(plan: SessionPlan, layer: int) -> None:
     """Node sets are exchanged at the aggregation layers below the top."""
     check_aggregation_layer(plan, layer)
-    if layer == plan.top_layer:
+    if layer >= plan.top_layer:
         raise WrongLayer.top_layer(layer)
 
 
@@ -100,9 +102,9 @@ def uploaders(
 
 
 def layer_rows(tx: Transaction, plan: SessionPlan, pass_index: int, layer: int) -> int:
-    """Rows of the layer's embeddings: the output nodes at the top, else the node union (which
-    must be complete)."""
-    if layer == plan.top_layer:
+    """Rows of the layer's embeddings: the output nodes at the top (and for the gradient above
+    it), else the node union (which must be complete)."""
+    if layer >= plan.top_layer:
         return plan.output_rows(pass_index)
     union = tx.result(plan.session_id, pass_index, layer, "union")
     if union is None:

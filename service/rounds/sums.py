@@ -164,7 +164,7 @@ class ShareSums:
                 body=None,
                 released_at=released_at,
             )
-            if layer == plan.last_agg_layer:
+            if layer == plan.last_layer(pass_index):
                 completed_kind = plan.passes[pass_index].kind
                 _advance(tx, plan, pass_index)
         self._recent.put((plan.session_id, pass_index, layer), body)

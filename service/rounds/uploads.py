@@ -174,7 +174,7 @@ class Uploads:
                 expected=(target.rows, target.cols),
                 declared=(header.rows, header.cols),
                 rows_are="the pass's output nodes"
-                if layer == plan.top_layer
+                if layer >= plan.top_layer
                 else f"the node union of layer {layer}",
             )
         try:

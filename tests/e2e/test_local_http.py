@@ -146,3 +146,25 @@ def test_secure_run_stops_when_the_budget_is_spent(cora, tmp_path: Path) -> None
     assert report.config["encryption"] == "ckks"
     assert report.history and report.history[-1].epsilon is not None
     assert report.history[-1].epsilon <= 5.0
+
+
+@pytest.mark.slow  # 12-40 s: a service and three worker processes
+def test_a_label_holder_run_over_http_equals_the_in_process_run(cora, tmp_path: Path) -> None:
+    """GLASU B.2 through the service: the passive workers' folders hold no label and no split,
+    the broadcast gradient travels as a sum at layer L + 1, and the run is the in-process one."""
+    config = TrainConfig(
+        rounds=4, eval_every=2, hidden=32, encryption="none", dp=False, seed=5, label_holder=1
+    )
+    over_http = train_over_http(
+        config, layout_federation(config, cora), cora, progress=False, work_dir=tmp_path
+    )
+    in_process = train_inprocess(config, dataset=cora, progress=False)
+    assert [h.test_accuracy for h in over_http.history] == pytest.approx(
+        [h.test_accuracy for h in in_process.history], abs=1e-9
+    )
+    assert over_http.config["label_holder"] == 1
+    for m in range(config.clients):
+        folder = tmp_path / "partitions" / f"client-{m}"
+        held = {p.name for p in folder.iterdir()}
+        expected = {"labels.npy", "train.npy", "val.npy", "test.npy"} if m == 1 else set()
+        assert held & {"labels.npy", "train.npy", "val.npy", "test.npy"} == expected, m

@@ -55,7 +55,7 @@ def test_a_deployed_party_needs_a_label_for_every_shared_node(tmp_path: Path) ->
         deployed_alignment(alignment_id="a", party=0, parties=2, digest="0", rows=rows, seed=0),
         tmp_path,
     )
-    with pytest.raises(ValueError, match="no label for 1 of the shared"):
+    with pytest.raises(ValueError, match="no label for 1 of the aligned"):
         load_partition(tmp_path)
 
 

@@ -57,7 +57,7 @@ def test_extract_identity(cora) -> None:
         next(gen)
         with pytest.raises(StopIteration) as done:
             gen.send(Aggregate(payload=total, count=3))
-        h_minus_m = done.value.value.numpy()
+        h_minus_m = done.value.value.others.numpy()
         assert np.allclose(h_minus_m + shares[m] / 3, sum(shares) / 3, atol=1e-6)
         assert np.allclose(h_minus_m, sum(s for n, s in enumerate(shares) if n != m) / 3, atol=1e-6)
 

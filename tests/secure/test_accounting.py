@@ -6,7 +6,6 @@ import json
 import math
 import subprocess
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -240,12 +239,10 @@ def test_prv_failures_are_clear_errors() -> None:
     # RDP still answers (epsilon in the thousands: no privacy to speak of)
     assert epsilon_after(noise_multiplier=0.1, releases=100, delta=1e-5) > 1000
     # a subsampled history whose PRV grid would need gigabytes is refused before allocating
-    t0 = time.perf_counter()
     with pytest.raises(AccountingError, match="grid"):
         epsilon_after(
             noise_multiplier=1.0, releases=20000, delta=1e-5, accountant="prv", sample_rate=0.5
         )
-    assert time.perf_counter() - t0 < 5.0
 
 
 def test_gaussian_dp_mu() -> None:
@@ -417,20 +414,17 @@ def test_ledger_infinite_epsilon_is_strict_json() -> None:
         refusing.record_release()
 
 
-def test_ledger_is_cheap_for_hundreds_of_releases() -> None:
+def test_ledger_counts_hundreds_of_releases_and_restores_in_one_evaluation() -> None:
+    """(How long this takes is measured by bench/, never by a timed test.)"""
     ledger = PrivacyLedger(noise_multiplier=20.0, delta=1e-6, epsilon_target=8.0)
-    t0 = time.perf_counter()
     for _ in range(2000):
         if ledger.would_exceed():
             break
         ledger.record_release()
         _ = ledger.epsilon
-    assert time.perf_counter() - t0 < 3.0
     assert ledger.releases == max_releases(noise_multiplier=20.0, delta=1e-6, epsilon=8.0)
     # reconstructing a ledger with many releases is one evaluation
-    t0 = time.perf_counter()
     eps = PrivacyLedger(noise_multiplier=9.0, delta=1e-6, accountant="prv", releases=900).epsilon
-    assert time.perf_counter() - t0 < 3.0
     assert eps == pytest.approx(exact_gaussian_epsilon(9.0, 900, 1e-6), abs=0.02)
 
 

@@ -180,3 +180,66 @@ async def test_tokens_are_bound_to_one_alignment_and_one_party(client: httpx.Asy
     assert_problem(response, 403, "forbidden")
     response = await client.post("/v1/alignments", json={"parties": 1}, headers=admin())
     assert_problem(response, 422, "validation-error", mentions="parties")
+
+
+async def test_an_alignment_over_the_union_indexes_every_id_once(
+    make_app: Callable[..., FastAPI],
+) -> None:
+    app = make_app()
+    async with http_client(app) as client:
+        response = await client.post(
+            "/v1/alignments", json={"parties": 2, "nodes": "union"}, headers=admin()
+        )
+        created = response.json()
+        aid, tokens = created["alignment_id"], created["party_tokens"]
+        assert created["nodes"] == "union"
+        keys = [BlindingKey(), BlindingKey()]
+        own = {0: ["a", "b", "c"], 1: ["d", "c", "a", "e"]}
+        for m in (0, 1):
+            body = pack(blinded(aid, own[m], keys[m]))
+            assert (await put(client, created, m, m, 0, body)).status_code == 201
+        for m in (0, 1):  # each blinds the other's set further
+            got = await client.get(set_path(aid, m, 1 - m, 0), headers=bearer(tokens[m]))
+            values = [got.content[i : i + 32] for i in range(0, len(got.content), 32)]
+            full = keys[m].blind_all(values)
+            assert (await put(client, created, m, 1 - m, 1, pack(full))).status_code == 201
+        answers = []
+        for m in (0, 1):
+            response = await client.get(
+                f"/v1/alignments/{aid}/parties/{m}/positions", headers=bearer(tokens[m])
+            )
+            answers.append(np.frombuffer(response.content, dtype="<i8").tolist())
+        status = (await client.get(f"/v1/alignments/{aid}", headers=bearer(tokens[0]))).json()
+    ids = ["a", "b", "c", "d", "e"]
+    union = sorted(blinded(aid, ids, *keys))
+    index = dict(zip(ids, (union.index(v) for v in blinded(aid, ids, *keys)), strict=True))
+    assert answers == [[index[i] for i in own[0]], [index[i] for i in own[1]]]
+    assert (status["nodes"], status["aligned_nodes"], status["shared_nodes"]) == ("union", 5, 2)
+
+
+def test_a_database_from_before_the_union_gains_its_columns(tmp_path) -> None:
+    import sqlite3
+
+    from service.alignment_store import create_alignment_tables
+    from service.store import Store
+
+    path = tmp_path / "old.sqlite3"
+    with sqlite3.connect(path) as db:  # the alignments table as the first release wrote it
+        db.execute(
+            "CREATE TABLE alignments (id TEXT PRIMARY KEY, parties INTEGER NOT NULL, seed INTEGER"
+            " NOT NULL, label TEXT, state TEXT NOT NULL, aligned_nodes INTEGER, digest BLOB,"
+            " created_at REAL NOT NULL, updated_at REAL NOT NULL)"
+        )
+        db.execute("INSERT INTO alignments VALUES ('old', 2, 0, NULL, 'done', 7, NULL, 0, 0)")
+    store = Store(path)
+    try:
+        create_alignment_tables(store)
+        with store.transaction() as tx:
+            row = AlignmentTables(tx).alignment("old")
+    finally:
+        store.close()
+    assert row is not None and (row.nodes, row.aligned_nodes, row.shared_nodes) == (
+        "intersection",
+        7,
+        None,
+    )

@@ -90,32 +90,42 @@ def prepared_party(root: Path, m: int, *, label_every: int = 1) -> Path:
     return out
 
 
+def run_alignment(
+    server: dict[str, str], root: Path, folders: list[Path], *, nodes: str = "intersection"
+) -> str:
+    """`glasu align create` and every party's `glasu align run`, in parallel; the alignment id."""
+    connection = ["--server", server["url"]]
+    alignment = root / "alignment"
+    assert main(["align", "create", *connection, "--admin-token-file", server["token_file"],
+                 "--parties", str(len(folders)), "--seed", "7", "--nodes", nodes,
+                 "--out", str(alignment)]) == 0  # fmt: skip
+    aid = (alignment / "alignment.id").read_text()
+    assert (alignment / "party-0.token").stat().st_mode & 0o777 == 0o600
+    codes: dict[int, int] = {}
+
+    def run_party(m: int) -> None:
+        codes[m] = main(["align", "run", *connection, "--alignment", aid, "--party", str(m),
+                         "--token-file", str(alignment / f"party-{m}.token"),
+                         "--data", str(folders[m]), "--quiet"])  # fmt: skip
+
+    threads = [threading.Thread(target=run_party, args=(m,)) for m in range(len(folders))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert codes == dict.fromkeys(range(len(folders)), 0)
+    return aid
+
+
 def test_three_parties_align_and_the_session_matches_their_folders(
     server: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     folders = [prepared_party(tmp_path, m, label_every=2 if m == 2 else 1) for m in range(3)]
     connection = ["--server", server["url"]]
-    alignment = tmp_path / "alignment"
-    assert main(["align", "create", *connection, "--admin-token-file", server["token_file"],
-                 "--parties", "3", "--seed", "7", "--out", str(alignment)]) == 0  # fmt: skip
-    aid = (tmp_path / "alignment" / "alignment.id").read_text()
-    assert (tmp_path / "alignment" / "party-0.token").stat().st_mode & 0o777 == 0o600
-    codes: dict[int, int] = {}
-
-    def run_party(m: int) -> None:
-        codes[m] = main(["align", "run", *connection, "--alignment", aid, "--party", str(m),
-                         "--token-file", str(tmp_path / "alignment" / f"party-{m}.token"),
-                         "--data", str(folders[m]), "--quiet"])  # fmt: skip
-
-    threads = [threading.Thread(target=run_party, args=(m,)) for m in range(3)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
+    aid = run_alignment(server, tmp_path, folders)
     captured = capsys.readouterr()
-    assert codes == {0: 0, 1: 0, 2: 0}, captured.err
     assert "20 of its 30 nodes are shared by all 3 parties" in captured.out
-    assert "warning: 10 shared nodes have no label here" in captured.err  # party 2
+    assert "warning: 10 of its aligned nodes have no label here" in captured.err  # party 2
     assert main(["align", "status", *connection, "--alignment", aid, "--token-file",
                  str(tmp_path / "alignment" / "party-1.token")]) == 0  # fmt: skip
     assert "done" in capsys.readouterr().out
@@ -143,3 +153,30 @@ def test_three_parties_align_and_the_session_matches_their_folders(
                  "--alignment", aid, "--no-he", "--rounds", "2", "--out", str(out)])  # fmt: skip
     assert code == 0
     assert json.loads((out / "session.json").read_text())["clients"] == 3
+
+
+def test_an_alignment_over_the_union_indexes_every_partys_nodes(
+    server: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    folders = [prepared_party(tmp_path, m) for m in range(3)]
+    aid = run_alignment(server, tmp_path, folders, nodes="union")
+    said = capsys.readouterr().out
+    assert "its 30 nodes are among the 50 nodes of the union, 20 of them held by all 3" in said
+    partitions = [load_partition(folder) for folder in folders]  # labels for its own nodes only
+    held = np.stack([part.held for part in partitions])
+    assert held.shape == (3, 50) and (held.sum(axis=1) == 30).all()
+    assert (held.sum(axis=0) == 3).sum() == 20 and (held.sum(axis=0) >= 1).all()
+    for m, part in enumerate(partitions):
+        assert not part.features[~part.held].any()  # nothing where the party lacks the node
+        np.testing.assert_array_equal(part.labels[~part.held], -1)
+        assert part.held[part.edge_index.numpy()].all()
+        if m:  # feature m + len(id): the same node at the same index at every party
+            both = partitions[0].held & part.held
+            np.testing.assert_array_equal(part.features[both] - m, partitions[0].features[both])
+    token = Path(server["token_file"]).read_text().strip()
+    with AdminClient(base_url=server["url"], token=token) as admin:
+        status = admin.alignment(aid)
+        body = aligned_session_request(TrainConfig(), status)
+    assert (status["nodes"], status["aligned_nodes"], status["shared_nodes"]) == ("union", 50, 20)
+    assert body["nodes"] == "union" and body["num_nodes"] == 50
+    assert body["train_nodes"] == partitions[0].train_nodes.tolist()

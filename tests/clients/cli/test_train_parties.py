@@ -159,3 +159,76 @@ def test_parties_that_share_no_node_are_told_so(
     err = capsys.readouterr().err
     assert code == 1
     assert "the alignment failed: the 2 parties share no node id" in err and "'42' and '042'" in err
+
+
+def test_an_alignment_over_the_union_keeps_the_nodes_some_party_lacks(
+    prepared: tuple[CoraParties, list[Path]], cora: GraphDataset
+) -> None:
+    tables, folders = prepared
+    federation = federation_of_parties(folders, seed=0, nodes="union")
+    union = np.unique(np.concatenate(list(tables.nodes.values())))
+    n = federation.index.aligned_nodes
+    assert n == union.size == federation.dataset.num_nodes
+    node_at = np.full(n, -1, dtype=np.int64)
+    for m, party in enumerate(PARTIES):
+        rows = federation.index.rows[m]
+        assert (rows >= 0).all() and np.unique(rows).size == rows.size
+        node_at[rows] = tables.nodes[party]
+    assert np.array_equal(np.sort(node_at), union)  # one index per node, the same at all
+    for m, party in enumerate(PARTIES):
+        part = federation.partitions[m]
+        held = np.isin(node_at, tables.nodes[party])
+        assert part.held is not None and np.array_equal(part.held, held)
+        features = cora.features.numpy()[node_at][:, tables.columns[m]] * held[:, None]
+        np.testing.assert_array_equal(part.features.numpy(), features)
+        assert held[part.edge_index.numpy()].all()
+    assert (
+        "the union" in federation.summary and f"{len(tables.shared)} of them" in federation.summary
+    )
+
+
+@pytest.mark.slow  # the service and three worker processes, with CKKS and DP: ~40 s
+def test_a_secure_training_over_the_union_of_the_parties_nodes(
+    prepared: tuple[CoraParties, list[Path]], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    tables, folders = prepared
+    report = tmp_path / "union.json"
+    given = [arg for folder in folders for arg in ("--party", str(folder))]
+    code = main(["train", *given, "--nodes", "union", "--rounds", "4", "--eval-every", "2",
+                 "--hidden", "32", "--report", str(report), "--quiet"])  # fmt: skip
+    assert code == 0
+    union = np.unique(np.concatenate(list(tables.nodes.values())))
+    assert f"hold {union.size} nodes together (the union)" in capsys.readouterr().out
+    secure = json.loads(report.read_text())
+    assert secure["config"]["nodes"] == "union" and secure["privacy"]["enabled"]
+    assert secure["rounds"] == 4 and 0 <= secure["test_accuracy"] <= 1
+
+
+@pytest.mark.slow  # two trainings of 100 rounds in process: ~30 s
+def test_the_union_trains_at_least_as_well_as_the_intersection(
+    prepared: tuple[CoraParties, list[Path]], tmp_path: Path
+) -> None:
+    _, folders = prepared
+    given = [arg for folder in folders for arg in ("--party", str(folder))]
+    accuracy = {}
+    for nodes in ("intersection", "union"):
+        report = tmp_path / f"{nodes}.json"
+        code = main(["train", *given, "--nodes", nodes, "--transport", "inprocess", "--no-he",
+                     "--no-dp", *TRAINING, "--report", str(report), "--quiet"])  # fmt: skip
+        assert code == 0
+        accuracy[nodes] = json.loads(report.read_text())["test_accuracy"]
+    assert accuracy["union"] > 0.75
+    assert accuracy["union"] >= accuracy["intersection"] - 0.05
+
+
+def test_with_a_label_holder_only_its_labels_make_the_split(
+    prepared: tuple[CoraParties, list[Path]],
+) -> None:
+    tables, folders = prepared
+    holder = PARTIES.index("insurer")
+    federation = federation_of_parties(folders, seed=0, label_holder=holder)
+    labelled = np.isin(tables.nodes["insurer"], tables.shared).sum()
+    split = federation.dataset
+    assert split.train_nodes.size + split.val_nodes.size + split.test_nodes.size == labelled
+    with pytest.raises(ValueError, match="telco carries no labels"):
+        federation_of_parties(folders, seed=0, label_holder=PARTIES.index("telco"))

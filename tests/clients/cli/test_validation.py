@@ -53,6 +53,8 @@ def _exit_code(argv: list[str]) -> int:
         (["--clients", "65", "--no-he"], "--clients 65: the service takes at most 64 clients"),
         (["--mode", "flat"], "argument --mode: invalid choice: 'flat'"),
         (["--shared-noise", "--no-he"], "--shared-noise needs encryption"),
+        (["--label-holder", "3"], "--label-holder 3 is not a client (0..2)"),
+        (["--nodes", "union"], "--nodes union needs --party"),
     ],
 )
 def test_train_refuses_bad_values_at_once(

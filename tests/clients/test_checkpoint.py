@@ -1,0 +1,364 @@
+"""Worker checkpoints (clients/checkpoint.py): a client restored from its checkpoint computes
+its next passes bit for bit as the uninterrupted one; damaged and foreign checkpoints are
+refused with a message; writes are atomic; a resumed pass takes over a filled slot only with
+the journaled plaintext."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from clients import checkpoint as checkpoint_module
+from clients.checkpoint import (
+    CheckpointError,
+    CheckpointStore,
+    DigestingCodec,
+    Fingerprint,
+    PassKeyedNoise,
+    WorkerProgress,
+    atomic_write,
+    use_replayable_noise,
+)
+from clients.transport import ServiceError
+from clients.worker import ResumedPass, exchange_share
+from models.config import TrainConfig
+from models.federated import GlasuClient, PassOutcome
+from models.inprocess import run_pass_inprocess
+from models.layout import eval_nodes, layout_federation
+from models.private import REPRODUCIBLE_NOISE_ENV, PrivateGlasuClient
+from models.trainer import Security, prepare_security
+from secure.aggregation import PlainCodec
+from secure.protocol import Aggregate, EmbeddingRequest
+from secure.schedule import SessionSchedule
+
+PLAIN = TrainConfig(
+    rounds=4,
+    eval_every=2,
+    hidden=16,
+    encryption="none",
+    dp=False,
+    seed=5,
+    cache_rounds=2,  # the workset carries batches across rounds: it must be checkpointed
+    instance_weighting=True,
+    device="cpu",
+)
+PRIVATE = TrainConfig(
+    rounds=4, eval_every=2, hidden=16, encryption="none", dp=True, epsilon=8.0, seed=5,
+    device="cpu",
+)  # fmt: skip
+
+
+@dataclass
+class Federation:
+    clients: list[GlasuClient]
+    security: Security
+    schedule: SessionSchedule
+
+
+def federation(config: TrainConfig, cora) -> Federation:
+    layout = layout_federation(config, cora)
+    schedule = SessionSchedule.create(
+        rounds=config.rounds,
+        eval_every=config.eval_every,
+        train_nodes=cora.train_nodes,
+        eval_nodes=eval_nodes(cora),
+        batch_size=config.batch_size,
+        seed=config.seed,
+    )
+    security = prepare_security(
+        config, passes_total=schedule.passes_total, clients=len(layout.partitions)
+    )
+    clients = [
+        security.make_client(part, layout, config, torch.device("cpu"))
+        for part in layout.partitions
+    ]
+    for client in clients:
+        client.codec = DigestingCodec(client.codec)
+    return Federation(clients, security, schedule)
+
+
+def run(fed: Federation, passes: range) -> list[list[PassOutcome]]:
+    return [
+        run_pass_inprocess(
+            fed.clients,
+            fed.security.aggregator,
+            pass_index=p,
+            kind=fed.schedule.passes[p].kind,
+            output_nodes=fed.schedule.output_nodes(p),
+        )
+        for p in passes
+    ]
+
+
+def fingerprint(client: GlasuClient, config: TrainConfig, **changes: Any) -> Fingerprint:
+    session = {"session_id": "session-a", "config": {"seed": config.seed}, "passes_total": 6}
+    options = {"hidden": config.hidden, "lr": config.lr, "cache_rounds": config.cache_rounds}
+    session.update(changes.pop("session", {}))
+    options.update(changes.pop("options", {}))
+    return Fingerprint.of(
+        session=session,
+        client=client.partition.client,
+        options=options,
+        encoding="float32",
+        partition=client.partition,
+    )
+
+
+def stores(root: Path, clients: int) -> list[CheckpointStore]:
+    return [CheckpointStore(root, session_id="session-a", client=m) for m in range(clients)]
+
+
+def assert_same_state(a: GlasuClient, b: GlasuClient) -> None:
+    for (name, x), (_, y) in zip(
+        a.network.state_dict().items(), b.network.state_dict().items(), strict=True
+    ):
+        assert torch.equal(x, y), name
+    assert torch.equal(a.generator.get_state(), b.generator.get_state())
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Any:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def resume_all(config: TrainConfig, cora, root: Path) -> Federation:
+    """A new federation, every client restored from its checkpoint in ``root``."""
+    fed = federation(config, cora)
+    for client, store in zip(fed.clients, stores(root, len(fed.clients)), strict=True):
+        use_replayable_noise(client)
+        store.load(client, fingerprint(client, config))
+    return fed
+
+
+def test_a_restored_client_computes_the_next_passes_bit_for_bit(cora, tmp_path: Path) -> None:
+    """W = 2 with instance weighting: the cached batches of earlier rounds are in the
+    checkpoint; the restored clients' passes (train and eval) equal the uninterrupted ones."""
+    fed = federation(PLAIN, cora)
+    total = fed.schedule.passes_total
+    k = 3  # after a train and an eval pass: the workset holds two rounds
+    run(fed, range(k))
+    for client, store in zip(fed.clients, stores(tmp_path, 3), strict=True):
+        store.save(client, WorkerProgress(next_pass=k), fingerprint(client, PLAIN))
+    uninterrupted = run(fed, range(k, total))
+    resumed = resume_all(PLAIN, cora, tmp_path)
+    assert [len(c.workset) for c in resumed.clients] == [2, 2, 2]
+    assert run(resumed, range(k, total)) == uninterrupted  # every loss and accuracy, exactly
+    for a, b in zip(fed.clients, resumed.clients, strict=True):
+        assert_same_state(a, b)
+        assert torch.equal(
+            a.optimizer.state_dict()["state"][0]["exp_avg"],
+            b.optimizer.state_dict()["state"][0]["exp_avg"],
+        )
+
+
+def test_a_restored_private_client_replays_its_seeded_noise(
+    cora, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DP with --noise-seed (tests only): the generator's state is in the checkpoint, and so are
+    the party-alone reference model, its optimiser and its dropout generator."""
+    monkeypatch.setenv(REPRODUCIBLE_NOISE_ENV, "1")
+    config = TrainConfig(**{**PRIVATE.__dict__, "noise_seed": 13})
+    fed = federation(config, cora)
+    total = fed.schedule.passes_total
+    run(fed, range(2))
+    for client, store in zip(fed.clients, stores(tmp_path, 3), strict=True):
+        store.save(client, WorkerProgress(next_pass=2), fingerprint(client, config))
+    uninterrupted = run(fed, range(2, total))
+    resumed = resume_all(config, cora, tmp_path)
+    outcomes = run(resumed, range(2, total))
+    assert outcomes == uninterrupted
+    assert outcomes[-1][0].reference_test_accuracy is not None
+    for a, b in zip(fed.clients, resumed.clients, strict=True):
+        assert isinstance(a, PrivateGlasuClient) and isinstance(b, PrivateGlasuClient)
+        assert_same_state(a, b)
+        for x, y in zip(a.reference.parameters(), b.reference.parameters(), strict=True):
+            assert torch.equal(x, y)
+
+
+def test_cryptographic_noise_is_replayed_for_the_pass_a_checkpoint_precedes(
+    cora, tmp_path: Path
+) -> None:
+    """Cryptographic noise: the key of the next pass is drawn and saved with the checkpoint,
+    so the pass computed again after a crash sends the same release (same sum, same Extract)."""
+    fed = federation(PRIVATE, cora)
+    for client in fed.clients:
+        use_replayable_noise(client)
+        noise = client.release.noise  # type: ignore[attr-defined]
+        assert isinstance(noise, PassKeyedNoise) and noise.private and not noise.reproducible
+    live = stores(tmp_path / "live", 3)
+    for p in range(2):
+        for client, store in zip(fed.clients, live, strict=True):
+            store.save(client, WorkerProgress(next_pass=p), fingerprint(client, PRIVATE))
+        run(fed, range(p, p + 1))
+    for client, store in zip(fed.clients, stores(tmp_path, 3), strict=True):
+        store.save(client, WorkerProgress(next_pass=2), fingerprint(client, PRIVATE))
+    keys = [c.release.noise.key for c in fed.clients]  # type: ignore[attr-defined]
+    assert len(set(keys)) == 3 and all(k is not None for k in keys)
+    uninterrupted = run(fed, range(2, 3))
+    resumed = resume_all(PRIVATE, cora, tmp_path)
+    assert [c.release.noise.key for c in resumed.clients] == keys  # type: ignore[attr-defined]
+    assert run(resumed, range(2, 3)) == uninterrupted
+    for a, b in zip(fed.clients, resumed.clients, strict=True):
+        assert_same_state(a, b)
+
+
+def test_a_checkpoint_of_another_run_is_refused(cora, tmp_path: Path) -> None:
+    fed = federation(PLAIN, cora)
+    client = fed.clients[1]
+    store = CheckpointStore(tmp_path, session_id="session-a", client=1)
+    store.save(client, WorkerProgress(next_pass=0), fingerprint(client, PLAIN))
+    with pytest.raises(CheckpointError, match=r"session_id: 'session-a' != 'session-b'"):
+        store.load(client, fingerprint(client, PLAIN, session={"session_id": "session-b"}))
+    with pytest.raises(CheckpointError, match=r"local_options\.lr: 0\.01 != 0\.02"):
+        store.load(client, fingerprint(client, PLAIN, options={"lr": 0.02}))
+    other = fed.clients[2]  # other data
+    with pytest.raises(CheckpointError, match="features, edges or labels changed"):
+        store.load(client, Fingerprint({**fingerprint(client, PLAIN).parts, "data": "x"}))
+    with pytest.raises(CheckpointError, match="client: 1 != 2"):
+        store.load(other, fingerprint(other, PLAIN))
+    store.load(client, fingerprint(client, PLAIN))  # its own run: accepted
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "not-a-checkpoint", "digest"])
+def test_a_damaged_checkpoint_is_refused(cora, tmp_path: Path, damage: str) -> None:
+    fed = federation(PLAIN, cora)
+    client = fed.clients[0]
+    store = CheckpointStore(tmp_path, session_id="session-a", client=0)
+    store.save(client, WorkerProgress(next_pass=1), fingerprint(client, PLAIN))
+    data = store.path.read_bytes()
+    if damage == "truncated":
+        store.path.write_bytes(data[: len(data) // 2])
+    elif damage == "garbage":
+        store.path.write_bytes(os.urandom(len(data)))
+    elif damage == "empty":
+        store.path.write_bytes(b"")
+    elif damage == "not-a-checkpoint":
+        torch.save({"kind": "something else"}, store.path)
+    else:
+        payload = torch.load(store.path, weights_only=True)
+        payload["fingerprint"]["client"] = 7
+        torch.save(payload, store.path)
+    before = [p.detach().clone() for p in client.network.parameters()]
+    with pytest.raises(CheckpointError, match=r"damaged|not a glasu worker checkpoint") as info:
+        store.load(client, fingerprint(client, PLAIN))
+    assert str(store.path) in str(info.value)
+    assert all(torch.equal(a, b) for a, b in zip(before, client.network.parameters(), strict=True))
+
+
+def test_atomic_write_leaves_the_old_file_or_the_new_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "state.pt"
+    atomic_write(path, b"old")
+    assert path.read_bytes() == b"old"
+
+    def crash(*args: object) -> None:
+        raise OSError("disk gone")
+
+    for step in ("fsync", "replace"):
+        with monkeypatch.context() as patch:
+            patch.setattr(checkpoint_module.os, step, crash)
+            with pytest.raises(OSError, match="disk gone"):
+                atomic_write(path, b"new" * 1000)
+        assert path.read_bytes() == b"old"
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["state.pt"]  # no partial file
+    atomic_write(path, b"new")
+    assert path.read_bytes() == b"new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.pt"]
+
+
+def test_an_unwritable_checkpoint_folder_is_a_clear_error(cora, tmp_path: Path) -> None:
+    fed = federation(PLAIN, cora)
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    store = CheckpointStore(blocked, session_id="s", client=0)
+    with pytest.raises(CheckpointError, match=r"cannot write the checkpoint .*--no-checkpoint"):
+        store.save(fed.clients[0], WorkerProgress(), fingerprint(fed.clients[0], PLAIN))
+
+
+# -- a resumed pass and a slot filled before the crash ---------------------------------------
+
+
+class FakeCodec:
+    encoding = "ckks"
+
+    def __init__(self, digest: str) -> None:
+        self.last_digest = digest
+
+
+class FakeClient:
+    def __init__(self, digest: str) -> None:
+        self.codec = FakeCodec(digest)
+
+
+class FilledSlotService:
+    """A service whose slot holds another body (a CKKS share encrypted before the crash)."""
+
+    def __init__(self) -> None:
+        self.fetched: list[tuple[int, int]] = []
+
+    def put_embedding(self, pass_index: int, layer: int, payload: bytes, **_: Any) -> None:
+        problem = {"type": "https://glasu.dev/problems/conflict", "detail": "slot taken"}
+        raise ServiceError(409, problem, "PUT", f"/passes/{pass_index}/layers/{layer}/embedding")
+
+    def fetch_aggregate(self, pass_index: int, layer: int) -> Aggregate:
+        self.fetched.append((pass_index, layer))
+        return Aggregate(payload=b"sum", count=3)
+
+
+REQUEST = EmbeddingRequest(layer=1, payload=b"re-encrypted", rows=2, cols=2)
+
+
+def test_a_resumed_pass_takes_the_sum_when_its_share_is_the_journaled_one(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, session_id="s", client=0)
+    service = FilledSlotService()
+    resume = ResumedPass(pass_index=4, shares={"1": "abc"})
+    answer = exchange_share(FakeClient("abc"), service, 4, REQUEST, store, resume)  # type: ignore[arg-type]
+    assert answer == Aggregate(payload=b"sum", count=3) and service.fetched == [(4, 1)]
+    assert store.uploads() == {"session_id": "s", "client": 0, "pass": 4, "shares": {"1": "abc"}}
+
+
+def test_a_resumed_pass_refuses_a_filled_slot_with_another_plaintext(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path, session_id="s", client=0)
+    service = FilledSlotService()
+    with pytest.raises(CheckpointError, match=r"pass 4, layer 1: .* differs from it"):
+        exchange_share(
+            FakeClient("xyz"),  # type: ignore[arg-type]
+            service,  # type: ignore[arg-type]
+            4,
+            REQUEST,
+            store,
+            ResumedPass(pass_index=4, shares={"1": "abc"}),
+        )
+    with pytest.raises(CheckpointError, match="is not in its upload journal"):
+        exchange_share(
+            FakeClient("abc"),  # type: ignore[arg-type]
+            service,  # type: ignore[arg-type]
+            4,
+            REQUEST,
+            store,
+            ResumedPass(pass_index=4, shares={}),
+        )
+    with pytest.raises(ServiceError, match="conflict"):  # not resuming: a real conflict
+        exchange_share(FakeClient("abc"), service, 4, REQUEST, store, None)  # type: ignore[arg-type]
+    assert service.fetched == []
+
+
+def test_the_digesting_codec_notes_the_plaintext() -> None:
+    codec = DigestingCodec(PlainCodec())
+    share = np.arange(6, dtype=np.float32).reshape(2, 3)
+    assert codec.encode(share) == PlainCodec().encode(share) and codec.encoding == "float32"
+    first = codec.last_digest
+    codec.encode(share + 1)
+    assert first is not None and codec.last_digest != first
+    codec.encode(share)
+    assert codec.last_digest == first

@@ -1,0 +1,319 @@
+"""A federation that survives crashes, with real processes over loopback HTTP (issue 12).
+
+- A worker is killed (SIGKILL, right after its share of a pass reached the service, before it
+  got the sum); ``glasu train`` starts it again with the same command, it resumes from its
+  checkpoint, and the run ends with exactly the accuracies of the uninterrupted run.
+- The service is killed three times (SIGKILL: while it commits an upload, while workers wait in
+  long polls, right after a pass's last sum is stored) and started again on the same database
+  and port; the workers ride through with their bounded retries, and the run ends with exactly
+  the uninterrupted run's accuracies.
+
+The kills are placed by bootstrap code (``python -c BOOTSTRAP ...``) that wraps one function
+of the process and kills it there once (a marker file keeps the restarted process alive).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from clients.admin import AdminClient
+from clients.local import federation
+from clients.local.federation import train_over_http, wait_healthy
+from clients.local.processes import (
+    ManagedProcess,
+    free_port,
+    glasu_command,
+    restart_process,
+    secret_file,
+    start_process,
+    stop_all,
+)
+from clients.local.session import session_request, worker_arguments
+from models.config import TrainConfig
+from models.layout import layout_federation
+from models.partition import save_partition
+from models.report import RunReport
+from models.trainer import train_inprocess
+
+pytestmark = pytest.mark.e2e
+
+# K = 2 of L = 4 layers (two uploads per pass); W = 2: the workset carries batches across rounds
+CONFIG = TrainConfig(
+    rounds=3,
+    eval_every=0,
+    hidden=32,
+    encryption="none",
+    dp=False,
+    seed=5,
+    cache_rounds=2,
+    device="cpu",
+)  # passes: train 0, train 1, train 2, eval 3
+WORKER_CRASH = (1, 2)  # client 1 dies after its first share of pass 2 was accepted
+# the pass of each kill of the service, in this order: the upload of client 1's first share of
+# pass 1; the end of pass 1 (its last sum stored); a long poll for a sum of pass 2
+SERVICE_CRASHES = {"upload": 1, "between": 1, "poll": 2}
+
+WORKER_BOOTSTRAP = """\
+import os, signal, sys
+from pathlib import Path
+
+argv = sys.argv[1:]
+client, crash_pass = (int(v) for v in os.environ["CRASHTEST_WORKER"].split(","))
+marker = Path(os.environ["CRASHTEST_DIR"]) / "worker"
+if argv[:1] == ["worker"] and int(argv[argv.index("--client") + 1]) == client:
+    from clients.transport import ServiceClient
+
+    put = ServiceClient.put_embedding
+
+    def put_then_die(self, pass_index, layer, payload, **kwargs):
+        put(self, pass_index, layer, payload, **kwargs)
+        if pass_index == crash_pass and not marker.exists():
+            marker.write_text(f"pass {pass_index} layer {layer}")
+            os.kill(os.getpid(), signal.SIGKILL)  # the share is in; the sum never fetched
+
+    ServiceClient.put_embedding = put_then_die
+
+from clients.cli.main import main
+
+sys.exit(main(argv))
+"""
+
+SERVICE_BOOTSTRAP = """\
+import os, signal, sys, time
+from pathlib import Path
+
+from service.rounds import downloads, sums, uploads
+from service.rounds.types import Waiting
+
+markers = Path(os.environ["CRASHTEST_DIR"])
+upload_pass, between_pass, poll_pass = (int(v) for v in os.environ["CRASHTEST_SERVICE"].split(","))
+
+
+def once(name):
+    marker = markers / f"service-{name}"
+    if marker.exists():
+        return False
+    marker.write_text(f"{len(list(markers.glob('service-*')))} {os.getpid()}")
+    return True
+
+
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+record = uploads.Uploads._record
+
+
+def record_then_die(self, caller, pass_index, layer, kind, *args, **kwargs):
+    outcome = record(self, caller, pass_index, layer, kind, *args, **kwargs)
+    if kind == "embedding" and pass_index == upload_pass and caller.client_index == 1:
+        if once("upload"):
+            die()  # the share is committed; its answer is never sent
+    return outcome
+
+
+put = uploads.Uploads.put
+
+
+def put_late(self, kind, caller, pass_index, layer, **kwargs):
+    if kind == "embedding" and pass_index == poll_pass and caller.client_index == 2:
+        if not (markers / "service-poll").exists():
+            time.sleep(1.0)  # the others wait for this share in their long polls
+    return put(self, kind, caller, pass_index, layer, **kwargs)
+
+
+get = downloads.Downloads.get
+
+
+def get_then_die_in_the_poll(self, kind, caller, pass_index, layer):
+    answer = get(self, kind, caller, pass_index, layer)
+    if kind == "aggregate" and pass_index == poll_pass and isinstance(answer, Waiting):
+        if once("poll"):
+            time.sleep(0.2)  # the long poll of this request (and of others) is under way
+            die()
+    return answer
+
+
+store = sums.ShareSums._store
+
+
+def store_then_die(self, plan, pass_index, layer, *args, **kwargs):
+    store(self, plan, pass_index, layer, *args, **kwargs)
+    if pass_index == between_pass and layer == max(plan.widths) and once("between"):
+        die()  # the pass is complete, nobody has its sum yet
+
+
+uploads.Uploads._record = record_then_die
+uploads.Uploads.put = put_late
+downloads.Downloads.get = get_then_die_in_the_poll
+sums.ShareSums._store = store_then_die
+
+from clients.cli.main import main
+
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def bootstrap_command(code: str, *args: str) -> list[str]:
+    return [sys.executable, "-c", code, *args]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(cora) -> RunReport:
+    """The reference: the same run in process (over HTTP it equals it, test_local_http.py)."""
+    return train_inprocess(CONFIG, dataset=cora, progress=False)
+
+
+def accuracies(history: list[Any]) -> list[tuple[int, float, float]]:
+    return [(h.round, h.val_accuracy, h.test_accuracy) for h in history]
+
+
+@pytest.mark.slow  # 15-40 s: a service and three worker processes, one of them twice
+def test_a_killed_worker_resumes_and_the_run_is_unchanged(
+    cora,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    uninterrupted: RunReport,
+) -> None:
+    monkeypatch.setenv("CRASHTEST_DIR", str(tmp_path))
+    monkeypatch.setenv("CRASHTEST_WORKER", ",".join(map(str, WORKER_CRASH)))
+    monkeypatch.setattr(
+        federation, "glasu_command", lambda *args: bootstrap_command(WORKER_BOOTSTRAP, *args)
+    )
+    report = train_over_http(
+        CONFIG, layout_federation(CONFIG, cora), cora, progress=False, work_dir=tmp_path
+    )
+    client, crash_pass = WORKER_CRASH
+    assert (tmp_path / "worker").read_text() == f"pass {crash_pass} layer 2"  # it did die
+    assert "worker 1 crashed (exit code -9); restarted it (1 of 3)" in capsys.readouterr().err
+    log = (tmp_path / f"client-{client}.log").read_text()
+    assert f"resumed from pass {crash_pass}" in log
+    results = [json.loads((tmp_path / f"client-{m}.json").read_text()) for m in range(3)]
+    assert [r["resumed_from"] for r in results] == [[], [crash_pass], []]
+    assert accuracies(report.history) == accuracies(uninterrupted.history)
+    assert report.test_accuracy == uninterrupted.test_accuracy
+    assert [h.loss for h in report.history] == pytest.approx(
+        [h.loss for h in uninterrupted.history], rel=1e-6
+    )
+
+
+@dataclass
+class Federation:
+    service: ManagedProcess
+    workers: list[ManagedProcess]
+    admin: AdminClient
+    session_id: str
+    root: Path
+
+
+@pytest.fixture
+def processes() -> Iterator[list[ManagedProcess]]:
+    started: list[ManagedProcess] = []
+    yield started
+    stop_all(started)
+
+
+def start_federation(cora, root: Path, processes: list[ManagedProcess]) -> Federation:
+    """``glasu train``'s processes (clients/local/federation.py), with a service of our own."""
+    layout = layout_federation(CONFIG, cora)
+    admin_token = secrets.token_urlsafe(32)
+    admin_file = secret_file(root / "admin.token", admin_token)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    serve_args = [
+        "serve", "--host", "127.0.0.1", "--port", str(port),
+        "--database", str(root / "service.sqlite3"), "--admin-token-file", str(admin_file),
+        "--log-level", "warning",
+    ]  # fmt: skip
+    service = start_process(
+        "service", bootstrap_command(SERVICE_BOOTSTRAP, *serve_args), root / "service.log"
+    )
+    processes.append(service)
+    admin = AdminClient(base_url=url, token=admin_token)
+    wait_healthy(admin, service)
+    created = admin.create_session(session_request(CONFIG, layout, cora))
+    workers = []
+    for part, token in zip(layout.partitions, created["client_tokens"], strict=True):
+        args = worker_arguments(
+            CONFIG,
+            server=url,
+            session_id=created["session_id"],
+            client=part.client,
+            token_file=secret_file(root / f"client-{part.client}.token", token),
+            data=save_partition(part, root / "partitions"),
+            result=root / f"client-{part.client}.json",
+            secret_context=None,
+            threads=1,
+            passes_total=created["passes_total"],
+        )
+        worker = start_process(
+            f"worker {part.client}", glasu_command(*args), root / f"client-{part.client}.log"
+        )
+        workers.append(worker)
+        processes.append(worker)
+    return Federation(service, workers, admin, created["session_id"], root)
+
+
+def ride_through(fed: Federation, *, timeout: float = 300.0) -> int:
+    """Start the service again (same command: database, port) whenever it dies; return how
+    often, once every worker has exited (each must exit 0)."""
+    restarts = 0
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if fed.service.process.poll() is not None:
+            assert fed.service.process.returncode == -9, fed.service.tail(30)
+            restart_process(fed.service)
+            restarts += 1
+        codes = [w.process.poll() for w in fed.workers]
+        for worker, code in zip(fed.workers, codes, strict=True):
+            assert code in (None, 0), (
+                f"{worker.name} exited with {code}:\n{worker.tail(30)}\n"
+                f"service ({restarts} restarts):\n{fed.service.tail(30)}"
+            )
+        if all(code == 0 for code in codes):
+            return restarts
+        time.sleep(0.1)
+    raise AssertionError("the federation did not finish in time")
+
+
+@pytest.mark.slow  # 20-50 s: three kills of the service, each survived by three workers
+def test_workers_ride_through_service_crashes(
+    cora,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    processes: list[ManagedProcess],
+    uninterrupted: RunReport,
+) -> None:
+    monkeypatch.setenv("CRASHTEST_DIR", str(tmp_path))
+    monkeypatch.setenv("CRASHTEST_SERVICE", ",".join(map(str, SERVICE_CRASHES.values())))
+    fed = start_federation(cora, tmp_path, processes)
+    restarts = ride_through(fed)
+    # each kill in its own life of the service, in the order planned
+    kills = {name: (tmp_path / f"service-{name}").read_text().split() for name in SERVICE_CRASHES}
+    assert [kills[name][0] for name in SERVICE_CRASHES] == ["0", "1", "2"], kills
+    assert len({pid for _, pid in kills.values()}) == len(SERVICE_CRASHES), kills
+    assert restarts == len(SERVICE_CRASHES)
+    status = fed.admin.session(fed.session_id)
+    assert status["state"] == "finished" and status["current_pass"] == status["passes_total"]
+    results = [json.loads((tmp_path / f"client-{m}.json").read_text()) for m in range(3)]
+    assert all(r["resumed_from"] == [] for r in results)  # the workers never stopped
+    logs = "".join(w.log_path.read_text() for w in fed.workers)
+    for step in ("passes/1/layers/2/embedding failed", "passes/1/layers/4/aggregate failed",
+                 f"passes/{SERVICE_CRASHES['poll']}/layers/2/aggregate failed"):  # fmt: skip
+        assert step in logs  # the workers rode through each kill with their retries
+    for i, entry in enumerate(uninterrupted.history):
+        for key in ("val_accuracy", "test_accuracy"):
+            values = [r["history"][i][key] for r in results]
+            assert float(np.mean(values)) == getattr(entry, key), (i, key)
+    fed.admin.close()
