@@ -108,11 +108,11 @@ def attack(view: np.ndarray, target: np.ndarray, *, known: np.ndarray, seed: int
     return auc(scores, target[unknown])
 
 
-def noise_levels(*, clients: int) -> dict[str, float]:
+def noise_levels(*, clients: int, epsilons: tuple[float, ...] = EPSILONS) -> dict[str, float]:
     """Noise std of the attacker's averaged view of one party's release, per setting."""
     sensitivity = 2 * CLIP * math.sqrt(CAP + 1)
     noise = {"encryption only": 0.0}
-    for epsilon in EPSILONS:
+    for epsilon in epsilons:
         plan = SessionPrivacy.plan(
             epsilon=epsilon, delta=DELTA, clip=CLIP, occurrence_cap=CAP,
             clients=clients, passes_total=RELEASES, encrypted=True,
@@ -121,7 +121,9 @@ def noise_levels(*, clients: int) -> dict[str, float]:
     return noise
 
 
-def measure(dataset: GraphDataset, *, clients: int, seed: int) -> dict[str, float]:
+def measure(
+    dataset: GraphDataset, *, clients: int, seed: int, epsilons: tuple[float, ...]
+) -> dict[str, float]:
     """AUC of client 1's inversion of client 0's feature block, per noise setting."""
     parts = partition(dataset, clients=clients, seed=seed)
     releases = [
@@ -132,7 +134,7 @@ def measure(dataset: GraphDataset, *, clients: int, seed: int) -> dict[str, floa
     rng = np.random.default_rng(seed)
     known = np.sort(rng.choice(dataset.num_nodes, dataset.num_nodes // 2, replace=False))
     scores = {}
-    for label, std in noise_levels(clients=clients).items():
+    for label, std in noise_levels(clients=clients, epsilons=epsilons).items():
         # what the attacker (client 1) keeps: the sum minus its own share
         others = [r for m, r in enumerate(releases) if m != 1]
         view = sum(r + rng.normal(0.0, std, r.shape) for r in others)
@@ -145,10 +147,12 @@ def main() -> int:
     parser.add_argument("--datasets", default="cora,citeseer")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--clients", default="2,3")
+    parser.add_argument("--epsilons", default=",".join(f"{e:g}" for e in EPSILONS))
     parser.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "datasets/planetoid"))
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    epsilons = tuple(float(e) for e in args.epsilons.split(","))
     started = time.process_time()
     results: dict[str, dict[str, dict[str, list[float]]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -160,7 +164,9 @@ def main() -> int:
             dataset = load_dataset(name, data_dir=data_dir, seed=0)
             for clients in (int(m) for m in args.clients.split(",")):
                 for seed in range(args.seeds):
-                    for label, score in measure(dataset, clients=clients, seed=seed).items():
+                    for label, score in measure(
+                        dataset, clients=clients, seed=seed, epsilons=epsilons
+                    ).items():
                         cell = results.setdefault(name, {}).setdefault(f"M={clients}", {})
                         cell.setdefault(label, []).append(score)
                         print(
@@ -174,7 +180,8 @@ def main() -> int:
         "releases": RELEASES,
         "seeds": args.seeds,
         "noise_std_of_the_averaged_view": {
-            f"M={m}": noise_levels(clients=int(m)) for m in args.clients.split(",")
+            f"M={m}": noise_levels(clients=int(m), epsilons=epsilons)
+            for m in args.clients.split(",")
         },
         "auc": {
             name: {

@@ -8,8 +8,8 @@ private GLASU test accuracy, the party-alone reference that the private run itse
 same network on the same batches without the others' release) and non-private GLASU.
 
 The reference does not depend on the noise (same batches, initialisation and dropout stream), so
-it is trained in the first private run of each graph only; the other private runs switch it off
-as bench/reference_cost.py does. Encryption is off: CKKS runs reproduce plaintext runs bit for bit
+only the first private run of each graph reports it; the other private runs switch it off
+(``without_reference``). Encryption is off: CKKS runs reproduce plaintext runs bit for bit
 (tests/models/test_trainer.py), so it changes time, not accuracy.
 
     python bench/frontier.py [--quick] [--seeds 3] [--degrees 4,8,16,32,64] [--epsilons 1,2,4,8,16]
@@ -24,23 +24,23 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from reference_cost import without_reference  # noqa: E402
 
 from models.config import TrainConfig  # noqa: E402
 from models.csbm import SIGNALS, csbm  # noqa: E402
 from models.data import GraphDataset, load_dataset  # noqa: E402
+from models.federated import GlasuClient  # noqa: E402
+from models.private import PrivateGlasuClient  # noqa: E402
 from models.trainer import train_inprocess  # noqa: E402
 from secure.accounting import calibrate_noise_multiplier  # noqa: E402
 
@@ -73,6 +73,17 @@ class Graph:
         signal = SIGNALS[self.family.removeprefix("csbm-")]
         assert self.degree is not None
         return csbm(degree=self.degree, signal=signal, seed=self.seed)
+
+
+@contextmanager
+def without_reference() -> Iterator[None]:
+    """Private clients without the party-alone reference: its local step (``_after_step``) and
+    its evaluation (``_evaluate``) are GlasuClient's."""
+    with (
+        mock.patch.object(PrivateGlasuClient, "_after_step", GlasuClient._after_step),
+        mock.patch.object(PrivateGlasuClient, "_evaluate", GlasuClient._evaluate),
+    ):
+        yield
 
 
 def levels(*, epsilons: list[float], one_shot: list[float]) -> list[Level]:
@@ -202,6 +213,7 @@ def chart(summary: list[dict], level_labels: list[str], path: Path) -> None:
                 ax.errorbar(x, y, yerr=e, fmt=style, marker="o", capsize=2, label=label)
         ax.axhline(0, color="black", linewidth=0.8)
         ax.set_xscale("log", base=2)
+        ax.set_xticks([4, 8, 16, 32, 64], ["4", "8", "16", "32", "64"])
         ax.set_xlabel("average degree of the CSBM graph")
         ax.set_title(f"CSBM, {family.removeprefix('csbm-')} signal")
     axes[0].set_ylabel("gain over the party alone (points)")
@@ -233,6 +245,7 @@ def main() -> int:
     parser.add_argument("--one-shot", default="4", help="one-shot epsilons to emulate by noise")
     parser.add_argument("--rounds", type=int, default=50, help="rounds (Q=4 local steps each)")
     parser.add_argument("--pubmed-seeds", type=int, default=1)
+    parser.add_argument("--families", default="", help="only these, e.g. csbm-strong,pubmed")
     parser.add_argument("--real-seeds", type=int, default=None, help="default: --seeds")
     parser.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "datasets/planetoid"))
     parser.add_argument("--out", type=Path, default=OUT)
@@ -263,6 +276,8 @@ def main() -> int:
         if previous.get("schedule") == schedule
     }
     todo = list(graphs(seeds=seeds, degrees=degrees, real_seeds=per_dataset))
+    if args.families:
+        todo = [g for g in todo if g.family in args.families.split(",")]
     total = len(todo) * len(all_levels)
     runs: list[dict] = []
     spent = 0.0
@@ -289,14 +304,21 @@ def main() -> int:
                         f"({result['cpu_seconds']:.0f} s CPU, ~{eta / 60:.0f} min left)",
                         flush=True,
                     )
-                _write(args.out, schedule=schedule, runs=runs, levels=all_levels)
+                _write(args.out, schedule=schedule, runs=_kept(runs, done), levels=all_levels)
     summary = summarize(runs)
     labels = [lv.label for lv in all_levels]
-    _write(args.out, schedule=schedule, runs=runs, levels=all_levels, summary=summary)
+    _write(args.out, schedule=schedule, runs=_kept(runs, done), levels=all_levels, summary=summary)
     print(table(summary, labels))
     chart(summary, labels, args.chart)
     print(f"CPU of the fresh runs: {spent:.0f} s; wrote {args.out} and {args.chart}")
     return 0
+
+
+def _kept(runs: list[dict], done: dict[tuple[str, str], dict]) -> list[dict]:
+    """This invocation's runs and every earlier one it did not repeat (a run restricted with
+    --families or --seeds must not drop the rest of the map from the file)."""
+    current = {(r["graph"], r["level"]) for r in runs}
+    return runs + [r for key, r in done.items() if key not in current]
 
 
 def _write(path: Path, *, schedule: dict, runs: list[dict], levels: list[Level], **extra) -> None:

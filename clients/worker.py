@@ -367,6 +367,7 @@ def exchange_share(
     digest = getattr(client.codec, "last_digest", None)
     if digest is not None:
         checkpoints.record_upload(pass_index, request.layer, digest)
+        client.codec.last_digest = None  # type: ignore[attr-defined]  # this payload's, once
     try:
         service.put_embedding(
             pass_index,

@@ -1,13 +1,13 @@
 """A federation of organisations' own data, once aligned: the split over the shared node index,
 the labels of a run, each party's partition, and the pooled view (``glasu train --party``).
 
-Labels and split (docs/data.md): until a single-label-holder mode exists, every client of a run
-trains against labels. In ``glasu train --party`` (one machine holds every folder) the labels are
-the label holders' labels, merged: the parties that carry labels must agree on every shared node
-they both label, and every client gets the merged labels. The split is drawn from the seed over
-the shared nodes that have a label. A deployed party has only its own labels: there the split is
-drawn over every shared node (``models.shared_split.deployed_alignment``), so every party needs
-a label for every shared node.
+Labels and split (docs/data.md): with one label holder (GLASU B.2) its labels alone, and the
+split over the shared nodes it labels. Otherwise every client trains against labels: in
+``glasu train --party`` (one machine holds every folder) the labels of the parties that carry
+them, merged (they must agree on every shared node they both label), given to every client, and
+the split over the shared nodes that have a label. A deployed party has only its own labels:
+there the split is drawn over every aligned node (``models.shared_split.deployed_alignment``),
+so every party that trains against labels needs one for every aligned node it holds.
 """
 
 from __future__ import annotations

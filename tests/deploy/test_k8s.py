@@ -167,7 +167,7 @@ def test_the_worker_jobs() -> None:
         assert env["GLASU_SERVER"]["value"] == "https://glasu-service.glasu.svc:8443"
         assert env["GLASU_SESSION"]["valueFrom"]["configMapKeyRef"]["name"] == "glasu-session"
         assert env["GLASU_DEVICE"]["value"] == "cuda"
-        assert job["spec"]["backoffLimit"] == 0 and spec["restartPolicy"] == "Never"
+        assert job["spec"]["backoffLimit"] == 3 and spec["restartPolicy"] == "Never"
         resources = container["resources"]
         assert resources["requests"]["nvidia.com/gpu"] == resources["limits"]["nvidia.com/gpu"] == 1
         volumes = {v["name"]: v for v in spec["volumes"]}
