@@ -112,6 +112,8 @@ def graphs(*, seeds: int, degrees: list[float], real_seeds: dict[str, int]) -> I
 def run(
     graph: Graph, dataset: GraphDataset | None, level: Level, *, schedule: dict, reference: bool
 ) -> dict[str, Any]:
+    if dataset is None:
+        raise ValueError(f"{graph.key}: no dataset loaded (--report-only runs nothing)")
     config = TrainConfig(
         dataset=graph.family, seed=graph.seed, delta=DELTA, encryption="none",
         **schedule, **level.settings,

@@ -20,6 +20,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from frontier import NO_NOISE_Z
 from results_doc import add_data_dir_argument, mean_std, single_thread, write_section
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,7 +96,7 @@ def jobs(data_dir: str, steps: int) -> list[dict]:
                     privacy = (
                         {"epsilon": eps}
                         if eps is not None
-                        else {"epsilon": None, "noise_multiplier": 0.0}
+                        else {"epsilon": None, "noise_multiplier": NO_NOISE_Z}
                     )
                     out.append(
                         {

@@ -9,40 +9,36 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
+import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from models.config import TrainConfig  # noqa: E402
 from models.data import load_dataset  # noqa: E402
-from models.federated import GlasuClient  # noqa: E402
-from models.private import PrivateGlasuClient  # noqa: E402
 from models.trainer import train_inprocess  # noqa: E402
 
-
-@contextmanager
-def without_reference():
-    with (
-        mock.patch.object(PrivateGlasuClient, "_train", GlasuClient._train),
-        mock.patch.object(PrivateGlasuClient, "_evaluate", GlasuClient._evaluate),
-    ):
-        yield
+sys.path.insert(0, str(ROOT / "bench"))
+from frontier import without_reference  # noqa: E402
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=100)
     parser.add_argument("--pairs", type=int, default=3)
-    parser.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "datasets"))
+    parser.add_argument(
+        "--data-dir", default=str(ROOT.parent / "shared" / "datasets" / "planetoid")
+    )
     args = parser.parse_args()
-    dataset = load_dataset("cora", data_dir=Path(args.data_dir), seed=0)
-    config = TrainConfig(rounds=args.rounds, data_dir=Path(args.data_dir))
+    with tempfile.TemporaryDirectory() as tmp:  # the shared copy is read-only; PyG writes
+        shutil.copytree(Path(args.data_dir) / "Cora", Path(tmp) / "Cora")
+        dataset = load_dataset("cora", data_dir=Path(tmp), seed=0)
+    config = TrainConfig(rounds=args.rounds)
     ratios, rows = [], []
     for _ in range(args.pairs):
         timed = {}
