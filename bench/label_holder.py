@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import shutil
 import sys
 import tempfile
 import time
@@ -27,14 +26,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.results_doc import write_section
+from bench.results_doc import load_copied, write_section
 from models.config import TrainConfig
-from models.data import GraphDataset, load_dataset
+from models.data import GraphDataset
 from models.trainer import train_inprocess
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "planetoid"
 RESULTS = Path(__file__).resolve().parent / "results" / "label_holder.json"
-FOLDERS = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}
 HOLDER = 0
 
 
@@ -150,8 +147,7 @@ def main() -> None:
     records: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.datasets:
-            shutil.copytree(SHARED / FOLDERS[name], Path(tmp) / FOLDERS[name])
-            dataset = load_dataset(name, data_dir=Path(tmp), split="paper", seed=0)
+            dataset = load_copied(name, scratch=Path(tmp), split="paper", seed=0)
             for private in (False,) if args.no_dp_only else (False, True):
                 for seed in args.seeds:
                     base = TrainConfig(

@@ -52,6 +52,7 @@ import re
 import resource
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -733,6 +734,29 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
+def medians(results: list[dict[str, Any]]) -> str:
+    """Per scenario: the median over runs of the training phase, and its ratio to the clean
+    runs' median."""
+    by_scenario: dict[str, list[float]] = {}
+    for r in results:
+        if r["training_seconds"] is not None:
+            by_scenario.setdefault(r["scenario"], []).append(r["training_seconds"])
+    clean = statistics.median(by_scenario["clean"]) if "clean" in by_scenario else None
+    rows = [
+        "| scenario | runs completed | training phase, median (s) | ratio to clean median |",
+        "|---|---:|---:|---:|",
+    ]
+    for name in SCENARIOS:
+        runs = [r for r in results if r["scenario"] == name]
+        if not runs or name not in by_scenario:
+            continue
+        median = statistics.median(by_scenario[name])
+        ratio = median / clean if clean else None
+        done = sum(r["completed"] for r in runs)
+        rows.append(f"| {name} | {done} of {len(runs)} | {median:.1f} | {number(ratio)} |")
+    return "\n".join(rows)
+
+
 def number(value: float | None, *, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
@@ -773,6 +797,12 @@ def retry_budget() -> tuple[int, float]:
 def setup_text(payload: dict[str, Any]) -> str:
     st, env = payload["settings"], payload["environment"]
     passes = next((r["passes_total"] for r in payload["results"] if r["passes_total"]), "?")
+    startups = [
+        r["wall_seconds"] - r["training_seconds"]
+        for r in payload["results"]
+        if r["training_seconds"] is not None
+    ]
+    startup = f"{min(startups):.0f}-{max(startups):.0f}" if startups else "?"
     return (
         f"A secure training (CKKS on, DP on at the default epsilon 4, Cora, 3 workers, "
         f"`--rounds {st['rounds']} --eval-every {st['eval_every']} --hidden {st['hidden']}`: "
@@ -784,8 +814,8 @@ def setup_text(payload: dict[str, Any]) -> str:
         f"{st['repeat']} run(s) of every scenario, interleaved (each run of the four in the "
         "table's order; each ratio is against the clean run of the same round): the machine's "
         "load moves single numbers by several seconds. *wall*: from starting the workers to "
-        "the last exit (includes ~20 s of start-up "
-        "on this machine that no fault touches); *training phase*: from the last worker's first "
+        f"the last exit (includes {startup} s of start-up on this machine, which no fault "
+        "touches); *training phase*: from the last worker's first "
         "pass request to the last exit."
     )
 
@@ -909,6 +939,8 @@ def section(payload: dict[str, Any]) -> str:
             "",
             table(payload["results"]),
             "",
+            medians(payload["results"]),
+            "",
             notes(payload),
         ]
     )
@@ -933,6 +965,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--no-doc", action="store_true", help="do not touch docs/results.md")
+    parser.add_argument(
+        "--from-results",
+        action="store_true",
+        help="run nothing: rewrite the docs section from the results file (--out)",
+    )
     args = parser.parse_args(argv)
     defaults = (4, 2, 10.0) if args.quick else (10, 5, 30.0)
     for name, default in zip(("rounds", "eval_every", "partition_seconds"), defaults, strict=True):
@@ -943,6 +980,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.from_results:
+        write_section("network-faults", section(json.loads(args.out.read_text())))
+        return 0
     root = Path(tempfile.mkdtemp(prefix="glasu-netfaults-"))
     loop = ProxyLoop()
     results: list[dict[str, Any]] = []

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import shutil
 import sys
 import tempfile
 import time
@@ -31,14 +30,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.results_doc import write_section
+from bench.results_doc import load_copied, write_section
 from models.config import TrainConfig
-from models.data import GraphDataset, load_dataset
+from models.data import GraphDataset
 from models.layout import layout_federation
 from models.partition import ClientPartition, partition
 from models.trainer import train_inprocess
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "planetoid"
 RESULTS = Path(__file__).resolve().parent / "results" / "partial_overlap.json"
 METHODS = ("all present", "intersection", "union", "party alone")
 
@@ -251,9 +249,7 @@ def main() -> None:
     records = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.datasets:
-            folder = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}[name]
-            shutil.copytree(SHARED / folder, Path(tmp) / folder)
-            dataset = load_dataset(name, data_dir=Path(tmp), split="paper", seed=0)
+            dataset = load_copied(name, scratch=Path(tmp), split="paper", seed=0)
             all_present: dict[int, dict[str, float]] = {}
             for missing in args.missing:
                 for seed in args.seeds:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
 import sys
 import tempfile
@@ -20,11 +19,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from models.config import TrainConfig  # noqa: E402
-from models.data import load_dataset  # noqa: E402
 from models.trainer import train_inprocess  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
 from frontier import without_reference  # noqa: E402
+from results_doc import load_copied  # noqa: E402
 
 
 def main() -> int:
@@ -35,9 +34,8 @@ def main() -> int:
         "--data-dir", default=str(ROOT.parent / "shared" / "datasets" / "planetoid")
     )
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:  # the shared copy is read-only; PyG writes
-        shutil.copytree(Path(args.data_dir) / "Cora", Path(tmp) / "Cora")
-        dataset = load_dataset("cora", data_dir=Path(tmp), seed=0)
+    with tempfile.TemporaryDirectory() as tmp:
+        dataset = load_copied("cora", scratch=Path(tmp), source=Path(args.data_dir), seed=0)
     config = TrainConfig(rounds=args.rounds)
     ratios, rows = [], []
     for _ in range(args.pairs):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results.md"
@@ -39,6 +40,21 @@ def add_data_dir_argument(parser: argparse.ArgumentParser) -> None:
         "GLASU_DATA", str(RESULTS.parents[2] / "shared" / "datasets" / "planetoid")
     )
     parser.add_argument("--data-dir", default=default, help=f"dataset root (default {default})")
+
+
+SHARED_PLANETOID = RESULTS.parents[2] / "shared" / "datasets" / "planetoid"
+PLANETOID_FOLDERS = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}
+
+
+def load_copied(name: str, *, scratch: Path, source: Path = SHARED_PLANETOID, **split):
+    """Benchmark dataset ``name`` loaded from a copy in ``scratch``: the shared copy is
+    read-only, and PyG writes its processed files beside the raw ones."""
+    from models.data import load_dataset
+
+    folder = PLANETOID_FOLDERS[name]
+    if not (scratch / folder).exists():
+        shutil.copytree(source / folder, scratch / folder)
+    return load_dataset(name, data_dir=scratch, **split)
 
 
 def single_thread() -> None:

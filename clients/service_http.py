@@ -22,6 +22,9 @@ import httpx
 log = logging.getLogger(__name__)
 
 
+KEEPALIVE_SECONDS = 2.0  # below uvicorn's timeout_keep_alive (5 s) in service/server.py
+
+
 class ServiceError(RuntimeError):
     """The service answered with an error that retrying will not fix.
 
@@ -207,6 +210,9 @@ class BearerConnection:
             transport=transport,
             verify=verify,
             timeout=httpx.Timeout(timeout, connect=10.0),
+            # idle connections are dropped before the service's own 5 s keep-alive ends, so a
+            # request is not sent on a connection the service is about to close
+            limits=httpx.Limits(keepalive_expiry=KEEPALIVE_SECONDS),
         )
 
     def close(self) -> None:
