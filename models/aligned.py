@@ -120,7 +120,7 @@ def aligned_federation(
             "validation and a test set"
         )
     train, val, test = split_nodes(labelled, seed=seed)
-    note = split_note(labelled.size, train, val, seed, "labelled shared nodes")
+    note = split_note(labelled.size, train, val, seed, "labelled aligned nodes")
     partitions = []
     for m, (data, rows) in enumerate(zip(parties, index.rows, strict=True)):
         alignment = PartyAlignment(
