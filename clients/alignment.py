@@ -169,7 +169,8 @@ def align(
     nodes = str(status.get("nodes", "intersection"))
     aligned = int(status["aligned_nodes"])
     mine = rows[rows >= 0]
-    shared = int(status.get("shared_nodes") or mine.size)
+    # the ids every party holds (a service from before the union mode reports only N)
+    shared = mine.size if status.get("shared_nodes") is None else int(status["shared_nodes"])
     if shared == 0:
         raise AlignmentFailed(
             f"the {parties} parties share no node id, so there is nothing to train on. Check "

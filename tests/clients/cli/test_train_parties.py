@@ -139,8 +139,9 @@ def test_a_secure_training_over_http_on_the_parties_folders(
     assert secure["rounds"] == 2 and 0 <= secure["test_accuracy"] <= 1
 
 
+@pytest.mark.parametrize("aligned", ["intersection", "union"])
 def test_parties_that_share_no_node_are_told_so(
-    tmp_path: Path, capsys: pytest.CaptureFixture
+    tmp_path: Path, capsys: pytest.CaptureFixture, aligned: str
 ) -> None:
     folders = []
     for name, ids in (("north", ["n1", "n2", "n3"]), ("south", ["s1", "s2"])):
@@ -155,7 +156,8 @@ def test_parties_that_share_no_node_are_told_so(
         assert code == 0
         folders += ["--party", str(tmp_path / name)]
     capsys.readouterr()
-    code = main(["train", *folders, "--transport", "inprocess", "--no-he", "--no-dp", "--quiet"])
+    code = main(["train", *folders, "--nodes", aligned, "--transport", "inprocess", "--no-he",
+                 "--no-dp", "--quiet"])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 1
     assert "the alignment failed: the 2 parties share no node id" in err and "'42' and '042'" in err
