@@ -134,10 +134,11 @@ def write_alignment(alignment: PartyAlignment, folder: Path) -> None:
     alignment only once every array of it is complete."""
     np.save(folder / "aligned.npy", np.asarray(alignment.rows, dtype=np.int64))
     split = (alignment.train_nodes, alignment.val_nodes, alignment.test_nodes)
+    has_split = any(nodes.size for nodes in split)  # a passive party of GLASU B.2 holds none
     for name, nodes in zip(("train", "val", "test"), split, strict=True):
-        if any(part.size for part in split):
+        if has_split:
             np.save(folder / f"{name}.npy", np.asarray(nodes, dtype=np.int64))
-        else:  # a passive party of GLASU B.2 holds no split
+        else:
             (folder / f"{name}.npy").unlink(missing_ok=True)
     record = {
         "alignment_id": alignment.alignment_id,
@@ -172,9 +173,15 @@ def read_meta(folder: Path) -> dict[str, Any]:
     return meta
 
 
-def _array(folder: Path, name: str, dtype: type) -> np.ndarray:
+def _array(
+    folder: Path, name: str, dtype: type, *, if_missing: np.ndarray | None = None
+) -> np.ndarray:
+    """``name``.npy as ``dtype``; ``if_missing`` where a file may be absent (a passive party of
+    GLASU B.2 has no labels and no split)."""
     path = folder / f"{name}.npy"
     if not path.exists():
+        if if_missing is not None:
+            return if_missing
         raise FileNotFoundError(f"{path} is missing")
     return np.load(path, allow_pickle=False).astype(dtype, copy=False)
 
@@ -187,11 +194,7 @@ def read_party(folder: Path, *, with_ids: bool = True) -> PartyData:
     rows = int(meta["num_rows"])
     features = _array(folder, "features", np.float32)
     edges = _array(folder, "edges", np.int64)
-    labels = (
-        _array(folder, "labels", np.int64)
-        if (folder / "labels.npy").exists()
-        else np.full(rows, NO_LABEL, dtype=np.int64)
-    )
+    labels = _array(folder, "labels", np.int64, if_missing=np.full(rows, NO_LABEL, np.int64))
     if features.ndim != 2 or features.shape[0] != rows:
         raise ValueError(f"{folder}/features.npy has shape {features.shape}, expected ({rows}, d)")
     if (
@@ -244,11 +247,9 @@ def read_alignment(folder: Path, *, rows: int) -> PartyAlignment | None:
             f"{folder}/aligned.npy does not map rows one to one onto the {n} aligned nodes "
             f"({nodes})"
         )
+    none = np.empty(0, dtype=np.int64)
     splits = {
-        name: _array(folder, name, np.int64)
-        if (folder / f"{name}.npy").exists()
-        else np.empty(0, dtype=np.int64)  # a passive party (GLASU B.2) holds no split
-        for name in ("train", "val", "test")
+        name: _array(folder, name, np.int64, if_missing=none) for name in ("train", "val", "test")
     }
     for name, nodes in splits.items():
         if nodes.size and (nodes.min() < 0 or nodes.max() >= n):
