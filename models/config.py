@@ -10,13 +10,13 @@ from typing import Any, Literal
 
 from secure.accounting import AccountantName
 from secure.privacy import SessionPrivacy
+from secure.protocol import AlignedNodes
 
 DatasetName = Literal["cora", "citeseer", "pubmed"]
 SplitName = Literal["paper", "public", "aligned"]  # aligned: glasu train --party
 BackboneName = Literal["gcnii", "gcn", "gat"]
 Mode = Literal["glasu", "centralized", "standalone", "simulated"]
 Encryption = Literal["ckks", "none"]
-AlignedNodes = Literal["intersection", "union"]
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,9 @@ ENCODING_HEADER = "X-Glasu-Encoding"
 COUNT_HEADER = "X-Glasu-Count"
 
 Encoding = Literal["int64", "float32", "ckks"]
+# which node ids an alignment indexes, and a session averages over: those every party holds, or
+# those any party holds (partly shared nodes, the count-aware mean)
+AlignedNodes = Literal["intersection", "union"]
 NODE_ENCODING: Encoding = "int64"
 EMBEDDING_ENCODINGS: tuple[Encoding, ...] = ("float32", "ckks")
 INT64_LE = np.dtype("<i8")

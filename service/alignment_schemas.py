@@ -7,10 +7,10 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from secure.protocol import AlignedNodes
 from service.schemas import MAX_CLIENTS, StrictModel
 
 AlignmentState = Literal["running", "done"]
-AlignedNodes = Literal["intersection", "union"]
 MAX_SEED = 2**63 - 1
 
 

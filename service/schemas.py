@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from secure.accounting import AccountantName
+from secure.protocol import AlignedNodes
 
 SessionState = Literal["running", "finished", "budget_exhausted", "closed"]
 PassKindOrDone = Literal["train", "eval", "done"]
@@ -87,7 +88,7 @@ class SessionCreate(StrictModel):
         "ckks", description="'ckks': the service adds ciphertexts; 'none': float32 plaintext."
     )
     privacy: PrivacySettings | None = None
-    nodes: Literal["intersection", "union"] = Field(
+    nodes: AlignedNodes = Field(
         "intersection",
         description="'union': nodes are partly shared (an alignment over the union). Each share "
         "then carries one more column, the client's presence indicator (1 where it holds the "
@@ -176,7 +177,7 @@ class SessionConfigView(BaseModel):
         description="SHA-256 of the CKKS public context the session was created under."
     )
     privacy: PrivacySettings | None
-    nodes: Literal["intersection", "union"]
+    nodes: AlignedNodes
     label_holder: int | None
     label: str | None
 

@@ -13,6 +13,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import get_args
 from urllib.parse import urlsplit
 
 from clients.cli.connection import add_server_arguments, admin_client, read_token
@@ -24,6 +25,7 @@ from clients.cli.options import (
     non_negative_int,
     write_private_file,
 )
+from secure.protocol import AlignedNodes
 from service.alignment_schemas import MAX_SEED
 from service.schemas import MAX_CLIENTS
 
@@ -67,7 +69,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     create.add_argument(
         "--nodes",
-        choices=["intersection", "union"],
+        choices=get_args(AlignedNodes),
         default="intersection",
         help="index the ids every party holds (intersection), or every id any party holds "
         "(union: partly shared nodes, trained with the count-aware mean; docs/data.md)",

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 from clients.cli.errors import CliError, UsageError, failing_as
 from clients.cli.options import PLOT_FORMATS, add_command, check_output_file, positive_int
@@ -24,6 +24,7 @@ from clients.cli.train_options import (
     check_federation,
     config_from_args,
 )
+from secure.protocol import AlignedNodes
 
 if TYPE_CHECKING:
     from models.config import TrainConfig
@@ -55,7 +56,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     data.add_argument(
         "--nodes",
-        choices=["intersection", "union"],
+        choices=get_args(AlignedNodes),
         default="intersection",
         help="with --party: train on the nodes every party holds (intersection), or on every "
         "node any party holds (union: a party's share is zero where it lacks a node and each "

@@ -31,26 +31,25 @@ def report_from_workers(
         return float(np.mean([row[key] for row in rows]))
 
     holder = config.label_holder if config.mode != "standalone" else None
-    scored = [holder] if holder is not None else range(len(results))
-    history = [
-        HistoryEntry(
+
+    def entry(rows: tuple[dict[str, Any], ...]) -> HistoryEntry:
+        scored = [rows[holder]] if holder is not None else list(rows)
+        return HistoryEntry(
             round=rows[0]["round"],
-            loss=mean([rows[m] for m in scored], "loss"),
-            val_accuracy=mean([rows[m] for m in scored], "val_accuracy"),
-            test_accuracy=mean([rows[m] for m in scored], "test_accuracy"),
+            loss=mean(scored, "loss"),
+            val_accuracy=mean(scored, "val_accuracy"),
+            test_accuracy=mean(scored, "test_accuracy"),
             bytes_up=sum(row["bytes_up"] for row in rows),
             bytes_down=sum(row["bytes_down"] for row in rows),
             training_bytes=sum(row["training_bytes"] for row in rows),
             epsilon=epsilon_at_pass.get(rows[0]["pass"]),
-            reference_val_accuracy=mean_or_none(
-                [rows[m]["reference_val_accuracy"] for m in scored]
-            ),
+            reference_val_accuracy=mean_or_none([row["reference_val_accuracy"] for row in scored]),
             reference_test_accuracy=mean_or_none(
-                [rows[m]["reference_test_accuracy"] for m in scored]
+                [row["reference_test_accuracy"] for row in scored]
             ),
         )
-        for rows in zip(*(res["history"] for res in results), strict=True)
-    ]
+
+    history = [entry(rows) for rows in zip(*(res["history"] for res in results), strict=True)]
     reasons = {res["finished_reason"] for res in results}
     stopped = next((r for r in reasons if r != "finished"), None)
     try:
