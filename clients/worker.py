@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ from clients.checkpoint import (
 )
 from clients.ledger import LocalLedger
 from clients.policy import PrivacyPolicy, ReleaseGate, admit_session
-from clients.transport import ServiceClient, ServiceError
+from clients.transport import PeersMissing, ServiceClient, ServiceError
 from models.backbone import ModelConfig
 from models.federated import ClientConfig, GlasuClient, PassOutcome
 from models.partition import ClientPartition, check_labels, without_labels
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 
 
 PRIVATE_DEFAULT_HIDDEN = 128
+REJOIN_POLL_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,7 @@ class WorkerResult:
     training_bytes: int = 0  # node sets, shares and sums of training passes, both directions
     history: list[dict[str, Any]] = field(default_factory=list)
     resumed_from: list[int] = field(default_factory=list)  # the pass of each resume (checkpoint)
+    skipped: list[int] = field(default_factory=list)  # passes that went on without this client
 
 
 @dataclass(frozen=True)
@@ -198,7 +201,7 @@ def run_worker(
         )
         if checkpoints.exists():
             progress = checkpoints.load(client, fingerprint).progress
-            check_rejoin(session, progress.next_pass, checkpoints.path)
+            progress.next_pass = rejoin_pass(session, progress.next_pass, checkpoints.path)
             progress.resumed_from.append(progress.next_pass)
             journal = checkpoints.uploads()
             shares = journal["shares"] if journal.get("pass") == progress.next_pass else {}
@@ -208,12 +211,13 @@ def run_worker(
             if on_resume:
                 on_resume(progress.next_pass, checkpoints.path)
         else:
-            check_rejoin(session, 0, None)
-            # before any release: a private client's noise key of pass 0 is saved here
+            progress.next_pass = rejoin_pass(session, 0, None)
+            # before any release: a private client's noise key of its first pass is saved here
             checkpoints.save(client, progress, fingerprint)
     else:
-        check_rejoin(session, 0, None)
+        progress.next_pass = rejoin_pass(session, 0, None)
     pass_index = progress.next_pass
+    skipped: list[int] = []
     while True:
         info = service.pass_info(pass_index)
         if info["kind"] == "done":
@@ -229,7 +233,27 @@ def run_worker(
                 )
             else:
                 gate.admit(pass_index)
-        outcome = drive_pass(client, service, info, checkpoints=checkpoints, resume=resume)
+        try:
+            outcome = drive_pass(client, service, info, checkpoints=checkpoints, resume=resume)
+        except ServiceError as exc:
+            if not went_on_without(exc, config):
+                raise
+            rejoin = next_pass_after(service, pass_index)
+            log.warning(
+                "pass %d went on without client %d (%s); it rejoins at pass %d",
+                pass_index,
+                service.client_index,
+                exc.slug,
+                rejoin,
+            )
+            skipped.extend(range(pass_index, rejoin))
+            pass_index = rejoin
+            resume = None
+            if checkpoints is not None:
+                assert fingerprint is not None
+                progress.next_pass = pass_index
+                checkpoints.save(client, progress, fingerprint)
+            continue
         if outcome.kind == "train":
             progress.training_bytes += service.traffic.up + service.traffic.down - exchanged_before
         if privacy is None and client.holds_labels:
@@ -276,15 +300,44 @@ def run_worker(
     result.training_bytes = progress.training_bytes
     result.history = progress.history
     result.resumed_from = progress.resumed_from
+    result.skipped = skipped
     return result
 
 
-def check_rejoin(session: Mapping[str, Any], next_pass: int, checkpoint: Path | None) -> None:
-    """A worker at ``next_pass`` can join only if the service is at that pass or at the next
-    one (its share of ``next_pass`` may have completed the pass before it stopped)."""
+def went_on_without(exc: ServiceError, config: Mapping[str, Any]) -> bool:
+    """Whether the service refused a pass because it went on without this client (stragglers
+    "continue"): it was excluded, or the session has passed it by."""
+    if config.get("stragglers") != "continue" or exc.status != 409:
+        return False
+    return exc.slug in ("excluded", "wrong-pass")
+
+
+def next_pass_after(service: ServiceClient, pass_index: int) -> int:
+    """The pass to rejoin after ``pass_index`` went on without this client: the session's
+    current pass once it is past ``pass_index`` (a long wait only if the others are slow)."""
+    deadline = time.monotonic() + service.peer_wait_seconds
+    while True:
+        session = service.session()
+        current = session["current_pass"]
+        if current > pass_index or session["state"] != "running":
+            return max(current, pass_index + 1)
+        if time.monotonic() >= deadline:
+            raise PeersMissing(
+                f"pass {pass_index} went on without this client and did not finish within "
+                f"{service.peer_wait_seconds:.0f} s"
+            )
+        time.sleep(REJOIN_POLL_SECONDS)
+
+
+def rejoin_pass(session: Mapping[str, Any], next_pass: int, checkpoint: Path | None) -> int:
+    """The pass a worker at ``next_pass`` joins at: ``next_pass``, if the service is at that
+    pass or at the next one (its share of ``next_pass`` may have completed the pass before it
+    stopped); under stragglers "continue" also the service's current pass, however far on."""
     current = session.get("current_pass")
     if not isinstance(current, int) or next_pass <= current <= next_pass + 1:
-        return
+        return next_pass
+    if current > next_pass and session["config"].get("stragglers") == "continue":
+        return current
     if checkpoint is None:
         raise CheckpointError(
             f"session {session.get('session_id')} is at pass {current} and this worker has no "

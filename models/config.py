@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from secure.accounting import AccountantName
 from secure.privacy import SessionPrivacy
-from secure.protocol import AlignedNodes
+from secure.protocol import AlignedNodes, StragglerPolicy
 
 DatasetName = Literal["cora", "citeseer", "pubmed"]
 SplitName = Literal["paper", "public", "aligned"]  # aligned: glasu train --party
@@ -37,6 +37,10 @@ class TrainConfig:
     stale: int = 4  # Q
     # GLASU Appendix B.2: only client m holds the labels and the split (None: every client)
     label_holder: int | None = None
+    # through the service: a late client is waited for, or a pass goes on without it after
+    # straggler_wait_seconds (docs/protocol.md)
+    stragglers: StragglerPolicy = "wait"
+    straggler_wait_seconds: float = 60.0
     cache_rounds: int = 1  # W: rounds of stale statistics local steps reuse (CELU-VFL)
     instance_weighting: bool = False  # CELU-VFL's staleness weights in local steps
     weight_threshold: float = 0.5  # cos(xi) of the instance weights

@@ -27,6 +27,7 @@ from models.sampler import NeighbourSampler, SampledLayer, sampling_rng
 from models.workset import CachedBatch, Workset, instance_weights, weighted_cross_entropy
 from secure.aggregation import EmbeddingCodec, PlainCodec
 from secure.protocol import (
+    MIN_CONTRIBUTORS,
     Aggregate,
     EmbeddingRequest,
     NodesRequest,
@@ -307,13 +308,7 @@ class GlasuClient:
         answer = yield EmbeddingRequest(
             layer=depth, payload=self.codec.encode(share), rows=rows, cols=cols
         )
-        if not isinstance(answer, Aggregate):
-            raise TypeError(f"expected an Aggregate for layer {depth}, got {type(answer).__name__}")
-        if answer.count != self.partition.clients:
-            raise ValueError(
-                f"layer {depth}: the sum holds {answer.count} shares, expected "
-                f"{self.partition.clients}"
-            )
+        answer = self._checked_sum(depth, answer)
         total = self.codec.decode_sum(answer.payload, rows=rows, cols=cols)
         if presence is None:
             mean = total / answer.count
@@ -328,6 +323,19 @@ class GlasuClient:
             torch.from_numpy(count).to(self.device),
             presence,
         )
+
+    def _checked_sum(self, layer: int, answer: Response) -> Aggregate:
+        """The answer to a share, checked: a sum of every client's share, or (a pass that went
+        on without a straggler) of ``MIN_CONTRIBUTORS`` at least."""
+        if not isinstance(answer, Aggregate):
+            raise TypeError(f"expected an Aggregate for layer {layer}, got {type(answer).__name__}")
+        clients = self.partition.clients
+        if not min(MIN_CONTRIBUTORS, clients) <= answer.count <= clients:
+            raise ValueError(
+                f"layer {layer}: the sum holds {answer.count} shares, expected at most "
+                f"{clients} and at least {min(MIN_CONTRIBUTORS, clients)}"
+            )
+        return answer
 
     @property
     def gradient_layer(self) -> int | None:
@@ -413,8 +421,7 @@ class GlasuClient:
         answer = yield EmbeddingRequest(
             layer=layer, payload=self.codec.encode(share), rows=rows, cols=cols
         )
-        if not isinstance(answer, Aggregate) or answer.count != self.partition.clients:
-            raise ValueError(f"layer {layer}: expected the sum of every client's gradient share")
+        answer = self._checked_sum(layer, answer)
         total = self.codec.decode_sum(answer.payload, rows=rows, cols=cols)
         return torch.from_numpy(total / rows).to(self.device, torch.float32)
 

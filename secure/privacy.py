@@ -270,7 +270,12 @@ class SessionPrivacy:
 
     def report(self, *, releases: int, ledger: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
         """The privacy report: the fields of ``GET /v1/sessions/{id}/privacy``, for the run
-        report, the CLI and the service alike."""
+        report, the CLI and the service alike. Each ``ledger`` entry names the ``clients`` whose
+        shares the release holds; without a ledger every client is in every release."""
+        by_client = []
+        for m in range(self.clients):
+            own = sum(m in entry["clients"] for entry in ledger) if ledger else releases
+            by_client.append({"client": m, "releases": own, "epsilon": self.epsilon_after(own)})
         return {
             "enabled": True,
             "epsilon": self.epsilon_after(releases),
@@ -301,6 +306,7 @@ class SessionPrivacy:
                 for a in self.adversaries()
             ],
             "ledger": list(ledger),
+            "by_client": by_client,
         }
 
     def _epsilon_for(self, noise_multiplier: float | None, releases: int) -> float | None:

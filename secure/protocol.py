@@ -34,6 +34,11 @@ Encoding = Literal["int64", "float32", "ckks"]
 # which node ids an alignment indexes, and a session averages over: those every party holds, or
 # those any party holds (partly shared nodes, the count-aware mean)
 AlignedNodes = Literal["intersection", "union"]
+# what a pass does when a client is late: wait for it, or go on with the clients that arrived
+StragglerPolicy = Literal["wait", "continue"]
+# the fewest shares a sum may hold under "continue": one share alone would be revealed to the
+# clients that fetch the sum
+MIN_CONTRIBUTORS = 2
 NODE_ENCODING: Encoding = "int64"
 EMBEDDING_ENCODINGS: tuple[Encoding, ...] = ("float32", "ckks")
 INT64_LE = np.dtype("<i8")

@@ -204,6 +204,20 @@ class NotReady(DomainError):
         )
 
 
+class Excluded(DomainError):
+    """Straggler policy "continue": the pass went on without this client."""
+
+    def __init__(self, client: int, pass_index: int, layer: int, kind: str) -> None:
+        super().__init__(
+            f"pass {pass_index} went on without client {client}: its layer {layer} {kind}"
+            " were aggregated over the clients that arrived within the session's"
+            " straggler_wait_seconds (stragglers 'continue'); this client rejoins at the next pass"
+        )
+        self.client = client
+        self.pass_index = pass_index
+        self.layer = layer
+
+
 class Conflict(DomainError):
     """A client's upload slot already holds a different body."""
 

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from secure.accounting import AccountantName
-from secure.protocol import AlignedNodes
+from secure.protocol import AlignedNodes, StragglerPolicy
 
 SessionState = Literal["running", "finished", "budget_exhausted", "closed"]
 PassKindOrDone = Literal["train", "eval", "done"]
@@ -104,6 +104,22 @@ class SessionCreate(StrictModel):
         "pass gains an exchange at layer `layers + 1` of the top layer's width: the holder's "
         "gradient for the top-layer aggregate, summed with the others' zero shares.",
     )
+    stragglers: StragglerPolicy = Field(
+        "wait",
+        description="What a pass does when a client is late. 'wait': every pass waits for every"
+        " client (a client gives up after its own peer-wait limit and names the missing one)."
+        " 'continue' (3 clients or more, unshared noise): once `straggler_wait_seconds` have"
+        " passed since a layer's first upload, the layer is aggregated over the clients that"
+        " arrived (2 at least; the sum's X-Glasu-Count says how many, the clients divide by it),"
+        " the late client is excluded from the rest of that pass (409 `excluded`) and rejoins at"
+        " a later one.",
+    )
+    straggler_wait_seconds: float = Field(
+        60.0,
+        gt=0,
+        le=86400,
+        description="With stragglers 'continue': how long a layer waits after its first upload.",
+    )
     label: str | None = Field(None, max_length=200)
 
     @field_validator("agg_layers")
@@ -142,6 +158,18 @@ class SessionCreate(StrictModel):
                     "a single label holder needs the top layer as an aggregation layer "
                     f"(layers={self.layers}), GLASU Appendix B.2"
                 )
+        if self.stragglers == "continue":
+            if self.clients < 3:
+                raise ValueError(
+                    "stragglers 'continue' needs 3 clients or more: a layer is aggregated over 2"
+                    " clients at least, so with 2 it would wait for both anyway"
+                )
+            if self.privacy is not None and self.privacy.shared_noise:
+                raise ValueError(
+                    "stragglers 'continue' needs unshared noise: with shared_noise each share"
+                    " carries 1/M of the noise, so a sum over fewer clients would carry less"
+                    " than the ledger counts"
+                )
         return self
 
     @property
@@ -179,6 +207,8 @@ class SessionConfigView(BaseModel):
     privacy: PrivacySettings | None
     nodes: AlignedNodes
     label_holder: int | None
+    stragglers: StragglerPolicy
+    straggler_wait_seconds: float
     label: str | None
 
 
@@ -234,6 +264,16 @@ class LedgerEntry(BaseModel):
     pass_index: int = Field(serialization_alias="pass")
     epsilon: float = Field(description="Cumulative epsilon after this release.")
     released_at: float
+    clients: list[int] = Field(
+        description="The clients whose shares the released sum holds (all of them unless a"
+        " pass went on without a straggler)."
+    )
+
+
+class ClientReleases(BaseModel):
+    client: int
+    releases: int = Field(description="Releases that held this client's share.")
+    epsilon: float = Field(description="Epsilon of this client's own releases.")
 
 
 class AdversaryEpsilon(BaseModel):
@@ -281,6 +321,11 @@ class PrivacyReport(BaseModel):
         " peer with shared noise, all other peers colluding without).",
     )
     ledger: list[LedgerEntry] = Field(default_factory=list)
+    by_client: list[ClientReleases] = Field(
+        default_factory=list,
+        description="Per client, what it actually released; differs from `releases` only when"
+        " passes went on without a client (stragglers 'continue').",
+    )
 
 
 class SessionStatus(BaseModel):

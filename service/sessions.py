@@ -185,17 +185,18 @@ class SessionManager:
 
     @staticmethod
     def _privacy_report(plan: SessionPlan, ledger: list[LedgerRow]) -> PrivacyReport:
+        if plan.privacy is None:
+            return PrivacyReport(enabled=False)
         entries = [
             LedgerEntry(
                 release=r.release_index,
                 pass_index=r.pass_index,
                 epsilon=r.epsilon,
                 released_at=r.released_at,
-            )
+                clients=list(range(plan.clients)) if r.clients is None else r.clients,
+            ).model_dump()
             for r in ledger
         ]
-        if plan.privacy is None:
-            return PrivacyReport(enabled=False)
         return PrivacyReport.model_validate(
-            {**plan.privacy.report(releases=len(entries)), "ledger": entries}
+            plan.privacy.report(releases=len(entries), ledger=entries)
         )

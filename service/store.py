@@ -99,10 +99,14 @@ CREATE TABLE IF NOT EXISTS privacy_ledger (
     pass_index INTEGER NOT NULL,
     epsilon REAL NOT NULL,
     released_at REAL NOT NULL,
+    clients TEXT,
     PRIMARY KEY (session_id, release_index),
     UNIQUE (session_id, pass_index)
 );
 """
+
+# columns added after the first release: (table, column, declaration), added in place on open
+ADDED_COLUMNS = (("privacy_ledger", "clients", "TEXT"),)
 
 # WAL mode: NORMAL survives a process crash; FULL (durable transactions) also a power loss.
 DEFAULT_SYNCHRONOUS = "NORMAL"
@@ -152,6 +156,7 @@ class LedgerRow:
     pass_index: int
     epsilon: float
     released_at: float
+    clients: list[int] | None  # whose shares the release holds; None: all (rows before 0.x)
 
 
 class Transaction:
@@ -267,6 +272,24 @@ class Transaction:
             (session_id, pass_index, layer, kind),
         ).fetchall()
         return [UploadRow(int(r[0]), bytes(r[1]), int(r[2])) for r in rows]
+
+    def first_upload_at(
+        self, session_id: str, pass_index: int, layer: int, kind: UploadKind
+    ) -> float | None:
+        (at,) = self._db.execute(
+            "SELECT MIN(created_at) FROM uploads WHERE session_id = ? AND pass_index = ?"
+            " AND layer = ? AND kind = ?",
+            (session_id, pass_index, layer, kind),
+        ).fetchone()
+        return at
+
+    def result_slots(self, session_id: str, pass_index: int) -> list[tuple[int, ResultKind]]:
+        """The (layer, kind) of every result of the pass stored so far."""
+        rows = self._db.execute(
+            "SELECT layer, kind FROM results WHERE session_id = ? AND pass_index = ?",
+            (session_id, pass_index),
+        ).fetchall()
+        return [(int(layer), kind) for layer, kind in rows]
 
     def upload_bodies(
         self, session_id: str, pass_index: int, layer: int, kind: UploadKind
@@ -423,14 +446,26 @@ class Transaction:
 
     def ledger(self, session_id: str) -> list[LedgerRow]:
         rows = self._db.execute(
-            "SELECT release_index, pass_index, epsilon, released_at FROM privacy_ledger"
+            "SELECT release_index, pass_index, epsilon, released_at, clients FROM privacy_ledger"
             " WHERE session_id = ? ORDER BY release_index",
             (session_id,),
         ).fetchall()
-        return [LedgerRow(*row) for row in rows]
+        return [
+            LedgerRow(
+                *row[:4], clients=None if row[4] is None else [int(m) for m in row[4].split(",")]
+            )
+            for row in rows
+        ]
 
     def append_ledger(
-        self, session_id: str, *, release_index: int, pass_index: int, epsilon: float, at: float
+        self,
+        session_id: str,
+        *,
+        release_index: int,
+        pass_index: int,
+        epsilon: float,
+        at: float,
+        clients: list[int],
     ) -> None:
         """Only in a ``durable`` transaction: a ledger row must survive a power loss once the
         release it counts has been served."""
@@ -438,8 +473,8 @@ class Transaction:
             raise RuntimeError("the privacy ledger is appended only in a durable transaction")
         self._db.execute(
             "INSERT INTO privacy_ledger (session_id, release_index, pass_index, epsilon,"
-            " released_at) VALUES (?, ?, ?, ?, ?)",
-            (session_id, release_index, pass_index, epsilon, at),
+            " released_at, clients) VALUES (?, ?, ?, ?, ?, ?)",
+            (session_id, release_index, pass_index, epsilon, at, ",".join(map(str, clients))),
         )
 
 
@@ -464,6 +499,10 @@ class Store:
             for statement in SCHEMA.split(";"):
                 if statement.strip():
                     self._db.execute(statement)
+            for table, column, declaration in ADDED_COLUMNS:
+                columns = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+                if column not in columns:  # a database written before the column existed
+                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
             self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     @contextmanager

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from clients.cli.errors import UsageError
 from clients.cli.options import (
@@ -27,6 +27,7 @@ from clients.cli.options import (
 )
 from models.config import TrainConfig
 from secure.accounting import ACCOUNTANTS
+from secure.protocol import StragglerPolicy
 from service.schemas import MAX_CLIENTS, MAX_LAYERS, MAX_ROUNDS, MAX_WIDTH
 
 DEFAULTS = TrainConfig()
@@ -107,6 +108,22 @@ def add_federation_arguments(p: argparse._ActionsContainer, *, local: bool) -> N
         help="only client M holds the labels and the split; the others learn from the gradient "
         "it broadcasts through the service, encrypted (GLASU Appendix B.2); with --mode "
         "standalone: client M alone. Default: every client holds the labels",
+    )
+    p.add_argument(
+        "--stragglers",
+        choices=get_args(StragglerPolicy),
+        default=DEFAULTS.stragglers,
+        help="when a client is late: 'wait' for it (every pass holds every client), or "
+        "'continue' (3 clients or more) without it after --straggler-wait-seconds; it rejoins at "
+        "a later pass (docs/protocol.md). Default: %(default)s",
+    )
+    p.add_argument(
+        "--straggler-wait-seconds",
+        type=positive_float,
+        default=DEFAULTS.straggler_wait_seconds,
+        metavar="S",
+        help="with --stragglers continue: how long a layer waits after its first upload "
+        "(default: %(default)s)",
     )
     if local:  # each worker's own choice; a deployed worker takes them as its settings
         p.add_argument(
@@ -326,6 +343,11 @@ def check_federation(args: argparse.Namespace, *, through_service: bool) -> None
         )
     if not releases_anything(args):
         return
+    if args.stragglers == "continue" and args.clients < 3:
+        raise UsageError(
+            "--stragglers continue needs 3 clients or more: a pass goes on with 2 clients at "
+            "least, so with 2 it waits for both anyway"
+        )
     if through_service and args.clients > MAX_CLIENTS:
         raise UsageError(
             f"--clients {args.clients}: the service takes at most {MAX_CLIENTS} clients"
@@ -343,6 +365,11 @@ def check_federation(args: argparse.Namespace, *, through_service: bool) -> None
         raise UsageError(
             "--shared-noise needs encryption: without it the service would see each client's "
             "share with only 1/M of the noise (drop --no-he or --shared-noise)"
+        )
+    if private and getattr(args, "shared_noise", False) and args.stragglers == "continue":
+        raise UsageError(
+            "--stragglers continue needs unshared noise: with --shared-noise a pass without a "
+            "straggler would carry less noise than the ledger counts"
         )
     if through_service and not private and args.hidden > MAX_WIDTH:
         raise UsageError(

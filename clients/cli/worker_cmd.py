@@ -180,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
             "passes": result.passes,
             "finished_reason": result.finished_reason,
             "resumed_from": result.resumed_from,
+            "skipped_passes": result.skipped,
             "bytes_up": service.traffic.up,
             "bytes_down": service.traffic.down,
             "history": result.history,
@@ -187,6 +188,12 @@ def run(args: argparse.Namespace) -> int:
     if settings.result:
         settings.result.parent.mkdir(parents=True, exist_ok=True)
         settings.result.write_text(json.dumps(summary, indent=2))
+    if result.skipped:
+        print(
+            f"glasu worker {settings.client}: {len(result.skipped)} passes went on without this "
+            f"worker (stragglers 'continue'): {result.skipped}",
+            file=sys.stderr,
+        )
     if result.finished_reason != "finished":
         print(
             f"glasu worker {settings.client}: session ended: {result.finished_reason}",

@@ -81,6 +81,8 @@ def session_body(
         "privacy": config.privacy_request(),
         "nodes": config.nodes,
         "label_holder": config.label_holder if config.releases_anything else None,
+        "stragglers": config.stragglers,
+        "straggler_wait_seconds": config.straggler_wait_seconds,
         "label": f"glasu train {config.dataset} {config.mode}"[:MAX_LABEL],
     }
 

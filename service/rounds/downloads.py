@@ -11,11 +11,19 @@ from __future__ import annotations
 from secure.protocol import NODE_ENCODING
 from service.domain_errors import UnknownPass, WrongPass
 from service.plan import PlanCache, SessionPlan
-from service.rounds.gate import check_downloadable, load_session, open_layer, uploaders
+from service.rounds.gate import (
+    UPLOAD_KIND,
+    check_downloadable,
+    check_in_pass,
+    load_session,
+    open_layer,
+    uploaders,
+)
 from service.rounds.sums import ShareSums
 from service.rounds.types import Caller, Payload, Waiting
+from service.rounds.uploads import close_union
 from service.schemas import PassInfo
-from service.store import ResultKind, ResultRow, Store, UploadKind
+from service.store import ResultKind, ResultRow, Store
 from service.telemetry import Telemetry
 
 DONE_REASON = {
@@ -24,9 +32,6 @@ DONE_REASON = {
     "budget_exhausted": "budget-exhausted",
     "closed": "closed",
 }
-
-# Each result is formed from one kind of upload.
-UPLOAD_KIND: dict[ResultKind, UploadKind] = {"union": "nodes", "aggregate": "embedding"}
 
 
 class Downloads:
@@ -66,14 +71,27 @@ class Downloads:
     ) -> Payload | Waiting:
         """The node union or the sum of one layer, or who is still missing."""
         answer = self._fetch(kind, caller, pass_index, layer)
-        if isinstance(answer, Waiting) and kind == "aggregate" and not answer.missing:
+        if not isinstance(answer, Waiting):
+            return answer
+        if kind == "aggregate" and (not answer.missing or self._may_close(caller)):
             # All shares are in but no sum: the upload of the last one is storing it (then this
             # returns at once and the long poll waits to be notified), or it never did (a
             # restart, a failure), and the sum is stored here from the running sum or the
-            # shares' files.
+            # shares' files. Under stragglers "continue" the sum may also be due without them.
             self.sums.complete(caller.session_id, pass_index, layer, wait=False)
-            answer = self._fetch(kind, caller, pass_index, layer)
-        return answer
+        elif kind == "union" and self._may_close(caller):
+            with self.store.transaction() as tx:
+                _, plan = load_session(tx, self.plans, caller.session_id)
+                close_union(tx, plan, pass_index, layer)
+        else:
+            return answer
+        return self._fetch(kind, caller, pass_index, layer)
+
+    def _may_close(self, caller: Caller) -> bool:
+        """Whether a slot of this session may close before every client's upload is in."""
+        with self.store.transaction() as tx:
+            _, plan = load_session(tx, self.plans, caller.session_id)
+        return plan.config.stragglers == "continue"
 
     def _fetch(
         self, kind: ResultKind, caller: Caller, pass_index: int, layer: int
@@ -84,6 +102,7 @@ class Downloads:
                 tx, self.plans, caller.session_id, pass_index, layer, upload_kind
             )
             check_downloadable(row, pass_index)
+            check_in_pass(tx, plan, caller.client_index, pass_index, layer, upload_kind)
             result = tx.result(caller.session_id, pass_index, layer, kind)
             if result is None:
                 received, missing = uploaders(tx, plan, pass_index, layer, upload_kind)

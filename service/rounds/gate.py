@@ -4,8 +4,12 @@ the pass is the current one (uploads) or still kept (downloads). Failures are do
 
 from __future__ import annotations
 
+import time
+
+from secure.protocol import MIN_CONTRIBUTORS
 from service.domain_errors import (
     BudgetExhausted,
+    Excluded,
     NotReady,
     SessionClosed,
     SessionNotFound,
@@ -14,7 +18,12 @@ from service.domain_errors import (
     WrongPass,
 )
 from service.plan import PlanCache, SessionPlan
-from service.store import SessionRow, Transaction, UploadKind
+from service.store import ResultKind, SessionRow, Transaction, UploadKind
+
+# Each result is formed from one kind of upload.
+UPLOAD_KIND: dict[ResultKind, UploadKind] = {"union": "nodes", "aggregate": "embedding"}
+RESULT_KIND: dict[UploadKind, ResultKind] = {"nodes": "union", "embedding": "aggregate"}
+_WHAT: dict[UploadKind, str] = {"nodes": "node sets", "embedding": "shares"}
 
 
 def load_session(
@@ -95,10 +104,51 @@ def check_downloadable(row: SessionRow, pass_index: int) -> None:
 def uploaders(
     tx: Transaction, plan: SessionPlan, pass_index: int, layer: int, kind: UploadKind
 ) -> tuple[list[int], list[int]]:
-    """The clients whose ``kind`` upload of this slot is in, and those still missing."""
+    """The clients whose ``kind`` upload of this slot is in, and the pass's participants still
+    missing."""
     received = tx.uploaders(plan.session_id, pass_index, layer, kind)
     have = set(received)
-    return received, [m for m in range(plan.clients) if m not in have]
+    return received, [m for m in participants(tx, plan, pass_index) if m not in have]
+
+
+def participants(tx: Transaction, plan: SessionPlan, pass_index: int) -> list[int]:
+    """The clients still in a pass: every client, except under stragglers "continue", where a
+    slot closed without a client leaves it out of the rest of the pass."""
+    clients = set(range(plan.clients))
+    if plan.config.stragglers == "continue":
+        for layer, kind in tx.result_slots(plan.session_id, pass_index):
+            clients &= set(tx.uploaders(plan.session_id, pass_index, layer, UPLOAD_KIND[kind]))
+    return sorted(clients)
+
+
+def slot_closes(
+    tx: Transaction,
+    plan: SessionPlan,
+    pass_index: int,
+    layer: int,
+    kind: UploadKind,
+    *,
+    received: list[int],
+    missing: list[int],
+) -> bool:
+    """Whether the slot's result may be formed now from the uploads ``received``: every
+    participant's is in, or (stragglers "continue") the wait since its first upload is over and
+    enough clients arrived."""
+    if not missing:
+        return True
+    if plan.config.stragglers != "continue" or len(received) < MIN_CONTRIBUTORS:
+        return False
+    first = tx.first_upload_at(plan.session_id, pass_index, layer, kind)
+    return first is not None and time.time() >= first + plan.config.straggler_wait_seconds
+
+
+def check_in_pass(
+    tx: Transaction, plan: SessionPlan, client: int, pass_index: int, layer: int, kind: UploadKind
+) -> None:
+    """``Excluded`` if the pass went on without this client (stragglers "continue"). It may then
+    neither upload nor fetch a result of the pass: a sum is served only to its contributors."""
+    if client not in participants(tx, plan, pass_index):
+        raise Excluded(client, pass_index, layer, _WHAT[kind])
 
 
 def layer_rows(tx: Transaction, plan: SessionPlan, pass_index: int, layer: int) -> int:

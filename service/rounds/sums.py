@@ -31,7 +31,7 @@ from typing import Any
 from secure.aggregation import RunningSum
 from service.aggregators import Aggregators
 from service.plan import PlanCache, SessionPlan
-from service.rounds.gate import layer_rows, load_session
+from service.rounds.gate import layer_rows, load_session, slot_closes, uploaders
 from service.rounds.payload_files import PayloadFiles
 from service.store import SessionRow, Store, Transaction
 from service.telemetry import Telemetry
@@ -82,8 +82,9 @@ class ShareSums:
             yield slot.running
 
     def complete(self, session_id: str, pass_index: int, layer: int, *, wait: bool) -> None:
-        """Store the slot's sum if all M shares are committed and no sum is stored, adding first
-        any committed share the running sum lacks (after a restart: all of them) from its file.
+        """Store the slot's sum if it closes (all the pass's participants' shares are committed,
+        or under stragglers "continue" the wait is over) and no sum is stored, adding first any
+        committed share the running sum lacks (after a restart: all of them) from its file.
         Without ``wait``, returns at once while another request holds the slot."""
         key = (session_id, pass_index, layer)
         slot = self._slot(key)
@@ -96,7 +97,10 @@ class ShareSums:
                     self._forget(key, slot)
                     return
                 committed = tx.uploads(session_id, pass_index, layer, "embedding")
-                if len(committed) < plan.clients:
+                received, missing = uploaders(tx, plan, pass_index, layer, "embedding")
+                if not slot_closes(
+                    tx, plan, pass_index, layer, "embedding", received=received, missing=missing
+                ):
                     return
                 rows = layer_rows(tx, plan, pass_index, layer)
             aggregator = self.aggregators.for_session(plan)
@@ -110,7 +114,9 @@ class ShareSums:
                 )
                 share = aggregator.read_share(body, rows=rows, cols=plan.widths[layer])
                 slot.running.add(upload.client_index, share)
-            self._store(plan, pass_index, layer, rows, slot.running.payload())
+            self._store(
+                plan, pass_index, layer, rows, slot.running.payload(), sorted(slot.running.clients)
+            )
             self._forget(key, slot)
         finally:
             slot.lock.release()
@@ -135,9 +141,16 @@ class ShareSums:
         self.files.discard(session_id, before_pass=before_pass)
 
     def _store(
-        self, plan: SessionPlan, pass_index: int, layer: int, rows: int, body: bytes
+        self,
+        plan: SessionPlan,
+        pass_index: int,
+        layer: int,
+        rows: int,
+        body: bytes,
+        clients: list[int],
     ) -> None:
-        """Write the sum's file, then its row (with the ledger row if it is a release)."""
+        """Write the sum of ``clients``' shares to its file, then its row (with the ledger row
+        if it is a release)."""
         # A release's ledger row must be on disk before its sum can be served, and the sum with
         # it: a durable transaction's COMMIT returns only once the WAL is synced
         # (service/store.py), and the sum's file is synced before.
@@ -150,7 +163,7 @@ class ShareSums:
                 return
             released_at = None
             if is_release:
-                released_at = _record_release(tx, plan, pass_index)
+                released_at = _record_release(tx, plan, pass_index, clients)
                 if released_at is None:
                     return
             tx.insert_result(
@@ -160,7 +173,7 @@ class ShareSums:
                 "aggregate",
                 rows=rows,
                 cols=plan.widths[layer],
-                count=plan.clients,
+                count=len(clients),
                 body=None,
                 released_at=released_at,
             )
@@ -227,9 +240,12 @@ def _sum_pending(tx: Transaction, row: SessionRow, pass_index: int, layer: int) 
     )
 
 
-def _record_release(tx: Transaction, plan: SessionPlan, pass_index: int) -> float | None:
-    """Append the ledger row of this pass's release; None (and the session stops) if it does not
-    fit. Normally the check at the start of the pass already stopped it."""
+def _record_release(
+    tx: Transaction, plan: SessionPlan, pass_index: int, clients: list[int]
+) -> float | None:
+    """Append the ledger row of this pass's release of ``clients``' shares; None (and the
+    session stops) if it does not fit. Normally the check at the start of the pass already
+    stopped it."""
     privacy = plan.privacy
     assert privacy is not None
     releases = len(tx.ledger(plan.session_id))
@@ -243,6 +259,7 @@ def _record_release(tx: Transaction, plan: SessionPlan, pass_index: int) -> floa
         pass_index=pass_index,
         epsilon=privacy.epsilon_after(releases + 1),
         at=now,
+        clients=clients,
     )
     return now
 

@@ -35,10 +35,12 @@ from service.payloads import (
 from service.plan import PlanCache, SessionPlan
 from service.rounds.gate import (
     check_current_pass,
+    check_in_pass,
     check_pass_in_schedule,
     layer_rows,
     open_layer,
     open_session,
+    slot_closes,
     uploaders,
 )
 from service.rounds.payload_files import PayloadFiles
@@ -213,8 +215,8 @@ class Uploads:
             tx.add_traffic(caller.session_id, caller.client_index, up=len(body))
             received, missing = uploaders(tx, target.plan, pass_index, layer, kind)
             outcome = UploadOutcome(not target.duplicate, received, missing)
-            if kind == "nodes" and outcome.created and not missing:
-                _store_union(tx, target.plan, pass_index, layer)
+            if kind == "nodes" and outcome.created:
+                close_union(tx, target.plan, pass_index, layer)
         self.telemetry.bytes_received.labels(kind=kind).inc(len(body))
         return outcome
 
@@ -235,6 +237,7 @@ class Uploads:
                 return _UploadTarget(plan, duplicate=True)
             raise Conflict(caller.client_index, kind, pass_index, layer)
         check_current_pass(row, pass_index)
+        check_in_pass(tx, plan, caller.client_index, pass_index, layer, kind)
         if kind == "nodes":
             return _UploadTarget(plan, duplicate=False)
         for lower in plan.agg_layers_below(layer):
@@ -244,7 +247,13 @@ class Uploads:
         return _UploadTarget(plan, duplicate=False, rows=rows, cols=plan.widths[layer])
 
 
-def _store_union(tx: Transaction, plan: SessionPlan, pass_index: int, layer: int) -> None:
+def close_union(tx: Transaction, plan: SessionPlan, pass_index: int, layer: int) -> None:
+    """Store the layer's node union if its slot closes now (``gate.slot_closes``)."""
+    if tx.result(plan.session_id, pass_index, layer, "union") is not None:
+        return
+    received, missing = uploaders(tx, plan, pass_index, layer, "nodes")
+    if not slot_closes(tx, plan, pass_index, layer, "nodes", received=received, missing=missing):
+        return
     union = union_of(tx.upload_bodies(plan.session_id, pass_index, layer, "nodes"))
     tx.insert_result(
         plan.session_id,
@@ -253,6 +262,6 @@ def _store_union(tx: Transaction, plan: SessionPlan, pass_index: int, layer: int
         "union",
         rows=len(union) // 8,
         cols=0,
-        count=plan.clients,
+        count=len(received),
         body=union,
     )

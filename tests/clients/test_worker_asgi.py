@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import secrets
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,14 @@ from service.settings import ServiceSettings
 CONFIG = TrainConfig(rounds=6, eval_every=3, hidden=32, encryption="none", dp=False, seed=3)
 
 
-def run_federation(tmp_path: Path, config: TrainConfig, cora) -> tuple[list, dict]:
+def run_federation(
+    tmp_path: Path,
+    config: TrainConfig,
+    cora,
+    *,
+    service_class: Callable[[int], type[ServiceClient]] = lambda m: ServiceClient,
+) -> tuple[list, dict]:
+    """Run the federation's workers in threads; client m talks through ``service_class(m)``."""
     token = secrets.token_urlsafe(24)
     app = create_app(ServiceSettings(database=tmp_path / "service.sqlite3", admin_token=token))
     transport = InProcessTransport(app)
@@ -46,7 +54,7 @@ def run_federation(tmp_path: Path, config: TrainConfig, cora) -> tuple[list, dic
     def work(m: int) -> None:
         try:
             torch.set_num_threads(1)
-            with ServiceClient(
+            with service_class(m)(
                 base_url="http://glasu.test",
                 session_id=session["session_id"],
                 client_index=m,

@@ -166,12 +166,14 @@ def test_ledger_rows_are_committed_under_synchronous_full(database: Path) -> Non
             assert store._db.execute("PRAGMA synchronous").fetchone() == (normal,)
             tx.insert_session("s", "{}", [b"h" * 32], state="running")
             with pytest.raises(RuntimeError, match="durable transaction"):
-                tx.append_ledger("s", release_index=1, pass_index=0, epsilon=0.5, at=1.0)
+                tx.append_ledger(
+                    "s", release_index=1, pass_index=0, epsilon=0.5, at=1.0, clients=[0]
+                )
         with store.transaction(durable=True) as tx:
             assert store._db.execute("PRAGMA synchronous").fetchone() == (full,)
-            tx.append_ledger("s", release_index=1, pass_index=0, epsilon=0.5, at=1.0)
+            tx.append_ledger("s", release_index=1, pass_index=0, epsilon=0.5, at=1.0, clients=[0])
         with pytest.raises(ValueError, match="boom"), store.transaction(durable=True) as tx:
-            tx.append_ledger("s", release_index=2, pass_index=1, epsilon=0.7, at=2.0)
+            tx.append_ledger("s", release_index=2, pass_index=1, epsilon=0.7, at=2.0, clients=[0])
             raise ValueError("boom")  # rolled back, and the connection is back to NORMAL
         assert store._db.execute("PRAGMA synchronous").fetchone() == (normal,)
         with store.transaction() as tx:

@@ -1,0 +1,218 @@
+"""Straggler policies measured: what "continue" costs in accuracy and saves in time against
+"wait" when one of three parties is late again and again.
+
+Three real workers and the real service app in one process (the ASGI transport, no sockets),
+Cora, plaintext sums and no DP (to see the policy alone). Client 2 stalls before its first share
+in every ``--every``-th training pass, for ``--stall`` seconds (a paused process or a slow link).
+Under "wait" the others wait for it; under "continue" a layer closes ``--wait`` seconds after its
+first share without it, and it rejoins at a later pass. "no stall" is the same session with
+nobody late. Reported: client 0's final test accuracy, the passes client 2 missed, wall time.
+
+    python bench/stragglers.py --seeds 0 1 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import secrets
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.results_doc import load_copied, single_thread, write_section
+from clients.local.asgi import InProcessTransport
+from clients.local.session import session_request
+from clients.policy import PrivacyPolicy
+from clients.transport import ServiceClient
+from clients.worker import LocalModelOptions, WorkerResult, run_worker
+from models.config import TrainConfig
+from models.data import GraphDataset
+from models.layout import layout_federation
+from secure.aggregation import PlainCodec
+from service.app import create_app
+from service.settings import ServiceSettings
+
+RESULTS = Path(__file__).resolve().parent / "results" / "stragglers.json"
+LATE = 2  # the client that stalls
+
+
+def stalling_client(*, every: int, stall: float) -> type[ServiceClient]:
+    """A new class each call: it remembers the passes it stalled in."""
+
+    class Stalling(ServiceClient):
+        """Sleeps before its first share of every ``every``-th pass."""
+
+        stalled_at: ClassVar[set[int]] = set()
+
+        def put_embedding(self, pass_index: int, *args: Any, **kwargs: Any) -> None:
+            if pass_index % every == 0 and pass_index not in self.stalled_at:
+                self.stalled_at.add(pass_index)
+                time.sleep(stall)
+            super().put_embedding(pass_index, *args, **kwargs)
+
+    return Stalling
+
+
+def federation(
+    config: TrainConfig, dataset: GraphDataset, work: Path, late: type[ServiceClient]
+) -> tuple[list[WorkerResult], float]:
+    token = secrets.token_urlsafe(24)
+    app = create_app(ServiceSettings(database=work / "service.sqlite3", admin_token=token))
+    transport = InProcessTransport(app)
+    layout = layout_federation(config, dataset)
+    with ServiceClient(
+        base_url="http://glasu.test", session_id="", client_index=0, token=token,
+        transport=transport,
+    ) as admin:  # fmt: skip
+        body = session_request(config, layout, dataset)
+        session = admin._request("POST", "/v1/sessions", json=body).json()
+    results: list[Any] = [None] * config.clients
+    errors: list[BaseException] = []
+
+    def work_as(m: int) -> None:
+        try:
+            single_thread()
+            with (late if m == LATE else ServiceClient)(
+                base_url="http://glasu.test",
+                session_id=session["session_id"],
+                client_index=m,
+                token=session["client_tokens"][m],
+                transport=transport,
+                poll_seconds=5,
+            ) as service:
+                results[m] = run_worker(
+                    service,
+                    layout.partitions[m],
+                    options=LocalModelOptions(hidden=config.hidden, seed=config.seed),
+                    codec=PlainCodec(),
+                    policy=PrivacyPolicy(require_dp=False),  # no DP, on purpose: see the doc
+                    ledger=None,
+                )
+        except BaseException as exc:
+            errors.append(exc)
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=work_as, args=(m,)) for m in range(config.clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - started
+    transport.shutdown()
+    if errors:
+        raise errors[0]
+    return results, wall
+
+
+def one_seed(dataset: GraphDataset, base: TrainConfig, args: argparse.Namespace) -> dict:
+    stalling = {"every": args.every, "stall": args.stall}
+    variants = {
+        "no stall": (dataclasses.replace(base, stragglers="continue"), ServiceClient),
+        "wait": (base, stalling_client(**stalling)),
+        "continue": (dataclasses.replace(base, stragglers="continue"), stalling_client(**stalling)),
+    }
+    out = {}
+    for name, (config, late) in variants.items():
+        with tempfile.TemporaryDirectory() as work:
+            results, wall = federation(config, dataset, Path(work), late)
+        final = results[0].history[-1]
+        out[name] = {
+            "passes": results[0].passes,
+            "test_accuracy": final["test_accuracy"],
+            # its last evaluation: it may have missed the final one
+            "late_client_test_accuracy": (
+                results[LATE].history[-1]["test_accuracy"] if results[LATE].history else None
+            ),
+            "missed_passes": len(results[LATE].skipped),
+            "wall_s": round(wall, 1),
+        }
+        print(f"  seed {base.seed} {name:>9}: {out[name]}", flush=True)
+    return out
+
+
+def markdown(out: dict) -> str:
+    s = out["settings"]
+    lines = [
+        "## Straggler policies (`bench/stragglers.py`)",
+        "",
+        f"Three workers and the service app in one process (ASGI transport), Cora, {s['rounds']} "
+        f"rounds (K = {s['agg_layers']}, Q = {s['stale']}, evaluation every {s['eval_every']}), "
+        f"plaintext sums, no DP. Client {LATE} stalls {s['stall']} s before its first share "
+        f"in every pass whose index is a multiple of {s['every']} (training and evaluation "
+        "alike); 'continue' closes a "
+        f"layer {s['wait']} s after its first share. Test accuracy of client 0 and of the late "
+        "client (%, at the last evaluation it took part in), passes the late client missed, wall "
+        "time relative to no stall; mean ± std "
+        f"over seeds {s['seeds']}.",
+        "",
+        "| policy | accuracy, client 0 | accuracy, late client | passes missed | wall time |",
+        "|---|---|---|---|---|",
+    ]
+    runs = out["runs"]
+    for name in ("no stall", "wait", "continue"):
+        acc = [r[name]["test_accuracy"] for r in runs]
+        late = [r[name]["late_client_test_accuracy"] or np.nan for r in runs]
+        missed = [r[name]["missed_passes"] for r in runs]
+        ratio = [r[name]["wall_s"] / r["no stall"]["wall_s"] for r in runs]
+        lines.append(
+            f"| {name} | {100 * np.mean(acc):.1f} ± {100 * np.std(acc):.1f} | "
+            f"{100 * np.mean(late):.1f} ± {100 * np.std(late):.1f} | "
+            f"{np.mean(missed):.1f} of {s['passes_total']} | {np.mean(ratio):.2f}x |"
+        )
+    lines += [
+        "",
+        "Reproduce: `python bench/stragglers.py --seeds 0 1 2` (results in "
+        "`bench/results/stragglers.json`; `--docs-only` rewrites this section).",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--rounds", type=int, default=100)
+    parser.add_argument("--every", type=int, default=3, help="stall in every k-th pass")
+    parser.add_argument("--stall", type=float, default=2.0, help="seconds of each stall")
+    parser.add_argument("--wait", type=float, default=0.5, help="straggler_wait_seconds")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--docs-only", action="store_true", help="rewrite the docs section")
+    args = parser.parse_args()
+    if args.docs_only:
+        write_section("stragglers", markdown(json.loads(args.out.read_text())))
+        return
+    single_thread()
+    base = TrainConfig(
+        rounds=args.rounds, eval_every=20, hidden=64, encryption="none", dp=False,
+        straggler_wait_seconds=args.wait,
+    )  # fmt: skip
+    runs = []
+    with tempfile.TemporaryDirectory() as scratch:
+        dataset = load_copied("cora", scratch=Path(scratch), split="paper")
+        for seed in args.seeds:
+            runs.append(one_seed(dataset, dataclasses.replace(base, seed=seed), args))
+    passes_total = runs[0]["no stall"]["passes"]
+    out = {
+        "settings": {
+            "rounds": args.rounds, "agg_layers": base.agg_layers, "stale": base.stale,
+            "eval_every": base.eval_every, "every": args.every, "stall": args.stall,
+            "wait": args.wait, "seeds": args.seeds, "passes_total": passes_total,
+        },
+        "runs": runs,
+    }  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=1) + "\n")
+    write_section("stragglers", markdown(out))
+    print(markdown(out))
+
+
+if __name__ == "__main__":
+    main()

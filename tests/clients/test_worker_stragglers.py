@@ -1,0 +1,78 @@
+"""Three real workers through the service app under stragglers "continue": one worker stalls in
+the middle of a training pass; the others finish that pass without it (the count-aware mean of
+two), it rejoins at a later pass, and the run ends with every worker finished."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import pytest
+
+from clients.checkpoint import CheckpointError
+from clients.transport import ServiceClient
+from clients.worker import rejoin_pass
+from models.config import TrainConfig
+from tests.clients.test_worker_asgi import run_federation
+
+STALL_PASS = 2  # a training pass
+STALL_SECONDS = 3.0
+
+CONFIG = TrainConfig(
+    rounds=6,
+    eval_every=3,
+    hidden=32,
+    encryption="none",
+    dp=False,
+    seed=3,
+    stragglers="continue",
+    straggler_wait_seconds=0.5,
+)
+
+
+class StallingService(ServiceClient):
+    """Stalls once before its first share of ``STALL_PASS`` (a worker paused, a slow link)."""
+
+    stalled = False
+
+    def put_embedding(self, pass_index: int, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if pass_index == STALL_PASS and not self.stalled:
+            self.stalled = True
+            time.sleep(STALL_SECONDS)
+        return super().put_embedding(pass_index, *args, **kwargs)
+
+
+def test_a_stalled_worker_is_left_out_of_one_pass_and_rejoins(tmp_path: Path, cora) -> None:
+    results, status = run_federation(
+        tmp_path,
+        CONFIG,
+        cora,
+        service_class=lambda m: StallingService if m == 2 else ServiceClient,
+    )
+    assert status["state"] == "finished"
+    assert [r.finished_reason for r in results] == ["finished"] * 3
+    assert results[0].skipped == results[1].skipped == []
+    # the pass it stalled in, and perhaps the next ones (they too wait 0.5 s at most for it)
+    skipped = results[2].skipped
+    assert skipped[0] == STALL_PASS and skipped == list(
+        range(STALL_PASS, STALL_PASS + len(skipped))
+    )
+    assert results[0].passes == status["passes_total"]
+    assert results[2].passes == status["passes_total"] - len(skipped)
+    for result in results:
+        assert all(math.isfinite(h["test_accuracy"]) for h in result.history)
+    assert results[2].history[-1]["pass"] == results[0].history[-1]["pass"]
+
+
+def test_a_restarted_or_late_worker_joins_at_the_current_pass_under_continue_only() -> None:
+    session = {"session_id": "s", "current_pass": 7, "config": {"stragglers": "continue"}}
+    assert rejoin_pass(session, 2, Path("checkpoint")) == 7
+    assert rejoin_pass(session, 0, None) == 7
+    assert rejoin_pass(session, 7, Path("checkpoint")) == 7
+    waiting = {**session, "config": {"stragglers": "wait"}}
+    assert rejoin_pass(waiting, 6, Path("checkpoint")) == 6  # its share may have ended pass 6
+    with pytest.raises(CheckpointError, match="cannot have gone on without this client"):
+        rejoin_pass(waiting, 2, Path("checkpoint"))
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        rejoin_pass(waiting, 0, None)

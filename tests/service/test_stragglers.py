@@ -1,0 +1,175 @@
+"""The straggler policy at the service: under "continue" a layer whose wait is over is formed from
+the clients that arrived (2 at least), the late client is excluded from the rest of the pass and
+takes part again in the next one, and the privacy ledger records whose shares each release
+holds. Under "wait" (the default) nothing closes early."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import numpy as np
+import pytest
+from service_testkit import (
+    admin,
+    assert_problem,
+    bearer,
+    client_path,
+    create_session,
+    matrix_headers,
+    node_headers,
+    nodes_body,
+    private_session_request,
+    session_request,
+)
+
+pytestmark = pytest.mark.anyio
+
+WAIT = 0.4  # straggler_wait_seconds of these sessions
+CONTINUE = {"stragglers": "continue", "straggler_wait_seconds": WAIT}
+
+
+async def put(
+    client: httpx.AsyncClient, created: dict, m: int, p: int, layer: int, body: np.ndarray
+) -> httpx.Response:
+    sid, token = created["session_id"], created["client_tokens"][m]
+    if body.ndim == 1:
+        kind, headers, content = "nodes", node_headers(body), nodes_body(body)
+    else:
+        kind, headers, content = "embedding", matrix_headers(*body.shape), body.astype("<f4")
+        content = content.tobytes()
+    return await client.put(
+        f"{client_path(sid, m)}/passes/{p}/layers/{layer}/{kind}",
+        content=content,
+        headers={**headers, **bearer(token)},
+    )
+
+
+async def get(
+    client: httpx.AsyncClient, created: dict, m: int, p: int, layer: int, what: str, wait: float
+) -> httpx.Response:
+    sid, token = created["session_id"], created["client_tokens"][m]
+    return await client.get(
+        f"{client_path(sid, m)}/passes/{p}/layers/{layer}/{what}",
+        params={"wait": wait},
+        headers=bearer(token),
+    )
+
+
+async def output_rows(client: httpx.AsyncClient, created: dict, p: int) -> int:
+    sid, token = created["session_id"], created["client_tokens"][0]
+    info = await client.get(f"{client_path(sid, 0)}/passes/{p}", headers=bearer(token))
+    return len(info.json()["output_nodes"])
+
+
+async def test_continue_needs_three_clients_and_unshared_noise(client: httpx.AsyncClient) -> None:
+    response = await client.post(
+        "/v1/sessions", json=session_request(clients=2, **CONTINUE), headers=admin()
+    )
+    assert_problem(response, 422, "validation-error", mentions="3 clients or more")
+    privacy = {"noise_multiplier": 1.0, "delta": 1e-5, "clip": 1.0, "shared_noise": True}
+    response = await client.post(
+        "/v1/sessions",
+        json=private_session_request(privacy, encryption="none", **CONTINUE),
+        headers=admin(),
+    )
+    assert_problem(response, 422, "validation-error", mentions="unshared noise")
+    created = await create_session(client)
+    status = (await client.get(f"/v1/sessions/{created['session_id']}", headers=admin())).json()
+    assert status["config"]["stragglers"] == "wait"
+
+
+async def test_a_pass_goes_on_without_a_late_node_set_and_takes_the_client_back_next_pass(
+    client: httpx.AsyncClient,
+) -> None:
+    created = await create_session(client, **CONTINUE)
+    rng = np.random.default_rng(0)
+    nodes = np.arange(10)
+    for m in (0, 1):
+        assert (await put(client, created, m, 0, 1, nodes + m)).status_code == 201
+    started = time.monotonic()
+    union = await get(client, created, 0, 0, 1, "nodes", wait=5)
+    assert union.status_code == 200
+    assert time.monotonic() - started >= WAIT * 0.5  # closed by the wait, not at once
+    assert np.frombuffer(union.content, "<i8").tolist() == list(range(11))
+    late = await put(client, created, 2, 0, 1, nodes)
+    assert_problem(late, 409, "excluded", mentions="went on without client 2")
+    # the rest of the pass waits for clients 0 and 1 only, and serves its sums to them only
+    shares = {m: rng.normal(size=(11, 8)).astype(np.float32) for m in (0, 1)}
+    for m, share in shares.items():
+        receipt = await put(client, created, m, 0, 1, share)
+        assert receipt.status_code == 201 and receipt.json()["missing"] == [m ^ 1] * (m == 0)
+    total = await get(client, created, 1, 0, 1, "aggregate", wait=1)
+    assert total.status_code == 200 and total.headers["x-glasu-count"] == "2"
+    np.testing.assert_allclose(
+        np.frombuffer(total.content, "<f4").reshape(11, 8), shares[0] + shares[1], rtol=1e-6
+    )
+    assert_problem(await get(client, created, 2, 0, 1, "aggregate", wait=0), 409, "excluded")
+    rows = await output_rows(client, created, 0)
+    for m in (0, 1):
+        assert (await put(client, created, m, 0, 3, np.ones((rows, 4)))).status_code == 201
+    sid = created["session_id"]
+    status = (await client.get(f"/v1/sessions/{sid}", headers=admin())).json()
+    assert status["current_pass"] == 1
+    # client 2 takes part in pass 1 again, and the pass waits for it
+    for m in (0, 1, 2):
+        assert (await put(client, created, m, 1, 1, nodes)).status_code == 201
+    assert (await get(client, created, 2, 1, 1, "nodes", wait=1)).status_code == 200
+
+
+async def test_a_late_share_is_left_out_of_the_sum_after_the_wait(
+    client: httpx.AsyncClient,
+) -> None:
+    created = await create_session(client, **CONTINUE)
+    nodes = np.arange(6)
+    for m in range(3):
+        await put(client, created, m, 0, 1, nodes)
+    for m in (0, 2):
+        await put(client, created, m, 0, 1, np.full((6, 8), m + 1.0))
+    waiting = await get(client, created, 0, 0, 1, "aggregate", wait=0)
+    assert waiting.status_code == 202 and waiting.json()["missing"] == [1]
+    total = await get(client, created, 2, 0, 1, "aggregate", wait=5)
+    assert total.status_code == 200 and total.headers["x-glasu-count"] == "2"
+    assert np.frombuffer(total.content, "<f4").tolist() == [4.0] * 48  # 1 + 3
+    assert_problem(await put(client, created, 1, 0, 1, np.ones((6, 8))), 409, "excluded")
+
+
+async def test_one_share_alone_is_never_a_sum(client: httpx.AsyncClient) -> None:
+    """A sum of one share would hand that share to whoever fetches it."""
+    created = await create_session(client, **CONTINUE)
+    await put(client, created, 0, 0, 1, np.arange(6))
+    await asyncio.sleep(WAIT + 0.1)
+    waiting = await get(client, created, 0, 0, 1, "nodes", wait=1.2)
+    assert waiting.status_code == 202 and waiting.json()["missing"] == [1, 2]
+
+
+async def test_under_wait_a_slot_never_closes_early(client: httpx.AsyncClient) -> None:
+    created = await create_session(client, straggler_wait_seconds=WAIT)  # the policy is "wait"
+    for m in (0, 1):
+        await put(client, created, m, 0, 1, np.arange(6))
+    waiting = await get(client, created, 0, 0, 1, "nodes", wait=1.2)
+    assert waiting.status_code == 202 and waiting.json()["missing"] == [2]
+
+
+async def test_the_ledger_counts_each_clients_own_releases(client: httpx.AsyncClient) -> None:
+    privacy = {"noise_multiplier": 1.0, "delta": 1e-5, "clip": 1.0}
+    created = await create_session(
+        client, **{**private_session_request(privacy), **CONTINUE, "encryption": "none"}
+    )
+    sid = created["session_id"]
+    passes = [(0, 1), (0, 1, 2)]  # who arrives in passes 0 and 1
+    for p, arriving in enumerate(passes):
+        for m in arriving:
+            await put(client, created, m, p, 1, np.arange(6))
+        assert (await get(client, created, 0, p, 1, "nodes", wait=5)).status_code == 200
+        for m in arriving:
+            await put(client, created, m, p, 1, np.zeros((6, 8)))
+        answer = await get(client, created, arriving[0], p, 1, "aggregate", wait=5)
+        assert answer.headers["x-glasu-count"] == str(len(arriving))
+    report = (await client.get(f"/v1/sessions/{sid}/privacy", headers=admin())).json()
+    assert [entry["clients"] for entry in report["ledger"]] == [[0, 1], [0, 1, 2]]
+    assert [c["releases"] for c in report["by_client"]] == [2, 2, 1]
+    by_client = {c["client"]: c["epsilon"] for c in report["by_client"]}
+    assert by_client[0] == pytest.approx(report["epsilon"])
+    assert 0 < by_client[2] < by_client[0]
