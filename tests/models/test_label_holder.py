@@ -113,14 +113,14 @@ def test_the_broadcast_gradient_is_autograd_on_the_joint_model(cora: GraphDatase
         )
 
 
-def test_a_broadcast_answer_must_hold_every_share(cora: GraphDataset) -> None:
+def test_a_broadcast_answer_must_not_hold_more_shares_than_clients(cora: GraphDataset) -> None:
     plan = layout_federation(TrainConfig(**PLAIN), cora)
     client = GlasuClient(plan.partitions[1], plan.client_config)
     step = client._broadcast_gradient(torch.zeros(4, 16), None)
     request = next(step)
     assert isinstance(request, EmbeddingRequest) and request.layer == 5
-    with pytest.raises(ValueError, match="every client's gradient share"):
-        step.send(Aggregate(payload=request.payload, count=2))
+    with pytest.raises(ValueError, match="holds 4 shares, expected at most 3"):
+        step.send(Aggregate(payload=request.payload, count=4))
 
 
 @pytest.mark.slow  # three trainings of 60 rounds: ~40 s
