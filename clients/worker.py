@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 
 PRIVATE_DEFAULT_HIDDEN = 128
-REJOIN_POLL_SECONDS = 1.0
+REJOIN_POLL_SECONDS = 0.25
 
 
 @dataclass(frozen=True)

@@ -44,8 +44,10 @@ async def long_poll(
     *,
     is_waiting: Callable[[T | W], bool],
     timeout: float,
+    recheck_in: Callable[[T | W], float | None] = lambda _: None,
 ) -> T | W:
-    """Run the blocking ``check`` in a worker thread until it stops waiting or time is up."""
+    """Run the blocking ``check`` in a worker thread until it stops waiting or time is up.
+    ``recheck_in`` may bring the next check forward (seconds; None: ``RECHECK_SECONDS``)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while True:
@@ -56,4 +58,6 @@ async def long_poll(
         if not is_waiting(result) or remaining <= 0:
             return result
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), timeout=min(remaining, RECHECK_SECONDS))
+            due = recheck_in(result)
+            recheck = RECHECK_SECONDS if due is None else min(max(due, 0.01), RECHECK_SECONDS)
+            await asyncio.wait_for(event.wait(), timeout=min(remaining, recheck))

@@ -8,6 +8,8 @@ were all acknowledged before (:meth:`ShareSums.complete`).
 
 from __future__ import annotations
 
+import time
+
 from secure.protocol import NODE_ENCODING
 from service.domain_errors import UnknownPass, WrongPass
 from service.plan import PlanCache, SessionPlan
@@ -15,6 +17,7 @@ from service.rounds.gate import (
     UPLOAD_KIND,
     check_downloadable,
     check_in_pass,
+    closes_at,
     load_session,
     open_layer,
     uploaders,
@@ -106,7 +109,9 @@ class Downloads:
             result = tx.result(caller.session_id, pass_index, layer, kind)
             if result is None:
                 received, missing = uploaders(tx, plan, pass_index, layer, upload_kind)
-                return Waiting(pass_index, layer, received, missing)
+                at = closes_at(tx, plan, pass_index, layer, upload_kind, received=received)
+                closes_in = None if at is None else at - time.time()
+                return Waiting(pass_index, layer, received, missing, closes_in)
         if kind == "union":
             body = result.body
         else:

@@ -22,7 +22,6 @@ from service.store import ResultKind, SessionRow, Transaction, UploadKind
 
 # Each result is formed from one kind of upload.
 UPLOAD_KIND: dict[ResultKind, UploadKind] = {"union": "nodes", "aggregate": "embedding"}
-RESULT_KIND: dict[UploadKind, ResultKind] = {"nodes": "union", "embedding": "aggregate"}
 _WHAT: dict[UploadKind, str] = {"nodes": "node sets", "embedding": "shares"}
 
 
@@ -136,10 +135,25 @@ def slot_closes(
     enough clients arrived."""
     if not missing:
         return True
+    at = closes_at(tx, plan, pass_index, layer, kind, received=received)
+    return at is not None and time.time() >= at
+
+
+def closes_at(
+    tx: Transaction,
+    plan: SessionPlan,
+    pass_index: int,
+    layer: int,
+    kind: UploadKind,
+    *,
+    received: list[int],
+) -> float | None:
+    """When the slot may close without the uploads still missing: under stragglers "continue",
+    ``straggler_wait_seconds`` after its first upload once enough clients arrived; else never."""
     if plan.config.stragglers != "continue" or len(received) < MIN_CONTRIBUTORS:
-        return False
+        return None
     first = tx.first_upload_at(plan.session_id, pass_index, layer, kind)
-    return first is not None and time.time() >= first + plan.config.straggler_wait_seconds
+    return None if first is None else first + plan.config.straggler_wait_seconds
 
 
 def check_in_pass(

@@ -22,6 +22,7 @@ class Waiting:
     layer: int
     received: list[int]
     missing: list[int]
+    closes_in: float | None = None  # seconds until it may close without the missing (continue)
 
 
 @dataclass(frozen=True, slots=True)
