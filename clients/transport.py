@@ -160,6 +160,11 @@ class ServiceClient(PeerConnection):
     def session(self) -> dict[str, Any]:
         return self._request("GET", f"/v1/sessions/{self.session_id}").json()
 
+    def rejoin(self) -> int:
+        """After a pass went on without this client (stragglers "continue"): the pass from
+        which the others wait for it again."""
+        return int(self._request("POST", f"{self._client_path}/rejoin").json()["pass"])
+
     def pass_info(self, pass_index: int) -> dict[str, Any]:
         return self._request("GET", f"{self._client_path}/passes/{pass_index}").json()
 

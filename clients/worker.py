@@ -313,18 +313,19 @@ def went_on_without(exc: ServiceError, config: Mapping[str, Any]) -> bool:
 
 
 def next_pass_after(service: ServiceClient, pass_index: int) -> int:
-    """The pass to rejoin after ``pass_index`` went on without this client: the session's
-    current pass once it is past ``pass_index`` (a long wait only if the others are slow)."""
+    """The pass to go on with after ``pass_index`` went on without this client: ask the
+    service to wait for it again (from the current pass or the next) and wait for that pass."""
+    back_at = service.rejoin()
     deadline = time.monotonic() + service.peer_wait_seconds
     while True:
         session = service.session()
         current = session["current_pass"]
-        if current > pass_index or session["state"] != "running":
+        if current >= back_at or session["state"] != "running":
             return max(current, pass_index + 1)
         if time.monotonic() >= deadline:
             raise PeersMissing(
-                f"pass {pass_index} went on without this client and did not finish within "
-                f"{service.peer_wait_seconds:.0f} s"
+                f"pass {pass_index} went on without this client and the session did not reach "
+                f"pass {back_at} within {service.peer_wait_seconds:.0f} s"
             )
         time.sleep(REJOIN_POLL_SECONDS)
 

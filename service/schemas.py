@@ -361,6 +361,14 @@ class UploadReceipt(BaseModel):
     missing: list[int]
 
 
+class RejoinReceipt(BaseModel):
+    pass_index: int = Field(
+        serialization_alias="pass",
+        description="The pass from which this client takes part again (the current one, or the"
+        " next if the current one went on without it).",
+    )
+
+
 class WaitingStatus(BaseModel):
     status: Literal["waiting"] = "waiting"
     pass_index: int = Field(serialization_alias="pass")

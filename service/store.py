@@ -93,6 +93,13 @@ CREATE TABLE IF NOT EXISTS traffic (
     bytes_down INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (session_id, client_index)
 );
+CREATE TABLE IF NOT EXISTS absences (
+    session_id TEXT NOT NULL REFERENCES sessions(id),
+    client_index INTEGER NOT NULL,
+    from_pass INTEGER NOT NULL,
+    back_at INTEGER,
+    PRIMARY KEY (session_id, client_index)
+);
 CREATE TABLE IF NOT EXISTS privacy_ledger (
     session_id TEXT NOT NULL REFERENCES sessions(id),
     release_index INTEGER NOT NULL,
@@ -386,6 +393,31 @@ class Transaction:
                 " AND body IS NOT NULL",
                 (session_id, limit),
             )
+
+    # Absent clients (stragglers "continue")
+
+    def absent_clients(self, session_id: str, pass_index: int) -> set[int]:
+        """Clients left out of an earlier pass and not back by ``pass_index``."""
+        rows = self._db.execute(
+            "SELECT client_index FROM absences WHERE session_id = ? AND from_pass <= ?"
+            " AND (back_at IS NULL OR back_at > ?)",
+            (session_id, pass_index, pass_index),
+        ).fetchall()
+        return {int(r[0]) for r in rows}
+
+    def mark_absent(self, session_id: str, client_index: int, *, from_pass: int) -> None:
+        self._db.execute(
+            "INSERT INTO absences (session_id, client_index, from_pass, back_at) VALUES (?, ?, ?,"
+            " NULL) ON CONFLICT (session_id, client_index) DO UPDATE SET from_pass ="
+            " excluded.from_pass, back_at = NULL",
+            (session_id, client_index, from_pass),
+        )
+
+    def mark_back(self, session_id: str, client_index: int, *, at_pass: int) -> None:
+        self._db.execute(
+            "UPDATE absences SET back_at = ? WHERE session_id = ? AND client_index = ?",
+            (at_pass, session_id, client_index),
+        )
 
     # Metrics, traffic, ledger
 

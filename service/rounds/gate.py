@@ -112,12 +112,33 @@ def uploaders(
 
 def participants(tx: Transaction, plan: SessionPlan, pass_index: int) -> list[int]:
     """The clients still in a pass: every client, except under stragglers "continue", where a
-    slot closed without a client leaves it out of the rest of the pass."""
+    slot closed without a client leaves it out of the rest of the pass, and out of the passes
+    after it until it asks to rejoin (:func:`rejoin`)."""
     clients = set(range(plan.clients))
     if plan.config.stragglers == "continue":
+        clients -= tx.absent_clients(plan.session_id, pass_index)
         for layer, kind in tx.result_slots(plan.session_id, pass_index):
             clients &= set(tx.uploaders(plan.session_id, pass_index, layer, UPLOAD_KIND[kind]))
     return sorted(clients)
+
+
+def leave_out(tx: Transaction, plan: SessionPlan, pass_index: int, missing: list[int]) -> None:
+    """A slot of ``pass_index`` closed without the clients ``missing``: they are absent from the
+    next pass on (later passes do not wait for them) until they ask to rejoin."""
+    for client in missing:
+        tx.mark_absent(plan.session_id, client, from_pass=pass_index + 1)
+
+
+def rejoin(tx: Transaction, plan: SessionPlan, client: int, current_pass: int) -> int:
+    """The pass from which ``client`` takes part again: the current one if none of its slots
+    has closed without it, else the next; later passes wait for it from there."""
+    back_at = current_pass
+    if client not in participants(tx, plan, current_pass):
+        absent = client in tx.absent_clients(plan.session_id, current_pass)
+        if not absent or tx.result_slots(plan.session_id, current_pass):
+            back_at = current_pass + 1
+    tx.mark_back(plan.session_id, client, at_pass=back_at)
+    return back_at
 
 
 def slot_closes(
@@ -133,6 +154,8 @@ def slot_closes(
     """Whether the slot's result may be formed now from the uploads ``received``: every
     participant's is in, or (stragglers "continue") the wait since its first upload is over and
     enough clients arrived."""
+    if plan.config.stragglers == "continue" and len(received) < min(MIN_CONTRIBUTORS, plan.clients):
+        return False  # the others are absent: wait until one rejoins
     if not missing:
         return True
     at = closes_at(tx, plan, pass_index, layer, kind, received=received)

@@ -31,7 +31,14 @@ from typing import Any
 from secure.aggregation import RunningSum
 from service.aggregators import Aggregators
 from service.plan import PlanCache, SessionPlan
-from service.rounds.gate import layer_rows, load_session, slot_closes, uploaders
+from service.rounds.gate import (
+    layer_rows,
+    leave_out,
+    load_session,
+    participants,
+    slot_closes,
+    uploaders,
+)
 from service.rounds.payload_files import PayloadFiles
 from service.store import SessionRow, Store, Transaction
 from service.telemetry import Telemetry
@@ -161,6 +168,12 @@ class ShareSums:
             row, _ = load_session(tx, self.plans, plan.session_id)
             if not _sum_pending(tx, row, pass_index, layer):
                 return
+            leave_out(
+                tx,
+                plan,
+                pass_index,
+                [m for m in participants(tx, plan, pass_index) if m not in clients],
+            )
             released_at = None
             if is_release:
                 released_at = _record_release(tx, plan, pass_index, clients)

@@ -38,8 +38,10 @@ from service.rounds.gate import (
     check_in_pass,
     check_pass_in_schedule,
     layer_rows,
+    leave_out,
     open_layer,
     open_session,
+    rejoin,
     slot_closes,
     uploaders,
 )
@@ -94,6 +96,15 @@ class Uploads:
             return self._accept_node_set(caller, pass_index, layer, shape, encoding, body)
         header = parse_matrix_headers(shape, encoding)
         return self._accept_share(caller, pass_index, layer, header, body)
+
+    def rejoin(self, caller: Caller) -> int:
+        """The pass from which the caller takes part again after a pass went on without it
+        (stragglers "continue"); the current pass for a client that was never left out."""
+        with self.store.transaction() as tx:
+            row, plan = open_session(tx, self.plans, caller.session_id)
+            if row.state != "running":
+                return row.current_pass
+            return rejoin(tx, plan, caller.client_index, row.current_pass)
 
     def put_metrics(self, caller: Caller, pass_index: int, metrics: Metrics) -> None:
         """Store a client's metrics of a pass; refused in a session with differential privacy
@@ -254,6 +265,7 @@ def close_union(tx: Transaction, plan: SessionPlan, pass_index: int, layer: int)
     received, missing = uploaders(tx, plan, pass_index, layer, "nodes")
     if not slot_closes(tx, plan, pass_index, layer, "nodes", received=received, missing=missing):
         return
+    leave_out(tx, plan, pass_index, missing)
     union = union_of(tx.upload_bodies(plan.session_id, pass_index, layer, "nodes"))
     tx.insert_result(
         plan.session_id,

@@ -63,6 +63,24 @@ async def output_rows(client: httpx.AsyncClient, created: dict, p: int) -> int:
     return len(info.json()["output_nodes"])
 
 
+async def rejoin(client: httpx.AsyncClient, created: dict, m: int) -> int:
+    sid, token = created["session_id"], created["client_tokens"][m]
+    response = await client.post(f"{client_path(sid, m)}/rejoin", headers=bearer(token))
+    assert response.status_code == 200, response.text
+    return response.json()["pass"]
+
+
+async def finish_pass(client: httpx.AsyncClient, created: dict, p: int, clients: tuple) -> None:
+    """Layer 1's shares and layer 3's (the top) from ``clients``, after the node union."""
+    union = await get(client, created, clients[0], p, 1, "nodes", wait=5)
+    rows = len(union.content) // 8
+    for m in clients:
+        assert (await put(client, created, m, p, 1, np.ones((rows, 8)))).status_code == 201
+    top = await output_rows(client, created, p)
+    for m in clients:
+        assert (await put(client, created, m, p, 3, np.ones((top, 4)))).status_code == 201
+
+
 async def test_continue_needs_three_clients_and_unshared_noise(client: httpx.AsyncClient) -> None:
     response = await client.post(
         "/v1/sessions", json=session_request(clients=2, **CONTINUE), headers=admin()
@@ -112,10 +130,21 @@ async def test_a_pass_goes_on_without_a_late_node_set_and_takes_the_client_back_
     sid = created["session_id"]
     status = (await client.get(f"/v1/sessions/{sid}", headers=admin())).json()
     assert status["current_pass"] == 1
-    # client 2 takes part in pass 1 again, and the pass waits for it
-    for m in (0, 1, 2):
+    # client 2 is absent from pass 1: it does not wait for it
+    for m in (0, 1):
         assert (await put(client, created, m, 1, 1, nodes)).status_code == 201
-    assert (await get(client, created, 2, 1, 1, "nodes", wait=1)).status_code == 200
+    assert (await get(client, created, 0, 1, 1, "nodes", wait=0)).status_code == 200
+    assert_problem(await put(client, created, 2, 1, 1, nodes), 409, "excluded")
+    # until it asks to rejoin: pass 1 has gone on without it, so from pass 2
+    assert await rejoin(client, created, 2) == 2
+    await finish_pass(client, created, 1, (0, 1))
+    for m in (0, 1):
+        assert (await put(client, created, m, 2, 1, nodes)).status_code == 201
+    waiting = await get(client, created, 0, 2, 1, "nodes", wait=0)
+    assert waiting.status_code == 202 and waiting.json()["missing"] == [2]
+    assert (await put(client, created, 2, 2, 1, nodes)).status_code == 201
+    assert (await get(client, created, 2, 2, 1, "nodes", wait=1)).status_code == 200
+    assert await rejoin(client, created, 0) == 2  # never left out: the current pass
 
 
 async def test_a_late_share_is_left_out_of_the_sum_after_the_wait(
@@ -160,6 +189,8 @@ async def test_the_ledger_counts_each_clients_own_releases(client: httpx.AsyncCl
     sid = created["session_id"]
     passes = [(0, 1), (0, 1, 2)]  # who arrives in passes 0 and 1
     for p, arriving in enumerate(passes):
+        if p == 1:
+            assert await rejoin(client, created, 2) == 1  # after pass 0 went on without it
         for m in arriving:
             await put(client, created, m, p, 1, np.arange(6))
         assert (await get(client, created, 0, p, 1, "nodes", wait=5)).status_code == 200

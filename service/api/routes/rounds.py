@@ -32,6 +32,7 @@ from service.schemas import (
     MAX_LAYERS,
     Metrics,
     PassInfo,
+    RejoinReceipt,
     UploadReceipt,
     WaitingStatus,
 )
@@ -221,6 +222,19 @@ _add_layer_exchange(
     result_description="The sum of the M shares (session encoding).",
     waiting_description="Not all shares are in yet.",
 )
+
+
+@router.post(
+    "/rejoin", response_model=RejoinReceipt, summary="Take part again after a left-out pass"
+)
+def post_rejoin(caller: ClientDep, context: ContextDep) -> JSONResponse:
+    """Stragglers "continue": a client left out of a pass is absent from the passes after it
+    (they do not wait for it) until it calls this; the answer is the pass from which the others
+    wait for it again. Harmless for a client that was never left out (the current pass)."""
+    back_at = context.engine.uploads.rejoin(caller)
+    context.notifier.notify(caller.session_id)
+    receipt = RejoinReceipt(pass_index=back_at)
+    return JSONResponse(receipt.model_dump(mode="json", by_alias=True))
 
 
 @router.post(
