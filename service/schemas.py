@@ -240,6 +240,11 @@ class PassProgress(BaseModel):
     kind: Literal["train", "eval"]
     round: int
     layers: list[LayerProgress]
+    absent: list[int] = Field(
+        default_factory=list,
+        description="Clients this pass does not wait for: left out of an earlier pass and not"
+        " rejoined yet (stragglers 'continue').",
+    )
 
 
 class MetricsRecord(BaseModel):

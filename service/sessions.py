@@ -181,7 +181,13 @@ class SessionManager:
                 )
             )
         spec = plan.passes[p]
-        return PassProgress(pass_index=p, kind=spec.kind, round=spec.round, layers=layers)
+        return PassProgress(
+            pass_index=p,
+            kind=spec.kind,
+            round=spec.round,
+            layers=layers,
+            absent=sorted(tx.absent_clients(row.id, p)),
+        )
 
     @staticmethod
     def _privacy_report(plan: SessionPlan, ledger: list[LedgerRow]) -> PrivacyReport:

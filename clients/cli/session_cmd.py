@@ -169,9 +169,15 @@ def describe(status: dict[str, Any]) -> str:
     progress = status.get("progress")
     if progress:
         lines[0] += f" ({progress['kind']}, round {progress['round']})"
-        step = _current_step(progress["layers"], status["config"]["clients"])
+        absent = progress.get("absent") or []
+        step = _current_step(progress["layers"], status["config"]["clients"], absent)
         if step:
             lines.append(f"  current step: {step}")
+        if absent:
+            lines.append(
+                f"  going on without clients {absent} (left out of an earlier pass; they rejoin "
+                "when their workers are back)"
+            )
     privacy = status.get("privacy") or {}
     if privacy.get("enabled"):
         lines.append(
@@ -183,7 +189,7 @@ def describe(status: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _current_step(layers: list[dict[str, Any]], clients: int) -> str | None:
+def _current_step(layers: list[dict[str, Any]], clients: int, absent: list[int]) -> str | None:
     """The first unfinished step in protocol order (docs/protocol.md): node sets top-down for
     the aggregation layers below L, then embeddings bottom-up."""
     steps = [
@@ -196,6 +202,6 @@ def _current_step(layers: list[dict[str, Any]], clients: int) -> str | None:
     ]
     for what, layer, done, received in steps:
         if not done:
-            missing = sorted(set(range(clients)) - set(received))
+            missing = sorted(set(range(clients)) - set(received) - set(absent))
             return f"layer {layer['layer']} {what} from {sorted(received)}, missing {missing}"
     return None

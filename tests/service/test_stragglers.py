@@ -24,6 +24,8 @@ from service_testkit import (
     session_request,
 )
 
+from clients.cli.session_cmd import describe
+
 pytestmark = pytest.mark.anyio
 
 WAIT = 0.4  # straggler_wait_seconds of these sessions
@@ -129,7 +131,10 @@ async def test_a_pass_goes_on_without_a_late_node_set_and_takes_the_client_back_
         assert (await put(client, created, m, 0, 3, np.ones((rows, 4)))).status_code == 201
     sid = created["session_id"]
     status = (await client.get(f"/v1/sessions/{sid}", headers=admin())).json()
-    assert status["current_pass"] == 1
+    assert status["current_pass"] == 1 and status["progress"]["absent"] == [2]
+    shown = describe(status)
+    assert "going on without clients [2]" in shown
+    assert "layer 1 node sets from [], missing [0, 1]" in shown
     # client 2 is absent from pass 1: it does not wait for it
     for m in (0, 1):
         assert (await put(client, created, m, 1, 1, nodes)).status_code == 201
