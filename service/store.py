@@ -163,7 +163,7 @@ class LedgerRow:
     pass_index: int
     epsilon: float
     released_at: float
-    clients: list[int] | None  # whose shares the release holds; None: all (rows before 0.x)
+    clients: list[int] | None  # whose shares it holds; None: all (written before the column)
 
 
 class Transaction:

@@ -180,3 +180,23 @@ def test_ledger_rows_are_committed_under_synchronous_full(database: Path) -> Non
             assert [(r.release_index, r.pass_index) for r in tx.ledger("s")] == [(1, 0)]
     finally:
         store.close()
+
+
+def test_a_ledger_written_before_the_clients_column_is_read_as_everyones(database: Path) -> None:
+    """A database of an earlier release gains the column in place; its rows held every
+    client's share."""
+    db = sqlite3.connect(database)
+    db.execute(
+        "CREATE TABLE privacy_ledger (session_id TEXT NOT NULL, release_index INTEGER NOT NULL,"
+        " pass_index INTEGER NOT NULL, epsilon REAL NOT NULL, released_at REAL NOT NULL,"
+        " PRIMARY KEY (session_id, release_index), UNIQUE (session_id, pass_index))"
+    )
+    db.execute("INSERT INTO privacy_ledger VALUES ('s', 1, 0, 0.5, 1.0)")
+    db.commit()
+    db.close()
+    store = Store(database)
+    try:
+        with store.transaction() as tx:
+            assert [(r.release_index, r.clients) for r in tx.ledger("s")] == [(1, None)]
+    finally:
+        store.close()
