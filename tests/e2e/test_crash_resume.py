@@ -15,6 +15,7 @@ of the process and kills it there once (a marker file keeps the restarted proces
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import sys
 import time
@@ -309,9 +310,11 @@ def test_workers_ride_through_service_crashes(
     results = [json.loads((tmp_path / f"client-{m}.json").read_text()) for m in range(3)]
     assert all(r["resumed_from"] == [] for r in results)  # the workers never stopped
     logs = "".join(w.log_path.read_text() for w in fed.workers)
-    for step in ("passes/1/layers/2/embedding failed", "passes/1/layers/4/aggregate failed",
-                 f"passes/{SERVICE_CRASHES['poll']}/layers/2/aggregate failed"):  # fmt: skip
-        assert step in logs  # the workers rode through each kill with their retries
+    # the workers rode through each kill with their retries; at the "between" kill the request
+    # that dies is the last upload of pass 1 or a long poll for its sum, whichever stored it
+    assert "passes/1/layers/2/embedding failed" in logs
+    assert re.search(r"passes/1/layers/4/(embedding|aggregate) failed", logs)
+    assert f"passes/{SERVICE_CRASHES['poll']}/layers/2/aggregate failed" in logs
     for i, entry in enumerate(uninterrupted.history):
         for key in ("val_accuracy", "test_accuracy"):
             values = [r["history"][i][key] for r in results]
