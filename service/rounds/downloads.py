@@ -76,25 +76,20 @@ class Downloads:
         answer = self._fetch(kind, caller, pass_index, layer)
         if not isinstance(answer, Waiting):
             return answer
-        if kind == "aggregate" and (not answer.missing or self._may_close(caller)):
+        closes_now = answer.closes_in is not None and answer.closes_in <= 0
+        if kind == "aggregate" and (not answer.missing or closes_now):
             # All shares are in but no sum: the upload of the last one is storing it (then this
             # returns at once and the long poll waits to be notified), or it never did (a
             # restart, a failure), and the sum is stored here from the running sum or the
             # shares' files. Under stragglers "continue" the sum may also be due without them.
             self.sums.complete(caller.session_id, pass_index, layer, wait=False)
-        elif kind == "union" and self._may_close(caller):
+        elif kind == "union" and closes_now:
             with self.store.transaction() as tx:
                 _, plan = load_session(tx, self.plans, caller.session_id)
                 close_union(tx, plan, pass_index, layer)
         else:
             return answer
         return self._fetch(kind, caller, pass_index, layer)
-
-    def _may_close(self, caller: Caller) -> bool:
-        """Whether a slot of this session may close before every client's upload is in."""
-        with self.store.transaction() as tx:
-            _, plan = load_session(tx, self.plans, caller.session_id)
-        return plan.config.stragglers == "continue"
 
     def _fetch(
         self, kind: ResultKind, caller: Caller, pass_index: int, layer: int

@@ -40,3 +40,7 @@ class UploadOutcome:
     created: bool
     received: list[int]
     missing: list[int]
+    # Whether the requests long-polling this session should check again: the upload completed
+    # its slot, or (stragglers "continue") it may bring the slot's early close forward. Waking
+    # them on every upload would cost M checks per upload, M^2 per layer.
+    wakes_waiters: bool

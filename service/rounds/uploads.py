@@ -225,7 +225,12 @@ class Uploads:
                 )
             tx.add_traffic(caller.session_id, caller.client_index, up=len(body))
             received, missing = uploaders(tx, target.plan, pass_index, layer, kind)
-            outcome = UploadOutcome(not target.duplicate, received, missing)
+            outcome = UploadOutcome(
+                not target.duplicate,
+                received,
+                missing,
+                wakes_waiters=not missing or target.plan.config.stragglers == "continue",
+            )
             if kind == "nodes" and outcome.created:
                 close_union(tx, target.plan, pass_index, layer)
         self.telemetry.bytes_received.labels(kind=kind).inc(len(body))

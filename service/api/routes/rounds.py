@@ -162,7 +162,8 @@ def _add_layer_exchange(
         body = await _binary_body(request)
         store = partial(context.engine.uploads.put, upload_kind, caller, pass_index, layer)
         outcome = await run_in_threadpool(store, shape=shape, encoding=encoding, body=body)
-        context.notifier.notify(caller.session_id)
+        if outcome.wakes_waiters:
+            context.notifier.notify(caller.session_id)
         return _receipt_response(caller, pass_index, layer, outcome)
 
     async def download(
