@@ -286,6 +286,16 @@ def raw_add(context: ts.Context, shares: Sequence[list[bytes]]) -> list[bytes]:
     return [vector.serialize() for vector in total]
 
 
+def raw_add_binding(context: ts.Context, shares: Sequence[list[bytes]]) -> list[bytes]:
+    """``raw_add`` through TenSEAL's C++ binding, without its Python wrapper (what ours calls)."""
+    native = ts._ts_cpp.CKKSVector
+    total = [native(context.data, data) for data in shares[0]]
+    for share in shares[1:]:
+        for accumulator, data in zip(total, share, strict=True):
+            accumulator.add_(native(context.data, data))
+    return [vector.serialize() for vector in total]
+
+
 def raw_decrypt(context: ts.Context, chunks: Sequence[bytes], shape: tuple[int, int]) -> np.ndarray:
     values = np.concatenate([np.asarray(ts.ckks_vector_from(context, c).decrypt()) for c in chunks])
     return values.astype(np.float32).reshape(shape)
@@ -378,12 +388,14 @@ def make_setup() -> Setup:
     return Setup(CkksCodec(secret), aggregator, secret, symmetric_context(secret), public)
 
 
-STAGES = ("encrypt", "encrypt_sym", "aggregate3", "decrypt")
+STAGES = ("encrypt", "encrypt_sym", "aggregate3", "aggregate3_binding", "decrypt")
 STAGE_NOTES = {
     "encrypt": "ours (symmetric) vs bare public-key TenSEAL",
     "encrypt_sym": "ours vs bare symmetric TenSEAL (our layer's cost)",
     "aggregate3": "the service: validate 3 shares once, running sum, serialize vs bare"
     " deserialize + add + serialize",
+    "aggregate3_binding": "the same vs the bare sum through TenSEAL's C++ binding (the calls"
+    " ours makes, without the Python wrapper of the bare side above)",
     "decrypt": "ours vs bare deserialize + decrypt",
 }
 
@@ -420,6 +432,11 @@ def bench_shape(setup: Setup, rows: int, cols: int, *, pairs: int) -> dict[str, 
         "aggregate3": (
             lambda: service_path(setup.aggregator, ours_up),
             lambda: raw_add(setup.public, raw_up),
+            lambda: service_path(plain_sum, plain_up),
+        ),
+        "aggregate3_binding": (
+            lambda: service_path(setup.aggregator, ours_up),
+            lambda: raw_add_binding(setup.public, raw_up),
             lambda: service_path(plain_sum, plain_up),
         ),
         "decrypt": (
@@ -525,7 +542,7 @@ def print_throughput(rows: Sequence[dict[str, object]]) -> None:
         print(f"  {stage}: {STAGE_NOTES[stage]}")
     print("ours/raw CPU time per pair: median [IQR] (min-max)")
     print(
-        f"{'shape':>10} {'B/float':>8} {'x f32':>6} {'stage':>10} {'ours':>10} {'raw':>10}"
+        f"{'shape':>10} {'B/float':>8} {'x f32':>6} {'stage':>18} {'ours':>10} {'raw':>10}"
         f" {'float32':>10}  ours/raw"
     )
     for row in rows:
@@ -533,7 +550,7 @@ def print_throughput(rows: Sequence[dict[str, object]]) -> None:
         for stage in STAGES:
             n = row[stage]
             print(
-                f"{shape:>10} {row['bytes_per_float']:8.2f} {row['vs_float32']:6.2f} {stage:>10}"
+                f"{shape:>10} {row['bytes_per_float']:8.2f} {row['vs_float32']:6.2f} {stage:>18}"
                 f" {n['ours_floats_per_s']:10.3g} {n['raw_tenseal_floats_per_s']:10.3g}"
                 f" {n['float32_floats_per_s']:10.3g}  {_ratio(n['ours_over_raw_cpu'])}"
             )

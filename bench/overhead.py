@@ -236,6 +236,7 @@ def summarize(settings: dict[str, Any], comparisons: dict[str, Pairs]) -> dict[s
         "m8_over_m2": {
             "service_cpu_per_pass": ratio(clients, lambda r: r.service_cpu_per_pass),
             "bytes": ratio(clients, lambda r: r.bytes),
+            "service_cpu_per_byte": ratio(clients, lambda r: r.service_cpu_seconds / r.bytes),
         },
         "pubmed_over_cora": {
             "cpu_per_round": ratio(datasets, lambda r: r.cpu_per_round),
@@ -277,6 +278,7 @@ def markdown(results: dict[str, Any], he: Sequence[tuple[Run, Run]]) -> str:
             f"| M = 8 / M = 2 clients, CKKS, Cora, {settings['clients_rounds']} rounds |"
             f" service CPU per pass | {spread(clients['service_cpu_per_pass'])} |",
             f"| | bytes | {spread(clients['bytes'])} |",
+            f"| | service CPU per byte | {spread(clients['service_cpu_per_byte'])} |",
             f"| PubMed / Cora, CKKS, {settings['dataset_rounds']} rounds | CPU per round |"
             f" {spread(datasets['cpu_per_round'])} |",
             f"| | service CPU per round | {spread(datasets['service_cpu_per_round'])} |",
