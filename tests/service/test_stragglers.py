@@ -7,16 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 import httpx
 import numpy as np
 import pytest
+from fastapi import FastAPI
 from service_testkit import (
     admin,
     assert_problem,
     bearer,
     client_path,
     create_session,
+    http_client,
     matrix_headers,
     node_headers,
     nodes_body,
@@ -25,6 +28,7 @@ from service_testkit import (
 )
 
 from clients.cli.session_cmd import describe
+from service.app import service_context
 
 pytestmark = pytest.mark.anyio
 
@@ -209,3 +213,33 @@ async def test_the_ledger_counts_each_clients_own_releases(client: httpx.AsyncCl
     by_client = {c["client"]: c["epsilon"] for c in report["by_client"]}
     assert by_client[0] == pytest.approx(report["epsilon"])
     assert 0 < by_client[2] < by_client[0]
+
+
+@pytest.mark.parametrize(
+    ("policy", "woken_after"),
+    [({}, [False, False, True]), (CONTINUE, [True, True, True])],
+    ids=["wait", "continue"],
+)
+async def test_only_an_upload_that_may_close_its_slot_wakes_the_long_polls(
+    make_app: Callable[..., FastAPI],
+    monkeypatch: pytest.MonkeyPatch,
+    policy: dict,
+    woken_after: list[bool],
+) -> None:
+    """Under "wait" the waiting downloads are checked again once per slot (M checks a layer, not
+    M^2); under "continue" every upload may bring the early close forward."""
+    app = make_app()
+    notifier = service_context(app).notifier
+    woken: list[str] = []
+    notify = notifier.notify
+    monkeypatch.setattr(notifier, "notify", lambda sid: (woken.append(sid), notify(sid)))
+    async with http_client(app) as client:
+        created = await create_session(client, **policy)
+        seen = []
+        for m in range(3):
+            woken.clear()
+            assert (await put(client, created, m, 0, 1, np.arange(4) + m)).status_code == 201
+            seen.append(woken == [created["session_id"]])
+        assert seen == woken_after
+        union = await get(client, created, 0, 0, 1, "nodes", wait=0)
+        assert union.status_code == 200
