@@ -165,7 +165,9 @@ def test_the_service_does_not_import_models_clients_or_torch() -> None:
 
 
 TORCH_MARKERS = ("libtorch", "/torch/", "/torch_geometric/")
-MAX_IDLE_RSS_MB = 150
+# Measured: ~82 MB up, ~152 MB after the first DP session (the accountants: dp-accounting,
+# prv-accountant, scipy). Importing torch alone adds about 300 MB.
+MAX_IDLE_RSS_MB = 190
 
 
 def _rss_mb(pid: int) -> float:
