@@ -261,8 +261,8 @@ def markdown(results: dict[str, Any], he: Sequence[tuple[Run, Run]]) -> str:
             "",
             f"`glasu train --transport http` on loopback, GLASU (K=2, Q=4), DP off, seed 0,"
             f" evaluation every {settings['eval_every']} rounds; {settings['cpu_count']} cores"
-            f" shared with other work (load average {settings['load_average_1min']:.1f} at the"
-            " end). Ratios per interleaved pair of runs, median (min-max). CPU is that of the"
+            f" (load average {settings['load_average_1min']:.1f} at the end, the runs' own"
+            " included). Ratios per interleaved pair of runs, median (min-max). CPU is that of the"
             " service and the workers, their start-up included (imports, data loading: roughly"
             " 15 s of a run's CPU on Cora, from the runs of 10 and of 60 rounds); service CPU"
             " excludes the service's start-up.",
