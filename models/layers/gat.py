@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch_geometric.nn import GATConv
 
 from models.layers.block import Block
 
@@ -15,6 +14,10 @@ class GATLayer(nn.Module):
         super().__init__()
         if out_width % heads:
             raise ValueError(f"GAT width {out_width} must be divisible by heads={heads}")
+        # Imported here: torch_geometric.nn costs ~2 s of CPU at import (it loads torch._dynamo),
+        # which every worker of a GCN or GCNII model would otherwise pay at start-up.
+        from torch_geometric.nn import GATConv
+
         self.conv = GATConv(
             in_width, out_width // heads, heads=heads, add_self_loops=False, concat=True
         )
