@@ -16,33 +16,20 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
 import sys
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from e2e_kit import Federation, start_federation
 
-from clients.admin import AdminClient
 from clients.local import federation
-from clients.local.federation import train_over_http, wait_healthy
-from clients.local.processes import (
-    ManagedProcess,
-    free_port,
-    glasu_command,
-    restart_process,
-    secret_file,
-    start_process,
-    stop_all,
-)
-from clients.local.session import session_request, worker_arguments
+from clients.local.federation import train_over_http
+from clients.local.processes import ManagedProcess, restart_process
 from models.config import TrainConfig
 from models.layout import layout_federation
-from models.partition import save_partition
 from models.report import RunReport
 from models.trainer import train_inprocess
 
@@ -209,63 +196,6 @@ def test_a_killed_worker_resumes_and_the_run_is_unchanged(
     )
 
 
-@dataclass
-class Federation:
-    service: ManagedProcess
-    workers: list[ManagedProcess]
-    admin: AdminClient
-    session_id: str
-    root: Path
-
-
-@pytest.fixture
-def processes() -> Iterator[list[ManagedProcess]]:
-    started: list[ManagedProcess] = []
-    yield started
-    stop_all(started)
-
-
-def start_federation(cora, root: Path, processes: list[ManagedProcess]) -> Federation:
-    """``glasu train``'s processes (clients/local/federation.py), with a service of our own."""
-    layout = layout_federation(CONFIG, cora)
-    admin_token = secrets.token_urlsafe(32)
-    admin_file = secret_file(root / "admin.token", admin_token)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    serve_args = [
-        "serve", "--host", "127.0.0.1", "--port", str(port),
-        "--database", str(root / "service.sqlite3"), "--admin-token-file", str(admin_file),
-        "--log-level", "warning",
-    ]  # fmt: skip
-    service = start_process(
-        "service", bootstrap_command(SERVICE_BOOTSTRAP, *serve_args), root / "service.log"
-    )
-    processes.append(service)
-    admin = AdminClient(base_url=url, token=admin_token)
-    wait_healthy(admin, service)
-    created = admin.create_session(session_request(CONFIG, layout, cora))
-    workers = []
-    for part, token in zip(layout.partitions, created["client_tokens"], strict=True):
-        args = worker_arguments(
-            CONFIG,
-            server=url,
-            session_id=created["session_id"],
-            client=part.client,
-            token_file=secret_file(root / f"client-{part.client}.token", token),
-            data=save_partition(part, root / "partitions"),
-            result=root / f"client-{part.client}.json",
-            secret_context=None,
-            threads=1,
-            passes_total=created["passes_total"],
-        )
-        worker = start_process(
-            f"worker {part.client}", glasu_command(*args), root / f"client-{part.client}.log"
-        )
-        workers.append(worker)
-        processes.append(worker)
-    return Federation(service, workers, admin, created["session_id"], root)
-
-
 def ride_through(fed: Federation, *, timeout: float = 300.0) -> int:
     """Start the service again (same command: database, port) whenever it dies; return how
     often, once every worker has exited (each must exit 0)."""
@@ -298,7 +228,13 @@ def test_workers_ride_through_service_crashes(
 ) -> None:
     monkeypatch.setenv("CRASHTEST_DIR", str(tmp_path))
     monkeypatch.setenv("CRASHTEST_SERVICE", ",".join(map(str, SERVICE_CRASHES.values())))
-    fed = start_federation(cora, tmp_path, processes)
+    fed = start_federation(
+        CONFIG,
+        cora,
+        tmp_path,
+        processes,
+        service_command=lambda *args: bootstrap_command(SERVICE_BOOTSTRAP, *args),
+    )
     restarts = ride_through(fed)
     # each kill in its own life of the service, in the order planned
     kills = {name: (tmp_path / f"service-{name}").read_text().split() for name in SERVICE_CRASHES}

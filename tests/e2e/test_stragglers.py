@@ -6,28 +6,16 @@ every worker exiting 0."""
 from __future__ import annotations
 
 import json
-import secrets
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from e2e_kit import start_federation
 
-from clients.admin import AdminClient
-from clients.local.federation import wait_healthy
-from clients.local.processes import (
-    ManagedProcess,
-    free_port,
-    glasu_command,
-    secret_file,
-    start_process,
-    stop_all,
-)
-from clients.local.session import session_request, worker_arguments
+from clients.local.processes import ManagedProcess
 from models.config import TrainConfig
-from models.layout import layout_federation
-from models.partition import save_partition
 
 pytestmark = pytest.mark.e2e
 
@@ -46,13 +34,6 @@ FREEZE_AT = 2  # the pass the session is at when worker 2 is frozen
 AWAY = 4  # it is thawed once the others are this many passes further
 
 
-@pytest.fixture
-def processes() -> Iterator[list[ManagedProcess]]:
-    started: list[ManagedProcess] = []
-    yield started
-    stop_all(started)
-
-
 def wait_until(condition: Callable[[], bool], what: str, *, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -64,44 +45,8 @@ def wait_until(condition: Callable[[], bool], what: str, *, timeout: float = 120
 def test_a_frozen_worker_does_not_stop_the_others_and_rejoins(
     cora, tmp_path: Path, processes: list[ManagedProcess]
 ) -> None:
-    layout = layout_federation(CONFIG, cora)
-    admin_token = secrets.token_urlsafe(32)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    service = start_process(
-        "service",
-        glasu_command(
-            "serve", "--host", "127.0.0.1", "--port", str(port),
-            "--database", str(tmp_path / "service.sqlite3"),
-            "--admin-token-file", str(secret_file(tmp_path / "admin.token", admin_token)),
-            "--log-level", "warning",
-        ),
-        tmp_path / "service.log",
-    )  # fmt: skip
-    processes.append(service)
-    admin = AdminClient(base_url=url, token=admin_token)
-    wait_healthy(admin, service)
-    created = admin.create_session(session_request(CONFIG, layout, cora))
-    sid = created["session_id"]
-    workers = []
-    for part, token in zip(layout.partitions, created["client_tokens"], strict=True):
-        args = worker_arguments(
-            CONFIG,
-            server=url,
-            session_id=sid,
-            client=part.client,
-            token_file=secret_file(tmp_path / f"client-{part.client}.token", token),
-            data=save_partition(part, tmp_path / "partitions"),
-            result=tmp_path / f"client-{part.client}.json",
-            secret_context=None,
-            threads=1,
-            passes_total=created["passes_total"],
-        )
-        worker = start_process(
-            f"worker {part.client}", glasu_command(*args), tmp_path / f"client-{part.client}.log"
-        )
-        workers.append(worker)
-        processes.append(worker)
+    fed = start_federation(CONFIG, cora, tmp_path, processes)
+    admin, sid, workers = fed.admin, fed.session_id, fed.workers
 
     def current_pass() -> int:
         return admin.session(sid)["current_pass"]
@@ -122,6 +67,6 @@ def test_a_frozen_worker_does_not_stop_the_others_and_rejoins(
     assert results[0]["skipped_passes"] == results[1]["skipped_passes"] == []
     skipped = results[2]["skipped_passes"]
     assert len(skipped) >= AWAY and skipped == list(range(skipped[0], skipped[-1] + 1))
-    assert results[2]["passes"] == created["passes_total"] - len(skipped)
+    assert results[2]["passes"] == fed.passes_total - len(skipped)
     assert results[2]["passes"] > frozen_at  # it took part again after the thaw
     assert "passes went on without this worker" in workers[2].tail(30)

@@ -1,0 +1,81 @@
+"""``glasu train``'s processes (clients/local/federation.py) started by a test itself: a service
+on a free loopback port and one ``glasu worker`` per party, so that the test can kill, freeze or
+restart any of them."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from clients.admin import AdminClient
+from clients.local.federation import wait_healthy
+from clients.local.processes import (
+    ManagedProcess,
+    free_port,
+    glasu_command,
+    secret_file,
+    start_process,
+)
+from clients.local.session import session_request, worker_arguments
+from models.config import TrainConfig
+from models.layout import layout_federation
+from models.partition import save_partition
+
+
+@dataclass
+class Federation:
+    service: ManagedProcess
+    workers: list[ManagedProcess]
+    admin: AdminClient
+    session_id: str
+    passes_total: int
+    root: Path
+
+
+def start_federation(
+    config: TrainConfig,
+    dataset,
+    root: Path,
+    processes: list[ManagedProcess],
+    *,
+    service_command: Callable[..., list[str]] = glasu_command,
+) -> Federation:
+    """Start the service (``service_command(*serve arguments)``), create the session and start
+    the workers; every process is appended to ``processes`` as soon as it runs."""
+    layout = layout_federation(config, dataset)
+    admin_token = secrets.token_urlsafe(32)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    serve_args = [
+        "serve", "--host", "127.0.0.1", "--port", str(port),
+        "--database", str(root / "service.sqlite3"),
+        "--admin-token-file", str(secret_file(root / "admin.token", admin_token)),
+        "--log-level", "warning",
+    ]  # fmt: skip
+    service = start_process("service", service_command(*serve_args), root / "service.log")
+    processes.append(service)
+    admin = AdminClient(base_url=url, token=admin_token)
+    wait_healthy(admin, service)
+    created = admin.create_session(session_request(config, layout, dataset))
+    workers = []
+    for part, token in zip(layout.partitions, created["client_tokens"], strict=True):
+        args = worker_arguments(
+            config,
+            server=url,
+            session_id=created["session_id"],
+            client=part.client,
+            token_file=secret_file(root / f"client-{part.client}.token", token),
+            data=save_partition(part, root / "partitions"),
+            result=root / f"client-{part.client}.json",
+            secret_context=None,
+            threads=1,
+            passes_total=created["passes_total"],
+        )
+        worker = start_process(
+            f"worker {part.client}", glasu_command(*args), root / f"client-{part.client}.log"
+        )
+        workers.append(worker)
+        processes.append(worker)
+    return Federation(service, workers, admin, created["session_id"], created["passes_total"], root)
