@@ -6,12 +6,13 @@ Wire format of a ``ckks`` embedding (all integers big-endian)::
     then per chunk: length: uint32 | a serialized TenSEAL CKKSVector
 
 The key id is bytes 5 to 12 of the payload. The matrix is flattened row-major and cut into
-chunks of ``SLOTS_PER_CIPHERTEXT`` (N / 2 = 2048) values (the last chunk may be shorter);
-``rows * cols == 0`` gives zero chunks. The key id is the first 8 bytes of SHA-256 over the
-public context's serialization, i.e. over the bytes of ``public.context``
-(:func:`secure.ckks_context.context_key_id`): a share encrypted under another key pair or other
-parameters is refused instead of silently corrupting the sum. The service returns only the sum;
-clients divide by the count (docs/encryption.md).
+chunks of ``VALUES_PER_CIPHERTEXT`` (N = 4096) values (the last chunk may be shorter), two per
+slot: values 2k and 2k + 1 of a chunk are the real and imaginary part of its slot k
+(secure/ckks_packing.py); ``rows * cols == 0`` gives zero chunks. The key id is the first 8
+bytes of SHA-256 over the public context's serialization, i.e. over the bytes of
+``public.context`` (:func:`secure.ckks_context.context_key_id`): a share encrypted under another
+key pair or other parameters is refused instead of silently corrupting the sum. The service
+returns only the sum; clients divide by the count (docs/encryption.md).
 """
 
 from __future__ import annotations
@@ -59,8 +60,8 @@ from secure.ckks_context import (
     public_context_bytes,
     secret_context_bytes,
     share_bound,
-    symmetric_context,
 )
+from secure.ckks_packing import VALUES_PER_CIPHERTEXT, SecretKeyCipher, slots_for
 
 __all__ = [
     "COEFF_MOD_BIT_SIZES",
@@ -77,6 +78,7 @@ __all__ = [
     "SECRET_CONTEXT_NAME",
     "SLOTS_PER_CIPHERTEXT",
     "SUM_ERROR_BOUND",
+    "VALUES_PER_CIPHERTEXT",
     "CkksCodec",
     "CkksFrame",
     "CkksRunningSum",
@@ -98,11 +100,10 @@ __all__ = [
     "public_context_bytes",
     "secret_context_bytes",
     "share_bound",
-    "symmetric_context",
 ]
 
 MAGIC = b"GLCK"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 1: one value per slot, unseeded shares
 _HEADER = struct.Struct(f">4sB{KEY_ID_BYTES}sI")
 _CHUNK_LENGTH = struct.Struct(">I")
 # Twice an uncompressed 2-polynomial ciphertext at one 64-bit-word prime: 128 KiB for N = 4096
@@ -191,11 +192,12 @@ def _chunk_span(view: memoryview, offset: int, *, index: int) -> tuple[int, int]
     return offset, offset + length
 
 
-def chunk_lengths(*, rows: int, cols: int, slots: int = SLOTS_PER_CIPHERTEXT) -> list[int]:
+def chunk_lengths(*, rows: int, cols: int) -> list[int]:
     """How many values each chunk of a (rows x cols) matrix holds."""
     _check_shape(rows=rows, cols=cols)
     total = rows * cols
-    return [min(slots, total - start) for start in range(0, total, slots)]
+    step = VALUES_PER_CIPHERTEXT
+    return [min(step, total - start) for start in range(0, total, step)]
 
 
 def max_payload_bytes(*, rows: int, cols: int) -> int:
@@ -220,7 +222,7 @@ def _read_vectors(
     loaded: LoadedContext, payload: bytes, *, rows: int, cols: int
 ) -> list[NativeVector]:
     """Parse and deserialize a payload for a (rows x cols) slot; PayloadError if it does not fit."""
-    expected = chunk_lengths(rows=rows, cols=cols, slots=loaded.slots)
+    expected = chunk_lengths(rows=rows, cols=cols)
     if len(payload) > _max_payload_bytes(chunks=len(expected)):
         raise PayloadError(f"ckks body of {len(payload)} bytes is too large for ({rows}, {cols})")
     frame = parse_frame(payload)
@@ -232,16 +234,16 @@ def _read_vectors(
     if len(frame.spans) != len(expected):
         raise PayloadError(
             f"{len(frame.spans)} chunks, but ({rows}, {cols}) needs {len(expected)}"
-            f" of {loaded.slots} values"
+            f" of {VALUES_PER_CIPHERTEXT} values"
         )
     return [
-        _load_chunk(loaded, chunk, index=index, expected_size=size)
-        for index, (chunk, size) in enumerate(zip(frame.iter_chunks(), expected, strict=True))
+        _load_chunk(loaded, chunk, index=index, expected_slots=slots_for(values))
+        for index, (chunk, values) in enumerate(zip(frame.iter_chunks(), expected, strict=True))
     ]
 
 
 def _load_chunk(
-    loaded: LoadedContext, data: bytes, *, index: int, expected_size: int
+    loaded: LoadedContext, data: bytes, *, index: int, expected_slots: int
 ) -> NativeVector:
     try:
         vector = _native_vector_type(loaded.context.data, data)
@@ -251,8 +253,8 @@ def _load_chunk(
         raise PayloadError(
             f"chunk {index} is not a CKKS vector under this session's context: {error}"
         ) from None
-    if size != expected_size:
-        raise PayloadError(f"chunk {index} holds {size} values, expected {expected_size}")
+    if size != expected_slots:
+        raise PayloadError(f"chunk {index} fills {size} slots, expected {expected_slots}")
     if len(ciphertexts) != 1:
         raise PayloadError(f"chunk {index} holds {len(ciphertexts)} ciphertexts, expected 1")
     _check_ciphertext(loaded, ciphertexts[0], index=index)
@@ -288,7 +290,7 @@ def _check_ciphertext(loaded: LoadedContext, ciphertext: Any, *, index: int) -> 
 
 class CkksCodec(EmbeddingCodec):
     """Encrypts shares and decrypts sums with a worker's secret context. Shares are encrypted
-    with the secret key (:func:`symmetric_context`): cheaper than public-key encryption, and the
+    with the secret key, two values per slot, and travel seeded (secure/ckks_packing.py): the
     service adds them under its public context like any other ciphertext."""
 
     encoding = "ckks"
@@ -297,7 +299,7 @@ class CkksCodec(EmbeddingCodec):
         if not context.is_private():
             raise KeyMaterialError("CkksCodec needs the secret context; this one is public")
         self._loaded = describe_context(context)
-        self._encrypting = symmetric_context(context)
+        self._cipher = SecretKeyCipher(context)
 
     @classmethod
     def from_file(cls, path: Path | str) -> CkksCodec:
@@ -315,27 +317,26 @@ class CkksCodec(EmbeddingCodec):
         return share_bound(clients=shares)
 
     def encode(self, matrix: np.ndarray) -> bytes:
-        values = to_grid(_flatten_share(matrix))
-        slots = self._loaded.slots
-        chunks = [
-            _native_vector_type(
-                self._encrypting.data, values[start : start + slots].tolist()
-            ).serialize()
-            for start in range(0, values.size, slots)
-        ]
+        chunks = self._cipher.encrypt(to_grid(_flatten_share(matrix)))
         return frame_chunks(chunks, key_id=self._loaded.key_id)
 
     def decode_sum(self, payload: bytes, *, rows: int, cols: int) -> np.ndarray:
+        values = self.decrypt_sum(payload, rows=rows, cols=cols)
+        return to_grid(values).astype(np.float32)
+
+    def decrypt_sum(self, payload: bytes, *, rows: int, cols: int) -> np.ndarray:
+        """The float64 (rows x cols) sum with its CKKS error (:meth:`decode_sum` rounds it off)."""
         vectors = _read_vectors(self._loaded, payload, rows=rows, cols=cols)
         if not vectors:
-            return np.zeros((rows, cols), dtype=np.float32)
-        values = np.concatenate([_decrypted(vector) for vector in vectors])
-        return to_grid(values).astype(np.float32).reshape(rows, cols)
-
-
-def _decrypted(vector: NativeVector) -> np.ndarray:
-    values = vector.decrypt()  # a list of floats
-    return np.fromiter(values, dtype=np.float64, count=len(values))  # 40% faster than asarray
+            return np.zeros((rows, cols))
+        lengths = chunk_lengths(rows=rows, cols=cols)
+        values = np.concatenate(
+            [
+                self._cipher.decrypt(vector.ciphertext()[0], values=length)
+                for vector, length in zip(vectors, lengths, strict=True)
+            ]
+        )
+        return values.reshape(rows, cols)
 
 
 def _flatten_share(matrix: np.ndarray) -> np.ndarray:

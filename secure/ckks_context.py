@@ -27,20 +27,24 @@ HE_STANDARD_128_QUANTUM = {1024: 25, 2048: 51, 4096: 101, 8192: 202, 16384: 411,
 # Chosen with a security margin (docs/encryption.md, bench/he.py, TenSEAL 0.3.18): N = 4096 with a
 # 41-bit data prime and a 24-bit special prime, 65 bits in all: 44 bits below the 128-bit classical
 # limit (109) and 36 below the 128-bit post-quantum one (101); it is also within the 192-bit
-# tables (75 classical, 70 post-quantum). Ciphertexts carry only the data prime: 24.9 bytes per
-# float (6.2x float32). Doubling N doubles the decoding error at a given scale, so the scale is
-# 2^30 (one bit more than N = 2048's 2^29) and the data prime 41 bits (one more than 40) to keep
-# both the old error and the old range; a 40-bit prime at 2^29 would cost 24.0 B/float with twice
-# the error. The previous N = 2048, (40, 14) sat exactly at the 128-bit classical limit (54) and
-# above the post-quantum one (51).
+# tables (75 classical, 70 post-quantum). Ciphertexts carry only the data prime: 12.5 bytes per
+# value in a sum (two values per slot, secure/ckks_packing.py), 6.3 in a seeded share. Doubling N
+# doubles the decoding error at a given scale, so the scale is 2^30 (one bit more than N = 2048's
+# 2^29) and the data prime 41 bits (one more than 40) to keep both the old error and the old
+# range; a 40-bit prime at 2^29 would cost 4 % fewer bytes with twice the error. The previous
+# N = 2048, (40, 14) sat exactly at the 128-bit classical limit (54) and above the post-quantum
+# one (51).
 POLY_MODULUS_DEGREE = 4096
 COEFF_MOD_BIT_SIZES = (41, 24)
 GLOBAL_SCALE_BITS = 30
 GLOBAL_SCALE = float(2**GLOBAL_SCALE_BITS)
 SLOTS_PER_CIPHERTEXT = POLY_MODULUS_DEGREE // 2
 
-# Encodable range. A sum s decodes correctly while |s| * 2^30 < q / 2 ~ 2^40, i.e. |s| < 1024;
-# we keep a factor 2 of margin and split it over at most MAX_SHARES shares.
+# Encodable range. A coefficient of an encoded sum is at most its largest slot magnitude times
+# 2^30, and decodes correctly below q / 2 ~ 2^40, i.e. for slots of magnitude below 1024. A slot
+# holds two sums (real and imaginary part, secure/ckks_packing.py) of |s| <= 512 each, so its
+# magnitude is at most 724: a factor sqrt(2) of margin in the worst case. The 512 are split over
+# at most MAX_SHARES shares.
 MAX_SHARES = 16
 MAX_ABS_SUM = 512.0
 
@@ -91,7 +95,6 @@ class LoadedContext:
     context: ts.Context
     key_id: bytes
     parms_id: tuple[int, ...]
-    slots: int
     scale: float
 
 
@@ -126,33 +129,6 @@ def public_context_bytes(context: ts.Context) -> bytes:
         save_secret_key=False,
         save_galois_keys=False,
         save_relin_keys=False,
-    )
-
-
-# TenSEAL 0.3.18 serializes a context as a TenSEALContextProto (tenseal/proto/tensealcontext.proto)
-# whose field 4, ``encryption_type`` (uint32), is absent for public-key contexts (proto3 default
-# 0) and 1 for symmetric ones. Appending the field to a serialized message sets it (protobuf:
-# the last value of a scalar field wins): tag (4 << 3 | varint) = 0x20, then the varint 1.
-_SYMMETRIC_ENCRYPTION_FIELD = bytes([4 << 3, int(ts.ENCRYPTION_TYPE.SYMMETRIC.value)])
-
-
-def symmetric_context(context: ts.Context) -> ts.Context:
-    """The same key and parameters, encrypting with the secret key (SEAL's
-    ``encrypt_symmetric``) instead of the public key.
-
-    A symmetric ciphertext is an ordinary 2-polynomial ciphertext at the data level: the service
-    adds it to others under its key-less public context and any secret context decrypts it. It is
-    encrypted directly at the data prime, so it skips the public-key encryption at the key level
-    and the division by the special prime: 0.55 to 0.64x the CPU time for the same bytes
-    (bench/he.py), and its decoding error is the fresh noise and the encoding's rounding alone,
-    22 times less variance than a public-key share's, so :data:`SUM_ERROR_BOUND` still bounds it
-    (docs/encryption.md). Key ids are taken from ``context`` (a symmetric context has no public
-    key to serialize).
-    """
-    if not context.is_private():
-        raise KeyMaterialError("symmetric encryption needs the secret context; this one is public")
-    return ts.context_from(
-        secret_context_bytes(context) + _SYMMETRIC_ENCRYPTION_FIELD, n_threads=_CONTEXT_THREADS
     )
 
 
@@ -218,7 +194,6 @@ def describe_context(context: ts.Context) -> LoadedContext:
         context=context,
         key_id=context_key_id(context),
         parms_id=tuple(seal_context.first_parms_id()),
-        slots=POLY_MODULUS_DEGREE // 2,
         scale=context.global_scale,
     )
 

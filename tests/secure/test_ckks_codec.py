@@ -28,6 +28,7 @@ from secure.ckks import (
     MAX_SHARES,
     SLOTS_PER_CIPHERTEXT,
     SUM_ERROR_BOUND,
+    VALUES_PER_CIPHERTEXT,
     CkksCodec,
     CkksSumAggregator,
     KeyMaterialError,
@@ -43,7 +44,6 @@ from secure.ckks import (
     parse_frame,
     public_context_bytes,
     share_bound,
-    symmetric_context,
 )
 from secure.ckks_context import (
     COEFF_MOD_BIT_SIZES,
@@ -55,8 +55,9 @@ from secure.ckks_context import (
     SUM_ERROR_FAILURE_BITS,
     decoding_error_scale,
 )
+from secure.ckks_packing import tenseal_vector_bytes
 
-ROWS, COLS = 17, 130  # 2210 values: one full chunk of 2048 and a partial one
+ROWS, COLS = 33, 130  # 4290 values: one full chunk of 4096 and a partial one
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +188,7 @@ def test_round_trip(codec: CkksCodec, rows: int, cols: int) -> None:
     assert decoded.shape == (rows, cols) and decoded.dtype == np.float32
     # shares travel on the fixed-point grid: the CKKS error rounds away, the result is exact
     np.testing.assert_array_equal(decoded, to_grid(share).astype(np.float32))
-    expected_chunks = -(-rows * cols // SLOTS_PER_CIPHERTEXT)
+    expected_chunks = -(-rows * cols // VALUES_PER_CIPHERTEXT)
     assert len(parse_frame(payload).chunks) == expected_chunks
 
 
@@ -214,10 +215,8 @@ def test_sum_at_the_encodable_limit(codec: CkksCodec, aggregator: CkksSumAggrega
     share[1] = -bound
     cols = share.shape[1]
     total = aggregator.add([codec.encode(share) for _ in range(MAX_SHARES)], rows=2, cols=cols)
-    raw = np.concatenate(
-        [ts.ckks_vector_from(codec.context, chunk).decrypt() for chunk in parse_frame(total).chunks]
-    )
-    raw_error = np.abs(raw - share.reshape(-1).astype(np.float64) * MAX_SHARES).max()
+    raw = codec.decrypt_sum(total, rows=2, cols=cols)
+    raw_error = np.abs(raw - share.astype(np.float64) * MAX_SHARES).max()
     assert raw_error <= SUM_ERROR_BOUND < SHARE_GRID / 2
     decoded = codec.decode_sum(total, rows=2, cols=cols)
     np.testing.assert_array_equal(decoded, share * MAX_SHARES)
@@ -234,38 +233,57 @@ def test_add_keeps_order_and_limits(codec: CkksCodec, aggregator: CkksSumAggrega
         aggregator.add([shares[0]] * (MAX_SHARES + 1), rows=3, cols=4)
 
 
-def test_shares_are_encrypted_with_the_secret_key(
+def test_shares_are_seeded_secret_key_ciphertexts_two_values_per_slot(
     codec: CkksCodec, aggregator: CkksSumAggregator
 ) -> None:
-    """The codec encrypts symmetrically (no public key in its encrypting context); the service
-    adds those ciphertexts under its key-less public context, together with public-key ones, and
-    the sum decodes exactly on the share grid at the encodable limit. The raw error of the
-    symmetric shares is the fresh noise alone, far below the public-key bound."""
-    encrypting = symmetric_context(codec.context)
-    assert encrypting.is_private()
-    with pytest.raises(ValueError, match="symmetric"):
-        encrypting.has_public_key()
-    with pytest.raises(KeyMaterialError, match="public"):
-        symmetric_context(load_public_context(public_context_bytes(codec.context)))
+    """A share's chunk carries VALUES_PER_CIPHERTEXT values in half as many slots, and its second
+    polynomial as a seed: about a quarter of the bytes TenSEAL's own public-key vector of the same
+    values takes. The service's sum is an ordinary ciphertext; at the encodable limit (pairs of
+    values at the share bound, the largest slot magnitude) the error of a MAX_SHARES sum is the
+    fresh noise alone, far below the public-key bound, and the sum decodes exactly."""
     bound = share_bound(clients=MAX_SHARES)
-    share = np.full((2, SLOTS_PER_CIPHERTEXT // 2), bound, dtype=np.float32)
+    share = np.full((2, VALUES_PER_CIPHERTEXT // 2), bound, dtype=np.float32)
     share[1] = -bound
     cols = share.shape[1]
-    symmetric = [codec.encode(share) for _ in range(MAX_SHARES)]
-    total = aggregator.add(symmetric, rows=2, cols=cols)
-    raw = np.concatenate(
-        [ts.ckks_vector_from(codec.context, chunk).decrypt() for chunk in parse_frame(total).chunks]
+    shares = [codec.encode(share) for _ in range(MAX_SHARES)]
+    (chunk,) = parse_frame(shares[0]).chunks
+    loaded = ts.ckks_vector_from(load_public_context(public_context_bytes(codec.context)), chunk)
+    assert loaded.size() == VALUES_PER_CIPHERTEXT // 2
+    expanded = loaded.serialize()  # the seed drawn out into a full polynomial
+    public_key_vectors = sum(
+        len(ts.ckks_vector(codec.context, half.tolist()).serialize())
+        for half in np.split(share.reshape(-1), 2)
     )
-    raw_error = np.abs(raw - share.reshape(-1).astype(np.float64) * MAX_SHARES).max()
+    assert len(chunk) < 0.55 * len(expanded) and len(chunk) < 0.3 * public_key_vectors
+
+    total = aggregator.add(shares, rows=2, cols=cols)
+    (sum_chunk,) = parse_frame(total).chunks
+    assert len(sum_chunk) > 1.8 * len(chunk)
+    raw = codec.decrypt_sum(total, rows=2, cols=cols)
+    raw_error = np.abs(raw - share.astype(np.float64) * MAX_SHARES).max()
     assert raw_error < SUM_ERROR_BOUND / 4  # measured ~2e-6; public-key shares reach ~1.5e-5
     np.testing.assert_array_equal(codec.decode_sum(total, rows=2, cols=cols), share * MAX_SHARES)
 
-    public_key_share = frame_chunks(
-        [ts.ckks_vector(codec.context, share.reshape(-1).tolist()).serialize()],
-        key_id=codec.key_id,
-    )
-    mixed = aggregator.add([*symmetric[:-1], public_key_share], rows=2, cols=cols)
-    np.testing.assert_array_equal(codec.decode_sum(mixed, rows=2, cols=cols), share * MAX_SHARES)
+
+def test_chunks_are_tenseal_vectors(codec: CkksCodec) -> None:
+    """Our serialization of a CKKS vector is TenSEAL's, byte for byte."""
+    vector = ts.ckks_vector(codec.context, [0.25, -1.5, 3.0])
+    seal_ciphertext = parse_tenseal_vector(vector.serialize())
+    rebuilt = tenseal_vector_bytes(seal_ciphertext, slots=3, scale=codec.context.global_scale)
+    assert rebuilt == vector.serialize()
+
+
+def parse_tenseal_vector(data: bytes) -> bytes:
+    """The SEAL ciphertext inside a one-ciphertext TenSEAL vector of fewer than 128 slots."""
+    assert data[:3] == b"\x0a\x01" + bytes([data[2]]) and data[3] == 0x12
+    length, offset = 0, 4
+    for shift in range(0, 64, 7):
+        length |= (data[offset] & 0x7F) << shift
+        offset += 1
+        if data[offset - 1] < 0x80:
+            break
+    assert data[offset + length] == 0x19 and len(data) == offset + length + 9
+    return data[offset : offset + length]
 
 
 def test_running_sum_ignores_the_order_of_arrival(
@@ -318,16 +336,16 @@ def test_encode_refuses_what_ckks_cannot_carry(codec: CkksCodec, share: np.ndarr
 
 
 def test_payload_size(codec: CkksCodec) -> None:
-    payload = codec.encode(random_share(16, 128, seed=3))
-    assert len(payload) / (16 * 128) < 26  # ~24.9 bytes per float, docs/encryption.md
+    payload = codec.encode(random_share(32, 128, seed=3))
+    assert len(payload) / (32 * 128) < 6.5  # ~6.3 bytes per float, docs/encryption.md
 
 
 def test_chunking_follows_the_ring_degree() -> None:
-    assert SLOTS_PER_CIPHERTEXT == POLY_MODULUS_DEGREE // 2
-    assert SLOTS_PER_CIPHERTEXT < ROWS * COLS < 2 * SLOTS_PER_CIPHERTEXT
+    assert VALUES_PER_CIPHERTEXT == 2 * SLOTS_PER_CIPHERTEXT == POLY_MODULUS_DEGREE
+    assert VALUES_PER_CIPHERTEXT < ROWS * COLS < 2 * VALUES_PER_CIPHERTEXT
     assert chunk_lengths(rows=ROWS, cols=COLS) == [
-        SLOTS_PER_CIPHERTEXT,
-        ROWS * COLS - SLOTS_PER_CIPHERTEXT,
+        VALUES_PER_CIPHERTEXT,
+        ROWS * COLS - VALUES_PER_CIPHERTEXT,
     ]
     # two chunks of at most MAX_CHUNK_BYTES each, plus the frame header and length fields
     assert max_payload_bytes(rows=ROWS, cols=COLS) == HEADER_BYTES + 2 * (4 + MAX_CHUNK_BYTES)
@@ -348,16 +366,19 @@ def test_parameters_within_the_he_standard(codec: CkksCodec) -> None:
     assert HE_STANDARD_128_CLASSICAL[2048] == 40 + 14 > HE_STANDARD_128_QUANTUM[2048]
 
 
-def test_decoding_error_bound_fits_the_share_grid() -> None:
+def test_decoding_error_bound_fits_the_share_grid(codec: CkksCodec) -> None:
     """The 2^-40 tail bound of a MAX_SHARES sum is below half a grid step, and the range
     leaves room for the largest sum below q / 2."""
     tail = decoding_error_scale(shares=MAX_SHARES) * SUM_ERROR_FAILURE_BITS * np.log(2)
     assert tail == pytest.approx(SUM_ERROR_BOUND)
     assert SUM_ERROR_BOUND < SHARE_GRID / 2
-    # the largest sum's coefficient stays below q / 2 > 2^(bits - 2); SEAL takes q just below
-    # 2^bits, which leaves the documented factor 2 of margin (|sum| < ~1024)
-    largest_coefficient = MAX_ABS_SUM * 2.0**GLOBAL_SCALE_BITS
-    assert largest_coefficient <= 2.0 ** (COEFF_MOD_BIT_SIZES[0] - 2)
+    # A coefficient is at most the largest slot magnitude times the scale; a slot holds two sums
+    # of at most MAX_ABS_SUM each, so sqrt(2) * MAX_ABS_SUM * 2^30 = 2^39.5, about a factor
+    # sqrt(2) below q / 2 (q is the largest suitable prime below 2^41)
+    seal = codec.context.seal_context().data
+    q = seal.first_context_data().parms().coeff_modulus()[0].value()
+    largest_coefficient = np.sqrt(2) * MAX_ABS_SUM * 2.0**GLOBAL_SCALE_BITS
+    assert largest_coefficient * 1.414 <= q / 2 < 2.0 ** (COEFF_MOD_BIT_SIZES[0] - 1)
 
 
 def test_a_single_share_at_the_range_limit(codec: CkksCodec) -> None:
@@ -599,7 +620,7 @@ def check_mutations(
     acceptance must be a structurally intact share that adds to ``good`` and decodes to a finite
     sum, exact in every chunk the mutation did not touch."""
     reference = codec.decode_sum(aggregator.add([good, good], rows=ROWS, cols=COLS), **SHAPE)
-    chunk_of_value = np.arange(ROWS * COLS) // SLOTS_PER_CIPHERTEXT
+    chunk_of_value = np.arange(ROWS * COLS) // VALUES_PER_CIPHERTEXT
     tally = FuzzTally()
     for case in cases:
         try:
