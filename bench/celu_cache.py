@@ -262,7 +262,7 @@ def render(result: dict[str, Any]) -> str:
         "evaluations reaches the threshold. MiB: plaintext training traffic to that round "
         "(node sets, float32 shares and sums, both directions, all clients, counted in "
         "process; CKKS multiplies "
-        'the share and sum bytes by about 6.3, docs/results.md "Encryption over HTTP"). '
+        "the share bytes by about 1.6 and the sum bytes by about 3.1, docs/encryption.md). "
         "Every configuration of a seed sees the same mini-batches and sampled neighbourhoods, "
         "so a round costs the same bytes in all of them: the cache saves bytes only by saving "
         "rounds.",

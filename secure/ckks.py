@@ -61,7 +61,12 @@ from secure.ckks_context import (
     secret_context_bytes,
     share_bound,
 )
-from secure.ckks_packing import VALUES_PER_CIPHERTEXT, SecretKeyCipher, slots_for
+from secure.ckks_packing import (
+    VALUES_PER_CIPHERTEXT,
+    SecretKeyCipher,
+    check_share_chunk,
+    slots_for,
+)
 
 __all__ = [
     "COEFF_MOD_BIT_SIZES",
@@ -219,9 +224,11 @@ def _check_shape(*, rows: int, cols: int) -> None:
 
 
 def _read_vectors(
-    loaded: LoadedContext, payload: bytes, *, rows: int, cols: int
+    loaded: LoadedContext, payload: bytes, *, rows: int, cols: int, share: bool
 ) -> list[NativeVector]:
-    """Parse and deserialize a payload for a (rows x cols) slot; PayloadError if it does not fit."""
+    """Parse and deserialize a payload for a (rows x cols) slot; PayloadError if it does not fit.
+    A client's ``share`` must be uncompressed (secure/ckks_packing.py); the service's sums are
+    compressed."""
     expected = chunk_lengths(rows=rows, cols=cols)
     if len(payload) > _max_payload_bytes(chunks=len(expected)):
         raise PayloadError(f"ckks body of {len(payload)} bytes is too large for ({rows}, {cols})")
@@ -237,14 +244,19 @@ def _read_vectors(
             f" of {VALUES_PER_CIPHERTEXT} values"
         )
     return [
-        _load_chunk(loaded, chunk, index=index, expected_slots=slots_for(values))
+        _load_chunk(loaded, chunk, index=index, expected_slots=slots_for(values), share=share)
         for index, (chunk, values) in enumerate(zip(frame.iter_chunks(), expected, strict=True))
     ]
 
 
 def _load_chunk(
-    loaded: LoadedContext, data: bytes, *, index: int, expected_slots: int
+    loaded: LoadedContext, data: bytes, *, index: int, expected_slots: int, share: bool
 ) -> NativeVector:
+    if share:
+        try:
+            check_share_chunk(data)
+        except ValueError as error:
+            raise PayloadError(f"chunk {index}: {error}") from None
     try:
         vector = _native_vector_type(loaded.context.data, data)
         size = vector.size()
@@ -326,7 +338,7 @@ class CkksCodec(EmbeddingCodec):
 
     def decrypt_sum(self, payload: bytes, *, rows: int, cols: int) -> np.ndarray:
         """The float64 (rows x cols) sum with its CKKS error (:meth:`decode_sum` rounds it off)."""
-        vectors = _read_vectors(self._loaded, payload, rows=rows, cols=cols)
+        vectors = _read_vectors(self._loaded, payload, rows=rows, cols=cols, share=False)
         if not vectors:
             return np.zeros((rows, cols))
         lengths = chunk_lengths(rows=rows, cols=cols)
@@ -382,7 +394,7 @@ class CkksSumAggregator(SumAggregator[list[NativeVector]]):
         return self._loaded.key_id
 
     def read_share(self, payload: bytes, *, rows: int, cols: int) -> list[NativeVector]:
-        return _read_vectors(self._loaded, payload, rows=rows, cols=cols)
+        return _read_vectors(self._loaded, payload, rows=rows, cols=cols, share=True)
 
     def new_sum(self, *, rows: int, cols: int) -> CkksRunningSum:
         return CkksRunningSum(key_id=self._loaded.key_id)

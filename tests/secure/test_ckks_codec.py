@@ -199,7 +199,8 @@ def test_sum_of_three_clients(codec: CkksCodec, key_files: tuple[Path, Path]) ->
     for payload in payloads:
         service.validate(payload, rows=ROWS, cols=COLS)
     total = service.add(payloads, rows=ROWS, cols=COLS)
-    service.validate(total, rows=ROWS, cols=COLS)
+    with pytest.raises(PayloadError, match="compressed"):
+        service.validate(total, rows=ROWS, cols=COLS)  # a sum is not a share
     decoded = codec.decode_sum(total, rows=ROWS, cols=COLS)
     expected = np.sum([to_grid(share) for share in shares], axis=0)
     np.testing.assert_array_equal(decoded, expected.astype(np.float32))
@@ -237,10 +238,11 @@ def test_shares_are_seeded_secret_key_ciphertexts_two_values_per_slot(
     codec: CkksCodec, aggregator: CkksSumAggregator
 ) -> None:
     """A share's chunk carries VALUES_PER_CIPHERTEXT values in half as many slots, and its second
-    polynomial as a seed: about a quarter of the bytes TenSEAL's own public-key vector of the same
-    values takes. The service's sum is an ordinary ciphertext; at the encodable limit (pairs of
-    values at the share bound, the largest slot magnitude) the error of a MAX_SHARES sum is the
-    fresh noise alone, far below the public-key bound, and the sum decodes exactly."""
+    polynomial as a seed: about a third of the bytes of TenSEAL's own public-key vectors of the
+    same values, though those are compressed and ours are not. The service's sum is an ordinary
+    ciphertext; at the encodable limit (pairs of values at the share bound, the largest slot
+    magnitude) the error of a MAX_SHARES sum is the fresh noise alone, far below the public-key
+    bound, and the sum decodes exactly."""
     bound = share_bound(clients=MAX_SHARES)
     share = np.full((2, VALUES_PER_CIPHERTEXT // 2), bound, dtype=np.float32)
     share[1] = -bound
@@ -249,16 +251,16 @@ def test_shares_are_seeded_secret_key_ciphertexts_two_values_per_slot(
     (chunk,) = parse_frame(shares[0]).chunks
     loaded = ts.ckks_vector_from(load_public_context(public_context_bytes(codec.context)), chunk)
     assert loaded.size() == VALUES_PER_CIPHERTEXT // 2
-    expanded = loaded.serialize()  # the seed drawn out into a full polynomial
+    expanded = loaded.serialize()  # the seed drawn out into a full polynomial, compressed
     public_key_vectors = sum(
         len(ts.ckks_vector(codec.context, half.tolist()).serialize())
         for half in np.split(share.reshape(-1), 2)
     )
-    assert len(chunk) < 0.55 * len(expanded) and len(chunk) < 0.3 * public_key_vectors
+    assert len(chunk) < 0.7 * len(expanded) and len(chunk) < 0.35 * public_key_vectors
 
     total = aggregator.add(shares, rows=2, cols=cols)
     (sum_chunk,) = parse_frame(total).chunks
-    assert len(sum_chunk) > 1.8 * len(chunk)
+    assert len(sum_chunk) > 1.5 * len(chunk)
     raw = codec.decrypt_sum(total, rows=2, cols=cols)
     raw_error = np.abs(raw - share.astype(np.float64) * MAX_SHARES).max()
     assert raw_error < SUM_ERROR_BOUND / 4  # measured ~2e-6; public-key shares reach ~1.5e-5
@@ -337,7 +339,7 @@ def test_encode_refuses_what_ckks_cannot_carry(codec: CkksCodec, share: np.ndarr
 
 def test_payload_size(codec: CkksCodec) -> None:
     payload = codec.encode(random_share(32, 128, seed=3))
-    assert len(payload) / (32 * 128) < 6.5  # ~6.3 bytes per float, docs/encryption.md
+    assert len(payload) / (32 * 128) < 8.2  # ~8.05 bytes per value, docs/encryption.md
 
 
 def test_chunking_follows_the_ring_degree() -> None:
@@ -633,7 +635,6 @@ def check_mutations(
         tally.accepted.append(case.name)
         try:
             total = aggregator.add([good, case.payload], **SHAPE)
-            aggregator.validate(total, **SHAPE)
             decoded = codec.decode_sum(total, **SHAPE)
         except PayloadError as error:
             raise AssertionError(
