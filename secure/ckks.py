@@ -112,7 +112,7 @@ FORMAT_VERSION = 2  # 1: one value per slot, unseeded shares
 _HEADER = struct.Struct(f">4sB{KEY_ID_BYTES}sI")
 _CHUNK_LENGTH = struct.Struct(">I")
 # Twice an uncompressed 2-polynomial ciphertext at one 64-bit-word prime: 128 KiB for N = 4096
-# (ours compress to ~50 KiB, 24.9 bytes per value).
+# (a seeded share's chunk is ~33 KiB, a compressed sum's ~51 KiB).
 MAX_CHUNK_BYTES = 2 * (2 * POLY_MODULUS_DEGREE * 8)
 _CIPHERTEXT_POLYNOMIALS = 2
 

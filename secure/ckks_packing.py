@@ -15,14 +15,14 @@ binding (``tenseal.sealapi``), which reaches it:
   loads shares through TenSEAL, which calls it, so it needs no change; the sums it returns are
   ordinary ciphertexts.
 - Shares travel uncompressed. SEAL's binding saves only with zstd compression, and loading some
-  malformed zstd-compressed *seeded* ciphertexts aborts the process: SEAL 4.1's
-  ``InflateGetBuffer`` restores the stream's exception mask in its destructor, which throws when
-  the stream has failed, and a throwing destructor calls ``std::terminate`` (found by the fuzz
-  test in tests/secure/test_ckks_codec.py, about 1 in 10,000 random triple byte flips). So the
-  worker inflates the saved bytes again (``zstandard``) and the service refuses any compressed
-  share before SEAL sees it (:func:`check_share_chunk`): SEAL never inflates what a client sent.
-  The cost is 8.0 bytes per value up instead of 6.3; no uncompressed seeded chunk aborted in
-  100,000 flipped ones.
+  malformed zstd-compressed *seeded* ciphertexts aborts the process: in the SEAL that TenSEAL
+  0.3.18 bundles (4.3, by its serialization headers), ``InflateGetBuffer`` restores the stream's
+  exception mask in its destructor, which throws when the stream has failed, and a throwing
+  destructor calls ``std::terminate`` (found by the fuzz test in tests/secure/test_ckks_codec.py,
+  about 1 in 10,000 random triple byte flips). So the worker inflates the saved bytes again
+  (``zstandard``) and the service refuses any compressed share before SEAL sees it
+  (:func:`check_share_chunk`): SEAL never inflates what a client sent. The cost is 8.0 bytes per
+  value up instead of 6.3; no uncompressed seeded chunk aborted in 90,000 flipped ones.
 
 The decoding error of each part of a slot is distributed as that of a real-packed slot (the real
 and the imaginary part of one complex error: docs/encryption.md), so
