@@ -94,7 +94,7 @@ class _SaveBuffer:
 
 class SecretKeyCipher:
     """Encrypts chunks of up to :data:`VALUES_PER_CIPHERTEXT` values with the secret key into
-    serialized TenSEAL CKKS vectors (seeded), and decrypts summed ones."""
+    serialized TenSEAL CKKS vectors (seeded, uncompressed), and decrypts summed ones."""
 
     def __init__(self, context: ts.Context) -> None:
         native = context.data
