@@ -18,7 +18,6 @@ returns only the sum; clients divide by the count (docs/encryption.md).
 from __future__ import annotations
 
 import functools
-import math
 import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -49,6 +48,7 @@ from secure.ckks_context import (
     SECRET_CONTEXT_NAME,
     SLOTS_PER_CIPHERTEXT,
     SUM_ERROR_BOUND,
+    VALUES_PER_CIPHERTEXT,
     KeyMaterialError,
     LoadedContext,
     context_key_id,
@@ -61,12 +61,7 @@ from secure.ckks_context import (
     secret_context_bytes,
     share_bound,
 )
-from secure.ckks_packing import (
-    VALUES_PER_CIPHERTEXT,
-    SecretKeyCipher,
-    check_share_chunk,
-    slots_for,
-)
+from secure.ckks_packing import SecretKeyCipher, inflated, slots_for
 
 __all__ = [
     "COEFF_MOD_BIT_SIZES",
@@ -114,7 +109,6 @@ _CHUNK_LENGTH = struct.Struct(">I")
 # Twice an uncompressed 2-polynomial ciphertext at one 64-bit-word prime: 128 KiB for N = 4096
 # (a seeded share's chunk is ~33 KiB, a compressed sum's ~51 KiB).
 MAX_CHUNK_BYTES = 2 * (2 * POLY_MODULUS_DEGREE * 8)
-_CIPHERTEXT_POLYNOMIALS = 2
 
 # TenSEAL's C++ binding of a CKKS vector. Its Python class (``ts.CKKSVector``) wraps each call in
 # type checks and a new wrapper object: 16 of the ~110 us that loading one chunk costs, more than
@@ -227,8 +221,8 @@ def _read_vectors(
     loaded: LoadedContext, payload: bytes, *, rows: int, cols: int, share: bool
 ) -> list[NativeVector]:
     """Parse and deserialize a payload for a (rows x cols) slot; PayloadError if it does not fit.
-    A client's ``share`` must be uncompressed (secure/ckks_packing.py); the service's sums are
-    compressed."""
+    A client's ``share`` must come uncompressed; the service's sums come compressed and are
+    inflated here (secure/ckks_packing.py: SEAL never inflates bytes from the network)."""
     expected = chunk_lengths(rows=rows, cols=cols)
     if len(payload) > _max_payload_bytes(chunks=len(expected)):
         raise PayloadError(f"ckks body of {len(payload)} bytes is too large for ({rows}, {cols})")
@@ -252,48 +246,20 @@ def _read_vectors(
 def _load_chunk(
     loaded: LoadedContext, data: bytes, *, index: int, expected_slots: int, share: bool
 ) -> NativeVector:
-    if share:
-        try:
-            check_share_chunk(data)
-        except ValueError as error:
-            raise PayloadError(f"chunk {index}: {error}") from None
     try:
-        vector = _native_vector_type(loaded.context.data, data)
-        size = vector.size()
-        ciphertexts = vector.ciphertext()
+        if not share:
+            data = inflated(data)
+        slots = loaded.layout.slots(data)
+    except ValueError as error:
+        raise PayloadError(f"chunk {index}: {error}") from None
+    if slots != expected_slots:
+        raise PayloadError(f"chunk {index} fills {slots} slots, expected {expected_slots}")
+    try:
+        return _native_vector_type(loaded.context.data, data)
     except Exception as error:  # TenSEAL raises ValueError/RuntimeError/TypeError/...
         raise PayloadError(
             f"chunk {index} is not a CKKS vector under this session's context: {error}"
         ) from None
-    if size != expected_slots:
-        raise PayloadError(f"chunk {index} fills {size} slots, expected {expected_slots}")
-    if len(ciphertexts) != 1:
-        raise PayloadError(f"chunk {index} holds {len(ciphertexts)} ciphertexts, expected 1")
-    _check_ciphertext(loaded, ciphertexts[0], index=index)
-    return vector
-
-
-def _check_ciphertext(loaded: LoadedContext, ciphertext: Any, *, index: int) -> None:
-    """``ciphertext`` is TenSEAL's binding of a SEAL Ciphertext (no public Python type)."""
-    try:
-        polynomials = ciphertext.size()
-        parms_id = tuple(ciphertext.parms_id())
-        scale = ciphertext.scale
-        ntt_form = ciphertext.is_ntt_form()
-    except Exception as error:
-        raise PayloadError(f"chunk {index}: unreadable ciphertext metadata: {error}") from None
-    if parms_id != loaded.parms_id:
-        raise PayloadError(f"chunk {index}: ciphertext is not at the session's modulus level")
-    if polynomials != _CIPHERTEXT_POLYNOMIALS or not ntt_form:
-        raise PayloadError(
-            f"chunk {index}: ciphertext has {polynomials} polynomials (ntt form: {ntt_form}),"
-            f" expected a fresh {_CIPHERTEXT_POLYNOMIALS}-polynomial ciphertext"
-        )
-    if not math.isclose(scale, loaded.scale, rel_tol=1e-12):
-        raise PayloadError(
-            f"chunk {index}: ciphertext scale {scale:.6g} differs from the session's"
-            f" {loaded.scale:.6g} (2^{GLOBAL_SCALE_BITS})"
-        )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import tenseal as ts
 
+from secure.ckks_packing import ChunkLayout
+
 # HomomorphicEncryption.org security standard (Albrecht et al., 2018), ternary secret (SEAL samples
 # a uniform ternary secret key): the largest total coefficient-modulus bit count log2(q) per ring
 # degree N, for 128-bit security against classical and against quantum attacks (the same values
@@ -39,6 +41,8 @@ COEFF_MOD_BIT_SIZES = (41, 24)
 GLOBAL_SCALE_BITS = 30
 GLOBAL_SCALE = float(2**GLOBAL_SCALE_BITS)
 SLOTS_PER_CIPHERTEXT = POLY_MODULUS_DEGREE // 2
+# Two real values per slot: the real and imaginary part (secure/ckks_packing.py).
+VALUES_PER_CIPHERTEXT = 2 * SLOTS_PER_CIPHERTEXT
 
 # Encodable range. A coefficient of an encoded sum is at most its largest slot magnitude times
 # 2^30, and decodes correctly below q / 2 ~ 2^40, i.e. for slots of magnitude below 1024. A slot
@@ -94,8 +98,7 @@ class LoadedContext:
 
     context: ts.Context
     key_id: bytes
-    parms_id: tuple[int, ...]
-    scale: float
+    layout: ChunkLayout
 
 
 def new_context() -> ts.Context:
@@ -187,14 +190,10 @@ def load_secret_context(path: Path | str) -> ts.Context:
 
 
 def describe_context(context: ts.Context) -> LoadedContext:
-    """Check ``context`` against the module's parameters and derive its key id and level."""
+    """Check ``context`` against the module's parameters and derive its key id and chunk layout."""
     check_parameters(context, origin="context")
-    seal_context = context.seal_context().data
     return LoadedContext(
-        context=context,
-        key_id=context_key_id(context),
-        parms_id=tuple(seal_context.first_parms_id()),
-        scale=context.global_scale,
+        context=context, key_id=context_key_id(context), layout=ChunkLayout.of(context)
     )
 
 

@@ -21,8 +21,10 @@ binding (``tenseal.sealapi``), which reaches it:
   destructor calls ``std::terminate`` (found by the fuzz test in tests/secure/test_ckks_codec.py,
   about 1 in 10,000 random triple byte flips). So the worker inflates the saved bytes again
   (``zstandard``) and the service refuses any compressed share before SEAL sees it
-  (:func:`check_share_chunk`): SEAL never inflates what a client sent. The cost is 8.0 bytes per
-  value up instead of 6.3; no uncompressed seeded chunk aborted in 90,000 flipped ones.
+  (:class:`ChunkLayout`). The cost is 8.0 bytes per value up instead of 6.3; no uncompressed
+  seeded chunk aborted in 90,000 flipped ones. Sums travel compressed (TenSEAL's serialization)
+  and workers inflate them with ``zstandard`` before SEAL loads them (:func:`inflated`): SEAL
+  never inflates bytes from the network, at either end.
 
 The decoding error of each part of a slot is distributed as that of a real-packed slot (the real
 and the imaginary part of one complex error: docs/encryption.md), so
@@ -36,6 +38,7 @@ from __future__ import annotations
 import os
 import struct
 import tempfile
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -43,11 +46,6 @@ import numpy as np
 import tenseal as ts
 import zstandard
 from tenseal import sealapi
-
-from secure.ckks_context import SLOTS_PER_CIPHERTEXT
-
-# A ciphertext carries two real values per slot.
-VALUES_PER_CIPHERTEXT = 2 * SLOTS_PER_CIPHERTEXT
 
 
 def slots_for(values: int) -> int:
@@ -93,8 +91,8 @@ class _SaveBuffer:
 
 
 class SecretKeyCipher:
-    """Encrypts chunks of up to :data:`VALUES_PER_CIPHERTEXT` values with the secret key into
-    serialized TenSEAL CKKS vectors (seeded, uncompressed), and decrypts summed ones."""
+    """Encrypts chunks of up to N values (two per slot) with the secret key into serialized
+    TenSEAL CKKS vectors (seeded, uncompressed), and decrypts summed ones."""
 
     def __init__(self, context: ts.Context) -> None:
         native = context.data
@@ -104,13 +102,15 @@ class SecretKeyCipher:
         self._encryptor = sealapi.Encryptor(seal_context, secret_key)
         self._decryptor = sealapi.Decryptor(seal_context, secret_key)
         self._scale = context.global_scale
+        self.values_per_ciphertext = 2 * self._encoder.slot_count()
 
     def encrypt(self, values: np.ndarray) -> list[bytes]:
-        """One serialized vector per :data:`VALUES_PER_CIPHERTEXT` of the float64 ``values``."""
+        """One serialized vector per :attr:`values_per_ciphertext` of the float64 ``values``."""
+        step = self.values_per_ciphertext
         with _SaveBuffer() as buffer:
             return [
-                self._encrypt_chunk(values[start : start + VALUES_PER_CIPHERTEXT], buffer)
-                for start in range(0, values.size, VALUES_PER_CIPHERTEXT)
+                self._encrypt_chunk(values[start : start + step], buffer)
+                for start in range(0, values.size, step)
             ]
 
     def _encrypt_chunk(self, values: np.ndarray, buffer: _SaveBuffer) -> bytes:
@@ -175,15 +175,35 @@ SEAL_COMPRESSION_NONE = 0
 SEAL_COMPRESSION_ZSTD = 2
 _MAX_INFLATED_BYTES = 1 << 20  # a 2-polynomial ciphertext at N = 4096 and one prime: ~64 KiB
 
+# What SEAL writes of a ciphertext after its header and before its polynomials
+# (seal/ciphertext.cpp, ``Ciphertext::save_members``), little-endian: parms id (4 x uint64), NTT
+# form (uint8), size (polynomials), poly modulus degree, coefficient modulus count (uint64 each),
+# scale (double), correction factor (uint64; 1 outside BGV).
+_CIPHERTEXT_MEMBERS = struct.Struct("<4QBQQQdQ")
+_MEMBER_NAMES = (
+    "parms id",
+    "NTT form",
+    "polynomials",
+    "poly modulus degree",
+    "coefficient moduli",
+    "scale",
+    "correction factor",
+)
+_CIPHERTEXT_POLYNOMIALS = 2
+
 
 def uncompressed(serialized: bytes) -> bytes:
-    """A SEAL object saved with zstd compression, as SEAL would have saved it without."""
+    """A SEAL object saved with zstd compression, as SEAL would have saved it without; ValueError
+    if it is not one."""
     magic, header_size, major, minor, mode, reserved, size = _SEAL_HEADER.unpack_from(serialized)
     if magic != _SEAL_MAGIC or mode != SEAL_COMPRESSION_ZSTD or size != len(serialized):
         raise ValueError("not a zstd-compressed SEAL serialization")
-    members = zstandard.ZstdDecompressor().decompress(
-        serialized[header_size:], max_output_size=_MAX_INFLATED_BYTES
-    )
+    try:
+        members = zstandard.ZstdDecompressor().decompress(
+            serialized[header_size:], max_output_size=_MAX_INFLATED_BYTES
+        )
+    except zstandard.ZstdError as error:
+        raise ValueError(f"the ciphertext does not inflate: {error}") from None
     header = _SEAL_HEADER.pack(
         magic,
         header_size,
@@ -196,41 +216,118 @@ def uncompressed(serialized: bytes) -> bytes:
     return header + members
 
 
-def check_share_chunk(chunk: bytes) -> None:
-    """Raise ValueError unless ``chunk`` is laid out as :func:`tenseal_vector_bytes` writes it,
-    around one uncompressed SEAL serialization (see the module docstring for why)."""
-    ciphertext = _field(chunk, _SIZES_TAG, 0)
-    ciphertext = _field(chunk, _CIPHERTEXT_TAG, ciphertext.stop)
-    if chunk[ciphertext.stop : ciphertext.stop + 1] != _SCALE_TAG:
-        raise ValueError("no scale after the ciphertext")
-    if len(chunk) != ciphertext.stop + 1 + _DOUBLE.size:
-        raise ValueError("bytes after the scale")
-    if ciphertext.stop - ciphertext.start < _SEAL_HEADER.size:
-        raise ValueError("the ciphertext is shorter than SEAL's header")
-    magic, _, _, _, mode, _, size = _SEAL_HEADER.unpack_from(chunk, ciphertext.start)
-    if magic != _SEAL_MAGIC or size != ciphertext.stop - ciphertext.start:
-        raise ValueError("the ciphertext is not one SEAL serialization")
-    if mode != SEAL_COMPRESSION_NONE:
-        raise ValueError(
-            f"the ciphertext is compressed (SEAL compression mode {mode}): shares must"
-            " be sent uncompressed"
+@dataclass(frozen=True)
+class ChunkLayout:
+    """How every chunk under one context is laid out before SEAL may parse it.
+
+    A chunk must be exactly what :func:`tenseal_vector_bytes` writes: one slot count, one
+    uncompressed SEAL serialization (SEAL must never inflate bytes from the network: see the
+    module docstring), the context's scale, nothing else; and the ciphertext's members must be
+    those of a fresh 2-polynomial NTT-form ciphertext at the context's data level and scale.
+    Reading these facts from the bytes costs a comparison; asking SEAL for them after loading
+    copies the whole ciphertext (``CKKSVector.ciphertext()``), a third of what the service spends
+    beyond a bare sum.
+    """
+
+    members: bytes  # _CIPHERTEXT_MEMBERS as a chunk under this context must hold them
+    scale_field: bytes  # TenSEAL's scale field, tag included
+
+    @classmethod
+    def of(cls, context: ts.Context) -> ChunkLayout:
+        data_level = context.seal_context().data.first_context_data()
+        parms = data_level.parms()
+        scale = context.global_scale
+        members = _CIPHERTEXT_MEMBERS.pack(
+            *data_level.parms_id(),
+            True,
+            _CIPHERTEXT_POLYNOMIALS,
+            parms.poly_modulus_degree(),
+            len(parms.coeff_modulus()),
+            scale,
+            1,
         )
+        return cls(members=members, scale_field=_SCALE_TAG + _DOUBLE.pack(scale))
+
+    def slots(self, chunk: bytes) -> int:
+        """How many slots ``chunk`` fills; ValueError with a message unless it is laid out as
+        this layout says."""
+        sizes = _field(chunk, _SIZES_TAG, 0)
+        slots, end = _read_varint(chunk, sizes.start)
+        if end != sizes.stop:
+            raise ValueError("the vector has more than one size (more than one ciphertext)")
+        ciphertext = _field(chunk, _CIPHERTEXT_TAG, sizes.stop)
+        if chunk[ciphertext.stop :] != self.scale_field:
+            if chunk[ciphertext.stop : ciphertext.stop + 1] != _SCALE_TAG:
+                raise ValueError("the ciphertext is not followed by the scale alone")
+            raise ValueError(
+                f"vector scale {_DOUBLE.unpack_from(chunk, ciphertext.stop + 1)[0]:.6g} differs"
+                f" from the session's {_DOUBLE.unpack_from(self.scale_field, 1)[0]:.6g}"
+            )
+        members = ciphertext.start + _SEAL_HEADER.size
+        if members + _CIPHERTEXT_MEMBERS.size > ciphertext.stop:
+            raise ValueError("the ciphertext is shorter than SEAL's header and members")
+        magic, header_size, _, _, mode, _, size = _SEAL_HEADER.unpack_from(chunk, ciphertext.start)
+        if magic != _SEAL_MAGIC or header_size != _SEAL_HEADER.size or size != len(ciphertext):
+            raise ValueError("the ciphertext is not one SEAL serialization")
+        if mode != SEAL_COMPRESSION_NONE:
+            raise ValueError(
+                f"the ciphertext is compressed (SEAL compression mode {mode}): shares must"
+                " be sent uncompressed"
+            )
+        if chunk[members : members + _CIPHERTEXT_MEMBERS.size] != self.members:
+            raise ValueError(self._members_mismatch(chunk, members))
+        return slots
+
+    def _members_mismatch(self, chunk: bytes, offset: int) -> str:
+        found = _CIPHERTEXT_MEMBERS.unpack_from(chunk, offset)
+        expected = _CIPHERTEXT_MEMBERS.unpack(self.members)
+        found_named = (found[:4], *found[4:])
+        expected_named = (expected[:4], *expected[4:])
+        differences = [
+            "not at the session's modulus level"
+            if name == "parms id"
+            else f"{name} {got} (expected {want})"
+            for name, got, want in zip(_MEMBER_NAMES, found_named, expected_named, strict=True)
+            if got != want
+        ]
+        return "the ciphertext does not fit this session: " + "; ".join(differences)
+
+
+def inflated(chunk: bytes) -> bytes:
+    """A serialized vector with its SEAL serialization inflated by ``zstandard`` if SEAL
+    compressed it (TenSEAL's ``serialize`` does: the service's sums), so that SEAL never inflates
+    bytes from the network; ValueError if its fields are not where :func:`tenseal_vector_bytes`
+    puts them."""
+    sizes = _field(chunk, _SIZES_TAG, 0)
+    ciphertext = _field(chunk, _CIPHERTEXT_TAG, sizes.stop)
+    seal = chunk[ciphertext.start : ciphertext.stop]
+    if len(seal) < _SEAL_HEADER.size or _SEAL_HEADER.unpack_from(seal)[4] != SEAL_COMPRESSION_ZSTD:
+        return chunk
+    seal = uncompressed(seal)
+    return b"".join(
+        (chunk[: sizes.stop], _CIPHERTEXT_TAG, _varint(len(seal)), seal, chunk[ciphertext.stop :])
+    )
 
 
 def _field(data: bytes, tag: bytes, offset: int) -> range:
     """Where the length-delimited field ``tag``, expected at ``offset``, holds its bytes."""
     if data[offset : offset + 1] != tag:
         raise ValueError(f"protobuf field {tag[0] >> 3} expected at byte {offset}")
-    length, shift, position = 0, 0, offset + 1
-    while True:
-        if position >= len(data) or shift > 28:
-            raise ValueError("bad protobuf length")
-        byte = data[position]
-        length |= (byte & 0x7F) << shift
-        position += 1
-        shift += 7
-        if byte < 0x80:
-            break
+    length, position = _read_varint(data, offset + 1)
     if position + length > len(data):
         raise ValueError("protobuf field runs past the end")
     return range(position, position + length)
+
+
+def _read_varint(data: bytes, offset: int) -> tuple[int, int]:
+    """The protobuf varint at ``offset`` (at most 32 bits) and the offset after it."""
+    value, shift, position = 0, 0, offset
+    while True:
+        if position >= len(data) or shift > 28:
+            raise ValueError(f"bad protobuf varint at byte {offset}")
+        byte = data[position]
+        value |= (byte & 0x7F) << shift
+        position += 1
+        shift += 7
+        if byte < 0x80:
+            return value, position

@@ -507,9 +507,12 @@ def test_decode_refuses_a_sum_from_another_key_pair(
 SHAPE = {"rows": ROWS, "cols": COLS}
 HEADER_BYTES = len(MAGIC) + 1 + KEY_ID_BYTES + 4  # magic | version | key id | chunk count
 # SEAL's serialization header inside each chunk: magic 0xA15E (little-endian), header size 16,
-# version major/minor, compression mode, 2 reserved bytes (ignored by SEAL), uint64 size.
+# version major/minor, compression mode, 2 reserved bytes (ignored by SEAL), uint64 size; then the
+# ciphertext's members (parms id, NTT form, size, degree, modulus count, scale, correction
+# factor: 73 bytes), all compared with the session's before SEAL parses the chunk.
 SEAL_HEADER_START = b"\x5e\xa1\x10"
-SEAL_CHECKED_BYTES = (0, 1, 2, 3, 4, 5, *range(8, 16))
+SEAL_CHECKED_BYTES = (0, 1, 2, 3, 4, 5, *range(8, 16 + 73))
+SCALE_FIELD_BYTES = 9  # TenSEAL's scale field ends each chunk: tag and double
 
 
 @dataclass(frozen=True)
@@ -532,27 +535,30 @@ class FrameLayout:
 
     lengths: tuple[range, ...]  # each chunk's uint32 length field
     chunks: tuple[range, ...]  # each chunk's bytes
-    seal_headers: tuple[tuple[int, ...], ...]  # checked bytes of each chunk's SEAL header
+    checked_bytes: tuple[tuple[int, ...], ...]  # each chunk's bytes checked before SEAL parses it
 
     @classmethod
     def of(cls, payload: bytes) -> FrameLayout:
-        lengths, chunks, seal_headers = [], [], []
+        lengths, chunks, checked_bytes = [], [], []
         offset = HEADER_BYTES
         for chunk in parse_frame(payload).chunks:
             lengths.append(range(offset, offset + 4))
             chunks.append(range(offset + 4, offset + 4 + len(chunk)))
             seal = chunk.find(SEAL_HEADER_START)
             assert 0 <= seal < 16, "no SEAL header near the start of the chunk"
-            seal_headers.append(tuple(offset + 4 + seal + i for i in SEAL_CHECKED_BYTES))
+            # TenSEAL's fields before SEAL's header, that header and the members, the scale
+            checked = [*range(seal), *(seal + i for i in SEAL_CHECKED_BYTES)]
+            checked += range(len(chunk) - SCALE_FIELD_BYTES, len(chunk))
+            checked_bytes.append(tuple(offset + 4 + i for i in checked))
             offset += 4 + len(chunk)
         assert offset == len(payload)
-        return cls(tuple(lengths), tuple(chunks), tuple(seal_headers))
+        return cls(tuple(lengths), tuple(chunks), tuple(checked_bytes))
 
     def structural(self, position: int) -> bool:
         return (
             position < HEADER_BYTES
             or any(position in lengths for lengths in self.lengths)
-            or any(position in header for header in self.seal_headers)
+            or any(position in checked for checked in self.checked_bytes)
         )
 
     def chunk_of(self, position: int) -> int | None:
@@ -573,13 +579,13 @@ def flip(good: bytes, layout: FrameLayout, flips: dict[int, int], name: str) -> 
 
 
 def structural_mutations(good: bytes) -> list[FuzzCase]:
-    """Every byte of the frame header, of the chunk lengths and of the SEAL headers flipped
-    three ways; truncations (at every boundary and at random cuts); trailing bytes."""
+    """Every byte of the frame header, of the chunk lengths and of each chunk's checked bytes
+    flipped three ways; truncations (at every boundary and at random cuts); trailing bytes."""
     layout = FrameLayout.of(good)
     positions = [
         *range(HEADER_BYTES),
         *(p for lengths in layout.lengths for p in lengths),
-        *(p for header in layout.seal_headers for p in header),
+        *(p for checked in layout.checked_bytes for p in checked),
     ]
     cases = [
         flip(good, layout, {position: mask}, f"flip {position} ^ {mask:#x}")

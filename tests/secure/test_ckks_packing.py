@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -14,15 +15,11 @@ import tenseal as ts
 from secure.ckks_context import (
     GLOBAL_SCALE,
     POLY_MODULUS_DEGREE,
+    VALUES_PER_CIPHERTEXT,
     new_context,
     public_context_bytes,
 )
-from secure.ckks_packing import (
-    VALUES_PER_CIPHERTEXT,
-    SecretKeyCipher,
-    check_share_chunk,
-    slots_for,
-)
+from secure.ckks_packing import ChunkLayout, SecretKeyCipher, inflated, slots_for, uncompressed
 
 DATA = Path(__file__).parent / "data"
 
@@ -35,6 +32,11 @@ def context() -> ts.Context:
 @pytest.fixture(scope="module")
 def cipher(context: ts.Context) -> SecretKeyCipher:
     return SecretKeyCipher(context)
+
+
+@pytest.fixture(scope="module")
+def layout(context: ts.Context) -> ChunkLayout:
+    return ChunkLayout.of(context)
 
 
 def summed(context: ts.Context, chunks: list[list[bytes]]) -> list[object]:
@@ -70,14 +72,14 @@ def test_pairs_of_values_share_a_slot_and_add_independently(
 
 
 def test_seeded_chunks_are_random_and_half_the_expanded_size(
-    context: ts.Context, cipher: SecretKeyCipher
+    context: ts.Context, cipher: SecretKeyCipher, layout: ChunkLayout
 ) -> None:
     """Every encryption draws a new seed and new noise; the service's sum (no seed) is about
     twice a share's chunk."""
     values = np.linspace(-1, 1, VALUES_PER_CIPHERTEXT)
     (first,), (second,) = cipher.encrypt(values), cipher.encrypt(values)
     assert first != second
-    check_share_chunk(first)  # uncompressed
+    assert layout.slots(first) == VALUES_PER_CIPHERTEXT // 2  # uncompressed
     full_polynomials = 2 * POLY_MODULUS_DEGREE * 8  # two polynomials of 64-bit coefficients
     assert len(first) < 0.51 * full_polynomials
     public = ts.context_from(public_context_bytes(context))
@@ -109,26 +111,91 @@ def test_without_memfd_a_private_temporary_file_serves(
 
 
 def test_compressed_or_oddly_framed_share_chunks_are_refused(
-    context: ts.Context, cipher: SecretKeyCipher
+    context: ts.Context, cipher: SecretKeyCipher, layout: ChunkLayout
 ) -> None:
     (good,) = cipher.encrypt(np.ones(8))
-    check_share_chunk(good)
+    assert layout.slots(good) == 4
     compressed = ts.ckks_vector(context, [1.0, 2.0]).serialize()  # TenSEAL's own: zstd
     with pytest.raises(ValueError, match="compressed"):
-        check_share_chunk(compressed)
+        layout.slots(compressed)
     seal_start = good.index(b"\x5e\xa1")
     cases = {
         "a field after the scale": good + b"\x20\x01",
         "no scale": good[:-9],
         "a second ciphertext": good[:-9] + good[good.index(b"\x12") : -9] + good[-9:],
+        "two sizes": b"\x0a\x02\x04\x04" + good[4:],
         "SEAL size too large": good[: seal_start + 8] + b"\xff" * 8 + good[seal_start + 16 :],
         "empty": b"",
         "sizes only": good[:4],
     }
     for name, chunk in cases.items():
         with pytest.raises(ValueError):
-            check_share_chunk(chunk)
+            layout.slots(chunk)
             pytest.fail(f"accepted: {name}")
+
+
+def _other_context(**changes: object) -> ts.Context:
+    parameters: dict[str, object] = {
+        "poly_modulus_degree": POLY_MODULUS_DEGREE,
+        "coeff_mod_bit_sizes": [41, 24],
+    }
+    scale = changes.pop("scale", GLOBAL_SCALE)
+    parameters.update(changes)
+    other = ts.context(ts.SCHEME_TYPE.CKKS, **parameters)
+    other.global_scale = scale
+    return other
+
+
+@pytest.mark.parametrize(
+    ("other", "message"),
+    [
+        ({"scale": 2.0**20}, "vector scale 1.04858e"),
+        ({"coeff_mod_bit_sizes": [30, 30, 24]}, "the session's modulus level"),
+        ({"poly_modulus_degree": 8192, "coeff_mod_bit_sizes": [41, 24]}, "poly modulus degree"),
+    ],
+)
+def test_ciphertexts_of_other_parameters_are_refused_by_their_bytes(
+    layout: ChunkLayout, other: dict[str, object], message: str
+) -> None:
+    """Uncompressed chunks that SEAL would parse, encrypted under other parameters: the layout
+    names what differs before SEAL sees them."""
+    chunk = inflated(ts.ckks_vector(_other_context(**other), [0.5] * 4).serialize())
+    with pytest.raises(ValueError, match=message):
+        layout.slots(chunk)
+
+
+def test_a_ciphertext_scale_that_disagrees_with_the_vector_is_refused(
+    context: ts.Context, cipher: SecretKeyCipher, layout: ChunkLayout
+) -> None:
+    """TenSEAL keeps a vector's scale apart from its ciphertext's: both must be the session's."""
+    (good,) = cipher.encrypt(np.ones(8))
+    members = good.index(b"\x5e\xa1") + 16
+    scale_offset = members + 32 + 1 + 3 * 8
+    wrong = good[:scale_offset] + struct.pack("<d", 2.0**31) + good[scale_offset + 8 :]
+    with pytest.raises(ValueError, match=r"scale 2147483648.0 \(expected 1073741824.0\)"):
+        layout.slots(wrong)
+
+
+def test_sums_are_inflated_by_zstandard_before_seal_loads_them(
+    context: ts.Context, cipher: SecretKeyCipher, layout: ChunkLayout
+) -> None:
+    """TenSEAL serializes with zstd; the inflated chunk holds the same ciphertext, uncompressed,
+    and uncompressed chunks pass through unchanged."""
+    values = np.linspace(-1, 1, 100)
+    vector = ts.ckks_vector_from(context, cipher.encrypt(values)[0])
+    compressed = vector.serialize()
+    plain = inflated(compressed)
+    assert layout.slots(plain) == 50 and inflated(plain) == plain
+    reloaded = ts.ckks_vector_from(context, plain)
+    np.testing.assert_allclose(
+        cipher.decrypt(reloaded.ciphertext()[0], values=100), values, atol=1e-5
+    )
+    seal_start = compressed.index(b"\x5e\xa1")
+    with pytest.raises(ValueError, match="not a zstd-compressed"):
+        uncompressed(plain[seal_start:-9])
+    broken = compressed[: seal_start + 40] + bytes(64) + compressed[seal_start + 104 :]
+    with pytest.raises(ValueError, match="does not inflate"):
+        inflated(broken)
 
 
 _LOAD_IN_A_CHILD = """
@@ -139,12 +206,16 @@ import tenseal as ts
 
 from secure.aggregation import PayloadError
 from secure.ckks import CkksSumAggregator, frame_chunks
+from secure.ckks_packing import inflated
 
 public, chunk, path = Path(sys.argv[1]).read_bytes(), Path(sys.argv[2]).read_bytes(), sys.argv[3]
 try:
     if path == "service":
         service = CkksSumAggregator.from_bytes(public)
         service.validate(frame_chunks([chunk], key_id=service.key_id), rows=1, cols=4096)
+    elif path == "worker":  # as a worker loads a sum: inflated by zstandard, then SEAL
+        ts.ckks_vector_from(ts.context_from(public), inflated(chunk))
+        print("loaded")
     else:
         ts.ckks_vector_from(ts.context_from(public), chunk)
 except (PayloadError, ValueError, RuntimeError) as error:
@@ -154,9 +225,9 @@ except (PayloadError, ValueError, RuntimeError) as error:
 
 def test_the_service_refuses_a_compressed_share_that_aborts_seal() -> None:
     """A zstd-compressed seeded ciphertext (one of the fuzz test's byte-flipped shares) on which
-    SEAL's load calls std::terminate. The service refuses it before SEAL parses it; loading it
-    through TenSEAL, as the service did before, kills the process (run apart, so the abort fails
-    only that child)."""
+    SEAL's load calls std::terminate. The service refuses it before SEAL parses it, and a worker
+    given it as a sum inflates it with zstandard first; loading it through TenSEAL, as the service
+    did before, kills the process (each run apart, so the abort fails only that child)."""
 
     def load(path: str) -> subprocess.CompletedProcess[str]:
         arguments = [
@@ -175,5 +246,8 @@ def test_the_service_refuses_a_compressed_share_that_aborts_seal() -> None:
     service = load("service")
     assert service.returncode == 0, service.stderr
     assert "refused: chunk 0: the ciphertext is compressed" in service.stdout
+    worker = load("worker")  # the same bytes as a compressed sum: SEAL never inflates them
+    assert worker.returncode == 0, worker.stderr
+    assert worker.stdout.startswith(("refused:", "loaded")), worker.stdout
     bare = load("tenseal")
     assert bare.returncode != 0 and "terminate" in bare.stderr
