@@ -61,7 +61,7 @@ from secure.ckks_context import (
     secret_context_bytes,
     share_bound,
 )
-from secure.ckks_packing import SecretKeyCipher, inflated, slots_for
+from secure.ckks_packing import SecretKeyCipher, slots_for
 
 __all__ = [
     "COEFF_MOD_BIT_SIZES",
@@ -107,7 +107,7 @@ FORMAT_VERSION = 2  # 1: one value per slot, unseeded shares
 _HEADER = struct.Struct(f">4sB{KEY_ID_BYTES}sI")
 _CHUNK_LENGTH = struct.Struct(">I")
 # Twice an uncompressed 2-polynomial ciphertext at one 64-bit-word prime: 128 KiB for N = 4096
-# (a seeded share's chunk is ~33 KiB, a compressed sum's ~51 KiB).
+# (a seeded share's chunk is ~25 KiB, a sum's ~51 KiB, both zstd-compressed).
 MAX_CHUNK_BYTES = 2 * (2 * POLY_MODULUS_DEGREE * 8)
 
 # TenSEAL's C++ binding of a CKKS vector. Its Python class (``ts.CKKSVector``) wraps each call in
@@ -218,11 +218,11 @@ def _check_shape(*, rows: int, cols: int) -> None:
 
 
 def _read_vectors(
-    loaded: LoadedContext, payload: bytes, *, rows: int, cols: int, share: bool
+    loaded: LoadedContext, payload: bytes, *, rows: int, cols: int
 ) -> list[NativeVector]:
     """Parse and deserialize a payload for a (rows x cols) slot; PayloadError if it does not fit.
-    A client's ``share`` must come uncompressed; the service's sums come compressed and are
-    inflated here (secure/ckks_packing.py: SEAL never inflates bytes from the network)."""
+    Each chunk is inflated by ``zstandard`` and checked before SEAL parses it
+    (secure/ckks_packing.py: SEAL never inflates bytes from the network)."""
     expected = chunk_lengths(rows=rows, cols=cols)
     if len(payload) > _max_payload_bytes(chunks=len(expected)):
         raise PayloadError(f"ckks body of {len(payload)} bytes is too large for ({rows}, {cols})")
@@ -238,18 +238,16 @@ def _read_vectors(
             f" of {VALUES_PER_CIPHERTEXT} values"
         )
     return [
-        _load_chunk(loaded, chunk, index=index, expected_slots=slots_for(values), share=share)
+        _load_chunk(loaded, chunk, index=index, expected_slots=slots_for(values))
         for index, (chunk, values) in enumerate(zip(frame.iter_chunks(), expected, strict=True))
     ]
 
 
 def _load_chunk(
-    loaded: LoadedContext, data: bytes, *, index: int, expected_slots: int, share: bool
+    loaded: LoadedContext, data: bytes, *, index: int, expected_slots: int
 ) -> NativeVector:
     try:
-        if not share:
-            data = inflated(data)
-        slots = loaded.layout.slots(data)
+        data, slots = loaded.layout.checked(data)
     except ValueError as error:
         raise PayloadError(f"chunk {index}: {error}") from None
     if slots != expected_slots:
@@ -304,7 +302,7 @@ class CkksCodec(EmbeddingCodec):
 
     def decrypt_sum(self, payload: bytes, *, rows: int, cols: int) -> np.ndarray:
         """The float64 (rows x cols) sum with its CKKS error (:meth:`decode_sum` rounds it off)."""
-        vectors = _read_vectors(self._loaded, payload, rows=rows, cols=cols, share=False)
+        vectors = _read_vectors(self._loaded, payload, rows=rows, cols=cols)
         if not vectors:
             return np.zeros((rows, cols))
         lengths = chunk_lengths(rows=rows, cols=cols)
@@ -360,7 +358,7 @@ class CkksSumAggregator(SumAggregator[list[NativeVector]]):
         return self._loaded.key_id
 
     def read_share(self, payload: bytes, *, rows: int, cols: int) -> list[NativeVector]:
-        return _read_vectors(self._loaded, payload, rows=rows, cols=cols, share=True)
+        return _read_vectors(self._loaded, payload, rows=rows, cols=cols)
 
     def new_sum(self, *, rows: int, cols: int) -> CkksRunningSum:
         return CkksRunningSum(key_id=self._loaded.key_id)

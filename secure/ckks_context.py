@@ -30,7 +30,7 @@ HE_STANDARD_128_QUANTUM = {1024: 25, 2048: 51, 4096: 101, 8192: 202, 16384: 411,
 # 41-bit data prime and a 24-bit special prime, 65 bits in all: 44 bits below the 128-bit classical
 # limit (109) and 36 below the 128-bit post-quantum one (101); it is also within the 192-bit
 # tables (75 classical, 70 post-quantum). Ciphertexts carry only the data prime: 12.5 bytes per
-# value in a sum (two values per slot, secure/ckks_packing.py), 8.0 in a seeded share. Doubling N
+# value in a sum (two values per slot, secure/ckks_packing.py), 6.3 in a seeded share. Doubling N
 # doubles the decoding error at a given scale, so the scale is 2^30 (one bit more than N = 2048's
 # 2^29) and the data prime 41 bits (one more than 40) to keep both the old error and the old
 # range; a 40-bit prime at 2^29 would cost 4 % fewer bytes with twice the error. The previous

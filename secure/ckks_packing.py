@@ -14,17 +14,15 @@ binding (``tenseal.sealapi``), which reaches it:
   64-byte seed that drew it: half the bytes. SEAL's ``load`` draws ``a`` again, and the service
   loads shares through TenSEAL, which calls it, so it needs no change; the sums it returns are
   ordinary ciphertexts.
-- Shares travel uncompressed. SEAL's binding saves only with zstd compression, and loading some
-  malformed zstd-compressed *seeded* ciphertexts aborts the process: in the SEAL that TenSEAL
-  0.3.18 bundles (4.3, by its serialization headers), ``InflateGetBuffer`` restores the stream's
-  exception mask in its destructor, which throws when the stream has failed, and a throwing
-  destructor calls ``std::terminate`` (found by the fuzz test in tests/secure/test_ckks_codec.py,
-  about 1 in 10,000 random triple byte flips). So the worker inflates the saved bytes again
-  (``zstandard``) and the service refuses any compressed share before SEAL sees it
-  (:class:`ChunkLayout`). The cost is 8.0 bytes per value up instead of 6.3; no uncompressed
-  seeded chunk aborted in 90,000 flipped ones. Sums travel compressed (TenSEAL's serialization)
-  and workers inflate them with ``zstandard`` before SEAL loads them (:func:`inflated`): SEAL
-  never inflates bytes from the network, at either end.
+- SEAL never inflates bytes from the network. Ciphertexts travel as SEAL saves them,
+  zstd-compressed, but loading some malformed zstd-compressed *seeded* ciphertexts aborts the
+  process: in the SEAL that TenSEAL 0.3.18 bundles (4.3, by its serialization headers),
+  ``InflateGetBuffer`` restores the stream's exception mask in its destructor, which throws when
+  the stream has failed, and a throwing destructor calls ``std::terminate`` (found by the fuzz test
+  in tests/secure/test_ckks_codec.py, about 1 in 10,000 random triple byte flips). So whoever
+  receives a chunk (the service a share, a worker a sum) inflates it with ``zstandard`` first
+  (:func:`inflated`) and checks its layout (:class:`ChunkLayout`) before SEAL parses it,
+  uncompressed; no uncompressed seeded chunk aborted in 90,000 flipped ones.
 
 The decoding error of each part of a slot is distributed as that of a real-packed slot (the real
 and the imaginary part of one complex error: docs/encryption.md), so
@@ -92,7 +90,8 @@ class _SaveBuffer:
 
 class SecretKeyCipher:
     """Encrypts chunks of up to N values (two per slot) with the secret key into serialized
-    TenSEAL CKKS vectors (seeded, uncompressed), and decrypts summed ones."""
+    TenSEAL CKKS vectors (seeded, zstd-compressed as SEAL saves them), and decrypts summed
+    ones."""
 
     def __init__(self, context: ts.Context) -> None:
         native = context.data
@@ -119,7 +118,7 @@ class SecretKeyCipher:
         plaintext = sealapi.Plaintext()
         self._encoder.encode(values.view(np.complex128).tolist(), self._scale, plaintext)
         seeded = buffer.saved(self._encryptor.encrypt_symmetric(plaintext))
-        return tenseal_vector_bytes(uncompressed(seeded), slots=values.size // 2, scale=self._scale)
+        return tenseal_vector_bytes(seeded, slots=values.size // 2, scale=self._scale)
 
     def decrypt(self, ciphertext: Any, *, values: int) -> np.ndarray:
         """The first ``values`` float64 values of a SEAL ciphertext (TenSEAL's binding of one),
@@ -192,41 +191,17 @@ _MEMBER_NAMES = (
 _CIPHERTEXT_POLYNOMIALS = 2
 
 
-def uncompressed(serialized: bytes) -> bytes:
-    """A SEAL object saved with zstd compression, as SEAL would have saved it without; ValueError
-    if it is not one."""
-    magic, header_size, major, minor, mode, reserved, size = _SEAL_HEADER.unpack_from(serialized)
-    if magic != _SEAL_MAGIC or mode != SEAL_COMPRESSION_ZSTD or size != len(serialized):
-        raise ValueError("not a zstd-compressed SEAL serialization")
-    try:
-        members = zstandard.ZstdDecompressor().decompress(
-            serialized[header_size:], max_output_size=_MAX_INFLATED_BYTES
-        )
-    except zstandard.ZstdError as error:
-        raise ValueError(f"the ciphertext does not inflate: {error}") from None
-    header = _SEAL_HEADER.pack(
-        magic,
-        header_size,
-        major,
-        minor,
-        SEAL_COMPRESSION_NONE,
-        reserved,
-        header_size + len(members),
-    )
-    return header + members
-
-
 @dataclass(frozen=True)
 class ChunkLayout:
     """How every chunk under one context is laid out before SEAL may parse it.
 
-    A chunk must be exactly what :func:`tenseal_vector_bytes` writes: one slot count, one
-    uncompressed SEAL serialization (SEAL must never inflate bytes from the network: see the
-    module docstring), the context's scale, nothing else; and the ciphertext's members must be
-    those of a fresh 2-polynomial NTT-form ciphertext at the context's data level and scale.
-    Reading these facts from the bytes costs a comparison; asking SEAL for them after loading
-    copies the whole ciphertext (``CKKSVector.ciphertext()``), a third of what the service spends
-    beyond a bare sum.
+    A chunk must be exactly what :func:`tenseal_vector_bytes` writes: one slot count, one SEAL
+    serialization, zstd-compressed or not (SEAL must never inflate bytes from the network, so
+    :meth:`checked` inflates it with ``zstandard``: see the module docstring), the context's
+    scale, nothing else; and the ciphertext's members must be those of a fresh 2-polynomial
+    NTT-form ciphertext at the context's data level and scale. Reading these facts from the bytes
+    costs a comparison; asking SEAL for them after loading copies the whole ciphertext
+    (``CKKSVector.ciphertext()``), a third of what the service spent beyond a bare sum.
     """
 
     members: bytes  # _CIPHERTEXT_MEMBERS as a chunk under this context must hold them
@@ -248,9 +223,10 @@ class ChunkLayout:
         )
         return cls(members=members, scale_field=_SCALE_TAG + _DOUBLE.pack(scale))
 
-    def slots(self, chunk: bytes) -> int:
-        """How many slots ``chunk`` fills; ValueError with a message unless it is laid out as
-        this layout says."""
+    def checked(self, chunk: bytes) -> tuple[bytes, int]:
+        """``chunk`` as SEAL may parse it, its ciphertext inflated by ``zstandard`` if SEAL
+        compressed it, and how many slots it fills; ValueError with a message unless it is laid
+        out as this layout says."""
         sizes = _field(chunk, _SIZES_TAG, 0)
         slots, end = _read_varint(chunk, sizes.start)
         if end != sizes.stop:
@@ -263,22 +239,32 @@ class ChunkLayout:
                 f"vector scale {_DOUBLE.unpack_from(chunk, ciphertext.stop + 1)[0]:.6g} differs"
                 f" from the session's {_DOUBLE.unpack_from(self.scale_field, 1)[0]:.6g}"
             )
-        members = ciphertext.start + _SEAL_HEADER.size
-        if members + _CIPHERTEXT_MEMBERS.size > ciphertext.stop:
-            raise ValueError("the ciphertext is shorter than SEAL's header and members")
-        magic, header_size, _, _, mode, _, size = _SEAL_HEADER.unpack_from(chunk, ciphertext.start)
+        if len(ciphertext) < _SEAL_HEADER.size:
+            raise ValueError("the ciphertext is shorter than SEAL's header")
+        header = _SEAL_HEADER.unpack_from(chunk, ciphertext.start)
+        magic, header_size, major, minor, mode, reserved, size = header
         if magic != _SEAL_MAGIC or header_size != _SEAL_HEADER.size or size != len(ciphertext):
             raise ValueError("the ciphertext is not one SEAL serialization")
-        if mode != SEAL_COMPRESSION_NONE:
-            raise ValueError(
-                f"the ciphertext is compressed (SEAL compression mode {mode}): shares must"
-                " be sent uncompressed"
+        if mode == SEAL_COMPRESSION_ZSTD:
+            body = _inflate(memoryview(chunk)[ciphertext.start + header_size : ciphertext.stop])
+            size = header_size + len(body)
+            inflated_header = _SEAL_HEADER.pack(
+                magic, header_size, major, minor, SEAL_COMPRESSION_NONE, reserved, size
             )
+            prefix = chunk[: sizes.stop] + _CIPHERTEXT_TAG + _varint(size)
+            chunk = b"".join((prefix, inflated_header, body, self.scale_field))
+            members = len(prefix) + header_size
+        elif mode == SEAL_COMPRESSION_NONE:
+            members = ciphertext.start + header_size
+        else:
+            raise ValueError(f"SEAL compression mode {mode} is not accepted (only zstd or none)")
         if chunk[members : members + _CIPHERTEXT_MEMBERS.size] != self.members:
             raise ValueError(self._members_mismatch(chunk, members))
-        return slots
+        return chunk, slots
 
     def _members_mismatch(self, chunk: bytes, offset: int) -> str:
+        if offset + _CIPHERTEXT_MEMBERS.size > len(chunk):
+            return "the ciphertext is shorter than SEAL's header and members"
         found = _CIPHERTEXT_MEMBERS.unpack_from(chunk, offset)
         expected = _CIPHERTEXT_MEMBERS.unpack(self.members)
         found_named = (found[:4], *found[4:])
@@ -293,20 +279,13 @@ class ChunkLayout:
         return "the ciphertext does not fit this session: " + "; ".join(differences)
 
 
-def inflated(chunk: bytes) -> bytes:
-    """A serialized vector with its SEAL serialization inflated by ``zstandard`` if SEAL
-    compressed it (TenSEAL's ``serialize`` does: the service's sums), so that SEAL never inflates
-    bytes from the network; ValueError if its fields are not where :func:`tenseal_vector_bytes`
-    puts them."""
-    sizes = _field(chunk, _SIZES_TAG, 0)
-    ciphertext = _field(chunk, _CIPHERTEXT_TAG, sizes.stop)
-    seal = chunk[ciphertext.start : ciphertext.stop]
-    if len(seal) < _SEAL_HEADER.size or _SEAL_HEADER.unpack_from(seal)[4] != SEAL_COMPRESSION_ZSTD:
-        return chunk
-    seal = uncompressed(seal)
-    return b"".join(
-        (chunk[: sizes.stop], _CIPHERTEXT_TAG, _varint(len(seal)), seal, chunk[ciphertext.stop :])
-    )
+def _inflate(compressed: memoryview) -> bytes:
+    try:
+        return zstandard.ZstdDecompressor().decompress(
+            compressed, max_output_size=_MAX_INFLATED_BYTES
+        )
+    except zstandard.ZstdError as error:
+        raise ValueError(f"the ciphertext does not inflate: {error}") from None
 
 
 def _field(data: bytes, tag: bytes, offset: int) -> range:
