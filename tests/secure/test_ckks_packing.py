@@ -123,6 +123,7 @@ def test_oddly_framed_chunks_are_refused(
     cases = {
         "a field after the scale": good + b"\x20\x01",
         "no scale": good[:-9],
+        "scale cut short": good[:-4],
         "a second ciphertext": good[:-9] + good[good.index(b"\x12") : -9] + good[-9:],
         "two sizes": b"\x0a\x02\x04\x04" + good[4:],
         "SEAL size too large": good[: seal_start + 8] + b"\xff" * 8 + good[seal_start + 16 :],
