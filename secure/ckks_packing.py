@@ -243,8 +243,9 @@ class ChunkLayout:
             )
         if len(ciphertext) < _SEAL_HEADER.size:
             raise ValueError("the ciphertext is shorter than SEAL's header")
-        header = _SEAL_HEADER.unpack_from(chunk, ciphertext.start)
-        magic, header_size, major, minor, mode, reserved, size = header
+        magic, header_size, major, minor, mode, reserved, size = _SEAL_HEADER.unpack_from(
+            chunk, ciphertext.start
+        )
         if magic != _SEAL_MAGIC or header_size != _SEAL_HEADER.size or size != len(ciphertext):
             raise ValueError("the ciphertext is not one SEAL serialization")
         if mode == SEAL_COMPRESSION_ZSTD:

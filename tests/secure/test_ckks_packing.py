@@ -111,9 +111,7 @@ def test_without_memfd_a_private_temporary_file_serves(
     assert created and not any(os.path.exists(path) for path in created)
 
 
-def test_oddly_framed_chunks_are_refused(
-    context: ts.Context, cipher: SecretKeyCipher, layout: ChunkLayout
-) -> None:
+def test_oddly_framed_chunks_are_refused(cipher: SecretKeyCipher, layout: ChunkLayout) -> None:
     (good,) = cipher.encrypt(np.ones(8))
     assert layout.checked(good)[1] == 4
     seal_start = good.index(b"\x5e\xa1")
@@ -167,7 +165,7 @@ def test_ciphertexts_of_other_parameters_are_refused_by_their_bytes(
 
 
 def test_a_ciphertext_scale_that_disagrees_with_the_vector_is_refused(
-    context: ts.Context, cipher: SecretKeyCipher, layout: ChunkLayout
+    cipher: SecretKeyCipher, layout: ChunkLayout
 ) -> None:
     """TenSEAL keeps a vector's scale apart from its ciphertext's: both must be the session's."""
     good, _ = layout.checked(cipher.encrypt(np.ones(8))[0])  # inflated
