@@ -283,7 +283,16 @@ class ChunkLayout:
 
 
 def _inflate(compressed: memoryview) -> bytes:
+    """A zstd frame's content, at most :data:`_MAX_INFLATED_BYTES`. ``zstandard`` allocates the
+    size a frame declares (``max_output_size`` bounds only frames that declare none), so a
+    declared size is checked first: a client could declare a terabyte."""
     try:
+        declared = zstandard.frame_content_size(compressed)
+        if declared > _MAX_INFLATED_BYTES:
+            raise ValueError(
+                f"the ciphertext's zstd frame declares {declared} bytes"
+                f" (at most {_MAX_INFLATED_BYTES})"
+            )
         return zstandard.ZstdDecompressor().decompress(
             compressed, max_output_size=_MAX_INFLATED_BYTES
         )

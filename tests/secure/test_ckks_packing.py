@@ -19,7 +19,14 @@ from secure.ckks_context import (
     new_context,
     public_context_bytes,
 )
-from secure.ckks_packing import SEAL_COMPRESSION_NONE, ChunkLayout, SecretKeyCipher, slots_for
+from secure.ckks_packing import (
+    SEAL_COMPRESSION_NONE,
+    SEAL_COMPRESSION_ZSTD,
+    ChunkLayout,
+    SecretKeyCipher,
+    slots_for,
+    tenseal_vector_bytes,
+)
 
 DATA = Path(__file__).parent / "data"
 
@@ -197,6 +204,25 @@ def test_chunks_are_inflated_by_zstandard_before_seal_loads_them(
     broken = share[: seal_start + 40] + bytes(64) + share[seal_start + 104 :]
     with pytest.raises(ValueError, match="does not inflate"):
         layout.checked(broken)
+
+
+@pytest.mark.parametrize("declared", [1 << 40, (1 << 20) + 1])
+def test_a_zstd_frame_declaring_a_huge_size_is_refused_before_allocating(
+    layout: ChunkLayout, declared: int
+) -> None:
+    """zstandard allocates the content size a frame declares; a chunk must not make the service
+    allocate more than a ciphertext can take (1 MiB)."""
+    single_segment_8_byte_size = 0b11100000  # frame header descriptor
+    frame = (
+        b"\x28\xb5\x2f\xfd"  # zstd magic
+        + bytes([single_segment_8_byte_size])
+        + struct.pack("<Q", declared)
+        + b"\x01\x00\x00"  # one empty raw block, the last
+    )
+    seal = struct.pack("<HBBBBHQ", 0xA15E, 16, 4, 3, SEAL_COMPRESSION_ZSTD, 0, 16 + len(frame))
+    chunk = tenseal_vector_bytes(seal + frame, slots=4, scale=GLOBAL_SCALE)
+    with pytest.raises(ValueError, match=f"declares {declared} bytes"):
+        layout.checked(chunk)
 
 
 _LOAD_IN_A_CHILD = """
