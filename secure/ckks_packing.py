@@ -311,7 +311,7 @@ def _field(data: bytes, tag: bytes, offset: int) -> range:
 
 
 def _read_varint(data: bytes, offset: int) -> tuple[int, int]:
-    """The protobuf varint at ``offset`` (at most 32 bits) and the offset after it."""
+    """The protobuf varint at ``offset`` (at most five bytes) and the offset after it."""
     value, shift, position = 0, 0, offset
     while True:
         if position >= len(data) or shift > 28:
