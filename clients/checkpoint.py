@@ -15,13 +15,14 @@ says what differs. A file that is not a checkpoint, or is damaged, is refused to
 half-restored.
 
 A pass that was cut short is recomputed from the checkpoint, bit for bit: node samples are
-seeded per pass, dropout masks come from the restored generator, and the DP noise is replayed:
+seeded per pass, dropout masks come from the restored generator, and the DP noise is the same:
 
-- cryptographic noise (:class:`PassKeyedNoise`): ChaCha20 keyed with 256 fresh bits from the
-  OS per pass, the key of the next pass drawn and saved with the checkpoint *before* that pass
-  draws any noise. A recomputed pass therefore sends the same release as the one the crash
-  interrupted (not a new one: the local ledger counts it once), and its Extract
-  ``H - share / M`` uses the noise the service's sum holds;
+- cryptographic noise (``secure.release_noise.ReleaseKeyedNoise``) is derived from the worker's
+  secret (kept in its privacy ledger, never in a checkpoint) and the digest of everything the
+  release depends on. A recomputed pass with the same inputs therefore sends the identical
+  release (the local ledger counts it once), and its Extract ``H - share / M`` uses the noise the
+  service's sum holds; a pass the service answers differently this time is another release,
+  with independent noise, and the ledger counts it. Nothing about the noise is saved here;
 - reproducible test noise (``--noise-seed``): the generator's state.
 
 Before each share is uploaded, the SHA-256 of its plaintext is written to a small upload
@@ -31,8 +32,8 @@ CKKS ciphertexts of the same plaintext differ in bytes), it takes the sum only i
 recomputed has the journaled plaintext: then the sum holds exactly that share and the Extract is
 correct; otherwise it stops with a message instead of training on a wrong Extract.
 
-The checkpoint holds the model trained on this organisation's data and the noise key of its
-next release: keep the folder as private as the data itself (it lives beside it by default).
+The checkpoint holds the model trained on this organisation's data: keep the folder as private
+as the data itself (it lives beside it by default).
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ import io
 import json
 import logging
 import os
-import secrets
 import tempfile
 from collections.abc import Mapping
 from contextlib import suppress
@@ -54,19 +54,18 @@ from typing import Any
 
 import numpy as np
 import torch
-from randomgen import ChaCha
 
 from models.federated import GlasuClient
 from models.partition import ClientPartition
 from models.private import PrivateGlasuClient
 from models.workset import CachedBatch
 from secure.aggregation import EmbeddingCodec
-from secure.dp import GaussianNoise
+from secure.release_noise import ReleaseKeyedNoise
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_KIND = "glasu-worker-checkpoint"
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2  # 2: no noise keys (release-keyed noise)
 CHECKPOINT_DIRNAME = "checkpoints"
 
 
@@ -190,61 +189,19 @@ def _canonical(value: Any) -> bytes:
 # -- the noise ----------------------------------------------------------------------------------
 
 
-class PassKeyedNoise(GaussianNoise):
-    """Cryptographic Gaussian noise keyed once per pass: ChaCha20 (20 rounds, the keystream of
-    ``secure.dp.GaussianNoise``) with a 256-bit key from the OS CSPRNG that the worker saves
-    in its checkpoint before the pass draws any noise, so a recomputed pass replays exactly the
-    noise of the release it repeats. As private as ``GaussianNoise()``: every key is fresh
-    and secret (it never leaves the worker's checkpoint folder)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.key: int | None = None
-        self._stream: np.random.Generator | None = None
-
-    def begin_pass(self, key: int) -> None:
-        if not 0 <= key < 2**256:
-            raise ValueError("a ChaCha20 key has 256 bits")
-        self.key = key
-        self._stream = np.random.Generator(ChaCha(key=key, counter=0, rounds=20))
-
-    def _generator(self) -> np.random.Generator:
-        if self._stream is None:
-            raise RuntimeError("PassKeyedNoise: no key for this pass (begin_pass first)")
-        return self._stream
-
-    def __repr__(self) -> str:
-        return "PassKeyedNoise()"
-
-
-def use_replayable_noise(client: GlasuClient) -> None:
-    """Give a private client with cryptographic noise a :class:`PassKeyedNoise` (the same
-    distribution and keystream generator, keyed per pass so that a checkpoint can replay it)."""
-    if not isinstance(client, PrivateGlasuClient):
-        return
-    noise = client.release.noise
-    if isinstance(noise, PassKeyedNoise) or getattr(noise, "reproducible", False):
-        return
-    if not isinstance(noise, GaussianNoise):
-        raise CheckpointError(
-            f"cannot checkpoint the noise source {noise!r}: a resumed pass must replay its "
-            "noise (run without checkpoints, --no-checkpoint)"
-        )
-    client.release = dataclasses.replace(client.release, noise=PassKeyedNoise())
-
-
-def _noise_state(client: GlasuClient, *, next_key: int | None) -> dict[str, Any] | None:
+def _noise_state(client: GlasuClient) -> dict[str, Any] | None:
     if not isinstance(client, PrivateGlasuClient):
         return None
     noise = client.release.noise
-    if isinstance(noise, PassKeyedNoise):
-        if next_key is None:
-            raise CheckpointError("the checkpoint of a private client needs its next noise key")
-        return {"kind": "pass-keyed", "key": f"{next_key:064x}"}
+    if isinstance(noise, ReleaseKeyedNoise):
+        return {"kind": "release-keyed"}  # a function of each release: nothing to save
     rng = getattr(noise, "_rng", None)  # GaussianNoise(seed=...): tests and experiments only
     if isinstance(rng, np.random.Generator):
         return {"kind": "seeded", "state": rng.bit_generator.state}
-    raise CheckpointError(f"cannot checkpoint the noise source {noise!r}")
+    raise CheckpointError(
+        f"cannot checkpoint the noise source {noise!r}: a resumed pass must draw the noise of "
+        "the release it repeats (run without checkpoints, --no-checkpoint)"
+    )
 
 
 def _restore_noise(client: GlasuClient, state: Mapping[str, Any] | None) -> None:
@@ -258,17 +215,15 @@ def _restore_noise(client: GlasuClient, state: Mapping[str, Any] | None) -> None
         return
     assert isinstance(client, PrivateGlasuClient)
     noise = client.release.noise
-    if state["kind"] == "pass-keyed" and isinstance(noise, PassKeyedNoise):
-        noise.begin_pass(int(state["key"], 16))
-    elif state["kind"] == "seeded" and isinstance(
-        getattr(noise, "_rng", None), np.random.Generator
-    ):
+    if state["kind"] == "release-keyed" and isinstance(noise, ReleaseKeyedNoise):
+        return
+    if state["kind"] == "seeded" and isinstance(getattr(noise, "_rng", None), np.random.Generator):
         noise._rng.bit_generator.state = state["state"]  # type: ignore[attr-defined]
-    else:
-        raise CheckpointError(
-            f"the checkpoint's noise ({state['kind']}) does not fit this worker's noise "
-            f"source {noise!r}: --noise-seed differs between the runs?"
-        )
+        return
+    raise CheckpointError(
+        f"the checkpoint's noise ({state['kind']}) does not fit this worker's noise "
+        f"source {noise!r}: --noise-seed differs between the runs?"
+    )
 
 
 # -- the client's state -------------------------------------------------------------------------
@@ -350,14 +305,14 @@ def _restore_workset(client: GlasuClient, state: Mapping[str, Any]) -> None:
     workset._step = int(state["step"])
 
 
-def client_state(client: GlasuClient, *, next_noise_key: int | None = None) -> dict[str, Any]:
+def client_state(client: GlasuClient) -> dict[str, Any]:
     """Everything of ``client`` that changes from pass to pass."""
     state: dict[str, Any] = {
         "network": client.network.state_dict(),
         "optimizer": client.optimizer.state_dict(),
         "generator": client.generator.get_state(),
         "workset": _workset_state(client),
-        "noise": _noise_state(client, next_key=next_noise_key),
+        "noise": _noise_state(client),
         "reference": None,
     }
     if isinstance(client, PrivateGlasuClient):
@@ -444,20 +399,14 @@ class CheckpointStore:
     # -- the checkpoint --------------------------------------------------------------------
 
     def save(self, client: GlasuClient, progress: WorkerProgress, fingerprint: Fingerprint) -> None:
-        """Write the checkpoint for ``progress.next_pass``. A private client with
-        :class:`PassKeyedNoise` gets the fresh key of that pass here, saved before it is used."""
-        next_key = None
-        if isinstance(client, PrivateGlasuClient) and isinstance(
-            client.release.noise, PassKeyedNoise
-        ):
-            next_key = secrets.randbits(256)
+        """Write the checkpoint for ``progress.next_pass``."""
         payload = {
             "kind": CHECKPOINT_KIND,
             "format": CHECKPOINT_FORMAT,
             "fingerprint": dict(fingerprint.parts),
             "digest": fingerprint.digest,
             "progress": dataclasses.asdict(progress),
-            "client": client_state(client, next_noise_key=next_key),
+            "client": client_state(client),
         }
         buffer = io.BytesIO()
         torch.save(payload, buffer)
@@ -468,9 +417,6 @@ class CheckpointStore:
                 f"cannot write the checkpoint {self.path}: {exc} (give a writable folder with "
                 "--checkpoint DIR, or switch checkpoints off with --no-checkpoint)"
             ) from exc
-        if next_key is not None:
-            assert isinstance(client, PrivateGlasuClient)
-            client.release.noise.begin_pass(next_key)  # type: ignore[attr-defined]
 
     def read(self) -> dict[str, Any]:
         """The checkpoint's content, or :class:`CheckpointError` saying why it is unusable."""

@@ -1,25 +1,35 @@
 """A worker's own privacy ledger: every release of this organisation's data, across sessions.
 
-One SQLite file per dataset, beside the worker's data (``<data>/privacy-ledger.sqlite3``). A row
-is written, and synced to disk, *before* the release it records leaves the worker, so a crash
-can only over-count. Each row keeps the noise multiplier the release was accounted with; the
-releases compose exactly as one Gaussian release with ``z = 1 / sqrt(sum 1 / z_i^2)`` (at sample
-rate 1 the Gaussian mechanisms' privacy loss distributions compose to a Gaussian one: RDP
-alpha / (2 z_i^2) adds up, and so does mu^2 = 1 / z_i^2 in Gaussian DP), so sessions with
+One SQLite file per dataset, beside the worker's data (``<data>/privacy-ledger.sqlite3``, mode
+0600). A row is written, and synced to disk, *before* the release it records leaves the worker,
+so a crash can only over-count. A release is identified by (session, pass, layer, digest of its
+inputs): the session id is the one the owner configured, and the digest
+(``secure.release_noise.release_digest``) changes with anything the release depends on, so a
+recomputed pass is either the identical release (its noise, derived from the same digest, is
+the same: one row) or another release (another row), never a second release under one row.
+The ledger also keeps the worker's noise secret (``secure.release_noise.ReleaseSecret``), so
+that the noise and the record of the releases it masked live and die together.
+
+Each row keeps the noise multiplier the release was accounted with; the releases compose
+exactly as one Gaussian release with ``z = 1 / sqrt(sum 1 / z_i^2)`` (at sample rate 1 the
+Gaussian mechanisms' privacy loss distributions compose to a Gaussian one: RDP alpha / (2 z_i^2)
+adds up, and so does mu^2 = 1 / z_i^2 in Gaussian DP), so sessions with
 different noise add up without approximation.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import sqlite3
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
 from secure.accounting import AccountantName, epsilon_after
+from secure.release_noise import ReleaseSecret
 
 LEDGER_FILENAME = "privacy-ledger.sqlite3"
 
@@ -31,7 +41,18 @@ CREATE TABLE IF NOT EXISTS releases (
     noise_multiplier REAL NOT NULL CHECK (noise_multiplier > 0),
     released_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS noise_secret (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    secret BLOB NOT NULL
+);
 """
+# Ledgers from before release digests gain the columns (their rows keep NULL, and read as
+# before); the unique index makes "one row per release" a constraint, not a convention.
+_RELEASE_COLUMNS = {"layer": "INTEGER", "release_digest": "TEXT"}
+_RELEASE_INDEX = (
+    "CREATE UNIQUE INDEX IF NOT EXISTS one_row_per_release"
+    " ON releases (session_id, pass_index, layer, release_digest)"
+)
 
 
 @dataclass(frozen=True)
@@ -63,11 +84,23 @@ class LocalLedger:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._connection = sqlite3.connect(self.path, isolation_level=None, timeout=30.0)
-        self._connection.execute("PRAGMA journal_mode=WAL")
+        # 0600 from the start: the ledger holds the noise secret (and so do its -wal/-shm files)
+        old_umask = os.umask(0o077)
+        try:
+            self._connection = sqlite3.connect(self.path, isolation_level=None, timeout=30.0)
+            self._connection.execute("PRAGMA journal_mode=WAL")
+        finally:
+            os.umask(old_umask)
+        with suppress(OSError):  # a ledger written by an earlier version may be 0644
+            os.chmod(self.path, 0o600)
         # FULL: a committed row survives power loss before the release it records is sent.
         self._connection.execute("PRAGMA synchronous=FULL")
         self._connection.executescript(_SCHEMA)
+        columns = {row[1] for row in self._connection.execute("PRAGMA table_info(releases)")}
+        for name, kind in _RELEASE_COLUMNS.items():
+            if name not in columns:
+                self._connection.execute(f"ALTER TABLE releases ADD COLUMN {name} {kind}")
+        self._connection.execute(_RELEASE_INDEX)
 
     @classmethod
     def beside(cls, data_dir: Path) -> LocalLedger:
@@ -92,18 +125,58 @@ class LocalLedger:
             raise
         self._connection.execute("COMMIT")
 
-    def record(self, *, session_id: str, pass_index: int, noise_multiplier: float) -> None:
-        """Record one release. Every computed release counts, even of a pass seen before: a
-        recomputed pass draws fresh noise, and its upload leaves the worker whatever the
-        service then does with it."""
+    def noise_secret(self) -> ReleaseSecret:
+        """The worker's noise secret, created with the ledger (it never leaves this file)."""
+        with self._transaction() as tx:
+            row = tx.execute("SELECT secret FROM noise_secret WHERE id = 1").fetchone()
+            if row is None:
+                secret = ReleaseSecret.generate()
+                tx.execute(
+                    "INSERT INTO noise_secret (id, secret) VALUES (1, ?)", (secret.to_bytes(),)
+                )
+                return secret
+        return ReleaseSecret(bytes(row[0]))
+
+    def record(
+        self,
+        *,
+        session_id: str,
+        pass_index: int,
+        noise_multiplier: float,
+        layer: int | None = None,
+        release_digest: str | None = None,
+    ) -> bool:
+        """Record one release; False (and nothing written) if this very release, the same
+        (session, pass, layer, digest), is already recorded: sending it again reveals nothing
+        new. Any other release counts, even of a pass seen before."""
         if not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
             raise ValueError(f"noise_multiplier must be > 0, got {noise_multiplier}")
         with self._transaction() as tx:
-            tx.execute(
-                "INSERT INTO releases (session_id, pass_index, noise_multiplier, released_at)"
-                " VALUES (?, ?, ?, ?)",
-                (session_id, pass_index, float(noise_multiplier), time.time()),
-            )
+            inserted = tx.execute(
+                "INSERT INTO releases (session_id, pass_index, layer, release_digest,"
+                " noise_multiplier, released_at) VALUES (?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT DO NOTHING",
+                (
+                    session_id,
+                    pass_index,
+                    layer,
+                    release_digest,
+                    float(noise_multiplier),
+                    time.time(),
+                ),
+            ).rowcount
+        return inserted == 1
+
+    def recorded(
+        self, *, session_id: str, pass_index: int, layer: int, release_digest: str
+    ) -> bool:
+        """Whether this very release is in the ledger."""
+        row = self._connection.execute(
+            "SELECT 1 FROM releases WHERE session_id = ? AND pass_index = ? AND layer = ?"
+            " AND release_digest = ?",
+            (session_id, pass_index, layer, release_digest),
+        ).fetchone()
+        return row is not None
 
     def inverse_square_sum(self, *, session_id: str | None = None) -> float:
         """Sum of 1 / z_i^2 over all releases (or one session's)."""

@@ -68,11 +68,13 @@ def admit_session(
     policy: PrivacyPolicy,
     session: Mapping[str, Any],
     *,
+    session_id: str,
     encrypted: bool,
     ledger: LocalLedger | None,
 ) -> SessionPrivacy | None:
     """The session's privacy plan as this worker computes it, or :class:`PolicyRefusal` saying
-    why the worker will not take part. ``session`` is ``GET /v1/sessions/{id}``."""
+    why the worker will not take part. ``session`` is ``GET /v1/sessions/{id}``; ``session_id``
+    is the id the owner configured (what its ledger is keyed by)."""
     config = session["config"]
     if not config.get("privacy"):
         if policy.require_dp:
@@ -100,8 +102,15 @@ def admit_session(
     if privacy.shared_noise and not policy.allow_shared_noise:
         raise PolicyRefusal(
             "the session uses shared noise (each worker adds 1/M of the variance, so the"
-            " guarantee holds only against a single curious peer, not against all peers"
-            " colluding); this organisation's policy does not allow it (--allow-shared-noise)"
+            " guarantee holds only against a single curious peer that does not collude with the"
+            " service, and only if the service serves nothing but true sums); this"
+            " organisation's policy does not allow it (--allow-shared-noise)"
+        )
+    if privacy.shared_noise and config.get("nodes") == "union":
+        raise PolicyRefusal(
+            "the session combines shared noise with an alignment over the union: rows a party"
+            " lacks carry no noise from it, so those rows of the sum hold less noise than"
+            " accounted; a worker takes part in neither with shared noise"
         )
     reported = session.get("privacy") or {}
     for name, ours in (
@@ -126,8 +135,11 @@ def admit_session(
             f" {policy.max_session_epsilon:g} per session"
         )
     if ledger is not None:
+        # A resumed session's own rows are part of its plan, not on top of it (more rows than
+        # planned: recomputed passes with other inputs, each a release of its own).
         spent = ledger.inverse_square_sum()
-        lifetime = policy.epsilon_of(spent + planned)
+        this_session = ledger.inverse_square_sum(session_id=session_id)
+        lifetime = policy.epsilon_of(spent - this_session + max(this_session, planned))
         if lifetime > policy.max_lifetime_epsilon:
             raise PolicyRefusal(
                 f"this session would take the lifetime spend on this data to epsilon"
@@ -160,14 +172,23 @@ def releases_within_target(privacy: SessionPrivacy) -> int:
 @dataclass
 class ReleaseGate:
     """Records each release in the local ledger before it leaves; refuses the one that would go
-    past the per-session or the lifetime budget."""
+    past the per-session or the lifetime budget. It is never skipped: a release already in the
+    ledger (the same session, pass, layer and input digest) passes without a second row, any
+    other is a new release."""
 
     policy: PrivacyPolicy
     privacy: SessionPrivacy
     ledger: LocalLedger
     session_id: str
 
-    def admit(self, pass_index: int) -> None:
+    def admit(self, pass_index: int, *, layer: int = RELEASE_LAYER, release: str) -> bool:
+        """Admit the release with digest ``release``; True if it is new (recorded now), False
+        if this very release was recorded before (sending it again reveals nothing new)."""
+        known = dict(
+            session_id=self.session_id, pass_index=pass_index, layer=layer, release_digest=release
+        )
+        if self.ledger.recorded(**known):
+            return False
         z = self.privacy.ledger_noise_multiplier
         step = 1.0 / z**2
         session = self.policy.epsilon_of(
@@ -184,4 +205,4 @@ class ReleaseGate:
                 f"release {pass_index} would take the lifetime spend on this data to epsilon"
                 f" {lifetime:.4g}; the policy allows {self.policy.max_lifetime_epsilon:g}"
             )
-        self.ledger.record(session_id=self.session_id, pass_index=pass_index, noise_multiplier=z)
+        return self.ledger.record(noise_multiplier=z, **known)

@@ -18,7 +18,6 @@ from clients.checkpoint import (
     DigestingCodec,
     Fingerprint,
     WorkerProgress,
-    use_replayable_noise,
 )
 from clients.ledger import LocalLedger
 from clients.policy import PrivacyPolicy, ReleaseGate, admit_session
@@ -29,7 +28,8 @@ from models.partition import ClientPartition, check_labels, without_labels
 from models.private import make_client
 from models.report import recent_training_loss
 from secure.aggregation import EmbeddingCodec
-from secure.protocol import EmbeddingRequest, NodesRequest
+from secure.protocol import EmbeddingRequest, NodesRequest, ProtocolViolation
+from secure.release_noise import ReleaseKeyedNoise
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +155,13 @@ def run_worker(
     recomputes the pass it was in, bit for bit, and rejoins the service there
     (clients/checkpoint.py; :class:`CheckpointError` for a checkpoint it cannot use)."""
     session = service.session()
+    if session.get("session_id") != service.session_id:
+        # the owner's ledger is keyed by the id it configured: a service that answers for
+        # another session could otherwise pass one session's releases off as another's
+        raise ProtocolViolation(
+            f"the service answered for session {session.get('session_id')!r}, not for the "
+            f"configured session {service.session_id!r}"
+        )
     config = session["config"]
     if partition.client != service.client_index:
         raise ValueError(
@@ -172,12 +179,22 @@ def run_worker(
             f"makes {codec.encoding}: give the secret context (or --no-he) to match"
         )
     partition = session_partition(partition, config)
-    privacy = admit_session(policy, session, encrypted=codec.encoding == "ckks", ledger=ledger)
+    privacy = admit_session(
+        policy,
+        session,
+        session_id=service.session_id,
+        encrypted=codec.encoding == "ckks",
+        ledger=ledger,
+    )
     gate = None
+    noise = None
     if privacy is not None:
         if ledger is None:
             raise ValueError("a private session needs the worker's local privacy ledger")
-        gate = ReleaseGate(policy, privacy, ledger, session["session_id"])
+        gate = ReleaseGate(policy, privacy, ledger, service.session_id)
+        if options.noise_seed is None:
+            scope = f"{service.session_id}/client{service.client_index}"
+            noise = ReleaseKeyedNoise(ledger.noise_secret(), scope=scope)
     client = make_client(
         partition,
         client_config_from_session(config, options),
@@ -186,12 +203,12 @@ def run_worker(
         privacy=privacy,
         seed=config["seed"],
         noise_seed=options.noise_seed,
+        noise=noise,
     )
     progress = WorkerProgress()
     resume: ResumedPass | None = None
     fingerprint: Fingerprint | None = None
     if checkpoints is not None:
-        use_replayable_noise(client)
         fingerprint = Fingerprint.of(
             session=session,
             client=service.client_index,
@@ -212,7 +229,6 @@ def run_worker(
                 on_resume(progress.next_pass, checkpoints.path)
         else:
             progress.next_pass = rejoin_pass(session, 0, None)
-            # before any release: a private client's noise key of its first pass is saved here
             checkpoints.save(client, progress, fingerprint)
     else:
         progress.next_pass = rejoin_pass(session, 0, None)
@@ -224,17 +240,10 @@ def run_worker(
             result = WorkerResult(finished_reason=info.get("reason", "finished"))
             break
         exchanged_before = service.traffic.up + service.traffic.down
-        if gate is not None:  # every pass of the private arrangement is one release
-            if resume is not None and release_recorded(gate, pass_index):
-                # the same release (its noise replayed from the checkpoint) sent again: it is
-                # in the ledger once, as it was served once at most
-                log.info(
-                    "pass %d: release already in the local ledger, not counted twice", pass_index
-                )
-            else:
-                gate.admit(pass_index)
         try:
-            outcome = drive_pass(client, service, info, checkpoints=checkpoints, resume=resume)
+            outcome = drive_pass(
+                client, service, info, gate=gate, checkpoints=checkpoints, resume=resume
+            )
         except ServiceError as exc:
             if not went_on_without(exc, config):
                 raise
@@ -359,11 +368,18 @@ def rejoin_pass(session: Mapping[str, Any], next_pass: int, checkpoint: Path | N
     )
 
 
-def release_recorded(gate: ReleaseGate, pass_index: int) -> bool:
-    """Whether the local ledger already counts the release of ``pass_index`` of this session.
-    Every pass of the private arrangement is one release, recorded in order; so after passes
-    0..p-1, more than p rows mean pass p's is there (or an earlier over-count, which is safe)."""
-    return gate.ledger.releases(session_id=gate.session_id) > pass_index
+def admit_release(gate: ReleaseGate, pass_index: int, request: EmbeddingRequest) -> None:
+    """Every share of a private session is a release: it passes the owner's gate before it
+    leaves (:class:`BudgetSpent` if it would go past the policy)."""
+    if request.release is None:
+        raise RuntimeError("a share of a private session without the digest of its release")
+    if not gate.admit(pass_index, layer=request.layer, release=request.release):
+        log.info(
+            "pass %d, layer %d: the same release as before (the same inputs, hence the same "
+            "noise): not counted twice",
+            pass_index,
+            request.layer,
+        )
 
 
 def drive_pass(
@@ -371,10 +387,12 @@ def drive_pass(
     service: ServiceClient,
     info: dict[str, Any],
     *,
+    gate: ReleaseGate | None = None,
     checkpoints: CheckpointStore | None = None,
     resume: ResumedPass | None = None,
 ) -> PassOutcome:
-    """Answer the client's requests of one pass with calls to the service."""
+    """Answer the client's requests of one pass with calls to the service; with ``gate`` (a
+    private session), every share passes it first."""
     pass_index = info["pass"]
     steps = client.run_pass(
         pass_index=pass_index,
@@ -390,6 +408,8 @@ def drive_pass(
         if isinstance(request, NodesRequest):
             answer = service.exchange_nodes(pass_index, request.layer, request.nodes)
         elif isinstance(request, EmbeddingRequest):
+            if gate is not None:
+                admit_release(gate, pass_index, request)
             if checkpoints is None:
                 answer = service.exchange_embedding(
                     pass_index,

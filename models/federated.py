@@ -145,6 +145,10 @@ class GlasuClient:
         self.config = config
         self.codec = codec or PlainCodec()
         self.share_transform = share_transform
+        # The pass being run (index, output nodes), and the digest of the release the share
+        # transform just made (private clients): what the owner's gate records before it leaves.
+        self.current_pass: tuple[int, np.ndarray] = (-1, np.empty(0, np.int64))
+        self.pending_release: str | None = None
         self.device = torch.device(device)
         self.layers = config.model.layers
         self.client_seed = client_seed = int(
@@ -199,6 +203,7 @@ class GlasuClient:
         output_nodes = check_node_set(
             output_nodes, num_nodes=self.partition.num_nodes, what=f"pass {pass_index}'s output"
         )
+        self.current_pass = (pass_index, output_nodes)
         sampled = yield from self._sample(pass_index, output_nodes, fanout)
         blocks = [Block.from_sampled(layer, self.device) for layer in sampled]
         input_nodes = torch.from_numpy(sampled[0].sources).to(self.device)
@@ -305,8 +310,9 @@ class GlasuClient:
             column = presence.cpu().numpy().astype(np.float32)
             share = np.concatenate([share * column, column], axis=1)
         rows, cols = share.shape
+        release, self.pending_release = self.pending_release, None
         answer = yield EmbeddingRequest(
-            layer=depth, payload=self.codec.encode(share), rows=rows, cols=cols
+            layer=depth, payload=self.codec.encode(share), rows=rows, cols=cols, release=release
         )
         answer = self._checked_sum(depth, answer)
         total = self.codec.decode_sum(answer.payload, rows=rows, cols=cols)

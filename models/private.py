@@ -37,6 +37,7 @@ from secure.aggregation import EmbeddingCodec
 from secure.dp import GaussianNoise, NoiseSource, privatize, require_private_noise
 from secure.privacy import RELEASE_LAYER, SessionPrivacy
 from secure.protocol import Request, Response
+from secure.release_noise import release_digest
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ class PrivateGlasuClient(GlasuClient):
         if config.model.receiver_width != release.width:
             raise ValueError("model.receiver_width must equal the release width")
         self.release = release
+        self._release_rows = np.empty(0, np.int64)  # node ids of the release's rows
         super().__init__(
             partition, config, codec=codec, device=device, share_transform=self._privatize
         )
@@ -114,11 +116,22 @@ class PrivateGlasuClient(GlasuClient):
         return None
 
     def _privatize(self, layer: int, share: np.ndarray) -> np.ndarray:
+        """Clip and noise the release; its digest (what the noise of a release-keyed source
+        is derived from, and what the owner's gate records) goes with the upload."""
+        pass_index, output_nodes = self.current_pass
+        digest = release_digest(
+            pass_index=pass_index,
+            layer=layer,
+            output_nodes=output_nodes,
+            rows=self._release_rows,
+            clean=share,
+        )
+        self.pending_release = digest.hex()
         return privatize(
             share,
             clip=self.release.clip,
             noise_std=self.release.noise_std,
-            noise=self.release.noise,
+            noise=self.release.noise.for_release(digest),
         )
 
     def release_map(self, block: Block, input_nodes: torch.Tensor) -> torch.Tensor:
@@ -133,6 +146,8 @@ class PrivateGlasuClient(GlasuClient):
         if RELEASE_LAYER not in others:
             with torch.no_grad():
                 released = self.release_map(batch.blocks[0], batch.input_nodes)
+            rows = batch.input_nodes[batch.blocks[0].target_positions]
+            self._release_rows = rows.cpu().numpy().astype(np.int64)
             others[RELEASE_LAYER] = yield from self._joint_aggregate(
                 RELEASE_LAYER, released, presence=batch.presence.get(RELEASE_LAYER)
             )
@@ -232,16 +247,18 @@ def make_client(
     privacy: SessionPrivacy | None,
     seed: int,
     noise_seed: int | None = None,
+    noise: NoiseSource | None = None,
 ) -> GlasuClient:
     """The client a run needs: plain GLASU, or the private arrangement with its release (whose
-    width is the model's receiver width)."""
+    width is the model's receiver width). ``noise``: the source of the release's noise
+    (default: :func:`noise_source`)."""
     if privacy is None:
         return GlasuClient(partition, config, codec=codec, device=device)
     release = ReleaseSettings(
         width=config.model.receiver_width,
         clip=privacy.clip,
         noise_std=privacy.client_noise_std,
-        noise=noise_source(noise_seed=noise_seed, client=partition.client),
+        noise=noise or noise_source(noise_seed=noise_seed, client=partition.client),
         projection_seed=release_projection_seed(seed=seed, client=partition.client),
     )
     return PrivateGlasuClient(partition, config, release=release, codec=codec, device=device)

@@ -209,6 +209,11 @@ class NoiseSource(ABC):
         source that does not say otherwise is not private."""
         return False
 
+    def for_release(self, release: bytes) -> NoiseSource:
+        """The source to draw the noise of the release with digest ``release`` from: this one,
+        unless the noise must be a function of the release (``secure.release_noise``)."""
+        return self
+
 
 # Entries of numpy's ziggurat output with |z| >= _TAIL_START are re-drawn by
 # :func:`_gaussian_tail`. Any threshold keeps the distribution exactly N(0, 1); this one is

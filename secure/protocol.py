@@ -61,6 +61,7 @@ class EmbeddingRequest:
     payload: bytes
     rows: int
     cols: int
+    release: str | None = None  # a private release's digest (hex; secure.release_noise)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ the journaled plaintext."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +20,8 @@ from clients.checkpoint import (
     CheckpointStore,
     DigestingCodec,
     Fingerprint,
-    PassKeyedNoise,
     WorkerProgress,
     atomic_write,
-    use_replayable_noise,
 )
 from clients.transport import ServiceError
 from clients.worker import ResumedPass, exchange_share
@@ -35,6 +33,7 @@ from models.private import REPRODUCIBLE_NOISE_ENV, PrivateGlasuClient
 from models.trainer import Security, prepare_security
 from secure.aggregation import PlainCodec
 from secure.protocol import Aggregate, EmbeddingRequest
+from secure.release_noise import ReleaseKeyedNoise, ReleaseSecret
 from secure.schedule import SessionSchedule
 
 PLAIN = TrainConfig(
@@ -130,11 +129,21 @@ def one_thread() -> Any:
     torch.set_num_threads(threads)
 
 
+SECRET = ReleaseSecret(bytes(range(32)))  # the worker's, in its ledger
+
+
+def use_keyed_noise(client: GlasuClient) -> None:
+    """What the worker gives a private client without a noise seed."""
+    if isinstance(client, PrivateGlasuClient) and not client.release.noise.reproducible:
+        noise = ReleaseKeyedNoise(SECRET, scope=f"s/client{client.partition.client}")
+        client.release = replace(client.release, noise=noise)
+
+
 def resume_all(config: TrainConfig, cora, root: Path) -> Federation:
     """A new federation, every client restored from its checkpoint in ``root``."""
     fed = federation(config, cora)
     for client, store in zip(fed.clients, stores(root, len(fed.clients)), strict=True):
-        use_replayable_noise(client)
+        use_keyed_noise(client)
         store.load(client, fingerprint(client, config))
     return fed
 
@@ -184,31 +193,27 @@ def test_a_restored_private_client_replays_its_seeded_noise(
             assert torch.equal(x, y)
 
 
-def test_cryptographic_noise_is_replayed_for_the_pass_a_checkpoint_precedes(
+def test_release_keyed_noise_is_the_same_for_the_pass_a_checkpoint_precedes(
     cora, tmp_path: Path
 ) -> None:
-    """Cryptographic noise: the key of the next pass is drawn and saved with the checkpoint,
-    so the pass computed again after a crash sends the same release (same sum, same Extract)."""
+    """Cryptographic noise derived from the release: the pass computed again after a crash
+    sends the identical release (same sum, same Extract), and nothing about the noise is in
+    the checkpoint."""
     fed = federation(PRIVATE, cora)
     for client in fed.clients:
-        use_replayable_noise(client)
-        noise = client.release.noise  # type: ignore[attr-defined]
-        assert isinstance(noise, PassKeyedNoise) and noise.private and not noise.reproducible
-    live = stores(tmp_path / "live", 3)
-    for p in range(2):
-        for client, store in zip(fed.clients, live, strict=True):
-            store.save(client, WorkerProgress(next_pass=p), fingerprint(client, PRIVATE))
-        run(fed, range(p, p + 1))
+        use_keyed_noise(client)
+        assert client.release.noise.private  # type: ignore[attr-defined]
+    run(fed, range(2))
     for client, store in zip(fed.clients, stores(tmp_path, 3), strict=True):
         store.save(client, WorkerProgress(next_pass=2), fingerprint(client, PRIVATE))
-    keys = [c.release.noise.key for c in fed.clients]  # type: ignore[attr-defined]
-    assert len(set(keys)) == 3 and all(k is not None for k in keys)
+        assert store.read()["client"]["noise"] == {"kind": "release-keyed"}
     uninterrupted = run(fed, range(2, 3))
+    released = [c.pending_release for c in fed.clients]
     resumed = resume_all(PRIVATE, cora, tmp_path)
-    assert [c.release.noise.key for c in resumed.clients] == keys  # type: ignore[attr-defined]
     assert run(resumed, range(2, 3)) == uninterrupted
     for a, b in zip(fed.clients, resumed.clients, strict=True):
         assert_same_state(a, b)
+    assert released == [None] * 3  # each digest went with its share
 
 
 def test_a_checkpoint_of_another_run_is_refused(cora, tmp_path: Path) -> None:

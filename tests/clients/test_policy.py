@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from clients.ledger import LocalLedger
+from clients.ledger import LEDGER_FILENAME, LocalLedger
 from clients.policy import BudgetSpent, PolicyRefusal, PrivacyPolicy, ReleaseGate, admit_session
 from secure.accounting import epsilon_after
 from secure.privacy import SessionPrivacy
@@ -20,7 +20,9 @@ def session(**privacy_overrides: Any) -> dict[str, Any]:
     """``GET /v1/sessions/{id}`` of a private session, as the service plans it."""
     settings: dict[str, Any] = dict(epsilon=4.0, delta=1e-6, clip=1.0, occurrence_cap=1)
     settings.update(privacy_overrides)
-    planned = SessionPrivacy.plan(**settings, clients=3, passes_total=PASSES, encrypted=True)
+    planned = SessionPrivacy.plan(
+        **settings, clients=3, passes_total=PASSES, encrypted=True
+    )
     return {
         "session_id": "s1",
         "passes_total": PASSES,
@@ -42,7 +44,9 @@ def ledger(tmp_path: Path) -> LocalLedger:
 
 
 def test_a_session_within_the_policy_is_admitted(ledger: LocalLedger) -> None:
-    privacy = admit_session(PrivacyPolicy(), session(), encrypted=True, ledger=ledger)
+    privacy = admit_session(
+        PrivacyPolicy(), session(), session_id="s1", encrypted=True, ledger=ledger
+    )
     assert privacy is not None and privacy.epsilon_planned <= 4.0
 
 
@@ -62,27 +66,37 @@ def test_a_session_that_is_not_what_it_claims_is_refused(
     bad = session()
     change(bad)
     with pytest.raises(PolicyRefusal, match=says):
-        admit_session(PrivacyPolicy(), bad, encrypted=True, ledger=ledger)
+        admit_session(PrivacyPolicy(), bad, session_id="s1", encrypted=True, ledger=ledger)
 
 
 def test_smaller_noise_or_a_larger_budget_than_the_policy_is_refused(ledger: LocalLedger) -> None:
     honest_but_greedy = session(epsilon=8.0)
     with pytest.raises(PolicyRefusal, match="allows 4 per session"):
-        admit_session(PrivacyPolicy(), honest_but_greedy, encrypted=True, ledger=ledger)
+        admit_session(
+            PrivacyPolicy(), honest_but_greedy, session_id="s1", encrypted=True, ledger=ledger
+        )
     small_z = session(epsilon=None, noise_multiplier=2.0)
     with pytest.raises(PolicyRefusal, match="per session"):
-        admit_session(PrivacyPolicy(), small_z, encrypted=True, ledger=ledger)
+        admit_session(PrivacyPolicy(), small_z, session_id="s1", encrypted=True, ledger=ledger)
     assert admit_session(
-        PrivacyPolicy(max_session_epsilon=8.0), honest_but_greedy, encrypted=True, ledger=ledger
+        PrivacyPolicy(max_session_epsilon=8.0),
+        honest_but_greedy,
+        session_id="s1",
+        encrypted=True,
+        ledger=ledger,
     )
 
 
 def test_shared_noise_needs_the_owner_s_consent(ledger: LocalLedger) -> None:
     shared = session(shared_noise=True)
     with pytest.raises(PolicyRefusal, match="shared noise"):
-        admit_session(PrivacyPolicy(), shared, encrypted=True, ledger=ledger)
+        admit_session(PrivacyPolicy(), shared, session_id="s1", encrypted=True, ledger=ledger)
     assert admit_session(
-        PrivacyPolicy(allow_shared_noise=True), shared, encrypted=True, ledger=ledger
+        PrivacyPolicy(allow_shared_noise=True),
+        shared,
+        session_id="s1",
+        encrypted=True,
+        ledger=ledger,
     )
 
 
@@ -90,7 +104,10 @@ def test_no_dp_only_when_the_owner_says_so(ledger: LocalLedger) -> None:
     plain = session()
     plain["config"]["privacy"] = None
     assert (
-        admit_session(PrivacyPolicy(require_dp=False), plain, encrypted=True, ledger=None) is None
+        admit_session(
+            PrivacyPolicy(require_dp=False), plain, session_id="s1", encrypted=True, ledger=None
+        )
+        is None
     )
 
 
@@ -98,11 +115,11 @@ def test_sessions_compose_in_the_local_ledger_until_the_lifetime_budget(
     ledger: LocalLedger,
 ) -> None:
     policy = PrivacyPolicy(max_session_epsilon=4.0, max_lifetime_epsilon=5.0)
-    first = admit_session(policy, session(), encrypted=True, ledger=ledger)
+    first = admit_session(policy, session(), session_id="s1", encrypted=True, ledger=ledger)
     assert first is not None
     gate = ReleaseGate(policy, first, ledger, "s1")
     for pass_index in range(PASSES):
-        gate.admit(pass_index)
+        gate.admit(pass_index, release=f"r{pass_index}")
     assert ledger.releases() == PASSES
     spent = ledger.epsilon(delta=1e-6, accountant="rdp")
     same = epsilon_after(
@@ -112,15 +129,17 @@ def test_sessions_compose_in_the_local_ledger_until_the_lifetime_budget(
     # a second session on the same data starts where the first ended: two sessions of epsilon 4
     # compose to about 5.9 (Gaussian releases compose sub-additively), over the lifetime 5
     with pytest.raises(PolicyRefusal, match="lifetime"):
-        admit_session(policy, session(), encrypted=True, ledger=ledger)
+        admit_session(policy, session(), session_id="s2", encrypted=True, ledger=ledger)
     # a smaller one fits; its releases stop at the lifetime budget, recorded before they leave
-    second = admit_session(policy, session(epsilon=1.0), encrypted=True, ledger=ledger)
+    second = admit_session(
+        policy, session(epsilon=1.0), session_id="s2", encrypted=True, ledger=ledger
+    )
     assert second is not None
     # (together they would spend about 4.17; a lifetime budget of 4.1 stops it partway)
     gate = ReleaseGate(PrivacyPolicy(max_lifetime_epsilon=4.1), second, ledger, "s2")
     with pytest.raises(BudgetSpent, match="lifetime"):
         for pass_index in range(PASSES):
-            gate.admit(pass_index)
+            gate.admit(pass_index, release=f"r{pass_index}")
     assert 0 < ledger.releases(session_id="s2") < PASSES
     assert ledger.epsilon(delta=1e-6, accountant="rdp") <= 4.1
     assert [s.session_id for s in ledger.sessions()] == ["s1", "s2"]
@@ -138,3 +157,59 @@ def test_the_ledger_is_durable_and_composes_different_noise(tmp_path: Path) -> N
         )
         with pytest.raises(ValueError):
             reopened.record(session_id="c", pass_index=0, noise_multiplier=0.0)
+
+
+def test_a_resumed_session_counts_its_own_rows_once_in_the_lifetime_check(
+    ledger: LocalLedger,
+) -> None:
+    """`glasu train` gives its workers lifetime cap = session cap: a worker restarted halfway
+    through its session is admitted again (its rows are part of the plan, not on top of it)."""
+    policy = PrivacyPolicy(max_session_epsilon=4.0, max_lifetime_epsilon=4.0)
+    privacy = admit_session(policy, session(), session_id="s1", encrypted=True, ledger=ledger)
+    assert privacy is not None
+    gate = ReleaseGate(policy, privacy, ledger, "s1")
+    for pass_index in range(PASSES // 2):
+        gate.admit(pass_index, release=f"r{pass_index}")
+    assert admit_session(policy, session(), session_id="s1", encrypted=True, ledger=ledger)
+    # another session on the same data is still refused: the first one's rows count in full
+    with pytest.raises(PolicyRefusal, match="lifetime"):
+        admit_session(policy, session(), session_id="s2", encrypted=True, ledger=ledger)
+
+
+def test_shared_noise_over_a_union_alignment_is_refused(ledger: LocalLedger) -> None:
+    union = session(shared_noise=True)
+    union["config"]["nodes"] = "union"
+    with pytest.raises(PolicyRefusal, match="union"):
+        admit_session(
+            PrivacyPolicy(allow_shared_noise=True),
+            union,
+            session_id="s1",
+            encrypted=True,
+            ledger=ledger,
+        )
+
+
+def test_the_gate_counts_each_distinct_release_and_an_identical_one_once(
+    ledger: LocalLedger,
+) -> None:
+    policy = PrivacyPolicy(max_session_epsilon=100.0, max_lifetime_epsilon=100.0)
+    privacy = admit_session(policy, session(), session_id="s1", encrypted=True, ledger=ledger)
+    assert privacy is not None
+    gate = ReleaseGate(policy, privacy, ledger, "s1")
+    assert gate.admit(3, release="aa") is True
+    assert gate.admit(3, release="aa") is False  # the identical release again: one row
+    assert gate.admit(3, release="bb") is True  # pass 3 with other inputs: another release
+    assert ledger.releases(session_id="s1") == 2
+    assert not ledger.record(
+        session_id="s1", pass_index=3, layer=1, release_digest="aa", noise_multiplier=2.0
+    )  # a unique constraint, not a convention
+    assert ledger.releases(session_id="s1") == 2
+
+
+def test_the_ledger_is_private_and_keeps_one_noise_secret(tmp_path: Path) -> None:
+    with LocalLedger.beside(tmp_path) as ledger:
+        secret = ledger.noise_secret()
+    with LocalLedger.beside(tmp_path) as reopened:
+        assert reopened.noise_secret().to_bytes() == secret.to_bytes()
+        assert "hidden" in repr(secret)
+    assert (tmp_path / LEDGER_FILENAME).stat().st_mode & 0o777 == 0o600

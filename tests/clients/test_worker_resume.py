@@ -169,11 +169,11 @@ def test_a_resumed_encrypted_worker_takes_over_its_filled_slot(
 def test_a_resumed_private_worker_replays_its_cryptographic_noise(
     tmp_path: Path, cora, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Plaintext shares, cryptographic noise: the pass recomputed after the crash draws the
-    noise of the key saved with the checkpoint, so its share is byte for byte the one the
+    """Plaintext shares, cryptographic noise: the pass recomputed after the crash has the same
+    inputs, hence the same release-keyed noise, so its share is byte for byte the one the
     service holds (a different one would be refused), and the ledger counts it once."""
     caplog.set_level(logging.INFO, logger="clients.worker")
     run = run_with_a_crash(tmp_path, replace(CONFIG, encryption="none"), cora)
     assert_counted_once(run)
-    assert f"pass {CRASH_PASS}: release already in the local ledger" in caplog.text
+    assert f"pass {CRASH_PASS}, layer 1: the same release as before" in caplog.text
     assert "the service holds this worker's share" not in caplog.text  # the same bytes
