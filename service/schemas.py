@@ -158,6 +158,12 @@ class SessionCreate(StrictModel):
                     "a single label holder needs the top layer as an aggregation layer "
                     f"(layers={self.layers}), GLASU Appendix B.2"
                 )
+        if self.nodes == "union" and self.privacy is not None and self.privacy.shared_noise:
+            raise ValueError(
+                "nodes 'union' needs unshared noise: a party's share is zero where it lacks a"
+                " node, so with shared_noise those rows of the sum would carry less noise than"
+                " the ledger counts"
+            )
         if self.stragglers == "continue":
             if self.clients < 3:
                 raise ValueError(

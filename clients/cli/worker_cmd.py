@@ -69,6 +69,19 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(WorkerSettings, args)
+    from clients.data_lock import DataFolderBusy, DataFolderLock
+
+    # first of all: a second worker on this folder would resume from the live one's checkpoint
+    folder_lock = DataFolderLock(settings.data)
+    try:
+        folder_lock.acquire()
+    except (DataFolderBusy, OSError) as exc:
+        raise CliError(f"--data: {exc}") from exc
+    with folder_lock:
+        return _run(settings, quiet=args.quiet)
+
+
+def _run(settings: WorkerSettings, *, quiet: bool) -> int:
     import torch
 
     from clients.checkpoint import CheckpointError, CheckpointStore
@@ -113,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     )
 
     def progress(info: dict, outcome) -> None:
-        if not args.quiet and outcome.kind == "eval":
+        if not quiet and outcome.kind == "eval":
             print(
                 f"client {settings.client} round {info['round']}: loss {outcome.loss:.4f} "
                 f"val {outcome.val_accuracy:.4f} test {outcome.test_accuracy:.4f}",

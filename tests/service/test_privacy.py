@@ -170,6 +170,21 @@ async def test_shared_noise_needs_encryption(
     assert_problem(response, 422, "validation-error", mentions="shared_noise needs encryption")
 
 
+async def test_shared_noise_over_a_union_alignment_is_refused(
+    client: httpx.AsyncClient, accounting: ModuleType
+) -> None:
+    """Rows a party lacks are zero in its share, noise included: with shared noise the sum's
+    rows would carry less noise than the ledger counts."""
+    response = await client.post(
+        "/v1/sessions",
+        json=private_session_request(
+            privacy(noise_multiplier=1.0, shared_noise=True), nodes="union", encryption="ckks"
+        ),
+        headers=admin(),
+    )
+    assert_problem(response, 422, "validation-error", mentions="needs unshared noise")
+
+
 async def test_shared_noise_is_accounted_against_a_curious_peer(
     make_app: Callable[..., FastAPI], accounting: ModuleType, tmp_path: Path
 ) -> None:
