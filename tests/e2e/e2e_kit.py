@@ -41,12 +41,15 @@ def start_federation(
     processes: list[ManagedProcess],
     *,
     service_command: Callable[..., list[str]] = glasu_command,
+    port: int | None = None,
+    server_for: Callable[[int, str], str] = lambda client, url: url,
 ) -> Federation:
-    """Start the service (``service_command(*serve arguments)``), create the session and start
-    the workers; every process is appended to ``processes`` as soon as it runs."""
+    """Start the service (``service_command(*serve arguments)``) on ``port`` (default: a free
+    one), create the session and start the workers, client m talking to ``server_for(m, service
+    URL)`` (a proxy, say); every process is appended to ``processes`` as soon as it runs."""
     layout = layout_federation(config, dataset)
     admin_token = secrets.token_urlsafe(32)
-    port = free_port()
+    port = port or free_port()
     url = f"http://127.0.0.1:{port}"
     serve_args = [
         "serve", "--host", "127.0.0.1", "--port", str(port),
@@ -63,7 +66,7 @@ def start_federation(
     for part, token in zip(layout.partitions, created["client_tokens"], strict=True):
         args = worker_arguments(
             config,
-            server=url,
+            server=server_for(part.client, url),
             session_id=created["session_id"],
             client=part.client,
             token_file=secret_file(root / f"client-{part.client}.token", token),
