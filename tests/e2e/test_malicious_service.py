@@ -61,7 +61,7 @@ class SameNoiseAttack:
         if what == "nodes" and exchange.method == "GET" and answer.status_code == 200:
             union = decode_nodes(answer.content)
             if self.refused_sum:  # the replay: one node more than the first time
-                extra = np.setdiff1d(np.arange(self.num_nodes), union)[0]
+                extra = np.setdiff1d(np.arange(self.num_nodes), union)[-1]  # the last row
                 union = np.sort(np.append(union, extra))
                 answer = httpx.Response(200, content=encode_nodes(union), headers=answer.headers)
             self.unions.append(union)
