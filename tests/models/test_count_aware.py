@@ -100,7 +100,9 @@ def test_full_overlap_with_the_count_aware_mean_trains_as_the_plain_mean(
                 output_nodes=cora.train_nodes[16 * pass_index : 16 * pass_index + 16],
             )
         outcomes.append([o.loss for o in outcome])
-    assert outcomes[0] == outcomes[1]
+    # the same model up to float reassociation ((t - s) / M against t / M - s / M), which some
+    # CPUs' kernels round differently in the last bit
+    assert outcomes[0] == pytest.approx(outcomes[1], rel=1e-6)
 
 
 def test_clients_lacking_nodes_train_on_the_union(cora: GraphDataset) -> None:
