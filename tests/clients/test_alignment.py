@@ -298,3 +298,20 @@ def test_with_signatures_a_party_blinds_only_what_its_peer_posted(tmp_path: Path
     assert isinstance(refused, AlignmentFailed), refused
     assert "signature is not party 0's" in str(refused)
     assert not posted_by(run, 1, "/sets/0/hops/1")  # no guess came back blinded
+
+
+def test_the_in_process_alignment_signs_every_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    from clients.local import alignment as local
+
+    signatures: list[str | None] = []
+
+    class Recording(InProcessTransport):
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            if request.method == "PUT":
+                signatures.append(request.headers.get("x-glasu-signature"))
+            return super().handle_request(request)
+
+    monkeypatch.setattr(local, "InProcessTransport", Recording)
+    outcomes = local.align_in_process([["a", "b"], ["b", "c"], ["b", "a"]], seed=1)
+    assert [o.aligned_nodes for o in outcomes] == [1, 1, 1]
+    assert len(signatures) == 9 and all(signatures)  # 3 sets x 3 hops
