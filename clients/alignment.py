@@ -4,11 +4,15 @@ is ``service/alignment.py``).
 Party m of M, with a fresh secret key: hashes each of its own node ids into ristretto255
 (``secure/psi.py``), blinds them, shuffles them with a secret permutation and posts them (hop 0).
 Then, for hops 1..M-1, it fetches the set of party m - h blinded by parties m - h .. m - 1,
-blinds it in place (the order stays, so that its owner can find its rows again) and posts it.
+checks it (signed by party m - 1 when given peer keys, distinct canonical elements, the size its
+owner declared: a service that deviates could otherwise hand it guessed ids to blind), blinds it
+in place (the order stays, so that its owner can find its rows again) and posts it, signed when
+given a signing key (``clients/alignment_signing.py``).
 Last it fetches, for each position of the set it posted, the index of that id in the aligned
 node index (-1 where not every party holds it), and undoes its permutation. The ids, their
 hashes and anything blinded by fewer than all keys never reach anyone who could test an id
-against them; node ids never leave this process.
+against them (against a service that deviates, only with signatures: docs/threat-model.md);
+node ids never leave this process.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from clients.service_http import (
     RetryPolicy,
 )
 from clients.transport import PeerConnection
-from secure.psi import BlindingKey, check_elements, hash_to_group, pack, unpack
+from secure.psi import ELEMENT_BYTES, BlindingKey, check_elements, hash_to_group, pack, unpack
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +111,7 @@ class AlignmentClient(PeerConnection):
         headers = {
             "Content-Type": "application/octet-stream",
             "X-Glasu-Encoding": SET_ENCODING,
-            "X-Glasu-Shape": str(len(unpack(body))),
+            "X-Glasu-Shape": str(len(body) // ELEMENT_BYTES),
         }
         if signature is not None:
             headers[SIGNATURE_HEADER] = signature
