@@ -4,11 +4,15 @@ is ``service/alignment.py``).
 Party m of M, with a fresh secret key: hashes each of its own node ids into ristretto255
 (``secure/psi.py``), blinds them, shuffles them with a secret permutation and posts them (hop 0).
 Then, for hops 1..M-1, it fetches the set of party m - h blinded by parties m - h .. m - 1,
-blinds it in place (the order stays, so that its owner can find its rows again) and posts it.
+checks it (signed by party m - 1 when given peer keys, distinct canonical elements, the size its
+owner declared: a service that deviates could otherwise hand it guessed ids to blind), blinds it
+in place (the order stays, so that its owner can find its rows again) and posts it, signed when
+given a signing key (``clients/alignment_signing.py``).
 Last it fetches, for each position of the set it posted, the index of that id in the aligned
 node index (-1 where not every party holds it), and undoes its permutation. The ids, their
 hashes and anything blinded by fewer than all keys never reach anyone who could test an id
-against them; node ids never leave this process.
+against them (against a service that deviates, only with signatures: docs/threat-model.md);
+node ids never leave this process.
 """
 
 from __future__ import annotations
@@ -25,11 +29,12 @@ import httpx
 import numpy as np
 from tqdm.auto import tqdm
 
+from clients.alignment_signing import SIGNATURE_HEADER, SetSigning, SetSlot
 from clients.service_http import (
     RetryPolicy,
 )
 from clients.transport import PeerConnection
-from secure.psi import BlindingKey, hash_to_group, pack, unpack
+from secure.psi import ELEMENT_BYTES, BlindingKey, check_elements, hash_to_group, pack, unpack
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +43,12 @@ SET_ENCODING = "ristretto255"
 
 class AlignmentFailed(RuntimeError):
     """The alignment finished without a usable shared node index."""
+
+
+@dataclass(frozen=True)
+class RelayedSet:
+    body: bytes
+    signature: str | None  # X-Glasu-Signature as relayed: hex, or None when unsigned
 
 
 @dataclass(frozen=True)
@@ -95,20 +106,22 @@ class AlignmentClient(PeerConnection):
     def status(self) -> dict[str, Any]:
         return self._request("GET", f"/v1/alignments/{self.alignment_id}").json()
 
-    def post_set(self, owner: int, hop: int, elements: Sequence[bytes]) -> None:
+    def post_set(self, owner: int, hop: int, body: bytes, *, signature: str | None = None) -> None:
+        """``body``: the packed elements; ``signature``: hex, relayed to the next party."""
+        headers = {
+            "Content-Type": "application/octet-stream",
+            "X-Glasu-Encoding": SET_ENCODING,
+            "X-Glasu-Shape": str(len(body) // ELEMENT_BYTES),
+        }
+        if signature is not None:
+            headers[SIGNATURE_HEADER] = signature
         self._request(
-            "PUT",
-            f"{self._party_path}/sets/{owner}/hops/{hop}",
-            content=pack(elements),
-            headers={
-                "Content-Type": "application/octet-stream",
-                "X-Glasu-Encoding": SET_ENCODING,
-                "X-Glasu-Shape": str(len(elements)),
-            },
+            "PUT", f"{self._party_path}/sets/{owner}/hops/{hop}", content=body, headers=headers
         )
 
-    def fetch_set(self, owner: int, hop: int) -> list[bytes]:
-        return unpack(self._wait_for(f"{self._party_path}/sets/{owner}/hops/{hop}").content)
+    def fetch_set(self, owner: int, hop: int) -> RelayedSet:
+        response = self._wait_for(f"{self._party_path}/sets/{owner}/hops/{hop}")
+        return RelayedSet(response.content, response.headers.get(SIGNATURE_HEADER))
 
     def fetch_positions(self) -> np.ndarray:
         body = self._wait_for(f"{self._party_path}/positions").content
@@ -120,18 +133,21 @@ def align(
     ids: Sequence[str],
     *,
     key: BlindingKey | None = None,
+    signing: SetSigning | None = None,
     progress: bool = False,
 ) -> AlignmentOutcome:
     """Run this party's side of the alignment over ``ids`` (its own node ids, distinct, in row
-    order) and return where each row sits in the aligned node index."""
-    seen: set[str] = set()
-    for node in ids:
-        if node in seen:
-            raise ValueError(f"the ids are not distinct: {node!r} twice")
-        seen.add(node)
+    order) and return where each row sits in the aligned node index. ``signing``: sign the sets
+    posted and, given peer keys, blind only sets the peer posted."""
+    _check_distinct(ids)
     status = client.status()
     parties, m = int(status["parties"]), client.party
     key = key or BlindingKey()
+    signing = signing or SetSigning()
+    try:
+        signing.check_ring(parties, m)
+    except ValueError as exc:
+        raise AlignmentFailed(str(exc)) from None
     order = list(range(len(ids)))
     random.SystemRandom().shuffle(order)  # positions reveal nothing about the ids
     bar = tqdm(
@@ -142,19 +158,27 @@ def align(
         disable=not progress,
         leave=False,
     )
+
+    def post(owner: int, hop: int, elements: list[bytes]) -> None:
+        body = pack(elements)
+        slot = SetSlot(client.alignment_id, parties, owner, hop)
+        client.post_set(owner, hop, body, signature=signing.sign(slot, body))
+
     try:
         own = []
         for row in order:
             own.append(key.blind(hash_to_group(client.alignment_id, ids[row])))
             bar.update(1)
-        client.post_set(m, 0, own)
+        post(m, 0, own)
         for hop in range(1, parties):
             owner = (m - hop) % parties
-            received = client.fetch_set(owner, hop - 1)
+            received = _relayed(
+                client, signing, SetSlot(client.alignment_id, parties, owner, hop - 1)
+            )
             blinded = []
             for element in received:
                 blinded.append(key.blind(element))
-            client.post_set(owner, hop, blinded)
+            post(owner, hop, blinded)
             bar.update(len(ids))
         positions = client.fetch_positions()
     finally:
@@ -166,6 +190,7 @@ def align(
     rows = np.empty(len(ids), dtype=np.int64)
     rows[np.asarray(order, dtype=np.int64)] = positions
     status = client.status()
+    _check_own_size(status, m, len(ids))
     nodes = str(status.get("nodes", "intersection"))
     aligned = int(status["aligned_nodes"])
     mine = rows[rows >= 0]
@@ -195,3 +220,60 @@ def align(
         nodes=nodes,
         shared_nodes=shared,
     )
+
+
+def _check_distinct(ids: Sequence[str]) -> None:
+    seen: set[str] = set()
+    for node in ids:
+        if node in seen:
+            raise ValueError(f"the ids are not distinct: {node!r} twice")
+        seen.add(node)
+
+
+def _relayed(client: AlignmentClient, signing: SetSigning, slot: SetSlot) -> list[bytes]:
+    """The set at ``slot``, once it is sure to be worth blinding: signed by the party that
+    posted it (given peer keys), distinct canonical elements, as many as the status declares for
+    its owner. A service that deviates could otherwise have guessed ids blinded."""
+    relayed = client.fetch_set(slot.owner, slot.hop)
+    try:
+        signing.verify(slot, relayed.body, relayed.signature)
+        elements = unpack(relayed.body)
+        check_elements(elements)
+        _check_declared(client.status(), slot, len(elements))
+    except ValueError as exc:
+        raise AlignmentFailed(
+            f"the service relayed hop {slot.hop} of party {slot.owner}'s set to blind, and "
+            f"{exc}: not blinding it"
+        ) from None
+    return elements
+
+
+def _declared(status: dict[str, Any], owner: int) -> dict[str, Any]:
+    declared = {int(s["owner"]): s for s in status.get("sets", [])}.get(owner)
+    if declared is None:
+        raise ValueError(f"the status declares no set of party {owner}")
+    return declared
+
+
+def _check_declared(status: dict[str, Any], slot: SetSlot, size: int) -> None:
+    """What the status says of the set's owner: its hop-0 size and that hop ``slot.hop`` is in.
+    Only consistency (the service writes the status), which the owner checks in turn."""
+    declared = _declared(status, slot.owner)
+    if declared["size"] != size:
+        raise ValueError(
+            f"it has {size} elements where the status declares {declared['size']} for party "
+            f"{slot.owner}'s set"
+        )
+    if int(declared["hops"]) <= slot.hop:
+        raise ValueError(f"the status shows only {declared['hops']} hops of it posted")
+
+
+def _check_own_size(status: dict[str, Any], party: int, size: int) -> None:
+    try:
+        declared = _declared(status, party)["size"]
+    except ValueError as exc:
+        raise AlignmentFailed(str(exc)) from None
+    if declared != size:
+        raise AlignmentFailed(
+            f"the status declares {declared} ids for this party's set, which holds {size}"
+        )

@@ -23,14 +23,15 @@ IDENTITY = bytes(ELEMENT_BYTES)  # the neutral element's encoding: never a blind
 DOMAIN_TAG = b"glasu/alignment/v1/ristretto255-sha512"
 
 
+def length_prefixed(*fields: bytes) -> bytes:
+    """The fields, each after its length as 8 big-endian bytes: no two field lists share it."""
+    return b"".join(len(field).to_bytes(8, "big") + field for field in fields)
+
+
 def id_digest(alignment_id: str, node_id: str) -> bytes:
-    """SHA-512 of the id under a tag that names this alignment (length-prefixed fields, so no
-    two (alignment, id) pairs share an input)."""
-    digest = hashlib.sha512()
-    for field in (DOMAIN_TAG, alignment_id.encode("utf-8"), node_id.encode("utf-8")):
-        digest.update(len(field).to_bytes(8, "big"))
-        digest.update(field)
-    return digest.digest()
+    """SHA-512 of the id under a tag that names this alignment."""
+    fields = length_prefixed(DOMAIN_TAG, alignment_id.encode("utf-8"), node_id.encode("utf-8"))
+    return hashlib.sha512(fields).digest()
 
 
 def hash_to_group(alignment_id: str, node_id: str) -> bytes:
@@ -47,7 +48,10 @@ class BlindingKey:
         self._scalar = scalar
 
     def blind(self, element: bytes) -> bytes:
-        """``element`` raised to this key; refuses an invalid encoding or the identity."""
+        """``element`` raised to this key; refuses an invalid or non-canonical encoding or the
+        identity."""
+        if not _top_bit_clear(element):
+            raise ValueError("not a blindable ristretto255 element: bit 255 is set")
         try:
             return bytes(rbcl.crypto_scalarmult_ristretto255(self._scalar, element))
         except RuntimeError as exc:  # libsodium's refusal of a bad element
@@ -70,10 +74,33 @@ def unpack(body: bytes) -> list[bytes]:
     return [body[i : i + ELEMENT_BYTES] for i in range(0, len(body), ELEMENT_BYTES)]
 
 
+def _top_bit_clear(element: bytes) -> bool:
+    # The libsodium that rbcl bundles decodes an element ignoring bit 255 (later libsodium
+    # refuses it), so x and x + 2^255 would be two spellings of one element.
+    return not element[-1] & 0x80
+
+
+def is_canonical(element: bytes) -> bool:
+    """A canonical ristretto255 encoding of an element other than the identity."""
+    return (
+        len(element) == ELEMENT_BYTES
+        and element != IDENTITY
+        and _top_bit_clear(element)
+        and bool(rbcl.crypto_core_ristretto255_is_valid_point(element))
+    )
+
+
 def check_elements(elements: Sequence[bytes]) -> None:
     """Every element a canonical ristretto255 encoding (not the identity), all distinct."""
+    first: dict[bytes, int] = {}
     for index, element in enumerate(elements):
-        if element == IDENTITY or not rbcl.crypto_core_ristretto255_is_valid_point(element):
-            raise ValueError(f"element {index} is not a valid ristretto255 group element")
-    if len(set(elements)) != len(elements):
-        raise ValueError("the set holds the same element twice")
+        if not is_canonical(element):
+            raise ValueError(
+                f"element {index} is not a valid ristretto255 group element (an invalid or "
+                "non-canonical encoding, or the identity)"
+            )
+        if element in first:
+            raise ValueError(
+                f"the set holds the same element twice (elements {first[element]} and {index})"
+            )
+        first[element] = index

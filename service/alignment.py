@@ -5,9 +5,11 @@ it and posts it (hop 0); the set then travels the ring: party ``owner + h`` (mod
 ``h - 1`` further and posts hop ``h``, keeping the order. After hop M - 1 every element carries
 every key, so equal ids have become equal elements. The service only relays: a set at
 ``(owner, hop)`` is served to the next blinder, party ``owner + hop + 1``, and the fully blinded
-sets are served to nobody. When all M are in, the service intersects them, sorts the
-intersection (the aligned index) and keeps, for each owner, the aligned index of every position
-of its set (-1 where not shared); then it drops every set body.
+sets are served to nobody. A set may come with its poster's signature, which the service relays
+without checking (it holds no key: the parties do, docs/threat-model.md). When all M are in,
+the service intersects them, sorts the intersection (the aligned index) and keeps, for each
+owner, the aligned index of every position of its set (-1 where not shared); then it drops
+every set body and signature.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ SET_ENCODING = "ristretto255"
 POSITIONS_ENCODING = "int64"
 POSITION_BYTES = 8  # little-endian int64
 PARTY_TOKEN_BYTES = 32
+SIGNATURE_BYTES = 64  # Ed25519
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,12 @@ class PartyCaller:
 @dataclass(frozen=True)
 class Waiting:
     missing: list[int]
+
+
+@dataclass(frozen=True)
+class RelayedSet:
+    body: bytes
+    signature: bytes | None
 
 
 @dataclass(frozen=True)
@@ -147,10 +156,12 @@ class AlignmentManager:
         shape: str | None,
         encoding: str | None,
         body: bytes,
+        signature: str | None = None,
     ) -> SetUpload:
-        """Store the set of ``owner`` at ``hop``, posted by ``caller``; complete the alignment
-        when it was the last fully blinded set."""
+        """Store the set of ``owner`` at ``hop``, posted by ``caller`` (with its signature, hex,
+        if any); complete the alignment when it was the last fully blinded set."""
         size = _declared_size(shape, encoding)
+        signed = _declared_signature(signature)
         _check_body(body, size)  # before the store's lock is taken: it costs ~10 us an element
         digest = hashlib.sha256(body).digest()
         with self.store.transaction() as tx:
@@ -165,10 +176,10 @@ class AlignmentManager:
                 )
             existing = tables.set(row.id, owner, hop)
             if existing is not None:
-                if existing.sha256 != digest:
+                if existing.sha256 != digest or existing.signature != signed:
                     raise AlignmentConflict(
                         f"hop {hop} of the set of party {owner} was already posted with a "
-                        "different body; a set is posted once"
+                        "different body or signature; a set is posted once"
                     )
                 return SetUpload(created=False, size=existing.size)
             if hop > 0:
@@ -183,12 +194,14 @@ class AlignmentManager:
                         f"the set of party {owner} has {previous.size} elements, "
                         f"X-Glasu-Shape says {size}"
                     )
-            tables.insert_set(row.id, owner, hop, sha256=digest, size=size, body=body)
+            tables.insert_set(
+                row.id, owner, hop, sha256=digest, size=size, body=body, signature=signed
+            )
             if hop == row.parties - 1:
                 _complete_if_ready(tables, row)
         return SetUpload(created=True, size=size)
 
-    def get_set(self, caller: PartyCaller, owner: int, hop: int) -> bytes | Waiting:
+    def get_set(self, caller: PartyCaller, owner: int, hop: int) -> RelayedSet | Waiting:
         with self.store.transaction() as tx:
             tables = AlignmentTables(tx)
             row = _alignment(tables, caller.alignment_id)
@@ -210,7 +223,7 @@ class AlignmentManager:
                 f"alignment {row.id!r} is complete and its blinded sets are discarded; "
                 "fetch your positions"
             )
-        return found.body
+        return RelayedSet(found.body, found.signature)
 
     def positions(self, caller: PartyCaller) -> bytes | Waiting:
         """For each position of the set ``caller`` posted, its aligned index (-1: not shared),
@@ -251,6 +264,22 @@ def _declared_size(shape: str | None, encoding: str | None) -> int:
     if not shape.isdigit() or int(shape) < 1:
         raise BadHeader(f"X-Glasu-Shape of a blinded set is its element count >= 1, not {shape!r}")
     return int(shape)
+
+
+def _declared_signature(header: str | None) -> bytes | None:
+    """The X-Glasu-Signature header's bytes: only its form is checked (the parties verify it)."""
+    if header is None:
+        return None
+    try:
+        signature = bytes.fromhex(header)
+    except ValueError:
+        signature = b""
+    if len(signature) != SIGNATURE_BYTES:
+        raise BadHeader(
+            f"X-Glasu-Signature is an Ed25519 signature, {SIGNATURE_BYTES} bytes in hex, not "
+            f"{header[:140]!r}"
+        )
+    return signature
 
 
 def _check_body(body: bytes, size: int) -> None:

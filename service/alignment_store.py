@@ -2,7 +2,8 @@
 transactions: ``Store.transaction()``).
 
 An alignment keeps: its parties' token hashes; every blinded set a party posted, by owner and
-hop (the body until the alignment is complete, then only its size and SHA-256); and, once
+hop (the body and its poster's signature, if any, until the alignment is complete, then only
+its size and SHA-256); and, once
 complete, for each owner the aligned index of every position of the set it posted. No node id,
 and no value anyone could test an id against, is ever stored (docs/threat-model.md).
 """
@@ -42,6 +43,7 @@ CREATE TABLE IF NOT EXISTS alignment_sets (
     sha256 BLOB NOT NULL,
     body BLOB,
     created_at REAL NOT NULL,
+    signature BLOB,
     PRIMARY KEY (alignment_id, owner, hop)
 );
 CREATE TABLE IF NOT EXISTS alignment_positions (
@@ -53,10 +55,14 @@ CREATE TABLE IF NOT EXISTS alignment_positions (
 """
 
 
-# columns added after the first release, with their declarations (added in place on open)
+# columns added after the first release, by table, with their declarations (added in place on
+# open)
 ADDED_COLUMNS = {
-    "nodes": "TEXT NOT NULL DEFAULT 'intersection' CHECK (nodes IN ('intersection', 'union'))",
-    "shared_nodes": "INTEGER",
+    "alignments": {
+        "nodes": "TEXT NOT NULL DEFAULT 'intersection' CHECK (nodes IN ('intersection', 'union'))",
+        "shared_nodes": "INTEGER",
+    },
+    "alignment_sets": {"signature": "BLOB"},
 }
 
 
@@ -81,6 +87,7 @@ class SetRow:
     size: int
     sha256: bytes
     body: bytes | None  # None once the alignment is complete
+    signature: bytes | None  # the poster's, relayed unchecked; None unsigned or once complete
 
 
 def create_alignment_tables(store: Store) -> None:
@@ -89,10 +96,11 @@ def create_alignment_tables(store: Store) -> None:
         for statement in ALIGNMENT_SCHEMA.split(";"):
             if statement.strip():
                 tx.connection.execute(statement)
-        columns = {row[1] for row in tx.connection.execute("PRAGMA table_info(alignments)")}
-        for column, declaration in ADDED_COLUMNS.items():
-            if column not in columns:  # a database written before the column existed
-                tx.connection.execute(f"ALTER TABLE alignments ADD COLUMN {column} {declaration}")
+        for table, added in ADDED_COLUMNS.items():
+            columns = {row[1] for row in tx.connection.execute(f"PRAGMA table_info({table})")}
+            for column, declaration in added.items():
+                if column not in columns:  # a database written before the column existed
+                    tx.connection.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
 
 
 class AlignmentTables:
@@ -143,7 +151,8 @@ class AlignmentTables:
 
     def sets(self, alignment_id: str) -> list[SetRow]:
         rows = self._db.execute(
-            "SELECT owner, hop, size, sha256, body FROM alignment_sets WHERE alignment_id = ?"
+            "SELECT owner, hop, size, sha256, body, signature FROM alignment_sets"
+            " WHERE alignment_id = ?"
             " ORDER BY owner, hop",
             (alignment_id,),
         ).fetchall()
@@ -151,19 +160,28 @@ class AlignmentTables:
 
     def set(self, alignment_id: str, owner: int, hop: int) -> SetRow | None:
         row = self._db.execute(
-            "SELECT owner, hop, size, sha256, body FROM alignment_sets"
+            "SELECT owner, hop, size, sha256, body, signature FROM alignment_sets"
             " WHERE alignment_id = ? AND owner = ? AND hop = ?",
             (alignment_id, owner, hop),
         ).fetchone()
         return _set_row(row) if row else None
 
     def insert_set(
-        self, alignment_id: str, owner: int, hop: int, *, sha256: bytes, size: int, body: bytes
+        self,
+        alignment_id: str,
+        owner: int,
+        hop: int,
+        *,
+        sha256: bytes,
+        size: int,
+        body: bytes,
+        signature: bytes | None,
     ) -> None:
         self._db.execute(
-            "INSERT INTO alignment_sets (alignment_id, owner, hop, size, sha256, body, created_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (alignment_id, owner, hop, size, sha256, body, time.time()),
+            "INSERT INTO alignment_sets"
+            " (alignment_id, owner, hop, size, sha256, body, signature, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (alignment_id, owner, hop, size, sha256, body, signature, time.time()),
         )
 
     def complete(
@@ -175,7 +193,8 @@ class AlignmentTables:
         digest: bytes,
         positions: list[bytes],
     ) -> None:
-        """Store each owner's positions, mark the alignment done and drop every set body."""
+        """Store each owner's positions, mark the alignment done and drop every set body (and
+        signature)."""
         self._db.executemany(
             "INSERT INTO alignment_positions (alignment_id, owner, body) VALUES (?, ?, ?)",
             [(alignment_id, owner, body) for owner, body in enumerate(positions)],
@@ -186,7 +205,8 @@ class AlignmentTables:
             (aligned_nodes, shared_nodes, digest, time.time(), alignment_id),
         )
         self._db.execute(
-            "UPDATE alignment_sets SET body = NULL WHERE alignment_id = ?", (alignment_id,)
+            "UPDATE alignment_sets SET body = NULL, signature = NULL WHERE alignment_id = ?",
+            (alignment_id,),
         )
 
     def positions(self, alignment_id: str, owner: int) -> bytes | None:
@@ -198,5 +218,12 @@ class AlignmentTables:
 
 
 def _set_row(row: tuple) -> SetRow:
-    owner, hop, size, sha256, body = row
-    return SetRow(int(owner), int(hop), int(size), bytes(sha256), bytes(body) if body else None)
+    owner, hop, size, sha256, body, signature = row
+    return SetRow(
+        int(owner),
+        int(hop),
+        int(size),
+        bytes(sha256),
+        bytes(body) if body else None,
+        bytes(signature) if signature else None,
+    )

@@ -5,7 +5,10 @@ party; each organisation runs ``glasu align run`` on its prepared folder (its id
 machine: only blinded values do) and gets its rows' places in the shared node index, with the
 train/validation/test split, written into the folder; the operator then creates the training
 session with ``glasu session create --alignment ID`` and each organisation runs
-``glasu worker --data DIR``. ``glasu align status`` shows the progress."""
+``glasu worker --data DIR``. ``glasu align status`` shows the progress. ``glasu align keygen``
+writes an organisation's Ed25519 key pair: with ``--signing-key`` and its peers' public keys
+(``--peer-key``), a party signs its sets and blinds only sets its peer signed, so that the
+service cannot have it blind guessed ids (docs/threat-model.md)."""
 
 from __future__ import annotations
 
@@ -13,8 +16,11 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import get_args
+from typing import TYPE_CHECKING, get_args
 from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from clients.alignment_signing import SetSigning
 
 from clients.cli.connection import add_server_arguments, admin_client, read_token
 from clients.cli.errors import EXIT_PEERS_MISSING, CliError, UsageError, failing_as
@@ -28,6 +34,10 @@ from clients.cli.options import (
 from secure.protocol import AlignedNodes
 from service.alignment_schemas import MAX_SEED
 from service.schemas import MAX_CLIENTS
+
+SIGNING_KEY_FILE = "alignment-signing.key"  # the Ed25519 seed, hex
+PUBLIC_KEY_FILE = "alignment-signing.pub"  # its public key, hex
+KEY_BYTES = 32
 
 
 def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -105,7 +115,31 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         action="store_true",
         help="allow a plain-HTTP service address other than loopback (off by default)",
     )
+    run_.add_argument(
+        "--signing-key",
+        type=Path,
+        metavar="PATH",
+        help="this organisation's key from `glasu align keygen`: sign every set it posts",
+    )
+    run_.add_argument(
+        "--peer-key",
+        type=_peer_key,
+        action="append",
+        metavar="M=PATH",
+        help="party M's public key (its alignment-signing.pub, received out of band); "
+        "repeat for every other party: then only sets signed by their poster are blinded",
+    )
     run_.add_argument("--quiet", action="store_true", help="no progress bar")
+    keygen = add_command(
+        actions,
+        "keygen",
+        help="write this organisation's signing key pair for `align run`",
+        description=f"Writes DIR/{SIGNING_KEY_FILE} (secret, mode 0600) and "
+        f"DIR/{PUBLIC_KEY_FILE} (give it to the other organisations out of band).",
+    )
+    keygen.add_argument(
+        "--out", type=Path, required=True, metavar="DIR", help="output directory (required)"
+    )
     status = add_command(
         actions,
         "status",
@@ -138,10 +172,25 @@ def _party_arguments(p: argparse.ArgumentParser, *, party: bool = True) -> None:
     )
 
 
+def _peer_key(text: str) -> tuple[int, Path]:
+    party, equals, path = text.partition("=")
+    if not equals or not party.isdigit() or not path:
+        raise argparse.ArgumentTypeError(f"give M=PATH (a party and its public key), not {text!r}")
+    return int(party), Path(path)
+
+
 def check(args: argparse.Namespace) -> None:
-    if args.action == "create":
+    if args.action in ("create", "keygen"):
         check_output_dir(args.out, "--out")
+    if args.action == "keygen" and (args.out / SIGNING_KEY_FILE).exists():
+        raise UsageError(f"--out {args.out} already holds a signing key; keep it or move it")
     if args.action == "run":
+        parties = [m for m, _ in args.peer_key or []]
+        if args.party in parties or len(set(parties)) != len(parties):
+            raise UsageError(
+                "--peer-key: one per other party (this is party "
+                f"{args.party}), got parties {parties}"
+            )
         from secure.protocol import is_loopback_host
 
         url = urlsplit(args.server)
@@ -158,6 +207,8 @@ def check(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.action == "create":
         return _create(args)
+    if args.action == "keygen":
+        return _keygen(args.out)
     if args.action == "status":
         token = read_token(args.token_file, flag="--token-file")
         with admin_client(args, token) as reader:
@@ -190,6 +241,45 @@ def _create(args: argparse.Namespace) -> int:
     return 0
 
 
+def _keygen(out: Path) -> int:
+    from nacl.signing import SigningKey
+
+    key = SigningKey.generate()
+    with failing_as(f"cannot write --out {out}"):
+        out.mkdir(parents=True, exist_ok=True)
+        write_private_file(out / SIGNING_KEY_FILE, bytes(key).hex())
+        (out / PUBLIC_KEY_FILE).write_text(bytes(key.verify_key).hex() + "\n")
+    print(
+        f"signing key in {out / SIGNING_KEY_FILE} (keep it); give {out / PUBLIC_KEY_FILE} to "
+        "the other organisations (`glasu align run --peer-key M=PATH`)"
+    )
+    return 0
+
+
+def _key_bytes(path: Path, flag: str) -> bytes:
+    with failing_as(f"cannot read the key file given by {flag}"):
+        text = path.read_text(encoding="utf-8").strip()
+    try:
+        key = bytes.fromhex(text)
+    except ValueError:
+        key = b""
+    if len(key) != KEY_BYTES:
+        raise CliError(f"{flag} {path} is not a key of `glasu align keygen` (32 bytes, hex)")
+    return key
+
+
+def _signing(args: argparse.Namespace) -> SetSigning:
+    from nacl.signing import SigningKey, VerifyKey
+
+    from clients.alignment_signing import SetSigning
+
+    own = args.signing_key
+    return SetSigning(
+        signing_key=None if own is None else SigningKey(_key_bytes(own, "--signing-key")),
+        peer_keys={m: VerifyKey(_key_bytes(path, "--peer-key")) for m, path in args.peer_key or []},
+    )
+
+
 def _run_party(args: argparse.Namespace) -> int:
     from clients.alignment import AlignmentClient, AlignmentFailed, align
     from clients.service_http import tls_verification
@@ -198,6 +288,7 @@ def _run_party(args: argparse.Namespace) -> int:
     from models.shared_split import deployed_alignment
 
     token = read_token(args.token_file, flag="--token-file")
+    signing = _signing(args)
     with failing_as(f"cannot read --data {args.data}"):
         data = read_party(args.data)
     with failing_as("--ca-file"):
@@ -211,7 +302,7 @@ def _run_party(args: argparse.Namespace) -> int:
         peer_wait_seconds=args.peer_wait_seconds,
     ) as client:
         try:
-            outcome = align(client, data.ids, progress=not args.quiet)
+            outcome = align(client, data.ids, signing=signing, progress=not args.quiet)
         except AlignmentFailed as exc:
             raise CliError(f"the alignment failed: {exc}") from exc
         except PeersMissing as exc:

@@ -1,6 +1,8 @@
 """The alignment of ``glasu train --party``: every party's side of the private set intersection
 (``clients/alignment.py``), one thread each, through the service's own routes running in this
-process on a temporary database (no sockets). The same messages as a deployed ``glasu align``.
+process on a temporary database (no sockets). The same messages as a deployed ``glasu align``,
+signed: each party gets a fresh Ed25519 key and its peers' public keys, so it blinds only sets its
+peer posted.
 Every alignment orders the shared nodes anew (by fully blinded values, which depend on fresh
 keys and on the alignment's id), so two runs with one seed draw different splits."""
 
@@ -14,6 +16,7 @@ from pathlib import Path
 
 from clients.admin import AdminClient
 from clients.alignment import AlignmentClient, AlignmentOutcome, align
+from clients.alignment_signing import SetSigning
 from clients.local.asgi import InProcessTransport
 
 BASE_URL = "http://glasu.inprocess"
@@ -48,6 +51,7 @@ def align_in_process(
                         "label": "glasu train --party",
                     }
                 )
+            signing = SetSigning.generate(len(party_ids))
             with ThreadPoolExecutor(max_workers=len(party_ids)) as pool:
                 futures = [
                     pool.submit(
@@ -57,6 +61,7 @@ def align_in_process(
                         m,
                         created["party_tokens"][m],
                         ids,
+                        signing[m],
                         progress and m == 0,
                     )
                     for m, ids in enumerate(party_ids)
@@ -73,6 +78,7 @@ def _party(
     party: int,
     token: str,
     ids: Sequence[str],
+    signing: SetSigning,
     progress: bool,
 ) -> AlignmentOutcome:
     with AlignmentClient(
@@ -84,4 +90,4 @@ def _party(
         poll_seconds=5.0,
         peer_wait_seconds=PEER_WAIT_SECONDS,
     ) as client:
-        return align(client, ids, progress=progress)
+        return align(client, ids, signing=signing, progress=progress)

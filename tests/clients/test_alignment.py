@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import secrets
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,8 +18,9 @@ import pytest
 
 from clients.admin import AdminClient
 from clients.alignment import AlignmentClient, AlignmentFailed, AlignmentOutcome, align
+from clients.alignment_signing import SetSigning
 from clients.local.asgi import InProcessTransport
-from secure.psi import BlindingKey, hash_to_group, id_digest
+from secure.psi import BlindingKey, hash_to_group, id_digest, pack, unpack
 from service.app import create_app, service_context
 from service.settings import ServiceSettings
 
@@ -50,6 +51,33 @@ class RecordingTransport(httpx.BaseTransport):
         return response
 
 
+Rewrite = Callable[[str, list[bytes]], list[bytes]]
+
+
+@dataclass
+class LyingService(httpx.BaseTransport):
+    """The real service, except that the set served at a path ending in ``victim_path`` comes
+    back rewritten (``rewrite(alignment_id, elements)``), its other headers kept."""
+
+    inner: InProcessTransport
+    victim_path: str
+    rewrite: Rewrite
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = self.inner.handle_request(request)
+        path = request.url.path
+        if request.method != "GET" or not path.endswith(self.victim_path):
+            return response
+        if response.status_code != 200:
+            return response
+        forged = pack(self.rewrite(path.split("/")[3], unpack(response.read())))
+        headers = [(k, v) for k, v in response.headers.items() if k != "content-length"]
+        return httpx.Response(200, headers=headers, content=forged)
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+
 @dataclass
 class Run:
     alignment_id: str
@@ -65,13 +93,26 @@ class Run:
         return [e.request for e in self.recorder.exchanges]
 
 
-def run_alignment(tmp_path: Path, party_ids: Sequence[Sequence[str]]) -> Run:
+def run_alignment(
+    tmp_path: Path,
+    party_ids: Sequence[Sequence[str]],
+    *,
+    signed: bool = False,
+    lie: tuple[str, Rewrite] | None = None,
+    peer_wait_seconds: float = 60,
+) -> Run:
+    """Every party's side, one thread each; ``lie``: (victim path, rewrite) for a
+    :class:`LyingService` in front of the real one."""
     token = secrets.token_urlsafe(24)
     app = create_app(ServiceSettings(database=tmp_path / "service.sqlite3", admin_token=token))
-    recorder = RecordingTransport(InProcessTransport(app))
+    service: httpx.BaseTransport = InProcessTransport(app)
+    if lie is not None:
+        service = LyingService(service, *lie)  # type: ignore[arg-type]
+    recorder = RecordingTransport(service)
     with AdminClient(base_url=BASE_URL, token=token, transport=recorder) as admin:
         created = admin.create_alignment({"parties": len(party_ids), "seed": 5})
     keys = [BlindingKey() for _ in party_ids]
+    signing = SetSigning.generate(len(party_ids)) if signed else [SetSigning()] * len(party_ids)
     outcomes: list[AlignmentOutcome | BaseException] = [RuntimeError("not run")] * len(keys)
 
     def party(m: int) -> None:
@@ -82,10 +123,10 @@ def run_alignment(tmp_path: Path, party_ids: Sequence[Sequence[str]]) -> Run:
                 party=m,
                 token=created["party_tokens"][m],
                 transport=recorder,
-                poll_seconds=2,
-                peer_wait_seconds=60,
+                poll_seconds=min(2, peer_wait_seconds),
+                peer_wait_seconds=peer_wait_seconds,
             ) as client:
-                outcomes[m] = align(client, party_ids[m], key=keys[m])
+                outcomes[m] = align(client, party_ids[m], key=keys[m], signing=signing[m])
         except BaseException as exc:  # surfaced by the tests
             outcomes[m] = exc
 
@@ -198,3 +239,79 @@ def test_duplicate_ids_are_refused_before_anything_is_sent() -> None:
         pytest.raises(ValueError, match="'x' twice"),
     ):
         align(client, ["x", "y", "x"])
+
+
+def with_bit_255(element: bytes) -> bytes:
+    return element[:-1] + bytes([element[-1] | 0x80])  # libsodium ignores the bit: its twin
+
+
+def posted_by(run: Run, party: int, path: str) -> bool:
+    return any(
+        e.token == run.tokens[party] and path.encode() in e.request for e in run.recorder.exchanges
+    )
+
+
+def test_a_party_refuses_a_relayed_set_that_spells_one_element_twice(tmp_path: Path) -> None:
+    def respell(_: str, elements: list[bytes]) -> list[bytes]:
+        return [elements[0], with_bit_255(elements[0]), *elements[2:]]
+
+    lie = ("/parties/1/sets/0/hops/0", respell)
+    run = run_alignment(tmp_path, [["a", "b", "c"], ["b", "c"]], lie=lie, peer_wait_seconds=3)
+    refused = run.outcomes[1]
+    assert isinstance(refused, AlignmentFailed), refused
+    assert "hop 0 of party 0's set" in str(refused) and "element 1 is not a valid" in str(refused)
+    assert not posted_by(run, 1, "/sets/0/hops/1")  # it blinded none of it
+
+
+def guesses_in_place_of(ids: Sequence[str], size: int) -> Rewrite:
+    """A service's dictionary attack: the hashes of guessed ids (some the victim holds) as the
+    set the victim blinds next, ``size`` of them."""
+
+    def guess(alignment_id: str, _: list[bytes]) -> list[bytes]:
+        guessed = [*ids, *(f"guess-{i}" for i in range(size))][:size]
+        return [hash_to_group(alignment_id, node) for node in guessed]
+
+    return guess
+
+
+def test_a_relayed_set_that_is_not_the_size_its_owner_declared_is_not_blinded(
+    tmp_path: Path,
+) -> None:
+    party_ids = [["a", "b", "c"], ["b", "c", "d", "e"]]
+    lie = ("/parties/1/sets/0/hops/0", guesses_in_place_of(party_ids[1], 6))
+    run = run_alignment(tmp_path, party_ids, lie=lie, peer_wait_seconds=3)
+    refused = run.outcomes[1]
+    assert isinstance(refused, AlignmentFailed), refused
+    assert "6 elements" in str(refused) and "declares 3" in str(refused)
+    assert not posted_by(run, 1, "/sets/0/hops/1")  # no guess came back blinded
+
+
+def test_with_signatures_a_party_blinds_only_what_its_peer_posted(tmp_path: Path) -> None:
+    party_ids = [["a", "b", "c"], ["b", "c", "d", "e"]]
+    run = run_alignment(tmp_path, party_ids, signed=True)
+    assert all(isinstance(o, AlignmentOutcome) for o in run.outcomes), run.outcomes
+    # the service swaps the set for guesses of the declared size: the signature gives it away
+    lie = ("/parties/1/sets/0/hops/0", guesses_in_place_of(party_ids[1], 3))
+    (tmp_path / "lie").mkdir()
+    run = run_alignment(tmp_path / "lie", party_ids, signed=True, lie=lie, peer_wait_seconds=3)
+    refused = run.outcomes[1]
+    assert isinstance(refused, AlignmentFailed), refused
+    assert "signature is not party 0's" in str(refused)
+    assert not posted_by(run, 1, "/sets/0/hops/1")  # no guess came back blinded
+
+
+def test_the_in_process_alignment_signs_every_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    from clients.local import alignment as local
+
+    signatures: list[str | None] = []
+
+    class Recording(InProcessTransport):
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            if request.method == "PUT":
+                signatures.append(request.headers.get("x-glasu-signature"))
+            return super().handle_request(request)
+
+    monkeypatch.setattr(local, "InProcessTransport", Recording)
+    outcomes = local.align_in_process([["a", "b"], ["b", "c"], ["b", "a"]], seed=1)
+    assert [o.aligned_nodes for o in outcomes] == [1, 1, 1]
+    assert len(signatures) == 9 and all(signatures)  # 3 sets x 3 hops

@@ -46,3 +46,19 @@ def test_the_checks_refuse_invalid_identity_and_repeated_elements() -> None:
         unpack(pack(good)[:-1])
     with pytest.raises(ValueError, match="not a blindable"):
         BlindingKey().blind(b"\xff" * 32)
+
+
+def with_bit_255(element: bytes) -> bytes:
+    """The other spelling of ``element`` that the bundled libsodium decodes to the same point."""
+    return element[:-1] + bytes([element[-1] | 0x80])
+
+
+def test_an_element_with_bit_255_set_is_refused_not_read_as_its_twin() -> None:
+    good = [hash_to_group("s", str(i)) for i in range(3)]
+    twin = with_bit_255(good[0])
+    with pytest.raises(ValueError, match="element 3 is not a valid"):
+        check_elements([*good, twin])  # one element spelled twice
+    with pytest.raises(ValueError, match="element 0 is not a valid"):
+        check_elements([twin])
+    with pytest.raises(ValueError, match="not a blindable"):
+        BlindingKey().blind(twin)

@@ -45,12 +45,24 @@ def blinded(aid: str, ids: list[str], *keys: BlindingKey) -> list[bytes]:
 
 
 async def put(
-    client: httpx.AsyncClient, created: dict, party: int, owner: int, hop: int, body: bytes
+    client: httpx.AsyncClient,
+    created: dict,
+    party: int,
+    owner: int,
+    hop: int,
+    body: bytes,
+    *,
+    signature: str | None = None,
 ) -> httpx.Response:
+    signed = {} if signature is None else {"X-Glasu-Signature": signature}
     return await client.put(
         set_path(created["alignment_id"], party, owner, hop),
         content=body,
-        headers={**set_headers(len(body) // 32), **bearer(created["party_tokens"][party])},
+        headers={
+            **set_headers(len(body) // 32),
+            **signed,
+            **bearer(created["party_tokens"][party]),
+        },
     )
 
 
@@ -134,6 +146,8 @@ async def test_a_blinded_set_must_be_distinct_group_elements(client: httpx.Async
         (pack([good[0], good[0]]), "same element twice"),
         (pack([good[0], IDENTITY]), "not a valid"),
         (pack([good[0], b"\xff" * 32]), "not a valid"),
+        # the same element spelled twice: bit 255 set, which libsodium ignores when decoding
+        (pack([good[0], good[0][:-1] + bytes([good[0][-1] | 0x80])]), "element 1 is not a valid"),
         (pack(good)[:-1], "bytes"),
     ):
         response = await client.put(
@@ -152,6 +166,35 @@ async def test_a_blinded_set_must_be_distinct_group_elements(client: httpx.Async
         },
     )
     assert_problem(response, 400, "bad-header", mentions="ristretto255")
+
+
+async def test_a_signature_is_relayed_as_posted_and_dropped_with_the_body(
+    make_app: Callable[..., FastAPI],
+) -> None:
+    app = make_app()
+    async with http_client(app) as client:
+        created = await create_alignment(client)
+        aid, tokens = created["alignment_id"], created["party_tokens"]
+        body = pack(blinded(aid, ["x", "y"], BlindingKey()))
+        signature = "5a" * 64  # the service only relays it: the parties hold the keys
+        for header, mentions in (("5a" * 63, "64 bytes"), ("zz" * 64, "64 bytes")):
+            response = await put(client, created, 0, 0, 0, body, signature=header)
+            assert_problem(response, 400, "bad-header", mentions=mentions)
+        assert (await put(client, created, 0, 0, 0, body, signature=signature)).status_code == 201
+        assert (await put(client, created, 0, 0, 0, body, signature=signature)).status_code == 200
+        response = await put(client, created, 0, 0, 0, body, signature="a5" * 64)
+        assert_problem(response, 409, "conflict", mentions="signature")
+        got = await client.get(set_path(aid, 1, 0, 0), headers=bearer(tokens[1]))
+        assert got.content == body and got.headers["x-glasu-signature"] == signature
+        assert (await put(client, created, 1, 1, 0, body)).status_code == 201  # unsigned
+        got = await client.get(set_path(aid, 0, 1, 0), headers=bearer(tokens[0]))
+        assert "x-glasu-signature" not in got.headers
+        for m in (0, 1):
+            full = pack(blinded(aid, ["x", "y"], BlindingKey()))
+            assert (await put(client, created, m, 1 - m, 1, full)).status_code == 201
+    with service_context(app).store.transaction() as tx:
+        sets = AlignmentTables(tx).sets(aid)
+    assert sets and all(s.body is None and s.signature is None for s in sets)
 
 
 async def test_tokens_are_bound_to_one_alignment_and_one_party(client: httpx.AsyncClient) -> None:
@@ -217,7 +260,7 @@ async def test_an_alignment_over_the_union_indexes_every_id_once(
     assert (status["nodes"], status["aligned_nodes"], status["shared_nodes"]) == ("union", 5, 2)
 
 
-def test_a_database_from_before_the_union_gains_its_columns(tmp_path) -> None:
+def test_a_database_from_before_the_union_and_the_signatures_gains_their_columns(tmp_path) -> None:
     import sqlite3
 
     from service.alignment_store import create_alignment_tables
@@ -231,11 +274,18 @@ def test_a_database_from_before_the_union_gains_its_columns(tmp_path) -> None:
             " created_at REAL NOT NULL, updated_at REAL NOT NULL)"
         )
         db.execute("INSERT INTO alignments VALUES ('old', 2, 0, NULL, 'done', 7, NULL, 0, 0)")
+        db.execute(
+            "CREATE TABLE alignment_sets (alignment_id TEXT NOT NULL, owner INTEGER NOT NULL, hop"
+            " INTEGER NOT NULL, size INTEGER NOT NULL, sha256 BLOB NOT NULL, body BLOB, created_at"
+            " REAL NOT NULL, PRIMARY KEY (alignment_id, owner, hop))"
+        )
+        db.execute("INSERT INTO alignment_sets VALUES ('old', 0, 0, 3, x'00', NULL, 0)")
     store = Store(path)
     try:
         create_alignment_tables(store)
         with store.transaction() as tx:
             row = AlignmentTables(tx).alignment("old")
+            sets = AlignmentTables(tx).sets("old")
     finally:
         store.close()
     assert row is not None and (row.nodes, row.aligned_nodes, row.shared_nodes) == (
@@ -243,3 +293,4 @@ def test_a_database_from_before_the_union_gains_its_columns(tmp_path) -> None:
         7,
         None,
     )
+    assert [(s.size, s.signature) for s in sets] == [(3, None)]

@@ -24,6 +24,7 @@ from service.alignment import (
     SET_ENCODING,
     AlignmentManager,
     PartyCaller,
+    RelayedSet,
     SetUpload,
     Waiting,
 )
@@ -76,6 +77,14 @@ ShapeHeader = Annotated[
 ]
 EncodingHeader = Annotated[
     str | None, Header(alias="X-Glasu-Encoding", description=f"'{SET_ENCODING}'.")
+]
+SignatureHeader = Annotated[
+    str | None,
+    Header(
+        alias="X-Glasu-Signature",
+        description="Optional: the poster's Ed25519 signature of the set (hex), relayed to the "
+        "next party unchecked.",
+    ),
 ]
 
 WAITING_RESPONSE: dict[int | str, dict[str, object]] = {
@@ -189,15 +198,16 @@ def _is_waiting(result: object) -> bool:
     return isinstance(result, Waiting)
 
 
-def _binary(result: bytes | Waiting, *, shape: str, encoding: str) -> Response:
+def _binary(
+    result: bytes | Waiting, *, shape: str, encoding: str, signature: bytes | None = None
+) -> Response:
     if isinstance(result, Waiting):
         waiting = AlignmentWaiting(missing=result.missing)
         return JSONResponse(waiting.model_dump(mode="json"), status_code=202)
-    return Response(
-        result,
-        media_type=OCTET_STREAM,
-        headers={"X-Glasu-Shape": shape, "X-Glasu-Encoding": encoding},
-    )
+    headers = {"X-Glasu-Shape": shape, "X-Glasu-Encoding": encoding}
+    if signature is not None:
+        headers["X-Glasu-Signature"] = signature.hex()
+    return Response(result, media_type=OCTET_STREAM, headers=headers)
 
 
 @router.post("", status_code=201, response_model=AlignmentCreated, summary="Create an alignment")
@@ -236,6 +246,7 @@ async def put_set(
     hop: HopPath,
     shape: ShapeHeader = None,
     encoding: EncodingHeader = None,
+    signature: SignatureHeader = None,
 ) -> JSONResponse:
     # The set of party o blinded by parties o..o+h (mod M): party o posts hop 0 (its own set,
     # blinded and shuffled), party o+h posts hop h. (No docstring: OpenAPI description.)
@@ -246,7 +257,9 @@ async def put_set(
         )
     body = b"".join([chunk async for chunk in request.stream()])
     store = partial(alignments.put_set, caller, owner, hop)
-    upload: SetUpload = await run_in_threadpool(store, shape=shape, encoding=encoding, body=body)
+    upload: SetUpload = await run_in_threadpool(
+        store, shape=shape, encoding=encoding, body=body, signature=signature
+    )
     context.notifier.notify(_notify_key(caller.alignment_id))
     receipt = SetReceipt(
         owner=owner,
@@ -283,8 +296,15 @@ async def get_set(
         is_waiting=_is_waiting,
         timeout=_wait_seconds(context, wait),
     )
-    size = "0" if isinstance(result, Waiting) else str(len(result) // ELEMENT_BYTES)
-    return _binary(result, shape=size, encoding=SET_ENCODING)
+    if isinstance(result, Waiting):
+        return _binary(result, shape="0", encoding=SET_ENCODING)
+    relayed: RelayedSet = result
+    return _binary(
+        relayed.body,
+        shape=str(len(relayed.body) // ELEMENT_BYTES),
+        encoding=SET_ENCODING,
+        signature=relayed.signature,
+    )
 
 
 @router.get(

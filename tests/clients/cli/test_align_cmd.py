@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -91,9 +91,16 @@ def prepared_party(root: Path, m: int, *, label_every: int = 1) -> Path:
 
 
 def run_alignment(
-    server: dict[str, str], root: Path, folders: list[Path], *, nodes: str = "intersection"
+    server: dict[str, str],
+    root: Path,
+    folders: list[Path],
+    *,
+    nodes: str = "intersection",
+    party_args: Callable[[int], list[str]] = lambda m: [],
+    codes_expected: dict[int, int] | None = None,
 ) -> str:
-    """`glasu align create` and every party's `glasu align run`, in parallel; the alignment id."""
+    """`glasu align create` and every party's `glasu align run` (with ``party_args(m)``), in
+    parallel; the alignment id."""
     connection = ["--server", server["url"]]
     alignment = root / "alignment"
     assert main(["align", "create", *connection, "--admin-token-file", server["token_file"],
@@ -106,14 +113,14 @@ def run_alignment(
     def run_party(m: int) -> None:
         codes[m] = main(["align", "run", *connection, "--alignment", aid, "--party", str(m),
                          "--token-file", str(alignment / f"party-{m}.token"),
-                         "--data", str(folders[m]), "--quiet"])  # fmt: skip
+                         "--data", str(folders[m]), "--quiet", *party_args(m)])  # fmt: skip
 
     threads = [threading.Thread(target=run_party, args=(m,)) for m in range(len(folders))]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(timeout=120)
-    assert codes == dict.fromkeys(range(len(folders)), 0)
+    assert codes == (codes_expected or dict.fromkeys(range(len(folders)), 0))
     return aid
 
 
@@ -180,3 +187,29 @@ def test_an_alignment_over_the_union_indexes_every_partys_nodes(
     assert (status["nodes"], status["aligned_nodes"], status["shared_nodes"]) == ("union", 50, 20)
     assert body["nodes"] == "union" and body["num_nodes"] == 50
     assert body["train_nodes"] == partitions[0].train_nodes.tolist()
+
+
+def test_signed_parties_align_and_a_set_from_the_wrong_peer_is_not_blinded(
+    server: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    folders = [prepared_party(tmp_path, m) for m in range(2)]
+    keys = [tmp_path / f"keys-{m}" for m in range(2)]
+    for folder in keys:
+        assert main(["align", "keygen", "--out", str(folder)]) == 0
+    assert (keys[0] / "alignment-signing.key").stat().st_mode & 0o777 == 0o600
+    assert main(["align", "keygen", "--out", str(keys[0])]) == 2  # never overwrites a key
+
+    def signed(m: int, peer: Path | None = None) -> list[str]:
+        peer = peer or keys[1 - m] / "alignment-signing.pub"
+        return ["--signing-key", str(keys[m] / "alignment-signing.key"),
+                "--peer-key", f"{1 - m}={peer}", "--peer-wait-seconds", "3"]  # fmt: skip
+
+    run_alignment(server, tmp_path, folders, party_args=signed)
+    assert capsys.readouterr().out.count("20 of its 30 nodes are shared by all 2 parties") == 2
+    # party 1 takes its own public key for party 0's: party 0's sets are not what it expects
+    second = tmp_path / "second"
+    second.mkdir()
+    wrong = {1: keys[1] / "alignment-signing.pub"}
+    run_alignment(server, second, folders, party_args=lambda m: signed(m, wrong.get(m)),
+                  codes_expected={0: 5, 1: 1})  # fmt: skip
+    assert "its signature is not party 0's" in capsys.readouterr().err
