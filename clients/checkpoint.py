@@ -44,10 +44,7 @@ import importlib
 import io
 import json
 import logging
-import os
-import tempfile
 from collections.abc import Mapping
-from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +57,7 @@ from models.partition import ClientPartition
 from models.private import PrivateGlasuClient
 from models.workset import CachedBatch
 from secure.aggregation import EmbeddingCodec
+from secure.files import atomic_write
 from secure.release_noise import ReleaseKeyedNoise
 
 log = logging.getLogger(__name__)
@@ -72,38 +70,6 @@ CHECKPOINT_DIRNAME = "checkpoints"
 class CheckpointError(RuntimeError):
     """A checkpoint this worker cannot resume from, or cannot write; the message says why and
     what to do."""
-
-
-# -- atomic files -----------------------------------------------------------------------------
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a crash at any moment leaves either the old file or
-    the new one, never a part: a temporary file in the same folder, flushed and synced, then
-    renamed over ``path``, then the folder synced (the rename itself is durable)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        with suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise
-    _fsync_directory(path.parent)
-
-
-def _fsync_directory(directory: Path) -> None:
-    with suppress(OSError):  # not every platform can open a directory
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 # -- the fingerprint ----------------------------------------------------------------------------

@@ -107,6 +107,21 @@ class WorkerSettings(BaseSettings):
         False,
         description="Write no checkpoints (a worker that stops cannot then rejoin its session).",
     )
+    model_out: Path | None = Field(
+        None,
+        description="Folder to keep this party's trained model in at the end of a training "
+        "session (the best evaluation round's; `glasu model show DIR` describes it).",
+    )
+    model: Path | None = Field(
+        None,
+        description="A scoring session: the folder of this party's trained model (from "
+        "--model-out or `glasu train --model-dir`).",
+    )
+    predictions: Path | None = Field(
+        None,
+        description="A scoring session, a party with a head: the file the predictions go to, "
+        "one row per scored node of this party's own ids (.csv or .parquet).",
+    )
     insecure_http: bool = Field(
         False,
         description="Allow a plain-HTTP service address other than loopback (tokens and "

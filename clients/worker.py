@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -20,8 +21,10 @@ from clients.checkpoint import (
     WorkerProgress,
 )
 from clients.ledger import LocalLedger
+from clients.model_keeper import ModelKeeper
 from clients.policy import PrivacyPolicy, ReleaseGate, admit_session
 from clients.transport import PeersMissing, ServiceClient, ServiceError
+from models.artefact import ModelError, SavedModel
 from models.backbone import ModelConfig
 from models.federated import ClientConfig, GlasuClient, PassOutcome
 from models.partition import ClientPartition, check_labels, without_labels
@@ -64,6 +67,7 @@ class WorkerResult:
     history: list[dict[str, Any]] = field(default_factory=list)
     resumed_from: list[int] = field(default_factory=list)  # the pass of each resume (checkpoint)
     skipped: list[int] = field(default_factory=list)  # passes that went on without this client
+    model_path: Path | None = None  # where the kept model went (training with model_out)
 
 
 @dataclass(frozen=True)
@@ -144,6 +148,9 @@ def run_worker(
     on_pass: Callable[[dict[str, Any], PassOutcome], None] | None = None,
     checkpoints: CheckpointStore | None = None,
     on_resume: Callable[[int, Path], None] | None = None,
+    model: SavedModel | None = None,
+    model_out: Path | None = None,
+    alignment_digest: str | None = None,
 ) -> WorkerResult:
     """Follow the session's passes until it says "done". Before anything is sent, the session
     must satisfy this organisation's privacy ``policy`` (:class:`PolicyRefusal` otherwise); with
@@ -153,7 +160,11 @@ def run_worker(
     With ``checkpoints``, the worker saves its state after every completed pass (and once
     before the first) and, if a checkpoint of this session is there, resumes from it: it
     recomputes the pass it was in, bit for bit, and rejoins the service there
-    (clients/checkpoint.py; :class:`CheckpointError` for a checkpoint it cannot use)."""
+    (clients/checkpoint.py; :class:`CheckpointError` for a checkpoint it cannot use).
+
+    A training session with ``model_out`` keeps the best evaluation round's model there
+    (clients/model_keeper.py); a scoring session needs the party's trained ``model``
+    (:class:`models.artefact.ModelError` when it does not fit the session or the data)."""
     session = service.session()
     if session.get("session_id") != service.session_id:
         # the owner's ledger is keyed by the id it configured: a service that answers for
@@ -179,6 +190,11 @@ def run_worker(
             f"makes {codec.encoding}: give the secret context (or --no-he) to match"
         )
     partition = session_partition(partition, config)
+    scoring = config.get("kind") == "scoring"
+    if scoring:
+        if model is None:
+            raise ModelError("a scoring session needs this party's trained model (--model DIR)")
+        check_model_fits(model, config, partition)
     privacy = admit_session(
         policy,
         session,
@@ -195,9 +211,14 @@ def run_worker(
         if options.noise_seed is None:
             scope = f"{service.session_id}/client{service.client_index}"
             noise = ReleaseKeyedNoise(ledger.noise_secret(), scope=scope)
+    client_config = client_config_from_session(config, options)
+    if model is not None:
+        client_config = dataclasses.replace(
+            client_config, num_classes=model.manifest["model"]["num_classes"]
+        )
     client = make_client(
         partition,
-        client_config_from_session(config, options),
+        client_config,
         codec=codec if checkpoints is None else DigestingCodec(codec),
         device=device,
         privacy=privacy,
@@ -205,6 +226,11 @@ def run_worker(
         noise_seed=options.noise_seed,
         noise=noise,
     )
+    if model is not None:
+        client.network.load_state_dict(model.weights)
+    keeper = None
+    if model_out is not None and not scoring:
+        keeper = ModelKeeper(client, private=privacy is not None)
     progress = WorkerProgress()
     resume: ResumedPass | None = None
     fingerprint: Fingerprint | None = None
@@ -295,6 +321,8 @@ def run_worker(
                     "training_bytes": progress.training_bytes,
                 }
             )
+        if keeper is not None:
+            keeper.observe(info, outcome)
         if on_pass:
             on_pass(info, outcome)
         progress.passes += 1
@@ -305,12 +333,66 @@ def run_worker(
             progress.next_pass = pass_index
             progress.bytes_up, progress.bytes_down = service.traffic.up, service.traffic.down
             checkpoints.save(client, progress, fingerprint)
+    if keeper is not None and result.finished_reason == "finished":
+        assert model_out is not None
+        holders = config["clients"] if config.get("label_holder") is None else 1
+        kept, chosen_by = keeper.choose(
+            lambda: service.session()["metrics"], holders, service.peer_wait_seconds
+        )
+        result.model_path = keeper.save(
+            model_out,
+            kept=kept,
+            chosen_by=chosen_by,
+            session=session,
+            session_id=service.session_id,
+            alignment_digest=alignment_digest,
+            privacy=privacy,
+            policy=policy,
+            ledger=ledger,
+        )
     result.passes = progress.passes
     result.training_bytes = progress.training_bytes
     result.history = progress.history
     result.resumed_from = progress.resumed_from
     result.skipped = skipped
     return result
+
+
+def check_model_fits(
+    model: SavedModel, config: Mapping[str, Any], partition: ClientPartition
+) -> None:
+    """A scoring session scores with the model it names, built as it was trained, on data of
+    the model's feature schema: :class:`ModelError` naming what differs."""
+    saved = model.manifest["model"]
+    if config.get("model_session") not in (None, model.manifest["session_id"]):
+        raise ModelError(
+            f"the scoring session uses the models of session {config['model_session']}, but "
+            f"{model.path} was trained in session {model.manifest['session_id']}"
+        )
+    expected = {
+        "layers": config["layers"],
+        "agg_layers": [a["layer"] for a in config["agg_layers"]],
+        "widths": [a["width"] for a in config["agg_layers"]],
+        "session_seed": config["seed"],
+    }
+    for name, value in expected.items():
+        if saved.get(name) != value:
+            raise ModelError(
+                f"the scoring session has {name} {value}, the model {model.path} was trained "
+                f"with {saved.get(name)}: create the scoring session from the model's manifest"
+            )
+    if model.manifest["party"]["index"] != partition.client:
+        raise ModelError(
+            f"{model.path} is party {model.manifest['party']['index']}'s model, this worker is "
+            f"client {partition.client}"
+        )
+    if partition.feature_names is not None:
+        model.check_features(partition.feature_names)
+    elif int(partition.features.shape[1]) != saved["in_features"]:
+        raise ModelError(
+            f"the data has {int(partition.features.shape[1])} feature columns, the model "
+            f"{model.path} {saved['in_features']}"
+        )
 
 
 def went_on_without(exc: ServiceError, config: Mapping[str, Any]) -> bool:

@@ -47,6 +47,9 @@ class PassOutcome:
     # the party-alone reference of a private client (models/private.py), same batches
     reference_val_accuracy: float | None = None
     reference_test_accuracy: float | None = None
+    # an evaluation pass of a client with a head: its class probabilities, one row per output
+    # node (what a model artefact's evaluation and a scoring session write)
+    probabilities: np.ndarray | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,8 @@ class ClientConfig:
     lr: float = 0.01
     weight_decay: float = 5e-4
     seed: int = 0
+    # the head's width when it must match a saved model (scoring); default: the labels'
+    num_classes: int | None = None
 
     def __post_init__(self) -> None:
         layers = self.model.layers
@@ -161,7 +166,7 @@ class GlasuClient:
             torch.manual_seed(client_seed)
             self.network = ClientNetwork(
                 in_features=partition.features.shape[1],
-                num_classes=partition.num_classes,
+                num_classes=config.num_classes or partition.num_classes,
                 config=config.model,
             ).to(self.device)
         self.generator = torch.Generator(device=self.device)
@@ -204,7 +209,9 @@ class GlasuClient:
             output_nodes, num_nodes=self.partition.num_nodes, what=f"pass {pass_index}'s output"
         )
         self.current_pass = (pass_index, output_nodes)
-        sampled = yield from self._sample(pass_index, output_nodes, fanout)
+        sampled = yield from self._sample(
+            pass_index if kind == "train" else None, output_nodes, fanout
+        )
         blocks = [Block.from_sampled(layer, self.device) for layer in sampled]
         input_nodes = torch.from_numpy(sampled[0].sources).to(self.device)
         h0_rows = [
@@ -235,10 +242,11 @@ class GlasuClient:
         }
 
     def _sample(
-        self, pass_index: int, output_nodes: np.ndarray, fanout: int
+        self, pass_index: int | None, output_nodes: np.ndarray, fanout: int
     ) -> Generator[Request, Response, list[SampledLayer]]:
         """Top-down: sample each layer's sources from its targets; at an aggregation layer below
-        the top, replace the client's own set by the union agreed with the others."""
+        the top, replace the client's own set by the union agreed with the others.
+        ``pass_index`` None: an inference pass (its samples do not depend on the pass)."""
         sampled: list[SampledLayer] = []
         targets = output_nodes
         for depth in range(self.layers, 0, -1):
@@ -448,7 +456,11 @@ class GlasuClient:
             logits = self.network.classify(h, generator=self.generator)
         loss, val_accuracy, test_accuracy = self.scores(logits, batch.labels, output_nodes)
         return PassOutcome(
-            kind="eval", loss=loss, val_accuracy=val_accuracy, test_accuracy=test_accuracy
+            kind="eval",
+            loss=loss,
+            val_accuracy=val_accuracy,
+            test_accuracy=test_accuracy,
+            probabilities=torch.softmax(logits, dim=1).cpu().numpy(),
         )
 
     def scores(

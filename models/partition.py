@@ -43,6 +43,10 @@ class ClientPartition:
     # bool (N,): the nodes this client holds, where nodes are partly shared (an alignment over
     # the union); None: it holds every node. Features of a node it lacks are zero, with no edge.
     held: np.ndarray | None = None
+    # the feature schema of `glasu prepare` (column names in order, what prepare did): what a
+    # saved model records and checks new data against
+    feature_names: tuple[str, ...] | None = None
+    feature_summary: dict | None = dataclasses.field(default=None, compare=False)
 
     @property
     def num_nodes(self) -> int:
@@ -126,9 +130,12 @@ def save_partition(part: ClientPartition, directory: Path) -> Path:
     data = PartyData(
         ids=[str(node) for node in range(part.num_nodes)],
         features=part.features.numpy().astype(np.float32),
-        feature_names=[f"{part.dataset} feature {c}" for c in part.feature_columns.tolist()],
+        feature_names=list(part.feature_names)
+        if part.feature_names is not None
+        else [f"{part.dataset} feature {c}" for c in part.feature_columns.tolist()],
         edges=part.edge_index.numpy().astype(np.int64),
         labels=part.labels.numpy().astype(np.int64),
+        summary=dict(part.feature_summary or {}),
         extra_meta={"dataset": part.dataset, "feature_columns": part.feature_columns.tolist()},
     )
     write_party(data, out)
@@ -225,4 +232,6 @@ def aligned_partition(
         val_nodes=alignment.val_nodes,
         test_nodes=alignment.test_nodes,
         held=None if held.all() else held,
+        feature_names=tuple(data.feature_names),
+        feature_summary=dict(data.summary),
     )

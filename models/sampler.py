@@ -119,7 +119,16 @@ class NeighbourSampler:
         return SampledLayer(targets=targets, sources=sources, edge_target=rows, edge_source=cols)
 
 
-def sampling_rng(*, seed: int, client: int, pass_index: int, layer: int) -> random.Random:
-    """The generator for one (client, pass, layer): reproducible and independent across them."""
-    state = np.random.SeedSequence([seed, client, pass_index, layer]).generate_state(2)
+#: The stream of inference passes (evaluation, scoring): not a pass index.
+INFERENCE_STREAM = 0x1EFE_1EFE
+
+
+def sampling_rng(*, seed: int, client: int, pass_index: int | None, layer: int) -> random.Random:
+    """The generator for one (client, pass, layer): reproducible and independent across them.
+    ``pass_index=None``: the one stream of inference passes, so that a model scores the same
+    output nodes the same way in any pass (a scoring session reproduces an evaluation pass)."""
+    entropy = [seed, client, layer, INFERENCE_STREAM] if pass_index is None else [
+        seed, client, pass_index, layer
+    ]  # fmt: skip
+    state = np.random.SeedSequence(entropy).generate_state(2)
     return random.Random(int(state[0]) << 32 | int(state[1]))

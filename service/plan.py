@@ -39,14 +39,19 @@ class SessionPlan:
         public_context_sha256: str | None = None,
     ) -> SessionPlan:
         """``config.privacy`` must hold the z in use (see ``secure.privacy.SessionPrivacy``)."""
-        schedule = SessionSchedule.create(
-            rounds=config.rounds,
-            eval_every=config.eval_every,
-            train_nodes=config.train_nodes,
-            eval_nodes=config.eval_nodes,
-            batch_size=config.batch_size,
-            seed=config.seed,
-        )
+        if config.kind == "scoring":
+            schedule = SessionSchedule.scoring_passes(
+                score_nodes=config.eval_nodes, chunk=config.batch_size, seed=config.seed
+            )
+        else:
+            schedule = SessionSchedule.create(
+                rounds=config.rounds,
+                eval_every=config.eval_every,
+                train_nodes=config.train_nodes,
+                eval_nodes=config.eval_nodes,
+                batch_size=config.batch_size,
+                seed=config.seed,
+            )
         privacy = None
         if config.privacy is not None:
             privacy = SessionPrivacy.restore(

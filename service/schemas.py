@@ -69,7 +69,17 @@ class PrivacySettings(StrictModel):
         return self
 
 
+SessionKind = Literal["training", "scoring"]
+
+
 class SessionCreate(StrictModel):
+    kind: SessionKind = Field(
+        "training",
+        description="'scoring': no training; the workers load their trained models and score "
+        "`eval_nodes` jointly, in consecutive chunks of `batch_size` nodes, one evaluation pass "
+        "each (every pass is a release like a training pass: encrypted, noised and counted). "
+        "`rounds`, `eval_every`, `stale` and `train_nodes` are ignored.",
+    )
     clients: int = Field(ge=1, le=MAX_CLIENTS, description="M, the number of clients.")
     layers: int = Field(ge=1, le=MAX_LAYERS, description="L, the number of GNN layers.")
     agg_layers: list[AggLayer] = Field(min_length=1, description="Ascending aggregation layers.")
@@ -81,7 +91,10 @@ class SessionCreate(StrictModel):
     batch_size: int = Field(ge=1, le=MAX_COUNT, description="Output nodes per training round.")
     fanout: int = Field(ge=1, le=MAX_COUNT, description="Neighbours sampled per node and layer.")
     num_nodes: int = Field(ge=1, le=MAX_NODE_ID, description="Nodes are 0..num_nodes-1.")
-    train_nodes: list[int] = Field(min_length=1, description="Distinct ids the batches come from.")
+    train_nodes: list[int] = Field(
+        default_factory=list,
+        description="Distinct ids the batches come from (a training session needs one at least).",
+    )
     eval_nodes: list[int] = Field(min_length=1, description="Distinct ids of every eval pass.")
     seed: int = Field(ge=0, le=2**63 - 1, description="Seeds the output batches.")
     encryption: Literal["ckks", "none"] = Field(
@@ -144,9 +157,11 @@ class SessionCreate(StrictModel):
                 f"aggregation layer {self.agg_layers[-1].layer} is above the top layer"
                 f" (layers={self.layers})"
             )
+        if self.kind == "training" and not self.train_nodes:
+            raise ValueError("a training session needs train_nodes")
         for name in ("train_nodes", "eval_nodes"):
             nodes = getattr(self, name)
-            if min(nodes) < 0 or max(nodes) >= self.num_nodes:
+            if nodes and (min(nodes) < 0 or max(nodes) >= self.num_nodes):
                 raise ValueError(f"{name} must lie in [0, num_nodes={self.num_nodes})")
         if self.label_holder is not None:
             if self.label_holder >= self.clients:
@@ -193,6 +208,7 @@ class SessionCreated(BaseModel):
 class SessionConfigView(BaseModel):
     """The session's configuration without the node lists (see their counts instead)."""
 
+    kind: SessionKind = "training"
     clients: int
     layers: int
     agg_layers: list[AggLayer]

@@ -87,6 +87,7 @@ def _run(settings: WorkerSettings, *, quiet: bool) -> int:
     from clients.checkpoint import CheckpointError, CheckpointStore
     from clients.ledger import LocalLedger
     from clients.policy import PolicyRefusal
+    from clients.predictions import PredictionWriter, ids_by_aligned_node
     from clients.transport import (
         PeersMissing,
         ServiceClient,
@@ -95,6 +96,7 @@ def _run(settings: WorkerSettings, *, quiet: bool) -> int:
         tls_verification,
     )
     from clients.worker import LocalModelOptions, run_worker
+    from models.artefact import ModelError, load_model
     from models.device import resolve_device
     from models.partition import load_partition
     from secure.ckks import make_codec
@@ -105,6 +107,11 @@ def _run(settings: WorkerSettings, *, quiet: bool) -> int:
     token = read_token(settings.token_file, flag="--token-file")
     with failing_as(f"cannot load the partition {settings.data}"):
         partition = load_partition(settings.data, require_labels=False)
+        ids_of_node, alignment_digest = ids_by_aligned_node(settings.data)
+    model = None
+    if settings.model is not None:
+        with failing_as("--model", ModelError):
+            model = load_model(settings.model)
     with failing_as("--device", RuntimeError, ValueError):
         device = resolve_device(settings.device)
     with failing_as("cannot load the secret context"):
@@ -125,7 +132,20 @@ def _run(settings: WorkerSettings, *, quiet: bool) -> int:
         seed=settings.seed,
     )
 
+    writer = None
+    if settings.predictions is not None:
+        with failing_as("--predictions", ValueError, OSError):
+            if model is None:
+                raise ValueError("predictions come from a scoring session: give --model DIR")
+            writer = PredictionWriter(
+                settings.predictions,
+                ids_of_node=ids_of_node,
+                num_classes=model.manifest["model"]["num_classes"],
+            )
+
     def progress(info: dict, outcome) -> None:
+        if writer is not None and outcome.probabilities is not None:
+            writer.write(info["output_nodes"], outcome.probabilities)
         if not quiet and outcome.kind == "eval":
             print(
                 f"client {settings.client} round {info['round']}: loss {outcome.loss:.4f} "
@@ -170,9 +190,14 @@ def _run(settings: WorkerSettings, *, quiet: bool) -> int:
                 on_pass=progress,
                 checkpoints=checkpoints,
                 on_resume=resumed,
+                model=model,
+                model_out=settings.model_out,
+                alignment_digest=alignment_digest,
             )
         except CheckpointError as exc:
             raise CliError(f"checkpoint: {exc}") from exc
+        except ModelError as exc:
+            raise CliError(f"--model: {exc}") from exc
         except (PolicyRefusal, NotPrivateNoiseError) as exc:
             print(f"glasu worker {settings.client}: privacy policy: {exc}", file=sys.stderr)
             return EXIT_POLICY
@@ -198,6 +223,22 @@ def _run(settings: WorkerSettings, *, quiet: bool) -> int:
             "bytes_down": service.traffic.down,
             "history": result.history,
         }
+    if writer is not None:
+        if result.finished_reason == "finished":
+            path = writer.finish()
+            print(
+                f"glasu worker {settings.client}: {writer.rows} predictions in {path}",
+                file=sys.stderr,
+            )
+        else:
+            writer.__exit__(RuntimeError, None, None)
+    if result.model_path is not None:
+        summary["model"] = str(result.model_path)
+        print(
+            f"glasu worker {settings.client}: model kept in {result.model_path} "
+            f"(glasu model show {result.model_path})",
+            file=sys.stderr,
+        )
     if settings.result:
         settings.result.parent.mkdir(parents=True, exist_ok=True)
         settings.result.write_text(json.dumps(summary, indent=2))

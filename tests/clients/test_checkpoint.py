@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 
-from clients import checkpoint as checkpoint_module
 from clients.checkpoint import (
     CheckpointError,
     CheckpointStore,
@@ -31,6 +30,7 @@ from models.inprocess import run_pass_inprocess
 from models.layout import eval_nodes, layout_federation
 from models.private import REPRODUCIBLE_NOISE_ENV, PrivateGlasuClient
 from models.trainer import Security, prepare_security
+from secure import files as files_module
 from secure.aggregation import PlainCodec
 from secure.protocol import Aggregate, EmbeddingRequest
 from secure.release_noise import ReleaseKeyedNoise, ReleaseSecret
@@ -271,7 +271,7 @@ def test_atomic_write_leaves_the_old_file_or_the_new_one(
 
     for step in ("fsync", "replace"):
         with monkeypatch.context() as patch:
-            patch.setattr(checkpoint_module.os, step, crash)
+            patch.setattr(files_module.os, step, crash)
             with pytest.raises(OSError, match="disk gone"):
                 atomic_write(path, b"new" * 1000)
         assert path.read_bytes() == b"old"

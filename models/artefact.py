@@ -1,0 +1,208 @@
+"""A party's trained model, kept after training: its part of the split model and what is needed
+to use and audit it (docs/data.md, "Using the model").
+
+One folder per party::
+
+    manifest.json     what the model is (below), for people and for the loader
+    weights.pt        the network's tensors: torch.save of a state dict of tensors only, which
+                      torch.load(weights_only=True) reads without running any code
+    evaluation.npz    the best evaluation pass of a party with a head: aligned node indices and
+                      class probabilities (stays with the party)
+
+The manifest holds the backbone and every setting needed to rebuild the network, the feature
+schema of ``glasu prepare`` (column names and order, dtype, what prepare did), the session and
+alignment it was trained in, who holds the labels, the privacy the training spent (from the
+owner's ledger), the metrics of the kept round and which round that is, the creation time and
+the glasu version. A model is only ever used with data of the same schema: a feature table with
+other columns is refused naming them.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from secure.files import atomic_write
+
+ARTEFACT_KIND = "glasu-model"
+ARTEFACT_FORMAT = 1
+MANIFEST = "manifest.json"
+WEIGHTS = "weights.pt"
+EVALUATION = "evaluation.npz"
+
+
+class ModelError(ValueError):
+    """A model folder that cannot be used here; the message says why in one sentence."""
+
+
+def glasu_version() -> str:
+    try:
+        return version("glasu")
+    except PackageNotFoundError:  # a source tree without an install
+        return "0+unknown"
+
+
+@dataclass(frozen=True)
+class SavedModel:
+    manifest: dict[str, Any]
+    weights: dict[str, torch.Tensor]
+    path: Path
+
+    @property
+    def feature_names(self) -> list[str]:
+        return list(self.manifest["features"]["names"])
+
+    def check_features(self, names: Sequence[str]) -> None:
+        """:class:`ModelError` naming the columns that differ from the training's schema."""
+        expected = self.feature_names
+        if list(names) == expected:
+            return
+        missing = [n for n in expected if n not in names]
+        extra = [n for n in names if n not in expected]
+        parts = []
+        if missing:
+            parts.append(f"missing {_names(missing)}")
+        if extra:
+            parts.append(f"not in the model {_names(extra)}")
+        if not parts:
+            parts.append("the same columns in another order")
+        raise ModelError(
+            f"the feature table does not match the model {self.path} ("
+            + "; ".join(parts)
+            + "): prepare the data with the columns the model was trained on"
+        )
+
+
+def _names(names: Sequence[str], most: int = 8) -> str:
+    shown = ", ".join(repr(n) for n in names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def save_model(
+    directory: Path,
+    *,
+    manifest: Mapping[str, Any],
+    weights: Mapping[str, torch.Tensor],
+    evaluation: tuple[np.ndarray, np.ndarray] | None = None,
+) -> Path:
+    """Write the model folder (each file atomically); returns the folder."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    buffer = io.BytesIO()
+    torch.save({k: v.detach().cpu().contiguous() for k, v in weights.items()}, buffer)
+    atomic_write(directory / WEIGHTS, buffer.getvalue())
+    if evaluation is not None:
+        nodes, probabilities = evaluation
+        out = io.BytesIO()
+        np.savez(out, nodes=np.asarray(nodes, np.int64), probabilities=probabilities)
+        atomic_write(directory / EVALUATION, out.getvalue())
+    full = {
+        "kind": ARTEFACT_KIND,
+        "format": ARTEFACT_FORMAT,
+        "glasu_version": glasu_version(),
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        **manifest,
+    }
+    atomic_write(directory / MANIFEST, (json.dumps(full, indent=2) + "\n").encode())
+    return directory
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    path = Path(directory) / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ModelError(
+            f"{directory} is not a glasu model folder (no {MANIFEST}): give the folder of "
+            "`glasu train --model-dir` or `glasu worker --model-out`"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(manifest, dict) or manifest.get("kind") != ARTEFACT_KIND:
+        raise ModelError(f"{path} is not a glasu model manifest")
+    if manifest.get("format") != ARTEFACT_FORMAT:
+        raise ModelError(
+            f"the model {directory} has format {manifest.get('format')}, this glasu "
+            f"({glasu_version()}) reads format {ARTEFACT_FORMAT}: use the version that wrote it "
+            f"({manifest.get('glasu_version')})"
+        )
+    return manifest
+
+
+def load_model(directory: Path) -> SavedModel:
+    manifest = read_manifest(directory)
+    path = Path(directory) / WEIGHTS
+    try:
+        weights = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise ModelError(f"the model {directory} has no {WEIGHTS}") from None
+    except Exception as exc:  # the unpickler can raise anything on damaged bytes
+        raise ModelError(f"the weights {path} are damaged ({exc})") from exc
+    if not isinstance(weights, dict) or not all(
+        isinstance(v, torch.Tensor) for v in weights.values()
+    ):
+        raise ModelError(f"{path} holds something other than tensors")
+    return SavedModel(manifest=manifest, weights=weights, path=Path(directory))
+
+
+def read_evaluation(directory: Path) -> tuple[np.ndarray, np.ndarray]:
+    with np.load(Path(directory) / EVALUATION) as saved:
+        return saved["nodes"], saved["probabilities"]
+
+
+def describe(manifest: Mapping[str, Any]) -> str:
+    """The manifest for people (``glasu model show``)."""
+    model = manifest.get("model", {})
+    party = manifest.get("party", {})
+    best = manifest.get("best", {})
+    privacy = manifest.get("privacy")
+    lines = [
+        f"glasu model, format {manifest.get('format')}, written by glasu "
+        f"{manifest.get('glasu_version')} at {manifest.get('created_at')}",
+        f"party {party.get('index')} of {party.get('parties')}"
+        + (" (holds the classification head)" if party.get("holds_head") else " (release only)")
+        + "; labels held by "
+        + (
+            "every party" if party.get("label_holder") is None else f"party {party['label_holder']}"
+        ),
+        f"session {manifest.get('session_id')}, alignment digest "
+        f"{manifest.get('alignment_digest') or '(a benchmark partition)'}",
+        f"backbone {model.get('backbone')}, {model.get('layers')} layers, hidden "
+        f"{model.get('hidden')}, aggregation at layers {model.get('agg_layers')}, "
+        f"{model.get('in_features')} features -> {model.get('num_classes')} classes"
+        + (", private arrangement (layer-1 release)" if model.get("private") else ""),
+        f"features: {len(manifest.get('features', {}).get('names', []))} columns "
+        f"({_names(manifest.get('features', {}).get('names', []), most=5)})",
+        f"kept: round {best.get('round')} (pass {best.get('pass')}), chosen by "
+        f"{best.get('chosen_by')}",
+    ]
+    for split in ("val", "test"):
+        metrics = manifest.get("metrics", {}).get(split)
+        if metrics and metrics.get("count"):
+            text = (
+                f"{split}: accuracy {metrics['accuracy']:.4f}, macro-F1 {metrics['macro_f1']:.4f}"
+            )
+            if "roc_auc" in metrics:
+                text += f", ROC-AUC {metrics['roc_auc']:.4f}, PR-AUC {metrics['pr_auc']:.4f}"
+            lines.append(text + f" ({metrics['count']} nodes)")
+    reference = manifest.get("metrics", {}).get("reference_test_accuracy")
+    if reference is not None:
+        lines.append(f"party alone (same data, no federation): test accuracy {reference:.4f}")
+    if privacy:
+        lines.append(
+            f"privacy spent by the training: epsilon {privacy['epsilon']:.4g} at delta "
+            f"{privacy['delta']:g} ({privacy['releases']} releases, {privacy['accountant']}), "
+            f"against {privacy['against']}"
+        )
+    else:
+        lines.append("privacy: none (trained without differential privacy)")
+    return "\n".join(lines)
