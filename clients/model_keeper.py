@@ -154,6 +154,16 @@ class ModelKeeper:
             },
             "classes": list(range(int(client.network.classifier.out_features))),
             "best": {"pass": kept.pass_index, "round": kept.round, "chosen_by": chosen_by},
+            "release": None
+            if privacy is None
+            else {
+                "noise_multiplier": privacy.noise_multiplier,
+                "delta": privacy.delta,
+                "accountant": privacy.accountant,
+                "clip": privacy.clip,
+                "occurrence_cap": privacy.occurrence_cap,
+                "shared_noise": privacy.shared_noise,
+            },
             "metrics": self._metrics(kept),
             "privacy": _privacy_spent(privacy, policy, ledger, session_id),
         }

@@ -381,6 +381,24 @@ def check_model_fits(
                 f"the scoring session has {name} {value}, the model {model.path} was trained "
                 f"with {saved.get(name)}: create the scoring session from the model's manifest"
             )
+    release = model.manifest.get("release")
+    privacy = config.get("privacy")
+    if (release is None) != (privacy is None):
+        raise ModelError(
+            f"the model {model.path} was trained "
+            + ("without" if release is None else "with")
+            + " differential privacy and the scoring session is "
+            + ("private" if privacy else "not")
+            + ": score with the privacy the model was trained with"
+        )
+    if release is not None and any(
+        privacy.get(name) != release[name] for name in ("noise_multiplier", "clip")
+    ):
+        raise ModelError(
+            f"the scoring session's noise (z {privacy.get('noise_multiplier')}, clip "
+            f"{privacy.get('clip')}) differs from the training's (z {release['noise_multiplier']},"
+            f" clip {release['clip']}): the model reads the others' release at that noise level"
+        )
     if model.manifest["party"]["index"] != partition.client:
         raise ModelError(
             f"{model.path} is party {model.manifest['party']['index']}'s model, this worker is "

@@ -80,6 +80,12 @@ class SessionCreate(StrictModel):
         "each (every pass is a release like a training pass: encrypted, noised and counted). "
         "`rounds`, `eval_every`, `stale` and `train_nodes` are ignored.",
     )
+    model_session: str | None = Field(
+        None,
+        max_length=64,
+        description="A scoring session: the training session whose models score (each worker "
+        "refuses a model from another).",
+    )
     clients: int = Field(ge=1, le=MAX_CLIENTS, description="M, the number of clients.")
     layers: int = Field(ge=1, le=MAX_LAYERS, description="L, the number of GNN layers.")
     agg_layers: list[AggLayer] = Field(min_length=1, description="Ascending aggregation layers.")
@@ -209,6 +215,7 @@ class SessionConfigView(BaseModel):
     """The session's configuration without the node lists (see their counts instead)."""
 
     kind: SessionKind = "training"
+    model_session: str | None = None
     clients: int
     layers: int
     agg_layers: list[AggLayer]

@@ -41,6 +41,8 @@ COMMANDS: dict[str, str] = {
     "prepare": "clients.cli.prepare_cmd",
     "align": "clients.cli.align_cmd",
     "partition": "clients.cli.partition_cmd",
+    "score": "clients.cli.score_cmd",
+    "model": "clients.cli.model_cmd",
     "keygen": "clients.cli.keygen_cmd",
     "session": "clients.cli.session_cmd",
     "budget": "clients.cli.budget_cmd",

@@ -15,7 +15,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
 from clients.cli.errors import CliError, UsageError, failing_as
-from clients.cli.options import PLOT_FORMATS, add_command, check_output_file, positive_int
+from clients.cli.options import (
+    PLOT_FORMATS,
+    add_command,
+    check_output_dir,
+    check_output_file,
+    positive_int,
+)
 from clients.cli.train_options import (
     add_data_arguments,
     add_encryption_argument,
@@ -92,6 +98,15 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         metavar="PATH",
         help="write a plot of the history here (PNG, or the format its suffix names)",
     )
+    output.add_argument(
+        "--model-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="keep each organisation's trained model (the best evaluation round's) in "
+        "DIR/<party> (its --party folder's name, or client-<m>); `glasu model show DIR/<party>` "
+        "describes one, `glasu score` uses them",
+    )
     output.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -108,6 +123,13 @@ def check(args: argparse.Namespace) -> None:
     check_federation(args, through_service=uses_service(args))
     check_output_file(args.report, "--report")
     check_output_file(args.plot, "--plot", formats=PLOT_FORMATS)
+    if args.model_dir is not None:
+        if not uses_service(args):
+            raise UsageError(
+                "--model-dir keeps the models of the workers of a federation: it needs "
+                "--transport http and a federated --mode"
+            )
+        check_output_dir(args.model_dir, "--model-dir")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -149,8 +171,27 @@ def _train(config: TrainConfig, args: argparse.Namespace) -> RunReport:
 
     with failing_as("the federation failed", FederationFailed):
         return train_over_http(
-            config, layout, dataset, threads=args.threads, progress=not args.quiet
+            config,
+            layout,
+            dataset,
+            threads=args.threads,
+            progress=not args.quiet,
+            model_dirs=model_folders(args),
         )
+
+
+def model_folders(args: argparse.Namespace) -> list[Path] | None:
+    """``--model-dir``: one folder per organisation, named after its ``--party`` folder."""
+    if args.model_dir is None:
+        return None
+    from clients.local import parties
+
+    names = (
+        parties.party_names(args.party)
+        if args.party
+        else [f"client-{m}" for m in range(args.clients)]
+    )
+    return parties.model_folders(args.model_dir, names)
 
 
 def check_parties(args: argparse.Namespace) -> None:

@@ -10,8 +10,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
-from contextlib import ExitStack, suppress
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,27 +37,67 @@ from clients.local.session import session_request, worker_arguments
 from models.config import TrainConfig
 from models.data import GraphDataset
 from models.layout import FederationLayout
-from models.partition import save_partition
+from models.partition import ClientPartition, save_partition
 from models.report import RunReport
 
 STARTUP_SECONDS = 60.0
 
 
-def train_over_http(
-    config: TrainConfig,
-    layout: FederationLayout,
-    dataset: GraphDataset,
-    *,
-    threads: int = 1,
-    progress: bool = True,
-    work_dir: Path | None = None,
-) -> RunReport:
-    if len(layout.groups) != 1:
-        raise ValueError(
-            "this mode trains clients independently; run it with "
-            "--transport inprocess (it sends nothing)"
-        )
-    started = time.perf_counter()
+@dataclass
+class LocalFederation:
+    """The service of a local run on a free loopback port, its admin client, the CKKS keys
+    (when encrypted) and every process started; see :func:`local_federation`."""
+
+    root: Path
+    url: str
+    admin: AdminClient
+    processes: list[ManagedProcess]
+    secret_context: Path | None
+
+    def start_workers(
+        self,
+        config: TrainConfig,
+        partitions: Sequence[ClientPartition],
+        created: dict[str, Any],
+        *,
+        threads: int,
+        extra: Callable[[int], list[str]] = lambda client: [],
+    ) -> None:
+        """One ``glasu worker`` per partition (its folder written here), ``extra(m)`` appended
+        to client m's arguments."""
+        for part, token in zip(partitions, created["client_tokens"], strict=True):
+            args = worker_arguments(
+                config,
+                server=self.url,
+                session_id=created["session_id"],
+                client=part.client,
+                token_file=secret_file(self.root / f"client-{part.client}.token", token),
+                data=save_partition(part, self.root / "partitions"),
+                result=self.result_path(part.client),
+                secret_context=self.secret_context,
+                threads=threads,
+                passes_total=created["passes_total"],
+            )
+            self.processes.append(
+                start_process(
+                    f"worker {part.client}",
+                    glasu_command(*args, *extra(part.client)),
+                    self.root / f"client-{part.client}.log",
+                )
+            )
+
+    def result_path(self, client: int) -> Path:
+        return self.root / f"client-{client}.json"
+
+    def results(self, clients: int) -> list[dict[str, Any]]:
+        return [json.loads(self.result_path(m).read_text()) for m in range(clients)]
+
+
+@contextmanager
+def local_federation(*, encrypted: bool, work_dir: Path | None = None) -> Iterator[LocalFederation]:
+    """Start ``glasu serve`` on loopback (with a fresh CKKS key pair when ``encrypted``) in
+    ``work_dir`` (default: a temporary folder); every process started is stopped on the way
+    out, whatever happens."""
     with ExitStack() as stack:
         # A process that is still writing its log while the directory goes must not turn an
         # interrupted run into an OSError.
@@ -72,20 +113,12 @@ def train_over_http(
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         serve_args = [
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--database",
-            str(root / "service.sqlite3"),
-            "--admin-token-file",
-            str(admin_file),
-            "--log-level",
-            "warning",
-        ]
+            "serve", "--host", "127.0.0.1", "--port", str(port),
+            "--database", str(root / "service.sqlite3"),
+            "--admin-token-file", str(admin_file), "--log-level", "warning",
+        ]  # fmt: skip
         secret_context = None
-        if config.encrypted:
+        if encrypted:
             from secure.ckks import generate_keys
 
             secret_context, public_context = generate_keys(root / "keys")
@@ -93,36 +126,38 @@ def train_over_http(
         processes.append(start_process("service", glasu_command(*serve_args), root / "service.log"))
         admin = stack.enter_context(AdminClient(base_url=url, token=admin_token))
         wait_healthy(admin, processes[0])
-        created = admin.create_session(session_request(config, layout, dataset))
-        session_id = created["session_id"]
-        for part, token in zip(layout.partitions, created["client_tokens"], strict=True):
-            folder = save_partition(part, root / "partitions")
-            token_file = secret_file(root / f"client-{part.client}.token", token)
-            args = worker_arguments(
-                config,
-                server=url,
-                session_id=session_id,
-                client=part.client,
-                token_file=token_file,
-                data=folder,
-                result=root / f"client-{part.client}.json",
-                secret_context=secret_context,
-                threads=threads,
-                passes_total=created["passes_total"],
-            )
-            processes.append(
-                start_process(
-                    f"worker {part.client}",
-                    glasu_command(*args),
-                    root / f"client-{part.client}.log",
-                )
-            )
-        follow(admin, session_id, processes, created["passes_total"], progress)
-        results = [
-            json.loads((root / f"client-{m}.json").read_text())
-            for m in range(len(layout.partitions))
-        ]
-        privacy = admin.privacy(session_id)
+        yield LocalFederation(root, url, admin, processes, secret_context)
+
+
+def train_over_http(
+    config: TrainConfig,
+    layout: FederationLayout,
+    dataset: GraphDataset,
+    *,
+    threads: int = 1,
+    progress: bool = True,
+    work_dir: Path | None = None,
+    model_dirs: Sequence[Path] | None = None,
+) -> RunReport:
+    """``model_dirs``: one folder per client, where its worker keeps its trained model."""
+    if len(layout.groups) != 1:
+        raise ValueError(
+            "this mode trains clients independently; run it with "
+            "--transport inprocess (it sends nothing)"
+        )
+    started = time.perf_counter()
+    with local_federation(encrypted=config.encrypted, work_dir=work_dir) as fed:
+        created = fed.admin.create_session(session_request(config, layout, dataset))
+        fed.start_workers(
+            config,
+            layout.partitions,
+            created,
+            threads=threads,
+            extra=lambda m: [] if model_dirs is None else ["--model-out", str(model_dirs[m])],
+        )
+        follow(fed.admin, created["session_id"], fed.processes, created["passes_total"], progress)
+        results = fed.results(len(layout.partitions))
+        privacy = fed.admin.privacy(created["session_id"])
     return report_from_workers(
         config, layout, dataset, results, privacy, wall_seconds=time.perf_counter() - started
     )

@@ -20,6 +20,12 @@ def party_names(folders: Sequence[Path]) -> list[str]:
     return [str(folder) for folder in folders]
 
 
+def model_folders(model_dir: Path, names: Sequence[str]) -> list[Path]:
+    """Where ``glasu train --model-dir`` keeps each party's model, and ``glasu score`` finds it:
+    ``model_dir/<name>`` (``party-<m>`` where the names are paths, because they repeat)."""
+    return [Path(model_dir) / (n if "/" not in n else f"party-{m}") for m, n in enumerate(names)]
+
+
 def federation_of_parties(
     folders: Sequence[Path],
     *,

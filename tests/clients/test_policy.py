@@ -20,9 +20,7 @@ def session(**privacy_overrides: Any) -> dict[str, Any]:
     """``GET /v1/sessions/{id}`` of a private session, as the service plans it."""
     settings: dict[str, Any] = dict(epsilon=4.0, delta=1e-6, clip=1.0, occurrence_cap=1)
     settings.update(privacy_overrides)
-    planned = SessionPrivacy.plan(
-        **settings, clients=3, passes_total=PASSES, encrypted=True
-    )
+    planned = SessionPrivacy.plan(**settings, clients=3, passes_total=PASSES, encrypted=True)
     return {
         "session_id": "s1",
         "passes_total": PASSES,

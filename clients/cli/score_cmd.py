@@ -1,0 +1,137 @@
+"""``glasu score``: score customers jointly with the models of a training, on this machine
+(clients/local/scoring.py). Deployed, each party runs ``glasu worker --model DIR
+--predictions FILE`` in a scoring session the operator creates (docs/data.md, "Using the
+model")."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from clients.cli.errors import CliError, UsageError, failing_as
+from clients.cli.options import add_command, check_output_dir, positive_int
+from clients.cli.train_options import add_encryption_argument
+
+
+def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = add_command(
+        commands,
+        "score",
+        help="score customers jointly with trained models (predictions out)",
+        description="Align the parties' current tables privately (new customers included), "
+        "start the service and one worker per party on this machine, and score every shared "
+        "node (or the label holder's --ids) with the models of `glasu train --model-dir`. Each "
+        "pass is an evaluation pass with the training's protections: its layer-1 releases are "
+        "encrypted, noised and counted (scoring spends privacy budget). Every party with a "
+        "classification head gets OUT/<party>.csv (or .parquet): id, predicted class, class "
+        "probabilities.",
+    )
+    p.add_argument(
+        "--party",
+        type=Path,
+        action="append",
+        required=True,
+        metavar="DIR",
+        help="an organisation's folder of `glasu prepare` (its current tables), once per "
+        "organisation, in the training's order",
+    )
+    p.add_argument(
+        "--model-dir",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="the folder of `glasu train --model-dir`: one model per party, DIR/<party>",
+    )
+    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="predictions folder")
+    p.add_argument(
+        "--ids",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="score only these ids of the label holder (a text file, one id per line; "
+        "default: every shared node)",
+    )
+    p.add_argument(
+        "--format", choices=["csv", "parquet"], default="csv", help="predictions file format"
+    )
+    p.add_argument(
+        "--chunk",
+        type=positive_int,
+        default=1024,
+        metavar="N",
+        help="nodes per pass (memory and request sizes are bounded by it, not by the number of "
+        "nodes scored)",
+    )
+    add_encryption_argument(p)
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads per worker")
+    p.add_argument(
+        "--device", choices=["auto", "cpu", "cuda"], default="auto", help="where workers compute"
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def check(args: argparse.Namespace) -> None:
+    if len(args.party) < 2:
+        raise UsageError("give --party once per organisation, at least two")
+    for folder in args.party:
+        if not folder.is_dir():
+            raise UsageError(f"--party {folder} is not a directory (a folder of glasu prepare)")
+    if not args.model_dir.is_dir():
+        raise UsageError(f"--model-dir {args.model_dir} is not a directory")
+    if args.ids is not None and not args.ids.is_file():
+        raise UsageError(f"--ids {args.ids} is not a file")
+    check_output_dir(args.out, "--out")
+
+
+def run(args: argparse.Namespace) -> int:
+    from clients.alignment import AlignmentFailed
+    from clients.local.processes import FederationFailed
+    from clients.local.scoring import score_locally
+    from models.artefact import ModelError
+
+    holder_ids = None
+    if args.ids is not None:
+        with failing_as("--ids"):
+            holder_ids = [line.strip() for line in args.ids.read_text().splitlines()]
+            holder_ids = [i for i in holder_ids if i]
+    with failing_as("glasu score", ModelError, ValueError, OSError, FederationFailed):
+        try:
+            summary = score_locally(
+                args.party,
+                args.model_dir,
+                args.out,
+                holder_ids=holder_ids,
+                chunk=args.chunk,
+                encrypted=args.encryption == "ckks",
+                output_format=args.format,
+                threads=args.threads,
+                device=args.device,
+                progress=not args.quiet,
+            )
+        except AlignmentFailed as exc:
+            raise CliError(f"the alignment failed: {exc}") from exc
+    print(f"aligned privately: {summary.alignment}")
+    print(f"scored {summary.scored_nodes} shared nodes (session {summary.session_id})")
+    for party in summary.predictions:
+        print(f"{party.party}: {party.rows} predictions in {party.path}")
+        metrics = party.metrics
+        if metrics.get("count"):
+            line = (
+                f"  on the {metrics['count']} scored nodes it has labels for: accuracy "
+                f"{metrics['accuracy']:.4f}, macro-F1 {metrics['macro_f1']:.4f}"
+            )
+            if "roc_auc" in metrics:
+                line += f", ROC-AUC {metrics['roc_auc']:.4f}, PR-AUC {metrics['pr_auc']:.4f}"
+            print(line)
+    if summary.privacy is not None:
+        print(
+            f"privacy spent by this scoring: epsilon {summary.privacy['epsilon']:.4g} at delta "
+            f"{summary.privacy['delta']:g} ({summary.privacy['releases']} releases), on top of "
+            "each party's training (glasu model show)",
+        )
+    else:
+        print("privacy: none (the models were trained without differential privacy)")
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,264 @@
+"""``glasu score --party DIR ... --model-dir DIR``: joint scoring on this machine, as
+``glasu train`` trains: the parties' current tables aligned privately afresh (new customers
+included), the service and one ``glasu worker`` per party over loopback HTTP, a scoring session
+whose passes are the same split forward passes as an evaluation pass, with the same protections
+(each pass's layer-1 releases encrypted, noised and counted). Every party with a head gets one
+predictions file in its own ids."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
+
+from clients.local.federation import follow, local_federation
+from clients.local.parties import federation_of_parties, model_folders, party_names
+from clients.local.session import MAX_LABEL
+from models.aligned import AlignedFederation
+from models.artefact import ModelError, read_manifest
+from models.config import TrainConfig
+from models.metrics import classification_metrics
+from models.party import NOT_SHARED, read_party
+
+DEFAULT_CHUNK = 1024
+
+
+@dataclass(frozen=True)
+class PartyPredictions:
+    party: str
+    path: Path
+    rows: int
+    metrics: dict[str, Any]  # on the scored nodes this party holds a label for
+
+
+@dataclass(frozen=True)
+class ScoringSummary:
+    session_id: str
+    scored_nodes: int
+    alignment: str
+    predictions: list[PartyPredictions]
+    privacy: dict[str, Any] | None  # the scoring session's spend (GET .../privacy)
+    training_privacy: list[dict[str, Any] | None]  # each model's training spend, as recorded
+
+
+def read_models(folders: Sequence[Path]) -> list[dict[str, Any]]:
+    """Every party's manifest, checked to be one training's models, in party order."""
+    manifests = [read_manifest(folder) for folder in folders]
+    sessions = {m["session_id"] for m in manifests}
+    if len(sessions) != 1:
+        raise ModelError(f"the models come from different trainings (sessions {sorted(sessions)})")
+    for index, (folder, manifest) in enumerate(zip(folders, manifests, strict=True)):
+        party = manifest["party"]
+        if party["index"] != index or party["parties"] != len(folders):
+            raise ModelError(
+                f"{folder} is the model of party {party['index']} of {party['parties']}, but "
+                f"it is given as party {index} of {len(folders)}: give --party in the training's "
+                "order"
+            )
+    return manifests
+
+
+def scoring_config(manifests: Sequence[dict[str, Any]], *, encrypted: bool) -> TrainConfig:
+    """The workers' settings: each model as it was trained (the worker options that rebuild
+    the network; the release's noise of the training)."""
+    model = manifests[0]["model"]
+    release = manifests[0].get("release")
+    privacy: dict[str, Any] = {"dp": False}
+    if release is not None:
+        privacy = {
+            "dp": True,
+            "epsilon": None,
+            "noise_multiplier": release["noise_multiplier"],
+            "delta": release["delta"],
+            "accountant": release["accountant"],
+            "clip": release["clip"],
+            "occurrence_cap": release["occurrence_cap"],
+            "shared_noise": release["shared_noise"],
+            "release_width": model["receiver_width"],
+        }
+    return TrainConfig(
+        clients=len(manifests),
+        backbone=model["backbone"],
+        layers=model["layers"],
+        hidden=model["hidden"],
+        dropout=model["dropout"],
+        fanout=model["fanout"],
+        eval_fanout=model["eval_fanout"],
+        seed=model["seed"],
+        nodes=model["nodes"],
+        label_holder=manifests[0]["party"]["label_holder"],
+        encryption="ckks" if encrypted else "none",
+        **privacy,
+    )
+
+
+def nodes_to_score(
+    federation: AlignedFederation, *, holder: int, holder_ids: Sequence[str] | None, party_ids
+) -> np.ndarray:
+    """Every aligned node, or the aligned nodes of the label holder's ``holder_ids``."""
+    if holder_ids is None:
+        return np.arange(federation.index.aligned_nodes, dtype=np.int64)
+    rows = federation.index.rows[holder]
+    position = {pid: row for row, pid in enumerate(party_ids[holder])}
+    unknown = [i for i in holder_ids if i not in position]
+    if unknown:
+        raise ValueError(
+            f"{len(unknown)} of the ids to score are not in the label holder's table (e.g. "
+            f"{unknown[0]!r})"
+        )
+    nodes = rows[[position[i] for i in holder_ids]]
+    if (nodes == NOT_SHARED).any():
+        raise ValueError(
+            f"{int((nodes == NOT_SHARED).sum())} of the ids to score are not shared by the other"
+            " parties: only shared nodes can be scored jointly"
+        )
+    return np.unique(nodes)
+
+
+def scoring_request(
+    config: TrainConfig,
+    manifests: Sequence[dict[str, Any]],
+    *,
+    num_nodes: int,
+    nodes: np.ndarray,
+    chunk: int,
+) -> dict[str, Any]:
+    model = manifests[0]["model"]
+    return {
+        "kind": "scoring",
+        "model_session": manifests[0]["session_id"],
+        "clients": len(manifests),
+        "layers": model["layers"],
+        "agg_layers": [
+            {"layer": layer, "width": width}
+            for layer, width in zip(model["agg_layers"], model["widths"], strict=True)
+        ],
+        "stale": 1,
+        "rounds": 1,
+        "batch_size": chunk,
+        "fanout": model["fanout"],
+        "num_nodes": num_nodes,
+        "eval_nodes": nodes.tolist(),
+        "seed": model["session_seed"],
+        "encryption": "ckks" if config.encrypted else "none",
+        "privacy": config.privacy_request(),
+        "nodes": model["nodes"],
+        "label_holder": config.label_holder,
+        "label": f"glasu score (models of {manifests[0]['session_id']})"[:MAX_LABEL],
+    }
+
+
+def score_locally(
+    folders: Sequence[Path],
+    model_dir: Path,
+    out: Path,
+    *,
+    holder_ids: Sequence[str] | None = None,
+    chunk: int = DEFAULT_CHUNK,
+    encrypted: bool = True,
+    output_format: str = "csv",
+    threads: int = 1,
+    device: str = "auto",
+    progress: bool = True,
+) -> ScoringSummary:
+    names = party_names(folders)
+    models = model_folders(model_dir, names)
+    manifests = read_models(models)
+    config = dataclasses.replace(scoring_config(manifests, encrypted=encrypted), device=device)
+    holder = config.label_holder
+    federation = federation_of_parties(
+        folders,
+        seed=manifests[0]["model"]["session_seed"],
+        nodes=config.nodes,
+        label_holder=holder,
+        progress=progress,
+    )
+    party_ids = [read_party(Path(folder)).ids for folder in folders]
+    nodes = nodes_to_score(
+        federation, holder=holder or 0, holder_ids=holder_ids, party_ids=party_ids
+    )
+    heads = [m for m, manifest in enumerate(manifests) if manifest["party"]["holds_head"]]
+    out.mkdir(parents=True, exist_ok=True)
+    with local_federation(encrypted=encrypted) as fed:
+        created = fed.admin.create_session(
+            scoring_request(
+                config,
+                manifests,
+                num_nodes=federation.index.aligned_nodes,
+                nodes=nodes,
+                chunk=chunk,
+            )
+        )
+        raw = {m: fed.root / f"predictions-{m}.parquet" for m in heads}
+        fed.start_workers(
+            config,
+            federation.partitions,
+            created,
+            threads=threads,
+            extra=lambda m: (
+                ["--model", str(models[m])] + (["--predictions", str(raw[m])] if m in raw else [])
+            ),
+        )
+        follow(fed.admin, created["session_id"], fed.processes, created["passes_total"], progress)
+        privacy = fed.admin.privacy(created["session_id"]) if config.private else None
+        predictions = [
+            _in_own_ids(
+                raw[m],
+                out / f"{names[m]}.{output_format}",
+                ids=_own_ids(federation, m, party_ids[m]),
+                labels=federation.dataset.labels.numpy(),
+                party=names[m],
+            )
+            for m in heads
+        ]
+    return ScoringSummary(
+        session_id=created["session_id"],
+        scored_nodes=int(nodes.size),
+        alignment=federation.summary,
+        predictions=predictions,
+        privacy=privacy,
+        training_privacy=[manifest.get("privacy") for manifest in manifests],
+    )
+
+
+def _own_ids(federation: AlignedFederation, party: int, ids: Sequence[str]) -> np.ndarray:
+    """Party ``party``'s own id of each aligned node (None where it lacks the node)."""
+    own = np.full(federation.index.aligned_nodes, None, dtype=object)
+    rows = federation.index.rows[party]
+    shared = rows != NOT_SHARED
+    own[rows[shared]] = np.asarray(ids, dtype=object)[shared]
+    return own
+
+
+def _in_own_ids(
+    raw: Path, path: Path, *, ids: np.ndarray, labels: np.ndarray, party: str
+) -> PartyPredictions:
+    """The worker's predictions (its folder's ids are aligned node indices, since this
+    machine wrote its folder) in the party's own ids, and their metrics where labels are
+    known."""
+    table = pq.read_table(raw)
+    nodes = np.asarray(table.column("id").to_pylist(), dtype=np.int64)
+    held = np.array([i is not None for i in ids[nodes]], dtype=bool)
+    table = table.filter(pa.array(held)).set_column(
+        0, "id", pa.array(ids[nodes[held]].tolist(), pa.string())
+    )
+    if path.suffix == ".csv":
+        pa_csv.write_csv(table, path)
+    else:
+        pq.write_table(table, path)
+    probabilities = np.stack(
+        [table.column(name).to_numpy() for name in table.column_names[2:]], axis=1
+    )
+    known = labels[nodes[held]]
+    labelled = known >= 0
+    metrics = classification_metrics(
+        known[labelled], probabilities[labelled], num_classes=probabilities.shape[1]
+    )
+    return PartyPredictions(party=party, path=path, rows=table.num_rows, metrics=metrics)
