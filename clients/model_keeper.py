@@ -119,6 +119,7 @@ class ModelKeeper:
         )
         manifest: dict[str, Any] = {
             "session_id": session_id,
+            "session_config": dict(session["config"]),  # without node lists: public settings
             "alignment_digest": alignment_digest,
             "party": {
                 "index": partition.client,

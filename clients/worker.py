@@ -211,6 +211,8 @@ def run_worker(
         if options.noise_seed is None:
             scope = f"{service.session_id}/client{service.client_index}"
             noise = ReleaseKeyedNoise(ledger.noise_secret(), scope=scope)
+    if model is not None:
+        options = options_of_model(model, options)
     client_config = client_config_from_session(config, options)
     if model is not None:
         client_config = dataclasses.replace(
@@ -356,6 +358,19 @@ def run_worker(
     result.resumed_from = progress.resumed_from
     result.skipped = skipped
     return result
+
+
+def options_of_model(model: SavedModel, options: LocalModelOptions) -> LocalModelOptions:
+    """The local settings that rebuild ``model``'s network (whatever the worker's flags say)."""
+    saved = model.manifest["model"]
+    return dataclasses.replace(
+        options,
+        backbone=saved["backbone"],
+        hidden=saved["hidden"],
+        dropout=saved["dropout"],
+        eval_fanout=saved["eval_fanout"],
+        seed=saved["seed"],
+    )
 
 
 def check_model_fits(

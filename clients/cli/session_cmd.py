@@ -1,5 +1,6 @@
 """``glasu session``: the operator's side of a deployment. Create a session on a running service
-from a dataset (writing the client tokens to hand out), show its status, close it."""
+from a dataset or an alignment (writing the client tokens to hand out), or a scoring session
+with a training's models; show its status, close it."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clients.cli.connection import add_server_arguments, admin_client, read_token
-from clients.cli.errors import failing_as
-from clients.cli.options import add_command, check_output_dir, write_private_file
+from clients.cli.errors import CliError, failing_as
+from clients.cli.options import add_command, check_output_dir, positive_int, write_private_file
 from clients.cli.train_options import (
     add_data_arguments,
     add_encryption_argument,
@@ -23,6 +24,7 @@ from clients.cli.train_options import (
 
 if TYPE_CHECKING:
     from clients.admin import AdminClient
+    from models.config import TrainConfig
 
 
 def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -51,6 +53,23 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         metavar="ID",
         help="the organisations' own data: an alignment every party has run `glasu align run` "
         "for; its shared nodes and split replace --dataset (docs/data.md)",
+    )
+    create.add_argument(
+        "--score-with",
+        default=None,
+        metavar="SESSION",
+        help="create a scoring session instead: the organisations' workers score with the "
+        "models they kept from training session SESSION (`glasu worker --model DIR "
+        "--predictions FILE`), over every node of --alignment, or the evaluation nodes of "
+        "--dataset; the model, noise and seed are that session's (the training options below "
+        "are ignored)",
+    )
+    create.add_argument(
+        "--chunk",
+        type=positive_int,
+        default=1024,
+        metavar="N",
+        help="with --score-with: nodes per scoring pass",
     )
     add_federation_arguments(create, local=False)
     add_encryption_argument(create)
@@ -98,12 +117,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _create(admin: AdminClient, args: argparse.Namespace) -> int:
+def _training_body(admin: AdminClient, args: argparse.Namespace, config: TrainConfig) -> dict:
     from clients.local.session import aligned_session_request, session_request
     from models.data import load_dataset
     from models.layout import layout_federation
 
-    config = config_from_args(args)
     if not config.dp:
         print(
             "glasu session create: WARNING: differential privacy is OFF for this session: the "
@@ -115,17 +133,54 @@ def _create(admin: AdminClient, args: argparse.Namespace) -> int:
         with failing_as(f"cannot use alignment {args.alignment}", ValueError):
             body = aligned_session_request(config, admin.alignment(args.alignment))
         body["label"] = args.label or f"glasu session create --alignment {args.alignment}"
+        return body
+    with failing_as(f"cannot load the {config.dataset} dataset", ValueError, OSError, RuntimeError):
+        dataset = load_dataset(
+            config.dataset, data_dir=config.data_dir, split=config.split, seed=config.seed
+        )
+    with failing_as(f"the options do not fit {config.dataset}", ValueError):
+        layout = layout_federation(config, dataset)
+    body = session_request(config, layout, dataset)
+    body["label"] = args.label or f"glasu session create {config.dataset}"
+    return body
+
+
+def _scoring_body(admin: AdminClient, args: argparse.Namespace, config: TrainConfig) -> dict:
+    """A scoring session with the models of ``--score-with``: every aligned node, or the
+    dataset's evaluation nodes."""
+    import numpy as np
+
+    from clients.local.scoring import scoring_request
+
+    training = admin.session(args.score_with)["config"]
+    if training.get("kind", "training") != "training":
+        raise CliError(f"--score-with {args.score_with} is not a training session")
+    if args.alignment is not None:
+        alignment = admin.alignment(args.alignment)
+        nodes = np.arange(int(alignment["aligned_nodes"]))
+        training = {**training, "num_nodes": int(alignment["aligned_nodes"])}
     else:
+        from models.data import load_dataset
+        from models.layout import eval_nodes
+
         with failing_as(
             f"cannot load the {config.dataset} dataset", ValueError, OSError, RuntimeError
         ):
             dataset = load_dataset(
                 config.dataset, data_dir=config.data_dir, split=config.split, seed=config.seed
             )
-        with failing_as(f"the options do not fit {config.dataset}", ValueError):
-            layout = layout_federation(config, dataset)
-        body = session_request(config, layout, dataset)
-        body["label"] = args.label or f"glasu session create {config.dataset}"
+        nodes = eval_nodes(dataset)
+    body = scoring_request(training, model_session=args.score_with, nodes=nodes, chunk=args.chunk)
+    body["label"] = args.label or body["label"]
+    return body
+
+
+def _create(admin: AdminClient, args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    if args.score_with is not None:
+        body = _scoring_body(admin, args, config)
+    else:
+        body = _training_body(admin, args, config)
     with failing_as(f"cannot create --out {args.out}"):
         args.out.mkdir(parents=True, exist_ok=True)
     created = admin.create_session(body)

@@ -123,35 +123,33 @@ def nodes_to_score(
 
 
 def scoring_request(
-    config: TrainConfig,
-    manifests: Sequence[dict[str, Any]],
-    *,
-    num_nodes: int,
-    nodes: np.ndarray,
-    chunk: int,
+    training: dict[str, Any], *, model_session: str, nodes: np.ndarray, chunk: int
 ) -> dict[str, Any]:
-    model = manifests[0]["model"]
+    """The ``POST /v1/sessions`` body of a scoring session with the models of ``model_session``
+    (``training``: that session's configuration, as ``GET /v1/sessions/{id}`` shows it and the
+    models' manifests keep it): the same model, aggregation layers, seed and release noise (z as
+    trained, no epsilon target: the scoring spends what its passes spend), over ``nodes``."""
+    privacy = training.get("privacy")
+    if privacy is not None:
+        privacy = {**privacy, "epsilon": None}
     return {
         "kind": "scoring",
-        "model_session": manifests[0]["session_id"],
-        "clients": len(manifests),
-        "layers": model["layers"],
-        "agg_layers": [
-            {"layer": layer, "width": width}
-            for layer, width in zip(model["agg_layers"], model["widths"], strict=True)
-        ],
+        "model_session": model_session,
+        "clients": training["clients"],
+        "layers": training["layers"],
+        "agg_layers": training["agg_layers"],
         "stale": 1,
         "rounds": 1,
         "batch_size": chunk,
-        "fanout": model["fanout"],
-        "num_nodes": num_nodes,
-        "eval_nodes": nodes.tolist(),
-        "seed": model["session_seed"],
-        "encryption": "ckks" if config.encrypted else "none",
-        "privacy": config.privacy_request(),
-        "nodes": model["nodes"],
-        "label_holder": config.label_holder,
-        "label": f"glasu score (models of {manifests[0]['session_id']})"[:MAX_LABEL],
+        "fanout": training["fanout"],
+        "num_nodes": training["num_nodes"],
+        "eval_nodes": np.asarray(nodes, dtype=np.int64).tolist(),
+        "seed": training["seed"],
+        "encryption": training["encryption"],
+        "privacy": privacy,
+        "nodes": training.get("nodes", "intersection"),
+        "label_holder": training.get("label_holder"),
+        "label": f"scoring with the models of {model_session}"[:MAX_LABEL],
     }
 
 
@@ -187,13 +185,14 @@ def score_locally(
     heads = [m for m, manifest in enumerate(manifests) if manifest["party"]["holds_head"]]
     out.mkdir(parents=True, exist_ok=True)
     with local_federation(encrypted=encrypted) as fed:
+        training = {
+            **manifests[0]["session_config"],
+            "num_nodes": federation.index.aligned_nodes,
+            "encryption": "ckks" if encrypted else "none",
+        }
         created = fed.admin.create_session(
             scoring_request(
-                config,
-                manifests,
-                num_nodes=federation.index.aligned_nodes,
-                nodes=nodes,
-                chunk=chunk,
+                training, model_session=manifests[0]["session_id"], nodes=nodes, chunk=chunk
             )
         )
         raw = {m: fed.root / f"predictions-{m}.parquet" for m in heads}

@@ -43,10 +43,12 @@ def start_federation(
     service_command: Callable[..., list[str]] = glasu_command,
     port: int | None = None,
     server_for: Callable[[int, str], str] = lambda client, url: url,
+    extra: Callable[[int], list[str]] = lambda client: [],
 ) -> Federation:
     """Start the service (``service_command(*serve arguments)``) on ``port`` (default: a free
     one), create the session and start the workers, client m talking to ``server_for(m, service
-    URL)`` (a proxy, say); every process is appended to ``processes`` as soon as it runs."""
+    URL)`` (a proxy, say) with ``extra(m)`` appended to its arguments; every process is
+    appended to ``processes`` as soon as it runs."""
     layout = layout_federation(config, dataset)
     admin_token = secrets.token_urlsafe(32)
     port = port or free_port()
@@ -77,7 +79,9 @@ def start_federation(
             passes_total=created["passes_total"],
         )
         worker = start_process(
-            f"worker {part.client}", glasu_command(*args), root / f"client-{part.client}.log"
+            f"worker {part.client}",
+            glasu_command(*args, *extra(part.client)),
+            root / f"client-{part.client}.log",
         )
         workers.append(worker)
         processes.append(worker)

@@ -5,7 +5,6 @@ service, new customers included, with predictions in each head holder's own ids.
 from __future__ import annotations
 
 import csv
-import json
 import shutil
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import numpy as np
 import pytest
 
 from clients.cli.main import main
-from models.artefact import load_model, read_evaluation
+from models.artefact import load_model
 from models.data import GraphDataset
 from tests.clients.cli.cora_parties import PARTIES, CoraParties, node_id, write_cora_parties
 
