@@ -318,6 +318,8 @@ def run_worker(
                     # the party-alone reference (private runs): stays in this local file
                     "reference_val_accuracy": outcome.reference_val_accuracy,
                     "reference_test_accuracy": outcome.reference_test_accuracy,
+                    "test_metrics": outcome.test_metrics,
+                    "reference_test_metrics": outcome.reference_test_metrics,
                     "bytes_up": service.traffic.up,
                     "bytes_down": service.traffic.down,
                     "training_bytes": progress.training_bytes,

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from models.backbone import ClientNetwork, ModelConfig
 from models.layers import Block
+from models.metrics import classification_metrics
 from models.partition import ClientPartition
 from models.party import NO_LABEL
 from models.sampler import NeighbourSampler, SampledLayer, sampling_rng
@@ -50,6 +51,10 @@ class PassOutcome:
     # an evaluation pass of a client with a head: its class probabilities, one row per output
     # node (what a model artefact's evaluation and a scoring session write)
     probabilities: np.ndarray | None = field(default=None, compare=False, repr=False)
+    # classification metrics on the pass's labelled test nodes (models/metrics.py), and the
+    # party-alone reference's
+    test_metrics: dict | None = field(default=None, compare=False, repr=False)
+    reference_test_metrics: dict | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -455,12 +460,25 @@ class GlasuClient:
         with torch.no_grad():
             logits = self.network.classify(h, generator=self.generator)
         loss, val_accuracy, test_accuracy = self.scores(logits, batch.labels, output_nodes)
+        probabilities = torch.softmax(logits, dim=1).cpu().numpy()
         return PassOutcome(
             kind="eval",
             loss=loss,
             val_accuracy=val_accuracy,
             test_accuracy=test_accuracy,
-            probabilities=torch.softmax(logits, dim=1).cpu().numpy(),
+            probabilities=probabilities,
+            test_metrics=self.test_metrics(probabilities, batch.labels, output_nodes),
+        )
+
+    def test_metrics(
+        self, probabilities: np.ndarray, labels: torch.Tensor, output_nodes: np.ndarray
+    ) -> dict:
+        """Macro-F1, per-class precision and recall (and the AUCs of a two-class task) on the
+        labelled test nodes of an evaluation pass."""
+        known = labels.cpu().numpy()
+        rows = np.isin(output_nodes, self.partition.test_nodes) & (known != NO_LABEL)
+        return classification_metrics(
+            known[rows], probabilities[rows], num_classes=probabilities.shape[1]
         )
 
     def scores(

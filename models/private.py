@@ -212,8 +212,12 @@ class PrivateGlasuClient(GlasuClient):
             )  # fmt: skip
             logits = self.reference.classify(h, generator=self.reference_generator)
         _, val_accuracy, test_accuracy = self.scores(logits, batch.labels, output_nodes)
+        probabilities = torch.softmax(logits, dim=1).cpu().numpy()
         return dataclasses.replace(
-            outcome, reference_val_accuracy=val_accuracy, reference_test_accuracy=test_accuracy
+            outcome,
+            reference_val_accuracy=val_accuracy,
+            reference_test_accuracy=test_accuracy,
+            reference_test_metrics=self.test_metrics(probabilities, batch.labels, output_nodes),
         )
 
 

@@ -25,6 +25,10 @@ class HistoryEntry:
     # the party-alone reference of private runs: each client without the others' release
     reference_val_accuracy: float | None = None
     reference_test_accuracy: float | None = None
+    # per client with a head: macro-F1, per-class precision and recall (and ROC-AUC, PR-AUC of
+    # a two-class task) on the test nodes; the party-alone reference's likewise
+    test_metrics: list[dict[str, Any] | None] | None = None
+    reference_test_metrics: list[dict[str, Any] | None] | None = None
 
 
 @dataclass
@@ -47,6 +51,9 @@ class RunReport:
     reference_test_accuracy: float | None = None
     reference_val_accuracy: float | None = None
     gain: float | None = None  # test_accuracy - reference_test_accuracy
+    # at the evaluation with the best validation accuracy, per client with a head
+    test_metrics: list[dict[str, Any] | None] | None = None
+    reference_test_metrics: list[dict[str, Any] | None] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -153,6 +160,8 @@ def build_report(
         reference_test_accuracy=reference[1] if reference else None,
         reference_val_accuracy=reference[0] if reference else None,
         gain=float(best.test_accuracy or 0.0) - reference[1] if reference else None,
+        test_metrics=best.test_metrics,
+        reference_test_metrics=best.reference_test_metrics,
     )
 
 

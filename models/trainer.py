@@ -179,6 +179,8 @@ def summarize_eval(
         test_accuracy=float(np.mean([o.test_accuracy for o in outcomes])),
         reference_val_accuracy=mean_or_none([o.reference_val_accuracy for o in outcomes]),
         reference_test_accuracy=mean_or_none([o.reference_test_accuracy for o in outcomes]),
+        test_metrics=[o.test_metrics for o in outcomes],
+        reference_test_metrics=[o.reference_test_metrics for o in outcomes],
     )
 
 

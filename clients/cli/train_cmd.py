@@ -289,6 +289,8 @@ def summary(report: RunReport) -> str:
         f"wall time {report.wall_seconds:.1f} s, bytes up {report.bytes_up:,}, "
         f"down {report.bytes_down:,}",
     ]
+    lines += metric_lines("test", report.test_metrics)
+    lines += metric_lines("test, party alone", report.reference_test_metrics)
     if report.reference_test_accuracy is not None and report.gain is not None:
         lines.append(
             f"party alone (same batches, without the others' release): test accuracy "
@@ -312,3 +314,17 @@ def summary(report: RunReport) -> str:
     if report.stopped_early:
         lines.append(f"stopped early: {report.stopped_early}")
     return "\n".join(lines)
+
+
+def metric_lines(what: str, per_client: list[dict | None] | None) -> list[str]:
+    """Macro-F1 (and the AUCs of a two-class task) at the kept round, each client's head."""
+    lines = []
+    for client, metrics in enumerate(per_client or []):
+        if not metrics or not metrics.get("count"):
+            continue
+        text = f"  client {client} {what}: macro-F1 {metrics['macro_f1']:.4f}"
+        if "roc_auc" in metrics:
+            text += f", ROC-AUC {metrics['roc_auc']:.4f}, PR-AUC {metrics['pr_auc']:.4f}"
+        recall = ", ".join(f"{c['recall']:.2f}" for c in metrics["per_class"])
+        lines.append(text + f"; recall per class {recall}")
+    return lines

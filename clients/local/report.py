@@ -47,6 +47,8 @@ def report_from_workers(
             reference_test_accuracy=mean_or_none(
                 [row["reference_test_accuracy"] for row in scored]
             ),
+            test_metrics=[row.get("test_metrics") for row in scored],
+            reference_test_metrics=[row.get("reference_test_metrics") for row in scored],
         )
 
     history = [entry(rows) for rows in zip(*(res["history"] for res in results), strict=True)]
