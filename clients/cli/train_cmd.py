@@ -140,6 +140,8 @@ def run(args: argparse.Namespace) -> int:
     with _sigterm_interrupts():
         report = _train(config, args)
     finish(report, report_path=args.report, plot_path=args.plot)
+    for folder in model_folders(args) or []:
+        print(f"model kept in {folder} (glasu model show {folder})")
     return 0
 
 

@@ -26,7 +26,7 @@ def invocations(text: str) -> list[list[str]]:
 def test_every_glasu_command_in_the_data_guide_parses() -> None:
     commands = invocations(DOC.read_text())
     names = {argv[0] for argv in commands}
-    assert {"prepare", "train", "align", "session", "worker"} <= names
+    assert {"prepare", "train", "align", "session", "worker", "model", "score"} <= names
     parser = build_parser()
     for argv in commands:
         parser.parse_args(argv)
