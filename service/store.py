@@ -211,11 +211,16 @@ class Transaction:
         ).fetchone()
         return str(config)
 
-    def sessions(self) -> list[SessionRow]:
+    def sessions_page(self, *, after: str | None, limit: int) -> list[tuple[SessionRow, str]]:
+        """Up to ``limit`` sessions in the order they were created, from the one after session
+        ``after`` (from the first if None), each with its stored plan JSON."""
         rows = self._db.execute(
-            "SELECT id, state, current_pass, created_at FROM sessions ORDER BY created_at"
+            "SELECT id, state, current_pass, created_at, config FROM sessions"
+            " WHERE ? IS NULL OR rowid > (SELECT rowid FROM sessions WHERE id = ?)"
+            " ORDER BY rowid LIMIT ?",
+            (after, after, limit),
         ).fetchall()
-        return [SessionRow(*row) for row in rows]
+        return [(SessionRow(*row[:4]), str(row[4])) for row in rows]
 
     def count_sessions(self, state: str) -> int:
         (count,) = self._db.execute(

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from typing import Annotated
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Query, Response
 from starlette.concurrency import run_in_threadpool
 
 from service.api.deps import AdminDep, ContextDep, SessionIdPath, SessionReaderDep
@@ -17,6 +20,24 @@ from service.schemas import (
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"], responses=PROBLEM_RESPONSES)
 
+DEFAULT_PAGE = 100
+MAX_PAGE = 1000
+LimitQuery = Annotated[
+    int, Query(ge=1, le=MAX_PAGE, description=f"Sessions per page (default {DEFAULT_PAGE}).")
+]
+AfterQuery = Annotated[
+    str | None,
+    Query(
+        min_length=1,
+        max_length=64,
+        description="The id of the last session of the previous page (the next page's link).",
+    ),
+]
+NEXT_PAGE_HEADER = {
+    "description": 'While more sessions follow: `</v1/sessions?limit=..&after=..>; rel="next"`.',
+    "schema": {"type": "string"},
+}
+
 
 @router.post("", status_code=201, response_model=SessionCreated, summary="Create a session")
 def create_session(
@@ -28,9 +49,26 @@ def create_session(
     return created
 
 
-@router.get("", response_model=list[SessionSummary], summary="List sessions")
-def list_sessions(_: AdminDep, context: ContextDep) -> list[SessionSummary]:
-    return context.sessions.list()
+@router.get(
+    "",
+    response_model=list[SessionSummary],
+    responses={200: {"headers": {"Link": NEXT_PAGE_HEADER}}},
+    summary="List sessions",
+)
+def list_sessions(
+    _: AdminDep,
+    context: ContextDep,
+    response: Response,
+    limit: LimitQuery = DEFAULT_PAGE,
+    after: AfterQuery = None,
+) -> list[SessionSummary]:
+    """Oldest first, one page at a time: while more sessions follow, the `Link` header names
+    the next page (`rel="next"`: the same limit, after the last session of this one)."""
+    page, more = context.sessions.list(limit=limit, after=after)
+    if more:
+        query = urlencode({"limit": limit, "after": page[-1].session_id})
+        response.headers["Link"] = f'</v1/sessions?{query}>; rel="next"'
+    return page
 
 
 @router.get("/{sid}", response_model=SessionStatus, summary="Session status and progress")
