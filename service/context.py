@@ -44,13 +44,14 @@ def build_context(settings: ServiceSettings) -> ServiceContext:
             return tx.count_sessions("running")
 
     telemetry = Telemetry(count_running_sessions)
-    engine = RoundEngine(store, plans, aggregators, telemetry)
+    notifier = SessionNotifier()
+    engine = RoundEngine(store, plans, aggregators, telemetry, notifier.notify_threadsafe)
     return ServiceContext(
         settings=settings,
         store=store,
         aggregators=aggregators,
         telemetry=telemetry,
-        notifier=SessionNotifier(),
+        notifier=notifier,
         engine=engine,
         sessions=SessionManager(store, plans, aggregators, engine),
         admin_token_sha256=token_sha256(admin_token),

@@ -125,9 +125,9 @@ def _is_waiting(result: object) -> bool:
     return isinstance(result, Waiting)
 
 
-def _closes_in(result: object) -> float | None:
+def _closes_at(result: object) -> float | None:
     """A slot that may close without a straggler is checked again when it may."""
-    return result.closes_in if isinstance(result, Waiting) else None
+    return result.closes_at if isinstance(result, Waiting) else None
 
 
 @router.get("/passes/{p}", response_model=PassInfo, summary="Describe pass p")
@@ -180,7 +180,7 @@ def _add_layer_exchange(
             partial(context.engine.downloads.get, result_kind, caller, pass_index, layer),
             is_waiting=_is_waiting,
             timeout=_wait_seconds(context, wait),
-            recheck_in=_closes_in,
+            wake_at=_closes_at,
         )
         return _payload_response(result)
 
