@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from service.aggregators import Aggregators, load_public_context
+from service.limits import ByteBudget
 from service.notify import SessionNotifier
 from service.plan import PlanCache
 from service.rounds import RoundEngine
@@ -24,6 +25,7 @@ class ServiceContext:
     engine: RoundEngine
     sessions: SessionManager
     admin_token_sha256: bytes
+    body_budget: ByteBudget
 
     def close(self) -> None:
         self.store.close()
@@ -55,4 +57,5 @@ def build_context(settings: ServiceSettings) -> ServiceContext:
         engine=engine,
         sessions=SessionManager(store, plans, aggregators, engine),
         admin_token_sha256=token_sha256(admin_token),
+        body_budget=ByteBudget(settings.max_inflight_body_bytes, settings.body_queue_seconds),
     )

@@ -8,6 +8,7 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Query, Response
 from starlette.concurrency import run_in_threadpool
 
+from service.api.body import AuthFirstRoute, takes_large_json
 from service.api.deps import AdminDep, ContextDep, SessionIdPath, SessionReaderDep
 from service.api.routes.docs import PROBLEM_RESPONSES
 from service.schemas import (
@@ -18,7 +19,12 @@ from service.schemas import (
     SessionSummary,
 )
 
-router = APIRouter(prefix="/v1/sessions", tags=["sessions"], responses=PROBLEM_RESPONSES)
+router = APIRouter(
+    prefix="/v1/sessions",
+    tags=["sessions"],
+    responses=PROBLEM_RESPONSES,
+    route_class=AuthFirstRoute,
+)
 
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
@@ -40,6 +46,7 @@ NEXT_PAGE_HEADER = {
 
 
 @router.post("", status_code=201, response_model=SessionCreated, summary="Create a session")
+@takes_large_json
 def create_session(
     _: AdminDep, context: ContextDep, request: SessionCreate, response: Response
 ) -> SessionCreated:
