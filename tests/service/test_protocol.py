@@ -265,6 +265,9 @@ async def test_the_session_list_comes_in_pages(client: httpx.AsyncClient) -> Non
     assert_problem(
         await client.get("/v1/sessions?limit=1001", headers=admin()), 422, "validation-error"
     )
+    assert_problem(
+        await client.get("/v1/sessions?page=2", headers=admin()), 422, "validation-error"
+    )
     unknown = await client.get("/v1/sessions?after=no-such-session", headers=admin())
     assert_problem(unknown, 404, "session-not-found", mentions="no-such-session")
 

@@ -6,6 +6,7 @@ from typing import Annotated
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Query, Response
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from service.api.body import AuthFirstRoute, takes_large_json
@@ -28,17 +29,24 @@ router = APIRouter(
 
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
-LimitQuery = Annotated[
-    int, Query(ge=1, le=MAX_PAGE, description=f"Sessions per page (default {DEFAULT_PAGE}).")
-]
-AfterQuery = Annotated[
-    str | None,
-    Query(
+
+
+class PageQuery(BaseModel):
+    """The page of a listing; any other query parameter is refused (422)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int = Field(
+        DEFAULT_PAGE, ge=1, le=MAX_PAGE, description=f"Sessions per page (1..{MAX_PAGE})."
+    )
+    after: str | None = Field(
+        None,
         min_length=1,
         max_length=64,
         description="The id of the last session of the previous page (the next page's link).",
-    ),
-]
+    )
+
+
 NEXT_PAGE_HEADER = {
     "description": 'While more sessions follow: `</v1/sessions?limit=..&after=..>; rel="next"`.',
     "schema": {"type": "string"},
@@ -63,18 +71,14 @@ def create_session(
     summary="List sessions",
 )
 def list_sessions(
-    _: AdminDep,
-    context: ContextDep,
-    response: Response,
-    limit: LimitQuery = DEFAULT_PAGE,
-    after: AfterQuery = None,
+    _: AdminDep, context: ContextDep, response: Response, query: Annotated[PageQuery, Query()]
 ) -> list[SessionSummary]:
     """Oldest first, one page at a time: while more sessions follow, the `Link` header names
     the next page (`rel="next"`: the same limit, after the last session of this one)."""
-    page, more = context.sessions.list(limit=limit, after=after)
+    page, more = context.sessions.list(limit=query.limit, after=query.after)
     if more:
-        query = urlencode({"limit": limit, "after": page[-1].session_id})
-        response.headers["Link"] = f'</v1/sessions?{query}>; rel="next"'
+        next_page = urlencode({"limit": query.limit, "after": page[-1].session_id})
+        response.headers["Link"] = f'</v1/sessions?{next_page}>; rel="next"'
     return page
 
 
