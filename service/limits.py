@@ -24,8 +24,6 @@ from service.errors import ProblemError, problem_response
 #: Bodies up to this size (node sets of small graphs, JSON control messages) are not counted
 #: against the byte budget: they cannot exhaust memory, and must not wait behind large ones.
 SMALL_BODY_BYTES = 64 * 1024
-
-
 MAX_BODY_SETTING = "GLASU_MAX_BODY_BYTES"
 
 

@@ -69,7 +69,7 @@ class AuthFirstRoute(APIRoute):
         async def authenticate_then_read(request: Request) -> Response:
             await _solve(before_body, request)
             context = get_context(request)
-            limit, setting = CONTROL_JSON_BYTES, "this route's limit"
+            limit, setting = CONTROL_JSON_BYTES, "for the JSON of this route"
             if large:
                 limit, setting = context.settings.max_json_bytes, "GLASU_MAX_JSON_BYTES"
             bounded = _BoundedJsonRequest(request.scope, request.receive, limit, setting)
