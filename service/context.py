@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from service.aggregators import Aggregators, load_public_context
+from service.limits import ByteBudget
 from service.notify import SessionNotifier
 from service.plan import PlanCache
 from service.rounds import RoundEngine
@@ -24,6 +25,7 @@ class ServiceContext:
     engine: RoundEngine
     sessions: SessionManager
     admin_token_sha256: bytes
+    body_budget: ByteBudget
 
     def close(self) -> None:
         self.store.close()
@@ -44,14 +46,16 @@ def build_context(settings: ServiceSettings) -> ServiceContext:
             return tx.count_sessions("running")
 
     telemetry = Telemetry(count_running_sessions)
-    engine = RoundEngine(store, plans, aggregators, telemetry)
+    notifier = SessionNotifier()
+    engine = RoundEngine(store, plans, aggregators, telemetry, notifier.notify_threadsafe)
     return ServiceContext(
         settings=settings,
         store=store,
         aggregators=aggregators,
         telemetry=telemetry,
-        notifier=SessionNotifier(),
+        notifier=notifier,
         engine=engine,
         sessions=SessionManager(store, plans, aggregators, engine),
         admin_token_sha256=token_sha256(admin_token),
+        body_budget=ByteBudget(settings.max_inflight_body_bytes, settings.body_queue_seconds),
     )

@@ -12,6 +12,9 @@ from service.settings import ServiceSettings
 
 logger = logging.getLogger("glasu.service")
 
+#: TLS 1.2 suites: ephemeral key exchange and AEAD only (no CBC); TLS 1.3 has only AEAD suites.
+TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
+
 
 def serve(settings: ServiceSettings) -> None:
     """Blocks until the server stops. One process only: long-poll wake-ups are in memory and the
@@ -31,6 +34,7 @@ def serve(settings: ServiceSettings) -> None:
         log_level=settings.log_level,
         ssl_certfile=str(settings.tls_certfile) if settings.tls_certfile else None,
         ssl_keyfile=str(settings.tls_keyfile) if settings.tls_keyfile else None,
+        ssl_ciphers=TLS12_CIPHERS,
         server_header=False,
         workers=1,
         timeout_graceful_shutdown=5,  # a worker behind a dead link must not hold a stop

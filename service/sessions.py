@@ -9,8 +9,8 @@ import uuid
 from secure.privacy import PrivacyPlanError, SessionPrivacy, check_private_arrangement
 from secure.schedule import pass_schedule
 from service.aggregators import Aggregators
-from service.domain_errors import InvalidSessionRequest
-from service.plan import PlanCache, SessionPlan
+from service.domain_errors import InvalidSessionRequest, SessionNotFound
+from service.plan import PlanCache, PlanOutline, SessionPlan
 from service.rounds import RoundEngine
 from service.schemas import (
     ClientTraffic,
@@ -86,10 +86,19 @@ class SessionManager:
             noise_multiplier=plan.privacy.noise_multiplier if plan.privacy else None,
         )
 
-    def list(self) -> list[SessionSummary]:
+    def list(self, *, limit: int, after: str | None = None) -> tuple[list[SessionSummary], bool]:
+        """Up to ``limit`` sessions, oldest first, from the one created after session ``after``,
+        and whether more follow. Only the rows are read under the store's lock; their plans are
+        read outside it (and not built: a listing must not evict the plans of running
+        sessions from their cache)."""
         with self.store.transaction() as tx:
-            rows = tx.sessions()
-            return [self._summary(row, self.engine.session(tx, row.id)[1]) for row in rows]
+            if after is not None and tx.session(after) is None:
+                raise SessionNotFound(after)
+            page = tx.sessions_page(after=after, limit=limit + 1)
+        summaries = [
+            self._summary(row, PlanOutline.from_json(config)) for row, config in page[:limit]
+        ]
+        return summaries, len(page) > limit
 
     def close(self, session_id: str) -> SessionSummary:
         with self.store.transaction() as tx:
@@ -99,7 +108,7 @@ class SessionManager:
                 tx.discard_payloads(session_id)
                 row = tx.session(session_id)
                 assert row is not None
-            summary = self._summary(row, plan)
+            summary = self._summary(row, plan.outline)
         self.engine.discard_payloads(session_id)  # the shares and sums kept outside SQLite
         return summary
 
@@ -149,14 +158,14 @@ class SessionManager:
         return self._privacy_report(plan, ledger)
 
     @staticmethod
-    def _summary(row: SessionRow, plan: SessionPlan) -> SessionSummary:
+    def _summary(row: SessionRow, outline: PlanOutline) -> SessionSummary:
         return SessionSummary(
             session_id=row.id,
-            label=plan.config.label,
+            label=outline.label,
             state=row.state,  # type: ignore[arg-type]
             created_at=row.created_at,
-            clients=plan.clients,
-            passes_total=plan.passes_total,
+            clients=outline.clients,
+            passes_total=outline.passes_total,
             current_pass=row.current_pass,
         )
 

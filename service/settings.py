@@ -37,6 +37,26 @@ class ServiceSettings(BaseSettings):
         " encryption 'ckks' are refused. A context holding a secret key stops the service.",
     )
     max_body_bytes: int = Field(64 * 1024 * 1024, ge=1, description="Largest request body.")
+    max_json_bytes: int = Field(
+        16 * 1024 * 1024,
+        ge=1,
+        description="Largest JSON body of a session creation, whose node id lists grow with the"
+        " graph (16 MiB: about two million ids); the other JSON routes take at most 64 KiB.",
+    )
+    max_inflight_body_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=1,
+        description="Bytes of large request bodies (over 64 KiB) the service holds at once,"
+        " counted by their Content-Length from before they are read until they are processed;"
+        " a body beyond it waits its turn up to body_queue_seconds, then gets 503 with"
+        " Retry-After. A body larger than this takes all of it.",
+    )
+    body_queue_seconds: float = Field(
+        10.0,
+        ge=0.0,
+        le=MAX_LONG_POLL_SECONDS,
+        description="How long a large body waits for max_inflight_body_bytes before a 503.",
+    )
     long_poll_seconds: float = Field(
         30.0,
         ge=0.0,

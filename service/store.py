@@ -24,6 +24,8 @@ upload's row holds its hash and size, and written in SQLite such a body would be
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sqlite3
 import threading
 import time
@@ -209,11 +211,16 @@ class Transaction:
         ).fetchone()
         return str(config)
 
-    def sessions(self) -> list[SessionRow]:
+    def sessions_page(self, *, after: str | None, limit: int) -> list[tuple[SessionRow, str]]:
+        """Up to ``limit`` sessions in the order they were created, from the one after session
+        ``after`` (from the first if None), each with its stored plan JSON."""
         rows = self._db.execute(
-            "SELECT id, state, current_pass, created_at FROM sessions ORDER BY created_at"
+            "SELECT id, state, current_pass, created_at, config FROM sessions"
+            " WHERE ? IS NULL OR rowid > (SELECT rowid FROM sessions WHERE id = ?)"
+            " ORDER BY rowid LIMIT ?",
+            (after, after, limit),
         ).fetchall()
-        return [SessionRow(*row) for row in rows]
+        return [(SessionRow(*row[:4]), str(row[4])) for row in rows]
 
     def count_sessions(self, state: str) -> int:
         (count,) = self._db.execute(
@@ -514,6 +521,7 @@ class Store:
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
+        _create_private(path)
         self._lock = threading.Lock()
         # isolation_level=None: we issue BEGIN/COMMIT ourselves; the lock serialises threads.
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
@@ -565,3 +573,11 @@ class Store:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def _create_private(path: Path) -> None:
+    """Create a new database file with mode 0600 (it holds token hashes and the ledger); SQLite
+    gives its ``-wal`` and ``-shm`` files the database file's mode. An existing file is left as
+    its operator set it."""
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))

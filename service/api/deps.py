@@ -45,7 +45,8 @@ ClientIndexPath = Annotated[
 ]
 
 
-def _token_hash(credentials: HTTPAuthorizationCredentials | None) -> bytes:
+def token_hash_of(credentials: HTTPAuthorizationCredentials | None) -> bytes:
+    """The SHA-256 of the bearer token; 401 if there is none."""
     if credentials is None or not credentials.credentials:
         raise ProblemError(
             401,
@@ -56,24 +57,24 @@ def _token_hash(credentials: HTTPAuthorizationCredentials | None) -> bytes:
     return token_sha256(credentials.credentials)
 
 
-def _invalid_token() -> ProblemError:
+def invalid_token() -> ProblemError:
     return ProblemError(
         401, "unauthorized", "the bearer token is not valid", headers=UNAUTHORIZED_HEADERS
     )
 
 
-def _is_admin(context: ServiceContext, token_hash: bytes) -> bool:
+def is_admin(context: ServiceContext, token_hash: bytes) -> bool:
     return hmac.compare_digest(token_hash, context.admin_token_sha256)
 
 
 def require_admin(context: ContextDep, credentials: CredentialsDep) -> None:
-    token_hash = _token_hash(credentials)
-    if _is_admin(context, token_hash):
+    token_hash = token_hash_of(credentials)
+    if is_admin(context, token_hash):
         return
     with context.store.transaction() as tx:
         owner = tx.token_owner(token_hash)
     if owner is None:
-        raise _invalid_token()
+        raise invalid_token()
     raise ProblemError(403, "forbidden", "a client token cannot use admin routes")
 
 
@@ -83,8 +84,8 @@ def require_client(
     session_id: SessionIdPath,
     client: ClientIndexPath,
 ) -> Caller:
-    token_hash = _token_hash(credentials)
-    if _is_admin(context, token_hash):
+    token_hash = token_hash_of(credentials)
+    if is_admin(context, token_hash):
         raise ProblemError(
             403, "forbidden", "the admin token cannot act as a client; use that client's token"
         )
@@ -102,8 +103,8 @@ def require_session_reader(
     context: ContextDep, credentials: CredentialsDep, session_id: SessionIdPath
 ) -> None:
     """The admin, or any client of the session."""
-    token_hash = _token_hash(credentials)
-    if not _is_admin(context, token_hash):
+    token_hash = token_hash_of(credentials)
+    if not is_admin(context, token_hash):
         _client_of_session(context, token_hash, session_id)
 
 
@@ -114,7 +115,7 @@ def _client_of_session(context: ServiceContext, token_hash: bytes, session_id: s
         owner = tx.token_owner(token_hash)
         session_exists = tx.session(session_id) is not None
     if owner is None:
-        raise _invalid_token()
+        raise invalid_token()
     if not session_exists:
         raise SessionNotFound(session_id)
     if owner[0] != session_id:

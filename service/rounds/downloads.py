@@ -9,6 +9,7 @@ were all acknowledged before (:meth:`ShareSums.complete`).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from secure.protocol import NODE_ENCODING
 from service.domain_errors import UnknownPass, WrongPass
@@ -39,12 +40,20 @@ DONE_REASON = {
 
 class Downloads:
     def __init__(
-        self, store: Store, plans: PlanCache, telemetry: Telemetry, sums: ShareSums
+        self,
+        store: Store,
+        plans: PlanCache,
+        telemetry: Telemetry,
+        sums: ShareSums,
+        on_change: Callable[[str], None],
     ) -> None:
+        """``on_change(session_id)``: a download formed a result (or stopped the session), which
+        the other requests waiting on the session must see (called from a worker thread)."""
         self.store = store
         self.plans = plans
         self.telemetry = telemetry
         self.sums = sums
+        self.on_change = on_change
 
     def pass_info(self, session_id: str, pass_index: int) -> PassInfo:
         """Kind, round and output nodes of a pass; kind 'done' once the session has no such pass."""
@@ -76,19 +85,21 @@ class Downloads:
         answer = self._fetch(kind, caller, pass_index, layer)
         if not isinstance(answer, Waiting):
             return answer
-        closes_now = answer.closes_in is not None and answer.closes_in <= 0
+        closes_now = answer.closes_at is not None and answer.closes_at <= time.time()
         if kind == "aggregate" and (not answer.missing or closes_now):
             # All shares are in but no sum: the upload of the last one is storing it (then this
             # returns at once and the long poll waits to be notified), or it never did (a
             # restart, a failure), and the sum is stored here from the running sum or the
             # shares' files. Under stragglers "continue" the sum may also be due without them.
-            self.sums.complete(caller.session_id, pass_index, layer, wait=False)
+            changed = self.sums.complete(caller.session_id, pass_index, layer, wait=False)
         elif kind == "union" and closes_now:
             with self.store.transaction() as tx:
                 _, plan = load_session(tx, self.plans, caller.session_id)
-                close_union(tx, plan, pass_index, layer)
+                changed = close_union(tx, plan, pass_index, layer)
         else:
             return answer
+        if changed:
+            self.on_change(caller.session_id)
         return self._fetch(kind, caller, pass_index, layer)
 
     def _fetch(
@@ -105,8 +116,7 @@ class Downloads:
             if result is None:
                 received, missing = uploaders(tx, plan, pass_index, layer, upload_kind)
                 at = closes_at(tx, plan, pass_index, layer, upload_kind, received=received)
-                closes_in = None if at is None else at - time.time()
-                return Waiting(pass_index, layer, received, missing, closes_in)
+                return Waiting(pass_index, layer, received, missing, at)
         if kind == "union":
             body = result.body
         else:

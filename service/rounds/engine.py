@@ -4,6 +4,8 @@ trigger) and adds nothing of its own."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from service.aggregators import Aggregators
 from service.plan import PlanCache, SessionPlan
 from service.rounds.downloads import Downloads
@@ -17,13 +19,20 @@ from service.telemetry import Telemetry
 
 class RoundEngine:
     def __init__(
-        self, store: Store, plans: PlanCache, aggregators: Aggregators, telemetry: Telemetry
+        self,
+        store: Store,
+        plans: PlanCache,
+        aggregators: Aggregators,
+        telemetry: Telemetry,
+        on_change: Callable[[str], None],
     ) -> None:
+        """``on_change(session_id)``: see :class:`Downloads` (uploads say it in their
+        outcome)."""
         self.plans = plans
         files = PayloadFiles.beside(store.path)
         self.sums = ShareSums(store, plans, aggregators, telemetry, files)
         self.uploads = Uploads(store, plans, aggregators, telemetry, self.sums, files)
-        self.downloads = Downloads(store, plans, telemetry, self.sums)
+        self.downloads = Downloads(store, plans, telemetry, self.sums, on_change)
 
     def session(self, tx: Transaction, session_id: str) -> tuple[SessionRow, SessionPlan]:
         """A session's row and plan; ``SessionNotFound`` if there is none."""

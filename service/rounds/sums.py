@@ -88,27 +88,28 @@ class ShareSums:
                 slot.running = self.aggregators.for_session(plan).new_sum(rows=rows, cols=cols)
             yield slot.running
 
-    def complete(self, session_id: str, pass_index: int, layer: int, *, wait: bool) -> None:
+    def complete(self, session_id: str, pass_index: int, layer: int, *, wait: bool) -> bool:
         """Store the slot's sum if it closes (all the pass's participants' shares are committed,
         or under stragglers "continue" the wait is over) and no sum is stored, adding first any
         committed share the running sum lacks (after a restart: all of them) from its file.
-        Without ``wait``, returns at once while another request holds the slot."""
+        Without ``wait``, returns at once while another request holds the slot. Whether it
+        changed the session (stored the sum, or stopped the session at its budget)."""
         key = (session_id, pass_index, layer)
         slot = self._slot(key)
         if not slot.lock.acquire(blocking=wait):
-            return
+            return False
         try:
             with self.store.transaction() as tx:
                 row, plan = load_session(tx, self.plans, session_id)
                 if not _sum_pending(tx, row, pass_index, layer):
                     self._forget(key, slot)
-                    return
+                    return False
                 committed = tx.uploads(session_id, pass_index, layer, "embedding")
                 received, missing = uploaders(tx, plan, pass_index, layer, "embedding")
                 if not slot_closes(
                     tx, plan, pass_index, layer, "embedding", received=received, missing=missing
                 ):
-                    return
+                    return False
                 rows = layer_rows(tx, plan, pass_index, layer)
             aggregator = self.aggregators.for_session(plan)
             if slot.running is None:
@@ -121,10 +122,11 @@ class ShareSums:
                 )
                 share = aggregator.read_share(body, rows=rows, cols=plan.widths[layer])
                 slot.running.add(upload.client_index, share)
-            self._store(
+            changed = self._store(
                 plan, pass_index, layer, rows, slot.running.payload(), sorted(slot.running.clients)
             )
             self._forget(key, slot)
+            return changed
         finally:
             slot.lock.release()
 
@@ -155,9 +157,9 @@ class ShareSums:
         rows: int,
         body: bytes,
         clients: list[int],
-    ) -> None:
+    ) -> bool:
         """Write the sum of ``clients``' shares to its file, then its row (with the ledger row
-        if it is a release)."""
+        if it is a release); whether the session changed (False: another request stored it)."""
         # A release's ledger row must be on disk before its sum can be served, and the sum with
         # it: a durable transaction's COMMIT returns only once the WAL is synced
         # (service/store.py), and the sum's file is synced before.
@@ -167,7 +169,7 @@ class ShareSums:
         with self.store.transaction(durable=is_release) as tx:
             row, _ = load_session(tx, self.plans, plan.session_id)
             if not _sum_pending(tx, row, pass_index, layer):
-                return
+                return False
             leave_out(
                 tx,
                 plan,
@@ -178,7 +180,7 @@ class ShareSums:
             if is_release:
                 released_at = _record_release(tx, plan, pass_index, clients)
                 if released_at is None:
-                    return
+                    return True  # the session stopped at its budget
             tx.insert_result(
                 plan.session_id,
                 pass_index,
@@ -198,6 +200,7 @@ class ShareSums:
             self.telemetry.passes_completed.labels(kind=completed_kind).inc()
             # the store keeps the payloads of this pass and the one before (_advance)
             self.discard(plan.session_id, before_pass=pass_index)
+        return True
 
     def _slot(self, key: SlotKey) -> _Slot:
         with self._slots_lock:

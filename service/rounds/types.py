@@ -22,7 +22,7 @@ class Waiting:
     layer: int
     received: list[int]
     missing: list[int]
-    closes_in: float | None = None  # seconds until it may close without the missing (continue)
+    closes_at: float | None = None  # when it may close without the missing (continue; epoch s)
 
 
 @dataclass(frozen=True, slots=True)

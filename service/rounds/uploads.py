@@ -263,13 +263,14 @@ class Uploads:
         return _UploadTarget(plan, duplicate=False, rows=rows, cols=plan.widths[layer])
 
 
-def close_union(tx: Transaction, plan: SessionPlan, pass_index: int, layer: int) -> None:
-    """Store the layer's node union if its slot closes now (``gate.slot_closes``)."""
+def close_union(tx: Transaction, plan: SessionPlan, pass_index: int, layer: int) -> bool:
+    """Store the layer's node union if its slot closes now (``gate.slot_closes``); whether it
+    did."""
     if tx.result(plan.session_id, pass_index, layer, "union") is not None:
-        return
+        return False
     received, missing = uploaders(tx, plan, pass_index, layer, "nodes")
     if not slot_closes(tx, plan, pass_index, layer, "nodes", received=received, missing=missing):
-        return
+        return False
     leave_out(tx, plan, pass_index, missing)
     union = union_of(tx.upload_bodies(plan.session_id, pass_index, layer, "nodes"))
     tx.insert_result(
@@ -282,3 +283,4 @@ def close_union(tx: Transaction, plan: SessionPlan, pass_index: int, layer: int)
         count=len(received),
         body=union,
     )
+    return True

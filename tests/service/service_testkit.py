@@ -10,6 +10,7 @@ import asyncio
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -228,15 +229,17 @@ def free_port() -> int:
 @dataclass
 class ServedProcess:
     process: subprocess.Popen[bytes]
-    base: str  # http://127.0.0.1:<port>
+    base: str  # http://127.0.0.1:<port> (https:// with TLS)
     log: Path  # its stdout and stderr
+    verify: ssl.SSLContext | bool = True  # how a client checks its certificate (TLS)
 
     def wait_healthy(self, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.process.poll() is None, f"glasu serve exited early:\n{self.log_text()}"
             try:
-                if httpx.get(f"{self.base}/healthz", timeout=1).status_code == 200:
+                health = httpx.get(f"{self.base}/healthz", timeout=1, verify=self.verify)
+                if health.status_code == 200:
                     return
             except httpx.TransportError:
                 pass
@@ -263,12 +266,15 @@ def start_serve(
     name: str = "serve",
     bootstrap: str | None = None,
     extra_args: tuple[str, ...] = (),
+    tls_dir: Path | None = None,
 ) -> ServedProcess:
     """Start ``python -m clients.cli.main serve`` (the container's ``glasu serve``) on
     ``database`` with the test admin token, on a free loopback port, without the caller's GLASU_*
     variables. ``bootstrap``: run ``python -c <bootstrap> serve ...`` instead, Python code that
     prepares the process and then calls ``clients.cli.main.main(sys.argv[1:])`` itself.
-    ``extra_args``: more ``serve`` options (``--public-context PATH``)."""
+    ``extra_args``: more ``serve`` options (``--public-context PATH``). ``tls_dir``: serve HTTPS
+    with the ``server.crt`` and ``server.key`` there (deploy/dev-ca.sh), trusting its
+    ``ca.crt``."""
     token_file = tmp_path / "admin-token"
     token_file.write_text(ADMIN_TOKEN)
     port = free_port()
@@ -290,7 +296,12 @@ def start_serve(
         "warning",
         *extra_args,
     ]
+    scheme, verify = "http", True
+    if tls_dir is not None:
+        command += ["--tls-certfile", str(tls_dir / "server.crt")]
+        command += ["--tls-keyfile", str(tls_dir / "server.key")]
+        scheme, verify = "https", ssl.create_default_context(cafile=str(tls_dir / "ca.crt"))
     log = tmp_path / f"{name}.log"
     with log.open("wb") as out:
         process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    return ServedProcess(process, f"http://127.0.0.1:{port}", log)
+    return ServedProcess(process, f"{scheme}://127.0.0.1:{port}", log, verify)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -200,3 +201,22 @@ def test_a_ledger_written_before_the_clients_column_is_read_as_everyones(databas
             assert [(r.release_index, r.clients) for r in tx.ledger("s")] == [(1, None)]
     finally:
         store.close()
+
+
+def test_the_database_and_its_wal_files_are_created_private(database: Path) -> None:
+    """Like the payload files: the database holds token hashes and the ledger, and a umask of
+    022 must not make them world-readable."""
+    umask = os.umask(0o022)
+    try:
+        store = Store(database)
+        try:
+            with store.transaction() as tx:
+                tx.insert_session("s", "{}", [b"h" * 32], state="running")
+            files = [p for p in database.parent.glob(f"{database.name}*") if p.is_file()]
+            modes = {p.name: oct(p.stat().st_mode & 0o777) for p in files}
+        finally:
+            store.close()
+    finally:
+        os.umask(umask)
+    names = [database.name, f"{database.name}-wal", f"{database.name}-shm"]
+    assert modes == dict.fromkeys(names, oct(0o600))

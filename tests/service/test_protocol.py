@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 import numpy as np
@@ -14,6 +15,7 @@ from service_testkit import (
     INT64_LE,
     Federation,
     admin,
+    assert_problem,
     bearer,
     client_path,
     create_session,
@@ -26,6 +28,8 @@ from service_testkit import (
 )
 
 from secure.schedule import draw_output_batch, pass_schedule
+from service import plan
+from service.app import service_context
 
 pytestmark = pytest.mark.anyio
 
@@ -242,6 +246,62 @@ async def test_sessions_are_listed_for_the_admin(client: httpx.AsyncClient) -> N
     assert [s["session_id"] for s in listing] == [first["session_id"], second["session_id"]]
     assert listing[0]["label"] == "first" and listing[0]["passes_total"] == 5
     assert listing[0]["state"] == "running" and listing[0]["current_pass"] == 0
+
+
+async def test_the_session_list_comes_in_pages(client: httpx.AsyncClient) -> None:
+    created = [(await create_session(client, label=f"s{i}"))["session_id"] for i in range(5)]
+    listed, url, sizes = [], "/v1/sessions?limit=2", []
+    while url:
+        page = await client.get(url, headers=admin())
+        assert page.status_code == 200, page.text
+        listed += [s["session_id"] for s in page.json()]
+        sizes.append(len(page.json()))
+        url = page.links.get("next", {}).get("url")
+    assert listed == created and sizes == [2, 2, 1]  # oldest first, each once
+    everything = await client.get("/v1/sessions", headers=admin())
+    assert [
+        s["session_id"] for s in everything.json()
+    ] == created and "link" not in everything.headers
+    assert_problem(
+        await client.get("/v1/sessions?limit=1001", headers=admin()), 422, "validation-error"
+    )
+    assert_problem(
+        await client.get("/v1/sessions?page=2", headers=admin()), 422, "validation-error"
+    )
+    unknown = await client.get("/v1/sessions?after=no-such-session", headers=admin())
+    assert_problem(unknown, 404, "session-not-found", mentions="no-such-session")
+
+
+async def test_a_listing_reads_plans_outside_the_store_lock(
+    make_app: Callable[..., FastAPI], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the rows are read under the store's lock (a worker's request in another session
+    waits for nothing else), and no plan is built: the plans of running sessions stay cached."""
+    async with http_client(make_app()) as http:
+        created = [(await create_session(http, label=f"s{i}"))["session_id"] for i in range(3)]
+    restarted = make_app()  # nothing cached
+    store = service_context(restarted).store
+    outlines: list[bool] = []
+    built: list[str] = []
+    read_outline = plan.PlanOutline.from_json
+    build = plan.SessionPlan.build
+
+    def outline_outside_the_lock(text: str) -> plan.PlanOutline:
+        outlines.append(store._lock.locked())
+        return read_outline(text)
+
+    def recording_build(session_id: str, *args: Any, **kwargs: Any) -> plan.SessionPlan:
+        built.append(session_id)
+        return build(session_id, *args, **kwargs)
+
+    monkeypatch.setattr(plan.PlanOutline, "from_json", outline_outside_the_lock)
+    monkeypatch.setattr(plan.SessionPlan, "build", recording_build)
+    async with http_client(restarted) as http:
+        listing = (await http.get("/v1/sessions", headers=admin())).json()
+    assert [(s["session_id"], s["label"]) for s in listing] == [
+        (sid, f"s{i}") for i, sid in enumerate(created)
+    ]
+    assert built == [] and outlines == [False] * 3
 
 
 async def test_concurrent_identical_uploads_store_once(client: httpx.AsyncClient) -> None:

@@ -9,7 +9,6 @@ unknown token -> 401, unknown alignment -> 404, token not allowed here -> 403.
 
 from __future__ import annotations
 
-import hmac
 from functools import partial
 from typing import Annotated
 
@@ -35,7 +34,14 @@ from service.alignment_schemas import (
     AlignmentWaiting,
     SetReceipt,
 )
-from service.api.deps import UNAUTHORIZED_HEADERS, ContextDep, CredentialsDep
+from service.api.body import AuthFirstRoute, binary_body
+from service.api.deps import (
+    ContextDep,
+    CredentialsDep,
+    invalid_token,
+    is_admin,
+    token_hash_of,
+)
 from service.api.routes.docs import (
     BINARY_REQUEST_BODY,
     OCTET_STREAM,
@@ -47,10 +53,14 @@ from service.domain_errors import AlignmentNotFound
 from service.errors import ProblemError
 from service.notify import long_poll
 from service.schemas import MAX_CLIENTS
-from service.sessions import token_sha256
 from service.settings import MAX_LONG_POLL_SECONDS
 
-router = APIRouter(prefix="/v1/alignments", tags=["alignments"], responses=PROBLEM_RESPONSES)
+router = APIRouter(
+    prefix="/v1/alignments",
+    tags=["alignments"],
+    responses=PROBLEM_RESPONSES,
+    route_class=AuthFirstRoute,
+)
 
 AlignmentIdPath = Annotated[
     str, Path(alias="aid", min_length=1, max_length=64, description="Alignment id.")
@@ -102,27 +112,10 @@ AlignmentsDep = Annotated[AlignmentManager, Depends(get_alignments)]
 # -- authentication --------------------------------------------------------------------------------
 
 
-def _token_hash(credentials: CredentialsDep) -> bytes:
-    if credentials is None or not credentials.credentials:
-        raise ProblemError(
-            401,
-            "unauthorized",
-            "missing bearer token: send 'Authorization: Bearer <token>'",
-            headers=UNAUTHORIZED_HEADERS,
-        )
-    return token_sha256(credentials.credentials)
-
-
-def _is_admin(context: ServiceContext, token_hash: bytes) -> bool:
-    return hmac.compare_digest(token_hash, context.admin_token_sha256)
-
-
 def _party_of(alignments: AlignmentManager, token_hash: bytes, alignment_id: str) -> int:
     owner = alignments.party_of_token(token_hash)
     if owner is None:
-        raise ProblemError(
-            401, "unauthorized", "the bearer token is not valid", headers=UNAUTHORIZED_HEADERS
-        )
+        raise invalid_token()
     if not alignments.exists(alignment_id):
         raise AlignmentNotFound(alignment_id)
     if owner[0] != alignment_id:
@@ -133,16 +126,14 @@ def _party_of(alignments: AlignmentManager, token_hash: bytes, alignment_id: str
 def require_admin(
     context: ContextDep, alignments: AlignmentsDep, credentials: CredentialsDep
 ) -> None:
-    token_hash = _token_hash(credentials)
-    if _is_admin(context, token_hash):
+    token_hash = token_hash_of(credentials)
+    if is_admin(context, token_hash):
         return
     with context.store.transaction() as tx:
         session_token = tx.token_owner(token_hash) is not None
     if session_token or alignments.party_of_token(token_hash) is not None:
         raise ProblemError(403, "forbidden", "only the admin token creates alignments")
-    raise ProblemError(
-        401, "unauthorized", "the bearer token is not valid", headers=UNAUTHORIZED_HEADERS
-    )
+    raise invalid_token()
 
 
 def require_party(
@@ -152,8 +143,8 @@ def require_party(
     alignment_id: AlignmentIdPath,
     party: PartyPath,
 ) -> PartyCaller:
-    token_hash = _token_hash(credentials)
-    if _is_admin(context, token_hash):
+    token_hash = token_hash_of(credentials)
+    if is_admin(context, token_hash):
         raise ProblemError(
             403, "forbidden", "the admin token cannot act as a party; use that party's token"
         )
@@ -172,8 +163,8 @@ def require_reader(
     alignment_id: AlignmentIdPath,
 ) -> None:
     """The admin, or any party of the alignment."""
-    token_hash = _token_hash(credentials)
-    if not _is_admin(context, token_hash):
+    token_hash = token_hash_of(credentials)
+    if not is_admin(context, token_hash):
         _party_of(alignments, token_hash, alignment_id)
 
 
@@ -250,16 +241,11 @@ async def put_set(
 ) -> JSONResponse:
     # The set of party o blinded by parties o..o+h (mod M): party o posts hop 0 (its own set,
     # blinded and shuffled), party o+h posts hop h. (No docstring: OpenAPI description.)
-    content_type = request.headers.get("content-type")
-    if content_type and content_type.split(";")[0].strip().lower() != OCTET_STREAM:
-        raise ProblemError(
-            415, "unsupported-media-type", f"send the body as {OCTET_STREAM}, not {content_type!r}"
-        )
-    body = b"".join([chunk async for chunk in request.stream()])
     store = partial(alignments.put_set, caller, owner, hop)
-    upload: SetUpload = await run_in_threadpool(
-        store, shape=shape, encoding=encoding, body=body, signature=signature
-    )
+    async with binary_body(request) as body:
+        upload: SetUpload = await run_in_threadpool(
+            store, shape=shape, encoding=encoding, body=body, signature=signature
+        )
     context.notifier.notify(_notify_key(caller.alignment_id))
     receipt = SetReceipt(
         owner=owner,

@@ -1,10 +1,10 @@
 """Client routes of one pass: pass descriptor, node sets and unions, embeddings and sums, metrics.
 
-Uploads read the body here and hand everything blocking to the engine in a worker thread; the
-downloads long-poll (see :mod:`service.notify`) and answer 202 with a waiting status on timeout.
-The node-set and embedding exchanges differ only in their kinds, so one function adds the PUT and
-the GET route of each. The URL keeps the protocol's names ``{sid}``, ``{m}``, ``{p}``, ``{l}``;
-the Python parameters behind them are named in full.
+Uploads read the body here (:mod:`service.api.body`) and hand everything blocking to the engine
+in a worker thread; the downloads long-poll (see :mod:`service.notify`) and answer 202 with a
+waiting status on timeout. The node-set and embedding exchanges differ only in their kinds, so
+one function adds the PUT and the GET route of each. The URL keeps the protocol's names
+``{sid}``, ``{m}``, ``{p}``, ``{l}``; the Python parameters behind them are named in full.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from service.api.body import AuthFirstRoute, binary_body
 from service.api.deps import ClientDep, ContextDep
 from service.api.routes.docs import (
     BINARY_REQUEST_BODY,
@@ -24,7 +25,6 @@ from service.api.routes.docs import (
     binary_response,
 )
 from service.context import ServiceContext
-from service.errors import ProblemError
 from service.notify import long_poll
 from service.rounds import Caller, Payload, UploadOutcome, Waiting
 from service.schemas import (
@@ -40,7 +40,10 @@ from service.settings import MAX_LONG_POLL_SECONDS
 from service.store import ResultKind, UploadKind
 
 router = APIRouter(
-    prefix="/v1/sessions/{sid}/clients/{m}", tags=["clients"], responses=PROBLEM_RESPONSES
+    prefix="/v1/sessions/{sid}/clients/{m}",
+    tags=["clients"],
+    responses=PROBLEM_RESPONSES,
+    route_class=AuthFirstRoute,
 )
 
 PassPath = Annotated[int, Path(alias="p", ge=0, le=MAX_COUNT, description="Pass index (0-based).")]
@@ -103,19 +106,6 @@ def _receipt_response(
     )
 
 
-async def _binary_body(request: Request) -> bytes:
-    content_type = request.headers.get("content-type")
-    if content_type and content_type.split(";")[0].strip().lower() != OCTET_STREAM:
-        raise ProblemError(
-            415,
-            "unsupported-media-type",
-            f"send the body as {OCTET_STREAM}, not {content_type!r}",
-        )
-    # The size limit is enforced while streaming, by BodySizeLimitMiddleware.
-    chunks = [chunk async for chunk in request.stream()]
-    return b"".join(chunks)
-
-
 def _wait_seconds(context: ServiceContext, wait: float | None) -> float:
     limit = context.settings.long_poll_seconds
     return limit if wait is None else min(wait, limit)
@@ -125,9 +115,9 @@ def _is_waiting(result: object) -> bool:
     return isinstance(result, Waiting)
 
 
-def _closes_in(result: object) -> float | None:
+def _closes_at(result: object) -> float | None:
     """A slot that may close without a straggler is checked again when it may."""
-    return result.closes_in if isinstance(result, Waiting) else None
+    return result.closes_at if isinstance(result, Waiting) else None
 
 
 @router.get("/passes/{p}", response_model=PassInfo, summary="Describe pass p")
@@ -157,11 +147,11 @@ def _add_layer_exchange(
         shape: ShapeHeader = None,
         encoding: EncodingHeader = None,
     ) -> JSONResponse:
-        # Read the binary body, store it off the event loop, wake the long-polls, answer with a
-        # receipt. (No docstring: it would become the route's OpenAPI description.)
-        body = await _binary_body(request)
+        # Read the binary body (within the byte budget), store it off the event loop, wake the
+        # long-polls, answer with a receipt. (No docstring: the route's OpenAPI description.)
         store = partial(context.engine.uploads.put, upload_kind, caller, pass_index, layer)
-        outcome = await run_in_threadpool(store, shape=shape, encoding=encoding, body=body)
+        async with binary_body(request) as body:
+            outcome = await run_in_threadpool(store, shape=shape, encoding=encoding, body=body)
         if outcome.wakes_waiters:
             context.notifier.notify(caller.session_id)
         return _receipt_response(caller, pass_index, layer, outcome)
@@ -180,7 +170,7 @@ def _add_layer_exchange(
             partial(context.engine.downloads.get, result_kind, caller, pass_index, layer),
             is_waiting=_is_waiting,
             timeout=_wait_seconds(context, wait),
-            recheck_in=_closes_in,
+            wake_at=_closes_at,
         )
         return _payload_response(result)
 

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from typing import Annotated
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Query, Response
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
+from service.api.body import AuthFirstRoute, takes_large_json
 from service.api.deps import AdminDep, ContextDep, SessionIdPath, SessionReaderDep
 from service.api.routes.docs import PROBLEM_RESPONSES
 from service.schemas import (
@@ -15,10 +20,41 @@ from service.schemas import (
     SessionSummary,
 )
 
-router = APIRouter(prefix="/v1/sessions", tags=["sessions"], responses=PROBLEM_RESPONSES)
+router = APIRouter(
+    prefix="/v1/sessions",
+    tags=["sessions"],
+    responses=PROBLEM_RESPONSES,
+    route_class=AuthFirstRoute,
+)
+
+DEFAULT_PAGE = 100
+MAX_PAGE = 1000
+
+
+class PageQuery(BaseModel):
+    """The page of a listing; any other query parameter is refused (422)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int = Field(
+        DEFAULT_PAGE, ge=1, le=MAX_PAGE, description=f"Sessions per page (1..{MAX_PAGE})."
+    )
+    after: str | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        description="The id of the last session of the previous page (the next page's link).",
+    )
+
+
+NEXT_PAGE_HEADER = {
+    "description": 'While more sessions follow: `</v1/sessions?limit=..&after=..>; rel="next"`.',
+    "schema": {"type": "string"},
+}
 
 
 @router.post("", status_code=201, response_model=SessionCreated, summary="Create a session")
+@takes_large_json
 def create_session(
     _: AdminDep, context: ContextDep, request: SessionCreate, response: Response
 ) -> SessionCreated:
@@ -28,9 +64,22 @@ def create_session(
     return created
 
 
-@router.get("", response_model=list[SessionSummary], summary="List sessions")
-def list_sessions(_: AdminDep, context: ContextDep) -> list[SessionSummary]:
-    return context.sessions.list()
+@router.get(
+    "",
+    response_model=list[SessionSummary],
+    responses={200: {"headers": {"Link": NEXT_PAGE_HEADER}}},
+    summary="List sessions",
+)
+def list_sessions(
+    _: AdminDep, context: ContextDep, response: Response, query: Annotated[PageQuery, Query()]
+) -> list[SessionSummary]:
+    """Oldest first, one page at a time: while more sessions follow, the `Link` header names
+    the next page (`rel="next"`: the same limit, after the last session of this one)."""
+    page, more = context.sessions.list(limit=query.limit, after=query.after)
+    if more:
+        next_page = urlencode({"limit": query.limit, "after": page[-1].session_id})
+        response.headers["Link"] = f'</v1/sessions?{next_page}>; rel="next"'
+    return page
 
 
 @router.get("/{sid}", response_model=SessionStatus, summary="Session status and progress")
