@@ -15,7 +15,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
 from clients.cli.errors import CliError, UsageError, failing_as
-from clients.cli.options import PLOT_FORMATS, add_command, check_output_file, positive_int
+from clients.cli.options import (
+    PLOT_FORMATS,
+    add_command,
+    check_device,
+    check_output_file,
+    positive_int,
+)
 from clients.cli.train_options import (
     add_data_arguments,
     add_encryption_argument,
@@ -92,6 +98,11 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         metavar="PATH",
         help="write a plot of the history here (PNG, or the format its suffix names)",
     )
+    output.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --report or --plot file (refused by default)",
+    )
     output.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -106,8 +117,9 @@ def check(args: argparse.Namespace) -> None:
         check_parties(args)
     check_nodes(args)
     check_federation(args, through_service=uses_service(args))
-    check_output_file(args.report, "--report")
-    check_output_file(args.plot, "--plot", formats=PLOT_FORMATS)
+    check_output_file(args.report, "--report", overwrite=args.overwrite)
+    check_output_file(args.plot, "--plot", formats=PLOT_FORMATS, overwrite=args.overwrite)
+    check_device(args.device)
 
 
 def run(args: argparse.Namespace) -> int:
