@@ -132,7 +132,11 @@ def _service_failure(exc: Exception) -> tuple[str, int] | None:
             url = f"{exc.request.url.scheme}://{exc.request.url.netloc.decode()}"
         except RuntimeError:  # no request attached
             url = "its URL"
-        return f"cannot reach the service at {url}: {type(exc).__name__}: {exc}", EXIT_UNREACHABLE
+        hint = (
+            service_http.transport_hint(exc, httpx.URL(url)) if service_http and "//" in url else ""
+        )
+        message = f"cannot reach the service at {url}: {type(exc).__name__}: {exc}"
+        return message + (f" ({hint})" if hint else ""), EXIT_UNREACHABLE
     return None
 
 
