@@ -158,23 +158,22 @@ def send_with_retries(
     Returns the first answer below 500 (success or client error: the caller decides); raises
     :class:`ServiceUnavailable` after ``retry.attempts`` failures."""
     delay = retry.first_delay
-    failure = "no attempt made"
+    failure, hint = "no attempt made", ""
     answered = False
+    attempt = 0
     for attempt in range(1, retry.attempts + 1):
         try:
             response = http.request(method, path, **kwargs)
         except (httpx.TransportError, httpx.TimeoutException) as exc:
             failure, answered = f"{type(exc).__name__}: {exc}", False
             hint = transport_hint(exc, http.base_url)
-            if hint:
-                failure += f" ({hint})"
             if untrusted_certificate(exc):
                 break  # waiting does not make a certificate trusted
         else:
             if response.status_code < 500:
                 return response
             failure = f"{response.status_code} {problem_of(response).get('detail', '')}".strip()
-            answered = True
+            answered, hint = True, ""
         if attempt == retry.attempts:
             break
         log.log(
@@ -189,6 +188,8 @@ def send_with_retries(
         sleep(delay)
         delay = min(delay * 2, retry.max_delay)
     tries = "once" if attempt == 1 else f"after {attempt} attempts"
+    if hint:
+        failure += f" ({hint})"
     raise ServiceUnavailable(
         f"{method} {path} failed {tries}: {failure}",
         failure=failure,
