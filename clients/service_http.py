@@ -158,18 +158,22 @@ def send_with_retries(
     Returns the first answer below 500 (success or client error: the caller decides); raises
     :class:`ServiceUnavailable` after ``retry.attempts`` failures."""
     delay = retry.first_delay
-    failure = "no attempt made"
+    failure, hint = "no attempt made", ""
     answered = False
+    attempt = 0
     for attempt in range(1, retry.attempts + 1):
         try:
             response = http.request(method, path, **kwargs)
         except (httpx.TransportError, httpx.TimeoutException) as exc:
             failure, answered = f"{type(exc).__name__}: {exc}", False
+            hint = transport_hint(exc, http.base_url)
+            if untrusted_certificate(exc):
+                break  # waiting does not make a certificate trusted
         else:
             if response.status_code < 500:
                 return response
             failure = f"{response.status_code} {problem_of(response).get('detail', '')}".strip()
-            answered = True
+            answered, hint = True, ""
         if attempt == retry.attempts:
             break
         log.log(
@@ -183,11 +187,37 @@ def send_with_retries(
         )
         sleep(delay)
         delay = min(delay * 2, retry.max_delay)
+    tries = "once" if attempt == 1 else f"after {attempt} attempts"
+    if hint:
+        failure += f" ({hint})"
     raise ServiceUnavailable(
-        f"{method} {path} failed after {retry.attempts} attempts: {failure}",
+        f"{method} {path} failed {tries}: {failure}",
         failure=failure,
         answered=answered,
     )
+
+
+def untrusted_certificate(exc: Exception) -> bool:
+    return "CERTIFICATE_VERIFY_FAILED" in str(exc)
+
+
+def transport_hint(exc: Exception, base_url: httpx.URL) -> str:
+    """What to do about a transport failure with a usual cause: the service's TLS certificate
+    is not trusted (no or the wrong --ca-file), or a plain-HTTP address for a TLS service
+    (which hangs up on it without an answer). Empty when there is none."""
+    if untrusted_certificate(exc):
+        if "mismatch" in str(exc):
+            return "the certificate does not name this host: use an address it names"
+        return (
+            "the service's certificate is not signed by a CA this client trusts: give the CA "
+            "certificate that signed it with --ca-file"
+        )
+    if base_url.scheme == "http" and isinstance(exc, httpx.RemoteProtocolError):
+        return (
+            "the service closed the connection without an answer; if it serves TLS, use "
+            f"https://{base_url.netloc.decode()} instead of http://"
+        )
+    return ""
 
 
 class BearerConnection:

@@ -6,7 +6,6 @@ bound what any session may spend of this data (``clients/policy.py``)."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -20,10 +19,9 @@ from pydantic_settings import (
 )
 
 from clients.policy import PrivacyPolicy
+from models.config import DEVICE_NAMES
 from secure.accounting import AccountantName
 from secure.protocol import is_loopback_host
-
-_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 
 class WorkerSettings(BaseSettings):
@@ -158,7 +156,7 @@ class WorkerSettings(BaseSettings):
     @field_validator("device")
     @classmethod
     def _known_device(cls, device: str) -> str:
-        if not _DEVICE.fullmatch(device):
+        if not DEVICE_NAMES.fullmatch(device):
             raise ValueError(f"{device!r} is not auto, cpu, cuda or cuda:N")
         return device
 

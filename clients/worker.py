@@ -79,6 +79,11 @@ class ResumedPass:
     shares: Mapping[str, str]
 
 
+class SessionMismatch(ValueError):
+    """This worker's data or settings cannot take part in the session: found when it joins,
+    before it sends anything."""
+
+
 def client_config_from_session(
     session_config: dict[str, Any], options: LocalModelOptions
 ) -> ClientConfig:
@@ -87,11 +92,13 @@ def client_config_from_session(
     if privacy is not None:
         hidden = options.hidden or PRIVATE_DEFAULT_HIDDEN
     elif len(widths) != 1:
-        raise ValueError(f"this worker needs one width at every aggregation layer, got {widths}")
+        raise SessionMismatch(
+            f"this worker needs one width at every aggregation layer, got {widths}"
+        )
     else:
         hidden = widths.pop()
         if options.hidden not in (None, hidden):
-            raise ValueError(
+            raise SessionMismatch(
                 f"--hidden {options.hidden} differs from the session's aggregation width {hidden}"
             )
     model = ModelConfig(
@@ -124,7 +131,7 @@ def session_partition(partition: ClientPartition, config: dict[str, Any]) -> Cli
     """The partition as the session uses it: a passive party of a label holder's session keeps
     no label and no split (GLASU B.2); every other client needs its labels."""
     if partition.held is not None and config.get("nodes") != "union":
-        raise ValueError(
+        raise SessionMismatch(
             f"this party lacks {int((~partition.held).sum())} of the {partition.num_nodes} "
             "aligned nodes (an alignment over the union), but the session averages over the "
             "intersection: create the session from the alignment (nodes 'union')"
@@ -132,7 +139,17 @@ def session_partition(partition: ClientPartition, config: dict[str, Any]) -> Cli
     holder = config.get("label_holder")
     if holder is not None and holder != partition.client:
         return without_labels(partition)
-    check_labels(partition, where="this worker's data")
+    remedy = (
+        "otherwise the operator names the one party with labels when creating the session "
+        "(glasu session create --label-holder M; docs/data.md)"
+        if holder is None
+        else f"the session names this party (client {holder}) the label holder "
+        "(--label-holder): give it its labels (glasu prepare --labels) or name another holder"
+    )
+    try:
+        check_labels(partition, where="this worker's data", remedy=remedy)
+    except ValueError as exc:
+        raise SessionMismatch(str(exc)) from None
     return partition
 
 
@@ -175,17 +192,17 @@ def run_worker(
         )
     config = session["config"]
     if partition.client != service.client_index:
-        raise ValueError(
+        raise SessionMismatch(
             f"the partition is client {partition.client}'s, but this worker is "
             f"client {service.client_index}"
         )
     if partition.clients != config["clients"] or partition.num_nodes != config["num_nodes"]:
-        raise ValueError(
+        raise SessionMismatch(
             f"the partition (M={partition.clients}, {partition.num_nodes} nodes) does not match "
             f"the session (M={config['clients']}, {config['num_nodes']} nodes)"
         )
     if codec.encoding != config["encoding"]:
-        raise ValueError(
+        raise SessionMismatch(
             f"the session expects {config['encoding']} shares, this worker's codec "
             f"makes {codec.encoding}: give the secret context (or --no-he) to match"
         )

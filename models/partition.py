@@ -177,9 +177,12 @@ def load_partition(directory: Path, *, require_labels: bool = True) -> ClientPar
     return part
 
 
-def check_labels(part: ClientPartition, *, where: str) -> None:
+LABEL_HOLDER_REMEDY = "otherwise make one party the label holder (docs/data.md)"
+
+
+def check_labels(part: ClientPartition, *, where: str, remedy: str = LABEL_HOLDER_REMEDY) -> None:
     """A client that trains against labels needs one for every training and evaluation node it
-    holds."""
+    holds; ``remedy`` ends the error: what to do instead."""
     nodes = np.concatenate([part.train_nodes, part.val_nodes, part.test_nodes])
     if part.held is not None:
         nodes = nodes[part.held[nodes]]
@@ -188,8 +191,7 @@ def check_labels(part: ClientPartition, *, where: str) -> None:
         raise ValueError(
             f"{where} has no label for {missing.size} of the aligned training and evaluation "
             f"nodes it holds (e.g. aligned node {missing[0]}): a party that trains against "
-            "labels needs one for every aligned node it holds; otherwise make one party the "
-            "label holder (docs/data.md)"
+            f"labels needs one for every aligned node it holds; {remedy}"
         )
 
 

@@ -87,7 +87,7 @@ def read_party_tables(tables: PartyTables, *, progress: bool = False) -> PartyDa
 
 def _read_nodes(tables: PartyTables, progress: bool) -> tuple[pa.Array, np.ndarray, list[str]]:
     path = tables.nodes
-    source = _Table(path, progress)
+    source = _Table(path, progress, what="node table")
     _require_column(path, source.columns, tables.id_column, "--id-column")
     names = [c for c in source.columns if c != tables.id_column]
     if not names:
@@ -107,7 +107,7 @@ def _read_edges(
     tables: PartyTables, ids: pa.Array, progress: bool
 ) -> tuple[np.ndarray, dict[str, int]]:
     path = tables.edges
-    source = _Table(path, progress)
+    source = _Table(path, progress, what="edge table")
     if tables.edge_columns is not None:
         pair = tables.edge_columns
         for name in pair:
@@ -146,7 +146,7 @@ def _read_edges(
 def _read_labels(tables: PartyTables, ids: pa.Array, progress: bool) -> np.ndarray:
     path = tables.labels
     assert path is not None
-    source = _Table(path, progress)
+    source = _Table(path, progress, what="label table")
     _require_column(path, source.columns, tables.id_column, "--id-column")
     if tables.label_column is not None:
         _require_column(path, source.columns, tables.label_column, "--label-column")
@@ -190,25 +190,36 @@ class _Table:
     """One CSV or Parquet file: its column names and its batches (first row number, batch),
     every CSV column read as text (the checks below convert it)."""
 
-    def __init__(self, path: Path, progress: bool) -> None:
+    def __init__(self, path: Path, progress: bool, *, what: str) -> None:
         self.path = path
         self.progress = progress
         if not path.is_file():
-            raise TableError(path, "no such file")
+            raise TableError(path, f"no such file (the {what})")
+        if path.stat().st_size == 0:
+            raise TableError(path, f"the {what} is an empty file (0 bytes): it needs a header row")
         self.kind = _kind(path)
+        self._bad_rows: list[pa_csv.InvalidRow] = []  # what the CSV parser refused, for errors
         try:
             if self.kind == "parquet":
                 self._parquet = pq.ParquetFile(path)
                 self.columns = list(self._parquet.schema_arrow.names)
                 self.total: int | None = self._parquet.metadata.num_rows
             else:
-                self.columns = list(_open_csv(path, {}).schema.names)
+                self.columns = list(self._open_csv({}).schema.names)
                 self.total = None
+        except pa.ArrowInvalid as exc:
+            raise self._unreadable(exc, "cannot read it as CSV") from None
         except (pa.ArrowException, OSError) as exc:
             raise TableError(path, f"cannot read it as {self.kind.upper()}: {exc}") from None
         if len(set(self.columns)) != len(self.columns):
             twice = next(c for c in self.columns if self.columns.count(c) > 1)
             raise TableError(path, "two columns have this name", column=twice)
+        if self.kind == "csv" and len(self.columns) == 1:
+            delimiter = _other_delimiter(self.columns[0])
+            if delimiter:
+                raise TableError(
+                    path, _delimiter_hint(delimiter, f"its header {self.columns[0]!r}")
+                )
 
     def batches(self) -> Iterator[tuple[int, pa.RecordBatch]]:
         bar = tqdm(
@@ -226,7 +237,7 @@ class _Table:
                 first_row += batch.num_rows
                 bar.update(batch.num_rows)
         except pa.ArrowInvalid as exc:
-            raise TableError(self.path, f"not readable after row {first_row - 1}: {exc}") from None
+            raise self._unreadable(exc, f"not readable after row {first_row - 1}") from None
         finally:
             bar.close()
 
@@ -234,7 +245,41 @@ class _Table:
         if self.kind == "parquet":
             yield from self._parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS)
             return
-        yield from _open_csv(self.path, {name: pa.string() for name in self.columns})
+        yield from self._open_csv({name: pa.string() for name in self.columns})
+
+    def _open_csv(self, column_types: dict[str, pa.DataType]) -> pa_csv.CSVStreamingReader:
+        def refuse(row: pa_csv.InvalidRow) -> str:
+            self._bad_rows.append(row)
+            return "error"
+
+        return pa_csv.open_csv(
+            self.path,
+            # one thread: the parser then knows the line numbers of the rows it refuses
+            read_options=pa_csv.ReadOptions(block_size=CSV_BLOCK_BYTES, use_threads=False),
+            parse_options=pa_csv.ParseOptions(invalid_row_handler=refuse),
+            convert_options=pa_csv.ConvertOptions(
+                column_types=column_types,
+                null_values=[""],
+                strings_can_be_null=True,
+                quoted_strings_can_be_null=True,
+            ),
+        )
+
+    def _unreadable(self, exc: pa.ArrowInvalid, what: str) -> TableError:
+        """A parse error as one sentence: the row the parser refused, when it said which."""
+        if not self._bad_rows:
+            return TableError(self.path, f"{what}: {exc}")
+        bad = self._bad_rows[-1]
+        fields = "1 field" if bad.actual_columns == 1 else f"{bad.actual_columns} fields"
+        problem = f"{fields} where the header has {bad.expected_columns} ({bad.text[:80]!r})"
+        delimiter = _other_delimiter(bad.text)
+        if delimiter and bad.actual_columns == 1:
+            problem += "; " + _delimiter_hint(delimiter, "the row")
+        elif bad.actual_columns > bad.expected_columns:
+            problem += '; quote a value that holds a comma ("a,b")'
+        # the parser counts the header as line 1: data row r is line r + 1
+        row = bad.number - 1 if bad.number else None
+        return TableError(self.path, problem, row=row)
 
 
 def _kind(path: Path) -> str:
@@ -246,16 +291,16 @@ def _kind(path: Path) -> str:
     raise TableError(path, f"unknown format: name it {', '.join(FORMATS)}")
 
 
-def _open_csv(path: Path, column_types: dict[str, pa.DataType]) -> pa_csv.CSVStreamingReader:
-    return pa_csv.open_csv(
-        path,
-        read_options=pa_csv.ReadOptions(block_size=CSV_BLOCK_BYTES),
-        convert_options=pa_csv.ConvertOptions(
-            column_types=column_types,
-            null_values=[""],
-            strings_can_be_null=True,
-            quoted_strings_can_be_null=True,
-        ),
+def _other_delimiter(text: str) -> str | None:
+    """The separator a one-column CSV line seems to use instead of commas, if any."""
+    return next((d for d in (";", "\t", "|") if d in text), None)
+
+
+def _delimiter_hint(delimiter: str, seen: str) -> str:
+    name = {";": "semicolons", "\t": "tabs", "|": "'|'"}[delimiter]
+    return (
+        f"{seen} seems separated by {name}; glasu prepare reads comma-separated CSV: save "
+        "the table with commas (or as Parquet)"
     )
 
 

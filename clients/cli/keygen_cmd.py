@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from clients.cli.errors import failing_as
+from clients.cli.errors import UsageError, failing_as
 from clients.cli.options import add_command, check_output_dir
 
 
@@ -31,6 +31,17 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def check(args: argparse.Namespace) -> None:
     check_output_dir(args.out, "--out")
+    if args.overwrite:
+        return
+    from secure.ckks_context import PUBLIC_CONTEXT_NAME, SECRET_CONTEXT_NAME
+
+    existing = [args.out / name for name in (SECRET_CONTEXT_NAME, PUBLIC_CONTEXT_NAME)]
+    existing = [path for path in existing if path.exists()]
+    if existing:
+        raise UsageError(
+            f"--out {args.out} holds key files ({', '.join(map(str, existing))}); pass "
+            "--overwrite to replace them (every ciphertext made with them is then lost)"
+        )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from importlib import import_module, metadata
@@ -89,6 +90,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        try:
+            return _main(argv)
+        finally:
+            sys.stdout.flush()  # a reader gone shows here, not in the interpreter's last flush
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """Whoever read stdout stopped (``glasu budget ... | head -2``): end quietly. Python's docs
+    (signal module, "Note on SIGPIPE"): point stdout at devnull, so that flushing it again at
+    exit does not fail once more, and exit with 1."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return EXIT_FAILED
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -110,6 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(command, f"error: {exc}", EXIT_USAGE, exc)
     except CliError as exc:
         return _fail(command, f"error: {exc}", exc.exit_code, exc)
+    except BrokenPipeError:
+        raise  # stdout's reader is gone: main ends quietly
     except OSError as exc:  # a file the user named cannot be read or written
         return _fail(command, f"error: {describe_error(exc)}", EXIT_FAILED, exc)
     except Exception as exc:
@@ -134,7 +156,11 @@ def _service_failure(exc: Exception) -> tuple[str, int] | None:
             url = f"{exc.request.url.scheme}://{exc.request.url.netloc.decode()}"
         except RuntimeError:  # no request attached
             url = "its URL"
-        return f"cannot reach the service at {url}: {type(exc).__name__}: {exc}", EXIT_UNREACHABLE
+        hint = (
+            service_http.transport_hint(exc, httpx.URL(url)) if service_http and "//" in url else ""
+        )
+        message = f"cannot reach the service at {url}: {type(exc).__name__}: {exc}"
+        return message + (f" ({hint})" if hint else ""), EXIT_UNREACHABLE
     return None
 
 

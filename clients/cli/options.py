@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,49 @@ def add_command(
     return parser
 
 
+# -- options given explicitly ------------------------------------------------------------------
+
+
+def given_options(args: argparse.Namespace) -> set[str]:
+    """The options of ``args`` that the command line gave (those parsed with :class:`StoreGiven`
+    or :class:`BooleanGiven`), as written: ``{"--epsilon", "--shared-noise"}``."""
+    return set(getattr(args, "given_options", ()))
+
+
+def _mark_given(namespace: argparse.Namespace, option_string: str | None) -> None:
+    if option_string:
+        namespace.given_options = given_options(namespace) | {option_string}
+
+
+class StoreGiven(argparse.Action):
+    """``store``, remembering that the option was given (a default cannot tell: it may equal
+    the value given)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, values)
+        _mark_given(namespace, option_string)
+
+
+class BooleanGiven(argparse.BooleanOptionalAction):
+    """``--foo/--no-foo``, remembering which of them was given."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        super().__call__(parser, namespace, values, option_string)
+        _mark_given(namespace, option_string)
+
+
 # -- argument types ----------------------------------------------------------------------------
 # Each returns the converted value or raises ArgumentTypeError, which argparse reports as
 # "argument --rounds: must be an integer >= 1, got -1" with exit code 2.
@@ -101,6 +145,19 @@ def int_range(low: int, high: int | None = None) -> Callable[[str], int]:
 
 positive_int = int_range(1)
 non_negative_int = int_range(0)
+
+
+def check_device(name: str) -> None:
+    """Fail now, not after loading the data, when ``--device`` names a CUDA device this machine
+    lacks. Loads torch for a CUDA name only."""
+    if not name.startswith("cuda"):
+        return
+    from models.device import resolve_device
+
+    try:
+        resolve_device(name)
+    except (RuntimeError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
 
 
 def positive_float(text: str) -> float:
@@ -149,11 +206,17 @@ PLOT_FORMATS = frozenset(
 
 
 def check_output_file(
-    path: Path | None, flag: str, *, formats: frozenset[str] = frozenset()
+    path: Path | None,
+    flag: str,
+    *,
+    formats: frozenset[str] = frozenset(),
+    overwrite: bool | None = None,
 ) -> None:
     """Fail now, not after the work, if ``path`` cannot be written later: it is a directory,
-    a parent is a regular file, or the nearest existing parent is not writable. Missing parents
-    are fine (they are created). ``formats``: allowed suffixes (a missing suffix is allowed)."""
+    a parent is a regular file, or nothing can be created where it goes (tried: a permission
+    bit does not tell for root, nor on /proc or a read-only mount). Missing parents are fine
+    (they are created). ``formats``: allowed suffixes (a missing suffix is allowed).
+    ``overwrite`` False: an existing file is refused (None: no such check)."""
     if path is None:
         return
     suffix = path.suffix.lower().lstrip(".")
@@ -165,14 +228,19 @@ def check_output_file(
     if target.is_dir():
         raise UsageError(f"{flag} {path} is a directory; give a file name")
     if target.exists():
+        if overwrite is False:
+            raise UsageError(f"{flag} {path} exists; pass --overwrite to replace it")
         if not os.access(target, os.W_OK):
             raise UsageError(f"{flag} {path} is not writable")
-        return
     parent = next(p for p in target.parents if p.exists())
     if not parent.is_dir():
         raise UsageError(f"{flag} {path}: {parent} is a file, not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"{flag} {path}: cannot create files in {parent} (permission denied)")
+    try:  # the folder that will hold the file, or the nearest one that exists
+        with tempfile.TemporaryFile(dir=parent, prefix=".glasu-check-"):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise UsageError(f"{flag} {path}: cannot create files in {parent} ({reason})") from None
 
 
 def check_output_dir(path: Path, flag: str) -> None:

@@ -82,8 +82,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         action = add_command(actions, name, help=text, description=text + " (admin token).")
         _connection_arguments(action)
         action.add_argument("--session", required=True, metavar="ID", help="session id (required)")
-        if name == "status":
-            action.add_argument("--json", action="store_true", help="print the raw JSON")
+        action.add_argument("--json", action="store_true", help="print the raw JSON")
     return p
 
 
@@ -113,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
             body = admin.session(args.session)
             print(json.dumps(body, indent=2) if args.json else describe(body))
         else:
-            print(json.dumps(admin.close_session(args.session), indent=2))
+            body = admin.close_session(args.session)
+            print(json.dumps(body, indent=2) if args.json else describe_closed(body))
     return 0
 
 
@@ -242,6 +242,15 @@ def describe(status: dict[str, Any]) -> str:
     else:
         lines.append("privacy: differential privacy off")
     return "\n".join(lines)
+
+
+def describe_closed(summary: dict[str, Any]) -> str:
+    """``DELETE /v1/sessions/{id}``'s answer in the words of :func:`describe`."""
+    return (
+        f"session {summary['session_id']} ({summary.get('label') or 'no label'}): "
+        f"{summary['state']}, pass {summary['current_pass']} of {summary['passes_total']}; "
+        "its workers stop at their next call"
+    )
 
 
 def _current_step(layers: list[dict[str, Any]], clients: int, absent: list[int]) -> str | None:

@@ -18,6 +18,7 @@ from clients.cli.errors import CliError, UsageError, failing_as
 from clients.cli.options import (
     PLOT_FORMATS,
     add_command,
+    check_device,
     check_output_dir,
     check_output_file,
     positive_int,
@@ -99,6 +100,11 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="write a plot of the history here (PNG, or the format its suffix names)",
     )
     output.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --report or --plot file (refused by default)",
+    )
+    output.add_argument(
         "--model-dir",
         type=Path,
         default=None,
@@ -121,8 +127,9 @@ def check(args: argparse.Namespace) -> None:
         check_parties(args)
     check_nodes(args)
     check_federation(args, through_service=uses_service(args))
-    check_output_file(args.report, "--report")
-    check_output_file(args.plot, "--plot", formats=PLOT_FORMATS)
+    check_output_file(args.report, "--report", overwrite=args.overwrite)
+    check_output_file(args.plot, "--plot", formats=PLOT_FORMATS, overwrite=args.overwrite)
+    check_device(args.device)
     if args.model_dir is not None:
         if not uses_service(args):
             raise UsageError(

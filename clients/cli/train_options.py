@@ -15,7 +15,10 @@ from typing import Any, get_args
 
 from clients.cli.errors import UsageError
 from clients.cli.options import (
+    BooleanGiven,
+    StoreGiven,
     fraction,
+    given_options,
     int_range,
     non_negative_float,
     non_negative_int,
@@ -25,7 +28,7 @@ from clients.cli.options import (
     rate,
     switch_note,
 )
-from models.config import TrainConfig
+from models.config import DEVICE_NAMES, TrainConfig
 from secure.accounting import ACCOUNTANTS
 from secure.protocol import StragglerPolicy
 from service.schemas import MAX_CLIENTS, MAX_LAYERS, MAX_ROUNDS, MAX_WIDTH
@@ -38,7 +41,29 @@ CKKS_MAX_CLIENTS = 16
 
 DATASETS = ("cora", "citeseer", "pubmed")
 MODES = ("glasu", "centralized", "standalone", "simulated")
-DATA_DIR_HELP = "dataset root (default: $GLASU_DATA, else a per-user cache)"
+DATA_DIR_HELP = (
+    "dataset root, the folder holding Cora/raw (default: $GLASU_DATA, else a per-user cache); "
+    "it must be writable: the first use writes the processed graph beside raw/"
+)
+# What only differential privacy reads: refused with --no-dp when given explicitly.
+PRIVACY_OPTIONS = (
+    "--epsilon",
+    "--delta",
+    "--noise-multiplier",
+    "--clip",
+    "--accountant",
+    "--release-width",
+    "--occurrence-cap",
+    "--shared-noise",
+)
+
+
+def device_name(text: str) -> str:
+    """``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (whether this machine has it:
+    ``options.check_device``)."""
+    if not DEVICE_NAMES.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"expected auto, cpu, cuda or cuda:N, got {text!r}")
+    return text
 
 
 def add_data_arguments(p: argparse._ActionsContainer) -> None:
@@ -223,8 +248,9 @@ def add_federation_arguments(p: argparse._ActionsContainer, *, local: bool) -> N
     if local:
         p.add_argument(
             "--device",
-            choices=["auto", "cpu", "cuda"],
+            type=device_name,
             default=DEFAULTS.device,
+            metavar="{auto,cpu,cuda,cuda:N}",
             help="where the clients compute (auto: CUDA when available)",
         )
 
@@ -252,6 +278,7 @@ def add_privacy_arguments(p: argparse._ActionsContainer, *, noise_seed: bool = T
     )
     p.add_argument(
         "--epsilon",
+        action=StoreGiven,
         type=positive_float,
         default=None,
         help=f"epsilon target of the whole run (default: {DEFAULTS.epsilon}, unless "
@@ -259,12 +286,14 @@ def add_privacy_arguments(p: argparse._ActionsContainer, *, noise_seed: bool = T
     )
     p.add_argument(
         "--delta",
+        action=StoreGiven,
         type=probability,
         default=DEFAULTS.delta,
         help="delta of the (epsilon, delta) guarantee, in (0, 1)",
     )
     p.add_argument(
         "--noise-multiplier",
+        action=StoreGiven,
         type=positive_float,
         default=None,
         metavar="Z",
@@ -273,6 +302,7 @@ def add_privacy_arguments(p: argparse._ActionsContainer, *, noise_seed: bool = T
     )
     p.add_argument(
         "--clip",
+        action=StoreGiven,
         type=positive_float,
         default=DEFAULTS.clip,
         metavar="C",
@@ -280,12 +310,14 @@ def add_privacy_arguments(p: argparse._ActionsContainer, *, noise_seed: bool = T
     )
     p.add_argument(
         "--accountant",
+        action=StoreGiven,
         choices=ACCOUNTANTS,
         default=DEFAULTS.accountant,
         help="privacy accountant: rdp (Renyi DP) or prv (privacy random variables)",
     )
     p.add_argument(
         "--release-width",
+        action=StoreGiven,
         type=int_range(1, MAX_WIDTH),
         default=DEFAULTS.release_width,
         metavar="WIDTH",
@@ -293,6 +325,7 @@ def add_privacy_arguments(p: argparse._ActionsContainer, *, noise_seed: bool = T
     )
     p.add_argument(
         "--occurrence-cap",
+        action=StoreGiven,
         type=non_negative_int,
         default=DEFAULTS.occurrence_cap,
         metavar="C",
@@ -301,7 +334,7 @@ def add_privacy_arguments(p: argparse._ActionsContainer, *, noise_seed: bool = T
     p.add_argument(
         "--shared-noise",
         dest="shared_noise",
-        action=argparse.BooleanOptionalAction,
+        action=BooleanGiven,
         default=None,  # set below: a default here would add "(default: False)" to the help
         help=f"shared noise {switch_note(DEFAULTS.shared_noise)}, with encryption only: each "
         "client adds only its 1/M share of the noise; less noise, but the guarantee then holds "
@@ -343,6 +376,12 @@ def check_federation(args: argparse.Namespace, *, through_service: bool) -> None
         )
     if not releases_anything(args):
         return
+    if args.clients < 2:
+        raise UsageError(
+            f"--clients {args.clients}: a federation needs 2 clients or more (--mode "
+            "centralized or standalone trains without one)"
+        )
+    check_privacy_options(args)
     if args.stragglers == "continue" and args.clients < 3:
         raise UsageError(
             "--stragglers continue needs 3 clients or more: a pass goes on with 2 clients at "
@@ -374,6 +413,18 @@ def check_federation(args: argparse.Namespace, *, through_service: bool) -> None
     if through_service and not private and args.hidden > MAX_WIDTH:
         raise UsageError(
             f"--hidden {args.hidden}: the service aggregates at most {MAX_WIDTH} columns"
+        )
+
+
+def check_privacy_options(args: argparse.Namespace) -> None:
+    """With --no-dp, a privacy option given would silently do nothing."""
+    if getattr(args, "dp", True):
+        return
+    given = [flag for flag in PRIVACY_OPTIONS if flag in given_options(args)]
+    if given:
+        raise UsageError(
+            f"--no-dp switches differential privacy off, so {', '.join(given)} would do "
+            "nothing: drop " + ("it" if len(given) == 1 else "them") + " or --no-dp"
         )
 
 

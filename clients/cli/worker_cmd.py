@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from clients.cli.connection import read_token
 from clients.cli.errors import (
@@ -27,9 +28,12 @@ from clients.cli.errors import (
     CliError,
     failing_as,
 )
-from clients.cli.options import add_command
+from clients.cli.options import add_command, check_device
 from clients.cli.settings_args import add_settings_arguments, settings_from_args
 from clients.settings import WorkerSettings
+
+if TYPE_CHECKING:
+    from models.federated import PassOutcome
 
 
 def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -69,6 +73,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(WorkerSettings, args)
+    check_device(settings.device)  # before the data: a missing GPU is a bad setting (exit 2)
     from clients.data_lock import DataFolderBusy, DataFolderLock
 
     # first of all: a second worker on this folder would resume from the live one's checkpoint
@@ -95,7 +100,7 @@ def _run(settings: WorkerSettings, *, quiet: bool) -> int:
         ServiceUnavailable,
         tls_verification,
     )
-    from clients.worker import LocalModelOptions, run_worker
+    from clients.worker import LocalModelOptions, SessionMismatch, run_worker
     from models.artefact import ModelError, load_model
     from models.device import resolve_device
     from models.partition import load_partition
@@ -143,15 +148,11 @@ def _run(settings: WorkerSettings, *, quiet: bool) -> int:
                 num_classes=model.manifest["model"]["num_classes"],
             )
 
-    def progress(info: dict, outcome) -> None:
+    def progress(info: dict, outcome: PassOutcome) -> None:
         if writer is not None and outcome.probabilities is not None:
             writer.write(info["output_nodes"], outcome.probabilities)
         if not quiet and outcome.kind == "eval":
-            print(
-                f"client {settings.client} round {info['round']}: loss {outcome.loss:.4f} "
-                f"val {outcome.val_accuracy:.4f} test {outcome.test_accuracy:.4f}",
-                flush=True,
-            )
+            print(evaluation_line(settings.client, info["round"], outcome), flush=True)
 
     def resumed(pass_index: int, path) -> None:
         print(
@@ -198,6 +199,8 @@ def _run(settings: WorkerSettings, *, quiet: bool) -> int:
             raise CliError(f"checkpoint: {exc}") from exc
         except ModelError as exc:
             raise CliError(f"--model: {exc}") from exc
+        except SessionMismatch as exc:
+            raise CliError(f"cannot take part in session {settings.session}: {exc}") from exc
         except (PolicyRefusal, NotPrivateNoiseError) as exc:
             print(f"glasu worker {settings.client}: privacy policy: {exc}", file=sys.stderr)
             return EXIT_POLICY
@@ -254,3 +257,23 @@ def _run(settings: WorkerSettings, *, quiet: bool) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def evaluation_line(client: int, round_index: int, outcome: PassOutcome) -> str:
+    """One evaluation pass for people: this client's scores and, in a private session, those of
+    its party-alone reference (as `glasu train` reports them). A passive party of a label
+    holder's session (GLASU B.2) has no metric."""
+    head = f"client {client} round {round_index}:"
+    if outcome.val_accuracy is None and outcome.test_accuracy is None:
+        return f"{head} evaluated (no labels here: the label holder's metrics are its own)"
+    line = (
+        f"{head} loss {outcome.loss:.4f} val {_score(outcome.val_accuracy)} "
+        f"test {_score(outcome.test_accuracy)}"
+    )
+    if outcome.reference_test_accuracy is not None:
+        line += f" (party alone: test {outcome.reference_test_accuracy:.4f})"
+    return line
+
+
+def _score(accuracy: float | None) -> str:
+    return "n/a" if accuracy is None else f"{accuracy:.4f}"

@@ -79,3 +79,22 @@ def test_kustomize_renders_the_generators_like_kubectl(tmp_path: Path) -> None:
     (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
     image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
     assert image == "glasu-service:0.1.0"
+
+
+def test_kube_publishes_the_service_on_a_free_host_port(tmp_path: Path) -> None:
+    """podman 4.x publishes a containerPort on the same host port: a taken 8443 must not fail
+    the kube run."""
+    module = _script()
+    for name in ("admin.token", "public.context", "tls.crt", "tls.key"):
+        (tmp_path / name).write_bytes(f"{name}\n".encode())
+    kube = module.KubeRun(tmp_path / "work", tmp_path, rounds=2, eval_every=1)
+    docs = kube.adapt(module.kustomize(DEPLOY / "k8s" / "service", tmp_path))
+    ports = [
+        port
+        for doc in docs
+        for container in module.pod_containers(doc)
+        for port in container.get("ports", [])
+    ]
+    assert ports and all(port["containerPort"] == 8443 for port in ports)
+    assert all(port.get("hostPort") not in (None, 8443) for port in ports), ports
+    assert set(kube.host_ports.values()) == {port["hostPort"] for port in ports}

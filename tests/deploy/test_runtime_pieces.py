@@ -164,6 +164,50 @@ def test_healthcheck_script_fails_when_nothing_answers() -> None:
     assert done.returncode == 1 and "unhealthy" in done.stderr
 
 
+@pytest.mark.parametrize(
+    ("scheme", "ca", "hint"),
+    [
+        ("http", False, "if it serves TLS, use https://127.0.0.1:{port} instead of http://"),
+        ("https", False, "not signed by a CA this client trusts: give the CA certificate that "
+         "signed it with --ca-file"),
+    ],
+)  # fmt: skip
+def test_a_tls_mistake_gets_a_hint_naming_the_fix(
+    tls_service: dict[str, str], tls: Path, scheme: str, ca: bool, hint: str
+) -> None:
+    port = tls_service["GLASU_PORT"]
+    done = subprocess.run(
+        _glasu("session", "status", "--server", f"{scheme}://127.0.0.1:{port}",
+               "--admin-token-file", tls_service["GLASU_ADMIN_TOKEN_FILE"], "--session", "s"),
+        env=_env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 4, done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert hint.format(port=port) in done.stderr
+
+
+def test_a_worker_names_the_tls_fix_too(tls_service: dict[str, str]) -> None:
+    """The workers' transport (bounded retries): a certificate it does not trust fails at the
+    first attempt, with the hint."""
+    from clients.service_http import RetryPolicy, ServiceUnavailable
+    from clients.transport import ServiceClient
+
+    port = tls_service["GLASU_PORT"]
+    for scheme, hint in (("http", "use https://"), ("https", "--ca-file")):
+        client = ServiceClient(
+            base_url=f"{scheme}://127.0.0.1:{port}",
+            session_id="s",
+            client_index=0,
+            token="t" * 32,
+            retry=RetryPolicy(attempts=2, first_delay=0.01),
+        )
+        with client, pytest.raises(ServiceUnavailable) as failed:
+            client.session()
+        assert hint in str(failed.value)
+        attempts = "failed once" if scheme == "https" else "failed after 2 attempts"
+        assert attempts in str(failed.value)
+
+
 def test_serve_dry_run_accepts_the_container_configuration(tmp_path: Path, tls: Path) -> None:
     """The service configured exactly like the image + compose service (files in place)."""
     token = tmp_path / "admin.token"

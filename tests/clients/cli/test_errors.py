@@ -4,6 +4,8 @@ details from the service become one sentence."""
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -19,6 +21,7 @@ from clients.cli.errors import (
 )
 from clients.cli.main import main
 from clients.service_http import ServiceError, ServiceUnavailable, describe_problem
+from tests.clients.cli.conftest import clean_env
 
 # -- problem details -> one sentence ----------------------------------------------------------
 
@@ -164,3 +167,25 @@ def test_budget_without_a_token_or_with_a_missing_file_is_one_line(
         "glasu budget: error: cannot read the token file given by --token-file: "
         f"No such file or directory: {missing}\n"
     )
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["keygen", "--out", "{tmp}/keys"],  # a command's own output
+        ["train", "--help"],  # argparse's
+    ],
+)
+def test_a_reader_that_stops_reading_ends_the_command_quietly(
+    tmp_path: Path, args: list[str]
+) -> None:
+    """`glasu budget ... | head -2`: no "error: Broken pipe", no "Exception ignored"."""
+    command = [sys.executable, "-m", "clients.cli.main", *(a.format(tmp=tmp_path) for a in args)]
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env()
+    )
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # before the command writes anything
+    err = process.stderr.read()
+    assert process.wait(timeout=120) in (0, 1)
+    assert err == ""

@@ -248,3 +248,55 @@ def test_a_failure_while_writing_leaves_nothing_behind(
     code, out = prepare(tmp_path)
     assert code == 1 and "No space left on device" in capsys.readouterr().err
     assert not out.exists() and not any(out.parent.iterdir())
+
+
+@pytest.mark.parametrize("block_bytes", [None, 64])  # one block, and a bad row in a later one
+def test_a_row_with_too_many_fields_is_named(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+    block_bytes: int | None,
+) -> None:
+    if block_bytes is not None:
+        monkeypatch.setattr(party_tables, "CSV_BLOCK_BYTES", block_bytes)
+    nodes = [NODES[0]] + [[f"c-{i}", "1", "2"] for i in range(40)]
+    nodes[33] = ["c-32", "1", "2", "3"]
+    code, out = prepare(tmp_path, nodes=nodes, labels=None)
+    err = capsys.readouterr().err
+    assert code == 1 and not out.exists(), err
+    assert err.count("\n") == 1, err
+    assert f"{tmp_path / 'nodes.csv'}: row 33: 4 fields where the header has 3" in err
+
+
+def test_a_semicolon_separated_table_gets_a_hint(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    semicolons = tmp_path / "nodes.csv"
+    semicolons.write_text("customer;age;balance\nc-7;31;1200.5\n")
+    code = main(["prepare", "--nodes", str(semicolons), "--edges",
+                 str(write_csv(tmp_path / "edges.csv", EDGES)), "--id-column", "customer",
+                 "--out", str(tmp_path / "out"), "--quiet"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert f"{semicolons}: its header 'customer;age;balance' seems separated by semicolons" in err
+    assert "comma-separated" in err
+
+
+@pytest.mark.parametrize(
+    ("table", "what"), [("nodes", "node"), ("edges", "edge"), ("labels", "label")]
+)
+def test_an_empty_file_names_its_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture, table: str, what: str
+) -> None:
+    paths = {
+        "nodes": write_csv(tmp_path / "nodes.csv", NODES),
+        "edges": write_csv(tmp_path / "edges.csv", EDGES),
+        "labels": write_csv(tmp_path / "labels.csv", LABELS),
+    }
+    paths[table].write_bytes(b"")
+    code = main(["prepare", "--nodes", str(paths["nodes"]), "--edges", str(paths["edges"]),
+                 "--labels", str(paths["labels"]), "--id-column", "customer",
+                 "--out", str(tmp_path / "out"), "--quiet"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert f"{paths[table]}: the {what} table is an empty file (0 bytes)" in err

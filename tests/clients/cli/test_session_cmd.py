@@ -162,8 +162,12 @@ def test_status_names_the_missing_clients_and_close_closes(
     assert "differential privacy off" in shown
     assert main(["session", "status", *args, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["state"] == "running"
-    assert main(["session", "close", *args]) == 0
+    assert main(["session", "close", *args, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["state"] == "closed"
+    assert main(["session", "close", *args]) == 0  # closing again changes nothing
+    assert capsys.readouterr().out.startswith(
+        f"session {sid} (glasu session create cora): closed, pass"
+    )
     assert main(["session", "status", *args]) == 0
     assert ": closed, pass" in capsys.readouterr().out
 

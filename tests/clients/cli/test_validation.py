@@ -58,6 +58,21 @@ def _exit_code(argv: list[str]) -> int:
         (["--stragglers", "continue", "--shared-noise"], "--stragglers continue needs unshared"),
         (["--straggler-wait-seconds", "0"], "argument --straggler-wait-seconds: must be > 0"),
         (["--stragglers", "maybe"], "argument --stragglers: invalid choice: 'maybe'"),
+        (["--clients", "1"], "--clients 1: a federation needs 2 clients or more"),
+        (["--clients", "1", "--mode", "simulated"], "--clients 1: a federation needs 2 clients"),
+        (
+            ["--no-dp", "--noise-multiplier", "3"],
+            "--no-dp switches differential privacy off, so --noise-multiplier would do nothing",
+        ),
+        (
+            ["--no-dp", "--epsilon", "4", "--clip", "1", "--accountant", "rdp", "--shared-noise"],
+            "--no-dp switches differential privacy off, so --epsilon, --clip, --accountant, "
+            "--shared-noise would do nothing: drop them or --no-dp",
+        ),
+        (["--no-dp", "--delta", "1e-5"], "--no-dp switches differential privacy off, so --delta"),
+        (["--device", "tpu"], "argument --device: expected auto, cpu, cuda or cuda:N, got 'tpu'"),
+        (["--plot", "/proc/glasu-history.png"], "--plot /proc/glasu-history.png: cannot create"),
+        (["--report", "/proc/glasu/r.json"], "--report /proc/glasu/r.json: cannot create"),
     ],
 )
 def test_train_refuses_bad_values_at_once(
@@ -78,6 +93,11 @@ def test_train_refuses_bad_values_at_once(
         ["--clients", "200", "--no-he", "--transport", "inprocess"],  # no service at all
         ["--clients", "40", "--mode", "standalone"],  # nothing is released
         ["--mode", "centralized", "--layers", "1"],  # K is not used outside glasu mode
+        ["--clients", "1", "--mode", "standalone"],  # one client training alone
+        ["--clients", "1", "--mode", "centralized"],
+        ["--no-dp", "--no-shared-noise"],  # agrees with --no-dp
+        ["--epsilon", "2", "--clip", "0.5"],  # with DP on
+        ["--device", "cpu"],
     ],
 )
 def test_train_accepts_what_fits(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -165,3 +185,71 @@ def test_service_settings_are_checked_before_the_service_starts(glasu, tmp_path:
     assert worker.returncode == EXIT_USAGE
     assert "--server (or GLASU_SERVER) is required" in worker.stderr
     assert "Traceback" not in worker.stderr
+
+
+def test_session_create_refuses_one_client_and_privacy_options_without_dp(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    base = ["session", "create", "--server", "http://127.0.0.1:9", "--admin-token-file", "t"]
+    assert _exit_code([*base, "--out", str(tmp_path), "--clients", "1"]) == EXIT_USAGE
+    assert "--clients 1: a federation needs 2 clients or more" in capsys.readouterr().err
+    assert _exit_code([*base, "--out", str(tmp_path), "--no-dp", "--epsilon", "1"]) == EXIT_USAGE
+    assert "so --epsilon would do nothing" in capsys.readouterr().err
+
+
+def test_an_existing_report_or_plot_needs_overwrite(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    report, plot = tmp_path / "r.json", tmp_path / "h.png"
+    report.write_text("{}")
+    plot.write_bytes(b"")
+    for flag, path in (("--report", report), ("--plot", plot)):
+        assert _exit_code(["train", flag, str(path)]) == EXIT_USAGE
+        err = capsys.readouterr().err
+        assert f"glasu train: error: {flag} {path} exists; pass --overwrite to replace it" in err
+    monkeypatch.setattr(train_cmd, "run", lambda args: 0)
+    argv = ["train", "--report", str(report), "--plot", str(plot), "--overwrite"]
+    assert _exit_code(argv) == 0
+
+
+def test_train_takes_cuda_n_where_the_machine_has_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    reached = []
+    monkeypatch.setattr(train_cmd, "run", lambda args: reached.append(args.device) or 0)
+    assert _exit_code(["train", "--device", "cuda:1"]) == 0
+    assert reached == ["cuda:1"]
+    assert _exit_code(["train", "--device", "cuda:2"]) == EXIT_USAGE
+
+
+def test_a_missing_gpu_is_refused_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert _exit_code(["train", "--device", "cuda:0"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "glasu train: error: --device cuda:0 was requested but no CUDA device" in err
+    token = tmp_path / "token"
+    token.write_text("t" * 32)
+    worker = ["worker", "--server", "http://127.0.0.1:9", "--session", "s", "--client", "0",
+              "--token-file", str(token), "--data", str(tmp_path / "no-such-folder"),
+              "--device", "cuda"]  # fmt: skip
+    assert _exit_code(worker) == EXIT_USAGE  # before the data (which does not exist here)
+    err = capsys.readouterr().err
+    assert err.strip().endswith(
+        "glasu worker: error: --device cuda was requested but no CUDA device is available"
+    )
+
+
+def test_keygen_into_existing_keys_names_overwrite(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    (tmp_path / "secret.context").write_bytes(b"a secret")
+    assert _exit_code(["keygen", "--out", str(tmp_path)]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "glasu keygen: error: --out" in err and "pass --overwrite to replace them" in err
+    assert (tmp_path / "secret.context").read_bytes() == b"a secret"
