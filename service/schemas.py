@@ -6,7 +6,14 @@ import itertools
 import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from secure.accounting import AccountantName
 from secure.protocol import AlignedNodes, StragglerPolicy
@@ -99,6 +106,7 @@ class SessionCreate(StrictModel):
     num_nodes: int = Field(ge=1, le=MAX_NODE_ID, description="Nodes are 0..num_nodes-1.")
     train_nodes: list[int] = Field(
         default_factory=list,
+        validate_default=True,
         description="Distinct ids the batches come from (a training session needs one at least).",
     )
     eval_nodes: list[int] = Field(min_length=1, description="Distinct ids of every eval pass.")
@@ -149,6 +157,13 @@ class SessionCreate(StrictModel):
             raise ValueError(f"agg_layers must be strictly ascending by layer, got {indices}")
         return agg_layers
 
+    @field_validator("train_nodes")
+    @classmethod
+    def _training_needs_nodes(cls, nodes: list[int], info: ValidationInfo) -> list[int]:
+        if info.data.get("kind", "training") == "training" and not nodes:
+            raise ValueError("a training session needs one training node at least")
+        return nodes
+
     @field_validator("train_nodes", "eval_nodes")
     @classmethod
     def _distinct(cls, nodes: list[int]) -> list[int]:
@@ -163,8 +178,6 @@ class SessionCreate(StrictModel):
                 f"aggregation layer {self.agg_layers[-1].layer} is above the top layer"
                 f" (layers={self.layers})"
             )
-        if self.kind == "training" and not self.train_nodes:
-            raise ValueError("a training session needs train_nodes")
         for name in ("train_nodes", "eval_nodes"):
             nodes = getattr(self, name)
             if nodes and (min(nodes) < 0 or max(nodes) >= self.num_nodes):
