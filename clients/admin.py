@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import ssl
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -124,9 +124,41 @@ class AdminClient(BearerConnection):
             raise ValueError("a session id is required")
         return f"/v1/sessions/{quote(session_id, safe='')}"
 
+    def sessions(self, *, page_size: int = 100) -> Iterator[dict[str, Any]]:
+        """``GET /v1/sessions``, oldest first, page after page (``Link: rel="next"``)."""
+        path: str | None = f"/v1/sessions?limit={page_size}"
+        while path is not None:
+            response = self._send("GET", path, "to list the sessions")
+            page = response.json()
+            if not isinstance(page, list):
+                raise self._not_glasu("GET", path, response)
+            yield from page
+            path = response.links.get("next", {}).get("url")
+
     def _call(
         self, method: str, path: str, action: str, *, retry_sent: bool = True, **kwargs: Any
     ) -> dict[str, Any]:
+        response = self._send(method, path, action, retry_sent=retry_sent, **kwargs)
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            raise self._not_glasu(method, path, response)
+        return body
+
+    def _not_glasu(self, method: str, path: str, response: httpx.Response) -> ServiceUnavailable:
+        failure = f"{response.status_code} {response.text[:80]!r}"
+        return ServiceUnavailable(
+            f"the server at {self.base_url} does not answer like a glasu service "
+            f"({method} {path} -> {failure})",
+            failure=failure,
+            answered=True,
+        )
+
+    def _send(
+        self, method: str, path: str, action: str, *, retry_sent: bool = True, **kwargs: Any
+    ) -> httpx.Response:
         retry = self.retry if retry_sent else RetryPolicy(attempts=1)
         try:
             response = send_with_retries(
@@ -153,16 +185,4 @@ class AdminClient(BearerConnection):
             raise ServiceError(
                 response.status_code, problem_of(response), method, path, action=action
             )
-        try:
-            body = response.json()
-        except ValueError:
-            body = None
-        if not isinstance(body, dict):
-            failure = f"{response.status_code} {response.text[:80]!r}"
-            raise ServiceUnavailable(
-                f"the server at {self.base_url} does not answer like a glasu service "
-                f"({method} {path} -> {failure})",
-                failure=failure,
-                answered=True,
-            )
-        return body
+        return response

@@ -1,12 +1,13 @@
 """``glasu session``: the operator's side of a deployment. Create a session on a running service
 from a dataset or an alignment (writing the client tokens to hand out), or a scoring session
-with a training's models; show its status, close it."""
+with a training's models; list the sessions, show one's status, close it."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -83,6 +84,14 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         _connection_arguments(action)
         action.add_argument("--session", required=True, metavar="ID", help="session id (required)")
         action.add_argument("--json", action="store_true", help="print the raw JSON")
+    listing = add_command(
+        actions,
+        "list",
+        help="list the service's sessions",
+        description="Every session of the service, oldest first, one line each (admin token).",
+    )
+    _connection_arguments(listing)
+    listing.add_argument("--json", action="store_true", help="one JSON object per line")
     return p
 
 
@@ -108,7 +117,10 @@ def run(args: argparse.Namespace) -> int:
     with admin_client(args, token) as admin:
         if args.action == "create":
             return _create(admin, args)
-        if args.action == "status":
+        if args.action == "list":
+            for summary in admin.sessions():
+                print(json.dumps(summary) if args.json else describe_listed(summary))
+        elif args.action == "status":
             body = admin.session(args.session)
             print(json.dumps(body, indent=2) if args.json else describe(body))
         else:
@@ -242,6 +254,16 @@ def describe(status: dict[str, Any]) -> str:
     else:
         lines.append("privacy: differential privacy off")
     return "\n".join(lines)
+
+
+def describe_listed(summary: dict[str, Any]) -> str:
+    """One line of ``glasu session list``."""
+    created = datetime.fromtimestamp(summary["created_at"], tz=UTC).isoformat(timespec="seconds")
+    return (
+        f"{summary['session_id']}  {summary['state']:<17} pass {summary['current_pass']} of "
+        f"{summary['passes_total']}, {summary['clients']} clients, created {created}  "
+        f"{summary.get('label') or '(no label)'}"
+    )
 
 
 def describe_closed(summary: dict[str, Any]) -> str:

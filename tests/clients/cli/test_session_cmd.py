@@ -172,6 +172,27 @@ def test_status_names_the_missing_clients_and_close_closes(
     assert ": closed, pass" in capsys.readouterr().out
 
 
+def test_list_shows_every_session_across_pages(
+    server: dict[str, str], tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture
+) -> None:
+    created = []
+    for i in range(3):
+        assert _create(server, tmp_path / f"s{i}", data_dir, "--label", f"listed {i}") == 0
+        created.append((tmp_path / f"s{i}" / "session.id").read_text())
+    with _admin(server) as admin:  # pages of 2: the Link header is followed
+        listed = [s["session_id"] for s in admin.sessions(page_size=2)]
+    assert listed[-3:] == created and len(listed) == len(set(listed))
+    capsys.readouterr()
+    args = ["--server", server["url"], "--admin-token-file", server["token_file"]]
+    assert main(["session", "list", *args]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(listed)
+    assert lines[-1].startswith(created[-1]) and lines[-1].endswith("listed 2")
+    assert "running" in lines[-1] and "pass 0 of" in lines[-1]
+    assert main(["session", "list", *args, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["label"] == "listed 2"
+
+
 def test_errors_are_one_clear_line(
     server: dict[str, str], tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture
 ) -> None:
