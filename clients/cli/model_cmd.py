@@ -19,8 +19,12 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         " or `glasu worker --model-out DIR`.",
     )
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
-    show = actions.add_parser(
-        "show", help="print the model's manifest for people (or as JSON with --json)"
+    show = add_command(
+        actions,
+        "show",
+        help="print the model's manifest for people (or as JSON with --json)",
+        description="The manifest of a party's model folder: what it is, how it was trained, "
+        "what it spent of the privacy budget and how well it did.",
     )
     show.add_argument("folder", type=Path, metavar="DIR", help="the model folder")
     show.add_argument("--json", action="store_true", help="the manifest as it is stored")
