@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import tenseal as ts
 
 from secure.ckks_packing import ChunkLayout
+from secure.files import atomic_write
 
 # HomomorphicEncryption.org security standard (Albrecht et al., 2018), ternary secret (SEAL samples
 # a uniform ternary secret key): the largest total coefficient-modulus bit count log2(q) per ring
@@ -161,8 +160,8 @@ def generate_keys(out_dir: Path, *, overwrite: bool = False) -> tuple[Path, Path
         raise KeyMaterialError(f"key files already exist: {names} (pass overwrite=True)")
     out_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     context = new_context()
-    _write_atomically(secret_path, secret_context_bytes(context), mode=0o600)
-    _write_atomically(public_path, public_context_bytes(context), mode=0o644)
+    atomic_write(secret_path, secret_context_bytes(context), mode=0o600)
+    atomic_write(public_path, public_context_bytes(context), mode=0o644)
     return secret_path, public_path
 
 
@@ -260,18 +259,3 @@ def _describe_source(source: Path | str | bytes) -> str:
     if isinstance(source, bytes | bytearray | memoryview):
         return "the given context bytes"
     return str(source)
-
-
-def _write_atomically(path: Path, data: bytes, *, mode: int) -> None:
-    """Write to a temporary file created with ``mode`` and rename it over ``path``."""
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        os.fchmod(descriptor, mode)
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise

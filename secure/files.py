@@ -8,14 +8,16 @@ from contextlib import suppress
 from pathlib import Path
 
 
-def atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes, *, mode: int = 0o600) -> None:
     """Write ``data`` to ``path`` so that a crash at any moment leaves either the old file or
-    the new one, never a part: a temporary file in the same folder, flushed and synced, then
-    renamed over ``path``, then the folder synced (the rename itself is durable)."""
+    the new one, never a part: a temporary file in the same folder (created with ``mode``),
+    flushed and synced, then renamed over ``path``, then the folder synced (the rename itself
+    is durable)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as out:
             out.write(data)
             out.flush()
