@@ -21,12 +21,13 @@ from clients.checkpoint import (
     WorkerProgress,
 )
 from clients.ledger import LocalLedger
-from clients.model_keeper import ModelKeeper
+from clients.model_keeping import privacy_spent, reported_val_accuracy
 from clients.policy import PrivacyPolicy, ReleaseGate, admit_session
 from clients.transport import PeersMissing, ServiceClient, ServiceError
 from models.artefact import ModelError, SavedModel
 from models.backbone import ModelConfig
 from models.federated import ClientConfig, GlasuClient, PassOutcome
+from models.keeper import ModelKeeper
 from models.partition import ClientPartition, check_labels, without_labels
 from models.private import make_client
 from models.report import recent_training_loss
@@ -358,18 +359,17 @@ def run_worker(
         assert model_out is not None
         holders = config["clients"] if config.get("label_holder") is None else 1
         kept, chosen_by = keeper.choose(
-            lambda: service.session()["metrics"], holders, service.peer_wait_seconds
+            lambda: reported_val_accuracy(service, set(keeper.snapshots), holders=holders)
         )
         result.model_path = keeper.save(
             model_out,
             kept=kept,
             chosen_by=chosen_by,
-            session=session,
+            session_config=config,
             session_id=service.session_id,
             alignment_digest=alignment_digest,
             privacy=privacy,
-            policy=policy,
-            ledger=ledger,
+            spent=privacy_spent(privacy, policy, ledger, service.session_id),
         )
     result.passes = progress.passes
     result.training_bytes = progress.training_bytes

@@ -3,7 +3,7 @@ through the same aggregation interface the service uses."""
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 
 import numpy as np
 
@@ -17,6 +17,7 @@ from secure.protocol import (
     Response,
     sorted_union,
 )
+from secure.schedule import SessionSchedule
 
 
 def run_pass_inprocess(
@@ -67,3 +68,23 @@ def _answer(requests: Sequence[Request], aggregator: SumAggregator) -> Response:
     shares = [r.payload for r in requests]  # type: ignore[union-attr]
     total = aggregator.add(shares, rows=first.rows, cols=first.cols)  # validates each share once
     return Aggregate(payload=total, count=len(shares))
+
+
+def score_inprocess(
+    clients: Sequence[GlasuClient],
+    aggregator: SumAggregator,
+    *,
+    nodes: np.ndarray,
+    chunk: int,
+) -> Iterator[tuple[np.ndarray, list[PassOutcome]]]:
+    """A scoring session in this process: the schedule of the service's scoring sessions
+    (``secure.schedule.SessionSchedule.scoring_passes``), one evaluation pass per chunk of
+    ``nodes``; yields each chunk's nodes and every client's outcome (its class probabilities
+    where it has a head)."""
+    schedule = SessionSchedule.scoring_passes(score_nodes=nodes, chunk=chunk, seed=0)
+    for spec in schedule.passes:
+        output_nodes = schedule.output_nodes(spec.index)
+        outcomes = run_pass_inprocess(
+            clients, aggregator, pass_index=spec.index, kind="eval", output_nodes=output_nodes
+        )
+        yield output_nodes, outcomes

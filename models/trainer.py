@@ -16,6 +16,7 @@ from models.data import GraphDataset, load_dataset
 from models.device import resolve_device
 from models.federated import GlasuClient, PassOutcome
 from models.inprocess import run_pass_inprocess
+from models.keeper import KeepModels, ModelKeeper, mean_over_holders
 from models.layout import FederationLayout, eval_nodes, layout_federation
 from models.partition import ClientPartition
 from models.private import make_client
@@ -78,9 +79,11 @@ def train_inprocess(
     security: Security | None = None,
     progress: bool = True,
     layout: FederationLayout | None = None,
+    keep: KeepModels | None = None,
 ) -> RunReport:
     """Run ``config`` with every client in this process and return the report (``layout``:
-    the clients, if not the partition of ``dataset``; e.g. the organisations' own data)."""
+    the clients, if not the partition of ``dataset``; e.g. the organisations' own data).
+    ``keep``: keep each client's model of the best evaluation (models/keeper.py)."""
     started = time.perf_counter()
     dataset = dataset or load_dataset(
         config.dataset, data_dir=config.data_dir, split=config.split, seed=config.seed
@@ -106,11 +109,32 @@ def train_inprocess(
             security.make_client(layout.partitions[m], layout, config, device) for m in group
         ]
         label = f"{config.mode} client {group[0]}" if len(layout.groups) > 1 else config.mode
+        if keep is not None and len(layout.groups) > 1:
+            raise ValueError("models are kept of a federation, not of clients trained apart")
+        private = security.privacy is not None
+        keepers = [ModelKeeper(c, private=private) for c in clients] if keep is not None else []
         history, releases, stopped = _run_schedule(
-            clients, security, schedule, config, label, progress
+            clients, security, schedule, config, label, progress, keepers
         )
         group_histories.append(history)
     privacy = security.privacy
+    if keep is not None and stopped is None:
+        spent = None
+        if privacy is not None:
+            report = privacy.report(releases=releases)
+            spent = {
+                "epsilon": report["epsilon"], "delta": report["delta"],
+                "accountant": report["accountant"], "releases": releases,
+                "against": "the service, each peer and all peers colluding (unshared noise)"
+                if not privacy.shared_noise else "one curious peer (shared noise)",
+                "source": "the in-process run's ledger",
+            }  # fmt: skip
+        for keeper, folder in zip(keepers, keep.folders, strict=True):
+            kept, chosen_by = keeper.choose(lambda: mean_over_holders(keepers))
+            keeper.save(
+                folder, kept=kept, chosen_by=chosen_by, session_config=keep.session_config,
+                session_id=keep.session_id, alignment_digest=None, privacy=privacy, spent=spent,
+            )  # fmt: skip
     return build_report(
         config,
         transport="inprocess",
@@ -132,6 +156,7 @@ def _run_schedule(
     config: TrainConfig,
     label: str,
     progress: bool,
+    keepers: Sequence[ModelKeeper] = (),
 ) -> tuple[list[HistoryEntry], int, str | None]:
     """Every pass of the schedule; with DP on, a pass that the budget cannot cover is refused
     (as the service would) and the run stops there."""
@@ -146,13 +171,17 @@ def _run_schedule(
                 stopped = "budget-exhausted"
                 break
             ledger.record_release()
+        output_nodes = schedule.output_nodes(spec.index)
         outcomes = run_pass_inprocess(
             clients,
             security.aggregator,
             pass_index=spec.index,
             kind=spec.kind,
-            output_nodes=schedule.output_nodes(spec.index),
+            output_nodes=output_nodes,
         )
+        info = {"pass": spec.index, "round": spec.round, "output_nodes": output_nodes}
+        for keeper, outcome in zip(keepers, outcomes, strict=False):
+            keeper.observe(info, outcome)
         # with a single label holder, every metric is the holder's alone (GLASU B.2)
         outcomes = [o for o, c in zip(outcomes, clients, strict=True) if c.holds_labels]
         if spec.kind == "train":

@@ -110,8 +110,8 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         default=None,
         metavar="DIR",
         help="keep each organisation's trained model (the best evaluation round's) in "
-        "DIR/<party> (its --party folder's name, or client-<m>); `glasu model show DIR/<party>` "
-        "describes one, `glasu score` uses them",
+        "DIR/<party> (its --party folder's name, or client-<m>), over HTTP or in process; "
+        "`glasu model show DIR/<party>` describes one, `glasu score` uses them",
     )
     output.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
@@ -131,10 +131,10 @@ def check(args: argparse.Namespace) -> None:
     check_output_file(args.plot, "--plot", formats=PLOT_FORMATS, overwrite=args.overwrite)
     check_device(args.device)
     if args.model_dir is not None:
-        if not uses_service(args):
+        if args.mode == "standalone":
             raise UsageError(
-                "--model-dir keeps the models of the workers of a federation: it needs "
-                "--transport http and a federated --mode"
+                "--model-dir keeps the models of a federation: --mode standalone trains each "
+                "client apart"
             )
         check_output_dir(args.model_dir, "--model-dir")
 
@@ -173,8 +173,23 @@ def _train(config: TrainConfig, args: argparse.Namespace) -> RunReport:
     with failing_as(f"the options do not fit {config.dataset}", ValueError):
         layout = layout_federation(config, dataset, partitions=partitions)
     if not uses_service(args):
+        keep = None
+        folders = model_folders(args)
+        if folders is not None:
+            import uuid
+
+            from clients.local.session import session_view
+            from models.keeper import KeepModels
+
+            keep = KeepModels(
+                folders=folders,
+                session_config=session_view(config, layout, dataset),
+                session_id=f"inprocess-{uuid.uuid4().hex}",
+            )
         with failing_as(f"the options do not fit {config.dataset}", ValueError):
-            return train_inprocess(config, dataset=dataset, layout=layout, progress=not args.quiet)
+            return train_inprocess(
+                config, dataset=dataset, layout=layout, progress=not args.quiet, keep=keep
+            )
     from clients.local.federation import train_over_http
     from clients.local.processes import FederationFailed
 

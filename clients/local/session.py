@@ -14,6 +14,7 @@ from models.data import GraphDataset
 from models.federated import ClientConfig
 from models.layout import FederationLayout, client_config, eval_nodes
 from models.shared_split import split_nodes
+from secure.schedule import pass_schedule
 
 MAX_LABEL = 200  # service.schemas.SessionCreate.label
 
@@ -143,3 +144,18 @@ def worker_arguments(
     if privacy.shared_noise:
         args.append("--allow-shared-noise")
     return args
+
+
+def session_view(
+    config: TrainConfig, layout: FederationLayout, dataset: GraphDataset
+) -> dict[str, Any]:
+    """The session's configuration as ``GET /v1/sessions/{id}`` shows it (no node lists), for a
+    run that has no service (``--transport inprocess``): what a kept model's manifest records
+    and a scoring session is built from. The noise multiplier is the one the run calibrates."""
+    body = session_request(config, layout, dataset)
+    view = {k: v for k, v in body.items() if k not in ("train_nodes", "eval_nodes")}
+    passes = len(pass_schedule(rounds=config.rounds, eval_every=config.eval_every))
+    planned = config.session_privacy(clients=len(layout.partitions), passes_total=passes)
+    if view["privacy"] is not None and planned is not None:
+        view["privacy"] = {**view["privacy"], "noise_multiplier": planned.noise_multiplier}
+    return {**view, "kind": "training", "encoding": "ckks" if config.encrypted else "float32"}

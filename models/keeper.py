@@ -1,4 +1,4 @@
-"""Which trained model a worker keeps, and its manifest (``models/artefact.py``).
+"""Which trained model a party keeps, and its manifest (``models/artefact.py``).
 
 The kept model is the one of the best evaluation pass, not the last round's:
 
@@ -7,30 +7,43 @@ The kept model is the one of the best evaluation pass, not the last round's:
   best round by its own validation accuracy (which never leaves it); a party without a head
   (label holder mode) only releases and keeps its last round;
 - without differential privacy every party's network enters every prediction, so all parties
-  must keep the same round: the one whose mean validation accuracy, as the label holders
-  reported it to the service, is highest (earliest on ties). A worker waits, within its peer
-  wait, until every holder has reported every evaluation pass.
+  must keep the same round: the one whose mean validation accuracy over the label holders is
+  highest (earliest on ties). A worker learns those means from what the holders reported to
+  the service (``clients.worker``); the in-process trainer has them at hand.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from clients.ledger import LocalLedger
-from clients.policy import PrivacyPolicy
 from models.artefact import save_model
 from models.federated import GlasuClient, PassOutcome
 from models.metrics import classification_metrics
 from models.private import PrivateGlasuClient
 from secure.privacy import SessionPrivacy
 
-REPORT_POLL_SECONDS = 0.5
+
+@dataclass(frozen=True)
+class KeepModels:
+    """Where a run keeps each client's model, and the session they were trained in."""
+
+    folders: Sequence[Path]
+    session_config: Mapping[str, Any]  # as GET /v1/sessions/{id} shows it (no node lists)
+    session_id: str
+
+
+def mean_over_holders(keepers: Sequence[ModelKeeper]) -> dict[int, float]:
+    """Per evaluation pass, the mean validation accuracy of the clients with a head."""
+    holders = [k for k in keepers if k.client.holds_labels]
+    passes = set.intersection(*(set(k.snapshots) for k in holders))
+    return {
+        p: float(np.mean([k.snapshots[p].val_accuracy or 0.0 for k in holders])) for p in passes
+    }
 
 
 @dataclass
@@ -79,10 +92,9 @@ class ModelKeeper:
             reversed(snapshots), key=lambda s: -1.0 if s.val_accuracy is None else s.val_accuracy
         )
 
-    def choose(
-        self, session_metrics: Callable[[], list[dict[str, Any]]], holders: int, wait: float
-    ) -> tuple[Snapshot, str]:
-        """The kept snapshot and how it was chosen."""
+    def choose(self, mean_val_accuracy: Callable[[], dict[int, float]]) -> tuple[Snapshot, str]:
+        """The kept snapshot and how it was chosen; ``mean_val_accuracy``: per evaluation pass,
+        the label holders' mean validation accuracy (asked only without DP)."""
         if not self.snapshots:
             raise RuntimeError("no evaluation pass ran: there is no model to keep")
         if self.private:
@@ -93,9 +105,9 @@ class ModelKeeper:
                 else "the last round (this party holds no head: its part is its release)"
             )
             return kept, how
-        reported = _reported_accuracies(session_metrics, set(self.snapshots), holders, wait)
-        best = max(sorted(reported), key=lambda p: reported[p])
-        return self.snapshots[best], "the mean validation accuracy the label holders reported"
+        reported = mean_val_accuracy()
+        best = max(sorted(self.snapshots), key=lambda p: reported[p])
+        return self.snapshots[best], "the label holders' mean validation accuracy"
 
     def save(
         self,
@@ -103,13 +115,14 @@ class ModelKeeper:
         *,
         kept: Snapshot,
         chosen_by: str,
-        session: Mapping[str, Any],
+        session_config: Mapping[str, Any],
         session_id: str,
         alignment_digest: str | None,
         privacy: SessionPrivacy | None,
-        policy: PrivacyPolicy,
-        ledger: LocalLedger | None,
+        spent: dict[str, Any] | None,
     ) -> Path:
+        """Write the kept model; ``spent``: the privacy the training spent of this party's data
+        (its owner's ledger), ``privacy``: the session's plan (its release settings)."""
         client = self.client
         partition = client.partition
         config = client.config
@@ -119,7 +132,7 @@ class ModelKeeper:
         )
         manifest: dict[str, Any] = {
             "session_id": session_id,
-            "session_config": dict(session["config"]),  # without node lists: public settings
+            "session_config": dict(session_config),  # without node lists: public settings
             "alignment_digest": alignment_digest,
             "party": {
                 "index": partition.client,
@@ -137,13 +150,13 @@ class ModelKeeper:
                 "gat_heads": model.gat_heads,
                 "receiver_width": model.receiver_width,
                 "agg_layers": list(config.agg_layers),
-                "widths": [a["width"] for a in session["config"]["agg_layers"]],
+                "widths": [a["width"] for a in session_config["agg_layers"]],
                 "fanout": config.fanout,
                 "eval_fanout": config.eval_fanout,
                 "occurrence_cap": config.occurrence_cap,
-                "nodes": session["config"].get("nodes", "intersection"),
+                "nodes": session_config.get("nodes", "intersection"),
                 "seed": config.seed,
-                "session_seed": session["config"]["seed"],
+                "session_seed": session_config["seed"],
                 "in_features": int(partition.features.shape[1]),
                 "num_classes": int(client.network.classifier.out_features),
                 "private": isinstance(client, PrivateGlasuClient),
@@ -166,7 +179,7 @@ class ModelKeeper:
                 "shared_noise": privacy.shared_noise,
             },
             "metrics": self._metrics(kept),
-            "privacy": _privacy_spent(privacy, policy, ledger, session_id),
+            "privacy": spent,
         }
         evaluation = None
         if kept.probabilities is not None:
@@ -186,54 +199,3 @@ class ModelKeeper:
                 labels[rows], kept.probabilities[rows], num_classes=num_classes
             )
         return metrics
-
-
-def _reported_accuracies(
-    session_metrics: Callable[[], list[dict[str, Any]]],
-    passes: set[int],
-    holders: int,
-    wait: float,
-) -> dict[int, float]:
-    deadline = time.monotonic() + wait
-    while True:
-        reported = {
-            int(m["pass"]): float(m["val_accuracy"])
-            for m in session_metrics()
-            if int(m["pass"]) in passes
-            and m.get("val_accuracy") is not None
-            and int(m.get("reports") or 0) >= holders
-        }
-        if set(reported) == passes:
-            return reported
-        if time.monotonic() >= deadline:
-            missing = sorted(passes - set(reported))
-            raise RuntimeError(
-                f"the label holders never reported evaluation passes {missing}: the round to "
-                "keep cannot be chosen in common"
-            )
-        time.sleep(REPORT_POLL_SECONDS)
-
-
-def _privacy_spent(
-    privacy: SessionPrivacy | None,
-    policy: PrivacyPolicy,
-    ledger: LocalLedger | None,
-    session_id: str,
-) -> dict[str, Any] | None:
-    if privacy is None or ledger is None:
-        return None
-    against = (
-        "one curious peer that does not collude with the service (shared noise)"
-        if privacy.shared_noise
-        else "the service, each peer and all peers colluding (unshared noise)"
-    )
-    return {
-        "epsilon": ledger.epsilon(
-            delta=policy.delta, accountant=policy.accountant, session_id=session_id
-        ),
-        "delta": policy.delta,
-        "accountant": policy.accountant,
-        "releases": ledger.releases(session_id=session_id),
-        "against": against,
-        "source": "this party's own privacy ledger",
-    }

@@ -1,0 +1,67 @@
+"""A worker's side of keeping its model (``models/keeper.py``): the round's common choice read
+from what the label holders reported to the service, and the privacy spent read from the
+owner's own ledger."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from clients.ledger import LocalLedger
+from clients.policy import PrivacyPolicy
+from clients.transport import ServiceClient
+from secure.privacy import SessionPrivacy
+
+REPORT_POLL_SECONDS = 0.5
+
+
+def reported_val_accuracy(
+    service: ServiceClient, passes: set[int], *, holders: int
+) -> dict[int, float]:
+    """The mean validation accuracy of each evaluation pass in ``passes``, as the label holders
+    reported it to the service (``GET /v1/sessions/{id}``'s metrics), waiting within the peer
+    wait until every holder has reported every pass."""
+    deadline = time.monotonic() + service.peer_wait_seconds
+    while True:
+        reported = {
+            int(m["pass"]): float(m["val_accuracy"])
+            for m in service.session()["metrics"]
+            if int(m["pass"]) in passes
+            and m.get("val_accuracy") is not None
+            and int(m.get("reports") or 0) >= holders
+        }
+        if set(reported) == passes:
+            return reported
+        if time.monotonic() >= deadline:
+            missing = sorted(passes - set(reported))
+            raise RuntimeError(
+                f"the label holders never reported evaluation passes {missing}: the round to "
+                "keep cannot be chosen in common"
+            )
+        time.sleep(REPORT_POLL_SECONDS)
+
+
+def privacy_spent(
+    privacy: SessionPrivacy | None,
+    policy: PrivacyPolicy,
+    ledger: LocalLedger | None,
+    session_id: str,
+) -> dict[str, Any] | None:
+    """What the session spent of this party's data, from its owner's ledger."""
+    if privacy is None or ledger is None:
+        return None
+    against = (
+        "one curious peer that does not collude with the service (shared noise)"
+        if privacy.shared_noise
+        else "the service, each peer and all peers colluding (unshared noise)"
+    )
+    return {
+        "epsilon": ledger.epsilon(
+            delta=policy.delta, accountant=policy.accountant, session_id=session_id
+        ),
+        "delta": policy.delta,
+        "accountant": policy.accountant,
+        "releases": ledger.releases(session_id=session_id),
+        "against": against,
+        "source": "this party's own privacy ledger",
+    }
