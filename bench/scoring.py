@@ -41,7 +41,7 @@ def score_once(config, layout, models: list[Path], *, encrypted: bool, chunk: in
     import dataclasses
 
     from clients.local.federation import follow, local_federation
-    from clients.local.scoring import scoring_request
+    from clients.local.session import scoring_request
     from models.artefact import read_manifest
 
     manifest = read_manifest(models[0])

@@ -162,7 +162,7 @@ def _scoring_body(admin: AdminClient, args: argparse.Namespace, config: TrainCon
     dataset's evaluation nodes."""
     import numpy as np
 
-    from clients.local.scoring import scoring_request
+    from clients.local.session import scoring_request
 
     training = admin.session(args.score_with)["config"]
     if training.get("kind", "training") != "training":

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from clients.local.federation import follow, local_federation
 from clients.local.parties import federation_of_parties, model_folders, party_names
-from clients.local.session import MAX_LABEL
+from clients.local.session import scoring_request
 from models.aligned import AlignedFederation
 from models.artefact import ModelError, read_manifest
 from models.config import TrainConfig
@@ -120,37 +120,6 @@ def nodes_to_score(
             " parties: only shared nodes can be scored jointly"
         )
     return np.unique(nodes)
-
-
-def scoring_request(
-    training: dict[str, Any], *, model_session: str, nodes: np.ndarray, chunk: int
-) -> dict[str, Any]:
-    """The ``POST /v1/sessions`` body of a scoring session with the models of ``model_session``
-    (``training``: that session's configuration, as ``GET /v1/sessions/{id}`` shows it and the
-    models' manifests keep it): the same model, aggregation layers, seed and release noise (z as
-    trained, no epsilon target: the scoring spends what its passes spend), over ``nodes``."""
-    privacy = training.get("privacy")
-    if privacy is not None:
-        privacy = {**privacy, "epsilon": None}
-    return {
-        "kind": "scoring",
-        "model_session": model_session,
-        "clients": training["clients"],
-        "layers": training["layers"],
-        "agg_layers": training["agg_layers"],
-        "stale": 1,
-        "rounds": 1,
-        "batch_size": chunk,
-        "fanout": training["fanout"],
-        "num_nodes": training["num_nodes"],
-        "eval_nodes": np.asarray(nodes, dtype=np.int64).tolist(),
-        "seed": training["seed"],
-        "encryption": training["encryption"],
-        "privacy": privacy,
-        "nodes": training.get("nodes", "intersection"),
-        "label_holder": training.get("label_holder"),
-        "label": f"scoring with the models of {model_session}"[:MAX_LABEL],
-    }
 
 
 def score_locally(

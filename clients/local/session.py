@@ -159,3 +159,34 @@ def session_view(
     if view["privacy"] is not None and planned is not None:
         view["privacy"] = {**view["privacy"], "noise_multiplier": planned.noise_multiplier}
     return {**view, "kind": "training", "encoding": "ckks" if config.encrypted else "float32"}
+
+
+def scoring_request(
+    training: dict[str, Any], *, model_session: str, nodes: np.ndarray, chunk: int
+) -> dict[str, Any]:
+    """The ``POST /v1/sessions`` body of a scoring session with the models of ``model_session``
+    (``training``: that session's configuration, as ``GET /v1/sessions/{id}`` shows it and the
+    models' manifests keep it): the same model, aggregation layers, seed and release noise (z as
+    trained, no epsilon target: the scoring spends what its passes spend), over ``nodes``."""
+    privacy = training.get("privacy")
+    if privacy is not None:
+        privacy = {**privacy, "epsilon": None}
+    return {
+        "kind": "scoring",
+        "model_session": model_session,
+        "clients": training["clients"],
+        "layers": training["layers"],
+        "agg_layers": training["agg_layers"],
+        "stale": 1,
+        "rounds": 1,
+        "batch_size": chunk,
+        "fanout": training["fanout"],
+        "num_nodes": training["num_nodes"],
+        "eval_nodes": np.asarray(nodes, dtype=np.int64).tolist(),
+        "seed": training["seed"],
+        "encryption": training["encryption"],
+        "privacy": privacy,
+        "nodes": training.get("nodes", "intersection"),
+        "label_holder": training.get("label_holder"),
+        "label": f"scoring with the models of {model_session}"[:MAX_LABEL],
+    }

@@ -15,7 +15,7 @@ from deploykit import REPO
 PACKAGES = ("service", "secure", "clients", "models")
 SERVICE_SIDE = ("service", "secure")  # what `glasu serve` runs (clients/cli only lazily)
 # Needed by the workers and the local federation, never by the service.
-TORCH_SIDE = {"torch", "torch-geometric", "tqdm", "matplotlib", "pyarrow", "pynacl"}
+TORCH_SIDE = {"torch", "torch-geometric", "tqdm", "matplotlib", "pyarrow", "pynacl", "scikit-learn"}
 
 
 def _name(requirement: str) -> str:
