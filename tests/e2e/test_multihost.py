@@ -595,7 +595,7 @@ def test_three_hosts_train_over_tls_and_survive_a_cut_link(federation: Federatio
     close_started = time.monotonic()
     close = _run(
         glasu(
-            "session", "close", "--server", fed.url, "--session", sid,
+            "session", "close", "--server", fed.url, "--session", sid, "--json",
             "--admin-token-file", str(fed.admin_token_file), "--ca-file", str(fed.ca),
         ),
         timeout=60,
