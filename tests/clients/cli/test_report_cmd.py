@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from clients.cli.main import main
-from clients.ledger import LEDGER_FILENAME, LocalLedger
+from clients.ledger import LEDGER_FILENAME, LocalLedger, composed_epsilon
 from clients.local.asgi import InProcessTransport
 from clients.local.session import session_request
 from clients.policy import PrivacyPolicy
@@ -320,8 +320,10 @@ def test_budget_reads_one_consistent_ledger(
     code, text = _cli(capsys, "budget", "--local", str(data), "--json")
     assert code == 0
     budget = json.loads(text)
-    assert budget["releases"] == 20
-    assert budget["sessions"][0]["epsilon"] == pytest.approx(budget["epsilon"], rel=1e-12)
+    twenty = composed_epsilon(inverse_square_sum=20 / 5.0**2, delta=1e-6, accountant="rdp")
+    assert budget["releases"] == 20 and budget["sessions"][0]["releases"] == 20
+    assert budget["epsilon"] == pytest.approx(twenty, rel=1e-12)  # the 20 releases it counts
+    assert budget["sessions"][0]["epsilon"] == pytest.approx(twenty, rel=1e-12)
 
 
 def _chromium() -> str | None:
