@@ -71,14 +71,28 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     policy = p.add_argument_group("the owner's policy (the worker's settings of the same name)")
     policy.add_argument(
-        "--max-session-epsilon", type=positive_float, default=PrivacyPolicy.max_session_epsilon
+        "--max-session-epsilon",
+        type=positive_float,
+        default=PrivacyPolicy.max_session_epsilon,
+        help="the most epsilon one session may spend of this data",
     )
     policy.add_argument(
-        "--max-lifetime-epsilon", type=positive_float, default=PrivacyPolicy.max_lifetime_epsilon
+        "--max-lifetime-epsilon",
+        type=positive_float,
+        default=PrivacyPolicy.max_lifetime_epsilon,
+        help="the most epsilon all sessions together may spend of this data",
     )
-    policy.add_argument("--policy-delta", type=probability, default=PrivacyPolicy.delta)
     policy.add_argument(
-        "--policy-accountant", choices=ACCOUNTANTS, default=PrivacyPolicy.accountant
+        "--policy-delta",
+        type=probability,
+        default=PrivacyPolicy.delta,
+        help="the delta at which epsilon is stated",
+    )
+    policy.add_argument(
+        "--policy-accountant",
+        choices=ACCOUNTANTS,
+        default=PrivacyPolicy.accountant,
+        help="the accountant that composes the ledger",
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     actions = p.add_subparsers(dest="action", metavar="ACTION", title="other actions")
