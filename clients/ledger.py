@@ -19,14 +19,17 @@ different noise add up without approximation.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
 from secure.accounting import AccountantName, epsilon_after
 from secure.release_noise import ReleaseSecret
@@ -41,14 +44,53 @@ CREATE TABLE IF NOT EXISTS releases (
     noise_multiplier REAL NOT NULL CHECK (noise_multiplier > 0),
     released_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS sessions (
+    session_id TEXT PRIMARY KEY,
+    label TEXT,
+    partners TEXT,
+    operator TEXT,
+    kind TEXT,
+    created_at REAL,
+    admitted_at REAL NOT NULL,
+    clients INTEGER,
+    adversaries TEXT,
+    test_accuracy REAL,
+    reference_test_accuracy REAL
+);
 CREATE TABLE IF NOT EXISTS noise_secret (
     id INTEGER PRIMARY KEY CHECK (id = 1),
     secret BLOB NOT NULL
 );
 """
-# Ledgers from before release digests gain the columns (their rows keep NULL, and read as
-# before); the unique index makes "one row per release" a constraint, not a convention.
-_RELEASE_COLUMNS = {"layer": "INTEGER", "release_digest": "TEXT"}
+# Ledgers from before release digests (and release kinds) gain the columns (their rows keep
+# NULL, and read as before); the unique index makes "one row per release" a constraint, not a
+# convention.
+_RELEASE_COLUMNS = {"layer": "INTEGER", "release_digest": "TEXT", "kind": "TEXT"}
+#: What a release was for: a training pass, an evaluation pass, or a scoring session's pass.
+ReleaseKind = Literal["training", "evaluation", "scoring"]
+#: The columns of a release as reports and the ledger digest see them (never the noise secret).
+RELEASE_FIELDS = (
+    "session_id",
+    "pass_index",
+    "layer",
+    "release_digest",
+    "noise_multiplier",
+    "released_at",
+    "kind",
+)
+SESSION_FIELDS = (
+    "session_id",
+    "label",
+    "partners",
+    "operator",
+    "kind",
+    "created_at",
+    "admitted_at",
+    "clients",
+    "adversaries",
+    "test_accuracy",
+    "reference_test_accuracy",
+)
 _RELEASE_INDEX = (
     "CREATE UNIQUE INDEX IF NOT EXISTS one_row_per_release"
     " ON releases (session_id, pass_index, layer, release_digest)"
@@ -62,6 +104,42 @@ class SessionSpend:
     inverse_square_sum: float  # sum of 1 / z_i^2 over the session's releases
     first_at: float
     last_at: float
+
+
+@dataclass(frozen=True)
+class SessionAbout:
+    """What the owner's worker learnt of a session when it admitted it: who created it (the
+    operator), with whom (the partners' labels), what for (label, kind), and how each adversary's
+    noise relates to the one the ledger composes (``adversaries``: key, name, note and ``factor``
+    = (z_ledger / z_adversary)^2, null when it sees no release)."""
+
+    label: str | None = None
+    partners: Sequence[str] | None = None
+    operator: str | None = None
+    kind: str | None = None
+    created_at: float | None = None
+    clients: int | None = None
+    adversaries: Sequence[dict[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class LedgerSnapshot:
+    """Every release row and session record of a ledger, read in one transaction."""
+
+    path: Path
+    releases: list[dict[str, Any]]  # RELEASE_FIELDS, in the order they were written
+    sessions: dict[str, dict[str, Any]]  # SESSION_FIELDS by session id (partners, adversaries
+    # decoded)
+
+    @property
+    def digest(self) -> str:
+        """SHA-256 over a canonical dump of the rows (the noise secret is not in it)."""
+        dump = {
+            "releases": self.releases,
+            "sessions": [self.sessions[k] for k in sorted(self.sessions)],
+        }
+        text = json.dumps(dump, sort_keys=True, separators=(",", ":"), allow_nan=False)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def composed_epsilon(
@@ -116,8 +194,8 @@ class LocalLedger:
         self.close()
 
     @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        self._connection.execute("BEGIN IMMEDIATE")
+    def _transaction(self, mode: str = "IMMEDIATE") -> Iterator[sqlite3.Connection]:
+        self._connection.execute(f"BEGIN {mode}")
         try:
             yield self._connection
         except BaseException:
@@ -145,6 +223,7 @@ class LocalLedger:
         noise_multiplier: float,
         layer: int | None = None,
         release_digest: str | None = None,
+        kind: ReleaseKind | None = None,
     ) -> bool:
         """Record one release; False (and nothing written) if this very release, the same
         (session, pass, layer, digest), is already recorded: sending it again reveals nothing
@@ -154,7 +233,7 @@ class LocalLedger:
         with self._transaction() as tx:
             inserted = tx.execute(
                 "INSERT INTO releases (session_id, pass_index, layer, release_digest,"
-                " noise_multiplier, released_at) VALUES (?, ?, ?, ?, ?, ?)"
+                " noise_multiplier, released_at, kind) VALUES (?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT DO NOTHING",
                 (
                     session_id,
@@ -163,6 +242,7 @@ class LocalLedger:
                     release_digest,
                     float(noise_multiplier),
                     time.time(),
+                    kind,
                 ),
             ).rowcount
         return inserted == 1
@@ -208,4 +288,62 @@ class LocalLedger:
             inverse_square_sum=self.inverse_square_sum(session_id=session_id),
             delta=delta,
             accountant=accountant,
+        )
+
+    def note_session(self, session_id: str, about: SessionAbout) -> None:
+        """Keep what the worker learnt of the session when it admitted it; a session admitted
+        again (a resumed worker) keeps its first record."""
+        partners = None if about.partners is None else json.dumps(list(about.partners))
+        adversaries = None if about.adversaries is None else json.dumps(list(about.adversaries))
+        with self._transaction() as tx:
+            tx.execute(
+                "INSERT INTO sessions (session_id, label, partners, operator, kind, created_at,"
+                " admitted_at, clients, adversaries) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT DO NOTHING",
+                (
+                    session_id,
+                    about.label,
+                    partners,
+                    about.operator,
+                    about.kind,
+                    about.created_at,
+                    time.time(),
+                    about.clients,
+                    adversaries,
+                ),
+            )
+
+    def note_accuracy(
+        self, session_id: str, *, test_accuracy: float, reference_test_accuracy: float | None
+    ) -> None:
+        """The session's last evaluation, here and alone (the party without federation): they
+        stay in this file, like the worker's result file."""
+        with self._transaction() as tx:
+            tx.execute(
+                "UPDATE sessions SET test_accuracy = ?, reference_test_accuracy = ?"
+                " WHERE session_id = ?",
+                (test_accuracy, reference_test_accuracy, session_id),
+            )
+
+    def snapshot(self) -> LedgerSnapshot:
+        """Every release and session record, consistent with each other (one transaction: a
+        worker writing meanwhile adds its rows before or after, never between two reads)."""
+        with self._transaction("DEFERRED") as tx:
+            releases = tx.execute(
+                f"SELECT {', '.join(RELEASE_FIELDS)} FROM releases ORDER BY id"
+            ).fetchall()
+            sessions = tx.execute(
+                f"SELECT {', '.join(SESSION_FIELDS)} FROM sessions ORDER BY admitted_at"
+            ).fetchall()
+        records = {}
+        for row in sessions:
+            record = dict(zip(SESSION_FIELDS, row, strict=True))
+            for name in ("partners", "adversaries"):
+                if record[name] is not None:
+                    record[name] = json.loads(record[name])
+            records[record["session_id"]] = record
+        return LedgerSnapshot(
+            path=self.path,
+            releases=[dict(zip(RELEASE_FIELDS, row, strict=True)) for row in releases],
+            sessions=records,
         )

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from clients.ledger import LocalLedger, composed_epsilon
+from clients.ledger import LocalLedger, ReleaseKind, SessionAbout, composed_epsilon
 from secure.accounting import AccountantName, max_releases
 from secure.privacy import RELEASE_LAYER, PrivacyPlanError, SessionPrivacy
 
@@ -180,10 +180,19 @@ class ReleaseGate:
     privacy: SessionPrivacy
     ledger: LocalLedger
     session_id: str
+    scoring: bool = False  # a scoring session: its (evaluation) passes are recorded as scoring
 
-    def admit(self, pass_index: int, *, layer: int = RELEASE_LAYER, release: str) -> bool:
+    def admit(
+        self,
+        pass_index: int,
+        *,
+        layer: int = RELEASE_LAYER,
+        release: str,
+        pass_kind: str | None = None,
+    ) -> bool:
         """Admit the release with digest ``release``; True if it is new (recorded now), False
-        if this very release was recorded before (sending it again reveals nothing new)."""
+        if this very release was recorded before (sending it again reveals nothing new).
+        ``pass_kind`` ("train" or "eval", the pass info's) is recorded as the release's kind."""
         known = dict(
             session_id=self.session_id, pass_index=pass_index, layer=layer, release_digest=release
         )
@@ -205,4 +214,37 @@ class ReleaseGate:
                 f"release {pass_index} would take the lifetime spend on this data to epsilon"
                 f" {lifetime:.4g}; the policy allows {self.policy.max_lifetime_epsilon:g}"
             )
-        return self.ledger.record(noise_multiplier=z, **known)
+        return self.ledger.record(noise_multiplier=z, kind=self.release_kind(pass_kind), **known)
+
+    def release_kind(self, pass_kind: str | None) -> ReleaseKind | None:
+        if self.scoring:
+            return "scoring"
+        return {"train": "training", "eval": "evaluation"}.get(pass_kind or "")
+
+
+def session_about(session: Mapping[str, Any], privacy: SessionPrivacy) -> SessionAbout:
+    """What the worker's ledger keeps of a session it admits (``session``: ``GET
+    /v1/sessions/{id}``): its labels, and each adversary's noise relative to the ledger's."""
+    config = session["config"]
+    ledger_z = privacy.ledger_noise_multiplier
+
+    def factor(z: float | None) -> float | None:
+        return None if z is None else (ledger_z / z) ** 2
+
+    return SessionAbout(
+        label=config.get("label"),
+        partners=config.get("partners"),
+        operator=config.get("operator"),
+        kind=config.get("kind", "training"),
+        created_at=session.get("created_at"),
+        clients=config["clients"],
+        adversaries=[
+            {
+                "key": a.key,
+                "adversary": a.adversary,
+                "note": a.note,
+                "factor": factor(a.noise_multiplier),
+            }
+            for a in privacy.adversaries()
+        ],
+    )

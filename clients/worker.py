@@ -22,7 +22,7 @@ from clients.checkpoint import (
 )
 from clients.ledger import LocalLedger
 from clients.model_keeping import privacy_spent, reported_val_accuracy
-from clients.policy import PrivacyPolicy, ReleaseGate, admit_session
+from clients.policy import PrivacyPolicy, ReleaseGate, admit_session, session_about
 from clients.transport import PeersMissing, ServiceClient, ServiceError
 from models.artefact import ModelError, SavedModel
 from models.backbone import ModelConfig
@@ -225,7 +225,8 @@ def run_worker(
     if privacy is not None:
         if ledger is None:
             raise ValueError("a private session needs the worker's local privacy ledger")
-        gate = ReleaseGate(policy, privacy, ledger, service.session_id)
+        gate = ReleaseGate(policy, privacy, ledger, service.session_id, scoring=scoring)
+        ledger.note_session(service.session_id, session_about(session, privacy))
         if options.noise_seed is None:
             scope = f"{service.session_id}/client{service.client_index}"
             noise = ReleaseKeyedNoise(ledger.noise_secret(), scope=scope)
@@ -371,6 +372,8 @@ def run_worker(
             privacy=privacy,
             spent=privacy_spent(privacy, policy, ledger, service.session_id),
         )
+    if gate is not None:
+        note_accuracy(gate.ledger, service.session_id, progress.history)
     result.passes = progress.passes
     result.training_bytes = progress.training_bytes
     result.history = progress.history
@@ -502,12 +505,29 @@ def rejoin_pass(session: Mapping[str, Any], next_pass: int, checkpoint: Path | N
     )
 
 
-def admit_release(gate: ReleaseGate, pass_index: int, request: EmbeddingRequest) -> None:
+def note_accuracy(ledger: LocalLedger, session_id: str, history: list[dict[str, Any]]) -> None:
+    """The last evaluation's test accuracy and the party-alone reference, for the owner's
+    report (``glasu report``); nothing when no evaluation measured them."""
+    measured = [h for h in history if h.get("test_accuracy") is not None]
+    if measured:
+        last = measured[-1]
+        ledger.note_accuracy(
+            session_id,
+            test_accuracy=last["test_accuracy"],
+            reference_test_accuracy=last.get("reference_test_accuracy"),
+        )
+
+
+def admit_release(
+    gate: ReleaseGate, pass_index: int, request: EmbeddingRequest, *, pass_kind: str | None = None
+) -> None:
     """Every share of a private session is a release: it passes the owner's gate before it
     leaves (:class:`BudgetSpent` if it would go past the policy)."""
     if request.release is None:
         raise RuntimeError("a share of a private session without the digest of its release")
-    if not gate.admit(pass_index, layer=request.layer, release=request.release):
+    if not gate.admit(
+        pass_index, layer=request.layer, release=request.release, pass_kind=pass_kind
+    ):
         log.info(
             "pass %d, layer %d: the same release as before (the same inputs, hence the same "
             "noise): not counted twice",
@@ -543,7 +563,7 @@ def drive_pass(
             answer = service.exchange_nodes(pass_index, request.layer, request.nodes)
         elif isinstance(request, EmbeddingRequest):
             if gate is not None:
-                admit_release(gate, pass_index, request)
+                admit_release(gate, pass_index, request, pass_kind=info["kind"])
             if checkpoints is None:
                 answer = service.exchange_embedding(
                     pass_index,

@@ -64,6 +64,7 @@ class Adversary:
     adversary: str
     noise_multiplier: float | None  # the z it faces; None: it sees no release
     note: str
+    key: str = ""  # stable across M (the names say M): "service", "peer", "colluding", "group"
 
 
 class PrivacyPlanError(ValueError):
@@ -302,6 +303,7 @@ class SessionPrivacy:
                     "epsilon": self._epsilon_for(a.noise_multiplier, releases),
                     "epsilon_planned": self._epsilon_for(a.noise_multiplier, self.planned_releases),
                     "note": a.note,
+                    "key": a.key,
                 }
                 for a in self.adversaries()
             ],
@@ -326,11 +328,11 @@ class SessionPrivacy:
         per_share = z / math.sqrt(m) if shared else z  # the noise in one client's own share
         if self.encrypted:
             service = Adversary(
-                "the service alone", None, "sees only CKKS ciphertexts and their sum"
+                "the service alone", None, "sees only CKKS ciphertexts and their sum", "service"
             )
         else:
             service = Adversary(
-                "the service alone", per_share, "encryption off: it reads every share"
+                "the service alone", per_share, "encryption off: it reads every share", "service"
             )
         found = [service]
         if m > 1:
@@ -339,16 +341,19 @@ class SessionPrivacy:
                     "one curious peer",
                     effective_noise_multiplier(noise_multiplier=z, clients=m, shared=shared),
                     "decrypts the sum and subtracts its own share",
+                    "peer",
                 ),
                 Adversary(
                     "all other peers colluding, with or without the service",
                     per_share,
                     "pool their shares and isolate this client's share",
+                    "colluding",
                 ),
                 Adversary(
                     f"one node's features at all {m} clients, against one curious peer",
                     z * math.sqrt((m - 1) / m) / (m - 1) if shared else z / math.sqrt(m - 1),
                     f"the node's rows at the other {m - 1} clients move the sum together",
+                    "group",
                 ),
             ]
         return found

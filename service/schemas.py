@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import (
     BaseModel,
@@ -148,6 +148,15 @@ class SessionCreate(StrictModel):
         description="With stragglers 'continue': how long a layer waits after its first upload.",
     )
     label: str | None = Field(None, max_length=200)
+    partners: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
+        None,
+        max_length=MAX_CLIENTS,
+        description="The organisations taking part, by the names people know them by (each "
+        "worker keeps them in its ledger for its owner's privacy report).",
+    )
+    operator: str | None = Field(
+        None, min_length=1, max_length=200, description="Who runs the service and the session."
+    )
 
     @field_validator("agg_layers")
     @classmethod
@@ -252,6 +261,8 @@ class SessionConfigView(BaseModel):
     stragglers: StragglerPolicy
     straggler_wait_seconds: float
     label: str | None
+    partners: list[str] | None = None
+    operator: str | None = None
 
 
 class SessionSummary(BaseModel):
@@ -331,6 +342,9 @@ class AdversaryEpsilon(BaseModel):
     epsilon: float | None = Field(description="Epsilon against it so far (null: nothing seen).")
     epsilon_planned: float | None = Field(description="After every planned release.")
     note: str
+    key: str | None = Field(
+        None, description="'service', 'peer', 'colluding' or 'group' (the unit of all M rows)."
+    )
 
 
 class PrivacyReport(BaseModel):

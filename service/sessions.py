@@ -151,6 +151,20 @@ class SessionManager:
             privacy=self._privacy_report(plan, ledger),
         )
 
+    def report_page(self, session_id: str, *, now: float) -> str:
+        """The operator's read-only privacy page of the session (HTML, ``secure.report``)."""
+        from secure.report import render_html, session_content
+
+        status = self.status(session_id)
+        with self.store.transaction() as tx:
+            _, plan = self.engine.session(tx, session_id)
+        content = session_content(
+            status.model_dump(mode="json"),
+            pass_kinds=[p.kind for p in plan.passes],
+            generated_at=now,
+        )
+        return render_html(content)
+
     def privacy_report(self, session_id: str) -> PrivacyReport:
         with self.store.transaction() as tx:
             _, plan = self.engine.session(tx, session_id)

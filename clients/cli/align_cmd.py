@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 from clients.cli.connection import add_server_arguments, admin_client, read_token
 from clients.cli.errors import EXIT_PEERS_MISSING, CliError, UsageError, failing_as
+from clients.cli.keyfiles import read_key_bytes, write_key_pair
 from clients.cli.options import (
     add_command,
     check_output_dir,
@@ -37,7 +38,6 @@ from service.schemas import MAX_CLIENTS
 
 SIGNING_KEY_FILE = "alignment-signing.key"  # the Ed25519 seed, hex
 PUBLIC_KEY_FILE = "alignment-signing.pub"  # its public key, hex
-KEY_BYTES = 32
 
 
 def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -242,30 +242,16 @@ def _create(args: argparse.Namespace) -> int:
 
 
 def _keygen(out: Path) -> int:
-    from nacl.signing import SigningKey
-
-    key = SigningKey.generate()
-    with failing_as(f"cannot write --out {out}"):
-        out.mkdir(parents=True, exist_ok=True)
-        write_private_file(out / SIGNING_KEY_FILE, bytes(key).hex())
-        (out / PUBLIC_KEY_FILE).write_text(bytes(key.verify_key).hex() + "\n")
+    signing, public = write_key_pair(out, SIGNING_KEY_FILE, PUBLIC_KEY_FILE)
     print(
-        f"signing key in {out / SIGNING_KEY_FILE} (keep it); give {out / PUBLIC_KEY_FILE} to "
+        f"signing key in {signing} (keep it); give {public} to "
         "the other organisations (`glasu align run --peer-key M=PATH`)"
     )
     return 0
 
 
 def _key_bytes(path: Path, flag: str) -> bytes:
-    with failing_as(f"cannot read the key file given by {flag}"):
-        text = path.read_text(encoding="utf-8").strip()
-    try:
-        key = bytes.fromhex(text)
-    except ValueError:
-        key = b""
-    if len(key) != KEY_BYTES:
-        raise CliError(f"{flag} {path} is not a key of `glasu align keygen` (32 bytes, hex)")
-    return key
+    return read_key_bytes(path, flag, made_by="glasu align keygen")
 
 
 def _signing(args: argparse.Namespace) -> SetSigning:

@@ -69,25 +69,35 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _local(args: argparse.Namespace) -> int:
-    from clients.ledger import LEDGER_FILENAME, LocalLedger
+    from clients.ledger import LEDGER_FILENAME, LocalLedger, composed_epsilon
+    from secure.report import iso_utc
 
     path = args.local / LEDGER_FILENAME
     if not path.is_file():
         raise CliError(f"no privacy ledger at {path}: this data has released nothing yet")
     with LocalLedger(path) as ledger:
+        # One read: a worker writing meanwhile must not make a session's figure count rows the
+        # lifetime figure does not (a session above the lifetime spend of the same releases).
         sessions = ledger.sessions()
-        total = ledger.epsilon(delta=args.delta, accountant=args.accountant)
-        rows = [
-            {
-                "session": s.session_id,
-                "releases": s.releases,
-                "epsilon": ledger.epsilon(
-                    delta=args.delta, accountant=args.accountant, session_id=s.session_id
-                ),
-                "last_release_at": s.last_at,
-            }
-            for s in sessions
-        ]
+        labels = {k: v["label"] for k, v in ledger.snapshot().sessions.items()}
+
+    def epsilon(inverse_square_sum: float) -> float:
+        return composed_epsilon(
+            inverse_square_sum=inverse_square_sum, delta=args.delta, accountant=args.accountant
+        )
+
+    total = epsilon(sum(s.inverse_square_sum for s in sessions))
+    rows = [
+        {
+            "session": s.session_id,
+            "label": labels.get(s.session_id),
+            "releases": s.releases,
+            "epsilon": epsilon(s.inverse_square_sum),
+            "last_release_at": s.last_at,
+            "last_release_at_utc": iso_utc(s.last_at),
+        }
+        for s in sessions
+    ]
     summary = {
         "ledger": str(path),
         "delta": args.delta,
@@ -105,7 +115,11 @@ def _local(args: argparse.Namespace) -> int:
         f"sessions compose exactly as Gaussian releases)"
     )
     for row in rows:
-        print(f"  {row['session']}: {row['releases']} release(s), epsilon = {row['epsilon']:.4g}")
+        label = f" ({row['label']})" if row["label"] else ""
+        print(
+            f"  {row['session']}{label}: {row['releases']} release(s), epsilon = "
+            f"{row['epsilon']:.4g}, last at {row['last_release_at_utc']}"
+        )
     return 0
 
 

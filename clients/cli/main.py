@@ -47,6 +47,7 @@ COMMANDS: dict[str, str] = {
     "keygen": "clients.cli.keygen_cmd",
     "session": "clients.cli.session_cmd",
     "budget": "clients.cli.budget_cmd",
+    "report": "clients.cli.report_cmd",
 }
 LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
 

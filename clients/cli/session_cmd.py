@@ -19,8 +19,10 @@ from clients.cli.train_options import (
     add_encryption_argument,
     add_federation_arguments,
     add_privacy_arguments,
+    add_session_about_arguments,
     check_federation,
     config_from_args,
+    session_about,
 )
 
 if TYPE_CHECKING:
@@ -75,7 +77,12 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     add_federation_arguments(create, local=False)
     add_encryption_argument(create)
     add_privacy_arguments(create, noise_seed=False)
-    create.add_argument("--label", default=None, help="free text shown in the status")
+    create.add_argument(
+        "--label",
+        default=None,
+        help="free text shown in the status and in each organisation's privacy report",
+    )
+    add_session_about_arguments(create)
     create.add_argument(
         "--out", type=Path, required=True, metavar="DIR", help="output directory (required)"
     )
@@ -193,6 +200,7 @@ def _create(admin: AdminClient, args: argparse.Namespace) -> int:
         body = _scoring_body(admin, args, config)
     else:
         body = _training_body(admin, args, config)
+    body.update(session_about(args))
     with failing_as(f"cannot create --out {args.out}"):
         args.out.mkdir(parents=True, exist_ok=True)
     created = admin.create_session(body)
@@ -207,6 +215,7 @@ def _create(admin: AdminClient, args: argparse.Namespace) -> int:
         "noise_multiplier": created.get("noise_multiplier"),
         "privacy": body["privacy"],
         "label": body["label"],
+        **session_about(args),
     }
     (args.out / "session.id").write_text(created["session_id"])  # no newline: a ConfigMap value
     (args.out / "session.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -28,8 +28,10 @@ from clients.cli.train_options import (
     add_encryption_argument,
     add_federation_arguments,
     add_privacy_arguments,
+    add_session_about_arguments,
     check_federation,
     config_from_args,
+    session_about,
 )
 from secure.protocol import AlignedNodes
 
@@ -88,6 +90,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     security = p.add_argument_group("encryption and differential privacy (both on by default)")
     add_encryption_argument(security)
     add_privacy_arguments(security)
+    add_session_about_arguments(federation)
     output = p.add_argument_group("output")
     output.add_argument(
         "--report", type=Path, default=None, metavar="PATH", help="write the JSON report here"
@@ -183,7 +186,7 @@ def _train(config: TrainConfig, args: argparse.Namespace) -> RunReport:
 
             keep = KeepModels(
                 folders=folders,
-                session_config=session_view(config, layout, dataset),
+                session_config={**session_view(config, layout, dataset), **session_about(args)},
                 session_id=f"inprocess-{uuid.uuid4().hex}",
             )
         with failing_as(f"the options do not fit {config.dataset}", ValueError):
@@ -201,6 +204,7 @@ def _train(config: TrainConfig, args: argparse.Namespace) -> RunReport:
             threads=args.threads,
             progress=not args.quiet,
             model_dirs=model_folders(args),
+            about=session_about(args),
         )
 
 

@@ -255,6 +255,32 @@ def add_federation_arguments(p: argparse._ActionsContainer, *, local: bool) -> N
         )
 
 
+def add_session_about_arguments(p: argparse._ActionsContainer) -> None:
+    """Who takes part and who runs it, stored with the session and in each worker's ledger
+    (its owner's ``glasu report`` names them)."""
+    p.add_argument(
+        "--partner",
+        dest="partners",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="an organisation taking part, by the name people know it by (give it once per "
+        "organisation); each worker's ledger and privacy report name them",
+    )
+    p.add_argument(
+        "--operator",
+        default=None,
+        metavar="NAME",
+        help="who runs the service and the session (named in each owner's privacy report)",
+    )
+
+
+def session_about(args: argparse.Namespace) -> dict[str, Any]:
+    """The session body's ``partners`` and ``operator`` fields that were given."""
+    about = {"partners": args.partners, "operator": args.operator}
+    return {k: v for k, v in about.items() if v is not None}
+
+
 def add_encryption_argument(p: argparse._ActionsContainer) -> None:
     p.add_argument(
         "--no-he",

@@ -216,6 +216,7 @@ def _run(settings: WorkerSettings, *, quiet: bool) -> int:
             print(f"glasu worker {settings.client}: {exc}", file=sys.stderr)
             return EXIT_UNREACHABLE
         summary = {
+            "session_id": settings.session,
             "client": settings.client,
             "device": str(device),
             "passes": result.passes,

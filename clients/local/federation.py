@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,8 +138,10 @@ def train_over_http(
     progress: bool = True,
     work_dir: Path | None = None,
     model_dirs: Sequence[Path] | None = None,
+    about: Mapping[str, Any] | None = None,
 ) -> RunReport:
-    """``model_dirs``: one folder per client, where its worker keeps its trained model."""
+    """``model_dirs``: one folder per client, where its worker keeps its trained model;
+    ``about``: the session body's ``partners`` and ``operator``."""
     if len(layout.groups) != 1:
         raise ValueError(
             "this mode trains clients independently; run it with "
@@ -147,7 +149,8 @@ def train_over_http(
         )
     started = time.perf_counter()
     with local_federation(encrypted=config.encrypted, work_dir=work_dir) as fed:
-        created = fed.admin.create_session(session_request(config, layout, dataset))
+        body = {**session_request(config, layout, dataset), **(about or {})}
+        created = fed.admin.create_session(body)
         fed.start_workers(
             config,
             layout.partitions,

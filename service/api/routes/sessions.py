@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from typing import Annotated
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Query, Response
+from fastapi.responses import HTMLResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
@@ -96,6 +98,19 @@ def get_privacy(
 ) -> PrivacyReport:
     """The admin or any client of the session."""
     return context.sessions.privacy_report(session_id)
+
+
+@router.get(
+    "/{sid}/report",
+    response_class=HTMLResponse,
+    summary="The session's privacy report, for people (HTML)",
+)
+def get_report(_: SessionReaderDep, context: ContextDep, session_id: SessionIdPath) -> HTMLResponse:
+    """The admin or any client of the session: a read-only page with who, when, what was
+    released, epsilon against each adversary in plain words, the target and what is not
+    protected (the sections of `glasu report`, from the service's own ledger; not signed)."""
+    page = context.sessions.report_page(session_id, now=time.time())
+    return HTMLResponse(page, headers={"Cache-Control": "no-store"})
 
 
 @router.delete("/{sid}", response_model=SessionSummary, summary="Close a session")

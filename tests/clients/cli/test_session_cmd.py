@@ -222,3 +222,20 @@ def test_errors_are_one_clear_line(
          "--session", "nope"]
     )  # fmt: skip
     assert code == EXIT_FAILED and "is empty" in capsys.readouterr().err
+
+
+def test_create_stores_the_partners_and_the_operator(
+    server: dict[str, str], tmp_path: Path, data_dir: Path, cora
+) -> None:
+    """Each worker's ledger and privacy report name them: they are part of the session."""
+    out = tmp_path / "named"
+    named = ["--label", "churn model", "--partner", "Bank A", "--partner", "Telco B",
+             "--partner", "Retailer C", "--operator", "Consortium Ops"]  # fmt: skip
+    assert _create(server, out, data_dir, *named) == 0
+    summary = json.loads((out / "session.json").read_text())
+    assert summary["partners"] == ["Bank A", "Telco B", "Retailer C"]
+    with _admin(server) as admin:
+        view = admin.session(summary["session_id"])["config"]
+    assert view["label"] == "churn model"
+    assert view["partners"] == ["Bank A", "Telco B", "Retailer C"]
+    assert view["operator"] == "Consortium Ops"
