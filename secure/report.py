@@ -4,7 +4,8 @@ session (the service's ``GET /v1/sessions/{id}/report``).
 
 Both build a *content* dict (plain JSON: the figures, already computed, and the sentences) and
 render it here, so the two pages have the same sections and wording. Torch-free and
-matplotlib-free: the service imports it. Signing is in ``secure/report_signing.py``.
+matplotlib-free: the service imports it. Signing is in ``clients/report_signing.py`` (the
+owner's side: the service image has no PyNaCl).
 
 The plain-language sentence under each epsilon turns it into what docs/privacy.md section 1.1
 says it means: a bound on how much better than chance anyone holding every release can tell

@@ -160,7 +160,7 @@ def _write(args: argparse.Namespace) -> int:
     from clients.cli.keyfiles import read_key_bytes
     from clients.ledger import LEDGER_FILENAME, LocalLedger
     from clients.privacy_report import organisation_content
-    from secure.report_signing import fingerprint, signed_html, signed_json
+    from clients.report_signing import fingerprint, signed_html, signed_json
 
     key = SigningKey(
         read_key_bytes(args.signing_key, "--signing-key", made_by="glasu report keygen")
@@ -222,7 +222,7 @@ def _verify(args: argparse.Namespace) -> int:
     from nacl.signing import VerifyKey
 
     from clients.cli.keyfiles import read_key_bytes
-    from secure.report_signing import ReportNotGenuine, verify_report
+    from clients.report_signing import ReportNotGenuine, verify_report
 
     expected = None
     if args.key is not None:
