@@ -10,6 +10,7 @@ from typing import Any
 from clients.ledger import LocalLedger
 from clients.policy import PrivacyPolicy
 from clients.transport import ServiceClient
+from models.keeper import privacy_spent
 from secure.privacy import SessionPrivacy
 
 REPORT_POLL_SECONDS = 0.5
@@ -41,7 +42,7 @@ def reported_val_accuracy(
         time.sleep(REPORT_POLL_SECONDS)
 
 
-def privacy_spent(
+def ledger_spent(
     privacy: SessionPrivacy | None,
     policy: PrivacyPolicy,
     ledger: LocalLedger | None,
@@ -50,18 +51,13 @@ def privacy_spent(
     """What the session spent of this party's data, from its owner's ledger."""
     if privacy is None or ledger is None:
         return None
-    against = (
-        "one curious peer that does not collude with the service (shared noise)"
-        if privacy.shared_noise
-        else "the service, each peer and all peers colluding (unshared noise)"
-    )
-    return {
-        "epsilon": ledger.epsilon(
+    return privacy_spent(
+        privacy,
+        epsilon=ledger.epsilon(
             delta=policy.delta, accountant=policy.accountant, session_id=session_id
         ),
-        "delta": policy.delta,
-        "accountant": policy.accountant,
-        "releases": ledger.releases(session_id=session_id),
-        "against": against,
-        "source": "this party's own privacy ledger",
-    }
+        delta=policy.delta,
+        accountant=policy.accountant,
+        releases=ledger.releases(session_id=session_id),
+        source="this party's own privacy ledger",
+    )

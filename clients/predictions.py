@@ -7,8 +7,8 @@ exists is complete. CSV or Parquet by the file's extension."""
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 
 import numpy as np
 import pyarrow as pa
@@ -27,10 +27,16 @@ def ids_by_aligned_node(folder: Path) -> tuple[np.ndarray, str | None]:
     alignment = read_alignment(Path(folder), rows=data.num_rows)
     if alignment is None:
         raise ValueError(f"{folder} is not aligned: run `glasu align run` first")
-    ids = np.full(alignment.aligned_nodes, None, dtype=object)
-    shared = alignment.rows != NOT_SHARED
-    ids[alignment.rows[shared]] = np.asarray(data.ids, dtype=object)[shared]
-    return ids, alignment.digest
+    return own_ids_by_node(alignment.rows, data.ids, alignment.aligned_nodes), alignment.digest
+
+
+def own_ids_by_node(rows: np.ndarray, ids: Sequence[str], aligned_nodes: int) -> np.ndarray:
+    """A party's own id of each aligned node (None where it lacks the node), from the aligned
+    index of each of its rows."""
+    own = np.full(aligned_nodes, None, dtype=object)
+    shared = rows != NOT_SHARED
+    own[rows[shared]] = np.asarray(ids, dtype=object)[shared]
+    return own
 
 
 def check_predictions_path(path: Path) -> None:
@@ -74,14 +80,6 @@ class PredictionWriter:
         os.replace(self.partial, self.path)
         return self.path
 
-    def __enter__(self) -> PredictionWriter:
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        if kind is not None:
-            self._writer.close()  # the partial file stays, named as such
+    def abandon(self) -> None:
+        """Close without making the file appear: the rows so far stay in ``<file>.partial``."""
+        self._writer.close()

@@ -21,7 +21,7 @@ from clients.checkpoint import (
     WorkerProgress,
 )
 from clients.ledger import LocalLedger
-from clients.model_keeping import privacy_spent, reported_val_accuracy
+from clients.model_keeping import ledger_spent, reported_val_accuracy
 from clients.policy import PrivacyPolicy, ReleaseGate, admit_session, session_about
 from clients.transport import PeersMissing, ServiceClient, ServiceError
 from models.artefact import ModelError, SavedModel
@@ -370,7 +370,7 @@ def run_worker(
             session_id=service.session_id,
             alignment_digest=alignment_digest,
             privacy=privacy,
-            spent=privacy_spent(privacy, policy, ledger, service.session_id),
+            spent=ledger_spent(privacy, policy, ledger, service.session_id),
         )
     if gate is not None:
         note_accuracy(gate.ledger, service.session_id, progress.history)

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from models.metrics import describe_scores
 from secure.files import atomic_write
 
 ARTEFACT_KIND = "glasu-model"
@@ -188,12 +189,7 @@ def describe(manifest: Mapping[str, Any]) -> str:
     for split in ("val", "test"):
         metrics = manifest.get("metrics", {}).get(split)
         if metrics and metrics.get("count"):
-            text = (
-                f"{split}: accuracy {metrics['accuracy']:.4f}, macro-F1 {metrics['macro_f1']:.4f}"
-            )
-            if "roc_auc" in metrics:
-                text += f", ROC-AUC {metrics['roc_auc']:.4f}, PR-AUC {metrics['pr_auc']:.4f}"
-            lines.append(text + f" ({metrics['count']} nodes)")
+            lines.append(f"{split}: {describe_scores(metrics)} ({metrics['count']} nodes)")
     reference = manifest.get("metrics", {}).get("reference_test_accuracy")
     if reference is not None:
         lines.append(f"party alone (same data, no federation): test accuracy {reference:.4f}")

@@ -37,6 +37,31 @@ class KeepModels:
     session_id: str
 
 
+def privacy_spent(
+    privacy: SessionPrivacy,
+    *,
+    epsilon: float,
+    delta: float,
+    accountant: str,
+    releases: int,
+    source: str,
+) -> dict[str, Any]:
+    """The manifest's record of what a training spent of a party's data."""
+    against = (
+        "one curious peer that does not collude with the service (shared noise)"
+        if privacy.shared_noise
+        else "the service, each peer and all peers colluding (unshared noise)"
+    )
+    return {
+        "epsilon": epsilon,
+        "delta": delta,
+        "accountant": accountant,
+        "releases": releases,
+        "against": against,
+        "source": source,
+    }
+
+
 def mean_over_holders(keepers: Sequence[ModelKeeper]) -> dict[int, float]:
     """Per evaluation pass, the mean validation accuracy of the clients with a head."""
     holders = [k for k in keepers if k.client.holds_labels]

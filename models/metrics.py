@@ -15,6 +15,15 @@ from sklearn.metrics import (
 )
 
 
+def describe_scores(metrics: dict[str, Any]) -> str:
+    """``classification_metrics`` in a few words: accuracy, macro-F1, and for two classes the
+    AUCs."""
+    text = f"accuracy {metrics['accuracy']:.4f}, macro-F1 {metrics['macro_f1']:.4f}"
+    if "roc_auc" in metrics:
+        text += f", ROC-AUC {metrics['roc_auc']:.4f}, PR-AUC {metrics['pr_auc']:.4f}"
+    return text
+
+
 def classification_metrics(
     labels: np.ndarray, probabilities: np.ndarray, *, num_classes: int
 ) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from models.data import GraphDataset, load_dataset
 from models.device import resolve_device
 from models.federated import GlasuClient, PassOutcome
 from models.inprocess import run_pass_inprocess
-from models.keeper import KeepModels, ModelKeeper, mean_over_holders
+from models.keeper import KeepModels, ModelKeeper, mean_over_holders, privacy_spent
 from models.layout import FederationLayout, eval_nodes, layout_federation
 from models.partition import ClientPartition
 from models.private import make_client
@@ -118,17 +118,15 @@ def train_inprocess(
         )
         group_histories.append(history)
     privacy = security.privacy
+    report = privacy.report(releases=releases) if privacy else None
     if keep is not None and stopped is None:
         spent = None
-        if privacy is not None:
-            report = privacy.report(releases=releases)
-            spent = {
-                "epsilon": report["epsilon"], "delta": report["delta"],
-                "accountant": report["accountant"], "releases": releases,
-                "against": "the service, each peer and all peers colluding (unshared noise)"
-                if not privacy.shared_noise else "one curious peer (shared noise)",
-                "source": "the in-process run's ledger",
-            }  # fmt: skip
+        if privacy is not None and report is not None:
+            spent = privacy_spent(
+                privacy, epsilon=report["epsilon"], delta=report["delta"],
+                accountant=report["accountant"], releases=releases,
+                source="the in-process run's ledger",
+            )  # fmt: skip
         for keeper, folder in zip(keepers, keep.folders, strict=True):
             kept, chosen_by = keeper.choose(lambda: mean_over_holders(keepers))
             keeper.save(
@@ -144,7 +142,7 @@ def train_inprocess(
         split_note=dataset.split_note,
         devices=[str(device)],
         wall_seconds=time.perf_counter() - started,
-        privacy=privacy.report(releases=releases) if privacy else None,
+        privacy=report,
         stopped_early=stopped,
     )
 
@@ -179,9 +177,10 @@ def _run_schedule(
             kind=spec.kind,
             output_nodes=output_nodes,
         )
-        info = {"pass": spec.index, "round": spec.round, "output_nodes": output_nodes}
-        for keeper, outcome in zip(keepers, outcomes, strict=False):
-            keeper.observe(info, outcome)
+        if keepers:
+            info = {"pass": spec.index, "round": spec.round, "output_nodes": output_nodes}
+            for keeper, outcome in zip(keepers, outcomes, strict=True):
+                keeper.observe(info, outcome)
         # with a single label holder, every metric is the holder's alone (GLASU B.2)
         outcomes = [o for o, c in zip(outcomes, clients, strict=True) if c.holds_labels]
         if spec.kind == "train":

@@ -243,6 +243,15 @@ def check_output_file(
         raise UsageError(f"{flag} {path}: cannot create files in {parent} ({reason})") from None
 
 
+def check_party_folders(folders: Sequence[Path]) -> None:
+    """``--party``: one existing folder per organisation, at least two."""
+    if len(folders) < 2:
+        raise UsageError("give --party once per organisation, at least two")
+    for folder in folders:
+        if not folder.is_dir():
+            raise UsageError(f"--party {folder} is not a directory (a folder of glasu prepare)")
+
+
 def check_output_dir(path: Path, flag: str) -> None:
     """Fail now if ``path`` cannot be (created and) written as a directory later."""
     target = Path(os.path.abspath(path))

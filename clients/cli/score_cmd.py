@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from clients.cli.errors import CliError, UsageError, failing_as
-from clients.cli.options import add_command, check_output_dir, positive_int
+from clients.cli.options import add_command, check_output_dir, check_party_folders, positive_int
 from clients.cli.train_options import add_encryption_argument
 
 
@@ -73,11 +73,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def check(args: argparse.Namespace) -> None:
-    if len(args.party) < 2:
-        raise UsageError("give --party once per organisation, at least two")
-    for folder in args.party:
-        if not folder.is_dir():
-            raise UsageError(f"--party {folder} is not a directory (a folder of glasu prepare)")
+    check_party_folders(args.party)
     if not args.model_dir.is_dir():
         raise UsageError(f"--model-dir {args.model_dir} is not a directory")
     if args.ids is not None and not args.ids.is_file():
@@ -90,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
     from clients.local.processes import FederationFailed
     from clients.local.scoring import score_locally
     from models.artefact import ModelError
+    from models.metrics import describe_scores
 
     holder_ids = None
     if args.ids is not None:
@@ -116,15 +113,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"scored {summary.scored_nodes} shared nodes (session {summary.session_id})")
     for party in summary.predictions:
         print(f"{party.party}: {party.rows} predictions in {party.path}")
-        metrics = party.metrics
-        if metrics.get("count"):
-            line = (
-                f"  on the {metrics['count']} scored nodes it has labels for: accuracy "
-                f"{metrics['accuracy']:.4f}, macro-F1 {metrics['macro_f1']:.4f}"
+        if party.metrics.get("count"):
+            print(
+                f"  on the {party.metrics['count']} scored nodes it has labels for: "
+                + describe_scores(party.metrics)
             )
-            if "roc_auc" in metrics:
-                line += f", ROC-AUC {metrics['roc_auc']:.4f}, PR-AUC {metrics['pr_auc']:.4f}"
-            print(line)
     if summary.privacy is not None:
         print(
             f"privacy spent by this scoring: epsilon {summary.privacy['epsilon']:.4g} at delta "

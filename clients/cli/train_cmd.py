@@ -21,6 +21,7 @@ from clients.cli.options import (
     check_device,
     check_output_dir,
     check_output_file,
+    check_party_folders,
     positive_int,
 )
 from clients.cli.train_options import (
@@ -224,13 +225,9 @@ def model_folders(args: argparse.Namespace) -> list[Path] | None:
 
 def check_parties(args: argparse.Namespace) -> None:
     """``--party``: at least two existing folders, no benchmark dataset; M is their number."""
-    if len(args.party) < 2:
-        raise UsageError("give --party once per organisation, at least two")
+    check_party_folders(args.party)
     if args.data_dir is not None:
         raise UsageError("--party trains the organisations' own data: drop --data-dir")
-    for folder in args.party:
-        if not folder.is_dir():
-            raise UsageError(f"--party {folder} is not a directory (a folder of glasu prepare)")
     args.clients = len(args.party)
 
 
@@ -346,13 +343,14 @@ def summary(report: RunReport) -> str:
 
 def metric_lines(what: str, per_client: list[dict | None] | None) -> list[str]:
     """Macro-F1 (and the AUCs of a two-class task) at the kept round, each client's head."""
+    from models.metrics import describe_scores
+
     lines = []
     for client, metrics in enumerate(per_client or []):
         if not metrics or not metrics.get("count"):
             continue
-        text = f"  client {client} {what}: macro-F1 {metrics['macro_f1']:.4f}"
-        if "roc_auc" in metrics:
-            text += f", ROC-AUC {metrics['roc_auc']:.4f}, PR-AUC {metrics['pr_auc']:.4f}"
         recall = ", ".join(f"{c['recall']:.2f}" for c in metrics["per_class"])
-        lines.append(text + f"; recall per class {recall}")
+        lines.append(
+            f"  client {client} {what}: {describe_scores(metrics)}; recall per class {recall}"
+        )
     return lines

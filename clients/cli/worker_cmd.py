@@ -235,7 +235,7 @@ def _run(settings: WorkerSettings, *, quiet: bool) -> int:
                 file=sys.stderr,
             )
         else:
-            writer.__exit__(RuntimeError, None, None)
+            writer.abandon()
     if result.model_path is not None:
         summary["model"] = str(result.model_path)
         print(

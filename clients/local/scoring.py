@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 from clients.local.federation import follow, local_federation
 from clients.local.parties import federation_of_parties, model_folders, party_names
 from clients.local.session import scoring_request
+from clients.predictions import own_ids_by_node
 from models.aligned import AlignedFederation
 from models.artefact import ModelError, read_manifest
 from models.config import TrainConfig
@@ -180,7 +181,9 @@ def score_locally(
             _in_own_ids(
                 raw[m],
                 out / f"{names[m]}.{output_format}",
-                ids=_own_ids(federation, m, party_ids[m]),
+                ids=own_ids_by_node(
+                    federation.index.rows[m], party_ids[m], federation.index.aligned_nodes
+                ),
                 labels=federation.dataset.labels.numpy(),
                 party=names[m],
             )
@@ -194,15 +197,6 @@ def score_locally(
         privacy=privacy,
         training_privacy=[manifest.get("privacy") for manifest in manifests],
     )
-
-
-def _own_ids(federation: AlignedFederation, party: int, ids: Sequence[str]) -> np.ndarray:
-    """Party ``party``'s own id of each aligned node (None where it lacks the node)."""
-    own = np.full(federation.index.aligned_nodes, None, dtype=object)
-    rows = federation.index.rows[party]
-    shared = rows != NOT_SHARED
-    own[rows[shared]] = np.asarray(ids, dtype=object)[shared]
-    return own
 
 
 def _in_own_ids(
