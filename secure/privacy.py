@@ -23,7 +23,7 @@ from typing import Any, Literal
 from secure.accounting import (
     ACCOUNTANTS,
     AccountantName,
-    PrivacyLedger,
+    PrivacyBudget,
     calibrate_session_noise_multiplier,
     epsilon_after,
 )
@@ -242,32 +242,26 @@ class SessionPrivacy:
 
     # -- decisions -------------------------------------------------------------------------
 
-    def ledger(self, releases: int = 0) -> PrivacyLedger:
-        return PrivacyLedger(
+    def budget(self, releases: int = 0) -> PrivacyBudget:
+        """The session's budget after ``releases`` releases: the ledger's z, the epsilon target
+        and the release cap."""
+        return PrivacyBudget(
             noise_multiplier=self.ledger_noise_multiplier,
             delta=self.delta,
             accountant=self.accountant,
             epsilon_target=self.epsilon,
+            max_releases=self.max_releases,
             releases=releases,
         )
 
     def release_allowed(self, releases_so_far: int) -> bool:
-        """Whether release number ``releases_so_far + 1`` stays within the cap and the target.
-        An epsilon the accountant cannot evaluate counts as "no"."""
-        if self.max_releases is not None and releases_so_far >= self.max_releases:
-            return False
-        try:
-            return not self.ledger(releases_so_far).would_exceed()
-        except (ValueError, ArithmeticError):  # AccountingError, extreme parameters
-            return False
+        """Whether release number ``releases_so_far + 1`` stays within the cap and the target
+        (``secure.accounting.decide_release``: an epsilon the accountant cannot evaluate counts
+        as "no")."""
+        return self.budget(releases_so_far).next_release().allowed
 
     def epsilon_after(self, releases: int) -> float:
-        return epsilon_after(
-            noise_multiplier=self.ledger_noise_multiplier,
-            releases=releases,
-            delta=self.delta,
-            accountant=self.accountant,
-        )
+        return self.budget().epsilon_at(releases)
 
     def report(self, *, releases: int, ledger: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
         """The privacy report: the fields of ``GET /v1/sessions/{id}/privacy``, for the run

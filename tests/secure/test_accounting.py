@@ -1,4 +1,5 @@
-"""Tests for secure/accounting.py against independent computations from first principles."""
+"""Tests for secure/accounting/ (analysis, calibration, budget) against independent computations
+from first principles."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ from secure.accounting import (
     RDP_ORDERS_SUBSAMPLED,
     AccountingError,
     BudgetExhausted,
-    PrivacyLedger,
+    PrivacyBudget,
     calibrate_noise_multiplier,
+    decide_release,
     epsilon_after,
     gaussian_dp_mu,
     max_releases,
@@ -198,9 +200,8 @@ def test_subsampled_rdp_matches_direct_numerical_integration(
     assert eps < epsilon_after(noise_multiplier=z, releases=releases, delta=1e-5)
 
 
-def test_subsampled_rdp_matches_opacus_if_installed() -> None:
-    pytest.importorskip("opacus")
-    from opacus.accountants import RDPAccountant
+def test_subsampled_rdp_matches_opacus() -> None:
+    from opacus.accountants import RDPAccountant  # here, not above: it loads torch
 
     for z, releases, q in [(1.0, 1000, 0.01), (0.8, 200, 0.05)]:
         eps = epsilon_after(noise_multiplier=z, releases=releases, delta=1e-5, sample_rate=q)
@@ -298,7 +299,7 @@ def test_calibrate_subsampled_and_errors() -> None:
 
 
 def test_bisection_on_a_closed_form_epsilon() -> None:
-    from secure.accounting import _bisect_noise_multiplier
+    from secure.accounting.calibration import _bisect_noise_multiplier
 
     calls: list[float] = []
 
@@ -326,106 +327,132 @@ def test_max_releases_is_the_boundary() -> None:
 
 
 # ------------------------------------------------------------------------------------------
-# ledger
+# budget
 # ------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("accountant", ["rdp", "prv"])
-def test_ledger_refuses_the_release_that_would_exceed(accountant: str) -> None:
+def test_budget_refuses_the_release_that_would_exceed(accountant: str) -> None:
     rounds = 10
     z = calibrate_noise_multiplier(epsilon=4.0, delta=1e-5, releases=rounds, accountant=accountant)
-    ledger = PrivacyLedger(noise_multiplier=z, delta=1e-5, accountant=accountant, epsilon_target=4)
-    assert ledger.releases == 0
-    assert ledger.epsilon == 0.0
-    assert ledger.remaining_releases() == rounds
+    budget = PrivacyBudget(noise_multiplier=z, delta=1e-5, accountant=accountant, epsilon_target=4)
+    assert budget.releases == 0
+    assert budget.epsilon == 0.0
+    assert budget.remaining_releases() == rounds
     last = 0.0
     for i in range(rounds):
-        assert not ledger.would_exceed()
-        eps = ledger.record_release()
+        assert not budget.would_exceed()
+        eps = budget.record_release()
         assert eps > last
         last = eps
-        assert ledger.releases == i + 1
-        assert ledger.epsilon == eps
-    assert ledger.epsilon <= 4.0
-    assert ledger.would_exceed()
-    assert ledger.remaining_releases() == 0
+        assert budget.releases == i + 1
+        assert budget.epsilon == eps
+    assert budget.epsilon <= 4.0
+    assert budget.would_exceed()
+    assert budget.remaining_releases() == 0
     with pytest.raises(BudgetExhausted, match="exhausted") as info:
-        ledger.record_release()
+        budget.record_release()
     assert isinstance(info.value, RuntimeError)
-    assert ledger.releases == rounds  # nothing recorded
-    assert ledger.epsilon == last
+    assert budget.releases == rounds  # nothing recorded
+    assert budget.epsilon == last
 
 
-def test_ledger_without_target_never_refuses() -> None:
-    ledger = PrivacyLedger(noise_multiplier=0.5, delta=1e-5)
+def test_budget_without_target_never_refuses() -> None:
+    budget = PrivacyBudget(noise_multiplier=0.5, delta=1e-5)
     for _ in range(5):
-        assert not ledger.would_exceed()
-        ledger.record_release()
-    assert ledger.remaining_releases() is None
-    assert ledger.epsilon == epsilon_after(noise_multiplier=0.5, releases=5, delta=1e-5)
+        assert not budget.would_exceed()
+        budget.record_release()
+    assert budget.remaining_releases() is None
+    assert budget.epsilon == epsilon_after(noise_multiplier=0.5, releases=5, delta=1e-5)
 
 
 @pytest.mark.parametrize("accountant", ["rdp", "prv"])
-def test_ledger_round_trip(accountant: str) -> None:
-    ledger = PrivacyLedger(
+def test_budget_round_trip(accountant: str) -> None:
+    budget = PrivacyBudget(
         noise_multiplier=6.0, delta=1e-6, accountant=accountant, epsilon_target=5.0, releases=7
     )
-    ledger.record_release()
-    record = json.loads(json.dumps(ledger.to_dict(), allow_nan=False))  # strict JSON
-    again = PrivacyLedger.from_dict(record)
-    assert again.to_dict() == ledger.to_dict()
+    budget.record_release()
+    record = json.loads(json.dumps(budget.to_dict(), allow_nan=False))  # strict JSON
+    again = PrivacyBudget.from_dict(record)
+    assert again.to_dict() == budget.to_dict()
     assert again.releases == 8
-    assert again.epsilon == ledger.epsilon
-    assert record["epsilon"] == pytest.approx(ledger.epsilon)
+    assert again.epsilon == budget.epsilon
+    assert record["epsilon"] == pytest.approx(budget.epsilon)
     # the bare parameters are enough
     bare = {k: record[k] for k in ("noise_multiplier", "delta", "accountant", "releases")}
     bare["epsilon_target"] = 5.0
-    assert PrivacyLedger.from_dict(bare).to_dict() == ledger.to_dict()
+    assert PrivacyBudget.from_dict(bare).to_dict() == budget.to_dict()
     # both continue identically
-    assert again.record_release() == ledger.record_release()
+    assert again.record_release() == budget.record_release()
 
 
-def test_ledger_from_dict_rejects_bad_records() -> None:
-    good = PrivacyLedger(noise_multiplier=2.0, delta=1e-5).to_dict()
+def test_budget_from_dict_rejects_bad_records() -> None:
+    good = PrivacyBudget(noise_multiplier=2.0, delta=1e-5).to_dict()
     for key in ("noise_multiplier", "delta", "accountant", "releases"):
         with pytest.raises(ValueError, match="missing"):
-            PrivacyLedger.from_dict({k: v for k, v in good.items() if k != key})
+            PrivacyBudget.from_dict({k: v for k, v in good.items() if k != key})
     with pytest.raises(ValueError, match="unknown"):
-        PrivacyLedger.from_dict({**good, "sigma": 1.0})
+        PrivacyBudget.from_dict({**good, "sigma": 1.0})
     with pytest.raises(ValueError, match="schema"):
-        PrivacyLedger.from_dict({**good, "schema": 99})
+        PrivacyBudget.from_dict({**good, "schema": 99})
     with pytest.raises(TypeError):
-        PrivacyLedger.from_dict({**good, "noise_multiplier": "2.0"})
+        PrivacyBudget.from_dict({**good, "noise_multiplier": "2.0"})
     with pytest.raises(ValueError):
-        PrivacyLedger.from_dict({**good, "releases": -1})
+        PrivacyBudget.from_dict({**good, "releases": -1})
     with pytest.raises(TypeError):
-        PrivacyLedger.from_dict([("releases", 1)])  # type: ignore[arg-type]
+        PrivacyBudget.from_dict([("releases", 1)])  # type: ignore[arg-type]
 
 
-def test_ledger_infinite_epsilon_is_strict_json() -> None:
-    ledger = PrivacyLedger(noise_multiplier=0.0, delta=1e-5, releases=1)
-    assert ledger.epsilon == math.inf
-    record = ledger.to_dict()
+def test_budget_infinite_epsilon_is_strict_json() -> None:
+    budget = PrivacyBudget(noise_multiplier=0.0, delta=1e-5, releases=1)
+    assert budget.epsilon == math.inf
+    record = budget.to_dict()
     assert record["epsilon"] is None
     json.dumps(record, allow_nan=False)
-    refusing = PrivacyLedger(noise_multiplier=0.0, delta=1e-5, epsilon_target=10.0)
+    refusing = PrivacyBudget(noise_multiplier=0.0, delta=1e-5, epsilon_target=10.0)
     assert refusing.would_exceed()
     with pytest.raises(BudgetExhausted):
         refusing.record_release()
 
 
-def test_ledger_counts_hundreds_of_releases_and_restores_in_one_evaluation() -> None:
+def test_budget_counts_hundreds_of_releases_and_restores_in_one_evaluation() -> None:
     """(How long this takes is measured by bench/, never by a timed test.)"""
-    ledger = PrivacyLedger(noise_multiplier=20.0, delta=1e-6, epsilon_target=8.0)
+    budget = PrivacyBudget(noise_multiplier=20.0, delta=1e-6, epsilon_target=8.0)
     for _ in range(2000):
-        if ledger.would_exceed():
+        if budget.would_exceed():
             break
-        ledger.record_release()
-        _ = ledger.epsilon
-    assert ledger.releases == max_releases(noise_multiplier=20.0, delta=1e-6, epsilon=8.0)
-    # reconstructing a ledger with many releases is one evaluation
-    eps = PrivacyLedger(noise_multiplier=9.0, delta=1e-6, accountant="prv", releases=900).epsilon
+        budget.record_release()
+        _ = budget.epsilon
+    assert budget.releases == max_releases(noise_multiplier=20.0, delta=1e-6, epsilon=8.0)
+    # reconstructing a budget with many releases is one evaluation
+    eps = PrivacyBudget(noise_multiplier=9.0, delta=1e-6, accountant="prv", releases=900).epsilon
     assert eps == pytest.approx(exact_gaussian_epsilon(9.0, 900, 1e-6), abs=0.02)
+
+
+def test_the_release_decision_refuses_past_either_cap_and_what_it_cannot_evaluate() -> None:
+    z, d = 5.0, 1e-5
+    n = max_releases(noise_multiplier=z, delta=d, epsilon=4.0)
+    fits = decide_release(noise_multiplier=z, releases=n, delta=d, epsilon_cap=4.0)
+    assert fits.allowed and fits.epsilon == epsilon_after(noise_multiplier=z, releases=n, delta=d)
+    over = decide_release(noise_multiplier=z, releases=n + 1, delta=d, epsilon_cap=4.0)
+    assert not over.allowed and over.refusal == "epsilon" and over.epsilon > 4.0
+    capped = decide_release(
+        noise_multiplier=z, releases=3, delta=d, epsilon_cap=None, max_releases=2
+    )
+    assert capped.refusal == "max_releases"
+    # the PRV accountant cannot evaluate an epsilon in the hundreds: refused, never an error
+    unknown = dict(noise_multiplier=0.1, releases=100, delta=d, accountant="prv")
+    refused = decide_release(**unknown, epsilon_cap=1e6)
+    assert refused.refusal == "epsilon" and refused.epsilon == math.inf
+    assert decide_release(**unknown, epsilon_cap=None).allowed  # no cap: nothing to refuse
+    with pytest.raises(ValueError, match="delta"):
+        decide_release(noise_multiplier=z, releases=1, delta=2.0, epsilon_cap=None)
+    budget = PrivacyBudget(noise_multiplier=z, delta=d, max_releases=2)
+    budget.record_release()
+    budget.record_release()
+    assert budget.remaining_releases() == 0 and budget.would_exceed()
+    with pytest.raises(BudgetExhausted, match="cap of 2 releases"):
+        budget.record_release()
 
 
 def test_session_calibration_spends_the_target_through_the_ledger_multiplier() -> None:
