@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from clients.ledger import LocalLedger
+from clients.owner_ledger import OwnerLedger
 from clients.policy import PrivacyPolicy
 from clients.transport import ServiceClient
 from models.keeper import privacy_spent
@@ -45,7 +45,7 @@ def reported_val_accuracy(
 def ledger_spent(
     privacy: SessionPrivacy | None,
     policy: PrivacyPolicy,
-    ledger: LocalLedger | None,
+    ledger: OwnerLedger | None,
     session_id: str,
 ) -> dict[str, Any] | None:
     """What the session spent of this party's data, from its owner's ledger."""

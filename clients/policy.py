@@ -5,9 +5,10 @@ so neither may choose how much of it is spent. Before a worker sends anything it
 session's privacy from the session's public parameters with the same plan the service uses
 (``secure.privacy.SessionPrivacy``) and refuses a session that is not private, whose numbers
 differ from its own, or that would take it past its policy; then, before each release leaves,
-it writes the release to its own ledger (``clients/ledger.py``) and stops when the next one would
-exceed the per-session or the lifetime budget. Epsilon is computed at the policy's delta with the
-policy's accountant, whatever the session reports.
+it writes the release to the owner's ledger (``clients/owner_ledger.py``) and stops when the next
+one would exceed the per-session or the lifetime budget, by the release decision the service
+makes too (``secure.accounting.decide_release``). Epsilon is computed at the policy's delta with
+the policy's accountant, whatever the session reports.
 """
 
 from __future__ import annotations
@@ -17,8 +18,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from clients.ledger import LocalLedger, ReleaseKind, SessionAbout, composed_epsilon
-from secure.accounting import AccountantName, max_releases
+from clients.owner_ledger import OwnerLedger, ReleaseKind, SessionAbout
+from secure.accounting import (
+    AccountantName,
+    ReleaseDecision,
+    composed_epsilon,
+    composed_noise_multiplier,
+    decide_release,
+    max_releases,
+)
 from secure.privacy import RELEASE_LAYER, PrivacyPlanError, SessionPrivacy
 
 #: Relative tolerance when comparing the service's numbers with the worker's own.
@@ -57,6 +65,17 @@ class PrivacyPolicy:
             inverse_square_sum=inverse_square_sum, delta=self.delta, accountant=self.accountant
         )
 
+    def decide_release(self, *, inverse_square_sum: float, epsilon_cap: float) -> ReleaseDecision:
+        """Whether releases whose 1 / z_i^2 add up to ``inverse_square_sum``, the next one
+        included, stay within ``epsilon_cap`` at this policy's delta and accountant."""
+        return decide_release(
+            noise_multiplier=composed_noise_multiplier(inverse_square_sum),
+            releases=1,
+            delta=self.delta,
+            accountant=self.accountant,
+            epsilon_cap=epsilon_cap,
+        )
+
 
 def _disagrees(ours: float, theirs: Any) -> bool:
     if not isinstance(theirs, int | float):
@@ -70,7 +89,7 @@ def admit_session(
     *,
     session_id: str,
     encrypted: bool,
-    ledger: LocalLedger | None,
+    ledger: OwnerLedger | None,
 ) -> SessionPrivacy | None:
     """The session's privacy plan as this worker computes it, or :class:`PolicyRefusal` saying
     why the worker will not take part. ``session`` is ``GET /v1/sessions/{id}``; ``session_id``
@@ -178,7 +197,7 @@ class ReleaseGate:
 
     policy: PrivacyPolicy
     privacy: SessionPrivacy
-    ledger: LocalLedger
+    ledger: OwnerLedger
     session_id: str
     scoring: bool = False  # a scoring session: its (evaluation) passes are recorded as scoring
 
@@ -200,20 +219,24 @@ class ReleaseGate:
             return False
         z = self.privacy.ledger_noise_multiplier
         step = 1.0 / z**2
-        session = self.policy.epsilon_of(
-            self.ledger.inverse_square_sum(session_id=self.session_id) + step
-        )
-        lifetime = self.policy.epsilon_of(self.ledger.inverse_square_sum() + step)
-        if session > self.policy.max_session_epsilon:
-            raise BudgetSpent(
-                f"release {pass_index} would take this session's spend to epsilon {session:.4g};"
-                f" the policy allows {self.policy.max_session_epsilon:g}"
-            )
-        if lifetime > self.policy.max_lifetime_epsilon:
-            raise BudgetSpent(
-                f"release {pass_index} would take the lifetime spend on this data to epsilon"
-                f" {lifetime:.4g}; the policy allows {self.policy.max_lifetime_epsilon:g}"
-            )
+        for spent, cap, spend in (
+            (
+                self.ledger.inverse_square_sum(session_id=self.session_id),
+                self.policy.max_session_epsilon,
+                "this session's spend",
+            ),
+            (
+                self.ledger.inverse_square_sum(),
+                self.policy.max_lifetime_epsilon,
+                "the lifetime spend on this data",
+            ),
+        ):
+            decision = self.policy.decide_release(inverse_square_sum=spent + step, epsilon_cap=cap)
+            if not decision.allowed:
+                raise BudgetSpent(
+                    f"release {pass_index} would take {spend} to epsilon"
+                    f" {decision.epsilon:.4g}; the policy allows {cap:g}"
+                )
         return self.ledger.record(noise_multiplier=z, kind=self.release_kind(pass_kind), **known)
 
     def release_kind(self, pass_kind: str | None) -> ReleaseKind | None:

@@ -1,11 +1,12 @@
 """The organisation's privacy report (``glasu report``): its own ledgers, composed at its own
 policy's delta with its own accountant, turned into the content ``secure.report`` renders.
 
-Every figure comes from the ledger rows (``clients/ledger.py``), read once per ledger: a session's
-epsilon composes its rows, the total composes all of them, and each adversary's figure composes
-the rows scaled by how much noise that adversary faces relative to the ledger's (recorded when
-the worker admitted the session). Several ledgers (several data folders) are added up as if they
-held the same data: exact when they do, conservative when they do not.
+Every figure comes from the owner's ledger rows (``clients/owner_ledger.py``), read once per
+ledger: a session's epsilon composes its rows, the total composes all of them, and each
+adversary's figure composes the rows scaled by how much noise that adversary faces relative to
+the ledger's (recorded when the worker admitted the session). Several ledgers (several data
+folders) are added up as if they held the same data: exact when they do, conservative when they
+do not.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from clients.ledger import LedgerSnapshot
+from clients.owner_ledger import LedgerSnapshot
 from clients.policy import PrivacyPolicy
 from secure.privacy import NOT_PROTECTED, PRIVACY_UNIT
 from secure.report import (

@@ -20,8 +20,8 @@ from clients.checkpoint import (
     Fingerprint,
     WorkerProgress,
 )
-from clients.ledger import LocalLedger
 from clients.model_keeping import ledger_spent, reported_val_accuracy
+from clients.owner_ledger import OwnerLedger
 from clients.policy import PrivacyPolicy, ReleaseGate, admit_session, session_about
 from clients.transport import PeersMissing, ServiceClient, ServiceError
 from models.artefact import ModelError, SavedModel
@@ -161,7 +161,7 @@ def run_worker(
     options: LocalModelOptions,
     codec: EmbeddingCodec,
     policy: PrivacyPolicy,
-    ledger: LocalLedger | None,
+    ledger: OwnerLedger | None,
     device: torch.device | str = "cpu",
     on_pass: Callable[[dict[str, Any], PassOutcome], None] | None = None,
     checkpoints: CheckpointStore | None = None,
@@ -505,7 +505,7 @@ def rejoin_pass(session: Mapping[str, Any], next_pass: int, checkpoint: Path | N
     )
 
 
-def note_accuracy(ledger: LocalLedger, session_id: str, history: list[dict[str, Any]]) -> None:
+def note_accuracy(ledger: OwnerLedger, session_id: str, history: list[dict[str, Any]]) -> None:
     """The last evaluation's test accuracy and the party-alone reference, for the owner's
     report (``glasu report``); nothing when no evaluation measured them."""
     measured = [h for h in history if h.get("test_accuracy") is not None]

@@ -27,6 +27,7 @@ from models.report import (
     mean_or_none,
     recent_training_loss,
 )
+from secure.accounting import BudgetExhausted
 from secure.aggregation import EmbeddingCodec, PlainCodec, PlainSumAggregator, SumAggregator
 from secure.privacy import SessionPrivacy
 from secure.schedule import SessionSchedule
@@ -156,19 +157,21 @@ def _run_schedule(
     progress: bool,
     keepers: Sequence[ModelKeeper] = (),
 ) -> tuple[list[HistoryEntry], int, str | None]:
-    """Every pass of the schedule; with DP on, a pass that the budget cannot cover is refused
-    (as the service would) and the run stops there."""
+    """Every pass of the schedule; with DP on, a pass that the session's budget cannot cover is
+    refused (the release decision the service makes, ``secure.accounting.decide_release``) and
+    the run stops there."""
     history: list[HistoryEntry] = []
     losses: list[float] = []
-    ledger = security.privacy.ledger() if security.privacy is not None else None
+    budget = security.privacy.budget() if security.privacy is not None else None
     bar = tqdm(total=config.rounds, desc=label, unit="round", disable=not progress, leave=False)
     stopped = None
     for spec in schedule.passes:
-        if ledger is not None:
-            if ledger.would_exceed():
+        if budget is not None:
+            try:
+                budget.record_release()
+            except BudgetExhausted:
                 stopped = "budget-exhausted"
                 break
-            ledger.record_release()
         output_nodes = schedule.output_nodes(spec.index)
         outcomes = run_pass_inprocess(
             clients,
@@ -188,12 +191,12 @@ def _run_schedule(
             bar.update(1)
             continue
         entry = summarize_eval(spec.round, outcomes, losses)
-        if ledger is not None:
-            entry.epsilon = ledger.epsilon
+        if budget is not None:
+            entry.epsilon = budget.epsilon
         history.append(entry)
         bar.set_postfix(loss=f"{entry.loss:.3f}", val=f"{entry.val_accuracy:.3f}")
     bar.close()
-    return history, (ledger.releases if ledger else 0), stopped
+    return history, (budget.releases if budget else 0), stopped
 
 
 def summarize_eval(

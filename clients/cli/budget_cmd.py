@@ -11,7 +11,7 @@ from clients.cli.connection import add_server_arguments, admin_client, read_toke
 from clients.cli.errors import CliError, UsageError
 from clients.cli.options import add_command, probability
 from clients.policy import PrivacyPolicy
-from secure.accounting import ACCOUNTANTS
+from secure.accounting import ACCOUNTANTS, composed_epsilon
 
 
 def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -69,13 +69,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _local(args: argparse.Namespace) -> int:
-    from clients.ledger import LEDGER_FILENAME, LocalLedger, composed_epsilon
+    from clients.owner_ledger import LEDGER_FILENAME, OwnerLedger
     from secure.report import iso_utc
 
     path = args.local / LEDGER_FILENAME
     if not path.is_file():
         raise CliError(f"no privacy ledger at {path}: this data has released nothing yet")
-    with LocalLedger(path) as ledger:
+    with OwnerLedger(path) as ledger:
         # One read: a worker writing meanwhile must not make a session's figure count rows the
         # lifetime figure does not (a session above the lifetime spend of the same releases).
         sessions = ledger.sessions()

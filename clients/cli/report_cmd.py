@@ -158,7 +158,7 @@ def _write(args: argparse.Namespace) -> int:
     from nacl.signing import SigningKey
 
     from clients.cli.keyfiles import read_key_bytes
-    from clients.ledger import LEDGER_FILENAME, LocalLedger
+    from clients.owner_ledger import LEDGER_FILENAME, OwnerLedger
     from clients.privacy_report import organisation_content
     from clients.report_signing import fingerprint, signed_html, signed_json
 
@@ -170,7 +170,7 @@ def _write(args: argparse.Namespace) -> int:
         path = folder / LEDGER_FILENAME
         if not path.is_file():
             raise CliError(f"no privacy ledger at {path}: this data has released nothing yet")
-        with LocalLedger(path) as ledger:
+        with OwnerLedger(path) as ledger:
             snapshots.append(ledger.snapshot())
     try:
         policy = PrivacyPolicy(

@@ -90,7 +90,7 @@ def _run(settings: WorkerSettings, *, quiet: bool) -> int:
     import torch
 
     from clients.checkpoint import CheckpointError, CheckpointStore
-    from clients.ledger import LocalLedger
+    from clients.owner_ledger import OwnerLedger
     from clients.policy import PolicyRefusal
     from clients.predictions import PredictionWriter, ids_by_aligned_node
     from clients.transport import (
@@ -177,7 +177,7 @@ def _run(settings: WorkerSettings, *, quiet: bool) -> int:
             peer_wait_seconds=settings.peer_wait_seconds,
             poll_seconds=settings.poll_seconds,
         ) as service,
-        LocalLedger.beside(settings.data) as ledger,
+        OwnerLedger.beside(settings.data) as ledger,
     ):
         try:
             result = run_worker(

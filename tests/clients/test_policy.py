@@ -1,4 +1,4 @@
-"""The data owner's privacy policy and its local ledger (clients/policy.py, clients/ledger.py)."""
+"""The data owner's privacy policy and its ledger (clients/policy.py, clients/owner_ledger.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from clients.ledger import LEDGER_FILENAME, LocalLedger
+from clients.owner_ledger import LEDGER_FILENAME, OwnerLedger
 from clients.policy import BudgetSpent, PolicyRefusal, PrivacyPolicy, ReleaseGate, admit_session
 from secure.accounting import epsilon_after
 from secure.privacy import SessionPrivacy
@@ -36,12 +36,12 @@ def session(**privacy_overrides: Any) -> dict[str, Any]:
 
 
 @pytest.fixture
-def ledger(tmp_path: Path) -> LocalLedger:
-    with LocalLedger.beside(tmp_path) as opened:
+def ledger(tmp_path: Path) -> OwnerLedger:
+    with OwnerLedger.beside(tmp_path) as opened:
         yield opened
 
 
-def test_a_session_within_the_policy_is_admitted(ledger: LocalLedger) -> None:
+def test_a_session_within_the_policy_is_admitted(ledger: OwnerLedger) -> None:
     privacy = admit_session(
         PrivacyPolicy(), session(), session_id="s1", encrypted=True, ledger=ledger
     )
@@ -59,7 +59,7 @@ def test_a_session_within_the_policy_is_admitted(ledger: LocalLedger) -> None:
     ],
 )
 def test_a_session_that_is_not_what_it_claims_is_refused(
-    ledger: LocalLedger, change: Any, says: str
+    ledger: OwnerLedger, change: Any, says: str
 ) -> None:
     bad = session()
     change(bad)
@@ -67,7 +67,7 @@ def test_a_session_that_is_not_what_it_claims_is_refused(
         admit_session(PrivacyPolicy(), bad, session_id="s1", encrypted=True, ledger=ledger)
 
 
-def test_smaller_noise_or_a_larger_budget_than_the_policy_is_refused(ledger: LocalLedger) -> None:
+def test_smaller_noise_or_a_larger_budget_than_the_policy_is_refused(ledger: OwnerLedger) -> None:
     honest_but_greedy = session(epsilon=8.0)
     with pytest.raises(PolicyRefusal, match="allows 4 per session"):
         admit_session(
@@ -85,7 +85,7 @@ def test_smaller_noise_or_a_larger_budget_than_the_policy_is_refused(ledger: Loc
     )
 
 
-def test_shared_noise_needs_the_owner_s_consent(ledger: LocalLedger) -> None:
+def test_shared_noise_needs_the_owner_s_consent(ledger: OwnerLedger) -> None:
     shared = session(shared_noise=True)
     with pytest.raises(PolicyRefusal, match="shared noise"):
         admit_session(PrivacyPolicy(), shared, session_id="s1", encrypted=True, ledger=ledger)
@@ -98,7 +98,7 @@ def test_shared_noise_needs_the_owner_s_consent(ledger: LocalLedger) -> None:
     )
 
 
-def test_no_dp_only_when_the_owner_says_so(ledger: LocalLedger) -> None:
+def test_no_dp_only_when_the_owner_says_so(ledger: OwnerLedger) -> None:
     plain = session()
     plain["config"]["privacy"] = None
     assert (
@@ -110,7 +110,7 @@ def test_no_dp_only_when_the_owner_says_so(ledger: LocalLedger) -> None:
 
 
 def test_sessions_compose_in_the_local_ledger_until_the_lifetime_budget(
-    ledger: LocalLedger,
+    ledger: OwnerLedger,
 ) -> None:
     policy = PrivacyPolicy(max_session_epsilon=4.0, max_lifetime_epsilon=5.0)
     first = admit_session(policy, session(), session_id="s1", encrypted=True, ledger=ledger)
@@ -144,10 +144,10 @@ def test_sessions_compose_in_the_local_ledger_until_the_lifetime_budget(
 
 
 def test_the_ledger_is_durable_and_composes_different_noise(tmp_path: Path) -> None:
-    with LocalLedger.beside(tmp_path) as ledger:
+    with OwnerLedger.beside(tmp_path) as ledger:
         ledger.record(session_id="a", pass_index=0, noise_multiplier=3.0)
         ledger.record(session_id="b", pass_index=0, noise_multiplier=4.0)
-    with LocalLedger.beside(tmp_path) as reopened:
+    with OwnerLedger.beside(tmp_path) as reopened:
         assert reopened.releases() == 2
         z = 1 / math.sqrt(1 / 9 + 1 / 16)  # = 2.4: two Gaussians compose to one
         assert reopened.epsilon(delta=1e-5, accountant="rdp") == pytest.approx(
@@ -158,7 +158,7 @@ def test_the_ledger_is_durable_and_composes_different_noise(tmp_path: Path) -> N
 
 
 def test_a_resumed_session_counts_its_own_rows_once_in_the_lifetime_check(
-    ledger: LocalLedger,
+    ledger: OwnerLedger,
 ) -> None:
     """`glasu train` gives its workers lifetime cap = session cap: a worker restarted halfway
     through its session is admitted again (its rows are part of the plan, not on top of it)."""
@@ -174,7 +174,7 @@ def test_a_resumed_session_counts_its_own_rows_once_in_the_lifetime_check(
         admit_session(policy, session(), session_id="s2", encrypted=True, ledger=ledger)
 
 
-def test_shared_noise_over_a_union_alignment_is_refused(ledger: LocalLedger) -> None:
+def test_shared_noise_over_a_union_alignment_is_refused(ledger: OwnerLedger) -> None:
     union = session(shared_noise=True)
     union["config"]["nodes"] = "union"
     with pytest.raises(PolicyRefusal, match="union"):
@@ -188,7 +188,7 @@ def test_shared_noise_over_a_union_alignment_is_refused(ledger: LocalLedger) -> 
 
 
 def test_the_gate_counts_each_distinct_release_and_an_identical_one_once(
-    ledger: LocalLedger,
+    ledger: OwnerLedger,
 ) -> None:
     policy = PrivacyPolicy(max_session_epsilon=100.0, max_lifetime_epsilon=100.0)
     privacy = admit_session(policy, session(), session_id="s1", encrypted=True, ledger=ledger)
@@ -205,9 +205,9 @@ def test_the_gate_counts_each_distinct_release_and_an_identical_one_once(
 
 
 def test_the_ledger_is_private_and_keeps_one_noise_secret(tmp_path: Path) -> None:
-    with LocalLedger.beside(tmp_path) as ledger:
+    with OwnerLedger.beside(tmp_path) as ledger:
         secret = ledger.noise_secret()
-    with LocalLedger.beside(tmp_path) as reopened:
+    with OwnerLedger.beside(tmp_path) as reopened:
         assert reopened.noise_secret().to_bytes() == secret.to_bytes()
         assert "hidden" in repr(secret)
     assert (tmp_path / LEDGER_FILENAME).stat().st_mode & 0o777 == 0o600

@@ -14,9 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
-from clients.ledger import LocalLedger
 from clients.local.asgi import InProcessTransport
 from clients.local.session import session_request
+from clients.owner_ledger import OwnerLedger
 from clients.policy import PolicyRefusal, PrivacyPolicy
 from clients.settings import WorkerSettings
 from clients.transport import ServiceClient
@@ -55,7 +55,7 @@ def join(
     cora,
     *,
     policy: PrivacyPolicy,
-    ledger: LocalLedger,
+    ledger: OwnerLedger,
 ) -> ServiceClient:
     """Client 0 tries to take part; returns its client (traffic counted) after the attempt."""
     partition = layout_federation(config, cora).partitions[0]
@@ -91,7 +91,7 @@ def test_refused_before_sending_a_byte(
     service, cora, tmp_path: Path, config: TrainConfig, says: str
 ) -> None:
     created = create(service, config, cora)
-    with LocalLedger.beside(tmp_path / "data") as ledger:
+    with OwnerLedger.beside(tmp_path / "data") as ledger:
         client = join(service, created, config, cora, policy=PrivacyPolicy(), ledger=ledger)
         assert says in client.refusal  # type: ignore[attr-defined]
         assert client.traffic.up == 0  # only reads: nothing of this data left the worker
@@ -99,7 +99,7 @@ def test_refused_before_sending_a_byte(
 
 
 def test_a_second_session_continues_the_local_ledger(service, cora, tmp_path: Path) -> None:
-    with LocalLedger.beside(tmp_path / "data") as ledger:
+    with OwnerLedger.beside(tmp_path / "data") as ledger:
         ledger.record(session_id="earlier", pass_index=0, noise_multiplier=1.2)  # spent ~3.9
         created = create(service, PRIVATE, cora)
         client = join(

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from clients.checkpoint import CheckpointStore
-from clients.ledger import LocalLedger
 from clients.local.asgi import InProcessTransport
 from clients.local.session import session_request
+from clients.owner_ledger import OwnerLedger
 from clients.policy import PrivacyPolicy
 from clients.transport import ServiceClient
 from clients.worker import LocalModelOptions, WorkerResult, run_worker
@@ -102,7 +102,7 @@ def run_with_a_crash(tmp_path: Path, config: TrainConfig, cora) -> Run:
             for kind in attempts:
                 with (
                     service(m, kind) as connection,
-                    LocalLedger(tmp_path / f"client-{m}" / "ledger.sqlite3") as ledger,
+                    OwnerLedger(tmp_path / f"client-{m}" / "ledger.sqlite3") as ledger,
                 ):
                     try:
                         results[m] = run_worker(
@@ -130,7 +130,7 @@ def run_with_a_crash(tmp_path: Path, config: TrainConfig, cora) -> Run:
     transport.shutdown()
     if errors:
         raise errors[0]
-    with LocalLedger(tmp_path / f"client-{CRASH_CLIENT}" / "ledger.sqlite3") as ledger:
+    with OwnerLedger(tmp_path / f"client-{CRASH_CLIENT}" / "ledger.sqlite3") as ledger:
         releases = ledger.releases(session_id=sid)
     return Run(results, status, privacy, releases)
 

@@ -15,8 +15,8 @@ import pytest
 from e2e_kit import start_federation
 from lying_service import Exchange, lying_service, problem
 
-from clients.ledger import LEDGER_FILENAME, LocalLedger
 from clients.local.processes import ManagedProcess, free_port, restart_process
+from clients.owner_ledger import LEDGER_FILENAME, OwnerLedger
 from models.config import TrainConfig
 from secure.protocol import decode_nodes, encode_nodes
 
@@ -69,7 +69,7 @@ class SameNoiseAttack:
 
 
 def ledger_rows(root: Path, session_id: str, client: int) -> list[tuple[int, int | None]]:
-    with LocalLedger(root / "partitions" / f"client-{client}" / LEDGER_FILENAME) as ledger:
+    with OwnerLedger(root / "partitions" / f"client-{client}" / LEDGER_FILENAME) as ledger:
         rows = ledger._connection.execute(
             "SELECT pass_index, layer FROM releases WHERE session_id = ? ORDER BY id",
             (session_id,),

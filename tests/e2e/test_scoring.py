@@ -16,9 +16,9 @@ import pytest
 from e2e_kit import Federation, start_federation
 
 from clients.cli.main import main
-from clients.ledger import LEDGER_FILENAME, LocalLedger
 from clients.local.processes import ManagedProcess, glasu_command, start_process
 from clients.local.session import worker_arguments
+from clients.owner_ledger import LEDGER_FILENAME, OwnerLedger
 from models.artefact import load_model, read_evaluation
 from models.config import TrainConfig
 
@@ -103,7 +103,7 @@ def test_private_scoring_is_in_both_ledgers_and_an_owner_s_cap_refuses_it(
         assert worker.process.wait(timeout=600) == 0, worker.tail()
     assert fed.admin.privacy(session)["releases"] == 1  # one chunk: one release
     for m in range(PRIVATE.clients):
-        with LocalLedger(tmp_path / "partitions" / f"client-{m}" / LEDGER_FILENAME) as ledger:
+        with OwnerLedger(tmp_path / "partitions" / f"client-{m}" / LEDGER_FILENAME) as ledger:
             assert ledger.releases(session_id=fed.session_id) == trained
             assert ledger.releases(session_id=session) == 1
             spent = ledger.epsilon(delta=PRIVATE.delta, accountant="rdp")

@@ -22,14 +22,15 @@ import pytest
 import torch
 
 from clients.cli.main import main
-from clients.ledger import LEDGER_FILENAME, LocalLedger, composed_epsilon
 from clients.local.asgi import InProcessTransport
 from clients.local.session import session_request
+from clients.owner_ledger import LEDGER_FILENAME, OwnerLedger
 from clients.policy import PrivacyPolicy
 from clients.transport import ServiceClient
 from clients.worker import LocalModelOptions, run_worker
 from models.config import TrainConfig
 from models.layout import layout_federation
+from secure.accounting import composed_epsilon
 from secure.aggregation import PlainCodec
 from service.app import create_app
 from service.settings import ServiceSettings
@@ -97,7 +98,7 @@ def federation(tmp_path_factory: pytest.TempPathFactory, cora) -> Any:
                         transport=transport,
                         poll_seconds=5,
                     ) as connection,  # fmt: skip
-                    LocalLedger.beside(root / f"org-{m}") as ledger,
+                    OwnerLedger.beside(root / f"org-{m}") as ledger,
                 ):
                     run_worker(
                         connection,
@@ -147,7 +148,7 @@ def _report(
 
 
 def test_the_ledger_keeps_who_and_what_for(federation: Federation) -> None:
-    with LocalLedger.beside(federation.data(0)) as ledger:
+    with OwnerLedger.beside(federation.data(0)) as ledger:
         snapshot = ledger.snapshot()
     ids = [s["session_id"] for s in federation.sessions]
     assert list(snapshot.sessions) == ids
@@ -305,18 +306,18 @@ def test_budget_reads_one_consistent_ledger(
     """A worker writing while `glasu budget --local` reads: a session's figure never counts rows
     the lifetime figure does not (it printed 3.427 for a session, 3.029 for the lifetime)."""
     data = tmp_path / "data"
-    with LocalLedger.beside(data) as ledger:
+    with OwnerLedger.beside(data) as ledger:
         for i in range(20):
             ledger.record(session_id="s", pass_index=i, noise_multiplier=5.0, kind="training")
-    original = LocalLedger.sessions
+    original = OwnerLedger.sessions
 
-    def sessions_then_a_release(self: LocalLedger) -> Any:
+    def sessions_then_a_release(self: OwnerLedger) -> Any:
         found = original(self)
-        with LocalLedger.beside(data) as worker:  # the worker's next release, meanwhile
+        with OwnerLedger.beside(data) as worker:  # the worker's next release, meanwhile
             worker.record(session_id="s", pass_index=99, noise_multiplier=0.5)
         return found
 
-    monkeypatch.setattr(LocalLedger, "sessions", sessions_then_a_release)
+    monkeypatch.setattr(OwnerLedger, "sessions", sessions_then_a_release)
     code, text = _cli(capsys, "budget", "--local", str(data), "--json")
     assert code == 0
     budget = json.loads(text)

@@ -1,4 +1,6 @@
-"""A worker's own privacy ledger: every release of this organisation's data, across sessions.
+"""The data owner's ledger: every release of this organisation's data, across sessions, kept by
+its own worker (the service keeps its own privacy ledger of each session's releases, in
+``service.store``; neither is ``secure.accounting.PrivacyBudget``, a session's count in memory).
 
 One SQLite file per dataset, beside the worker's data (``<data>/privacy-ledger.sqlite3``, mode
 0600). A row is written, and synced to disk, *before* the release it records leaves the worker,
@@ -14,7 +16,7 @@ Each row keeps the noise multiplier the release was accounted with; the releases
 exactly as one Gaussian release with ``z = 1 / sqrt(sum 1 / z_i^2)`` (at sample rate 1 the
 Gaussian mechanisms' privacy loss distributions compose to a Gaussian one: RDP alpha / (2 z_i^2)
 adds up, and so does mu^2 = 1 / z_i^2 in Gaussian DP), so sessions with
-different noise add up without approximation.
+different noise add up without approximation (``secure.accounting.composed_epsilon``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from secure.accounting import AccountantName, epsilon_after
+from secure.accounting import AccountantName, composed_epsilon
 from secure.release_noise import ReleaseSecret
 
 LEDGER_FILENAME = "privacy-ledger.sqlite3"
@@ -142,22 +144,8 @@ class LedgerSnapshot:
         return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def composed_epsilon(
-    *, inverse_square_sum: float, delta: float, accountant: AccountantName
-) -> float:
-    """Epsilon of Gaussian releases whose 1 / z_i^2 add up to ``inverse_square_sum``."""
-    if inverse_square_sum <= 0.0:
-        return 0.0
-    return epsilon_after(
-        noise_multiplier=1.0 / math.sqrt(inverse_square_sum),
-        releases=1,
-        delta=delta,
-        accountant=accountant,
-    )
-
-
-class LocalLedger:
-    """The durable record of what this organisation has released."""
+class OwnerLedger:
+    """The durable record of what this organisation has released (one SQLite file)."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
@@ -181,13 +169,13 @@ class LocalLedger:
         self._connection.execute(_RELEASE_INDEX)
 
     @classmethod
-    def beside(cls, data_dir: Path) -> LocalLedger:
+    def beside(cls, data_dir: Path) -> OwnerLedger:
         return cls(Path(data_dir) / LEDGER_FILENAME)
 
     def close(self) -> None:
         self._connection.close()
 
-    def __enter__(self) -> LocalLedger:
+    def __enter__(self) -> OwnerLedger:
         return self
 
     def __exit__(self, *exc: object) -> None:
