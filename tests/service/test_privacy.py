@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import httpx
@@ -25,16 +24,12 @@ from service_testkit import (
     private_session_request,
 )
 
+from secure import accounting, ckks
 from service.app import service_context
 
 pytestmark = pytest.mark.anyio
 
 DELTA = 1e-5
-
-
-@pytest.fixture
-def accounting() -> ModuleType:
-    return pytest.importorskip("secure.accounting")
 
 
 def privacy(**overrides: Any) -> dict[str, Any]:
@@ -56,7 +51,7 @@ async def test_privacy_off_reports_disabled(client: httpx.AsyncClient) -> None:
 
 
 async def test_release_past_the_target_is_refused_and_the_ledger_survives_a_restart(
-    make_app: Callable[..., FastAPI], accounting: ModuleType
+    make_app: Callable[..., FastAPI],
 ) -> None:
     z = 2.0
     eps = [accounting.epsilon_after(noise_multiplier=z, releases=k, delta=DELTA) for k in (2, 3)]
@@ -111,9 +106,7 @@ async def test_release_past_the_target_is_refused_and_the_ledger_survives_a_rest
         assert status["privacy"] == before
 
 
-async def test_calibrated_noise_covers_every_pass(
-    client: httpx.AsyncClient, accounting: ModuleType
-) -> None:
+async def test_calibrated_noise_covers_every_pass(client: httpx.AsyncClient) -> None:
     settings = privacy(epsilon=4.0, accountant="rdp")
     request = private_session_request(settings, rounds=2, eval_every=1)  # 4 passes, 4 releases
     created = await create_session(client, **request)
@@ -134,9 +127,7 @@ async def test_calibrated_noise_covers_every_pass(
     assert epsilons == sorted(epsilons)
 
 
-async def test_max_releases_caps_the_session(
-    client: httpx.AsyncClient, accounting: ModuleType
-) -> None:
+async def test_max_releases_caps_the_session(client: httpx.AsyncClient) -> None:
     request = private_session_request(privacy(noise_multiplier=1.0, max_releases=1))
     created = await create_session(client, **request)
     federation = Federation(client, created, request)
@@ -148,9 +139,7 @@ async def test_max_releases_caps_the_session(
     assert report["releases"] == 1 and report["max_releases"] == 1
 
 
-async def test_a_target_below_one_release_is_refused_at_creation(
-    client: httpx.AsyncClient, accounting: ModuleType
-) -> None:
+async def test_a_target_below_one_release_is_refused_at_creation(client: httpx.AsyncClient) -> None:
     response = await client.post(
         "/v1/sessions",
         json=private_session_request(privacy(noise_multiplier=0.5, epsilon=1e-3)),
@@ -159,9 +148,7 @@ async def test_a_target_below_one_release_is_refused_at_creation(
     assert_problem(response, 422, "validation-error", mentions="single release")
 
 
-async def test_shared_noise_needs_encryption(
-    client: httpx.AsyncClient, accounting: ModuleType
-) -> None:
+async def test_shared_noise_needs_encryption(client: httpx.AsyncClient) -> None:
     response = await client.post(
         "/v1/sessions",
         json=private_session_request(privacy(noise_multiplier=1.0, shared_noise=True)),
@@ -170,9 +157,7 @@ async def test_shared_noise_needs_encryption(
     assert_problem(response, 422, "validation-error", mentions="shared_noise needs encryption")
 
 
-async def test_shared_noise_over_a_union_alignment_is_refused(
-    client: httpx.AsyncClient, accounting: ModuleType
-) -> None:
+async def test_shared_noise_over_a_union_alignment_is_refused(client: httpx.AsyncClient) -> None:
     """Rows a party lacks are zero in its share, noise included: with shared noise the sum's
     rows would carry less noise than the ledger counts."""
     response = await client.post(
@@ -186,9 +171,8 @@ async def test_shared_noise_over_a_union_alignment_is_refused(
 
 
 async def test_shared_noise_is_accounted_against_a_curious_peer(
-    make_app: Callable[..., FastAPI], accounting: ModuleType, tmp_path: Path
+    make_app: Callable[..., FastAPI], tmp_path: Path
 ) -> None:
-    ckks = pytest.importorskip("secure.ckks")
     _, public = ckks.generate_keys(tmp_path / "keys")
     async with http_client(make_app(public_context=public)) as http:
         created = await create_session(
@@ -215,9 +199,7 @@ async def test_shared_noise_is_accounted_against_a_curious_peer(
     assert z == pytest.approx(alone / np.sqrt(3 / 4), rel=1e-6)
 
 
-async def test_extreme_parameters_are_refused_not_crashed(
-    client: httpx.AsyncClient, accounting: ModuleType
-) -> None:
+async def test_extreme_parameters_are_refused_not_crashed(client: httpx.AsyncClient) -> None:
     cases = [
         (privacy(noise_multiplier=1e-300), "cannot evaluate"),
         (privacy(noise_multiplier=1e-6, accountant="prv"), "cannot evaluate"),
@@ -234,7 +216,7 @@ async def test_extreme_parameters_are_refused_not_crashed(
 
 
 async def test_a_private_session_aggregates_at_the_release_layer_only(
-    client: httpx.AsyncClient, accounting: ModuleType
+    client: httpx.AsyncClient,
 ) -> None:
     """The workers' private arrangement releases one noisy matrix per pass at layer 1
     (secure.privacy.RELEASE_LAYER) and nothing else: other aggregation layers are refused at
@@ -265,9 +247,7 @@ async def test_a_private_session_aggregates_at_the_release_layer_only(
     assert status["config"]["agg_layers"] == PRIVATE_AGG_LAYERS
 
 
-async def test_metrics_are_refused_in_a_private_session(
-    client: httpx.AsyncClient, accounting: ModuleType
-) -> None:
+async def test_metrics_are_refused_in_a_private_session(client: httpx.AsyncClient) -> None:
     """A loss or an accuracy computed on clean features would be a release the ledger does not
     count: under DP the service takes no metrics (not even an empty report)."""
     request = private_session_request(privacy(noise_multiplier=2.0))
@@ -295,7 +275,7 @@ async def test_metrics_are_refused_in_a_private_session(
 
 
 async def test_the_reported_sensitivity_is_derived_by_the_service(
-    client: httpx.AsyncClient, accounting: ModuleType
+    client: httpx.AsyncClient,
 ) -> None:
     """Delta = 2 C sqrt(c + 1) from the posted clip and occurrence cap, never posted itself."""
     z = 3.0
