@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -100,22 +99,34 @@ async def long_poll(
     at the end."""
     clock = notifier.clock
     deadline = clock.now() + timeout
-    while True:
-        # Subscribe before checking, so a change between check and wait still wakes us.
-        woken = notifier.subscribe(session_id)
-        try:
-            result = await run_in_threadpool(check)
-            if not isinstance(result, Waiting) or clock.now() >= deadline:
-                return result
-            if result.closes_at is not None:
-                notifier.notify_at(session_id, result.closes_at)
-            timer = clock.call_at(deadline, functools.partial(_wake, woken))
+    expired = timeout <= 0
+    woken: asyncio.Future[None] | None = None
+    timer: Timer | None = None
+
+    def expire() -> None:
+        nonlocal expired
+        expired = True
+        if woken is not None:
+            _wake(woken)
+
+    try:
+        while True:
+            # Subscribe before checking, so a change between check and wait still wakes us.
+            woken = notifier.subscribe(session_id)
             try:
+                result = await run_in_threadpool(check)
+                if not isinstance(result, Waiting) or expired:
+                    return result
+                if result.closes_at is not None:
+                    notifier.notify_at(session_id, result.closes_at)
+                if timer is None:  # set once the first check waits
+                    timer = clock.call_at(deadline, expire)
                 await woken
             finally:
-                timer.cancel()
-        finally:
-            notifier.unsubscribe(session_id, woken)
+                notifier.unsubscribe(session_id, woken)
+    finally:
+        if timer is not None:
+            timer.cancel()
 
 
 def _wake(woken: asyncio.Future[None]) -> None:

@@ -15,7 +15,7 @@ stores the sum (:meth:`ShareSums.complete`).
 
 With DP on, storing the first aggregation layer's sum of a pass is its release: the sum's file is
 synced to disk, then the ledger row and the sum's row are written in one durable transaction (on
-disk before ``COMMIT`` returns, see service/store.py); a sum is served only once its row exists.
+disk before ``COMMIT`` returns, see service/store/); a sum is served only once its row exists.
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ class ShareSums(RoundPart):
         if it is a release); whether the session changed (False: another request stored it)."""
         # A release's ledger row must be on disk before its sum can be served, and the sum with
         # it: a durable transaction's COMMIT returns only once the WAL is synced
-        # (service/store.py), and the sum's file is synced before.
+        # (service/store/database.py), and the sum's file is synced before.
         is_release = plan.privacy is not None and layer == plan.first_agg_layer
         self.files.write_sum(plan.session_id, pass_index, layer, body, sync=is_release)
         completed_kind = None
