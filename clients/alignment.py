@@ -1,5 +1,5 @@
 """Private entity alignment, one party's side (docs/protocol.md, "Alignment"; the service's side
-is ``service/alignment.py``).
+is ``service/alignment/``).
 
 Party m of M, with a fresh secret key: hashes each of its own node ids into ristretto255
 (``secure/psi.py``), blinds them, shuffles them with a secret permutation and posts them (hop 0).

@@ -14,9 +14,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.routing import compile_path
 
-from service.alignment import AlignmentManager
+from service.api.body import media_type
 from service.api.routes import alignment, health, rounds, sessions
 from service.api.routes.docs import mark_required_headers
+from service.clock import Clock
 from service.context import ServiceContext, build_context
 from service.domain_errors import DomainError
 from service.errors import SLUG_BY_STATUS, ProblemError, domain_problem, problem_response
@@ -37,8 +38,9 @@ See docs/api.md (guide) and docs/protocol.md (specification).
 """
 
 
-def create_app(settings: ServiceSettings) -> FastAPI:
-    context = build_context(settings)
+def create_app(settings: ServiceSettings, *, clock: Clock | None = None) -> FastAPI:
+    """``clock``: the system's by default (see :mod:`service.clock`)."""
+    context = build_context(settings, clock)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -54,7 +56,6 @@ def create_app(settings: ServiceSettings) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.glasu = context
-    app.state.glasu_alignments = AlignmentManager(context.store)
     app.include_router(health.router)
     app.include_router(sessions.router)
     app.include_router(rounds.router)
@@ -171,8 +172,8 @@ def _allowed_methods(app: FastAPI, request: Request) -> list[str]:
 
 def _json_body_with_wrong_media_type(request: Request, exc: RequestValidationError) -> bool:
     """A JSON route whose body failed to parse because it was not sent as JSON."""
-    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if media_type == "application/json" or media_type.endswith("+json"):
+    sent_as = media_type(request)
+    if sent_as == "application/json" or sent_as.endswith("+json"):
         return False
     return any(e["loc"] and e["loc"][0] == "body" for e in exc.errors())
 

@@ -5,14 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from service.aggregators import Aggregators, load_public_context
+from service.alignment import AlignmentManager
+from service.clock import Clock, SystemClock
 from service.limits import ByteBudget
 from service.notify import SessionNotifier
 from service.plan import PlanCache
 from service.rounds import RoundEngine
-from service.sessions import SessionManager, token_sha256
+from service.session_state import SessionState
+from service.sessions import SessionManager
 from service.settings import ServiceSettings
 from service.store import Store
 from service.telemetry import Telemetry
+from service.tokens import token_sha256
 
 
 @dataclass
@@ -24,6 +28,8 @@ class ServiceContext:
     notifier: SessionNotifier
     engine: RoundEngine
     sessions: SessionManager
+    alignments: AlignmentManager
+    clock: Clock
     admin_token_sha256: bytes
     body_budget: ByteBudget
 
@@ -31,22 +37,24 @@ class ServiceContext:
         self.store.close()
 
 
-def build_context(settings: ServiceSettings) -> ServiceContext:
+def build_context(settings: ServiceSettings, clock: Clock | None = None) -> ServiceContext:
+    """``clock``: the system's by default (tests pass a :class:`~service.clock.ManualClock`)."""
+    clock = clock or SystemClock()
     admin_token = settings.admin_token_value
     if not admin_token:  # settings validation already refuses this; never run without a token
         raise RuntimeError("refusing to start without an admin token")
     # Load the context before touching the database, so a secret context stops us early.
     context = load_public_context(settings.public_context) if settings.public_context else None
-    store = Store(settings.database)
+    store = Store(settings.database, clock)
     aggregators = Aggregators(context)
     plans = PlanCache()
 
     def count_running_sessions() -> int:
         with store.transaction() as tx:
-            return tx.count_sessions("running")
+            return tx.count_sessions(SessionState.RUNNING)
 
     telemetry = Telemetry(count_running_sessions)
-    notifier = SessionNotifier()
+    notifier = SessionNotifier(clock)
     engine = RoundEngine(store, plans, aggregators, telemetry, notifier.notify_threadsafe)
     return ServiceContext(
         settings=settings,
@@ -56,6 +64,8 @@ def build_context(settings: ServiceSettings) -> ServiceContext:
         notifier=notifier,
         engine=engine,
         sessions=SessionManager(store, plans, aggregators, engine),
+        alignments=AlignmentManager(store),
+        clock=clock,
         admin_token_sha256=token_sha256(admin_token),
         body_budget=ByteBudget(settings.max_inflight_body_bytes, settings.body_queue_seconds),
     )

@@ -2,45 +2,68 @@
 
 A waiter checks the store when it arrives and then only when it is woken: by a change that can
 change its answer (an upload or a download that forms a slot's result, a session closed, a
-client rejoining, an alignment set posted), at a straggler deadline (one loop timer per
+client rejoining, an alignment set posted), at a straggler deadline (one clock timer per
 deadline, however many wait for it), and once more when its own wait runs out. In between it
-costs nothing: no thread, no store lock, no timer but its own deadline.
+costs nothing: no thread, no store lock, no timer but its own deadline. Every time is the
+service's :class:`~service.clock.Clock`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from starlette.concurrency import run_in_threadpool
 
+from service.clock import Clock, Timer
+
 T = TypeVar("T")
-W = TypeVar("W")
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """A long-polled answer that is not ready yet: who has sent their part, who still owes it,
+    and when it may become ready without them (a straggler deadline, clock seconds)."""
+
+    missing: list[int]
+    received: list[int] = field(default_factory=list)
+    closes_at: float | None = None
 
 
 class SessionNotifier:
-    """One :class:`asyncio.Event` per session with waiters, one timer per pending deadline. Used
-    from the event loop, except :meth:`notify_threadsafe`."""
+    """The waiters of each session (one future each), one timer per pending deadline. Used from
+    the event loop, except :meth:`notify_threadsafe`."""
 
-    def __init__(self) -> None:
-        self._events: dict[str, asyncio.Event] = {}
-        self._deadlines: dict[tuple[str, float], asyncio.TimerHandle] = {}
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self._waiters: dict[str, set[asyncio.Future[None]]] = {}
+        self._deadlines: dict[tuple[str, float], Timer] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def event(self, session_id: str) -> asyncio.Event:
+    def subscribe(self, session_id: str) -> asyncio.Future[None]:
+        """A future that the next :meth:`notify` of ``session_id`` completes."""
         self._loop = asyncio.get_running_loop()
-        event = self._events.get(session_id)
-        if event is None:
-            event = self._events[session_id] = asyncio.Event()
-        return event
+        woken: asyncio.Future[None] = self._loop.create_future()
+        self._waiters.setdefault(session_id, set()).add(woken)
+        return woken
+
+    def unsubscribe(self, session_id: str, woken: asyncio.Future[None]) -> None:
+        waiters = self._waiters.get(session_id)
+        if waiters is not None:
+            waiters.discard(woken)
+            if not waiters:
+                del self._waiters[session_id]
+
+    def waiters(self, session_id: str) -> int:
+        """How many requests wait on ``session_id`` now."""
+        return len(self._waiters.get(session_id, ()))
 
     def notify(self, session_id: str) -> None:
-        event = self._events.pop(session_id, None)
-        if event is not None:
-            event.set()
+        for woken in self._waiters.pop(session_id, ()):
+            _wake(woken)
 
     def notify_threadsafe(self, session_id: str) -> None:
         """:meth:`notify` from a worker thread (the round engine); nobody to wake before the
@@ -51,13 +74,12 @@ class SessionNotifier:
                 loop.call_soon_threadsafe(self.notify, session_id)
 
     def notify_at(self, session_id: str, at: float) -> None:
-        """:meth:`notify` at wall-clock time ``at`` (``time.time()``): once, however many
-        waiters ask for the same deadline. A deadline already past is not scheduled: the check
-        that found it past has tried to close the slot, and whoever holds the slot notifies."""
+        """:meth:`notify` at clock time ``at``: once, however many waiters ask for the same
+        deadline. A deadline already past is not scheduled: the check that found it past has
+        tried to close the slot, and whoever holds the slot notifies."""
         key = (session_id, at)
-        delay = at - time.time()
-        if delay > 0 and key not in self._deadlines:
-            self._deadlines[key] = asyncio.get_running_loop().call_later(delay, self._due, key)
+        if at > self.clock.now() and key not in self._deadlines:
+            self._deadlines[key] = self.clock.call_at(at, lambda: self._due(key))
 
     @property
     def pending_deadlines(self) -> int:
@@ -69,30 +91,44 @@ class SessionNotifier:
 
 
 async def long_poll(
-    notifier: SessionNotifier,
-    session_id: str,
-    check: Callable[[], T | W],
-    *,
-    is_waiting: Callable[[T | W], bool],
-    timeout: float,
-    wake_at: Callable[[T | W], float | None] = lambda _: None,
-) -> T | W:
-    """Run the blocking ``check`` in a worker thread until it stops waiting or time is up: when
-    called, whenever ``session_id`` is notified, and once more at the end. ``wake_at`` may name
-    a wall-clock time at which a waiting answer can change without anybody notifying (a
-    straggler deadline)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        # Take the event before checking, so a change between check and wait still wakes us.
-        event = notifier.event(session_id)
-        result = await run_in_threadpool(check)
-        remaining = deadline - loop.time()
-        if not is_waiting(result) or remaining <= 0:
-            return result
-        at = wake_at(result)
-        if at is not None:
-            notifier.notify_at(session_id, at)
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(remaining):
-                await event.wait()
+    notifier: SessionNotifier, session_id: str, check: Callable[[], T], *, timeout: float
+) -> T:
+    """Run the blocking ``check`` in a worker thread until it answers something other than
+    :class:`Waiting` or time is up: when called, whenever ``session_id`` is notified, at the
+    answer's ``closes_at`` (an answer that can change without anybody notifying) and once more
+    at the end."""
+    clock = notifier.clock
+    deadline = clock.now() + timeout
+    expired = timeout <= 0
+    woken: asyncio.Future[None] | None = None
+    timer: Timer | None = None
+
+    def expire() -> None:
+        nonlocal expired
+        expired = True
+        if woken is not None:
+            _wake(woken)
+
+    try:
+        while True:
+            # Subscribe before checking, so a change between check and wait still wakes us.
+            woken = notifier.subscribe(session_id)
+            try:
+                result = await run_in_threadpool(check)
+                if not isinstance(result, Waiting) or expired:
+                    return result
+                if result.closes_at is not None:
+                    notifier.notify_at(session_id, result.closes_at)
+                if timer is None:  # set once the first check waits
+                    timer = clock.call_at(deadline, expire)
+                await woken
+            finally:
+                notifier.unsubscribe(session_id, woken)
+    finally:
+        if timer is not None:
+            timer.cancel()
+
+
+def _wake(woken: asyncio.Future[None]) -> None:
+    if not woken.done():
+        woken.set_result(None)

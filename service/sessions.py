@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import secrets
 import uuid
 
 from secure.privacy import PrivacyPlanError, SessionPrivacy, check_private_arrangement
@@ -24,13 +22,9 @@ from service.schemas import (
     SessionStatus,
     SessionSummary,
 )
+from service.session_state import SessionState
 from service.store import LedgerRow, SessionRow, Store, Transaction
-
-CLIENT_TOKEN_BYTES = 32
-
-
-def token_sha256(token: str) -> bytes:
-    return hashlib.sha256(token.encode("utf-8")).digest()
+from service.tokens import new_tokens, token_sha256
 
 
 class SessionManager:
@@ -73,11 +67,9 @@ class SessionManager:
             noise_multiplier_source=source,
             public_context_sha256=context_sha256,
         )
-        tokens = [secrets.token_urlsafe(CLIENT_TOKEN_BYTES) for _ in range(request.clients)]
+        tokens = new_tokens(request.clients)
         with self.store.transaction() as tx:
-            tx.insert_session(
-                session_id, plan.to_json(), [token_sha256(t) for t in tokens], state="running"
-            )
+            tx.insert_session(session_id, plan.to_json(), [token_sha256(t) for t in tokens])
         self.plans.put(plan)
         return SessionCreated(
             session_id=session_id,
@@ -85,6 +77,15 @@ class SessionManager:
             passes_total=plan.passes_total,
             noise_multiplier=plan.privacy.noise_multiplier if plan.privacy else None,
         )
+
+    def client_of_token(self, token_hash: bytes) -> tuple[str, int] | None:
+        """The (session, client index) a client token's hash belongs to."""
+        with self.store.transaction() as tx:
+            return tx.token_owner(token_hash)
+
+    def exists(self, session_id: str) -> bool:
+        with self.store.transaction() as tx:
+            return tx.session(session_id) is not None
 
     def list(self, *, limit: int, after: str | None = None) -> tuple[list[SessionSummary], bool]:
         """Up to ``limit`` sessions, oldest first, from the one created after session ``after``,
@@ -103,8 +104,8 @@ class SessionManager:
     def close(self, session_id: str) -> SessionSummary:
         with self.store.transaction() as tx:
             row, plan = self.engine.session(tx, session_id)
-            if row.state != "closed":
-                tx.set_session_state(session_id, "closed")
+            if row.state != SessionState.CLOSED:
+                tx.set_session_state(session_id, SessionState.CLOSED)
                 tx.discard_payloads(session_id)
                 row = tx.session(session_id)
                 assert row is not None
@@ -186,7 +187,7 @@ class SessionManager:
     @staticmethod
     def _progress(tx: Transaction, row: SessionRow, plan: SessionPlan) -> PassProgress | None:
         p = row.current_pass
-        if p >= plan.passes_total or row.state != "running":
+        if p >= plan.passes_total or row.state != SessionState.RUNNING:
             return None
         layers = []
         for agg in plan.config.agg_layers:

@@ -16,7 +16,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, TypeVar
 
 import numpy as np
-from fastapi import Request, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.dependencies.models import Dependant
 from fastapi.dependencies.utils import solve_dependencies
 from fastapi.exceptions import RequestValidationError
@@ -25,7 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope
 
 from service.api.deps import get_context
-from service.api.routes.docs import OCTET_STREAM
+from service.api.routes.docs import OCTET_STREAM, PROBLEM_RESPONSES
 from service.errors import ProblemError
 from service.limits import MAX_BODY_SETTING, content_length, too_large
 
@@ -79,12 +79,25 @@ class AuthFirstRoute(APIRoute):
         return authenticate_then_read
 
 
+def api_router(prefix: str, tag: str) -> APIRouter:
+    """A router of the API: its routes authenticate before reading a body
+    (:class:`AuthFirstRoute`) and document their problem responses."""
+    return APIRouter(
+        prefix=prefix, tags=[tag], responses=PROBLEM_RESPONSES, route_class=AuthFirstRoute
+    )
+
+
+def media_type(request: Request) -> str:
+    """The request's Content-Type without its parameters, lower case ('' if none)."""
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
 @asynccontextmanager
 async def binary_body(request: Request) -> AsyncIterator[bytes]:
     """The route's octet-stream body, held within the byte budget until the block ends (the
     route processes it inside)."""
     content_type = request.headers.get("content-type")
-    if content_type and content_type.split(";")[0].strip().lower() != OCTET_STREAM:
+    if content_type and media_type(request) != OCTET_STREAM:
         raise ProblemError(
             415,
             "unsupported-media-type",

@@ -1,27 +1,33 @@
-"""Typed dependencies: the app context and bearer-token authentication.
+"""Typed dependencies: the app context and bearer-token authentication, for every route.
 
-Three kinds of caller: the admin (token from the settings), a client of a session (a token
-bound to that pair) and, for read-only session routes, either of them. Order of checks: no or
-unknown token -> 401, unknown session -> 404, token not allowed here -> 403.
+Three kinds of caller: the admin (token from the settings); a member of a session or an
+alignment (a client token bound to one session and client index, a party token bound to one
+alignment and party index); and, for the read-only routes of a session or an alignment, either.
+Order of checks: no or unknown token -> 401, unknown session or alignment -> 404, token not
+allowed here -> 403. Tokens are compared by their SHA-256 (:mod:`service.tokens`).
 
-The path parameters keep the wire protocol's names (``{sid}``, ``{m}``, docs/protocol.md) as
-aliases; the Python names say what they are.
+The path parameters keep the wire protocol's names (``{sid}``, ``{aid}``, ``{m}``,
+docs/protocol.md) as aliases; the Python names say what they are.
 """
 
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from service.alignment import AlignmentManager
+from service.alignment.manager import PartyCaller
 from service.context import ServiceContext
-from service.domain_errors import SessionNotFound
+from service.domain_errors import AlignmentNotFound, DomainError, SessionNotFound
 from service.errors import ProblemError
 from service.rounds import Caller
 from service.schemas import MAX_CLIENTS
-from service.sessions import token_sha256
+from service.tokens import token_sha256
 
 bearer_scheme = HTTPBearer(
     auto_error=False,
@@ -35,13 +41,24 @@ def get_context(request: Request) -> ServiceContext:
     return request.app.state.glasu  # type: ignore[no-any-return]
 
 
+def get_alignments(context: Annotated[ServiceContext, Depends(get_context)]) -> AlignmentManager:
+    return context.alignments
+
+
 ContextDep = Annotated[ServiceContext, Depends(get_context)]
+AlignmentsDep = Annotated[AlignmentManager, Depends(get_alignments)]
 CredentialsDep = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)]
 SessionIdPath = Annotated[
     str, Path(alias="sid", min_length=1, max_length=64, description="Session id.")
 ]
 ClientIndexPath = Annotated[
     int, Path(alias="m", ge=0, lt=MAX_CLIENTS, description="Client index m (0-based).")
+]
+AlignmentIdPath = Annotated[
+    str, Path(alias="aid", min_length=1, max_length=64, description="Alignment id.")
+]
+PartyPath = Annotated[
+    int, Path(alias="m", ge=0, lt=MAX_CLIENTS, description="Party index m (0-based).")
 ]
 
 
@@ -67,15 +84,103 @@ def is_admin(context: ServiceContext, token_hash: bytes) -> bool:
     return hmac.compare_digest(token_hash, context.admin_token_sha256)
 
 
-def require_admin(context: ContextDep, credentials: CredentialsDep) -> None:
+@dataclass(frozen=True)
+class Membership:
+    """Tokens bound to one member of a group: a client of a session, a party of an alignment."""
+
+    group: str  # what the path's id names: "session", "alignment"
+    member: str  # what the path's index names: "client", "party"
+    owner_of: Callable[[ServiceContext, bytes], tuple[str, int] | None]  # token -> (id, index)
+    exists: Callable[[ServiceContext, str], bool]
+    not_found: Callable[[str], DomainError]
+
+    def index_of(self, context: ServiceContext, token_hash: bytes, group_id: str) -> int:
+        """The member index of a (non-admin) token of group ``group_id``: 401 for an unknown
+        token, then 404 for an unknown group, then 403 for a token of another group."""
+        owner = self.owner_of(context, token_hash)
+        if owner is None:
+            raise invalid_token()
+        if not self.exists(context, group_id):
+            raise self.not_found(group_id)
+        if owner[0] != group_id:
+            raise ProblemError(403, "forbidden", f"this token belongs to another {self.group}")
+        return owner[1]
+
+    def require(
+        self,
+        context: ServiceContext,
+        credentials: HTTPAuthorizationCredentials | None,
+        group_id: str,
+        index: int,
+    ) -> None:
+        """Only the token of member ``index`` of ``group_id``."""
+        token_hash = token_hash_of(credentials)
+        if is_admin(context, token_hash):
+            raise ProblemError(
+                403,
+                "forbidden",
+                f"the admin token cannot act as a {self.member}; use that {self.member}'s token",
+            )
+        owner = self.index_of(context, token_hash, group_id)
+        if owner != index:
+            raise ProblemError(
+                403,
+                "forbidden",
+                f"this token belongs to {self.member} {owner}; it cannot act as {self.member}"
+                f" {index}",
+            )
+
+    def require_reader(
+        self,
+        context: ServiceContext,
+        credentials: HTTPAuthorizationCredentials | None,
+        group_id: str,
+    ) -> None:
+        """The admin, or any member of ``group_id``."""
+        token_hash = token_hash_of(credentials)
+        if not is_admin(context, token_hash):
+            self.index_of(context, token_hash, group_id)
+
+    def holds(self, context: ServiceContext, token_hash: bytes) -> bool:
+        """Whether the token is one of this kind (of any group)."""
+        return self.owner_of(context, token_hash) is not None
+
+
+SESSION_CLIENTS = Membership(
+    group="session",
+    member="client",
+    owner_of=lambda context, token_hash: context.sessions.client_of_token(token_hash),
+    exists=lambda context, session_id: context.sessions.exists(session_id),
+    not_found=SessionNotFound,
+)
+ALIGNMENT_PARTIES = Membership(
+    group="alignment",
+    member="party",
+    owner_of=lambda context, token_hash: context.alignments.party_of_token(token_hash),
+    exists=lambda context, alignment_id: context.alignments.exists(alignment_id),
+    not_found=AlignmentNotFound,
+)
+
+
+def _require_admin(
+    context: ServiceContext,
+    credentials: HTTPAuthorizationCredentials | None,
+    refused: tuple[Membership, ...],
+    refusal: str,
+) -> None:
+    """The admin token only: 403 ``refusal`` for a token of the kinds ``refused``, else 401."""
     token_hash = token_hash_of(credentials)
     if is_admin(context, token_hash):
         return
-    with context.store.transaction() as tx:
-        owner = tx.token_owner(token_hash)
-    if owner is None:
-        raise invalid_token()
-    raise ProblemError(403, "forbidden", "a client token cannot use admin routes")
+    if any(kind.holds(context, token_hash) for kind in refused):
+        raise ProblemError(403, "forbidden", refusal)
+    raise invalid_token()
+
+
+def require_admin(context: ContextDep, credentials: CredentialsDep) -> None:
+    _require_admin(
+        context, credentials, (SESSION_CLIENTS,), "a client token cannot use admin routes"
+    )
 
 
 def require_client(
@@ -84,18 +189,7 @@ def require_client(
     session_id: SessionIdPath,
     client: ClientIndexPath,
 ) -> Caller:
-    token_hash = token_hash_of(credentials)
-    if is_admin(context, token_hash):
-        raise ProblemError(
-            403, "forbidden", "the admin token cannot act as a client; use that client's token"
-        )
-    owner = _client_of_session(context, token_hash, session_id)
-    if owner != client:
-        raise ProblemError(
-            403,
-            "forbidden",
-            f"this token belongs to client {owner}; it cannot act as client {client}",
-        )
+    SESSION_CLIENTS.require(context, credentials, session_id, client)
     return Caller(session_id=session_id, client_index=client)
 
 
@@ -103,26 +197,38 @@ def require_session_reader(
     context: ContextDep, credentials: CredentialsDep, session_id: SessionIdPath
 ) -> None:
     """The admin, or any client of the session."""
-    token_hash = token_hash_of(credentials)
-    if not is_admin(context, token_hash):
-        _client_of_session(context, token_hash, session_id)
+    SESSION_CLIENTS.require_reader(context, credentials, session_id)
 
 
-def _client_of_session(context: ServiceContext, token_hash: bytes, session_id: str) -> int:
-    """The client index of a (non-admin) token of session ``session_id``: 401 for an unknown
-    token, then 404 for an unknown session, then 403 for a token of another session."""
-    with context.store.transaction() as tx:
-        owner = tx.token_owner(token_hash)
-        session_exists = tx.session(session_id) is not None
-    if owner is None:
-        raise invalid_token()
-    if not session_exists:
-        raise SessionNotFound(session_id)
-    if owner[0] != session_id:
-        raise ProblemError(403, "forbidden", "this token belongs to another session")
-    return owner[1]
+def require_alignment_admin(context: ContextDep, credentials: CredentialsDep) -> None:
+    _require_admin(
+        context,
+        credentials,
+        (SESSION_CLIENTS, ALIGNMENT_PARTIES),
+        "only the admin token creates alignments",
+    )
+
+
+def require_party(
+    context: ContextDep,
+    credentials: CredentialsDep,
+    alignment_id: AlignmentIdPath,
+    party: PartyPath,
+) -> PartyCaller:
+    ALIGNMENT_PARTIES.require(context, credentials, alignment_id, party)
+    return PartyCaller(alignment_id=alignment_id, party=party)
+
+
+def require_alignment_reader(
+    context: ContextDep, credentials: CredentialsDep, alignment_id: AlignmentIdPath
+) -> None:
+    """The admin, or any party of the alignment."""
+    ALIGNMENT_PARTIES.require_reader(context, credentials, alignment_id)
 
 
 AdminDep = Annotated[None, Depends(require_admin)]
 ClientDep = Annotated[Caller, Depends(require_client)]
 SessionReaderDep = Annotated[None, Depends(require_session_reader)]
+AlignmentAdminDep = Annotated[None, Depends(require_alignment_admin)]
+PartyDep = Annotated[PartyCaller, Depends(require_party)]
+AlignmentReaderDep = Annotated[None, Depends(require_alignment_reader)]

@@ -12,6 +12,7 @@ Every method is blocking (SQLite, CKKS); call them from a worker thread. Refusal
 :mod:`service.domain_errors`; the app turns them into problem details.
 
 - :mod:`.engine`: :class:`RoundEngine`, the facade the routes and the session manager use;
+- :mod:`.parts`: what every part works with (store, plans, aggregators, telemetry, files);
 - :mod:`.gate`: the checks shared by every route (session, pass, layer, current pass);
 - :mod:`.uploads`: accepting node sets (and forming their union), shares and metrics;
 - :mod:`.sums`: running sums, recording the release in the ledger, advancing the pass;
@@ -21,6 +22,6 @@ Every method is blocking (SQLite, CKKS); call them from a worker thread. Refusal
 """
 
 from service.rounds.engine import RoundEngine
-from service.rounds.types import Caller, Payload, UploadOutcome, Waiting
+from service.rounds.types import Caller, Payload, UploadOutcome
 
-__all__ = ["Caller", "Payload", "RoundEngine", "UploadOutcome", "Waiting"]
+__all__ = ["Caller", "Payload", "RoundEngine", "UploadOutcome"]

@@ -8,50 +8,36 @@ were all acknowledged before (:meth:`ShareSums.complete`).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 from secure.protocol import NODE_ENCODING
 from service.domain_errors import UnknownPass, WrongPass
-from service.plan import PlanCache, SessionPlan
+from service.notify import Waiting
+from service.plan import SessionPlan
 from service.rounds.gate import (
     UPLOAD_KIND,
     check_downloadable,
     check_in_pass,
-    closes_at,
     load_session,
     open_layer,
-    uploaders,
+    slot_progress,
 )
+from service.rounds.parts import RoundPart, RoundParts
 from service.rounds.sums import ShareSums
-from service.rounds.types import Caller, Payload, Waiting
+from service.rounds.types import Caller, Payload
 from service.rounds.uploads import close_union
 from service.schemas import PassInfo
-from service.store import ResultKind, ResultRow, Store
-from service.telemetry import Telemetry
-
-DONE_REASON = {
-    "running": "finished",
-    "finished": "finished",
-    "budget_exhausted": "budget-exhausted",
-    "closed": "closed",
-}
+from service.session_state import SessionState
+from service.store import ResultKind, ResultRow
 
 
-class Downloads:
+class Downloads(RoundPart):
     def __init__(
-        self,
-        store: Store,
-        plans: PlanCache,
-        telemetry: Telemetry,
-        sums: ShareSums,
-        on_change: Callable[[str], None],
+        self, parts: RoundParts, sums: ShareSums, on_change: Callable[[str], None]
     ) -> None:
         """``on_change(session_id)``: a download formed a result (or stopped the session), which
         the other requests waiting on the session must see (called from a worker thread)."""
-        self.store = store
-        self.plans = plans
-        self.telemetry = telemetry
+        super().__init__(parts)
         self.sums = sums
         self.on_change = on_change
 
@@ -61,14 +47,17 @@ class Downloads:
             row, plan = load_session(tx, self.plans, session_id)
         if pass_index > plan.passes_total:
             raise UnknownPass.past_end(pass_index, plan.passes_total)
-        stopped = row.state in ("closed", "budget_exhausted") and pass_index >= row.current_pass
+        stopped = (
+            row.state in (SessionState.CLOSED, SessionState.BUDGET_EXHAUSTED)
+            and pass_index >= row.current_pass
+        )
         if pass_index == plan.passes_total or stopped:
             return PassInfo(
                 pass_index=pass_index,
                 kind="done",
                 round=None,
                 output_nodes=[],
-                reason=DONE_REASON[row.state],
+                reason=row.state.done_reason,
             )
         spec = plan.passes[pass_index]
         return PassInfo(
@@ -85,7 +74,7 @@ class Downloads:
         answer = self._fetch(kind, caller, pass_index, layer)
         if not isinstance(answer, Waiting):
             return answer
-        closes_now = answer.closes_at is not None and answer.closes_at <= time.time()
+        closes_now = answer.closes_at is not None and answer.closes_at <= self.store.clock.now()
         if kind == "aggregate" and (not answer.missing or closes_now):
             # All shares are in but no sum: the upload of the last one is storing it (then this
             # returns at once and the long poll waits to be notified), or it never did (a
@@ -114,9 +103,8 @@ class Downloads:
             check_in_pass(tx, plan, caller.client_index, pass_index, layer, upload_kind)
             result = tx.result(caller.session_id, pass_index, layer, kind)
             if result is None:
-                received, missing = uploaders(tx, plan, pass_index, layer, upload_kind)
-                at = closes_at(tx, plan, pass_index, layer, upload_kind, received=received)
-                return Waiting(pass_index, layer, received, missing, at)
+                progress = slot_progress(tx, plan, pass_index, layer, upload_kind)
+                return Waiting(progress.missing, progress.received, progress.closes_at)
         if kind == "union":
             body = result.body
         else:

@@ -10,6 +10,7 @@ from service.aggregators import Aggregators
 from service.plan import PlanCache, SessionPlan
 from service.rounds.downloads import Downloads
 from service.rounds.gate import load_session
+from service.rounds.parts import RoundParts
 from service.rounds.payload_files import PayloadFiles
 from service.rounds.sums import ShareSums
 from service.rounds.uploads import Uploads
@@ -29,10 +30,10 @@ class RoundEngine:
         """``on_change(session_id)``: see :class:`Downloads` (uploads say it in their
         outcome)."""
         self.plans = plans
-        files = PayloadFiles.beside(store.path)
-        self.sums = ShareSums(store, plans, aggregators, telemetry, files)
-        self.uploads = Uploads(store, plans, aggregators, telemetry, self.sums, files)
-        self.downloads = Downloads(store, plans, telemetry, self.sums, on_change)
+        parts = RoundParts(store, plans, aggregators, telemetry, PayloadFiles.beside(store.path))
+        self.sums = ShareSums(parts)
+        self.uploads = Uploads(parts, self.sums)
+        self.downloads = Downloads(parts, self.sums, on_change)
 
     def session(self, tx: Transaction, session_id: str) -> tuple[SessionRow, SessionPlan]:
         """A session's row and plan; ``SessionNotFound`` if there is none."""

@@ -4,7 +4,7 @@ the pass is the current one (uploads) or still kept (downloads). Failures are do
 
 from __future__ import annotations
 
-import time
+from dataclasses import dataclass
 
 from secure.protocol import MIN_CONTRIBUTORS
 from service.domain_errors import (
@@ -18,6 +18,7 @@ from service.domain_errors import (
     WrongPass,
 )
 from service.plan import PlanCache, SessionPlan
+from service.session_state import SessionState
 from service.store import ResultKind, SessionRow, Transaction, UploadKind
 
 # Each result is formed from one kind of upload.
@@ -38,7 +39,7 @@ def open_session(
     tx: Transaction, plans: PlanCache, session_id: str
 ) -> tuple[SessionRow, SessionPlan]:
     row, plan = load_session(tx, plans, session_id)
-    if row.state == "closed":
+    if row.state == SessionState.CLOSED:
         raise SessionClosed(session_id)
     return row, plan
 
@@ -82,9 +83,9 @@ def check_node_layer(plan: SessionPlan, layer: int) -> None:
 
 def check_current_pass(row: SessionRow, pass_index: int) -> None:
     """Uploads go to the current pass of a running session."""
-    if row.state == "budget_exhausted" and pass_index >= row.current_pass:
+    if row.state == SessionState.BUDGET_EXHAUSTED and pass_index >= row.current_pass:
         raise BudgetExhausted(row.id, pass_index)
-    if row.state == "finished":
+    if row.state == SessionState.FINISHED:
         raise WrongPass("session-finished", pass_index, row.current_pass)
     if pass_index != row.current_pass:
         raise WrongPass("not-current", pass_index, row.current_pass)
@@ -92,7 +93,7 @@ def check_current_pass(row: SessionRow, pass_index: int) -> None:
 
 def check_downloadable(row: SessionRow, pass_index: int) -> None:
     """Downloads come from the current pass or the previous one (the service keeps two)."""
-    if row.state == "budget_exhausted" and pass_index >= row.current_pass:
+    if row.state == SessionState.BUDGET_EXHAUSTED and pass_index >= row.current_pass:
         raise BudgetExhausted(row.id, pass_index)
     if pass_index > row.current_pass:
         raise WrongPass("not-started", pass_index, row.current_pass)
@@ -141,42 +142,35 @@ def rejoin(tx: Transaction, plan: SessionPlan, client: int, current_pass: int) -
     return back_at
 
 
-def slot_closes(
-    tx: Transaction,
-    plan: SessionPlan,
-    pass_index: int,
-    layer: int,
-    kind: UploadKind,
-    *,
-    received: list[int],
-    missing: list[int],
-) -> bool:
-    """Whether the slot's result may be formed now from the uploads ``received``: every
-    participant's is in, or (stragglers "continue") the wait since its first upload is over and
-    enough clients arrived."""
-    if plan.config.stragglers == "continue" and len(received) < min(MIN_CONTRIBUTORS, plan.clients):
-        return False  # the others are absent: wait until one rejoins
-    if not missing:
-        return True
-    at = closes_at(tx, plan, pass_index, layer, kind, received=received)
-    return at is not None and time.time() >= at
+@dataclass(frozen=True, slots=True)
+class SlotProgress:
+    """Where the ``kind`` uploads of one (pass, layer) stand."""
+
+    received: list[int]  # the clients whose upload is in
+    missing: list[int]  # the pass's participants whose upload is not
+    # When the slot may close without the missing: under stragglers "continue",
+    # straggler_wait_seconds after its first upload once enough clients arrived; else never.
+    closes_at: float | None
+    closes: bool  # whether its result may be formed now from the uploads received
 
 
-def closes_at(
-    tx: Transaction,
-    plan: SessionPlan,
-    pass_index: int,
-    layer: int,
-    kind: UploadKind,
-    *,
-    received: list[int],
-) -> float | None:
-    """When the slot may close without the uploads still missing: under stragglers "continue",
-    ``straggler_wait_seconds`` after its first upload once enough clients arrived; else never."""
-    if plan.config.stragglers != "continue" or len(received) < MIN_CONTRIBUTORS:
-        return None
-    first = tx.first_upload_at(plan.session_id, pass_index, layer, kind)
-    return None if first is None else first + plan.config.straggler_wait_seconds
+def slot_progress(
+    tx: Transaction, plan: SessionPlan, pass_index: int, layer: int, kind: UploadKind
+) -> SlotProgress:
+    """The slot's uploads and whether it closes now: every participant's upload is in, or
+    (stragglers "continue") the wait since its first upload is over and enough clients
+    arrived."""
+    received, missing = uploaders(tx, plan, pass_index, layer, kind)
+    continues = plan.config.stragglers == "continue"
+    at = None
+    if continues and len(received) >= MIN_CONTRIBUTORS:
+        first = tx.first_upload_at(plan.session_id, pass_index, layer, kind)
+        at = None if first is None else first + plan.config.straggler_wait_seconds
+    if continues and len(received) < min(MIN_CONTRIBUTORS, plan.clients):
+        closes = False  # the others are absent: wait until one rejoins
+    else:
+        closes = not missing or (at is not None and tx.now() >= at)
+    return SlotProgress(received, missing, at, closes)
 
 
 def check_in_pass(

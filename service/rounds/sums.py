@@ -15,13 +15,12 @@ stores the sum (:meth:`ShareSums.complete`).
 
 With DP on, storing the first aggregation layer's sum of a pass is its release: the sum's file is
 synced to disk, then the ledger row and the sum's row are written in one durable transaction (on
-disk before ``COMMIT`` returns, see service/store.py); a sum is served only once its row exists.
+disk before ``COMMIT`` returns, see service/store/); a sum is served only once its row exists.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,19 +28,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from secure.aggregation import RunningSum
-from service.aggregators import Aggregators
-from service.plan import PlanCache, SessionPlan
-from service.rounds.gate import (
-    layer_rows,
-    leave_out,
-    load_session,
-    participants,
-    slot_closes,
-    uploaders,
-)
-from service.rounds.payload_files import PayloadFiles
-from service.store import SessionRow, Store, Transaction
-from service.telemetry import Telemetry
+from service.plan import SessionPlan
+from service.rounds.gate import layer_rows, leave_out, load_session, participants, slot_progress
+from service.rounds.parts import RoundPart, RoundParts
+from service.session_state import SessionState
+from service.store import SessionRow, Transaction
 
 # Sums are served from memory while they fit (one sum is 0.1 to 10 MB; every client downloads
 # it); older ones are read from their files.
@@ -58,20 +49,9 @@ class _Slot:
     running: RunningSum[Any] | None = None
 
 
-class ShareSums:
-    def __init__(
-        self,
-        store: Store,
-        plans: PlanCache,
-        aggregators: Aggregators,
-        telemetry: Telemetry,
-        files: PayloadFiles,
-    ) -> None:
-        self.store = store
-        self.plans = plans
-        self.aggregators = aggregators
-        self.telemetry = telemetry
-        self.files = files
+class ShareSums(RoundPart):
+    def __init__(self, parts: RoundParts) -> None:
+        super().__init__(parts)
         self._slots: dict[SlotKey, _Slot] = {}
         self._slots_lock = threading.Lock()
         self._recent = _RecentSums(RECENT_SUM_BYTES)
@@ -105,10 +85,7 @@ class ShareSums:
                     self._forget(key, slot)
                     return False
                 committed = tx.uploads(session_id, pass_index, layer, "embedding")
-                received, missing = uploaders(tx, plan, pass_index, layer, "embedding")
-                if not slot_closes(
-                    tx, plan, pass_index, layer, "embedding", received=received, missing=missing
-                ):
+                if not slot_progress(tx, plan, pass_index, layer, "embedding").closes:
                     return False
                 rows = layer_rows(tx, plan, pass_index, layer)
             aggregator = self.aggregators.for_session(plan)
@@ -162,7 +139,7 @@ class ShareSums:
         if it is a release); whether the session changed (False: another request stored it)."""
         # A release's ledger row must be on disk before its sum can be served, and the sum with
         # it: a durable transaction's COMMIT returns only once the WAL is synced
-        # (service/store.py), and the sum's file is synced before.
+        # (service/store/database.py), and the sum's file is synced before.
         is_release = plan.privacy is not None and layer == plan.first_agg_layer
         self.files.write_sum(plan.session_id, pass_index, layer, body, sync=is_release)
         completed_kind = None
@@ -250,7 +227,7 @@ class _RecentSums:
 def _sum_pending(tx: Transaction, row: SessionRow, pass_index: int, layer: int) -> bool:
     """The session still runs this pass and the layer has no sum yet."""
     return (
-        row.state == "running"
+        row.state == SessionState.RUNNING
         and row.current_pass == pass_index
         and tx.result(row.id, pass_index, layer, "aggregate") is None
     )
@@ -266,9 +243,9 @@ def _record_release(
     assert privacy is not None
     releases = len(tx.ledger(plan.session_id))
     if not privacy.release_allowed(releases):
-        tx.set_session_state(plan.session_id, "budget_exhausted")
+        tx.set_session_state(plan.session_id, SessionState.BUDGET_EXHAUSTED)
         return None
-    now = time.time()
+    now = tx.now()
     tx.append_ledger(
         plan.session_id,
         release_index=releases + 1,
@@ -285,9 +262,9 @@ def _advance(tx: Transaction, plan: SessionPlan, finished_pass: int) -> None:
     tx.set_current_pass(plan.session_id, next_pass)
     tx.discard_payloads(plan.session_id, before_pass=finished_pass)
     if next_pass == plan.passes_total:
-        tx.set_session_state(plan.session_id, "finished")
+        tx.set_session_state(plan.session_id, SessionState.FINISHED)
     elif plan.privacy is not None and not plan.privacy.release_allowed(
         len(tx.ledger(plan.session_id))
     ):
         # Stop before the clients compute a pass whose release would be refused.
-        tx.set_session_state(plan.session_id, "budget_exhausted")
+        tx.set_session_state(plan.session_id, SessionState.BUDGET_EXHAUSTED)

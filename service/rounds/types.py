@@ -1,5 +1,6 @@
 """The values that cross the round engine's boundary: who is calling, and what an upload or a
-download answers."""
+download answers (a download not ready answers
+:class:`service.notify.Waiting`)."""
 
 from __future__ import annotations
 
@@ -12,17 +13,6 @@ class Caller:
 
     session_id: str
     client_index: int
-
-
-@dataclass(frozen=True, slots=True)
-class Waiting:
-    """A download whose result is not complete: which clients have uploaded, which have not."""
-
-    pass_index: int
-    layer: int
-    received: list[int]
-    missing: list[int]
-    closes_at: float | None = None  # when it may close without the missing (continue; epoch s)
 
 
 @dataclass(frozen=True, slots=True)

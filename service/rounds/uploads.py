@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from secure.aggregation import PayloadError
-from service.aggregators import Aggregators
 from service.domain_errors import (
     BadPayload,
     Conflict,
@@ -32,7 +31,7 @@ from service.payloads import (
     union_of,
     validate_node_set,
 )
-from service.plan import PlanCache, SessionPlan
+from service.plan import SessionPlan
 from service.rounds.gate import (
     check_current_pass,
     check_in_pass,
@@ -42,15 +41,15 @@ from service.rounds.gate import (
     open_layer,
     open_session,
     rejoin,
-    slot_closes,
+    slot_progress,
     uploaders,
 )
-from service.rounds.payload_files import PayloadFiles
+from service.rounds.parts import RoundPart, RoundParts
 from service.rounds.sums import ShareSums
 from service.rounds.types import Caller, UploadOutcome
 from service.schemas import Metrics
-from service.store import Store, Transaction, UploadKind
-from service.telemetry import Telemetry
+from service.session_state import SessionState
+from service.store import Transaction, UploadKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,22 +62,10 @@ class _UploadTarget:
     cols: int = 0
 
 
-class Uploads:
-    def __init__(
-        self,
-        store: Store,
-        plans: PlanCache,
-        aggregators: Aggregators,
-        telemetry: Telemetry,
-        sums: ShareSums,
-        files: PayloadFiles,
-    ) -> None:
-        self.store = store
-        self.plans = plans
-        self.aggregators = aggregators
-        self.telemetry = telemetry
+class Uploads(RoundPart):
+    def __init__(self, parts: RoundParts, sums: ShareSums) -> None:
+        super().__init__(parts)
         self.sums = sums
-        self.files = files
 
     def put(
         self,
@@ -93,7 +80,8 @@ class Uploads:
     ) -> UploadOutcome:
         """Store a node set or an embedding share; the headers are checked first."""
         if kind == "nodes":
-            return self._accept_node_set(caller, pass_index, layer, shape, encoding, body)
+            declared = parse_node_headers(shape, encoding)
+            return self._accept_node_set(caller, pass_index, layer, declared, body)
         header = parse_matrix_headers(shape, encoding)
         return self._accept_share(caller, pass_index, layer, header, body)
 
@@ -102,7 +90,7 @@ class Uploads:
         (stragglers "continue"); the current pass for a client that was never left out."""
         with self.store.transaction() as tx:
             row, plan = open_session(tx, self.plans, caller.session_id)
-            if row.state != "running":
+            if row.state != SessionState.RUNNING:
                 return row.current_pass
             return rejoin(tx, plan, caller.client_index, row.current_pass)
 
@@ -123,17 +111,10 @@ class Uploads:
             )
 
     def _accept_node_set(
-        self,
-        caller: Caller,
-        pass_index: int,
-        layer: int,
-        shape: str | None,
-        encoding: str | None,
-        body: bytes,
+        self, caller: Caller, pass_index: int, layer: int, declared: int, body: bytes
     ) -> UploadOutcome:
-        """Check, validate outside the lock, then check again, insert and (with the M-th) form
-        the union atomically."""
-        declared = parse_node_headers(shape, encoding)
+        """Check, validate outside the lock (``declared``: the node count of its header), then
+        check again, insert and (with the M-th) form the union atomically."""
         sha256 = hashlib.sha256(body).digest()
         with self.store.transaction() as tx:
             target = self._check_slot(tx, caller, pass_index, layer, "nodes", sha256)
@@ -268,10 +249,10 @@ def close_union(tx: Transaction, plan: SessionPlan, pass_index: int, layer: int)
     did."""
     if tx.result(plan.session_id, pass_index, layer, "union") is not None:
         return False
-    received, missing = uploaders(tx, plan, pass_index, layer, "nodes")
-    if not slot_closes(tx, plan, pass_index, layer, "nodes", received=received, missing=missing):
+    progress = slot_progress(tx, plan, pass_index, layer, "nodes")
+    if not progress.closes:
         return False
-    leave_out(tx, plan, pass_index, missing)
+    leave_out(tx, plan, pass_index, progress.missing)
     union = union_of(tx.upload_bodies(plan.session_id, pass_index, layer, "nodes"))
     tx.insert_result(
         plan.session_id,
@@ -280,7 +261,7 @@ def close_union(tx: Transaction, plan: SessionPlan, pass_index: int, layer: int)
         "union",
         rows=len(union) // 8,
         cols=0,
-        count=len(received),
+        count=len(progress.received),
         body=union,
     )
     return True

@@ -81,7 +81,7 @@ import os, signal, sys, time
 from pathlib import Path
 
 from service.rounds import downloads, sums, uploads
-from service.rounds.types import Waiting
+from service.notify import Waiting
 
 markers = Path(os.environ["CRASHTEST_DIR"])
 upload_pass, between_pass, poll_pass = (int(v) for v in os.environ["CRASHTEST_SERVICE"].split(","))

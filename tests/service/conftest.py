@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from service_testkit import ADMIN_TOKEN, http_client
 
 from service.app import create_app, service_context
+from service.clock import Clock
 from service.settings import ServiceSettings
 
 
@@ -50,11 +51,12 @@ def make_settings(database: Path) -> Callable[..., ServiceSettings]:
 
 @pytest.fixture
 def make_app(make_settings: Callable[..., ServiceSettings]) -> Iterator[Callable[..., FastAPI]]:
-    """Builds apps and closes their databases at the end (ASGITransport runs no lifespan)."""
+    """Builds apps (on the system clock unless ``clock`` is given) and closes their databases
+    at the end (ASGITransport runs no lifespan)."""
     apps: list[FastAPI] = []
 
-    def make(**overrides: Any) -> FastAPI:
-        app = create_app(make_settings(**overrides))
+    def make(*, clock: Clock | None = None, **overrides: Any) -> FastAPI:
+        app = create_app(make_settings(**overrides), clock=clock)
         apps.append(app)
         return app
 

@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from service_testkit import admin, assert_problem, bearer, create_session, http_client
 
 from secure.psi import IDENTITY, BlindingKey, hash_to_group, pack
-from service.alignment_store import AlignmentTables
+from service.alignment.tables import AlignmentTables
 from service.app import service_context
 
 pytestmark = pytest.mark.anyio
@@ -263,7 +263,7 @@ async def test_an_alignment_over_the_union_indexes_every_id_once(
 def test_a_database_from_before_the_union_and_the_signatures_gains_their_columns(tmp_path) -> None:
     import sqlite3
 
-    from service.alignment_store import create_alignment_tables
+    from service.alignment.tables import create_alignment_tables
     from service.store import Store
 
     path = tmp_path / "old.sqlite3"

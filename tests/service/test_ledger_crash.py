@@ -90,7 +90,7 @@ async def test_a_release_committed_before_a_crash_stays_on_the_ledger(
     loses nothing committed. A power loss cannot be simulated here: a process that dies leaves
     its writes in the OS page cache, so this test would pass under synchronous=NORMAL too. What
     covers a power loss is that the transaction appending the ledger commits under
-    synchronous=FULL (service/store.py, checked by test_persistence.py): its COMMIT returns only
+    synchronous=FULL (service/store/, checked by test_persistence.py): its COMMIT returns only
     once the WAL is synced to disk, so a release is never served before its row is on the disk.
     """
     database = tmp_path / "service.sqlite3"

@@ -1,12 +1,12 @@
 """Waiting long polls cost nothing until something can change their answer: no periodic
 re-check through the thread pool and the store's lock, one timer per straggler deadline. Time is
-the event loop's, advanced by hand (no test here depends on how fast the machine is)."""
+the service's clock, a :class:`ManualClock` advanced by hand (no test here depends on how fast
+the machine is)."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -24,22 +24,11 @@ from service_testkit import (
 )
 
 from service.app import service_context
+from service.clock import ManualClock
 
 pytestmark = pytest.mark.anyio
 
 WAITERS = 300
-
-
-class Clocks:
-    """The running loop's clock and the wall clock (``time.time``, which straggler deadlines
-    use), both moved forward by the test."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        loop = asyncio.get_running_loop()
-        loop_time, wall_time = loop.time, time.time
-        self.offset = 0.0
-        monkeypatch.setattr(loop, "time", lambda: loop_time() + self.offset)
-        monkeypatch.setattr(time, "time", lambda: wall_time() + self.offset)
 
 
 class CountedChecks:
@@ -103,14 +92,14 @@ async def _let_the_loop_run(iterations: int = 50) -> None:
 async def test_waiting_long_polls_are_not_checked_again_until_their_slot_completes(
     make_app: Callable[..., FastAPI], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    app = make_app(long_poll_seconds=60)
-    clock = Clocks(monkeypatch)
+    clock = ManualClock()
+    app = make_app(long_poll_seconds=60, clock=clock)
     checks = CountedChecks(app, monkeypatch)
     async with http_client(app) as http:
         created, other = await create_session(http), await create_session(http)
         polls = _union_polls(http, created, 0)
         await checks.reached(WAITERS)  # each has checked once and waits
-        clock.offset += 30  # half their wait: a periodic re-check would be due many times over
+        clock.advance(30)  # half their wait: a periodic re-check would be due many times over
         await _let_the_loop_run()
         health = await http.get("/healthz")
         elsewhere = await http.get(
@@ -129,15 +118,15 @@ async def test_waiting_long_polls_are_not_checked_again_until_their_slot_complet
 async def test_a_wait_that_runs_out_is_checked_once_more(
     make_app: Callable[..., FastAPI], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    app = make_app(long_poll_seconds=60)
-    clock = Clocks(monkeypatch)
+    clock = ManualClock()
+    app = make_app(long_poll_seconds=60, clock=clock)
     checks = CountedChecks(app, monkeypatch)
     async with http_client(app) as http:
         created = await create_session(http)
         polls = _union_polls(http, created, 0)
         await checks.reached(WAITERS)
         await _put_nodes(http, created, 1)  # does not complete the slot: wakes nobody
-        clock.offset += 60
+        clock.advance(60)
         answers = await asyncio.gather(*polls)
     assert {a.status_code for a in answers} == {202}
     assert {tuple(a.json()["received"]) for a in answers} == {(1,)}  # the last check's view
@@ -147,9 +136,9 @@ async def test_a_wait_that_runs_out_is_checked_once_more(
 async def test_a_straggler_deadline_is_one_timer_for_all_its_waiters(
     make_app: Callable[..., FastAPI], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    app = make_app(long_poll_seconds=60)
+    clock = ManualClock()
+    app = make_app(long_poll_seconds=60, clock=clock)
     notifier = service_context(app).notifier
-    clock = Clocks(monkeypatch)
     checks = CountedChecks(app, monkeypatch)
     async with http_client(app) as http:
         created = await create_session(http, stragglers="continue", straggler_wait_seconds=10)
@@ -158,7 +147,7 @@ async def test_a_straggler_deadline_is_one_timer_for_all_its_waiters(
         polls = _union_polls(http, created, 0)
         await checks.reached(WAITERS)
         assert notifier.pending_deadlines == 1
-        clock.offset += 10  # the wait is over: the slot closes without client 2
+        clock.advance(10)  # the wait is over: the slot closes without client 2
         answers = await asyncio.gather(*polls)
     assert [a.status_code for a in answers] == [200] * WAITERS
     assert notifier.pending_deadlines == 0

@@ -165,7 +165,7 @@ def test_ledger_rows_are_committed_under_synchronous_full(database: Path) -> Non
         with store.transaction() as tx:
             assert tx.durable is False
             assert store._db.execute("PRAGMA synchronous").fetchone() == (normal,)
-            tx.insert_session("s", "{}", [b"h" * 32], state="running")
+            tx.insert_session("s", "{}", [b"h" * 32])
             with pytest.raises(RuntimeError, match="durable transaction"):
                 tx.append_ledger(
                     "s", release_index=1, pass_index=0, epsilon=0.5, at=1.0, clients=[0]
@@ -211,7 +211,7 @@ def test_the_database_and_its_wal_files_are_created_private(database: Path) -> N
         store = Store(database)
         try:
             with store.transaction() as tx:
-                tx.insert_session("s", "{}", [b"h" * 32], state="running")
+                tx.insert_session("s", "{}", [b"h" * 32])
             files = [p for p in database.parent.glob(f"{database.name}*") if p.is_file()]
             modes = {p.name: oct(p.stat().st_mode & 0o777) for p in files}
         finally:

@@ -21,7 +21,8 @@ from service_testkit import (
 )
 
 from service.app import service_context
-from service.rounds import Caller, Payload, Waiting
+from service.notify import Waiting
+from service.rounds import Caller, Payload
 
 pytestmark = pytest.mark.anyio
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -199,15 +198,13 @@ def test_the_served_process_never_maps_torch(glasu_serve: ServedProcess) -> None
     """The process `glasu serve` runs, up and after its first session with differential privacy
     (which loads the privacy accountant), has no torch library mapped and stays small."""
     process, base = glasu_serve.process, glasu_serve.base
-    glasu_serve.wait_healthy()
-    time.sleep(1.0)  # let start-up settle before reading the idle size
+    glasu_serve.wait_healthy()  # it has served a request: started up
     rss_started = _rss_mb(process.pid)
     request = private_session_request(
         {"delta": 1e-5, "clip": 1.0, "occurrence_cap": 0, "noise_multiplier": 2.0}
     )
     response = httpx.post(f"{base}/v1/sessions", json=request, headers=admin(), timeout=60)
-    assert response.status_code == 201, response.text
-    time.sleep(0.5)
+    assert response.status_code == 201, response.text  # the accountant is loaded
     rss_idle = _rss_mb(process.pid)
     sizes = f"RSS {rss_started:.1f} MB after start-up, {rss_idle:.1f} MB after a DP session"
     print(sizes)

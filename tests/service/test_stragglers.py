@@ -1,13 +1,13 @@
 """The straggler policy at the service: under "continue" a layer whose wait is over is formed from
 the clients that arrived (2 at least), the late client is excluded from the rest of the pass and
 takes part again in the next one, and the privacy ledger records whose shares each release
-holds. Under "wait" (the default) nothing closes early."""
+holds. Under "wait" (the default) nothing closes early. The straggler waits and the long polls
+run on the service's clock, a :class:`ManualClock` the tests move on: none waits for real time."""
 
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 import numpy as np
@@ -29,11 +29,34 @@ from service_testkit import (
 
 from clients.cli.session_cmd import describe
 from service.app import service_context
+from service.clock import ManualClock
 
 pytestmark = pytest.mark.anyio
 
 WAIT = 0.4  # straggler_wait_seconds of these sessions
 CONTINUE = {"stragglers": "continue", "straggler_wait_seconds": WAIT}
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+async def client(
+    make_app: Callable[..., FastAPI], clock: ManualClock
+) -> AsyncIterator[httpx.AsyncClient]:
+    async with http_client(make_app(clock=clock)) as http:
+        yield http
+
+
+async def polling(clock: ManualClock, request: Awaitable[httpx.Response]) -> asyncio.Future:
+    """The long poll ``request``, started and waiting: the clock holds its timer."""
+    poll = asyncio.ensure_future(request)
+    async with asyncio.timeout(30):
+        while not clock.pending_timers and not poll.done():
+            await asyncio.sleep(0.001)
+    return poll
 
 
 async def put(
@@ -106,16 +129,20 @@ async def test_continue_needs_three_clients_and_unshared_noise(client: httpx.Asy
 
 async def test_a_pass_goes_on_without_a_late_node_set_and_takes_the_client_back_next_pass(
     client: httpx.AsyncClient,
+    clock: ManualClock,
 ) -> None:
     created = await create_session(client, **CONTINUE)
     rng = np.random.default_rng(0)
     nodes = np.arange(10)
     for m in (0, 1):
         assert (await put(client, created, m, 0, 1, nodes + m)).status_code == 201
-    started = time.monotonic()
-    union = await get(client, created, 0, 0, 1, "nodes", wait=5)
+    started = clock.now()
+    poll = await polling(clock, get(client, created, 0, 0, 1, "nodes", wait=5))
+    assert not poll.done()
+    clock.advance(WAIT)
+    union = await poll
     assert union.status_code == 200
-    assert time.monotonic() - started >= WAIT * 0.5  # closed by the wait, not at once
+    assert clock.now() - started >= WAIT * 0.5  # closed by the wait, not at once
     assert np.frombuffer(union.content, "<i8").tolist() == list(range(11))
     late = await put(client, created, 2, 0, 1, nodes)
     assert_problem(late, 409, "excluded", mentions="went on without client 2")
@@ -158,6 +185,7 @@ async def test_a_pass_goes_on_without_a_late_node_set_and_takes_the_client_back_
 
 async def test_a_late_share_is_left_out_of_the_sum_after_the_wait(
     client: httpx.AsyncClient,
+    clock: ManualClock,
 ) -> None:
     created = await create_session(client, **CONTINUE)
     nodes = np.arange(6)
@@ -167,30 +195,42 @@ async def test_a_late_share_is_left_out_of_the_sum_after_the_wait(
         await put(client, created, m, 0, 1, np.full((6, 8), m + 1.0))
     waiting = await get(client, created, 0, 0, 1, "aggregate", wait=0)
     assert waiting.status_code == 202 and waiting.json()["missing"] == [1]
-    total = await get(client, created, 2, 0, 1, "aggregate", wait=5)
+    poll = await polling(clock, get(client, created, 2, 0, 1, "aggregate", wait=5))
+    clock.advance(WAIT)
+    total = await poll
     assert total.status_code == 200 and total.headers["x-glasu-count"] == "2"
     assert np.frombuffer(total.content, "<f4").tolist() == [4.0] * 48  # 1 + 3
     assert_problem(await put(client, created, 1, 0, 1, np.ones((6, 8))), 409, "excluded")
 
 
-async def test_one_share_alone_is_never_a_sum(client: httpx.AsyncClient) -> None:
+async def test_one_share_alone_is_never_a_sum(
+    client: httpx.AsyncClient, clock: ManualClock
+) -> None:
     """A sum of one share would hand that share to whoever fetches it."""
     created = await create_session(client, **CONTINUE)
     await put(client, created, 0, 0, 1, np.arange(6))
-    await asyncio.sleep(WAIT + 0.1)
-    waiting = await get(client, created, 0, 0, 1, "nodes", wait=1.2)
-    assert waiting.status_code == 202 and waiting.json()["missing"] == [1, 2]
+    clock.advance(WAIT + 0.1)
+    poll = await polling(clock, get(client, created, 0, 0, 1, "nodes", wait=1.2))
+    clock.advance(1.2)
+    answer = await poll
+    assert answer.status_code == 202 and answer.json()["missing"] == [1, 2]
 
 
-async def test_under_wait_a_slot_never_closes_early(client: httpx.AsyncClient) -> None:
+async def test_under_wait_a_slot_never_closes_early(
+    client: httpx.AsyncClient, clock: ManualClock
+) -> None:
     created = await create_session(client, straggler_wait_seconds=WAIT)  # the policy is "wait"
     for m in (0, 1):
         await put(client, created, m, 0, 1, np.arange(6))
-    waiting = await get(client, created, 0, 0, 1, "nodes", wait=1.2)
-    assert waiting.status_code == 202 and waiting.json()["missing"] == [2]
+    poll = await polling(clock, get(client, created, 0, 0, 1, "nodes", wait=1.2))
+    clock.advance(1.2)
+    answer = await poll
+    assert answer.status_code == 202 and answer.json()["missing"] == [2]
 
 
-async def test_the_ledger_counts_each_clients_own_releases(client: httpx.AsyncClient) -> None:
+async def test_the_ledger_counts_each_clients_own_releases(
+    client: httpx.AsyncClient, clock: ManualClock
+) -> None:
     privacy = {"noise_multiplier": 1.0, "delta": 1e-5, "clip": 1.0}
     created = await create_session(
         client, **{**private_session_request(privacy), **CONTINUE, "encryption": "none"}
@@ -202,7 +242,9 @@ async def test_the_ledger_counts_each_clients_own_releases(client: httpx.AsyncCl
             assert await rejoin(client, created, 2) == 1  # after pass 0 went on without it
         for m in arriving:
             await put(client, created, m, p, 1, np.arange(6))
-        assert (await get(client, created, 0, p, 1, "nodes", wait=5)).status_code == 200
+        poll = await polling(clock, get(client, created, 0, p, 1, "nodes", wait=5))
+        clock.advance(WAIT)  # pass 0 goes on without client 2 once the wait is over
+        assert (await poll).status_code == 200
         for m in arriving:
             await put(client, created, m, p, 1, np.zeros((6, 8)))
         answer = await get(client, created, arriving[0], p, 1, "aggregate", wait=5)

@@ -1,10 +1,11 @@
 """Alignment routes: the admin creates an alignment (one token per party); each party posts the
 blinded sets the ring gives it, fetches the one it blinds next (long poll) and, at the end, its
-positions in the aligned node index. See ``service/alignment.py`` and docs/protocol.md.
+positions in the aligned node index. See :mod:`service.alignment` and docs/protocol.md.
 
 Authentication: the admin token for creating; a party token (bound to one alignment and one
 party index) for the party routes; either for the status. Order of checks as elsewhere: no or
-unknown token -> 401, unknown alignment -> 404, token not allowed here -> 403.
+unknown token -> 401, unknown alignment -> 404, token not allowed here -> 403
+(:mod:`service.api.deps`).
 """
 
 from __future__ import annotations
@@ -12,20 +13,17 @@ from __future__ import annotations
 from functools import partial
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
+from fastapi import Header, Path, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from secure.psi import ELEMENT_BYTES
-from service.alignment import (
+from service.alignment.manager import (
     POSITION_BYTES,
     POSITIONS_ENCODING,
     SET_ENCODING,
-    AlignmentManager,
-    PartyCaller,
     RelayedSet,
     SetUpload,
-    Waiting,
 )
 from service.alignment_schemas import (
     AlignmentCreate,
@@ -34,53 +32,27 @@ from service.alignment_schemas import (
     AlignmentWaiting,
     SetReceipt,
 )
-from service.api.body import AuthFirstRoute, binary_body
+from service.api.body import api_router, binary_body
 from service.api.deps import (
+    AlignmentAdminDep,
+    AlignmentIdPath,
+    AlignmentReaderDep,
+    AlignmentsDep,
     ContextDep,
-    CredentialsDep,
-    invalid_token,
-    is_admin,
-    token_hash_of,
+    PartyDep,
 )
-from service.api.routes.docs import (
-    BINARY_REQUEST_BODY,
-    OCTET_STREAM,
-    PROBLEM_RESPONSES,
-    binary_response,
-)
-from service.context import ServiceContext
-from service.domain_errors import AlignmentNotFound
-from service.errors import ProblemError
-from service.notify import long_poll
+from service.api.polling import WaitQuery, poll
+from service.api.routes.docs import BINARY_REQUEST_BODY, OCTET_STREAM, binary_response
+from service.notify import Waiting
 from service.schemas import MAX_CLIENTS
-from service.settings import MAX_LONG_POLL_SECONDS
 
-router = APIRouter(
-    prefix="/v1/alignments",
-    tags=["alignments"],
-    responses=PROBLEM_RESPONSES,
-    route_class=AuthFirstRoute,
-)
+router = api_router("/v1/alignments", "alignments")
 
-AlignmentIdPath = Annotated[
-    str, Path(alias="aid", min_length=1, max_length=64, description="Alignment id.")
-]
-PartyPath = Annotated[
-    int, Path(alias="m", ge=0, lt=MAX_CLIENTS, description="Party index m (0-based).")
-]
 OwnerPath = Annotated[
     int, Path(alias="o", ge=0, lt=MAX_CLIENTS, description="The party whose ids the set holds.")
 ]
 HopPath = Annotated[
     int, Path(alias="h", ge=0, lt=MAX_CLIENTS, description="Keys applied so far, minus one.")
-]
-WaitQuery = Annotated[
-    float | None,
-    Query(
-        ge=0,
-        le=MAX_LONG_POLL_SECONDS,
-        description="Seconds to wait for completion (default and cap: GLASU_LONG_POLL_SECONDS).",
-    ),
 ]
 ShapeHeader = Annotated[
     str | None, Header(alias="X-Glasu-Shape", description="Element count of the set.")
@@ -102,91 +74,8 @@ WAITING_RESPONSE: dict[int | str, dict[str, object]] = {
 }
 
 
-def get_alignments(request: Request) -> AlignmentManager:
-    return request.app.state.glasu_alignments  # type: ignore[no-any-return]
-
-
-AlignmentsDep = Annotated[AlignmentManager, Depends(get_alignments)]
-
-
-# -- authentication --------------------------------------------------------------------------------
-
-
-def _party_of(alignments: AlignmentManager, token_hash: bytes, alignment_id: str) -> int:
-    owner = alignments.party_of_token(token_hash)
-    if owner is None:
-        raise invalid_token()
-    if not alignments.exists(alignment_id):
-        raise AlignmentNotFound(alignment_id)
-    if owner[0] != alignment_id:
-        raise ProblemError(403, "forbidden", "this token belongs to another alignment")
-    return owner[1]
-
-
-def require_admin(
-    context: ContextDep, alignments: AlignmentsDep, credentials: CredentialsDep
-) -> None:
-    token_hash = token_hash_of(credentials)
-    if is_admin(context, token_hash):
-        return
-    with context.store.transaction() as tx:
-        session_token = tx.token_owner(token_hash) is not None
-    if session_token or alignments.party_of_token(token_hash) is not None:
-        raise ProblemError(403, "forbidden", "only the admin token creates alignments")
-    raise invalid_token()
-
-
-def require_party(
-    context: ContextDep,
-    alignments: AlignmentsDep,
-    credentials: CredentialsDep,
-    alignment_id: AlignmentIdPath,
-    party: PartyPath,
-) -> PartyCaller:
-    token_hash = token_hash_of(credentials)
-    if is_admin(context, token_hash):
-        raise ProblemError(
-            403, "forbidden", "the admin token cannot act as a party; use that party's token"
-        )
-    owner = _party_of(alignments, token_hash, alignment_id)
-    if owner != party:
-        raise ProblemError(
-            403, "forbidden", f"this token belongs to party {owner}; it cannot act as party {party}"
-        )
-    return PartyCaller(alignment_id=alignment_id, party=party)
-
-
-def require_reader(
-    context: ContextDep,
-    alignments: AlignmentsDep,
-    credentials: CredentialsDep,
-    alignment_id: AlignmentIdPath,
-) -> None:
-    """The admin, or any party of the alignment."""
-    token_hash = token_hash_of(credentials)
-    if not is_admin(context, token_hash):
-        _party_of(alignments, token_hash, alignment_id)
-
-
-AdminDep = Annotated[None, Depends(require_admin)]
-PartyDep = Annotated[PartyCaller, Depends(require_party)]
-ReaderDep = Annotated[None, Depends(require_reader)]
-
-
-# -- routes ----------------------------------------------------------------------------------------
-
-
 def _notify_key(alignment_id: str) -> str:
     return f"alignment:{alignment_id}"
-
-
-def _wait_seconds(context: ServiceContext, wait: float | None) -> float:
-    limit = context.settings.long_poll_seconds
-    return limit if wait is None else min(wait, limit)
-
-
-def _is_waiting(result: object) -> bool:
-    return isinstance(result, Waiting)
 
 
 def _binary(
@@ -203,7 +92,7 @@ def _binary(
 
 @router.post("", status_code=201, response_model=AlignmentCreated, summary="Create an alignment")
 def create_alignment(
-    _: AdminDep, alignments: AlignmentsDep, request: AlignmentCreate, response: Response
+    _: AlignmentAdminDep, alignments: AlignmentsDep, request: AlignmentCreate, response: Response
 ) -> AlignmentCreated:
     """Admin only. Returns the party tokens once: the service keeps only their hashes."""
     created = alignments.create(request)
@@ -213,7 +102,7 @@ def create_alignment(
 
 @router.get("/{aid}", response_model=AlignmentStatus, summary="Alignment status")
 def get_alignment(
-    _: ReaderDep, alignments: AlignmentsDep, alignment_id: AlignmentIdPath
+    _: AlignmentReaderDep, alignments: AlignmentsDep, alignment_id: AlignmentIdPath
 ) -> AlignmentStatus:
     """The admin or any party of the alignment: set sizes, hops posted and, once done, the size
     of the intersection and its digest."""
@@ -275,13 +164,8 @@ async def get_set(
     wait: WaitQuery = None,
 ) -> Response:
     # Served only to party o+h+1 (mod M), the next to blind it; never the fully blinded hop.
-    result = await long_poll(
-        context.notifier,
-        _notify_key(caller.alignment_id),
-        partial(alignments.get_set, caller, owner, hop),
-        is_waiting=_is_waiting,
-        timeout=_wait_seconds(context, wait),
-    )
+    check = partial(alignments.get_set, caller, owner, hop)
+    result = await poll(context, _notify_key(caller.alignment_id), check, wait)
     if isinstance(result, Waiting):
         return _binary(result, shape="0", encoding=SET_ENCODING)
     relayed: RelayedSet = result
@@ -310,12 +194,7 @@ async def get_positions(
     caller: PartyDep, context: ContextDep, alignments: AlignmentsDep, wait: WaitQuery = None
 ) -> Response:
     # Ready once every fully blinded set is in and the service has intersected them.
-    result = await long_poll(
-        context.notifier,
-        _notify_key(caller.alignment_id),
-        partial(alignments.positions, caller),
-        is_waiting=_is_waiting,
-        timeout=_wait_seconds(context, wait),
-    )
+    check = partial(alignments.positions, caller)
+    result = await poll(context, _notify_key(caller.alignment_id), check, wait)
     size = "0" if isinstance(result, Waiting) else str(len(result) // POSITION_BYTES)
     return _binary(result, shape=size, encoding=POSITIONS_ENCODING)

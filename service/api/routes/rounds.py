@@ -12,21 +12,16 @@ from __future__ import annotations
 from functools import partial
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Path, Query, Request, Response
+from fastapi import Header, Path, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from service.api.body import AuthFirstRoute, binary_body
+from service.api.body import api_router, binary_body
 from service.api.deps import ClientDep, ContextDep
-from service.api.routes.docs import (
-    BINARY_REQUEST_BODY,
-    OCTET_STREAM,
-    PROBLEM_RESPONSES,
-    binary_response,
-)
-from service.context import ServiceContext
-from service.notify import long_poll
-from service.rounds import Caller, Payload, UploadOutcome, Waiting
+from service.api.polling import WaitQuery, poll
+from service.api.routes.docs import BINARY_REQUEST_BODY, OCTET_STREAM, binary_response
+from service.notify import Waiting
+from service.rounds import Caller, Payload, UploadOutcome
 from service.schemas import (
     MAX_COUNT,
     MAX_LAYERS,
@@ -36,15 +31,9 @@ from service.schemas import (
     UploadReceipt,
     WaitingStatus,
 )
-from service.settings import MAX_LONG_POLL_SECONDS
 from service.store import ResultKind, UploadKind
 
-router = APIRouter(
-    prefix="/v1/sessions/{sid}/clients/{m}",
-    tags=["clients"],
-    responses=PROBLEM_RESPONSES,
-    route_class=AuthFirstRoute,
-)
+router = api_router("/v1/sessions/{sid}/clients/{m}", "clients")
 
 PassPath = Annotated[int, Path(alias="p", ge=0, le=MAX_COUNT, description="Pass index (0-based).")]
 LayerPath = Annotated[
@@ -56,14 +45,6 @@ ShapeHeader = Annotated[
 EncodingHeader = Annotated[
     str | None, Header(alias="X-Glasu-Encoding", description="int64, float32 or ckks.")
 ]
-WaitQuery = Annotated[
-    float | None,
-    Query(
-        ge=0,
-        le=MAX_LONG_POLL_SECONDS,
-        description="Seconds to wait for completion (default and cap: GLASU_LONG_POLL_SECONDS).",
-    ),
-]
 
 UPLOAD_RESPONSES: dict[int | str, dict[str, object]] = {
     200: {"model": UploadReceipt, "description": "Identical duplicate of an earlier upload."},
@@ -71,19 +52,12 @@ UPLOAD_RESPONSES: dict[int | str, dict[str, object]] = {
 }
 
 
-def _waiting_response(waiting: Waiting) -> JSONResponse:
-    status = WaitingStatus(
-        pass_index=waiting.pass_index,
-        layer=waiting.layer,
-        received=waiting.received,
-        missing=waiting.missing,
-    )
-    return JSONResponse(status.model_dump(mode="json", by_alias=True), status_code=202)
-
-
-def _payload_response(result: Payload | Waiting) -> Response:
+def _payload_response(result: Payload | Waiting, pass_index: int, layer: int) -> Response:
     if isinstance(result, Waiting):
-        return _waiting_response(result)
+        status = WaitingStatus(
+            pass_index=pass_index, layer=layer, received=result.received, missing=result.missing
+        )
+        return JSONResponse(status.model_dump(mode="json", by_alias=True), status_code=202)
     headers = {"X-Glasu-Shape": result.shape, "X-Glasu-Encoding": result.encoding}
     if result.count is not None:
         headers["X-Glasu-Count"] = str(result.count)
@@ -104,20 +78,6 @@ def _receipt_response(
     return JSONResponse(
         receipt.model_dump(mode="json", by_alias=True), status_code=201 if outcome.created else 200
     )
-
-
-def _wait_seconds(context: ServiceContext, wait: float | None) -> float:
-    limit = context.settings.long_poll_seconds
-    return limit if wait is None else min(wait, limit)
-
-
-def _is_waiting(result: object) -> bool:
-    return isinstance(result, Waiting)
-
-
-def _closes_at(result: object) -> float | None:
-    """A slot that may close without a straggler is checked again when it may."""
-    return result.closes_at if isinstance(result, Waiting) else None
 
 
 @router.get("/passes/{p}", response_model=PassInfo, summary="Describe pass p")
@@ -164,15 +124,9 @@ def _add_layer_exchange(
         wait: WaitQuery = None,
     ) -> Response:
         # Long-poll until the result is complete or the wait runs out (202).
-        result = await long_poll(
-            context.notifier,
-            caller.session_id,
-            partial(context.engine.downloads.get, result_kind, caller, pass_index, layer),
-            is_waiting=_is_waiting,
-            timeout=_wait_seconds(context, wait),
-            wake_at=_closes_at,
-        )
-        return _payload_response(result)
+        check = partial(context.engine.downloads.get, result_kind, caller, pass_index, layer)
+        result = await poll(context, caller.session_id, check, wait)
+        return _payload_response(result, pass_index, layer)
 
     router.put(
         f"/passes/{{p}}/layers/{{l}}/{upload_kind}",

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import time
 from typing import Annotated
 from urllib.parse import urlencode
 
-from fastapi import APIRouter, Query, Response
+from fastapi import Query, Response
 from fastapi.responses import HTMLResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from service.api.body import AuthFirstRoute, takes_large_json
+from service.api.body import api_router, takes_large_json
 from service.api.deps import AdminDep, ContextDep, SessionIdPath, SessionReaderDep
-from service.api.routes.docs import PROBLEM_RESPONSES
 from service.schemas import (
     PrivacyReport,
     SessionCreate,
@@ -22,12 +20,7 @@ from service.schemas import (
     SessionSummary,
 )
 
-router = APIRouter(
-    prefix="/v1/sessions",
-    tags=["sessions"],
-    responses=PROBLEM_RESPONSES,
-    route_class=AuthFirstRoute,
-)
+router = api_router("/v1/sessions", "sessions")
 
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
@@ -109,7 +102,7 @@ def get_report(_: SessionReaderDep, context: ContextDep, session_id: SessionIdPa
     """The admin or any client of the session: a read-only page with who, when, what was
     released, epsilon against each adversary in plain words, the target and what is not
     protected (the sections of `glasu report`, from the service's own ledger; not signed)."""
-    page = context.sessions.report_page(session_id, now=time.time())
+    page = context.sessions.report_page(session_id, now=context.clock.now())
     return HTMLResponse(page, headers={"Cache-Control": "no-store"})
 
 

@@ -10,7 +10,6 @@ and no value anyone could test an id against, is ever stored (docs/threat-model.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 from service.store import Store, Transaction
@@ -108,6 +107,7 @@ class AlignmentTables:
 
     def __init__(self, tx: Transaction) -> None:
         self._db = tx.connection
+        self._now = tx.now
 
     def insert(
         self,
@@ -119,7 +119,7 @@ class AlignmentTables:
         nodes: str,
         token_hashes: list[bytes],
     ) -> None:
-        now = time.time()
+        now = self._now()
         self._db.execute(
             "INSERT INTO alignments"
             " (id, parties, seed, label, state, created_at, updated_at, nodes)"
@@ -181,7 +181,7 @@ class AlignmentTables:
             "INSERT INTO alignment_sets"
             " (alignment_id, owner, hop, size, sha256, body, signature, created_at)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (alignment_id, owner, hop, size, sha256, body, signature, time.time()),
+            (alignment_id, owner, hop, size, sha256, body, signature, self._now()),
         )
 
     def complete(
@@ -202,7 +202,7 @@ class AlignmentTables:
         self._db.execute(
             "UPDATE alignments SET state = 'done', aligned_nodes = ?, shared_nodes = ?,"
             " digest = ?, updated_at = ? WHERE id = ?",
-            (aligned_nodes, shared_nodes, digest, time.time(), alignment_id),
+            (aligned_nodes, shared_nodes, digest, self._now(), alignment_id),
         )
         self._db.execute(
             "UPDATE alignment_sets SET body = NULL, signature = NULL WHERE alignment_id = ?",

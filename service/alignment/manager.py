@@ -15,24 +15,23 @@ every set body and signature.
 from __future__ import annotations
 
 import hashlib
-import secrets
 import uuid
 from dataclasses import dataclass
 
 import numpy as np
 
 from secure.psi import ELEMENT_BYTES, check_elements, pack, unpack
+from service.alignment.tables import (
+    AlignmentRow,
+    AlignmentTables,
+    SetRow,
+    create_alignment_tables,
+)
 from service.alignment_schemas import (
     AlignmentCreate,
     AlignmentCreated,
     AlignmentStatus,
     SetProgress,
-)
-from service.alignment_store import (
-    AlignmentRow,
-    AlignmentTables,
-    SetRow,
-    create_alignment_tables,
 )
 from service.domain_errors import (
     AlignmentConflict,
@@ -43,13 +42,13 @@ from service.domain_errors import (
     BadPayload,
     WrongShape,
 )
-from service.sessions import token_sha256
+from service.notify import Waiting
 from service.store import Store
+from service.tokens import new_tokens, token_sha256
 
 SET_ENCODING = "ristretto255"
 POSITIONS_ENCODING = "int64"
 POSITION_BYTES = 8  # little-endian int64
-PARTY_TOKEN_BYTES = 32
 SIGNATURE_BYTES = 64  # Ed25519
 
 
@@ -57,11 +56,6 @@ SIGNATURE_BYTES = 64  # Ed25519
 class PartyCaller:
     alignment_id: str
     party: int
-
-
-@dataclass(frozen=True)
-class Waiting:
-    missing: list[int]
 
 
 @dataclass(frozen=True)
@@ -95,7 +89,7 @@ class AlignmentManager:
 
     def create(self, request: AlignmentCreate) -> AlignmentCreated:
         alignment_id = uuid.uuid4().hex
-        tokens = [secrets.token_urlsafe(PARTY_TOKEN_BYTES) for _ in range(request.parties)]
+        tokens = new_tokens(request.parties)
         with self.store.transaction() as tx:
             AlignmentTables(tx).insert(
                 alignment_id,

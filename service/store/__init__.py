@@ -1,0 +1,18 @@
+"""The service's SQLite store (see :mod:`.database`)."""
+
+from service.store.accounts import LedgerRow, MetricsRow
+from service.store.database import Store, Transaction
+from service.store.rounds import ResultKind, ResultRow, UploadKind, UploadRow
+from service.store.sessions import SessionRow
+
+__all__ = [
+    "LedgerRow",
+    "MetricsRow",
+    "ResultKind",
+    "ResultRow",
+    "SessionRow",
+    "Store",
+    "Transaction",
+    "UploadKind",
+    "UploadRow",
+]

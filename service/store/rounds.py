@@ -1,0 +1,235 @@
+"""The rounds' rows: uploads (hashes, sizes and the bodies of node sets), results (unions with
+their bodies; sums' rows only) and the absences of stragglers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from service.store.queries import Queries
+
+ROUND_SCHEMA = """
+CREATE TABLE IF NOT EXISTS uploads (
+    session_id TEXT NOT NULL REFERENCES sessions(id),
+    pass_index INTEGER NOT NULL,
+    layer INTEGER NOT NULL,
+    kind TEXT NOT NULL CHECK (kind IN ('nodes', 'embedding')),
+    client_index INTEGER NOT NULL,
+    sha256 BLOB NOT NULL,
+    size INTEGER NOT NULL,
+    body BLOB,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (session_id, pass_index, layer, kind, client_index)
+);
+CREATE TABLE IF NOT EXISTS results (
+    session_id TEXT NOT NULL REFERENCES sessions(id),
+    pass_index INTEGER NOT NULL,
+    layer INTEGER NOT NULL,
+    kind TEXT NOT NULL CHECK (kind IN ('union', 'aggregate')),
+    rows INTEGER NOT NULL,
+    cols INTEGER NOT NULL,
+    count INTEGER NOT NULL,
+    body BLOB,
+    created_at REAL NOT NULL,
+    released_at REAL,
+    PRIMARY KEY (session_id, pass_index, layer, kind)
+);
+CREATE TABLE IF NOT EXISTS absences (
+    session_id TEXT NOT NULL REFERENCES sessions(id),
+    client_index INTEGER NOT NULL,
+    from_pass INTEGER NOT NULL,
+    back_at INTEGER,
+    PRIMARY KEY (session_id, client_index)
+);
+"""
+
+UploadKind = Literal["nodes", "embedding"]
+ResultKind = Literal["union", "aggregate"]
+
+
+@dataclass(frozen=True, slots=True)
+class UploadRow:
+    client_index: int
+    sha256: bytes
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class ResultRow:
+    rows: int
+    cols: int
+    count: int
+    body: bytes | None  # None once discarded, and for sums (kept outside SQLite)
+    released_at: float | None
+
+
+class RoundQueries(Queries):
+    def upload(
+        self, session_id: str, pass_index: int, layer: int, kind: UploadKind, client_index: int
+    ) -> UploadRow | None:
+        row = self._db.execute(
+            "SELECT client_index, sha256, size FROM uploads WHERE session_id = ? AND pass_index = ?"
+            " AND layer = ? AND kind = ? AND client_index = ?",
+            (session_id, pass_index, layer, kind, client_index),
+        ).fetchone()
+        return UploadRow(int(row[0]), bytes(row[1]), int(row[2])) if row else None
+
+    def uploaders(
+        self, session_id: str, pass_index: int, layer: int, kind: UploadKind
+    ) -> list[int]:
+        rows = self._db.execute(
+            "SELECT client_index FROM uploads WHERE session_id = ? AND pass_index = ? AND layer = ?"
+            " AND kind = ? ORDER BY client_index",
+            (session_id, pass_index, layer, kind),
+        ).fetchall()
+        return [int(r[0]) for r in rows]
+
+    def uploads(
+        self, session_id: str, pass_index: int, layer: int, kind: UploadKind
+    ) -> list[UploadRow]:
+        """The slot's uploads in client index order."""
+        rows = self._db.execute(
+            "SELECT client_index, sha256, size FROM uploads WHERE session_id = ? AND pass_index = ?"
+            " AND layer = ? AND kind = ? ORDER BY client_index",
+            (session_id, pass_index, layer, kind),
+        ).fetchall()
+        return [UploadRow(int(r[0]), bytes(r[1]), int(r[2])) for r in rows]
+
+    def first_upload_at(
+        self, session_id: str, pass_index: int, layer: int, kind: UploadKind
+    ) -> float | None:
+        (at,) = self._db.execute(
+            "SELECT MIN(created_at) FROM uploads WHERE session_id = ? AND pass_index = ?"
+            " AND layer = ? AND kind = ?",
+            (session_id, pass_index, layer, kind),
+        ).fetchone()
+        return at
+
+    def result_slots(self, session_id: str, pass_index: int) -> list[tuple[int, ResultKind]]:
+        """The (layer, kind) of every result of the pass stored so far."""
+        rows = self._db.execute(
+            "SELECT layer, kind FROM results WHERE session_id = ? AND pass_index = ?",
+            (session_id, pass_index),
+        ).fetchall()
+        return [(int(layer), kind) for layer, kind in rows]
+
+    def upload_bodies(
+        self, session_id: str, pass_index: int, layer: int, kind: UploadKind
+    ) -> list[bytes]:
+        """Bodies in client index order; raises if one was discarded."""
+        rows = self._db.execute(
+            "SELECT body FROM uploads WHERE session_id = ? AND pass_index = ? AND layer = ?"
+            " AND kind = ? ORDER BY client_index",
+            (session_id, pass_index, layer, kind),
+        ).fetchall()
+        if any(r[0] is None for r in rows):
+            raise LookupError(f"uploads of pass {pass_index} layer {layer} were discarded")
+        return [bytes(r[0]) for r in rows]
+
+    def insert_upload(
+        self,
+        session_id: str,
+        pass_index: int,
+        layer: int,
+        kind: UploadKind,
+        client_index: int,
+        *,
+        sha256: bytes,
+        size: int,
+        body: bytes | None,
+    ) -> None:
+        """``body`` None: the body is kept outside SQLite (embedding shares)."""
+        self._db.execute(
+            "INSERT INTO uploads (session_id, pass_index, layer, kind, client_index, sha256, size,"
+            " body, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                session_id,
+                pass_index,
+                layer,
+                kind,
+                client_index,
+                sha256,
+                size,
+                body,
+                self.now(),
+            ),
+        )
+
+    def result(
+        self, session_id: str, pass_index: int, layer: int, kind: ResultKind
+    ) -> ResultRow | None:
+        row = self._db.execute(
+            "SELECT rows, cols, count, body, released_at FROM results WHERE session_id = ?"
+            " AND pass_index = ? AND layer = ? AND kind = ?",
+            (session_id, pass_index, layer, kind),
+        ).fetchone()
+        if not row:
+            return None
+        body = bytes(row[3]) if row[3] is not None else None
+        return ResultRow(int(row[0]), int(row[1]), int(row[2]), body, row[4])
+
+    def insert_result(
+        self,
+        session_id: str,
+        pass_index: int,
+        layer: int,
+        kind: ResultKind,
+        *,
+        rows: int,
+        cols: int,
+        count: int,
+        body: bytes | None,
+        released_at: float | None = None,
+    ) -> None:
+        """``body`` None: the body is kept outside SQLite (sums)."""
+        self._db.execute(
+            "INSERT INTO results (session_id, pass_index, layer, kind, rows, cols, count, body,"
+            " created_at, released_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                session_id,
+                pass_index,
+                layer,
+                kind,
+                rows,
+                cols,
+                count,
+                body,
+                self.now(),
+                released_at,
+            ),
+        )
+
+    def discard_payloads(self, session_id: str, before_pass: int | None = None) -> None:
+        """Drop bodies of passes < ``before_pass`` (all passes if None); hashes and sizes stay."""
+        limit = before_pass if before_pass is not None else 2**62
+        for table in ("uploads", "results"):
+            self._db.execute(
+                f"UPDATE {table} SET body = NULL WHERE session_id = ? AND pass_index < ?"
+                " AND body IS NOT NULL",
+                (session_id, limit),
+            )
+
+    # Absent clients (stragglers "continue")
+
+    def absent_clients(self, session_id: str, pass_index: int) -> set[int]:
+        """Clients left out of an earlier pass and not back by ``pass_index``."""
+        rows = self._db.execute(
+            "SELECT client_index FROM absences WHERE session_id = ? AND from_pass <= ?"
+            " AND (back_at IS NULL OR back_at > ?)",
+            (session_id, pass_index, pass_index),
+        ).fetchall()
+        return {int(r[0]) for r in rows}
+
+    def mark_absent(self, session_id: str, client_index: int, *, from_pass: int) -> None:
+        self._db.execute(
+            "INSERT INTO absences (session_id, client_index, from_pass, back_at) VALUES (?, ?, ?,"
+            " NULL) ON CONFLICT (session_id, client_index) DO UPDATE SET from_pass ="
+            " excluded.from_pass, back_at = NULL",
+            (session_id, client_index, from_pass),
+        )
+
+    def mark_back(self, session_id: str, client_index: int, *, at_pass: int) -> None:
+        self._db.execute(
+            "UPDATE absences SET back_at = ? WHERE session_id = ? AND client_index = ?",
+            (at_pass, session_id, client_index),
+        )
