@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from models.backbone import ModelConfig
+from models.client_config import ClientConfig, uniform_agg_layers
 from models.config import TrainConfig
 from models.data import GraphDataset
-from models.federated import ClientConfig, uniform_agg_layers
 from models.partition import ClientPartition, partition, without_labels
 from secure.privacy import RELEASE_LAYER
 

@@ -14,10 +14,11 @@ from tqdm.auto import tqdm
 from models.config import TrainConfig
 from models.data import GraphDataset, load_dataset
 from models.device import resolve_device
-from models.federated import GlasuClient, PassOutcome
+from models.federated import GlasuClient
 from models.inprocess import run_pass_inprocess
 from models.keeper import KeepModels, ModelKeeper, mean_over_holders, privacy_spent
 from models.layout import FederationLayout, eval_nodes, layout_federation
+from models.outcome import PassOutcome
 from models.partition import ClientPartition
 from models.private import make_client
 from models.report import (

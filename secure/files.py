@@ -1,14 +1,17 @@
 """Files written atomically: a crash at any moment leaves the old file or the new one.
 
 The one way the project writes a file that must never be seen half-written (checkpoints, key
-material, model folders, alignments, the service's payload files)."""
+material, model folders, alignments, the service's payload files), and the header (kind and
+format) by which a reader tells its own files from others and from older ones."""
 
 from __future__ import annotations
 
 import os
 import tempfile
 from contextlib import suppress
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 def atomic_write(path: Path, data: bytes, *, mode: int = 0o600, durable: bool = True) -> None:
@@ -55,3 +58,26 @@ def sync_folder(directory: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+@dataclass(frozen=True)
+class FileFormat:
+    """What a file of ours says it is: a ``kind`` and a ``format`` (its version). A reader checks
+    both before it trusts anything else the file holds."""
+
+    kind: str
+    version: int
+    title: str  # what a message calls such a file: "glasu worker checkpoint"
+
+    def header(self) -> dict[str, Any]:
+        return {"kind": self.kind, "format": self.version}
+
+    def problem(self, content: object, *, name: str) -> str | None:
+        """Why ``content`` (read from ``name``) is not a file of this kind and format, or
+        None if it is."""
+        if not isinstance(content, dict) or content.get("kind") != self.kind:
+            return f"{name} is not a {self.title}"
+        if content.get("format") != self.version:
+            found = content.get("format")
+            return f"{name} has format {found}, this glasu reads format {self.version}"
+        return None

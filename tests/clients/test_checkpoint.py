@@ -20,18 +20,19 @@ from clients.checkpoint import (
     DigestingCodec,
     Fingerprint,
     WorkerProgress,
-    atomic_write,
 )
 from clients.transport import ServiceError
 from clients.worker import ResumedPass, exchange_share
 from models.config import TrainConfig
-from models.federated import GlasuClient, PassOutcome
+from models.federated import GlasuClient
 from models.inprocess import run_pass_inprocess
 from models.layout import eval_nodes, layout_federation
+from models.outcome import PassOutcome
 from models.private import REPRODUCIBLE_NOISE_ENV, PrivateGlasuClient
 from models.trainer import Security, prepare_security
 from secure import files as files_module
 from secure.aggregation import PlainCodec
+from secure.files import atomic_write
 from secure.protocol import Aggregate, EmbeddingRequest
 from secure.release_noise import ReleaseKeyedNoise, ReleaseSecret
 from secure.schedule import SessionSchedule
