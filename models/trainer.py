@@ -63,7 +63,8 @@ def prepare_security(config: TrainConfig, *, passes_total: int, clients: int) ->
     privacy = config.session_privacy(clients=clients, passes_total=passes_total)
     if not config.encrypted:
         return Security(codec_factory=PlainCodec, aggregator=PlainSumAggregator(), privacy=privacy)
-    from secure.ckks import CkksCodec, CkksSumAggregator, new_context, public_context_bytes
+    from secure.ckks import CkksCodec, CkksSumAggregator
+    from secure.ckks_context import new_context, public_context_bytes
 
     context = new_context()
     return Security(
