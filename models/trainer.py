@@ -17,7 +17,7 @@ from models.device import resolve_device
 from models.federated import GlasuClient
 from models.inprocess import run_pass_inprocess
 from models.keeper import KeepModels, ModelKeeper, mean_over_holders, privacy_spent
-from models.layout import FederationLayout, eval_nodes, layout_federation
+from models.layout import FederationLayout, layout_federation, session_schedule
 from models.outcome import PassOutcome
 from models.partition import ClientPartition
 from models.private import make_client
@@ -92,14 +92,7 @@ def train_inprocess(
     )
     device = resolve_device(config.device)
     layout = layout or layout_federation(config, dataset)
-    schedule = SessionSchedule.create(
-        rounds=config.rounds,
-        eval_every=config.eval_every,
-        train_nodes=dataset.train_nodes,
-        eval_nodes=eval_nodes(dataset),
-        batch_size=config.batch_size,
-        seed=config.seed,
-    )
+    schedule = session_schedule(config, dataset)
     security = security or prepare_security(
         config, passes_total=schedule.passes_total, clients=len(layout.partitions)
     )

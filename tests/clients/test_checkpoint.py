@@ -26,7 +26,7 @@ from clients.worker import ResumedPass, exchange_share
 from models.config import TrainConfig
 from models.federated import GlasuClient
 from models.inprocess import run_pass_inprocess
-from models.layout import eval_nodes, layout_federation
+from models.layout import layout_federation, session_schedule
 from models.outcome import PassOutcome
 from models.private import REPRODUCIBLE_NOISE_ENV, PrivateGlasuClient
 from models.trainer import Security, prepare_security
@@ -63,14 +63,7 @@ class Federation:
 
 def federation(config: TrainConfig, cora) -> Federation:
     layout = layout_federation(config, cora)
-    schedule = SessionSchedule.create(
-        rounds=config.rounds,
-        eval_every=config.eval_every,
-        train_nodes=cora.train_nodes,
-        eval_nodes=eval_nodes(cora),
-        batch_size=config.batch_size,
-        seed=config.seed,
-    )
+    schedule = session_schedule(config, cora)
     security = prepare_security(
         config, passes_total=schedule.passes_total, clients=len(layout.partitions)
     )
