@@ -6,6 +6,11 @@ uploads its share of an aggregation layer; it is resumed with the answer (the un
 payload and how many shares it holds). These are the wire messages of ``secure/protocol.py``. The
 in-process trainer answers all clients' requests with function calls; the HTTP worker answers its
 one client's requests through the service. Both run exactly this code.
+
+One class, a little over 400 lines: the steps of a pass (sampling, the joint aggregation, the
+local steps, GLASU B.2's gradient broadcast, evaluation) share the client's model, generators
+and workset. Its settings (``models/client_config.py``), its stale statistics
+(``models/workset.py``) and the scoring of an evaluation (``models/outcome.py``) live apart.
 """
 
 from __future__ import annotations
