@@ -32,24 +32,20 @@ import numpy as np
 import tenseal as ts
 
 from secure.aggregation import PlainCodec, PlainSumAggregator, to_grid
-from secure.ckks import (
+from secure.ckks import CkksCodec, CkksSumAggregator
+from secure.ckks_context import (
     COEFF_MOD_BIT_SIZES,
     GLOBAL_SCALE_BITS,
+    HE_STANDARD_128_CLASSICAL,
+    HE_STANDARD_128_QUANTUM,
     KEY_ID_BYTES,
     POLY_MODULUS_DEGREE,
-    CkksCodec,
-    CkksSumAggregator,
-    frame_chunks,
+    SUM_ERROR_FAILURE_BITS,
     new_context,
-    parse_frame,
     public_context_bytes,
     secret_context_bytes,
 )
-from secure.ckks_context import (
-    HE_STANDARD_128_CLASSICAL,
-    HE_STANDARD_128_QUANTUM,
-    SUM_ERROR_FAILURE_BITS,
-)
+from secure.ckks_frame import frame_chunks, parse_frame
 from secure.ckks_packing import SecretKeyCipher
 
 FLOAT32_BYTES = 4

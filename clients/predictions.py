@@ -6,7 +6,6 @@ exists is complete. CSV or Parquet by the file's extension."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from models.party import NOT_SHARED, read_alignment, read_party
+from secure.files import move_into_place
 
 FORMATS = (".csv", ".parquet")
 
@@ -77,7 +77,7 @@ class PredictionWriter:
 
     def finish(self) -> Path:
         self._writer.close()
-        os.replace(self.partial, self.path)
+        move_into_place(self.partial, self.path)
         return self.path
 
     def abandon(self) -> None:

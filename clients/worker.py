@@ -26,8 +26,10 @@ from clients.policy import PrivacyPolicy, ReleaseGate, admit_session, session_ab
 from clients.transport import PeersMissing, ServiceClient, ServiceError
 from models.artefact import ModelError, SavedModel
 from models.backbone import ModelConfig
-from models.federated import ClientConfig, GlasuClient, PassOutcome
+from models.client_config import ClientConfig
+from models.federated import GlasuClient
 from models.keeper import ModelKeeper
+from models.outcome import PassOutcome
 from models.partition import ClientPartition, check_labels, without_labels
 from models.private import make_client
 from models.report import recent_training_loss

@@ -32,10 +32,9 @@ import numpy as np
 import torch
 
 from models.metrics import describe_scores
-from secure.files import atomic_write
+from secure.files import FileFormat, atomic_write
 
-ARTEFACT_KIND = "glasu-model"
-ARTEFACT_FORMAT = 1
+ARTEFACT = FileFormat(kind="glasu-model", version=1, title="glasu model manifest")
 MANIFEST = "manifest.json"
 WEIGHTS = "weights.pt"
 EVALUATION = "evaluation.npz"
@@ -107,8 +106,7 @@ def save_model(
         np.savez(out, nodes=np.asarray(nodes, np.int64), probabilities=probabilities)
         atomic_write(directory / EVALUATION, out.getvalue())
     full = {
-        "kind": ARTEFACT_KIND,
-        "format": ARTEFACT_FORMAT,
+        **ARTEFACT.header(),
         "glasu_version": glasu_version(),
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         **manifest,
@@ -128,14 +126,11 @@ def read_manifest(directory: Path) -> dict[str, Any]:
         ) from None
     except (OSError, ValueError) as exc:
         raise ModelError(f"cannot read {path}: {exc}") from exc
-    if not isinstance(manifest, dict) or manifest.get("kind") != ARTEFACT_KIND:
-        raise ModelError(f"{path} is not a glasu model manifest")
-    if manifest.get("format") != ARTEFACT_FORMAT:
-        raise ModelError(
-            f"the model {directory} has format {manifest.get('format')}, this glasu "
-            f"({glasu_version()}) reads format {ARTEFACT_FORMAT}: use the version that wrote it "
-            f"({manifest.get('glasu_version')})"
-        )
+    problem = ARTEFACT.problem(manifest, name=str(path))
+    if problem is not None:
+        written_by = manifest.get("glasu_version") if isinstance(manifest, dict) else None
+        hint = f": use the version that wrote it ({written_by})" if written_by else ""
+        raise ModelError(f"{problem} (glasu {glasu_version()}){hint}")
     return manifest
 
 

@@ -13,7 +13,6 @@ from secure.accounting import AccountantName
 from secure.privacy import SessionPrivacy
 from secure.protocol import AlignedNodes, StragglerPolicy
 
-DatasetName = Literal["cora", "citeseer", "pubmed"]
 SplitName = Literal["paper", "public", "aligned"]  # aligned: glasu train --party
 BackboneName = Literal["gcnii", "gcn", "gat"]
 Mode = Literal["glasu", "centralized", "standalone", "simulated"]

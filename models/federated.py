@@ -6,26 +6,37 @@ uploads its share of an aggregation layer; it is resumed with the answer (the un
 payload and how many shares it holds). These are the wire messages of ``secure/protocol.py``. The
 in-process trainer answers all clients' requests with function calls; the HTTP worker answers its
 one client's requests through the service. Both run exactly this code.
+
+One class, a little over 400 lines: the steps of a pass (sampling, the joint aggregation, the
+local steps, GLASU B.2's gradient broadcast, evaluation) share the client's model, generators
+and workset. Its settings (``models/client_config.py``), its stale statistics
+(``models/workset.py``) and the scoring of an evaluation (``models/outcome.py``) live apart.
 """
 
 from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Generator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from models.backbone import ClientNetwork, ModelConfig
+from models.backbone import ClientNetwork
+from models.client_config import ClientConfig
 from models.layers import Block
-from models.metrics import classification_metrics
+from models.outcome import PassOutcome, score_evaluation
 from models.partition import ClientPartition
-from models.party import NO_LABEL
 from models.sampler import NeighbourSampler, SampledLayer, sampling_rng
-from models.workset import CachedBatch, Workset, instance_weights, weighted_cross_entropy
+from models.workset import (
+    CachedBatch,
+    Extracted,
+    Workset,
+    combine,
+    instance_weights,
+    weighted_cross_entropy,
+)
 from secure.aggregation import EmbeddingCodec, PlainCodec
 from secure.protocol import (
     MIN_CONTRIBUTORS,
@@ -38,105 +49,11 @@ from secure.protocol import (
     check_union,
 )
 
-
-@dataclass(frozen=True)
-class PassOutcome:
-    kind: str
-    loss: float
-    val_accuracy: float | None = None
-    test_accuracy: float | None = None
-    # the party-alone reference of a private client (models/private.py), same batches
-    reference_val_accuracy: float | None = None
-    reference_test_accuracy: float | None = None
-    # an evaluation pass of a client with a head: its class probabilities, one row per output
-    # node (what a model artefact's evaluation and a scoring session write)
-    probabilities: np.ndarray | None = field(default=None, compare=False, repr=False)
-    # classification metrics on the pass's labelled test nodes (models/metrics.py), and the
-    # party-alone reference's
-    test_metrics: dict | None = field(default=None, compare=False, repr=False)
-    reference_test_metrics: dict | None = field(default=None, compare=False, repr=False)
-
-
-@dataclass(frozen=True)
-class ClientConfig:
-    """The settings every client of a federation shares."""
-
-    model: ModelConfig = field(default_factory=ModelConfig)
-    agg_layers: tuple[int, ...] = (2, 4)
-    stale: int = 4
-    cache_rounds: int = 1  # W: rounds whose statistics local steps reuse (CELU-VFL)
-    instance_weighting: bool = False  # CELU-VFL's staleness weights for local steps
-    weight_threshold: float = 0.5  # cos(xi): instances less similar than this get weight 0
-    fanout: int = 3
-    eval_fanout: int = 10
-    occurrence_cap: int | None = None
-    # Partly shared nodes (the union of the parties' nodes): each share carries a presence
-    # column and the mean divides each row by the number of parties holding the node.
-    count_aware: bool = False
-    # GLASU Appendix B.2: only this client holds labels; the others learn from the gradient it
-    # broadcasts for the top layer (None: every client holds the labels)
-    label_holder: int | None = None
-    lr: float = 0.01
-    weight_decay: float = 5e-4
-    seed: int = 0
-    # the head's width when it must match a saved model (scoring); default: the labels'
-    num_classes: int | None = None
-
-    def __post_init__(self) -> None:
-        layers = self.model.layers
-        if not self.agg_layers or list(self.agg_layers) != sorted(set(self.agg_layers)):
-            raise ValueError(f"agg_layers must be non-empty and ascending: {self.agg_layers}")
-        if self.agg_layers[0] < 1 or self.agg_layers[-1] > layers:
-            raise ValueError(f"agg_layers {self.agg_layers} must lie in 1..{layers}")
-        if self.stale < 1:
-            raise ValueError(f"stale (Q) must be >= 1, got {self.stale}")
-        if self.cache_rounds < 1:
-            raise ValueError(f"cache rounds (W) must be >= 1, got {self.cache_rounds}")
-        if not -1.0 <= self.weight_threshold <= 1.0:
-            raise ValueError(f"the weight threshold is a cosine, got {self.weight_threshold}")
-
-
 _GLOBAL_RNG_LOCK = threading.Lock()
 
 # Transforms a client's share of an aggregation layer before it is encoded (the DP release hook):
 # (layer, clean share) -> share to send.
 ShareTransform = Callable[[int, np.ndarray], np.ndarray]
-
-
-def uniform_agg_layers(*, layers: int, count: int) -> tuple[int, ...]:
-    """K aggregation layers spread uniformly, always including the last: K=1 -> (L,),
-    K=2 -> (L/2, L), K=L -> (1..L)."""
-    if not 1 <= count <= layers:
-        raise ValueError(f"agg-layers K must be between 1 and L={layers}, got {count}")
-    return tuple(sorted({round(layers * (i + 1) / count) for i in range(count)}))
-
-
-@dataclass(frozen=True)
-class Extracted:
-    """What one joint aggregation leaves a client: the others' part ``H_{-m} = H - share / count``
-    and how its own output enters the mean in the local steps that reuse it."""
-
-    others: torch.Tensor
-    count: int | torch.Tensor  # M, or per row (rows, 1): the parties that hold each node
-    presence: torch.Tensor | None = None  # (rows, 1): 1 where this client holds the node
-
-
-def combine(
-    stale_others: torch.Tensor,
-    own: torch.Tensor,
-    *,
-    count: int | torch.Tensor,
-    presence: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """The aggregate as one client sees it in a local step: value ``stale_others + own / M``
-    (per row ``own / count`` where nodes are partly shared, nothing where it lacks the node).
-
-    The gradient reaches ``own`` as if its coefficient were 1, not 1/M: the true 1/M shrinks every
-    client's gradient by M at each aggregation layer it crosses and collapses training
-    (notes/calibration.md)."""
-    if presence is not None:
-        own = own * presence
-    return stale_others + own.detach() / count + (own - own.detach())
 
 
 class GlasuClient:
@@ -203,6 +120,36 @@ class GlasuClient:
             for fanout in {config.fanout, config.eval_fanout}
             for capped in (False, True)
         }
+
+    # -- state ----------------------------------------------------------------------------------
+
+    #: What :meth:`state_dict` says this client is; a state of another arrangement is refused.
+    arrangement = "glasu"
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything of this client that changes from pass to pass (the PyTorch habit): the
+        model, the optimiser, the dropout generator and the workset. A client built with the
+        same settings and given it by :meth:`load_state_dict` computes the next passes as this
+        one would, bit for bit."""
+        return {
+            "arrangement": self.arrangement,
+            "network": self.network.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "generator": self.generator.get_state(),
+            "workset": self.workset.state_dict(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Put back a :meth:`state_dict`; ``ValueError`` if it is of another arrangement."""
+        if state.get("arrangement") != self.arrangement:
+            raise ValueError(
+                f"the saved state is of a {state.get('arrangement')} client, this one is "
+                f"{self.arrangement} (differential privacy on in one run, off in the other?)"
+            )
+        self.network.load_state_dict(state["network"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.generator.set_state(state["generator"])
+        self.workset.load_state_dict(state["workset"], device=self.device)
 
     # -- one pass -------------------------------------------------------------------------------
 
@@ -316,26 +263,18 @@ class GlasuClient:
         share = own.detach().cpu().numpy().astype(np.float32)
         if self.share_transform is not None:
             share = self.share_transform(depth, share).astype(np.float32)
-        bound = self.codec.value_bound(shares=self.partition.clients)
-        if math.isfinite(bound):  # keep the encrypted sum decodable (post-processing of share)
-            share = np.clip(share, -bound, bound)
+        share = self._within_bound(share)
         if presence is not None:
             column = presence.cpu().numpy().astype(np.float32)
             share = np.concatenate([share * column, column], axis=1)
-        rows, cols = share.shape
         release, self.pending_release = self.pending_release, None
-        answer = yield EmbeddingRequest(
-            layer=depth, payload=self.codec.encode(share), rows=rows, cols=cols, release=release
-        )
-        answer = self._checked_sum(depth, answer)
-        total = self.codec.decode_sum(answer.payload, rows=rows, cols=cols)
+        total, shares = yield from self._exchange(depth, share, release=release)
         if presence is None:
-            mean = total / answer.count
-            others = mean - share / answer.count
-            return Extracted(torch.from_numpy(others).to(self.device), answer.count)
+            others = total / shares - share / shares
+            return Extracted(torch.from_numpy(others).to(self.device), shares)
         # the holder counts are small integers: round away the encryption's error; every node
         # at an aggregation layer was sampled by a party that holds it, so count >= 1
-        count = np.clip(np.rint(total[:, -1:]), 1, answer.count)
+        count = np.clip(np.rint(total[:, -1:]), 1, shares)
         others = (total[:, :-1] - share[:, :-1]) / count
         return Extracted(
             torch.from_numpy(others).to(self.device),
@@ -343,9 +282,21 @@ class GlasuClient:
             presence,
         )
 
-    def _checked_sum(self, layer: int, answer: Response) -> Aggregate:
-        """The answer to a share, checked: a sum of every client's share, or (a pass that went
-        on without a straggler) of ``MIN_CONTRIBUTORS`` at least."""
+    def _within_bound(self, share: np.ndarray) -> np.ndarray:
+        """``share`` clipped to what keeps the encrypted sum decodable (post-processing)."""
+        bound = self.codec.value_bound(shares=self.partition.clients)
+        return np.clip(share, -bound, bound) if math.isfinite(bound) else share
+
+    def _exchange(
+        self, layer: int, share: np.ndarray, *, release: str | None = None
+    ) -> Generator[Request, Response, tuple[np.ndarray, int]]:
+        """Upload ``share`` at wire layer ``layer``; return the decoded sum and how many shares
+        it holds: every client's, or (a pass that went on without a straggler)
+        ``MIN_CONTRIBUTORS`` at least."""
+        rows, cols = share.shape
+        answer = yield EmbeddingRequest(
+            layer=layer, payload=self.codec.encode(share), rows=rows, cols=cols, release=release
+        )
         if not isinstance(answer, Aggregate):
             raise TypeError(f"expected an Aggregate for layer {layer}, got {type(answer).__name__}")
         clients = self.partition.clients
@@ -354,7 +305,7 @@ class GlasuClient:
                 f"layer {layer}: the sum holds {answer.count} shares, expected at most "
                 f"{clients} and at least {min(MIN_CONTRIBUTORS, clients)}"
             )
-        return answer
+        return self.codec.decode_sum(answer.payload, rows=rows, cols=cols), answer.count
 
     @property
     def gradient_layer(self) -> int | None:
@@ -433,15 +384,7 @@ class GlasuClient:
             share = (gradient.detach() * rows).cpu().numpy().astype(np.float32)
         else:
             share = np.zeros((rows, cols), dtype=np.float32)
-        bound = self.codec.value_bound(shares=self.partition.clients)
-        if math.isfinite(bound):
-            share = np.clip(share, -bound, bound)
-        layer = self.layers + 1
-        answer = yield EmbeddingRequest(
-            layer=layer, payload=self.codec.encode(share), rows=rows, cols=cols
-        )
-        answer = self._checked_sum(layer, answer)
-        total = self.codec.decode_sum(answer.payload, rows=rows, cols=cols)
+        total, _ = yield from self._exchange(self.layers + 1, self._within_bound(share))
         return torch.from_numpy(total / rows).to(self.device, torch.float32)
 
     def _after_step(self, batch: CachedBatch) -> None:
@@ -459,43 +402,12 @@ class GlasuClient:
             return PassOutcome(kind="eval", loss=float("nan"))
         with torch.no_grad():
             logits = self.network.classify(h, generator=self.generator)
-        loss, val_accuracy, test_accuracy = self.scores(logits, batch.labels, output_nodes)
-        probabilities = torch.softmax(logits, dim=1).cpu().numpy()
+        scores = score_evaluation(logits, batch.labels, output_nodes, self.partition)
         return PassOutcome(
             kind="eval",
-            loss=loss,
-            val_accuracy=val_accuracy,
-            test_accuracy=test_accuracy,
-            probabilities=probabilities,
-            test_metrics=self.test_metrics(probabilities, batch.labels, output_nodes),
-        )
-
-    def test_metrics(
-        self, probabilities: np.ndarray, labels: torch.Tensor, output_nodes: np.ndarray
-    ) -> dict:
-        """Macro-F1, per-class precision and recall (and the AUCs of a two-class task) on the
-        labelled test nodes of an evaluation pass."""
-        known = labels.cpu().numpy()
-        rows = np.isin(output_nodes, self.partition.test_nodes) & (known != NO_LABEL)
-        return classification_metrics(
-            known[rows], probabilities[rows], num_classes=probabilities.shape[1]
-        )
-
-    def scores(
-        self, logits: torch.Tensor, labels: torch.Tensor, output_nodes: np.ndarray
-    ) -> tuple[float, float | None, float | None]:
-        """Validation loss, validation and test accuracy of ``logits`` on an evaluation pass."""
-        correct = (logits.argmax(dim=1) == labels).cpu().numpy()
-        output_nodes = np.asarray(output_nodes, dtype=np.int64)
-        labelled = (labels != NO_LABEL).cpu().numpy()
-        val = np.isin(output_nodes, self.partition.val_nodes) & labelled
-        test = np.isin(output_nodes, self.partition.test_nodes) & labelled
-        loss = float("nan")
-        if val.any():
-            rows = torch.from_numpy(val).to(self.device)
-            loss = float(F.cross_entropy(logits[rows], labels[rows]).item())
-        return (
-            loss,
-            float(correct[val].mean()) if val.any() else None,
-            float(correct[test].mean()) if test.any() else None,
+            loss=scores.loss,
+            val_accuracy=scores.val_accuracy,
+            test_accuracy=scores.test_accuracy,
+            probabilities=scores.probabilities,
+            test_metrics=scores.test_metrics,
         )

@@ -7,7 +7,8 @@ from collections.abc import Generator, Iterator, Sequence
 
 import numpy as np
 
-from models.federated import GlasuClient, PassOutcome
+from models.federated import GlasuClient
+from models.outcome import PassOutcome
 from secure.aggregation import SumAggregator
 from secure.protocol import (
     Aggregate,

@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 
 from models.artefact import save_model
-from models.federated import GlasuClient, PassOutcome
+from models.federated import GlasuClient
 from models.metrics import classification_metrics
+from models.outcome import PassOutcome
 from models.private import PrivateGlasuClient
 from secure.privacy import SessionPrivacy
 

@@ -9,11 +9,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from models.backbone import ModelConfig
+from models.client_config import ClientConfig, uniform_agg_layers
 from models.config import TrainConfig
 from models.data import GraphDataset
-from models.federated import ClientConfig, uniform_agg_layers
 from models.partition import ClientPartition, partition, without_labels
 from secure.privacy import RELEASE_LAYER
+from secure.schedule import SessionSchedule
 
 
 @dataclass(frozen=True)
@@ -120,3 +121,15 @@ def layout_federation(
 def eval_nodes(dataset: GraphDataset) -> np.ndarray:
     """One evaluation pass covers the validation and the test nodes together."""
     return np.union1d(dataset.val_nodes, dataset.test_nodes).astype(np.int64)
+
+
+def session_schedule(config: TrainConfig, dataset: GraphDataset) -> SessionSchedule:
+    """The passes of a run of ``config`` on ``dataset``, as the service would plan them."""
+    return SessionSchedule.create(
+        rounds=config.rounds,
+        eval_every=config.eval_every,
+        train_nodes=dataset.train_nodes,
+        eval_nodes=eval_nodes(dataset),
+        batch_size=config.batch_size,
+        seed=config.seed,
+    )

@@ -5,6 +5,7 @@ loads: one client's folder (``models/party.py``) as a partition over the aligned
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,6 +56,20 @@ class ClientPartition:
     @property
     def num_classes(self) -> int:
         return max(int(self.labels.max().item()) + 1, 1)  # a passive party has no label
+
+    def digest(self) -> str:
+        """SHA-256 of the features, edges and labels (the data a model is fit to) and of which
+        aligned nodes this client holds, if not all: what tells a checkpoint of other data."""
+        digest = hashlib.sha256()
+        for value in (self.features, self.edge_index, self.labels, self.held):
+            if value is None:
+                continue
+            array = np.ascontiguousarray(
+                value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value
+            )
+            digest.update(f"{array.dtype}{array.shape}".encode())
+            digest.update(array.tobytes())
+        return digest.hexdigest()
 
 
 def feature_blocks(num_features: int, *, clients: int, seed: int) -> list[np.ndarray]:

@@ -25,7 +25,6 @@ After the alignment (``glasu align``, or ``glasu train --party`` in memory):
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from secure.files import atomic_write
 
 FORMAT_VERSION = 2
 META = "meta.json"
@@ -149,9 +150,7 @@ def write_alignment(alignment: PartyAlignment, folder: Path) -> None:
         "split": alignment.split_note,
         "nodes": alignment.nodes,
     }
-    pending = folder / f".{ALIGNMENT}.tmp"
-    pending.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(pending, folder / ALIGNMENT)
+    atomic_write(folder / ALIGNMENT, (json.dumps(record, indent=2) + "\n").encode(), mode=0o644)
 
 
 # -- reading ---------------------------------------------------------------------------------------

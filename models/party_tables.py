@@ -3,47 +3,24 @@ feature columns), an edge table (two id columns) and, optionally, a label table 
 a class index), each CSV (``.csv``, ``.csv.gz``) or Parquet (``.parquet``). docs/data.md
 describes them.
 
-Read with pyarrow in batches (CSV blocks, Parquet row groups), so large files stream, with a
-progress bar. Every bad input is one :class:`TableError` naming the file, the row (data rows
-count from 1; the CSV header is not a row) and the column. Ids are compared as text: an integer
+Each file is read in batches (``models.table_file``), so large files stream. Every bad input is
+one :class:`~models.table_file.TableError` naming the file, the row (data rows count from 1;
+the CSV header is not a row) and the column. Ids are compared as text: an integer
 id is its decimal text, and CSV ids are read as text as written (``42`` and ``042`` differ).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.csv as pa_csv
-import pyarrow.parquet as pq
-from tqdm.auto import tqdm
 
 from models.party import NO_LABEL, PartyData
-
-CSV_BLOCK_BYTES = 8 << 20
-PARQUET_BATCH_ROWS = 65_536
-FORMATS = (".csv", ".csv.gz", ".parquet")
-
-
-class TableError(ValueError):
-    """A bad input, for people: ``FILE: row R, column 'C': what is wrong``."""
-
-    def __init__(
-        self, path: Path, problem: str, *, row: int | None = None, column: str | None = None
-    ) -> None:
-        where = ", ".join(
-            part
-            for part in (f"row {row}" if row else "", f"column {column!r}" if column else "")
-            if part
-        )
-        super().__init__(f"{path}: {where + ': ' if where else ''}{problem}")
-        self.path = path
-        self.row = row
-        self.column = column
+from models.table_file import TableError, TableFile
 
 
 @dataclass(frozen=True)
@@ -87,7 +64,7 @@ def read_party_tables(tables: PartyTables, *, progress: bool = False) -> PartyDa
 
 def _read_nodes(tables: PartyTables, progress: bool) -> tuple[pa.Array, np.ndarray, list[str]]:
     path = tables.nodes
-    source = _Table(path, progress, what="node table")
+    source = TableFile(path, progress, what="node table")
     _require_column(path, source.columns, tables.id_column, "--id-column")
     names = [c for c in source.columns if c != tables.id_column]
     if not names:
@@ -107,7 +84,7 @@ def _read_edges(
     tables: PartyTables, ids: pa.Array, progress: bool
 ) -> tuple[np.ndarray, dict[str, int]]:
     path = tables.edges
-    source = _Table(path, progress, what="edge table")
+    source = TableFile(path, progress, what="edge table")
     if tables.edge_columns is not None:
         pair = tables.edge_columns
         for name in pair:
@@ -146,7 +123,7 @@ def _read_edges(
 def _read_labels(tables: PartyTables, ids: pa.Array, progress: bool) -> np.ndarray:
     path = tables.labels
     assert path is not None
-    source = _Table(path, progress, what="label table")
+    source = TableFile(path, progress, what="label table")
     _require_column(path, source.columns, tables.id_column, "--id-column")
     if tables.label_column is not None:
         _require_column(path, source.columns, tables.label_column, "--label-column")
@@ -181,127 +158,6 @@ def _read_labels(tables: PartyTables, ids: pa.Array, progress: bool) -> np.ndarr
     if total == 0:
         raise TableError(path, "the table has no rows")
     return labels
-
-
-# -- reading in batches ----------------------------------------------------------------------------
-
-
-class _Table:
-    """One CSV or Parquet file: its column names and its batches (first row number, batch),
-    every CSV column read as text (the checks below convert it)."""
-
-    def __init__(self, path: Path, progress: bool, *, what: str) -> None:
-        self.path = path
-        self.progress = progress
-        if not path.is_file():
-            raise TableError(path, f"no such file (the {what})")
-        if path.stat().st_size == 0:
-            raise TableError(path, f"the {what} is an empty file (0 bytes): it needs a header row")
-        self.kind = _kind(path)
-        self._bad_rows: list[pa_csv.InvalidRow] = []  # what the CSV parser refused, for errors
-        try:
-            if self.kind == "parquet":
-                self._parquet = pq.ParquetFile(path)
-                self.columns = list(self._parquet.schema_arrow.names)
-                self.total: int | None = self._parquet.metadata.num_rows
-            else:
-                self.columns = list(self._open_csv({}).schema.names)
-                self.total = None
-        except pa.ArrowInvalid as exc:
-            raise self._unreadable(exc, "cannot read it as CSV") from None
-        except (pa.ArrowException, OSError) as exc:
-            raise TableError(path, f"cannot read it as {self.kind.upper()}: {exc}") from None
-        if len(set(self.columns)) != len(self.columns):
-            twice = next(c for c in self.columns if self.columns.count(c) > 1)
-            raise TableError(path, "two columns have this name", column=twice)
-        if self.kind == "csv" and len(self.columns) == 1:
-            delimiter = _other_delimiter(self.columns[0])
-            if delimiter:
-                raise TableError(
-                    path, _delimiter_hint(delimiter, f"its header {self.columns[0]!r}")
-                )
-
-    def batches(self) -> Iterator[tuple[int, pa.RecordBatch]]:
-        bar = tqdm(
-            total=self.total,
-            desc=self.path.name,
-            unit=" rows",
-            unit_scale=True,
-            disable=not self.progress,
-            leave=False,
-        )
-        first_row = 1
-        try:
-            for batch in self._raw_batches():
-                yield first_row, batch
-                first_row += batch.num_rows
-                bar.update(batch.num_rows)
-        except pa.ArrowInvalid as exc:
-            raise self._unreadable(exc, f"not readable after row {first_row - 1}") from None
-        finally:
-            bar.close()
-
-    def _raw_batches(self) -> Iterator[pa.RecordBatch]:
-        if self.kind == "parquet":
-            yield from self._parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS)
-            return
-        yield from self._open_csv({name: pa.string() for name in self.columns})
-
-    def _open_csv(self, column_types: dict[str, pa.DataType]) -> pa_csv.CSVStreamingReader:
-        def refuse(row: pa_csv.InvalidRow) -> str:
-            self._bad_rows.append(row)
-            return "error"
-
-        return pa_csv.open_csv(
-            self.path,
-            # one thread: the parser then knows the line numbers of the rows it refuses
-            read_options=pa_csv.ReadOptions(block_size=CSV_BLOCK_BYTES, use_threads=False),
-            parse_options=pa_csv.ParseOptions(invalid_row_handler=refuse),
-            convert_options=pa_csv.ConvertOptions(
-                column_types=column_types,
-                null_values=[""],
-                strings_can_be_null=True,
-                quoted_strings_can_be_null=True,
-            ),
-        )
-
-    def _unreadable(self, exc: pa.ArrowInvalid, what: str) -> TableError:
-        """A parse error as one sentence: the row the parser refused, when it said which."""
-        if not self._bad_rows:
-            return TableError(self.path, f"{what}: {exc}")
-        bad = self._bad_rows[-1]
-        fields = "1 field" if bad.actual_columns == 1 else f"{bad.actual_columns} fields"
-        problem = f"{fields} where the header has {bad.expected_columns} ({bad.text[:80]!r})"
-        delimiter = _other_delimiter(bad.text)
-        if delimiter and bad.actual_columns == 1:
-            problem += "; " + _delimiter_hint(delimiter, "the row")
-        elif bad.actual_columns > bad.expected_columns:
-            problem += '; quote a value that holds a comma ("a,b")'
-        # the parser counts the header as line 1: data row r is line r + 1
-        row = bad.number - 1 if bad.number else None
-        return TableError(self.path, problem, row=row)
-
-
-def _kind(path: Path) -> str:
-    name = path.name.lower()
-    if name.endswith(".parquet"):
-        return "parquet"
-    if name.endswith((".csv", ".csv.gz")):
-        return "csv"
-    raise TableError(path, f"unknown format: name it {', '.join(FORMATS)}")
-
-
-def _other_delimiter(text: str) -> str | None:
-    """The separator a one-column CSV line seems to use instead of commas, if any."""
-    return next((d for d in (";", "\t", "|") if d in text), None)
-
-
-def _delimiter_hint(delimiter: str, seen: str) -> str:
-    name = {";": "semicolons", "\t": "tabs", "|": "'|'"}[delimiter]
-    return (
-        f"{seen} seems separated by {name}; glasu prepare reads comma-separated CSV: save "
-        "the table with commas (or as Parquet)"
-    )
 
 
 # -- checking columns ------------------------------------------------------------------------------

@@ -21,16 +21,19 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from models.backbone import ClientNetwork
-from models.federated import ClientConfig, GlasuClient, PassOutcome
+from models.client_config import ClientConfig
+from models.federated import GlasuClient
 from models.layers import Block
+from models.outcome import PassOutcome, score_evaluation
 from models.partition import ClientPartition
 from models.workset import CachedBatch
 from secure.aggregation import EmbeddingCodec
@@ -108,6 +111,31 @@ class PrivateGlasuClient(GlasuClient):
         self.reference_optimizer = torch.optim.Adam(
             self.reference.parameters(), lr=config.lr, weight_decay=config.weight_decay
         )
+
+    arrangement = "private"
+
+    def state_dict(self) -> dict[str, Any]:
+        """:meth:`GlasuClient.state_dict`, the party-alone reference (model, optimiser, dropout
+        generator) and the release's noise (``secure.dp.NoiseSource.state_dict``: nothing for
+        release-keyed noise, the generator of seeded test noise)."""
+        return {
+            **super().state_dict(),
+            "reference": {
+                "network": self.reference.state_dict(),
+                "optimizer": self.reference_optimizer.state_dict(),
+                "generator": self.reference_generator.get_state(),
+            },
+            "noise": self.release.noise.state_dict(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Put back a :meth:`state_dict` (``secure.dp.NoiseStateError`` for another noise)."""
+        super().load_state_dict(state)
+        reference = state["reference"]
+        self.reference.load_state_dict(reference["network"])
+        self.reference_optimizer.load_state_dict(reference["optimizer"])
+        self.reference_generator.set_state(reference["generator"])
+        self.release.noise.load_state_dict(state["noise"])
 
     @property
     def gradient_layer(self) -> int | None:
@@ -211,13 +239,12 @@ class PrivateGlasuClient(GlasuClient):
                 batch.h0_rows, received=None,
             )  # fmt: skip
             logits = self.reference.classify(h, generator=self.reference_generator)
-        _, val_accuracy, test_accuracy = self.scores(logits, batch.labels, output_nodes)
-        probabilities = torch.softmax(logits, dim=1).cpu().numpy()
+        scores = score_evaluation(logits, batch.labels, output_nodes, self.partition)
         return dataclasses.replace(
             outcome,
-            reference_val_accuracy=val_accuracy,
-            reference_test_accuracy=test_accuracy,
-            reference_test_metrics=self.test_metrics(probabilities, batch.labels, output_nodes),
+            reference_val_accuracy=scores.val_accuracy,
+            reference_test_accuracy=scores.test_accuracy,
+            reference_test_metrics=scores.test_metrics,
         )
 
 

@@ -89,9 +89,6 @@ class NeighbourSampler:
         self._indptr = np.concatenate([[0], np.cumsum(np.bincount(dst, minlength=num_nodes))])
         self._neighbours = src[order]
 
-    def neighbours(self, node: int) -> np.ndarray:
-        return np.unique(self._neighbours[self._indptr[node] : self._indptr[node + 1]])
-
     def sample_layer(self, targets: np.ndarray, *, rng: random.Random) -> SampledLayer:
         """Draw the neighbours of ``targets`` (sorted, unique) for one layer."""
         targets = np.asarray(targets, dtype=np.int64)

@@ -14,10 +14,11 @@ from tqdm.auto import tqdm
 from models.config import TrainConfig
 from models.data import GraphDataset, load_dataset
 from models.device import resolve_device
-from models.federated import GlasuClient, PassOutcome
+from models.federated import GlasuClient
 from models.inprocess import run_pass_inprocess
 from models.keeper import KeepModels, ModelKeeper, mean_over_holders, privacy_spent
-from models.layout import FederationLayout, eval_nodes, layout_federation
+from models.layout import FederationLayout, layout_federation, session_schedule
+from models.outcome import PassOutcome
 from models.partition import ClientPartition
 from models.private import make_client
 from models.report import (
@@ -63,7 +64,8 @@ def prepare_security(config: TrainConfig, *, passes_total: int, clients: int) ->
     privacy = config.session_privacy(clients=clients, passes_total=passes_total)
     if not config.encrypted:
         return Security(codec_factory=PlainCodec, aggregator=PlainSumAggregator(), privacy=privacy)
-    from secure.ckks import CkksCodec, CkksSumAggregator, new_context, public_context_bytes
+    from secure.ckks import CkksCodec, CkksSumAggregator
+    from secure.ckks_context import new_context, public_context_bytes
 
     context = new_context()
     return Security(
@@ -91,14 +93,7 @@ def train_inprocess(
     )
     device = resolve_device(config.device)
     layout = layout or layout_federation(config, dataset)
-    schedule = SessionSchedule.create(
-        rounds=config.rounds,
-        eval_every=config.eval_every,
-        train_nodes=dataset.train_nodes,
-        eval_nodes=eval_nodes(dataset),
-        batch_size=config.batch_size,
-        seed=config.seed,
-    )
+    schedule = session_schedule(config, dataset)
     security = security or prepare_security(
         config, passes_total=schedule.passes_total, clients=len(layout.partitions)
     )

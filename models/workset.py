@@ -15,9 +15,9 @@ when they were summed: reusing them is post-processing and spends no budget.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -25,8 +25,40 @@ import torch.nn.functional as F
 from models.layers import Block
 from models.party import NO_LABEL
 
-if TYPE_CHECKING:
-    from models.federated import Extracted
+
+@dataclass(frozen=True)
+class Extracted:
+    """What one joint aggregation leaves a client: the others' part ``H_{-m} = H - share / count``
+    and how its own output enters the mean in the local steps that reuse it."""
+
+    others: torch.Tensor
+    count: int | torch.Tensor  # M, or per row (rows, 1): the parties that hold each node
+    presence: torch.Tensor | None = None  # (rows, 1): 1 where this client holds the node
+
+    def to(self, device: torch.device) -> Extracted:
+        return Extracted(
+            self.others.to(device),
+            self.count.to(device) if isinstance(self.count, torch.Tensor) else self.count,
+            None if self.presence is None else self.presence.to(device),
+        )
+
+
+def combine(
+    stale_others: torch.Tensor,
+    own: torch.Tensor,
+    *,
+    count: int | torch.Tensor,
+    presence: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The aggregate as one client sees it in a local step: value ``stale_others + own / M``
+    (per row ``own / count`` where nodes are partly shared, nothing where it lacks the node).
+
+    The gradient reaches ``own`` as if its coefficient were 1, not 1/M: the true 1/M shrinks every
+    client's gradient by M at each aggregation layer it crosses and collapses training
+    (notes/calibration.md)."""
+    if presence is not None:
+        own = own * presence
+    return stale_others + own.detach() / count + (own - own.detach())
 
 
 @dataclass
@@ -45,6 +77,24 @@ class CachedBatch:
     # GLASU B.2: the label holder's gradient for the top-layer aggregate, per row (mean loss)
     gradient: torch.Tensor | None = None
     last_used: int = -1  # the local step that last used this batch
+
+    def to(self, device: torch.device) -> CachedBatch:
+        return CachedBatch(
+            blocks=[block.to(device) for block in self.blocks],
+            input_nodes=self.input_nodes.to(device),
+            h0_rows=[rows.to(device) for rows in self.h0_rows],
+            labels=self.labels.to(device),
+            presence={depth: p.to(device) for depth, p in self.presence.items()},
+            others={depth: e.to(device) for depth, e in self.others.items()},
+            own_output=None if self.own_output is None else self.own_output.to(device),
+            gradient=None if self.gradient is None else self.gradient.to(device),
+            last_used=self.last_used,
+        )
+
+
+#: The classes a saved workset holds besides tensors: what ``torch.load(weights_only=True)`` must
+#: be allowed to rebuild (``torch.serialization.safe_globals``).
+STATE_CLASSES: tuple[type, ...] = (CachedBatch, Extracted, Block)
 
 
 class Workset:
@@ -75,6 +125,23 @@ class Workset:
         batch.last_used = self._step
         self._step += 1
         return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """The cached rounds and the step counter (their classes: :data:`STATE_CLASSES`)."""
+        return {"capacity": self.capacity, "step": self._step, "batches": list(self._batches)}
+
+    def load_state_dict(self, state: Mapping[str, Any], *, device: torch.device) -> None:
+        """Put back a :meth:`state_dict` of a workset of the same capacity, on ``device``."""
+        if state["capacity"] != self.capacity:
+            raise ValueError(
+                f"the saved workset holds {state['capacity']} rounds, this one "
+                f"{self.capacity} (--cache-rounds differs)"
+            )
+        batches = state["batches"]
+        if not all(isinstance(batch, CachedBatch) for batch in batches):
+            raise ValueError("the saved workset holds something other than batches")
+        self._batches = [batch.to(device) for batch in batches]
+        self._step = int(state["step"])
 
 
 def instance_weights(

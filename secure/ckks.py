@@ -1,26 +1,14 @@
 """CKKS codec (client side) and encrypted sum (service side) over chunked ``ckks_vector`` s.
 
-Wire format of a ``ckks`` embedding (all integers big-endian)::
-
-    b"GLCK" | version: uint8 | key id: 8 bytes | chunk count: uint32
-    then per chunk: length: uint32 | a serialized TenSEAL CKKSVector
-
-The key id is bytes 5 to 12 of the payload. The matrix is flattened row-major and cut into
-chunks of ``VALUES_PER_CIPHERTEXT`` (N = 4096) values (the last chunk may be shorter), two per
-slot: values 2k and 2k + 1 of a chunk are the real and imaginary part of its slot k
-(secure/ckks_packing.py); ``rows * cols == 0`` gives zero chunks. The key id is the first 8
-bytes of SHA-256 over the public context's serialization, i.e. over the bytes of
-``public.context`` (:func:`secure.ckks_context.context_key_id`): a share encrypted under another
-key pair or other parameters is refused instead of silently corrupting the sum. The service
-returns only the sum; clients divide by the count (docs/encryption.md).
+A share travels in the frame of secure/ckks_frame.py, its chunks encrypted and checked by
+secure/ckks_packing.py under the parameters and keys of secure/ckks_context.py. The service
+returns only the sum; clients divide by the count (docs/encryption.md). This module is the
+CKKS API the rest of glasu uses: it also names the key handling its users need.
 """
 
 from __future__ import annotations
 
 import functools
-import struct
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,78 +25,34 @@ from secure.aggregation import (
     to_grid,
 )
 from secure.ckks_context import (
-    COEFF_MOD_BIT_SIZES,
-    GLOBAL_SCALE,
-    GLOBAL_SCALE_BITS,
     KEY_ID_BYTES,
     MAX_ABS_SUM,
     MAX_SHARES,
-    POLY_MODULUS_DEGREE,
-    PUBLIC_CONTEXT_NAME,
-    SECRET_CONTEXT_NAME,
-    SLOTS_PER_CIPHERTEXT,
-    SUM_ERROR_BOUND,
     VALUES_PER_CIPHERTEXT,
     KeyMaterialError,
     LoadedContext,
-    context_key_id,
     describe_context,
     generate_keys,
     load_public_context,
     load_secret_context,
-    new_context,
-    public_context_bytes,
-    secret_context_bytes,
     share_bound,
 )
+from secure.ckks_frame import chunk_lengths, frame_chunks, max_payload_bytes, parse_frame
 from secure.ckks_packing import SecretKeyCipher, slots_for
 
 __all__ = [
-    "COEFF_MOD_BIT_SIZES",
-    "FORMAT_VERSION",
-    "GLOBAL_SCALE",
-    "GLOBAL_SCALE_BITS",
     "KEY_ID_BYTES",
-    "MAGIC",
-    "MAX_ABS_SUM",
-    "MAX_CHUNK_BYTES",
     "MAX_SHARES",
-    "POLY_MODULUS_DEGREE",
-    "PUBLIC_CONTEXT_NAME",
-    "SECRET_CONTEXT_NAME",
-    "SLOTS_PER_CIPHERTEXT",
-    "SUM_ERROR_BOUND",
-    "VALUES_PER_CIPHERTEXT",
     "CkksCodec",
-    "CkksFrame",
     "CkksRunningSum",
     "CkksSumAggregator",
     "KeyMaterialError",
-    "LoadedContext",
-    "chunk_lengths",
     "clear_caches",
-    "context_key_id",
-    "frame_chunks",
     "generate_keys",
     "load_public_context",
-    "load_secret_context",
     "make_codec",
     "make_sum_aggregator",
-    "max_payload_bytes",
-    "new_context",
-    "parse_frame",
-    "public_context_bytes",
-    "secret_context_bytes",
-    "share_bound",
 ]
-
-MAGIC = b"GLCK"
-FORMAT_VERSION = 2  # 1: one value per slot, unseeded shares
-_HEADER = struct.Struct(f">4sB{KEY_ID_BYTES}sI")
-_CHUNK_LENGTH = struct.Struct(">I")
-# Twice an uncompressed 2-polynomial ciphertext at one 64-bit-word prime: 128 KiB for N = 4096
-# (a seeded share's chunk is ~25 KiB, a sum's ~51 KiB, both zstd-compressed).
-MAX_CHUNK_BYTES = 2 * (2 * POLY_MODULUS_DEGREE * 8)
 
 # TenSEAL's C++ binding of a CKKS vector. Its Python class (``ts.CKKSVector``) wraps each call in
 # type checks and a new wrapper object: 16 of the ~110 us that loading one chunk costs, more than
@@ -116,101 +60,6 @@ MAX_CHUNK_BYTES = 2 * (2 * POLY_MODULUS_DEGREE * 8)
 # pinned in pyproject.toml); it has no type stubs, hence ``Any``.
 _native_vector_type = ts._ts_cpp.CKKSVector
 NativeVector = Any
-
-
-# ---------------------------------------------------------------------------------------------
-# Framing
-
-
-@dataclass(frozen=True)
-class CkksFrame:
-    """A parsed payload: the key id and where each serialized chunk lies, not yet deserialized.
-
-    A chunk is copied out of the payload only when it is reached (TenSEAL loads from ``bytes``
-    only): loading one copy before making the next reuses one buffer instead of allocating a
-    second payload's worth of memory (measured: 4% of the service's path for a 265 x 128 share).
-    """
-
-    key_id: bytes
-    payload: bytes
-    spans: tuple[tuple[int, int], ...]  # (start, end) of each chunk in the payload
-
-    @property
-    def chunks(self) -> tuple[bytes, ...]:
-        return tuple(self.iter_chunks())
-
-    def iter_chunks(self) -> Iterator[bytes]:
-        for start, end in self.spans:
-            yield self.payload[start:end]
-
-
-def frame_chunks(chunks: Sequence[bytes], *, key_id: bytes) -> bytes:
-    """Header plus length-prefixed chunks."""
-    if len(key_id) != KEY_ID_BYTES:
-        raise ValueError(f"key id must be {KEY_ID_BYTES} bytes, got {len(key_id)}")
-    parts = [_HEADER.pack(MAGIC, FORMAT_VERSION, key_id, len(chunks))]
-    for chunk in chunks:
-        parts.append(_CHUNK_LENGTH.pack(len(chunk)))
-        parts.append(chunk)
-    return b"".join(parts)
-
-
-def parse_frame(payload: bytes) -> CkksFrame:
-    """Split a payload into chunks; :class:`PayloadError` for any framing problem."""
-    view = memoryview(payload)
-    if len(view) < _HEADER.size:
-        raise PayloadError(f"ckks body of {len(view)} bytes is shorter than its header")
-    magic, version, key_id, count = _HEADER.unpack_from(view, 0)
-    if magic != MAGIC:
-        raise PayloadError(f"ckks body does not start with {MAGIC!r} (got {bytes(magic)!r})")
-    if version != FORMAT_VERSION:
-        raise PayloadError(f"ckks format version {version} is not supported ({FORMAT_VERSION})")
-    spans: list[tuple[int, int]] = []
-    offset = _HEADER.size
-    for index in range(count):
-        start, offset = _chunk_span(view, offset, index=index)
-        spans.append((start, offset))
-    if offset != len(view):
-        raise PayloadError(f"{len(view) - offset} trailing bytes after {count} chunks")
-    return CkksFrame(key_id=bytes(key_id), payload=bytes(payload), spans=tuple(spans))
-
-
-def _chunk_span(view: memoryview, offset: int, *, index: int) -> tuple[int, int]:
-    """Where the bytes of chunk ``index``, whose length prefix is at ``offset``, start and end."""
-    if offset + _CHUNK_LENGTH.size > len(view):
-        raise PayloadError(f"ckks body truncated before the length of chunk {index}")
-    (length,) = _CHUNK_LENGTH.unpack_from(view, offset)
-    offset += _CHUNK_LENGTH.size
-    if length > MAX_CHUNK_BYTES:
-        raise PayloadError(f"chunk {index} claims {length} bytes (at most {MAX_CHUNK_BYTES})")
-    if offset + length > len(view):
-        raise PayloadError(
-            f"ckks body truncated inside chunk {index}: {length} bytes announced,"
-            f" {len(view) - offset} left"
-        )
-    return offset, offset + length
-
-
-def chunk_lengths(*, rows: int, cols: int) -> list[int]:
-    """How many values each chunk of a (rows x cols) matrix holds."""
-    _check_shape(rows=rows, cols=cols)
-    total = rows * cols
-    step = VALUES_PER_CIPHERTEXT
-    return [min(step, total - start) for start in range(0, total, step)]
-
-
-def max_payload_bytes(*, rows: int, cols: int) -> int:
-    """An upper bound on a valid payload's size, to refuse oversized bodies before parsing."""
-    return _max_payload_bytes(chunks=len(chunk_lengths(rows=rows, cols=cols)))
-
-
-def _max_payload_bytes(*, chunks: int) -> int:
-    return _HEADER.size + chunks * (_CHUNK_LENGTH.size + MAX_CHUNK_BYTES)
-
-
-def _check_shape(*, rows: int, cols: int) -> None:
-    if rows < 0 or cols < 0:
-        raise PayloadError(f"shape ({rows}, {cols}) has a negative dimension")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -224,7 +73,7 @@ def _read_vectors(
     Each chunk is inflated by ``zstandard`` and checked before SEAL parses it
     (secure/ckks_packing.py: SEAL never inflates bytes from the network)."""
     expected = chunk_lengths(rows=rows, cols=cols)
-    if len(payload) > _max_payload_bytes(chunks=len(expected)):
+    if len(payload) > max_payload_bytes(rows=rows, cols=cols):
         raise PayloadError(f"ckks body of {len(payload)} bytes is too large for ({rows}, {cols})")
     frame = parse_frame(payload)
     if frame.key_id != loaded.key_id:

@@ -116,19 +116,18 @@ def secret_context_bytes(context: ts.Context) -> bytes:
     """Everything a worker needs: parameters, public and secret key (no relin/Galois keys)."""
     if not context.is_private():
         raise KeyMaterialError("this context holds no secret key")
-    return context.serialize(
-        save_public_key=True,
-        save_secret_key=True,
-        save_galois_keys=False,
-        save_relin_keys=False,
-    )
+    return _serialize(context, secret_key=True)
 
 
 def public_context_bytes(context: ts.Context) -> bytes:
     """Parameters and public key only: what the service gets. Deterministic for a key pair."""
+    return _serialize(context, secret_key=False)
+
+
+def _serialize(context: ts.Context, *, secret_key: bool) -> bytes:
     return context.serialize(
         save_public_key=True,
-        save_secret_key=False,
+        save_secret_key=secret_key,
         save_galois_keys=False,
         save_relin_keys=False,
     )

@@ -18,7 +18,8 @@ from __future__ import annotations
 import math
 import secrets
 from abc import ABC, abstractmethod
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import numpy as np
 from randomgen import ChaCha
@@ -29,6 +30,7 @@ __all__ = [
     "Adjacency",
     "GaussianNoise",
     "NoiseSource",
+    "NoiseStateError",
     "NotPrivateNoiseError",
     "affected_rows",
     "clip_rows",
@@ -196,8 +198,16 @@ class NotPrivateNoiseError(ValueError):
     reported epsilon."""
 
 
+class NoiseStateError(ValueError):
+    """A noise source whose state cannot be saved, or a saved state that does not fit it."""
+
+
 class NoiseSource(ABC):
-    """Where Gaussian noise comes from."""
+    """Where Gaussian noise comes from.
+
+    :meth:`state_dict` and :meth:`load_state_dict` (the PyTorch habit) let a worker that
+    restarts from a checkpoint draw the noise it would have drawn: a source that cannot say
+    which noise that was refuses to be saved."""
 
     @abstractmethod
     def sample(self, shape: int | tuple[int, ...], *, std: float) -> np.ndarray:
@@ -213,6 +223,20 @@ class NoiseSource(ABC):
         """The source to draw the noise of the release with digest ``release`` from: this one,
         unless the noise must be a function of the release (``secure.release_noise``)."""
         return self
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps so that this source draws the same noise after a restart."""
+        raise NoiseStateError(f"the noise of {self!r} cannot be drawn again after a restart")
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Put back a :meth:`state_dict`; :class:`NoiseStateError` if it is another source's."""
+        raise NoiseStateError(f"{self!r} has no state to restore")
+
+    def _check_state_kind(self, state: Mapping[str, Any], kind: str) -> None:
+        if state.get("kind") != kind:
+            raise NoiseStateError(
+                f"the saved noise ({state.get('kind')}) does not fit the noise source {self!r}"
+            )
 
 
 # Entries of numpy's ziggurat output with |z| >= _TAIL_START are re-drawn by
@@ -315,6 +339,19 @@ class GaussianNoise(NoiseSource):
         out = _standard_normal(self._generator(), shape)
         out *= std
         return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """The seeded generator's state. Unseeded noise (a fresh key per draw) has none: it
+        cannot be drawn again, and refuses (:class:`NoiseStateError`)."""
+        if self._rng is None:
+            return super().state_dict()
+        return {"kind": "seeded", "state": self._rng.bit_generator.state}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self._check_state_kind(state, "seeded")
+        if self._rng is None:
+            raise NoiseStateError(f"{self!r} is not seeded: the saved noise was")
+        self._rng.bit_generator.state = state["state"]
 
     def __repr__(self) -> str:
         return f"GaussianNoise(reproducible={self._seeded})"

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from typing import Final
+from collections.abc import Mapping
+from typing import Any, Final
 
 import numpy as np
 from randomgen import ChaCha
@@ -105,6 +106,12 @@ class ReleaseKeyedNoise(GaussianNoise):
 
     def sample(self, shape: int | tuple[int, ...], *, std: float) -> np.ndarray:
         raise RuntimeError("release-keyed noise draws for a release only: for_release(digest)")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": "release-keyed"}  # a function of each release: nothing to save
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self._check_state_kind(state, "release-keyed")
 
     def __repr__(self) -> str:
         return f"ReleaseKeyedNoise(scope={self.scope!r})"

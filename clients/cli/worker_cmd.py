@@ -33,7 +33,7 @@ from clients.cli.settings_args import add_settings_arguments, settings_from_args
 from clients.settings import WorkerSettings
 
 if TYPE_CHECKING:
-    from models.federated import PassOutcome
+    from models.outcome import PassOutcome
 
 
 def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:

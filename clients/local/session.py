@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
+from models.client_config import ClientConfig
 from models.config import TrainConfig
 from models.data import GraphDataset
-from models.federated import ClientConfig
 from models.layout import FederationLayout, client_config, eval_nodes
 from models.shared_split import split_nodes
 from secure.schedule import pass_schedule

@@ -24,3 +24,11 @@ class Block:
             target_positions=torch.from_numpy(layer.target_positions).long().to(device),
             num_targets=len(layer.targets),
         )
+
+    def to(self, device: torch.device) -> Block:
+        return Block(
+            adjacency=self.adjacency.to(device),
+            edge_index=self.edge_index.to(device),
+            target_positions=self.target_positions.to(device),
+            num_targets=self.num_targets,
+        )

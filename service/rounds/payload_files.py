@@ -15,10 +15,10 @@ when the store discards the pass's payloads.
 
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
 from pathlib import Path
+
+from secure.files import atomic_write, sync_folder
 
 
 class PayloadFiles:
@@ -80,26 +80,7 @@ class PayloadFiles:
 
 
 def _write(path: Path, data: bytes, *, sync: bool) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(data)
-            if sync:
-                handle.flush()
-                os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    if sync:  # the file's entry, and the entries of the directories made for it
-        for directory in (path.parent, path.parent.parent, path.parent.parent.parent):
-            _sync_directory(directory)
-
-
-def _sync_directory(path: Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
+    atomic_write(path, data, durable=sync)
+    if sync:  # the entries of the folders made for it (the pass's and the session's)
+        for directory in (path.parent.parent, path.parent.parent.parent):
+            sync_folder(directory)

@@ -20,18 +20,20 @@ from clients.checkpoint import (
     DigestingCodec,
     Fingerprint,
     WorkerProgress,
-    atomic_write,
 )
 from clients.transport import ServiceError
 from clients.worker import ResumedPass, exchange_share
 from models.config import TrainConfig
-from models.federated import GlasuClient, PassOutcome
+from models.federated import GlasuClient
 from models.inprocess import run_pass_inprocess
-from models.layout import eval_nodes, layout_federation
+from models.layout import layout_federation, session_schedule
+from models.outcome import PassOutcome
 from models.private import REPRODUCIBLE_NOISE_ENV, PrivateGlasuClient
 from models.trainer import Security, prepare_security
 from secure import files as files_module
 from secure.aggregation import PlainCodec
+from secure.dp import GaussianNoise
+from secure.files import atomic_write
 from secure.protocol import Aggregate, EmbeddingRequest
 from secure.release_noise import ReleaseKeyedNoise, ReleaseSecret
 from secure.schedule import SessionSchedule
@@ -62,14 +64,7 @@ class Federation:
 
 def federation(config: TrainConfig, cora) -> Federation:
     layout = layout_federation(config, cora)
-    schedule = SessionSchedule.create(
-        rounds=config.rounds,
-        eval_every=config.eval_every,
-        train_nodes=cora.train_nodes,
-        eval_nodes=eval_nodes(cora),
-        batch_size=config.batch_size,
-        seed=config.seed,
-    )
+    schedule = session_schedule(config, cora)
     security = prepare_security(
         config, passes_total=schedule.passes_total, clients=len(layout.partitions)
     )
@@ -367,3 +362,31 @@ def test_the_digesting_codec_notes_the_plaintext() -> None:
     assert first is not None and codec.last_digest != first
     codec.encode(share)
     assert codec.last_digest == first
+
+
+def test_noise_that_cannot_be_drawn_again_is_not_checkpointed(cora, tmp_path: Path) -> None:
+    """A fresh cryptographic key per draw (no release-keyed noise, no seed): a resumed pass
+    could not repeat its release, so the worker refuses to checkpoint it; and a checkpoint of
+    release-keyed noise does not fit a worker with seeded noise."""
+    fed = federation(PRIVATE, cora)
+    client = fed.clients[0]
+    store = CheckpointStore(tmp_path, session_id="session-a", client=0)
+    with pytest.raises(CheckpointError, match=r"cannot checkpoint: .*--no-checkpoint"):
+        store.save(client, WorkerProgress(), fingerprint(client, PRIVATE))
+    assert not store.exists()
+    use_keyed_noise(client)
+    store.save(client, WorkerProgress(), fingerprint(client, PRIVATE))
+    assert isinstance(client, PrivateGlasuClient)
+    client.release = replace(client.release, noise=GaussianNoise(seed=3))
+    with pytest.raises(CheckpointError, match=r"does not fit this worker's noise"):
+        store.load(client, fingerprint(client, PRIVATE))
+
+
+def test_a_checkpoint_of_a_plain_client_does_not_fit_a_private_one(cora, tmp_path: Path) -> None:
+    plain = federation(PLAIN, cora).clients[0]
+    private = federation(PRIVATE, cora).clients[0]
+    use_keyed_noise(private)
+    store = CheckpointStore(tmp_path, session_id="session-a", client=0)
+    store.save(plain, WorkerProgress(), fingerprint(plain, PLAIN))
+    with pytest.raises(CheckpointError, match=r"glasu client, this one is private"):
+        store.load(private, fingerprint(plain, PLAIN))

@@ -13,9 +13,10 @@ import torch
 
 from models.config import TrainConfig
 from models.data import GraphDataset
-from models.federated import GlasuClient, combine
+from models.federated import GlasuClient
 from models.inprocess import run_pass_inprocess
 from models.layout import layout_federation
+from models.workset import combine
 from secure.aggregation import PlainCodec, PlainSumAggregator
 from secure.ckks import CkksCodec, CkksSumAggregator, generate_keys
 from secure.protocol import Aggregate

@@ -4,11 +4,13 @@ import numpy as np
 import pytest
 import torch
 
+from models.client_config import uniform_agg_layers
 from models.config import TrainConfig
-from models.federated import GlasuClient, combine, uniform_agg_layers
+from models.federated import GlasuClient
 from models.inprocess import run_pass_inprocess
 from models.layout import layout_federation
 from models.trainer import train_inprocess
+from models.workset import combine
 from secure.aggregation import PlainSumAggregator
 from secure.protocol import Aggregate, EmbeddingRequest
 

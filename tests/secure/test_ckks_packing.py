@@ -232,7 +232,8 @@ from pathlib import Path
 import tenseal as ts
 
 from secure.aggregation import PayloadError
-from secure.ckks import CkksSumAggregator, frame_chunks
+from secure.ckks import CkksSumAggregator
+from secure.ckks_frame import frame_chunks
 
 public, chunk, path = Path(sys.argv[1]).read_bytes(), Path(sys.argv[2]).read_bytes(), sys.argv[3]
 try:

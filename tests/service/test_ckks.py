@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tenseal as ts
 from fastapi import FastAPI
 from service_testkit import (
     admin,
@@ -23,10 +24,8 @@ from service_testkit import (
     session_request,
 )
 
+from secure import ckks
 from service.app import service_context
-
-ckks = pytest.importorskip("secure.ckks")
-ts = pytest.importorskip("tenseal")
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from clients.cli.main import main
-from models import party_tables
+from models import table_file
 from models.party import read_party
 
 NODES = [
@@ -88,7 +88,7 @@ def test_good_tables_become_the_workers_folder(
 def test_parquet_tables_with_integer_ids_stream_in_batches(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(party_tables, "PARQUET_BATCH_ROWS", 2)
+    monkeypatch.setattr(table_file, "PARQUET_BATCH_ROWS", 2)
     pq.write_table(
         pa.table({"id": [10, 11, 12, 13, 14], "x": [0.5, 1.0, 1.5, 2.0, 2.5], "flag": [True] * 5}),
         tmp_path / "nodes.parquet",
@@ -128,7 +128,7 @@ def test_parquet_tables_with_integer_ids_stream_in_batches(
 def test_csv_rows_are_counted_across_blocks(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    monkeypatch.setattr(party_tables, "CSV_BLOCK_BYTES", 64)
+    monkeypatch.setattr(table_file, "CSV_BLOCK_BYTES", 64)
     nodes = [["customer", "x"]] + [[f"c-{i}", str(i)] for i in range(200)]
     nodes[151][1] = "twelve"
     code, out = prepare(tmp_path, nodes=nodes, labels=None)
@@ -258,7 +258,7 @@ def test_a_row_with_too_many_fields_is_named(
     block_bytes: int | None,
 ) -> None:
     if block_bytes is not None:
-        monkeypatch.setattr(party_tables, "CSV_BLOCK_BYTES", block_bytes)
+        monkeypatch.setattr(table_file, "CSV_BLOCK_BYTES", block_bytes)
     nodes = [NODES[0]] + [[f"c-{i}", "1", "2"] for i in range(40)]
     nodes[33] = ["c-32", "1", "2", "3"]
     code, out = prepare(tmp_path, nodes=nodes, labels=None)
