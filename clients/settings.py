@@ -7,7 +7,7 @@ bound what any session may spend of this data (``clients/policy.py``)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
@@ -19,7 +19,7 @@ from pydantic_settings import (
 )
 
 from clients.policy import PrivacyPolicy
-from models.config import DEVICE_NAMES
+from models.config import DEVICE_NAMES, BackboneName
 from secure.accounting import AccountantName
 from secure.protocol import is_loopback_host
 
@@ -54,7 +54,7 @@ class WorkerSettings(BaseSettings):
     ca_file: Path | None = Field(
         None, description="CA certificate that signed the service's TLS certificate."
     )
-    backbone: Literal["gcnii", "gcn", "gat"] = Field("gcnii", description="Local graph layers.")
+    backbone: BackboneName = Field("gcnii", description="Local graph layers.")
     hidden: int | None = Field(
         None,
         ge=1,

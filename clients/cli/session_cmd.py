@@ -11,19 +11,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from clients.cli import train_config, train_options
 from clients.cli.connection import add_server_arguments, admin_client, read_token
 from clients.cli.errors import CliError, failing_as
 from clients.cli.options import add_command, check_output_dir, positive_int, write_private_file
-from clients.cli.train_options import (
-    add_data_arguments,
-    add_encryption_argument,
-    add_federation_arguments,
-    add_privacy_arguments,
-    add_session_about_arguments,
-    check_federation,
-    config_from_args,
-    session_about,
-)
 
 if TYPE_CHECKING:
     from clients.admin import AdminClient
@@ -49,7 +40,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "organisation's worker checks it against its own privacy policy before it sends anything.",
     )
     _connection_arguments(create)
-    add_data_arguments(create)
+    train_options.add_data_arguments(create)
     create.add_argument(
         "--alignment",
         default=None,
@@ -74,15 +65,15 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         metavar="N",
         help="with --score-with: nodes per scoring pass",
     )
-    add_federation_arguments(create, local=False)
-    add_encryption_argument(create)
-    add_privacy_arguments(create, noise_seed=False)
+    train_options.add_federation_arguments(create, local=False)
+    train_options.add_encryption_argument(create)
+    train_options.add_privacy_arguments(create, noise_seed=False)
     create.add_argument(
         "--label",
         default=None,
         help="free text shown in the status and in each organisation's privacy report",
     )
-    add_session_about_arguments(create)
+    train_options.add_session_about_arguments(create)
     create.add_argument(
         "--out", type=Path, required=True, metavar="DIR", help="output directory (required)"
     )
@@ -115,7 +106,7 @@ def _connection_arguments(p: argparse.ArgumentParser) -> None:
 
 def check(args: argparse.Namespace) -> None:
     if args.action == "create":
-        check_federation(args, through_service=True)
+        train_config.check_federation(args, through_service=True)
         check_output_dir(args.out, "--out")
 
 
@@ -195,12 +186,12 @@ def _scoring_body(admin: AdminClient, args: argparse.Namespace, config: TrainCon
 
 
 def _create(admin: AdminClient, args: argparse.Namespace) -> int:
-    config = config_from_args(args)
+    config = train_config.config_from_args(args)
     if args.score_with is not None:
         body = _scoring_body(admin, args, config)
     else:
         body = _training_body(admin, args, config)
-    body.update(session_about(args))
+    body.update(train_options.session_about(args))
     with failing_as(f"cannot create --out {args.out}"):
         args.out.mkdir(parents=True, exist_ok=True)
     created = admin.create_session(body)
@@ -215,7 +206,7 @@ def _create(admin: AdminClient, args: argparse.Namespace) -> int:
         "noise_multiplier": created.get("noise_multiplier"),
         "privacy": body["privacy"],
         "label": body["label"],
-        **session_about(args),
+        **train_options.session_about(args),
     }
     (args.out / "session.id").write_text(created["session_id"])  # no newline: a ConfigMap value
     (args.out / "session.json").write_text(json.dumps(summary, indent=2) + "\n")
