@@ -24,6 +24,13 @@ from secure.accounting import AccountantName
 from secure.protocol import is_loopback_host
 
 
+def plain_http_off_loopback(server: str) -> bool:
+    """``server`` is a plain-HTTP address other than loopback: tokens and shares would cross a
+    network without TLS (refused unless ``--insecure-http``)."""
+    url = urlsplit(server)
+    return url.scheme == "http" and not is_loopback_host(url.hostname or "")
+
+
 class WorkerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GLASU_", extra="ignore")
 
@@ -162,9 +169,7 @@ class WorkerSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _tls_unless_loopback(self) -> WorkerSettings:
-        url = urlsplit(self.server)
-        plain = url.scheme == "http" and not is_loopback_host(url.hostname or "")
-        if plain and not self.insecure_http:
+        if plain_http_off_loopback(self.server) and not self.insecure_http:
             raise ValueError(
                 f"server {self.server} is plain HTTP on a network address: use https:// "
                 "(with --ca-file), or pass --insecure-http to send tokens and shares "

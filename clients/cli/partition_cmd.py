@@ -13,7 +13,7 @@ from clients.cli.options import (
     non_negative_int,
     positive_int,
 )
-from clients.cli.train_options import DEFAULTS, add_data_arguments
+from clients.cli.train_options import DEFAULTS, add_data_arguments, load_benchmark
 
 
 def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -57,13 +57,9 @@ def check(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from models.data import load_dataset
     from models.partition import partition, save_partition
 
-    with failing_as(f"cannot load the {args.dataset} dataset", ValueError, OSError, RuntimeError):
-        dataset = load_dataset(
-            args.dataset, data_dir=args.data_dir, split=args.split, seed=args.seed
-        )
+    dataset = load_benchmark(args)
     with failing_as(f"cannot partition {args.dataset}", ValueError):
         parts = partition(
             dataset, clients=args.clients, edge_fraction=args.edge_fraction, seed=args.seed

@@ -12,6 +12,7 @@ from typing import Any
 
 from clients.cli.errors import CliError, UsageError
 from clients.cli.options import (
+    add_actions,
     add_command,
     check_output_file,
     positive_float,
@@ -95,7 +96,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="the accountant that composes the ledger",
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
-    actions = p.add_subparsers(dest="action", metavar="ACTION", title="other actions")
+    actions = add_actions(p, title="other actions", required=False)
     verify = add_command(
         actions,
         "verify",

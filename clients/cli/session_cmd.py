@@ -12,9 +12,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clients.cli import train_config, train_options
-from clients.cli.connection import add_server_arguments, admin_client, read_token
+from clients.cli.connection import add_admin_arguments, admin_client, read_token
 from clients.cli.errors import CliError, failing_as
-from clients.cli.options import add_command, check_output_dir, positive_int, write_private_file
+from clients.cli.options import (
+    add_actions,
+    add_command,
+    check_output_dir,
+    positive_int,
+    write_private_file,
+)
 
 if TYPE_CHECKING:
     from clients.admin import AdminClient
@@ -28,7 +34,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="create, inspect or close a session on a running service (admin)",
         description="Talk to a running `glasu serve` with the admin token.",
     )
-    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION", title="actions")
+    actions = add_actions(p)
     create = add_command(
         actions,
         "create",
@@ -39,7 +45,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "Differential privacy is on by default (epsilon 4 over the whole session); each "
         "organisation's worker checks it against its own privacy policy before it sends anything.",
     )
-    _connection_arguments(create)
+    add_admin_arguments(create)
     train_options.add_data_arguments(create)
     create.add_argument(
         "--alignment",
@@ -79,7 +85,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     for name, text in (("status", "show a session's progress"), ("close", "close a session")):
         action = add_command(actions, name, help=text, description=text + " (admin token).")
-        _connection_arguments(action)
+        add_admin_arguments(action)
         action.add_argument("--session", required=True, metavar="ID", help="session id (required)")
         action.add_argument("--json", action="store_true", help="print the raw JSON")
     listing = add_command(
@@ -88,20 +94,9 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="list the service's sessions",
         description="Every session of the service, oldest first, one line each (admin token).",
     )
-    _connection_arguments(listing)
+    add_admin_arguments(listing)
     listing.add_argument("--json", action="store_true", help="one JSON object per line")
     return p
-
-
-def _connection_arguments(p: argparse.ArgumentParser) -> None:
-    add_server_arguments(p)
-    p.add_argument(
-        "--admin-token-file",
-        type=Path,
-        required=True,
-        metavar="PATH",
-        help="file with the service's admin token (required)",
-    )
 
 
 def check(args: argparse.Namespace) -> None:
@@ -129,7 +124,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _training_body(admin: AdminClient, args: argparse.Namespace, config: TrainConfig) -> dict:
     from clients.local.session import aligned_session_request, session_request
-    from models.data import load_dataset
     from models.layout import layout_federation
 
     if not config.dp:
@@ -144,10 +138,7 @@ def _training_body(admin: AdminClient, args: argparse.Namespace, config: TrainCo
             body = aligned_session_request(config, admin.alignment(args.alignment))
         body["label"] = args.label or f"glasu session create --alignment {args.alignment}"
         return body
-    with failing_as(f"cannot load the {config.dataset} dataset", ValueError, OSError, RuntimeError):
-        dataset = load_dataset(
-            config.dataset, data_dir=config.data_dir, split=config.split, seed=config.seed
-        )
+    dataset = train_options.load_benchmark(config)
     with failing_as(f"the options do not fit {config.dataset}", ValueError):
         layout = layout_federation(config, dataset)
     body = session_request(config, layout, dataset)
@@ -170,16 +161,9 @@ def _scoring_body(admin: AdminClient, args: argparse.Namespace, config: TrainCon
         nodes = np.arange(int(alignment["aligned_nodes"]))
         training = {**training, "num_nodes": int(alignment["aligned_nodes"])}
     else:
-        from models.data import load_dataset
         from models.layout import eval_nodes
 
-        with failing_as(
-            f"cannot load the {config.dataset} dataset", ValueError, OSError, RuntimeError
-        ):
-            dataset = load_dataset(
-                config.dataset, data_dir=config.data_dir, split=config.split, seed=config.seed
-            )
-        nodes = eval_nodes(dataset)
+        nodes = eval_nodes(train_options.load_benchmark(config))
     body = scoring_request(training, model_session=args.score_with, nodes=nodes, chunk=args.chunk)
     body["label"] = args.label or body["label"]
     return body

@@ -148,7 +148,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _train(config: TrainConfig, args: argparse.Namespace) -> RunReport:
-    from models.data import load_dataset
     from models.device import resolve_device
     from models.layout import layout_federation
     from models.trainer import train_inprocess
@@ -158,12 +157,7 @@ def _train(config: TrainConfig, args: argparse.Namespace) -> RunReport:
     if args.party is not None:
         dataset, partitions = _aligned_parties(args.party, config, progress=not args.quiet)
     else:
-        with failing_as(
-            f"cannot load the {config.dataset} dataset", ValueError, OSError, RuntimeError
-        ):
-            dataset = load_dataset(
-                config.dataset, data_dir=config.data_dir, split=config.split, seed=config.seed
-            )
+        dataset = train_options.load_benchmark(config)
         partitions = None
     with failing_as(f"the options do not fit {config.dataset}", ValueError):
         layout = layout_federation(config, dataset, partitions=partitions)

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
+from clients.cli.errors import failing_as
 from clients.cli.options import (
     BooleanGiven,
     StoreGiven,
@@ -29,6 +30,9 @@ from models.config import DEVICE_NAMES, BackboneName, Mode, TrainConfig
 from secure.accounting import ACCOUNTANTS
 from secure.protocol import StragglerPolicy
 from service.schemas import MAX_CLIENTS, MAX_LAYERS, MAX_ROUNDS, MAX_WIDTH
+
+if TYPE_CHECKING:
+    from models.data import GraphDataset
 
 DEFAULTS = TrainConfig()
 
@@ -70,6 +74,17 @@ def add_data_arguments(p: argparse._ActionsContainer) -> None:
         "public = Planetoid's",
         choices=["paper", "public"],
     )
+
+
+def load_benchmark(choice: argparse.Namespace | TrainConfig) -> GraphDataset:
+    """The dataset that ``--dataset``, ``--data-dir``, ``--split`` and ``--seed`` name (torch is
+    imported here); a dataset that cannot be loaded fails the command in one sentence."""
+    from models.data import load_dataset
+
+    with failing_as(f"cannot load the {choice.dataset} dataset", ValueError, OSError, RuntimeError):
+        return load_dataset(
+            choice.dataset, data_dir=choice.data_dir, split=choice.split, seed=choice.seed
+        )
 
 
 def add_federation_arguments(p: argparse._ActionsContainer, *, local: bool) -> None:
