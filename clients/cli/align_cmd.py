@@ -32,6 +32,7 @@ from clients.cli.keyfiles import read_key_bytes, write_key_pair
 from clients.cli.options import (
     add_actions,
     add_command,
+    add_output_dir_argument,
     check_output_dir,
     int_range,
     non_negative_int,
@@ -83,9 +84,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "(union: partly shared nodes, trained with the count-aware mean; docs/data.md)",
     )
     create.add_argument("--label", default=None, help="free text shown in the status")
-    create.add_argument(
-        "--out", type=Path, required=True, metavar="DIR", help="output directory (required)"
-    )
+    add_output_dir_argument(create)
     run_ = add_command(
         actions,
         "run",
@@ -135,9 +134,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         description=f"Writes DIR/{SIGNING_KEY_FILE} (secret, mode 0600) and "
         f"DIR/{PUBLIC_KEY_FILE} (give it to the other organisations out of band).",
     )
-    keygen.add_argument(
-        "--out", type=Path, required=True, metavar="DIR", help="output directory (required)"
-    )
+    add_output_dir_argument(keygen)
     status = add_command(
         actions,
         "status",

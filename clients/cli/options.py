@@ -251,6 +251,13 @@ def check_party_folders(folders: Sequence[Path]) -> None:
             raise UsageError(f"--party {folder} is not a directory (a folder of glasu prepare)")
 
 
+def add_output_dir_argument(
+    p: argparse._ActionsContainer, help: str = "output directory (required)"
+) -> None:
+    """``--out DIR``, required; a command checks it with :func:`check_output_dir`."""
+    p.add_argument("--out", type=Path, required=True, metavar="DIR", help=help)
+
+
 def check_output_dir(path: Path, flag: str) -> None:
     """Fail now if ``path`` cannot be (created and) written as a directory later."""
     target = Path(os.path.abspath(path))

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from clients.cli.errors import failing_as
 from clients.cli.options import (
     add_command,
+    add_output_dir_argument,
     check_output_dir,
     fraction,
     non_negative_int,
     positive_int,
 )
-from clients.cli.train_options import DEFAULTS, add_data_arguments, load_benchmark
+from clients.cli.train_options import add_data_arguments, add_setting, load_benchmark
 
 
 def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -26,29 +26,16 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "format.",
     )
     add_data_arguments(p)
-    p.add_argument(
-        "--clients",
-        type=positive_int,
-        default=DEFAULTS.clients,
-        metavar="M",
-        help="number of clients",
-    )
-    p.add_argument(
+    add_setting(p, "--clients", "number of clients", type=positive_int, metavar="M")
+    add_setting(
+        p,
         "--edge-fraction",
+        "share of the graph's edges each client holds",
         type=fraction,
-        default=DEFAULTS.edge_fraction,
         metavar="F",
-        help="share of the graph's edges each client holds",
     )
-    p.add_argument(
-        "--seed",
-        type=non_negative_int,
-        default=DEFAULTS.seed,
-        help="seeds the split and the partition",
-    )
-    p.add_argument(
-        "--out", type=Path, required=True, metavar="DIR", help="output directory (required)"
-    )
+    add_setting(p, "--seed", "seeds the split and the partition", type=non_negative_int)
+    add_output_dir_argument(p)
     return p
 
 

@@ -8,7 +8,6 @@ import argparse
 import json
 import sys
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clients.cli import train_config, train_options
@@ -17,6 +16,7 @@ from clients.cli.errors import CliError, failing_as
 from clients.cli.options import (
     add_actions,
     add_command,
+    add_output_dir_argument,
     check_output_dir,
     positive_int,
     write_private_file,
@@ -80,9 +80,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="free text shown in the status and in each organisation's privacy report",
     )
     train_options.add_session_about_arguments(create)
-    create.add_argument(
-        "--out", type=Path, required=True, metavar="DIR", help="output directory (required)"
-    )
+    add_output_dir_argument(create)
     for name, text in (("status", "show a session's progress"), ("close", "close a session")):
         action = add_command(actions, name, help=text, description=text + " (admin token).")
         add_admin_arguments(action)

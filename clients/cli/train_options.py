@@ -57,7 +57,7 @@ def device_name(text: str) -> str:
     return text
 
 
-def _add_setting(p: argparse._ActionsContainer, flag: str, help: str, **kwargs: Any) -> None:
+def add_setting(p: argparse._ActionsContainer, flag: str, help: str, **kwargs: Any) -> None:
     """An option whose default is ``TrainConfig``'s field of the same name (``--agg-layers``:
     ``agg_layers``), so that the two cannot disagree."""
     default = getattr(DEFAULTS, flag.removeprefix("--").replace("-", "_"))
@@ -65,9 +65,9 @@ def _add_setting(p: argparse._ActionsContainer, flag: str, help: str, **kwargs: 
 
 
 def add_data_arguments(p: argparse._ActionsContainer) -> None:
-    _add_setting(p, "--dataset", "graph dataset", choices=DATASETS)
+    add_setting(p, "--dataset", "graph dataset", choices=DATASETS)
     p.add_argument("--data-dir", type=Path, default=None, metavar="DIR", help=DATA_DIR_HELP)
-    _add_setting(
+    add_setting(
         p,
         "--split",
         "train/validation/test split: paper = the GLASU authors' seeded random split, "
@@ -90,7 +90,7 @@ def load_benchmark(choice: argparse.Namespace | TrainConfig) -> GraphDataset:
 def add_federation_arguments(p: argparse._ActionsContainer, *, local: bool) -> None:
     """M, L, K, Q, T and the sampling; ``local`` adds the options only ``glasu train`` has
     (mode, backbone, the local optimiser, device)."""
-    _add_setting(
+    add_setting(
         p,
         "--clients",
         f"organisations, each holding a block of the features (at most {MAX_CLIENTS} "
@@ -99,7 +99,7 @@ def add_federation_arguments(p: argparse._ActionsContainer, *, local: bool) -> N
         metavar="M",
     )
     if local:
-        _add_setting(
+        add_setting(
             p,
             "--mode",
             "glasu: the federated algorithm; centralized: one client holds everything; "
@@ -107,23 +107,23 @@ def add_federation_arguments(p: argparse._ActionsContainer, *, local: bool) -> N
             "and step",
             choices=MODES,
         )
-        _add_setting(p, "--backbone", "graph layers of the split GNN", choices=BACKBONES)
-    _add_setting(p, "--layers", "GNN layers", type=int_range(1, MAX_LAYERS), metavar="L")
-    _add_setting(
+        add_setting(p, "--backbone", "graph layers of the split GNN", choices=BACKBONES)
+    add_setting(p, "--layers", "GNN layers", type=int_range(1, MAX_LAYERS), metavar="L")
+    add_setting(
         p,
         "--agg-layers",
         "layers whose embeddings meet at the service (lazy aggregation, K <= L)",
         type=positive_int,
         metavar="K",
     )
-    _add_setting(
+    add_setting(
         p,
         "--stale",
         "local steps per communication round (stale updates)",
         type=positive_int,
         metavar="Q",
     )
-    _add_setting(
+    add_setting(
         p,
         "--label-holder",
         "only client M holds the labels and the split; the others learn from the gradient "
@@ -132,7 +132,7 @@ def add_federation_arguments(p: argparse._ActionsContainer, *, local: bool) -> N
         type=int_range(0, MAX_CLIENTS - 1),
         metavar="M",
     )
-    _add_setting(
+    add_setting(
         p,
         "--stragglers",
         "when a client is late: 'wait' for it (every pass holds every client), or "
@@ -140,7 +140,7 @@ def add_federation_arguments(p: argparse._ActionsContainer, *, local: bool) -> N
         "a later pass (docs/protocol.md). Default: %(default)s",
         choices=get_args(StragglerPolicy),
     )
-    _add_setting(
+    add_setting(
         p,
         "--straggler-wait-seconds",
         "with --stragglers continue: how long a layer waits after its first upload "
@@ -149,7 +149,7 @@ def add_federation_arguments(p: argparse._ActionsContainer, *, local: bool) -> N
         metavar="S",
     )
     if local:  # each worker's own choice; a deployed worker takes them as its settings
-        _add_setting(
+        add_setting(
             p,
             "--cache-rounds",
             "rounds of stale statistics the local steps reuse round-robin (CELU-VFL; 1: the "
@@ -166,18 +166,18 @@ def add_federation_arguments(p: argparse._ActionsContainer, *, local: bool) -> N
             f"{switch_note(DEFAULTS.instance_weighting)}",
         )
         p.set_defaults(instance_weighting=DEFAULTS.instance_weighting)
-        _add_setting(
+        add_setting(
             p,
             "--weight-threshold",
             "cos(xi) of the instance weighting: instances less similar get weight 0",
             type=float,
             metavar="COS",
         )
-    _add_setting(p, "--rounds", "communication rounds", type=int_range(1, MAX_ROUNDS), metavar="T")
-    _add_setting(
+    add_setting(p, "--rounds", "communication rounds", type=int_range(1, MAX_ROUNDS), metavar="T")
+    add_setting(
         p, "--batch-size", "output nodes per training round", type=positive_int, metavar="N"
     )
-    _add_setting(
+    add_setting(
         p,
         "--fanout",
         "neighbours sampled per node and layer in training",
@@ -185,48 +185,48 @@ def add_federation_arguments(p: argparse._ActionsContainer, *, local: bool) -> N
         metavar="N",
     )
     if local:
-        _add_setting(
+        add_setting(
             p,
             "--eval-fanout",
             "neighbours sampled per node and layer in evaluation",
             type=positive_int,
             metavar="N",
         )
-    _add_setting(
+    add_setting(
         p,
         "--eval-every",
         "evaluate every N rounds and after the last (0: only after the last)",
         type=non_negative_int,
         metavar="N",
     )
-    _add_setting(
+    add_setting(
         p, "--hidden", "hidden width of the local layers", type=positive_int, metavar="WIDTH"
     )
     if local:
-        _add_setting(p, "--dropout", "dropout rate", type=rate, metavar="P")
-        _add_setting(p, "--lr", "learning rate", type=positive_float, metavar="RATE")
-        _add_setting(
+        add_setting(p, "--dropout", "dropout rate", type=rate, metavar="P")
+        add_setting(p, "--lr", "learning rate", type=positive_float, metavar="RATE")
+        add_setting(
             p,
             "--weight-decay",
             "weight decay (L2 penalty) of the optimiser",
             type=non_negative_float,
             metavar="W",
         )
-        _add_setting(
+        add_setting(
             p,
             "--edge-fraction",
             "share of the graph's edges each client holds (glasu and standalone modes)",
             type=fraction,
             metavar="F",
         )
-    _add_setting(
+    add_setting(
         p,
         "--seed",
         "seeds the split, the partition, the batches and the initialisation",
         type=non_negative_int,
     )
     if local:
-        _add_setting(
+        add_setting(
             p,
             "--device",
             "where the clients compute (auto: CUDA when available)",
@@ -290,14 +290,14 @@ def add_privacy_arguments(p: argparse._ActionsContainer, *, noise_seed: bool = T
         help=f"epsilon target of the whole run (default: {DEFAULTS.epsilon}, unless "
         "--noise-multiplier is given)",
     )
-    _add_setting(
+    add_setting(
         p,
         "--delta",
         "delta of the (epsilon, delta) guarantee, in (0, 1)",
         action=StoreGiven,
         type=probability,
     )
-    _add_setting(
+    add_setting(
         p,
         "--noise-multiplier",
         "noise std of the aggregate / sensitivity (default: calibrated from --epsilon "
@@ -306,7 +306,7 @@ def add_privacy_arguments(p: argparse._ActionsContainer, *, noise_seed: bool = T
         type=positive_float,
         metavar="Z",
     )
-    _add_setting(
+    add_setting(
         p,
         "--clip",
         "L2 bound of every released row",
@@ -314,14 +314,14 @@ def add_privacy_arguments(p: argparse._ActionsContainer, *, noise_seed: bool = T
         type=positive_float,
         metavar="C",
     )
-    _add_setting(
+    add_setting(
         p,
         "--accountant",
         "privacy accountant: rdp (Renyi DP) or prv (privacy random variables)",
         action=StoreGiven,
         choices=ACCOUNTANTS,
     )
-    _add_setting(
+    add_setting(
         p,
         "--release-width",
         "columns of the noisy layer-1 release",
@@ -329,7 +329,7 @@ def add_privacy_arguments(p: argparse._ActionsContainer, *, noise_seed: bool = T
         type=int_range(1, MAX_WIDTH),
         metavar="WIDTH",
     )
-    _add_setting(
+    add_setting(
         p,
         "--occurrence-cap",
         "times a node may be drawn as a neighbour per layer, up to the release",
@@ -349,7 +349,7 @@ def add_privacy_arguments(p: argparse._ActionsContainer, *, noise_seed: bool = T
     p.set_defaults(shared_noise=DEFAULTS.shared_noise)
     if not noise_seed:
         return
-    _add_setting(
+    add_setting(
         p,
         "--noise-seed",
         "fix the DP noise (tests only: refused unless GLASU_TEST_REPRODUCIBLE_NOISE=1, and "
