@@ -1,5 +1,6 @@
 """The organisation's privacy report (``glasu report``): its own ledgers, composed at its own
-policy's delta with its own accountant, turned into the content ``secure.report`` renders.
+policy's delta with its own accountant, turned into the report's content (``secure.report``),
+which ``secure.report_html`` renders.
 
 Every figure comes from the owner's ledger rows (``clients/owner_ledger.py``), read once per
 ledger: a session's epsilon composes its rows, the total composes all of them, and each
@@ -21,6 +22,7 @@ from secure.report import (
     REPORT_FORMAT,
     WHO,
     advantage,
+    adversary_figure,
     iso_utc,
     local_offset,
     sentence,
@@ -197,18 +199,14 @@ def organisation_content(
 def _adversary(
     key: str, name: str, inverse: float | None, epsilon: Any, delta: float
 ) -> dict[str, Any]:
-    value = None if inverse is None else epsilon(inverse)
-    return {
-        "key": key,
-        "adversary": name,
-        "epsilon": value,
-        "sentence": sentence(
-            who=WHO.get(key, LEDGER_WHO),
-            epsilon=value,
-            advantage=None if inverse is None else advantage(inverse),
-            delta=delta,
-        ),
-    }
+    return adversary_figure(
+        key=key,
+        name=name,
+        who=WHO.get(key, LEDGER_WHO),
+        epsilon=None if inverse is None else epsilon(inverse),
+        inverse=inverse,
+        delta=delta,
+    )
 
 
 def _by_kind(rows: Sequence[Mapping[str, Any]]) -> dict[str, int]:

@@ -1,6 +1,7 @@
 """Signed privacy reports: an Ed25519 signature (PyNaCl) by the data owner's report key over
-every byte of the HTML report (its signature value left as :data:`secure.report.SIGNATURE_SLOT`),
-or over the canonical JSON of a JSON report's content.
+every byte of the HTML report (its signature value left as
+:data:`secure.report_html.SIGNATURE_SLOT`), or over the canonical JSON of a JSON report's
+content.
 
 Anyone can sign a report with a key of their own, so a valid signature says "not altered since
 the holder of key F signed it"; whether F is the owner's key is checked against the owner's
@@ -19,7 +20,7 @@ from typing import Any
 from nacl.exceptions import BadSignatureError
 from nacl.signing import SigningKey, VerifyKey
 
-from secure.report import SIGNATURE_ELEMENT, SIGNATURE_SLOT, render_html
+from secure.report_html import SIGNATURE_ELEMENT, SIGNATURE_SLOT, render_html
 
 SIGNATURE_TAG = b"glasu/privacy-report/v1/ed25519\n"
 _ELEMENT = re.compile(

@@ -7,7 +7,7 @@ bound what any session may spend of this data (``clients/policy.py``)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
@@ -19,9 +19,16 @@ from pydantic_settings import (
 )
 
 from clients.policy import PrivacyPolicy
-from models.config import DEVICE_NAMES
+from models.config import DEVICE_NAMES, BackboneName
 from secure.accounting import AccountantName
 from secure.protocol import is_loopback_host
+
+
+def plain_http_off_loopback(server: str) -> bool:
+    """``server`` is a plain-HTTP address other than loopback: tokens and shares would cross a
+    network without TLS (refused unless ``--insecure-http``)."""
+    url = urlsplit(server)
+    return url.scheme == "http" and not is_loopback_host(url.hostname or "")
 
 
 class WorkerSettings(BaseSettings):
@@ -54,7 +61,7 @@ class WorkerSettings(BaseSettings):
     ca_file: Path | None = Field(
         None, description="CA certificate that signed the service's TLS certificate."
     )
-    backbone: Literal["gcnii", "gcn", "gat"] = Field("gcnii", description="Local graph layers.")
+    backbone: BackboneName = Field("gcnii", description="Local graph layers.")
     hidden: int | None = Field(
         None,
         ge=1,
@@ -162,9 +169,7 @@ class WorkerSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _tls_unless_loopback(self) -> WorkerSettings:
-        url = urlsplit(self.server)
-        plain = url.scheme == "http" and not is_loopback_host(url.hostname or "")
-        if plain and not self.insecure_http:
+        if plain_http_off_loopback(self.server) and not self.insecure_http:
             raise ValueError(
                 f"server {self.server} is plain HTTP on a network address: use https:// "
                 "(with --ca-file), or pass --insecure-http to send tokens and shares "

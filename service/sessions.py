@@ -154,7 +154,8 @@ class SessionManager:
 
     def report_page(self, session_id: str, *, now: float) -> str:
         """The operator's read-only privacy page of the session (HTML, ``secure.report``)."""
-        from secure.report import render_html, session_content
+        from secure.report import session_content
+        from secure.report_html import render_html
 
         status = self.status(session_id)
         with self.store.transaction() as tx:

@@ -17,16 +17,22 @@ import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, get_args
-from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
     from clients.alignment_signing import SetSigning
 
-from clients.cli.connection import add_server_arguments, admin_client, read_token
+from clients.cli.connection import (
+    add_admin_arguments,
+    add_server_arguments,
+    admin_client,
+    read_token,
+)
 from clients.cli.errors import EXIT_PEERS_MISSING, CliError, UsageError, failing_as
 from clients.cli.keyfiles import read_key_bytes, write_key_pair
 from clients.cli.options import (
+    add_actions,
     add_command,
+    add_output_dir_argument,
     check_output_dir,
     int_range,
     non_negative_int,
@@ -48,7 +54,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         description="A private set intersection through the service: the organisations learn "
         "which of their node ids they all share, and nothing else about each other's ids.",
     )
-    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION", title="actions")
+    actions = add_actions(p)
     create = add_command(
         actions,
         "create",
@@ -56,14 +62,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         description="POST /v1/alignments; writes OUT/alignment.id and OUT/party-<m>.token (mode "
         "0600: give each organisation its own).",
     )
-    add_server_arguments(create)
-    create.add_argument(
-        "--admin-token-file",
-        type=Path,
-        required=True,
-        metavar="PATH",
-        help="file with the service's admin token (required)",
-    )
+    add_admin_arguments(create)
     create.add_argument(
         "--parties",
         type=int_range(2, MAX_CLIENTS),
@@ -85,9 +84,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "(union: partly shared nodes, trained with the count-aware mean; docs/data.md)",
     )
     create.add_argument("--label", default=None, help="free text shown in the status")
-    create.add_argument(
-        "--out", type=Path, required=True, metavar="DIR", help="output directory (required)"
-    )
+    add_output_dir_argument(create)
     run_ = add_command(
         actions,
         "run",
@@ -137,9 +134,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         description=f"Writes DIR/{SIGNING_KEY_FILE} (secret, mode 0600) and "
         f"DIR/{PUBLIC_KEY_FILE} (give it to the other organisations out of band).",
     )
-    keygen.add_argument(
-        "--out", type=Path, required=True, metavar="DIR", help="output directory (required)"
-    )
+    add_output_dir_argument(keygen)
     status = add_command(
         actions,
         "status",
@@ -191,11 +186,9 @@ def check(args: argparse.Namespace) -> None:
                 "--peer-key: one per other party (this is party "
                 f"{args.party}), got parties {parties}"
             )
-        from secure.protocol import is_loopback_host
+        from clients.settings import plain_http_off_loopback
 
-        url = urlsplit(args.server)
-        plain = url.scheme == "http" and not is_loopback_host(url.hostname or "")
-        if plain and not args.insecure_http:
+        if plain_http_off_loopback(args.server) and not args.insecure_http:
             raise UsageError(
                 f"--server {args.server} is plain HTTP on a network address: use https:// "
                 "(with --ca-file), or pass --insecure-http"

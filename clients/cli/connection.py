@@ -1,5 +1,5 @@
 """The options and the client of the commands that talk to a running service as its operator
-(``glasu session``, ``glasu budget``)."""
+(``glasu session``, ``glasu align create``, ``glasu budget``)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,18 @@ def add_server_arguments(p: argparse._ActionsContainer, *, required: bool = True
         default=None,
         metavar="PATH",
         help="CA certificate that signed the service's TLS certificate (default: the system's CAs)",
+    )
+
+
+def add_admin_arguments(p: argparse._ActionsContainer) -> None:
+    """The service and the operator's admin token."""
+    add_server_arguments(p)
+    p.add_argument(
+        "--admin-token-file",
+        type=Path,
+        required=True,
+        metavar="PATH",
+        help="file with the service's admin token (required)",
     )
 
 

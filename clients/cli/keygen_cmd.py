@@ -4,10 +4,9 @@ service)."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from clients.cli.errors import UsageError, failing_as
-from clients.cli.options import add_command, check_output_dir
+from clients.cli.options import add_command, add_output_dir_argument, check_output_dir
 
 
 def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -18,9 +17,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         description="Write secret.context (mode 0600; give it to every worker out of band) and "
         "public.context (the only key material the service may have).",
     )
-    p.add_argument(
-        "--out", type=Path, required=True, metavar="DIR", help="output directory (required)"
-    )
+    add_output_dir_argument(p)
     p.add_argument(
         "--overwrite",
         action="store_true",

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from clients.cli.errors import failing_as
-from clients.cli.options import add_command
+from clients.cli.options import add_actions, add_command
 
 
 def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -18,7 +18,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         description="A party's trained model: the folder of `glasu train --model-dir DIR/<party>`"
         " or `glasu worker --model-out DIR`.",
     )
-    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    actions = add_actions(p, title=None)
     show = add_command(
         actions,
         "show",

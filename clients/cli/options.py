@@ -65,6 +65,15 @@ def add_command(
     return parser
 
 
+def add_actions(
+    command: argparse.ArgumentParser, *, title: str | None = "actions", required: bool = True
+) -> argparse._SubParsersAction:
+    """A command's actions (``glasu session create``, ``glasu session list``): the one given is
+    ``args.action``."""
+    heading = {} if title is None else {"title": title}
+    return command.add_subparsers(dest="action", required=required, metavar="ACTION", **heading)
+
+
 # -- options given explicitly ------------------------------------------------------------------
 
 
@@ -74,28 +83,8 @@ def given_options(args: argparse.Namespace) -> set[str]:
     return set(getattr(args, "given_options", ()))
 
 
-def _mark_given(namespace: argparse.Namespace, option_string: str | None) -> None:
-    if option_string:
-        namespace.given_options = given_options(namespace) | {option_string}
-
-
-class StoreGiven(argparse.Action):
-    """``store``, remembering that the option was given (a default cannot tell: it may equal
-    the value given)."""
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: str | Sequence[Any] | None,
-        option_string: str | None = None,
-    ) -> None:
-        setattr(namespace, self.dest, values)
-        _mark_given(namespace, option_string)
-
-
-class BooleanGiven(argparse.BooleanOptionalAction):
-    """``--foo/--no-foo``, remembering which of them was given."""
+class _RemembersGiven(argparse.Action):
+    """Stores as its base action does, then remembers which option string was given."""
 
     def __call__(
         self,
@@ -105,7 +94,17 @@ class BooleanGiven(argparse.BooleanOptionalAction):
         option_string: str | None = None,
     ) -> None:
         super().__call__(parser, namespace, values, option_string)
-        _mark_given(namespace, option_string)
+        if option_string:
+            namespace.given_options = given_options(namespace) | {option_string}
+
+
+class StoreGiven(_RemembersGiven, argparse._StoreAction):
+    """``store``, remembering that the option was given (a default cannot tell: it may equal
+    the value given)."""
+
+
+class BooleanGiven(_RemembersGiven, argparse.BooleanOptionalAction):
+    """``--foo/--no-foo``, remembering which of them was given."""
 
 
 # -- argument types ----------------------------------------------------------------------------
@@ -250,6 +249,13 @@ def check_party_folders(folders: Sequence[Path]) -> None:
     for folder in folders:
         if not folder.is_dir():
             raise UsageError(f"--party {folder} is not a directory (a folder of glasu prepare)")
+
+
+def add_output_dir_argument(
+    p: argparse._ActionsContainer, help: str = "output directory (required)"
+) -> None:
+    """``--out DIR``, required; a command checks it with :func:`check_output_dir`."""
+    p.add_argument("--out", type=Path, required=True, metavar="DIR", help=help)
 
 
 def check_output_dir(path: Path, flag: str) -> None:

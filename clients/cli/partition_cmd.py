@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from clients.cli.errors import failing_as
 from clients.cli.options import (
     add_command,
+    add_output_dir_argument,
     check_output_dir,
     fraction,
     non_negative_int,
     positive_int,
 )
-from clients.cli.train_options import DEFAULTS, add_data_arguments
+from clients.cli.train_options import add_data_arguments, add_setting, load_benchmark
 
 
 def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -26,29 +26,16 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "format.",
     )
     add_data_arguments(p)
-    p.add_argument(
-        "--clients",
-        type=positive_int,
-        default=DEFAULTS.clients,
-        metavar="M",
-        help="number of clients",
-    )
-    p.add_argument(
+    add_setting(p, "--clients", "number of clients", type=positive_int, metavar="M")
+    add_setting(
+        p,
         "--edge-fraction",
+        "share of the graph's edges each client holds",
         type=fraction,
-        default=DEFAULTS.edge_fraction,
         metavar="F",
-        help="share of the graph's edges each client holds",
     )
-    p.add_argument(
-        "--seed",
-        type=non_negative_int,
-        default=DEFAULTS.seed,
-        help="seeds the split and the partition",
-    )
-    p.add_argument(
-        "--out", type=Path, required=True, metavar="DIR", help="output directory (required)"
-    )
+    add_setting(p, "--seed", "seeds the split and the partition", type=non_negative_int)
+    add_output_dir_argument(p)
     return p
 
 
@@ -57,13 +44,9 @@ def check(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from models.data import load_dataset
     from models.partition import partition, save_partition
 
-    with failing_as(f"cannot load the {args.dataset} dataset", ValueError, OSError, RuntimeError):
-        dataset = load_dataset(
-            args.dataset, data_dir=args.data_dir, split=args.split, seed=args.seed
-        )
+    dataset = load_benchmark(args)
     with failing_as(f"cannot partition {args.dataset}", ValueError):
         parts = partition(
             dataset, clients=args.clients, edge_fraction=args.edge_fraction, seed=args.seed

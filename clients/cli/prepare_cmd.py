@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from clients.cli.errors import CliError, UsageError, failing_as
-from clients.cli.options import add_command, check_output_dir
+from clients.cli.options import add_command, add_output_dir_argument, check_output_dir
 
 
 def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -68,9 +68,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         metavar="NAME",
         help="the label table's class column (default: its column besides the id)",
     )
-    p.add_argument(
-        "--out", type=Path, required=True, metavar="DIR", help="a new output folder (required)"
-    )
+    add_output_dir_argument(p, "a new output folder (required)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p
 

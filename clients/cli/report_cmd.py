@@ -12,7 +12,9 @@ from typing import Any
 
 from clients.cli.errors import CliError, UsageError
 from clients.cli.options import (
+    add_actions,
     add_command,
+    add_output_dir_argument,
     check_output_file,
     positive_float,
     probability,
@@ -95,7 +97,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="the accountant that composes the ledger",
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
-    actions = p.add_subparsers(dest="action", metavar="ACTION", title="other actions")
+    actions = add_actions(p, title="other actions", required=False)
     verify = add_command(
         actions,
         "verify",
@@ -118,7 +120,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         description=f"Write DIR/{SIGNING_KEY_FILE} (mode 0600, keep it) and DIR/{PUBLIC_KEY_FILE}"
         " (give it to whoever checks the reports).",
     )
-    keygen.add_argument("--out", type=Path, required=True, metavar="DIR", help="the folder")
+    add_output_dir_argument(keygen, "the folder")
     return p
 
 

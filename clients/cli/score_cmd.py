@@ -10,7 +10,13 @@ import sys
 from pathlib import Path
 
 from clients.cli.errors import CliError, UsageError, failing_as
-from clients.cli.options import add_command, check_output_dir, check_party_folders, positive_int
+from clients.cli.options import (
+    add_command,
+    add_output_dir_argument,
+    check_output_dir,
+    check_party_folders,
+    positive_int,
+)
 from clients.cli.train_options import add_encryption_argument
 
 
@@ -43,7 +49,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         metavar="DIR",
         help="the folder of `glasu train --model-dir`: one model per party, DIR/<party>",
     )
-    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="predictions folder")
+    add_output_dir_argument(p, "predictions folder")
     p.add_argument(
         "--ids",
         type=Path,

@@ -8,21 +8,18 @@ import argparse
 import json
 import sys
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clients.cli.connection import add_server_arguments, admin_client, read_token
+from clients.cli import train_config, train_options
+from clients.cli.connection import add_admin_arguments, admin_client, read_token
 from clients.cli.errors import CliError, failing_as
-from clients.cli.options import add_command, check_output_dir, positive_int, write_private_file
-from clients.cli.train_options import (
-    add_data_arguments,
-    add_encryption_argument,
-    add_federation_arguments,
-    add_privacy_arguments,
-    add_session_about_arguments,
-    check_federation,
-    config_from_args,
-    session_about,
+from clients.cli.options import (
+    add_actions,
+    add_command,
+    add_output_dir_argument,
+    check_output_dir,
+    positive_int,
+    write_private_file,
 )
 
 if TYPE_CHECKING:
@@ -37,7 +34,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="create, inspect or close a session on a running service (admin)",
         description="Talk to a running `glasu serve` with the admin token.",
     )
-    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION", title="actions")
+    actions = add_actions(p)
     create = add_command(
         actions,
         "create",
@@ -48,8 +45,8 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "Differential privacy is on by default (epsilon 4 over the whole session); each "
         "organisation's worker checks it against its own privacy policy before it sends anything.",
     )
-    _connection_arguments(create)
-    add_data_arguments(create)
+    add_admin_arguments(create)
+    train_options.add_data_arguments(create)
     create.add_argument(
         "--alignment",
         default=None,
@@ -74,21 +71,19 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         metavar="N",
         help="with --score-with: nodes per scoring pass",
     )
-    add_federation_arguments(create, local=False)
-    add_encryption_argument(create)
-    add_privacy_arguments(create, noise_seed=False)
+    train_options.add_federation_arguments(create, local=False)
+    train_options.add_encryption_argument(create)
+    train_options.add_privacy_arguments(create, noise_seed=False)
     create.add_argument(
         "--label",
         default=None,
         help="free text shown in the status and in each organisation's privacy report",
     )
-    add_session_about_arguments(create)
-    create.add_argument(
-        "--out", type=Path, required=True, metavar="DIR", help="output directory (required)"
-    )
+    train_options.add_session_about_arguments(create)
+    add_output_dir_argument(create)
     for name, text in (("status", "show a session's progress"), ("close", "close a session")):
         action = add_command(actions, name, help=text, description=text + " (admin token).")
-        _connection_arguments(action)
+        add_admin_arguments(action)
         action.add_argument("--session", required=True, metavar="ID", help="session id (required)")
         action.add_argument("--json", action="store_true", help="print the raw JSON")
     listing = add_command(
@@ -97,25 +92,14 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="list the service's sessions",
         description="Every session of the service, oldest first, one line each (admin token).",
     )
-    _connection_arguments(listing)
+    add_admin_arguments(listing)
     listing.add_argument("--json", action="store_true", help="one JSON object per line")
     return p
 
 
-def _connection_arguments(p: argparse.ArgumentParser) -> None:
-    add_server_arguments(p)
-    p.add_argument(
-        "--admin-token-file",
-        type=Path,
-        required=True,
-        metavar="PATH",
-        help="file with the service's admin token (required)",
-    )
-
-
 def check(args: argparse.Namespace) -> None:
     if args.action == "create":
-        check_federation(args, through_service=True)
+        train_config.check_federation(args, through_service=True)
         check_output_dir(args.out, "--out")
 
 
@@ -138,7 +122,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _training_body(admin: AdminClient, args: argparse.Namespace, config: TrainConfig) -> dict:
     from clients.local.session import aligned_session_request, session_request
-    from models.data import load_dataset
     from models.layout import layout_federation
 
     if not config.dp:
@@ -153,10 +136,7 @@ def _training_body(admin: AdminClient, args: argparse.Namespace, config: TrainCo
             body = aligned_session_request(config, admin.alignment(args.alignment))
         body["label"] = args.label or f"glasu session create --alignment {args.alignment}"
         return body
-    with failing_as(f"cannot load the {config.dataset} dataset", ValueError, OSError, RuntimeError):
-        dataset = load_dataset(
-            config.dataset, data_dir=config.data_dir, split=config.split, seed=config.seed
-        )
+    dataset = train_options.load_benchmark(config)
     with failing_as(f"the options do not fit {config.dataset}", ValueError):
         layout = layout_federation(config, dataset)
     body = session_request(config, layout, dataset)
@@ -179,28 +159,21 @@ def _scoring_body(admin: AdminClient, args: argparse.Namespace, config: TrainCon
         nodes = np.arange(int(alignment["aligned_nodes"]))
         training = {**training, "num_nodes": int(alignment["aligned_nodes"])}
     else:
-        from models.data import load_dataset
         from models.layout import eval_nodes
 
-        with failing_as(
-            f"cannot load the {config.dataset} dataset", ValueError, OSError, RuntimeError
-        ):
-            dataset = load_dataset(
-                config.dataset, data_dir=config.data_dir, split=config.split, seed=config.seed
-            )
-        nodes = eval_nodes(dataset)
+        nodes = eval_nodes(train_options.load_benchmark(config))
     body = scoring_request(training, model_session=args.score_with, nodes=nodes, chunk=args.chunk)
     body["label"] = args.label or body["label"]
     return body
 
 
 def _create(admin: AdminClient, args: argparse.Namespace) -> int:
-    config = config_from_args(args)
+    config = train_config.config_from_args(args)
     if args.score_with is not None:
         body = _scoring_body(admin, args, config)
     else:
         body = _training_body(admin, args, config)
-    body.update(session_about(args))
+    body.update(train_options.session_about(args))
     with failing_as(f"cannot create --out {args.out}"):
         args.out.mkdir(parents=True, exist_ok=True)
     created = admin.create_session(body)
@@ -215,7 +188,7 @@ def _create(admin: AdminClient, args: argparse.Namespace) -> int:
         "noise_multiplier": created.get("noise_multiplier"),
         "privacy": body["privacy"],
         "label": body["label"],
-        **session_about(args),
+        **train_options.session_about(args),
     }
     (args.out / "session.id").write_text(created["session_id"])  # no newline: a ConfigMap value
     (args.out / "session.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
+from clients.cli import train_config, train_options
 from clients.cli.errors import CliError, UsageError, failing_as
 from clients.cli.options import (
     PLOT_FORMATS,
@@ -23,16 +24,6 @@ from clients.cli.options import (
     check_output_file,
     check_party_folders,
     positive_int,
-)
-from clients.cli.train_options import (
-    add_data_arguments,
-    add_encryption_argument,
-    add_federation_arguments,
-    add_privacy_arguments,
-    add_session_about_arguments,
-    check_federation,
-    config_from_args,
-    session_about,
 )
 from secure.protocol import AlignedNodes
 
@@ -53,7 +44,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "Encryption and differential privacy are on unless switched off.",
     )
     data = p.add_argument_group("data")
-    add_data_arguments(data)
+    train_options.add_data_arguments(data)
     data.add_argument(
         "--party",
         type=Path,
@@ -73,7 +64,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "row is averaged over the parties that hold it; docs/data.md)",
     )
     federation = p.add_argument_group("federation and training")
-    add_federation_arguments(federation, local=True)
+    train_options.add_federation_arguments(federation, local=True)
     federation.add_argument(
         "--transport",
         choices=["http", "inprocess"],
@@ -89,9 +80,9 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="CPU threads per process (the matrices are small: 1 is fastest)",
     )
     security = p.add_argument_group("encryption and differential privacy (both on by default)")
-    add_encryption_argument(security)
-    add_privacy_arguments(security)
-    add_session_about_arguments(federation)
+    train_options.add_encryption_argument(security)
+    train_options.add_privacy_arguments(security)
+    train_options.add_session_about_arguments(federation)
     output = p.add_argument_group("output")
     output.add_argument(
         "--report", type=Path, default=None, metavar="PATH", help="write the JSON report here"
@@ -130,7 +121,7 @@ def check(args: argparse.Namespace) -> None:
     if args.party is not None:
         check_parties(args)
     check_nodes(args)
-    check_federation(args, through_service=uses_service(args))
+    train_config.check_federation(args, through_service=uses_service(args))
     check_output_file(args.report, "--report", overwrite=args.overwrite)
     check_output_file(args.plot, "--plot", formats=PLOT_FORMATS, overwrite=args.overwrite)
     check_device(args.device)
@@ -147,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    config = config_from_args(args, **party_settings(args))
+    config = train_config.config_from_args(args, **party_settings(args))
     with _sigterm_interrupts():
         report = _train(config, args)
     finish(report, report_path=args.report, plot_path=args.plot)
@@ -157,7 +148,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _train(config: TrainConfig, args: argparse.Namespace) -> RunReport:
-    from models.data import load_dataset
     from models.device import resolve_device
     from models.layout import layout_federation
     from models.trainer import train_inprocess
@@ -167,12 +157,7 @@ def _train(config: TrainConfig, args: argparse.Namespace) -> RunReport:
     if args.party is not None:
         dataset, partitions = _aligned_parties(args.party, config, progress=not args.quiet)
     else:
-        with failing_as(
-            f"cannot load the {config.dataset} dataset", ValueError, OSError, RuntimeError
-        ):
-            dataset = load_dataset(
-                config.dataset, data_dir=config.data_dir, split=config.split, seed=config.seed
-            )
+        dataset = train_options.load_benchmark(config)
         partitions = None
     with failing_as(f"the options do not fit {config.dataset}", ValueError):
         layout = layout_federation(config, dataset, partitions=partitions)
@@ -187,7 +172,10 @@ def _train(config: TrainConfig, args: argparse.Namespace) -> RunReport:
 
             keep = KeepModels(
                 folders=folders,
-                session_config={**session_view(config, layout, dataset), **session_about(args)},
+                session_config={
+                    **session_view(config, layout, dataset),
+                    **train_options.session_about(args),
+                },
                 session_id=f"inprocess-{uuid.uuid4().hex}",
             )
         with failing_as(f"the options do not fit {config.dataset}", ValueError):
@@ -205,7 +193,7 @@ def _train(config: TrainConfig, args: argparse.Namespace) -> RunReport:
             threads=args.threads,
             progress=not args.quiet,
             model_dirs=model_folders(args),
-            about=session_about(args),
+            about=train_options.session_about(args),
         )
 
 

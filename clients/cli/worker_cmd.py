@@ -15,6 +15,7 @@ the worker runs."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import TYPE_CHECKING
@@ -123,19 +124,9 @@ def _run(settings: WorkerSettings, *, quiet: bool) -> int:
         codec = make_codec(settings.secret_context)
     with failing_as("--ca-file"):
         verify = tls_verification(settings.ca_file)
-    options = LocalModelOptions(
-        backbone=settings.backbone,
-        hidden=settings.hidden,
-        noise_seed=settings.noise_seed,
-        dropout=settings.dropout,
-        lr=settings.lr,
-        weight_decay=settings.weight_decay,
-        eval_fanout=settings.eval_fanout,
-        cache_rounds=settings.cache_rounds,
-        instance_weighting=settings.instance_weighting,
-        weight_threshold=settings.weight_threshold,
-        seed=settings.seed,
-    )
+    # each of the local model's options is the worker setting of the same name
+    local_fields = {field.name for field in dataclasses.fields(LocalModelOptions)}
+    options = LocalModelOptions(**settings.model_dump(include=local_fields))
 
     writer = None
     if settings.predictions is not None:
