@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from secure.psi import ELEMENT_BYTES, check_elements, pack, unpack
-from service.alignment_schemas import (
+from secure.wire.alignment import (
+    SET_ENCODING,
     AlignmentCreate,
     AlignmentCreated,
     AlignmentStatus,
@@ -46,7 +47,6 @@ from service.domain_errors import (
 from service.sessions import token_sha256
 from service.store import Store
 
-SET_ENCODING = "ristretto255"
 POSITIONS_ENCODING = "int64"
 POSITION_BYTES = 8  # little-endian int64
 PARTY_TOKEN_BYTES = 32

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.aggregators import Aggregators, load_public_context
+from service.aggregators import Aggregators, PublicContext
 from service.limits import ByteBudget
 from service.notify import SessionNotifier
 from service.plan import PlanCache
@@ -36,7 +36,7 @@ def build_context(settings: ServiceSettings) -> ServiceContext:
     if not admin_token:  # settings validation already refuses this; never run without a token
         raise RuntimeError("refusing to start without an admin token")
     # Load the context before touching the database, so a secret context stops us early.
-    context = load_public_context(settings.public_context) if settings.public_context else None
+    context = PublicContext.read(settings.public_context) if settings.public_context else None
     store = Store(settings.database)
     aggregators = Aggregators(context)
     plans = PlanCache()

@@ -8,22 +8,20 @@ import uuid
 
 from secure.privacy import PrivacyPlanError, SessionPrivacy, check_private_arrangement
 from secure.schedule import pass_schedule
-from service.aggregators import Aggregators
-from service.domain_errors import InvalidSessionRequest, SessionNotFound
-from service.plan import PlanCache, PlanOutline, SessionPlan
-from service.rounds import RoundEngine
-from service.schemas import (
+from secure.wire.sessions import SessionCreate, SessionCreated, SessionSummary
+from secure.wire.status import (
     ClientTraffic,
     LayerProgress,
     LedgerEntry,
     MetricsRecord,
     PassProgress,
     PrivacyReport,
-    SessionCreate,
-    SessionCreated,
     SessionStatus,
-    SessionSummary,
 )
+from service.aggregators import Aggregators
+from service.domain_errors import InvalidSessionRequest, SessionNotFound
+from service.plan import PlanCache, PlanOutline, SessionPlan
+from service.rounds import RoundEngine
 from service.store import LedgerRow, SessionRow, Store, Transaction
 
 CLIENT_TOKEN_BYTES = 32

@@ -33,8 +33,8 @@ from clients.cli.options import (
     write_private_file,
 )
 from secure.protocol import AlignedNodes
-from service.alignment_schemas import MAX_SEED
-from service.schemas import MAX_CLIENTS
+from secure.wire.alignment import MAX_SEED
+from secure.wire.common import MAX_CLIENTS
 
 SIGNING_KEY_FILE = "alignment-signing.key"  # the Ed25519 seed, hex
 PUBLIC_KEY_FILE = "alignment-signing.pub"  # its public key, hex

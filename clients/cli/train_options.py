@@ -3,7 +3,7 @@ defaults, help, per-value checks (argparse types), the checks across options, an
 ``TrainConfig`` they make.
 
 Torch-free: ``models.config`` (the defaults) loads neither torch nor the accountants' backends.
-The service's limits come from ``service.schemas`` (pydantic only).
+The service's limits come from ``secure.wire`` (pydantic only).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from clients.cli.options import (
 from models.config import DEVICE_NAMES, TrainConfig
 from secure.accounting import ACCOUNTANTS
 from secure.protocol import StragglerPolicy
-from service.schemas import MAX_CLIENTS, MAX_LAYERS, MAX_ROUNDS, MAX_WIDTH
+from secure.wire.common import MAX_CLIENTS, MAX_LAYERS, MAX_ROUNDS, MAX_WIDTH
 
 DEFAULTS = TrainConfig()
 
@@ -389,7 +389,7 @@ def releases_anything(args: argparse.Namespace) -> bool:
 
 def check_federation(args: argparse.Namespace, *, through_service: bool) -> None:
     """What the per-option types cannot see: K <= L, and M within what the service and CKKS
-    take (``service.schemas.MAX_CLIENTS``, ``secure.ckks_context.MAX_SHARES``)."""
+    take (``secure.wire.common.MAX_CLIENTS``, ``secure.ckks_context.MAX_SHARES``)."""
     mode = getattr(args, "mode", "glasu")
     if mode == "glasu" and args.agg_layers > args.layers:
         raise UsageError(

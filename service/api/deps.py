@@ -16,11 +16,11 @@ from typing import Annotated
 from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from secure.wire.common import MAX_CLIENTS
 from service.context import ServiceContext
 from service.domain_errors import SessionNotFound
 from service.errors import ProblemError
 from service.rounds import Caller
-from service.schemas import MAX_CLIENTS
 from service.sessions import token_sha256
 
 bearer_scheme = HTTPBearer(

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 
 from secure.protocol import NODE_ENCODING
+from secure.wire.passes import PassInfo
 from service.domain_errors import UnknownPass, WrongPass
 from service.plan import PlanCache, SessionPlan
 from service.rounds.gate import (
@@ -26,7 +27,6 @@ from service.rounds.gate import (
 from service.rounds.sums import ShareSums
 from service.rounds.types import Caller, Payload, Waiting
 from service.rounds.uploads import close_union
-from service.schemas import PassInfo
 from service.store import ResultKind, ResultRow, Store
 from service.telemetry import Telemetry
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from secure.aggregation import PayloadError
+from secure.wire.passes import Metrics
 from service.aggregators import Aggregators
 from service.domain_errors import (
     BadPayload,
@@ -48,7 +49,6 @@ from service.rounds.gate import (
 from service.rounds.payload_files import PayloadFiles
 from service.rounds.sums import ShareSums
 from service.rounds.types import Caller, UploadOutcome
-from service.schemas import Metrics
 from service.store import Store, Transaction, UploadKind
 from service.telemetry import Telemetry
 

@@ -17,22 +17,23 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from secure.psi import ELEMENT_BYTES
-from service.alignment import (
-    POSITION_BYTES,
-    POSITIONS_ENCODING,
+from secure.wire.alignment import (
     SET_ENCODING,
-    AlignmentManager,
-    PartyCaller,
-    RelayedSet,
-    SetUpload,
-    Waiting,
-)
-from service.alignment_schemas import (
     AlignmentCreate,
     AlignmentCreated,
     AlignmentStatus,
     AlignmentWaiting,
     SetReceipt,
+)
+from secure.wire.common import MAX_CLIENTS
+from service.alignment import (
+    POSITION_BYTES,
+    POSITIONS_ENCODING,
+    AlignmentManager,
+    PartyCaller,
+    RelayedSet,
+    SetUpload,
+    Waiting,
 )
 from service.api.body import AuthFirstRoute, binary_body
 from service.api.deps import (
@@ -52,7 +53,6 @@ from service.context import ServiceContext
 from service.domain_errors import AlignmentNotFound
 from service.errors import ProblemError
 from service.notify import long_poll
-from service.schemas import MAX_CLIENTS
 from service.settings import MAX_LONG_POLL_SECONDS
 
 router = APIRouter(

@@ -16,6 +16,8 @@ from fastapi import APIRouter, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from secure.wire.common import MAX_COUNT, MAX_LAYERS
+from secure.wire.passes import Metrics, PassInfo, RejoinReceipt, UploadReceipt, WaitingStatus
 from service.api.body import AuthFirstRoute, binary_body
 from service.api.deps import ClientDep, ContextDep
 from service.api.routes.docs import (
@@ -27,15 +29,6 @@ from service.api.routes.docs import (
 from service.context import ServiceContext
 from service.notify import long_poll
 from service.rounds import Caller, Payload, UploadOutcome, Waiting
-from service.schemas import (
-    MAX_COUNT,
-    MAX_LAYERS,
-    Metrics,
-    PassInfo,
-    RejoinReceipt,
-    UploadReceipt,
-    WaitingStatus,
-)
 from service.settings import MAX_LONG_POLL_SECONDS
 from service.store import ResultKind, UploadKind
 

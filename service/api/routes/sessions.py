@@ -11,16 +11,11 @@ from fastapi.responses import HTMLResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
+from secure.wire.sessions import SessionCreate, SessionCreated, SessionSummary
+from secure.wire.status import PrivacyReport, SessionStatus
 from service.api.body import AuthFirstRoute, takes_large_json
 from service.api.deps import AdminDep, ContextDep, SessionIdPath, SessionReaderDep
 from service.api.routes.docs import PROBLEM_RESPONSES
-from service.schemas import (
-    PrivacyReport,
-    SessionCreate,
-    SessionCreated,
-    SessionStatus,
-    SessionSummary,
-)
 
 router = APIRouter(
     prefix="/v1/sessions",

@@ -376,7 +376,7 @@ def test_an_altered_json_report_fails(
 
 def test_the_session_body_carries_partners(cora) -> None:
     body = {**session_request(replace(CONFIG), layout_federation(CONFIG, cora), cora)}
-    from service.schemas import SessionCreate
+    from secure.wire.sessions import SessionCreate
 
     parsed = SessionCreate.model_validate({**body, "partners": PARTNERS, "operator": OPERATOR})
     assert parsed.partners == PARTNERS and parsed.operator == OPERATOR
