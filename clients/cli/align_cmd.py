@@ -268,8 +268,7 @@ def _signing(args: argparse.Namespace) -> SetSigning:
 
 def _run_party(args: argparse.Namespace) -> int:
     from clients.alignment import AlignmentClient, AlignmentFailed, align
-    from clients.service_http import tls_verification
-    from clients.transport import PeersMissing
+    from clients.service_http import ConnectionOptions, PeersMissing, tls_verification
     from models.party import NO_LABEL, read_party, write_alignment
     from models.shared_split import deployed_alignment
 
@@ -284,8 +283,7 @@ def _run_party(args: argparse.Namespace) -> int:
         alignment_id=args.alignment,
         party=args.party,
         token=token,
-        verify=verify,
-        peer_wait_seconds=args.peer_wait_seconds,
+        options=ConnectionOptions(verify=verify, peer_wait_seconds=args.peer_wait_seconds),
     ) as client:
         try:
             outcome = align(client, data.ids, signing=signing, progress=not args.quiet)

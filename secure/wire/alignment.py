@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field
 
 from secure.protocol import AlignedNodes
-from secure.wire.common import MAX_CLIENTS, MAX_LABEL, ResponseModel, StrictModel
+from secure.wire.common import MAX_CLIENTS, MAX_LABEL, ResponseModel, StrictModel, Waiting
 
 AlignmentState = Literal["running", "done"]
 MAX_SEED = 2**63 - 1
@@ -80,6 +80,5 @@ class SetReceipt(ResponseModel):
     size: int
 
 
-class AlignmentWaiting(ResponseModel):
-    status: Literal["waiting"] = "waiting"
-    missing: list[int] = Field(description="Parties that still owe a set this answer needs.")
+class AlignmentWaiting(Waiting):
+    """An alignment route's 202 answer: the parties that still owe a set it needs."""

@@ -33,3 +33,10 @@ class ResponseModel(BaseModel):
 class Health(ResponseModel):
     status: Literal["ok"]
     encryption: bool = Field(description="Whether a CKKS public context is loaded.")
+
+
+class Waiting(ResponseModel):
+    """A long poll's 202 answer: not there yet, and who still owes it."""
+
+    status: Literal["waiting"] = "waiting"
+    missing: list[int] = Field(description="The parties that still owe what this answer needs.")

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from secure.wire.common import ResponseModel, StrictModel
+from secure.wire.common import ResponseModel, StrictModel, Waiting
 
 PassKindOrDone = Literal["train", "eval", "done"]
 DoneReason = Literal["finished", "budget-exhausted", "closed"]
@@ -39,12 +39,12 @@ class RejoinReceipt(ResponseModel):
     )
 
 
-class WaitingStatus(ResponseModel):
-    status: Literal["waiting"] = "waiting"
+class WaitingStatus(Waiting):
+    """A pass's 202 answer: which clients' node sets or shares of (pass, layer) are in."""
+
     pass_index: int = Field(alias="pass")
     layer: int
     received: list[int]
-    missing: list[int]
 
 
 class Metrics(StrictModel):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from clients.checkpoint import CheckpointError
-from clients.transport import ServiceClient
+from clients.session_client import ServiceClient
 from clients.worker import rejoin_pass
 from models.config import TrainConfig
 from tests.clients.test_worker_asgi import run_federation
@@ -42,7 +42,7 @@ class StallingService(ServiceClient):
         if pass_index == STALL_PASS and not self.stalled:
             self.stalled = True
             deadline = time.monotonic() + 120
-            while self.session()["current_pass"] < STALL_PASS + AWAY_PASSES:
+            while self.session().current_pass < STALL_PASS + AWAY_PASSES:
                 assert time.monotonic() < deadline, "the others waited for the stalled worker"
                 time.sleep(0.05)
         return super().put_embedding(pass_index, *args, **kwargs)

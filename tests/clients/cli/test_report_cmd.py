@@ -26,8 +26,10 @@ from clients.ledger import LEDGER_FILENAME, LocalLedger, composed_epsilon
 from clients.local.asgi import InProcessTransport
 from clients.local.session import session_request
 from clients.policy import PrivacyPolicy
-from clients.transport import ServiceClient
-from clients.worker import LocalModelOptions, run_worker
+from clients.service_http import ConnectionOptions
+from clients.session_client import ServiceClient
+from clients.session_fit import LocalModelOptions
+from clients.worker import run_worker
 from models.config import TrainConfig
 from models.layout import layout_federation
 from secure.aggregation import PlainCodec
@@ -69,7 +71,7 @@ def federation(tmp_path_factory: pytest.TempPathFactory, cora) -> Any:
     layout = layout_federation(CONFIG, cora)
     admin = ServiceClient(
         base_url="http://glasu.test", session_id="", client_index=0, token=token,
-        transport=transport,
+        options=ConnectionOptions(transport=transport),
     )  # fmt: skip
     sessions = []
     for label in LABELS:
@@ -94,8 +96,7 @@ def federation(tmp_path_factory: pytest.TempPathFactory, cora) -> Any:
                         session_id=session["session_id"],
                         client_index=m,
                         token=session["client_tokens"][m],
-                        transport=transport,
-                        poll_seconds=5,
+                        options=ConnectionOptions(transport=transport, poll_seconds=5),
                     ) as connection,  # fmt: skip
                     LocalLedger.beside(root / f"org-{m}") as ledger,
                 ):
