@@ -13,6 +13,7 @@ from models.artefact import ModelError, SavedModel
 from models.backbone import ModelConfig
 from models.federated import ClientConfig
 from models.partition import ClientPartition, check_labels, without_labels
+from secure.aggregation import EmbeddingCodec
 from secure.wire.sessions import SessionConfigView
 
 PRIVATE_DEFAULT_HIDDEN = 128
@@ -182,3 +183,36 @@ def check_model_fits(
             f"the data has {int(partition.features.shape[1])} feature columns, the model "
             f"{model.path} {saved['in_features']}"
         )
+
+
+def fit_to_session(
+    partition: ClientPartition,
+    config: SessionConfigView,
+    *,
+    client: int,
+    codec: EmbeddingCodec,
+    model: SavedModel | None,
+) -> ClientPartition:
+    """The partition as the session uses it, once this worker (``client``), its data, its codec
+    and, for a scoring session, its model fit the session (:class:`SessionMismatch`,
+    :class:`ModelError`)."""
+    if partition.client != client:
+        raise SessionMismatch(
+            f"the partition is client {partition.client}'s, but this worker is client {client}"
+        )
+    if partition.clients != config.clients or partition.num_nodes != config.num_nodes:
+        raise SessionMismatch(
+            f"the partition (M={partition.clients}, {partition.num_nodes} nodes) does not "
+            f"match the session (M={config.clients}, {config.num_nodes} nodes)"
+        )
+    if codec.encoding != config.encoding:
+        raise SessionMismatch(
+            f"the session expects {config.encoding} shares, this worker's codec "
+            f"makes {codec.encoding}: give the secret context (or --no-he) to match"
+        )
+    partition = session_partition(partition, config)
+    if config.kind == "scoring":
+        if model is None:
+            raise ModelError("a scoring session needs this party's trained model (--model DIR)")
+        check_model_fits(model, config, partition)
+    return partition

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,6 @@ from typing import Any
 import torch
 
 from clients.checkpoint import (
-    CheckpointError,
     CheckpointStore,
     DigestingCodec,
     Fingerprint,
@@ -27,17 +25,16 @@ from clients.ledger import LocalLedger
 from clients.model_keeping import ledger_spent, reported_val_accuracy
 from clients.pass_driver import ResumedPass, drive_pass
 from clients.policy import PrivacyPolicy, ReleaseGate, admit_session, session_about
-from clients.service_http import PeersMissing, ServiceError
+from clients.rejoin import next_pass_after, rejoin_pass
+from clients.service_http import ServiceError
 from clients.session_client import ServiceClient
 from clients.session_fit import (
     LocalModelOptions,
-    SessionMismatch,
-    check_model_fits,
     client_config_from_session,
+    fit_to_session,
     options_of_model,
-    session_partition,
 )
-from models.artefact import ModelError, SavedModel
+from models.artefact import SavedModel
 from models.federated import GlasuClient, PassOutcome
 from models.keeper import ModelKeeper
 from models.partition import ClientPartition
@@ -49,9 +46,6 @@ from secure.release_noise import ReleaseKeyedNoise
 from secure.wire.passes import PassInfo
 
 log = logging.getLogger(__name__)
-
-
-REJOIN_POLL_SECONDS = 0.25
 
 
 @dataclass
@@ -151,7 +145,9 @@ class WorkerRun:
         # fingerprint, the model's manifest) and the owner's policy
         self.session_json = self.status.model_dump(mode="json", by_alias=True)
         self.config = self.status.config
-        self.partition = self._fitting(partition, codec, model)
+        self.partition = fit_to_session(
+            partition, self.config, client=service.client_index, codec=codec, model=model
+        )
         self.scoring = self.config.kind == "scoring"
         self.privacy = admit_session(
             policy,
@@ -199,34 +195,6 @@ class WorkerRun:
         )
         self.resumed: ResumedPass | None = None
         self.skipped: list[int] = []
-
-    def _fitting(
-        self, partition: ClientPartition, codec: EmbeddingCodec, model: SavedModel | None
-    ) -> ClientPartition:
-        """The partition as the session uses it, once this worker's data, codec and model fit
-        the session (:class:`SessionMismatch`, :class:`ModelError`)."""
-        config, service = self.config, self.service
-        if partition.client != service.client_index:
-            raise SessionMismatch(
-                f"the partition is client {partition.client}'s, but this worker is "
-                f"client {service.client_index}"
-            )
-        if partition.clients != config.clients or partition.num_nodes != config.num_nodes:
-            raise SessionMismatch(
-                f"the partition (M={partition.clients}, {partition.num_nodes} nodes) does not "
-                f"match the session (M={config.clients}, {config.num_nodes} nodes)"
-            )
-        if codec.encoding != config.encoding:
-            raise SessionMismatch(
-                f"the session expects {config.encoding} shares, this worker's codec "
-                f"makes {codec.encoding}: give the secret context (or --no-he) to match"
-            )
-        partition = session_partition(partition, config)
-        if config.kind == "scoring":
-            if model is None:
-                raise ModelError("a scoring session needs this party's trained model (--model DIR)")
-            check_model_fits(model, config, partition)
-        return partition
 
     def _gate_and_noise(
         self, options: LocalModelOptions
@@ -319,7 +287,7 @@ class WorkerRun:
         """The pass went on without this client: ask the service to wait for it again (from
         the current pass or the next), and go on at the pass it rejoins."""
         pass_index = progress.next_pass
-        rejoin = self._next_pass_after(pass_index)
+        rejoin = next_pass_after(self.service, pass_index)
         log.warning(
             "pass %d went on without client %d (%s); it rejoins at pass %d",
             pass_index,
@@ -404,53 +372,6 @@ class WorkerRun:
         if self.config.stragglers != "continue" or refusal.status != 409:
             return False
         return refusal.slug in ("excluded", "wrong-pass")
-
-    def _next_pass_after(self, pass_index: int) -> int:
-        """The pass to go on with after ``pass_index`` went on without this client: ask the
-        service to wait for it again and wait for that pass."""
-        service = self.service
-        back_at = service.rejoin()
-        wait = service.options.peer_wait_seconds
-        deadline = time.monotonic() + wait
-        while True:
-            status = service.session()
-            if status.current_pass >= back_at or status.state != "running":
-                return max(status.current_pass, pass_index + 1)
-            if time.monotonic() >= deadline:
-                raise PeersMissing(
-                    f"pass {pass_index} went on without this client and the session did not "
-                    f"reach pass {back_at} within {wait:.0f} s"
-                )
-            time.sleep(REJOIN_POLL_SECONDS)
-
-
-def rejoin_pass(session: Mapping[str, Any], next_pass: int, checkpoint: Path | None) -> int:
-    """The pass a worker at ``next_pass`` joins at: ``next_pass``, if the service is at that
-    pass or at the next one (its share of ``next_pass`` may have completed the pass before it
-    stopped); under stragglers "continue" also the service's current pass, however far on."""
-    current = session.get("current_pass")
-    if not isinstance(current, int) or next_pass <= current <= next_pass + 1:
-        return next_pass
-    if current > next_pass and session["config"].get("stragglers") == "continue":
-        return current
-    if checkpoint is None:
-        raise CheckpointError(
-            f"session {session.get('session_id')} is at pass {current} and this worker has no "
-            "checkpoint of it, so it cannot rejoin: restart it with the --checkpoint folder of "
-            "its first run (and without --no-checkpoint)"
-        )
-    if current < next_pass:
-        raise CheckpointError(
-            f"the checkpoint {checkpoint} is at pass {next_pass} but session "
-            f"{session.get('session_id')} is at pass {current}: the service lost passes (a "
-            "restored database?); a worker cannot go back, start a new session"
-        )
-    raise CheckpointError(
-        f"the checkpoint {checkpoint} is at pass {next_pass} but session "
-        f"{session.get('session_id')} is at pass {current}: the service cannot have gone on "
-        "without this client, so the checkpoint is older than this worker's last uploads "
-        "(restored from a backup?)"
-    )
 
 
 def note_accuracy(ledger: LocalLedger, session_id: str, history: list[dict[str, Any]]) -> None:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from clients.checkpoint import CheckpointError
+from clients.rejoin import rejoin_pass
 from clients.session_client import ServiceClient
-from clients.worker import rejoin_pass
 from models.config import TrainConfig
 from tests.clients.test_worker_asgi import run_federation
 
