@@ -36,7 +36,7 @@ from clients.policy import PrivacyPolicy
 from clients.service_http import ConnectionOptions
 from clients.session_client import ServiceClient
 from clients.session_fit import LocalModelOptions
-from clients.worker import WorkerResult, run_worker
+from clients.worker import WorkerResult, WorkerRun
 from models.config import TrainConfig
 from models.data import GraphDataset
 from models.layout import layout_federation
@@ -92,14 +92,14 @@ def federation(
                 token=session["client_tokens"][m],
                 options=ConnectionOptions(transport=transport, poll_seconds=5),
             ) as service:
-                results[m] = run_worker(
+                results[m] = WorkerRun(
                     service,
                     layout.partitions[m],
                     options=LocalModelOptions(hidden=config.hidden, seed=config.seed),
                     codec=PlainCodec(),
                     policy=PrivacyPolicy(require_dp=False),  # no DP, on purpose: see the doc
                     ledger=None,
-                )
+                ).run()
         except BaseException as exc:
             errors.append(exc)
 

@@ -59,26 +59,12 @@ class WorkerResult:
     model_path: Path | None = None  # where the kept model went (training with model_out)
 
 
-def run_worker(
-    service: ServiceClient,
-    partition: ClientPartition,
-    *,
-    options: LocalModelOptions,
-    codec: EmbeddingCodec,
-    policy: PrivacyPolicy,
-    ledger: LocalLedger | None,
-    device: torch.device | str = "cpu",
-    on_pass: Callable[[PassInfo, PassOutcome], None] | None = None,
-    checkpoints: CheckpointStore | None = None,
-    on_resume: Callable[[int, Path], None] | None = None,
-    model: SavedModel | None = None,
-    model_out: Path | None = None,
-    alignment_digest: str | None = None,
-) -> WorkerResult:
-    """Follow the session's passes until it says "done". Before anything is sent, the session
-    must satisfy this organisation's privacy ``policy`` (:class:`PolicyRefusal` otherwise); with
-    DP on, every release is written to ``ledger`` before it leaves (:class:`BudgetSpent` when the
-    next one would exceed the policy).
+class WorkerRun:
+    """A worker joining its session: :meth:`run` follows the session's passes until it says
+    "done". Before anything is sent (here, when it is built), the session must fit this worker
+    (``clients/session_fit.py``) and satisfy this organisation's privacy ``policy``
+    (:class:`PolicyRefusal` otherwise); with DP on, every release is written to ``ledger`` before
+    it leaves (:class:`BudgetSpent` when the next one would exceed the policy).
 
     With ``checkpoints``, the worker saves its state after every completed pass (and once
     before the first) and, if a checkpoint of this session is there, resumes from it: it
@@ -87,32 +73,10 @@ def run_worker(
 
     A training session with ``model_out`` keeps the best evaluation round's model there
     (clients/model_keeper.py); a scoring session needs the party's trained ``model``
-    (:class:`models.artefact.ModelError` when it does not fit the session or the data)."""
-    run = WorkerRun(
-        service,
-        partition,
-        options=options,
-        codec=codec,
-        policy=policy,
-        ledger=ledger,
-        device=device,
-        checkpoints=checkpoints,
-        model=model,
-        model_out=model_out,
-    )
-    progress = run.resume(on_resume)
-    result = run.loop(progress, on_pass)
-    if result.finished_reason == "finished":
-        result.model_path = run.keep_model(alignment_digest)
-    if run.gate is not None:
-        note_accuracy(run.gate.ledger, service.session_id, result.history)
-    return result
+    (:class:`models.artefact.ModelError` when it does not fit the session or the data).
 
-
-class WorkerRun:
-    """A worker that joined its session: the checks are done, the client is built. Then
-    :meth:`resume` (from the checkpoint, or at the start), :meth:`loop` over the passes (with
-    :meth:`skip` past those that went on without it), :meth:`keep_model`."""
+    :meth:`run` is :meth:`resume` (from the checkpoint, or at the start), :meth:`loop` over the
+    passes (with :meth:`skip` past those that went on without it), :meth:`keep_model`."""
 
     def __init__(
         self,
@@ -123,12 +87,18 @@ class WorkerRun:
         codec: EmbeddingCodec,
         policy: PrivacyPolicy,
         ledger: LocalLedger | None,
-        device: torch.device | str,
-        checkpoints: CheckpointStore | None,
-        model: SavedModel | None,
-        model_out: Path | None,
+        device: torch.device | str = "cpu",
+        on_pass: Callable[[PassInfo, PassOutcome], None] | None = None,
+        checkpoints: CheckpointStore | None = None,
+        on_resume: Callable[[int, Path], None] | None = None,
+        model: SavedModel | None = None,
+        model_out: Path | None = None,
+        alignment_digest: str | None = None,
     ) -> None:
         self.service = service
+        self.on_pass = on_pass
+        self.on_resume = on_resume
+        self.alignment_digest = alignment_digest
         self.policy = policy
         self.ledger = ledger
         self.checkpoints = checkpoints
@@ -213,9 +183,17 @@ class WorkerRun:
         scope = f"{session_id}/client{self.service.client_index}"
         return gate, ReleaseKeyedNoise(self.ledger.noise_secret(), scope=scope)
 
+    def run(self) -> WorkerResult:
+        result = self.loop(self.resume())
+        if result.finished_reason == "finished":
+            result.model_path = self.keep_model()
+        if self.gate is not None:
+            note_accuracy(self.gate.ledger, self.service.session_id, result.history)
+        return result
+
     # -- resume, loop, skip -----------------------------------------------------------------------
 
-    def resume(self, on_resume: Callable[[int, Path], None] | None = None) -> WorkerProgress:
+    def resume(self) -> WorkerProgress:
         """Where this worker starts: its checkpoint's pass (recomputed first), or the start; the
         state is saved once before the first pass."""
         progress = WorkerProgress()
@@ -233,15 +211,11 @@ class WorkerRun:
         self.resumed = ResumedPass(pass_index=progress.next_pass, shares=shares)
         service.traffic.up, service.traffic.down = progress.bytes_up, progress.bytes_down
         log.info("client %d resumed from pass %d", service.client_index, progress.next_pass)
-        if on_resume:
-            on_resume(progress.next_pass, checkpoints.path)
+        if self.on_resume:
+            self.on_resume(progress.next_pass, checkpoints.path)
         return progress
 
-    def loop(
-        self,
-        progress: WorkerProgress,
-        on_pass: Callable[[PassInfo, PassOutcome], None] | None = None,
-    ) -> WorkerResult:
+    def loop(self, progress: WorkerProgress) -> WorkerResult:
         """Run the passes from ``progress.next_pass`` until the session says "done"."""
         service = self.service
         while True:
@@ -267,8 +241,8 @@ class WorkerRun:
                 exchanged = service.traffic.up + service.traffic.down - exchanged_before
                 progress.training_bytes += exchanged
             self._record(progress, info, outcome)
-            if on_pass:
-                on_pass(info, outcome)
+            if self.on_pass:
+                self.on_pass(info, outcome)
             progress.passes += 1
             progress.next_pass += 1
             progress.bytes_up, progress.bytes_down = service.traffic.up, service.traffic.down
@@ -300,7 +274,7 @@ class WorkerRun:
         self.resumed = None
         self._save(progress)
 
-    def keep_model(self, alignment_digest: str | None) -> Path | None:
+    def keep_model(self) -> Path | None:
         """With ``model_out`` (training): keep the best evaluation round's model there."""
         if self.keeper is None:
             return None
@@ -316,7 +290,7 @@ class WorkerRun:
             chosen_by=chosen_by,
             session_config=self.session_json["config"],
             session_id=service.session_id,
-            alignment_digest=alignment_digest,
+            alignment_digest=self.alignment_digest,
             privacy=self.privacy,
             spent=ledger_spent(self.privacy, self.policy, self.ledger, service.session_id),
         )

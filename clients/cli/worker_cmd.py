@@ -103,7 +103,7 @@ def _run(settings: WorkerSettings, *, quiet: bool) -> int:
     )
     from clients.session_client import ServiceClient
     from clients.session_fit import LocalModelOptions, SessionMismatch
-    from clients.worker import run_worker
+    from clients.worker import WorkerRun
     from models.artefact import ModelError, load_model
     from models.device import resolve_device
     from models.partition import load_partition
@@ -185,7 +185,7 @@ def _run(settings: WorkerSettings, *, quiet: bool) -> int:
         LocalLedger.beside(settings.data) as ledger,
     ):
         try:
-            result = run_worker(
+            result = WorkerRun(
                 service,
                 partition,
                 options=options,
@@ -199,7 +199,7 @@ def _run(settings: WorkerSettings, *, quiet: bool) -> int:
                 model=model,
                 model_out=settings.model_out,
                 alignment_digest=alignment_digest,
-            )
+            ).run()
         except CheckpointError as exc:
             raise CliError(f"checkpoint: {exc}") from exc
         except ModelError as exc:

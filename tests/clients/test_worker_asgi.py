@@ -17,7 +17,7 @@ from clients.policy import PrivacyPolicy
 from clients.service_http import ConnectionOptions
 from clients.session_client import ServiceClient
 from clients.session_fit import LocalModelOptions
-from clients.worker import run_worker
+from clients.worker import WorkerRun
 from models.config import TrainConfig
 from models.layout import layout_federation
 from models.trainer import train_inprocess
@@ -63,14 +63,14 @@ def run_federation(
                 token=session["client_tokens"][m],
                 options=ConnectionOptions(transport=transport, poll_seconds=5),
             ) as service:
-                results[m] = run_worker(
+                results[m] = WorkerRun(
                     service,
                     layout.partitions[m],
                     options=options,
                     codec=PlainCodec(),
                     policy=PrivacyPolicy(require_dp=False),  # a run without DP, on purpose
                     ledger=None,
-                )
+                ).run()
         except BaseException as exc:  # surfaced below
             errors.append(exc)
 

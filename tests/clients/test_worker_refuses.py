@@ -22,7 +22,7 @@ from clients.service_http import ConnectionOptions
 from clients.session_client import ServiceClient
 from clients.session_fit import LocalModelOptions
 from clients.settings import WorkerSettings
-from clients.worker import run_worker
+from clients.worker import WorkerRun
 from models.config import TrainConfig
 from models.layout import layout_federation
 from secure.aggregation import PlainCodec
@@ -69,14 +69,14 @@ def join(
         options=ConnectionOptions(transport=service[0]),
     )
     with pytest.raises(PolicyRefusal) as refused:
-        run_worker(
+        WorkerRun(
             client,
             partition,
             options=LocalModelOptions(hidden=config.hidden),
             codec=PlainCodec(),
             policy=policy,
             ledger=ledger,
-        )
+        ).run()
     client.refusal = str(refused.value)  # type: ignore[attr-defined]
     return client
 

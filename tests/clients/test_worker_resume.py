@@ -22,7 +22,7 @@ from clients.policy import PrivacyPolicy
 from clients.service_http import ConnectionOptions
 from clients.session_client import ServiceClient
 from clients.session_fit import LocalModelOptions
-from clients.worker import WorkerResult, run_worker
+from clients.worker import WorkerResult, WorkerRun
 from models.config import TrainConfig
 from models.layout import layout_federation
 from models.private import REPRODUCIBLE_NOISE_ENV
@@ -108,7 +108,7 @@ def run_with_a_crash(tmp_path: Path, config: TrainConfig, cora) -> Run:
                     LocalLedger(tmp_path / f"client-{m}" / "ledger.sqlite3") as ledger,
                 ):
                     try:
-                        results[m] = run_worker(
+                        results[m] = WorkerRun(
                             connection,
                             layout.partitions[m],
                             options=options,
@@ -116,7 +116,7 @@ def run_with_a_crash(tmp_path: Path, config: TrainConfig, cora) -> Run:
                             policy=POLICY,
                             ledger=ledger,
                             checkpoints=store,
-                        )
+                        ).run()
                     except Crash:
                         continue
         except BaseException as exc:  # surfaced below

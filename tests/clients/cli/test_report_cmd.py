@@ -29,7 +29,7 @@ from clients.policy import PrivacyPolicy
 from clients.service_http import ConnectionOptions
 from clients.session_client import ServiceClient
 from clients.session_fit import LocalModelOptions
-from clients.worker import run_worker
+from clients.worker import WorkerRun
 from models.config import TrainConfig
 from models.layout import layout_federation
 from secure.aggregation import PlainCodec
@@ -100,14 +100,14 @@ def federation(tmp_path_factory: pytest.TempPathFactory, cora) -> Any:
                     ) as connection,  # fmt: skip
                     LocalLedger.beside(root / f"org-{m}") as ledger,
                 ):
-                    run_worker(
+                    WorkerRun(
                         connection,
                         layout.partitions[m],
                         options=LocalModelOptions(hidden=CONFIG.hidden, seed=CONFIG.seed),
                         codec=PlainCodec(),
                         policy=POLICY,
                         ledger=ledger,
-                    )
+                    ).run()
             except BaseException as exc:  # surfaced below
                 errors.append(exc)
 
