@@ -4,42 +4,41 @@ the service's current one under stragglers "continue"), and after a pass went on
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from clients.checkpoint import CheckpointError
 from clients.service_http import PeersMissing
 from clients.session_client import ServiceClient
+from secure.wire.status import SessionStatus
 
 REJOIN_POLL_SECONDS = 0.25
 
 
-def rejoin_pass(session: Mapping[str, Any], next_pass: int, checkpoint: Path | None) -> int:
-    """The pass a worker at ``next_pass`` joins ``session`` (the JSON of its status) at:
-    ``next_pass``, if the service is at that pass or at the next one (its share of ``next_pass``
-    may have completed the pass before it stopped); under stragglers "continue" also the
-    service's current pass, however far on."""
-    current = session.get("current_pass")
-    if not isinstance(current, int) or next_pass <= current <= next_pass + 1:
+def rejoin_pass(session: SessionStatus, next_pass: int, checkpoint: Path | None) -> int:
+    """The pass a worker at ``next_pass`` joins ``session`` at: ``next_pass``, if the service is
+    at that pass or at the next one (its share of ``next_pass`` may have completed the pass
+    before it stopped); under stragglers "continue" also the service's current pass, however
+    far on."""
+    current = session.current_pass
+    if next_pass <= current <= next_pass + 1:
         return next_pass
-    if current > next_pass and session["config"].get("stragglers") == "continue":
+    if current > next_pass and session.config.stragglers == "continue":
         return current
     if checkpoint is None:
         raise CheckpointError(
-            f"session {session.get('session_id')} is at pass {current} and this worker has no "
+            f"session {session.session_id} is at pass {current} and this worker has no "
             "checkpoint of it, so it cannot rejoin: restart it with the --checkpoint folder of "
             "its first run (and without --no-checkpoint)"
         )
     if current < next_pass:
         raise CheckpointError(
             f"the checkpoint {checkpoint} is at pass {next_pass} but session "
-            f"{session.get('session_id')} is at pass {current}: the service lost passes (a "
+            f"{session.session_id} is at pass {current}: the service lost passes (a "
             "restored database?); a worker cannot go back, start a new session"
         )
     raise CheckpointError(
         f"the checkpoint {checkpoint} is at pass {next_pass} but session "
-        f"{session.get('session_id')} is at pass {current}: the service cannot have gone on "
+        f"{session.session_id} is at pass {current}: the service cannot have gone on "
         "without this client, so the checkpoint is older than this worker's last uploads "
         "(restored from a backup?)"
     )

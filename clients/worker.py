@@ -198,13 +198,13 @@ class WorkerRun:
         state is saved once before the first pass."""
         progress = WorkerProgress()
         if self.checkpoints is None or not self.checkpoints.exists():
-            progress.next_pass = rejoin_pass(self.session_json, 0, None)
+            progress.next_pass = rejoin_pass(self.status, 0, None)
             self._save(progress)
             return progress
         checkpoints, service = self.checkpoints, self.service
         assert self.fingerprint is not None
         progress = checkpoints.load(self.client, self.fingerprint).progress
-        progress.next_pass = rejoin_pass(self.session_json, progress.next_pass, checkpoints.path)
+        progress.next_pass = rejoin_pass(self.status, progress.next_pass, checkpoints.path)
         progress.resumed_from.append(progress.next_pass)
         journal = checkpoints.uploads()
         shares = journal["shares"] if journal.get("pass") == progress.next_pass else {}
