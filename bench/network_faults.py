@@ -897,7 +897,8 @@ def notes(payload: dict[str, Any]) -> str:
     lines = [
         f"The workers' retry policy (`RetryPolicy` in clients/service_http.py): {attempts} "
         f"attempts of one request, {backoff:.1f} s of back-off between them in all; an answered "
-        "request may take up to the HTTP read timeout of 120 s (clients/transport.py); a worker "
+        "request may take up to the HTTP read timeout of 120 s (`ConnectionOptions` in "
+        "clients/service_http.py); a worker "
         "waits for missing peers up to `--peer-wait-seconds` (900 s), long-polling every "
         "`--poll-seconds` (30 s). So a request held on an open connection (a `hold` partition) "
         "rides through any outage shorter than the read timeout without a retry, while requests "

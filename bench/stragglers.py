@@ -33,8 +33,10 @@ from bench.results_doc import load_copied, single_thread, write_section
 from clients.local.asgi import InProcessTransport
 from clients.local.session import session_request
 from clients.policy import PrivacyPolicy
-from clients.transport import ServiceClient
-from clients.worker import LocalModelOptions, WorkerResult, run_worker
+from clients.service_http import ConnectionOptions
+from clients.session_client import ServiceClient
+from clients.session_fit import LocalModelOptions
+from clients.worker import WorkerResult, WorkerRun
 from models.config import TrainConfig
 from models.data import GraphDataset
 from models.layout import layout_federation
@@ -73,7 +75,7 @@ def federation(
     layout = layout_federation(config, dataset)
     with ServiceClient(
         base_url="http://glasu.test", session_id="", client_index=0, token=token,
-        transport=transport,
+        options=ConnectionOptions(transport=transport),
     ) as admin:  # fmt: skip
         body = session_request(config, layout, dataset)
         session = admin._request("POST", "/v1/sessions", json=body).json()
@@ -88,17 +90,16 @@ def federation(
                 session_id=session["session_id"],
                 client_index=m,
                 token=session["client_tokens"][m],
-                transport=transport,
-                poll_seconds=5,
+                options=ConnectionOptions(transport=transport, poll_seconds=5),
             ) as service:
-                results[m] = run_worker(
+                results[m] = WorkerRun(
                     service,
                     layout.partitions[m],
                     options=LocalModelOptions(hidden=config.hidden, seed=config.seed),
                     codec=PlainCodec(),
                     policy=PrivacyPolicy(require_dp=False),  # no DP, on purpose: see the doc
                     ledger=None,
-                )
+                ).run()
         except BaseException as exc:
             errors.append(exc)
 

@@ -22,6 +22,7 @@ import httpx
 
 from clients.service_http import (
     BearerConnection,
+    ConnectionOptions,
     RetryPolicy,
     ServiceError,
     ServiceUnavailable,
@@ -60,9 +61,8 @@ class AdminClient(BearerConnection):
         timeout: float = 60.0,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        super().__init__(
-            base_url=base_url, token=token, transport=transport, verify=verify, timeout=timeout
-        )
+        options = ConnectionOptions(transport=transport, verify=verify, timeout=timeout)
+        super().__init__(base_url=base_url, token=token, options=options)
         self.retry = retry or ADMIN_RETRY
         self._sleep = sleep
 

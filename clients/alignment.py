@@ -19,26 +19,18 @@ from __future__ import annotations
 
 import logging
 import random
-import ssl
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-import httpx
 import numpy as np
 from tqdm.auto import tqdm
 
 from clients.alignment_signing import SIGNATURE_HEADER, SetSigning, SetSlot
-from clients.service_http import (
-    RetryPolicy,
-)
-from clients.transport import PeerConnection
+from clients.service_http import ConnectionOptions, PeerConnection
 from secure.psi import ELEMENT_BYTES, BlindingKey, check_elements, hash_to_group, pack, unpack
+from secure.wire.alignment import SET_ENCODING, AlignmentStatus, SetProgress
 
 log = logging.getLogger(__name__)
-
-SET_ENCODING = "ristretto255"
 
 
 class AlignmentFailed(RuntimeError):
@@ -77,34 +69,19 @@ class AlignmentClient(PeerConnection):
         alignment_id: str,
         party: int,
         token: str,
-        transport: httpx.BaseTransport | None = None,
-        verify: ssl.SSLContext | bool = True,
-        retry: RetryPolicy | None = None,
-        poll_seconds: float = 30.0,
-        peer_wait_seconds: float = 900.0,
-        timeout: float = 120.0,
-        sleep: Callable[[float], None] = time.sleep,
+        options: ConnectionOptions | None = None,
     ) -> None:
         self.alignment_id = alignment_id
         self.party = party
-        super().__init__(
-            base_url=base_url,
-            token=token,
-            transport=transport,
-            verify=verify,
-            retry=retry,
-            poll_seconds=poll_seconds,
-            peer_wait_seconds=peer_wait_seconds,
-            timeout=timeout,
-            sleep=sleep,
-        )
+        super().__init__(base_url=base_url, token=token, options=options or ConnectionOptions())
 
     @property
     def _party_path(self) -> str:
         return f"/v1/alignments/{self.alignment_id}/parties/{self.party}"
 
-    def status(self) -> dict[str, Any]:
-        return self._request("GET", f"/v1/alignments/{self.alignment_id}").json()
+    def status(self) -> AlignmentStatus:
+        response = self._request("GET", f"/v1/alignments/{self.alignment_id}")
+        return AlignmentStatus.model_validate_json(response.content)
 
     def post_set(self, owner: int, hop: int, body: bytes, *, signature: str | None = None) -> None:
         """``body``: the packed elements; ``signature``: hex, relayed to the next party."""
@@ -141,7 +118,7 @@ def align(
     posted and, given peer keys, blind only sets the peer posted."""
     _check_distinct(ids)
     status = client.status()
-    parties, m = int(status["parties"]), client.party
+    parties, m = status.parties, client.party
     key = key or BlindingKey()
     signing = signing or SetSigning()
     try:
@@ -191,11 +168,13 @@ def align(
     rows[np.asarray(order, dtype=np.int64)] = positions
     status = client.status()
     _check_own_size(status, m, len(ids))
-    nodes = str(status.get("nodes", "intersection"))
-    aligned = int(status["aligned_nodes"])
+    nodes = status.nodes
+    if status.aligned_nodes is None or status.digest is None:
+        raise AlignmentFailed("the service answered the positions before the alignment was done")
+    aligned = status.aligned_nodes
     mine = rows[rows >= 0]
     # the ids every party holds (a service from before the union mode reports only N)
-    shared = mine.size if status.get("shared_nodes") is None else int(status["shared_nodes"])
+    shared = mine.size if status.shared_nodes is None else status.shared_nodes
     if shared == 0:
         raise AlignmentFailed(
             f"the {parties} parties share no node id, so there is nothing to train on. Check "
@@ -213,10 +192,10 @@ def align(
         alignment_id=client.alignment_id,
         party=m,
         parties=parties,
-        seed=int(status["seed"]),
+        seed=status.seed,
         rows=rows,
         aligned_nodes=aligned,
-        digest=str(status["digest"]),
+        digest=status.digest,
         nodes=nodes,
         shared_nodes=shared,
     )
@@ -248,29 +227,29 @@ def _relayed(client: AlignmentClient, signing: SetSigning, slot: SetSlot) -> lis
     return elements
 
 
-def _declared(status: dict[str, Any], owner: int) -> dict[str, Any]:
-    declared = {int(s["owner"]): s for s in status.get("sets", [])}.get(owner)
+def _declared(status: AlignmentStatus, owner: int) -> SetProgress:
+    declared = {s.owner: s for s in status.sets}.get(owner)
     if declared is None:
         raise ValueError(f"the status declares no set of party {owner}")
     return declared
 
 
-def _check_declared(status: dict[str, Any], slot: SetSlot, size: int) -> None:
+def _check_declared(status: AlignmentStatus, slot: SetSlot, size: int) -> None:
     """What the status says of the set's owner: its hop-0 size and that hop ``slot.hop`` is in.
     Only consistency (the service writes the status), which the owner checks in turn."""
     declared = _declared(status, slot.owner)
-    if declared["size"] != size:
+    if declared.size != size:
         raise ValueError(
-            f"it has {size} elements where the status declares {declared['size']} for party "
+            f"it has {size} elements where the status declares {declared.size} for party "
             f"{slot.owner}'s set"
         )
-    if int(declared["hops"]) <= slot.hop:
-        raise ValueError(f"the status shows only {declared['hops']} hops of it posted")
+    if declared.hops <= slot.hop:
+        raise ValueError(f"the status shows only {declared.hops} hops of it posted")
 
 
-def _check_own_size(status: dict[str, Any], party: int, size: int) -> None:
+def _check_own_size(status: AlignmentStatus, party: int, size: int) -> None:
     try:
-        declared = _declared(status, party)["size"]
+        declared = _declared(status, party).size
     except ValueError as exc:
         raise AlignmentFailed(str(exc)) from None
     if declared != size:

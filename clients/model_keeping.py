@@ -9,7 +9,7 @@ from typing import Any
 
 from clients.owner_ledger import OwnerLedger
 from clients.policy import PrivacyPolicy
-from clients.transport import ServiceClient
+from clients.session_client import ServiceClient
 from models.keeper import privacy_spent
 from secure.privacy import SessionPrivacy
 
@@ -22,14 +22,12 @@ def reported_val_accuracy(
     """The mean validation accuracy of each evaluation pass in ``passes``, as the label holders
     reported it to the service (``GET /v1/sessions/{id}``'s metrics), waiting within the peer
     wait until every holder has reported every pass."""
-    deadline = time.monotonic() + service.peer_wait_seconds
+    deadline = time.monotonic() + service.options.peer_wait_seconds
     while True:
         reported = {
-            int(m["pass"]): float(m["val_accuracy"])
-            for m in service.session()["metrics"]
-            if int(m["pass"]) in passes
-            and m.get("val_accuracy") is not None
-            and int(m.get("reports") or 0) >= holders
+            m.pass_index: m.val_accuracy
+            for m in service.session().metrics
+            if m.pass_index in passes and m.val_accuracy is not None and m.reports >= holders
         }
         if set(reported) == passes:
             return reported

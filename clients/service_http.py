@@ -1,10 +1,11 @@
 """What every HTTP client of the aggregation service shares: the worker's ``ServiceClient``
-(``clients/transport.py``) and the operator's ``AdminClient`` (``clients/admin.py``).
+(``clients/session_client.py``), a party's ``AlignmentClient`` (``clients/alignment.py``) and the
+operator's ``AdminClient`` (``clients/admin.py``).
 
 TLS verification, the two errors (the service refused; the service could not be reached),
-RFC 9457 problem details turned into one sentence for people, and bounded retries. Only
-``httpx`` and the standard library: the CLI's admin commands import this without numpy or
-torch.
+RFC 9457 problem details turned into one sentence for people, bounded retries, the connection
+options, and the parties' long polls for what the others deliver. Only ``httpx``, pydantic and
+the standard library: the CLI's admin commands import this without numpy or torch.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 
 import httpx
+
+from secure.wire.common import Waiting
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +88,33 @@ class RetryPolicy:
     attempts: int = 8
     first_delay: float = 0.2
     max_delay: float = 5.0
+
+
+@dataclass(frozen=True)
+class ConnectionOptions:
+    """How a client reaches the service and how patient it is: one object handed through the
+    connection classes (the CLI fills it from its flags, tests put an in-process transport in
+    it)."""
+
+    transport: httpx.BaseTransport | None = None  # None: the network
+    verify: ssl.SSLContext | bool = True
+    retry: RetryPolicy = RetryPolicy()
+    timeout: float = 120.0  # the HTTP read timeout of one request
+    poll_seconds: float = 30.0  # how long one long poll asks the service to hold the answer
+    peer_wait_seconds: float = 900.0  # how long a party waits for the others to deliver
+    sleep: Callable[[float], None] = time.sleep  # between retries and polls (tests fake it)
+
+
+class PeersMissing(RuntimeError):
+    """Other parties did not deliver their part of a step within the wait limit."""
+
+
+@dataclass
+class Traffic:
+    """Bytes of request and response bodies, as sent and received."""
+
+    up: int = 0
+    down: int = 0
 
 
 # -- problem details (RFC 9457, service/errors.py) ------------------------------------------------
@@ -224,22 +254,15 @@ class BearerConnection:
     """An ``httpx.Client`` to the service with one bearer token, on the transport seam (an
     in-process ASGI transport in tests, the network in production); closes with ``with``."""
 
-    def __init__(
-        self,
-        *,
-        base_url: str,
-        token: str,
-        transport: httpx.BaseTransport | None,
-        verify: ssl.SSLContext | bool,
-        timeout: float,
-    ) -> None:
+    def __init__(self, *, base_url: str, token: str, options: ConnectionOptions) -> None:
         self.base_url = base_url.rstrip("/")
+        self.options = options
         self._http = httpx.Client(
             base_url=self.base_url,
             headers={"Authorization": f"Bearer {token}"},
-            transport=transport,
-            verify=verify,
-            timeout=httpx.Timeout(timeout, connect=10.0),
+            transport=options.transport,
+            verify=options.verify,
+            timeout=httpx.Timeout(options.timeout, connect=10.0),
             # idle connections are dropped before the service's own 5 s keep-alive ends, so a
             # request is not sent on a connection the service is about to close
             limits=httpx.Limits(keepalive_expiry=KEEPALIVE_SECONDS),
@@ -253,3 +276,48 @@ class BearerConnection:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class PeerConnection(BearerConnection):
+    """A party's connection to the service: bounded retries, the bytes it sends and receives,
+    and long polls for what the other parties deliver (the worker's passes, the alignment's
+    sets)."""
+
+    #: how the long poll names the others, and what to check when they never deliver
+    peers: ClassVar[str] = "clients"
+    peers_hint: ClassVar[str] = "is their worker running and connected?"
+
+    def __init__(self, *, base_url: str, token: str, options: ConnectionOptions) -> None:
+        super().__init__(base_url=base_url, token=token, options=options)
+        self.traffic = Traffic()
+
+    def _wait_for(self, path: str) -> httpx.Response:
+        """Long-poll until the service has it (200; 202 means still waiting). Gives up after
+        ``peer_wait_seconds`` naming the parties that never delivered."""
+        deadline = time.monotonic() + self.options.peer_wait_seconds
+        while True:
+            response = self._request("GET", path, params={"wait": self.options.poll_seconds})
+            if response.status_code == 200:
+                return response
+            missing = Waiting.model_validate_json(response.content).missing
+            if time.monotonic() >= deadline:
+                raise PeersMissing(
+                    f"gave up after {self.options.peer_wait_seconds:.0f} s at {path}: "
+                    f"{self.peers} {missing} never delivered ({self.peers_hint})"
+                )
+            log.info("waiting for %s %s at %s", self.peers, missing, path)
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        response = send_with_retries(
+            self._http,
+            method,
+            path,
+            retry=self.options.retry,
+            sleep=self.options.sleep,
+            **kwargs,
+        )
+        self.traffic.up += len(response.request.content)
+        self.traffic.down += len(response.content)
+        if response.status_code >= 400:
+            raise ServiceError(response.status_code, problem_of(response), method, path)
+        return response

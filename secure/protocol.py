@@ -5,8 +5,8 @@ for the union of the clients' node sets at an aggregation layer (:class:`NodesRe
 in its share of an aggregation layer (:class:`EmbeddingRequest`); it is answered with the union
 (a sorted int64 array) and with the :class:`Aggregate` (the sum of all shares). The sans-IO
 client in ``models/federated.py`` yields these requests, the in-process driver answers them with
-function calls, the HTTP worker (``clients/transport.py``) carries them to the service, and the
-service (``service/``) parses them with the same names. Like h11's events, these are plain data.
+function calls, the HTTP worker (``clients/session_client.py``) carries them to the service, and
+the service (``service/``) parses them with the same names. Like h11's events, these are plain data.
 
 Binary bodies carry their shape and their encoding in headers:
 

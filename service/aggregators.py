@@ -24,18 +24,21 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class PublicContext:
+    """The service's CKKS public context: its bytes as the clients fetch them, and their hash."""
+
     data: bytes
     sha256: str
 
+    @classmethod
+    def read(cls, path: Path) -> PublicContext:
+        """Read and check the context file (``secure.ckks.load_public_context``); a context
+        with a secret key raises ``secure.ckks.KeyMaterialError`` and the service must not
+        start."""
+        from secure import ckks
 
-def load_public_context(path: Path) -> PublicContext:
-    """Read and check the context file; a context with a secret key raises
-    ``secure.ckks.KeyMaterialError`` and the service must not start."""
-    from secure import ckks
-
-    data = path.read_bytes()
-    ckks.load_public_context(data)
-    return PublicContext(data=data, sha256=hashlib.sha256(data).hexdigest())
+        data = path.read_bytes()
+        ckks.load_public_context(data)
+        return cls(data=data, sha256=hashlib.sha256(data).hexdigest())
 
 
 class _SerializedAggregator(SumAggregator[Any]):

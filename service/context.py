@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.aggregators import Aggregators, load_public_context
+from service.aggregators import Aggregators, PublicContext
 from service.alignment import AlignmentManager
 from service.clock import Clock, SystemClock
 from service.limits import ByteBudget
@@ -44,7 +44,7 @@ def build_context(settings: ServiceSettings, clock: Clock | None = None) -> Serv
     if not admin_token:  # settings validation already refuses this; never run without a token
         raise RuntimeError("refusing to start without an admin token")
     # Load the context before touching the database, so a secret context stops us early.
-    context = load_public_context(settings.public_context) if settings.public_context else None
+    context = PublicContext.read(settings.public_context) if settings.public_context else None
     store = Store(settings.database, clock)
     aggregators = Aggregators(context)
     plans = PlanCache()

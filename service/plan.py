@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from secure.privacy import NoiseMultiplierSource, SessionPrivacy
 from secure.schedule import PassSpec, SessionSchedule, pass_schedule
-from service.schemas import SessionConfigView, SessionCreate
+from secure.wire.sessions import SessionConfigView, SessionCreate
 
 
 @dataclass(frozen=True, slots=True)

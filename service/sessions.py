@@ -6,22 +6,20 @@ import uuid
 
 from secure.privacy import PrivacyPlanError, SessionPrivacy, check_private_arrangement
 from secure.schedule import pass_schedule
-from service.aggregators import Aggregators
-from service.domain_errors import InvalidSessionRequest, SessionNotFound
-from service.plan import PlanCache, PlanOutline, SessionPlan
-from service.rounds import RoundEngine
-from service.schemas import (
+from secure.wire.sessions import SessionCreate, SessionCreated, SessionSummary
+from secure.wire.status import (
     ClientTraffic,
     LayerProgress,
     LedgerEntry,
     MetricsRecord,
     PassProgress,
     PrivacyReport,
-    SessionCreate,
-    SessionCreated,
     SessionStatus,
-    SessionSummary,
 )
+from service.aggregators import Aggregators
+from service.domain_errors import InvalidSessionRequest, SessionNotFound
+from service.plan import PlanCache, PlanOutline, SessionPlan
+from service.rounds import RoundEngine
 from service.session_state import SessionState
 from service.store import LedgerRow, SessionRow, Store, Transaction
 from service.tokens import new_tokens, token_sha256

@@ -39,8 +39,8 @@ from clients.cli.options import (
     write_private_file,
 )
 from secure.protocol import AlignedNodes
-from service.alignment_schemas import MAX_SEED
-from service.schemas import MAX_CLIENTS
+from secure.wire.alignment import MAX_SEED
+from secure.wire.common import MAX_CLIENTS
 
 SIGNING_KEY_FILE = "alignment-signing.key"  # the Ed25519 seed, hex
 PUBLIC_KEY_FILE = "alignment-signing.pub"  # its public key, hex
@@ -261,8 +261,7 @@ def _signing(args: argparse.Namespace) -> SetSigning:
 
 def _run_party(args: argparse.Namespace) -> int:
     from clients.alignment import AlignmentClient, AlignmentFailed, align
-    from clients.service_http import tls_verification
-    from clients.transport import PeersMissing
+    from clients.service_http import ConnectionOptions, PeersMissing, tls_verification
     from models.party import NO_LABEL, read_party, write_alignment
     from models.shared_split import deployed_alignment
 
@@ -277,8 +276,7 @@ def _run_party(args: argparse.Namespace) -> int:
         alignment_id=args.alignment,
         party=args.party,
         token=token,
-        verify=verify,
-        peer_wait_seconds=args.peer_wait_seconds,
+        options=ConnectionOptions(verify=verify, peer_wait_seconds=args.peer_wait_seconds),
     ) as client:
         try:
             outcome = align(client, data.ids, signing=signing, progress=not args.quiet)

@@ -15,7 +15,7 @@ from clients.cli.errors import UsageError
 from clients.cli.options import given_options
 from clients.cli.train_options import DEFAULTS
 from models.config import TrainConfig
-from service.schemas import MAX_CLIENTS, MAX_WIDTH
+from secure.wire.common import MAX_CLIENTS, MAX_WIDTH
 
 # What only differential privacy reads: refused with --no-dp when given explicitly.
 PRIVACY_OPTIONS = (
@@ -37,7 +37,7 @@ def releases_anything(args: argparse.Namespace) -> bool:
 
 def check_federation(args: argparse.Namespace, *, through_service: bool) -> None:
     """What the per-option types cannot see: K <= L, and M within what the service and CKKS
-    take (``service.schemas.MAX_CLIENTS``, ``secure.ckks_context.MAX_SHARES``)."""
+    take (``secure.wire.common.MAX_CLIENTS``, ``secure.ckks_context.MAX_SHARES``)."""
     mode = getattr(args, "mode", "glasu")
     if mode == "glasu" and args.agg_layers > args.layers:
         raise UsageError(

@@ -3,7 +3,7 @@ defaults (``TrainConfig``'s), help and per-value checks (argparse types). The ch
 options and the ``TrainConfig`` they make: ``train_config``.
 
 Torch-free: ``models.config`` (the defaults) loads neither torch nor the accountants' backends.
-The service's limits come from ``service.schemas`` (pydantic only).
+The service's limits come from ``secure.wire`` (pydantic only).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from clients.cli.options import (
 from models.config import DEVICE_NAMES, BackboneName, Mode, TrainConfig
 from secure.accounting import ACCOUNTANTS
 from secure.protocol import StragglerPolicy
-from service.schemas import MAX_CLIENTS, MAX_LAYERS, MAX_ROUNDS, MAX_WIDTH
+from secure.wire.common import MAX_CLIENTS, MAX_LAYERS, MAX_ROUNDS, MAX_WIDTH
 
 if TYPE_CHECKING:
     from models.data import GraphDataset

@@ -35,6 +35,7 @@ from clients.settings import WorkerSettings
 
 if TYPE_CHECKING:
     from models.outcome import PassOutcome
+    from secure.wire.passes import PassInfo
 
 
 def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -94,14 +95,16 @@ def _run(settings: WorkerSettings, *, quiet: bool) -> int:
     from clients.owner_ledger import OwnerLedger
     from clients.policy import PolicyRefusal
     from clients.predictions import PredictionWriter, ids_by_aligned_node
-    from clients.transport import (
+    from clients.service_http import (
+        ConnectionOptions,
         PeersMissing,
-        ServiceClient,
         ServiceError,
         ServiceUnavailable,
         tls_verification,
     )
-    from clients.worker import LocalModelOptions, SessionMismatch, run_worker
+    from clients.session_client import ServiceClient
+    from clients.session_fit import LocalModelOptions, SessionMismatch
+    from clients.worker import WorkerRun
     from models.artefact import ModelError, load_model
     from models.device import resolve_device
     from models.partition import load_partition
@@ -139,11 +142,11 @@ def _run(settings: WorkerSettings, *, quiet: bool) -> int:
                 num_classes=model.manifest["model"]["num_classes"],
             )
 
-    def progress(info: dict, outcome: PassOutcome) -> None:
+    def progress(info: PassInfo, outcome: PassOutcome) -> None:
         if writer is not None and outcome.probabilities is not None:
-            writer.write(info["output_nodes"], outcome.probabilities)
+            writer.write(info.output_nodes, outcome.probabilities)
         if not quiet and outcome.kind == "eval":
-            print(evaluation_line(settings.client, info["round"], outcome), flush=True)
+            print(evaluation_line(settings.client, info.round, outcome), flush=True)
 
     def resumed(pass_index: int, path) -> None:
         print(
@@ -164,14 +167,16 @@ def _run(settings: WorkerSettings, *, quiet: bool) -> int:
             session_id=settings.session,
             client_index=settings.client,
             token=token,
-            verify=verify,
-            peer_wait_seconds=settings.peer_wait_seconds,
-            poll_seconds=settings.poll_seconds,
+            options=ConnectionOptions(
+                verify=verify,
+                peer_wait_seconds=settings.peer_wait_seconds,
+                poll_seconds=settings.poll_seconds,
+            ),
         ) as service,
         OwnerLedger.beside(settings.data) as ledger,
     ):
         try:
-            result = run_worker(
+            result = WorkerRun(
                 service,
                 partition,
                 options=options,
@@ -185,7 +190,7 @@ def _run(settings: WorkerSettings, *, quiet: bool) -> int:
                 model=model,
                 model_out=settings.model_out,
                 alignment_digest=alignment_digest,
-            )
+            ).run()
         except CheckpointError as exc:
             raise CliError(f"checkpoint: {exc}") from exc
         except ModelError as exc:

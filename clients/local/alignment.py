@@ -18,6 +18,7 @@ from clients.admin import AdminClient
 from clients.alignment import AlignmentClient, AlignmentOutcome, align
 from clients.alignment_signing import SetSigning
 from clients.local.asgi import InProcessTransport
+from clients.service_http import ConnectionOptions
 
 BASE_URL = "http://glasu.inprocess"
 PEER_WAIT_SECONDS = 120.0  # the parties are threads of this process: none is ever far behind
@@ -86,8 +87,8 @@ def _party(
         alignment_id=alignment_id,
         party=party,
         token=token,
-        transport=transport,
-        poll_seconds=5.0,
-        peer_wait_seconds=PEER_WAIT_SECONDS,
+        options=ConnectionOptions(
+            transport=transport, poll_seconds=5.0, peer_wait_seconds=PEER_WAIT_SECONDS
+        ),
     ) as client:
         return align(client, ids, signing=signing, progress=progress)

@@ -4,6 +4,7 @@ workers' command lines (their model options and their privacy policy)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,8 @@ from models.data import GraphDataset
 from models.layout import FederationLayout, client_config, eval_nodes
 from models.shared_split import split_nodes
 from secure.schedule import pass_schedule
-
-MAX_LABEL = 200  # service.schemas.SessionCreate.label
+from secure.wire.alignment import AlignmentStatus
+from secure.wire.common import MAX_LABEL
 
 
 def session_request(
@@ -33,21 +34,22 @@ def session_request(
     )
 
 
-def aligned_session_request(config: TrainConfig, alignment: dict[str, Any]) -> dict[str, Any]:
-    """The body for a deployed federation aligned by ``glasu align`` (``alignment``: the status
-    of ``GET /v1/alignments/{id}``): its N shared nodes, with the split every party's
+def aligned_session_request(config: TrainConfig, alignment: Mapping[str, Any]) -> dict[str, Any]:
+    """The body for a deployed federation aligned by ``glasu align`` (``alignment``: the JSON of
+    ``GET /v1/alignments/{id}``): its N shared nodes, with the split every party's
     ``glasu align`` drew over them from the alignment's seed."""
-    if alignment.get("state") != "done":
+    status = AlignmentStatus.model_validate(alignment)
+    if status.state != "done" or status.aligned_nodes is None:
         raise ValueError(
-            f"alignment {alignment.get('alignment_id')} is not done yet (every party must run "
+            f"alignment {status.alignment_id} is not done yet (every party must run "
             "`glasu align` first)"
         )
-    n = int(alignment["aligned_nodes"])
-    train, val, test = split_nodes(np.arange(n), seed=int(alignment["seed"]))
-    config = dataclasses.replace(config, nodes=alignment.get("nodes", "intersection"))
+    n = status.aligned_nodes
+    train, val, test = split_nodes(np.arange(n), seed=status.seed)
+    config = dataclasses.replace(config, nodes=status.nodes)
     return session_body(
         config,
-        clients=int(alignment["parties"]),
+        clients=status.parties,
         client_settings=client_config(config),
         num_nodes=n,
         train_nodes=train,

@@ -5,7 +5,7 @@
   blinded sets, then intersecting them;
 - :mod:`.tables`: the alignments' tables in the service's database.
 
-The wire models are ``service/alignment_schemas.py``; the routes ``service/api/routes/
+The wire models are ``secure/wire/alignment.py``; the routes ``service/api/routes/
 alignment.py``.
 """
 

@@ -21,17 +21,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from secure.psi import ELEMENT_BYTES, check_elements, pack, unpack
+from secure.wire.alignment import (
+    SET_ENCODING,
+    AlignmentCreate,
+    AlignmentCreated,
+    AlignmentStatus,
+    SetProgress,
+)
 from service.alignment.tables import (
     AlignmentRow,
     AlignmentTables,
     SetRow,
     create_alignment_tables,
-)
-from service.alignment_schemas import (
-    AlignmentCreate,
-    AlignmentCreated,
-    AlignmentStatus,
-    SetProgress,
 )
 from service.domain_errors import (
     AlignmentConflict,
@@ -46,7 +47,6 @@ from service.notify import Waiting
 from service.store import Store
 from service.tokens import new_tokens, token_sha256
 
-SET_ENCODING = "ristretto255"
 POSITIONS_ENCODING = "int64"
 POSITION_BYTES = 8  # little-endian int64
 SIGNATURE_BYTES = 64  # Ed25519

@@ -20,13 +20,13 @@ from typing import Annotated
 from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from secure.wire.common import MAX_CLIENTS
 from service.alignment import AlignmentManager
 from service.alignment.manager import PartyCaller
 from service.context import ServiceContext
 from service.domain_errors import AlignmentNotFound, DomainError, SessionNotFound
 from service.errors import ProblemError
 from service.rounds import Caller
-from service.schemas import MAX_CLIENTS
 from service.tokens import token_sha256
 
 bearer_scheme = HTTPBearer(

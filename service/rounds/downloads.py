@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from secure.protocol import NODE_ENCODING
+from secure.wire.passes import PassInfo
 from service.domain_errors import UnknownPass, WrongPass
 from service.notify import Waiting
 from service.plan import SessionPlan
@@ -26,7 +27,6 @@ from service.rounds.parts import RoundPart, RoundParts
 from service.rounds.sums import ShareSums
 from service.rounds.types import Caller, Payload
 from service.rounds.uploads import close_union
-from service.schemas import PassInfo
 from service.session_state import SessionState
 from service.store import ResultKind, ResultRow
 

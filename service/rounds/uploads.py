@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from secure.aggregation import PayloadError
+from secure.wire.passes import Metrics
 from service.domain_errors import (
     BadPayload,
     Conflict,
@@ -47,7 +48,6 @@ from service.rounds.gate import (
 from service.rounds.parts import RoundPart, RoundParts
 from service.rounds.sums import ShareSums
 from service.rounds.types import Caller, UploadOutcome
-from service.schemas import Metrics
 from service.session_state import SessionState
 from service.store import Transaction, UploadKind
 

@@ -20,6 +20,7 @@ from clients.admin import AdminClient
 from clients.alignment import AlignmentClient, AlignmentFailed, AlignmentOutcome, align
 from clients.alignment_signing import SetSigning
 from clients.local.asgi import InProcessTransport
+from clients.service_http import ConnectionOptions
 from secure.psi import BlindingKey, hash_to_group, id_digest, pack, unpack
 from service.app import create_app, service_context
 from service.settings import ServiceSettings
@@ -122,9 +123,11 @@ def run_alignment(
                 alignment_id=created["alignment_id"],
                 party=m,
                 token=created["party_tokens"][m],
-                transport=recorder,
-                poll_seconds=min(2, peer_wait_seconds),
-                peer_wait_seconds=peer_wait_seconds,
+                options=ConnectionOptions(
+                    transport=recorder,
+                    poll_seconds=min(2, peer_wait_seconds),
+                    peer_wait_seconds=peer_wait_seconds,
+                ),
             ) as client:
                 outcomes[m] = align(client, party_ids[m], key=keys[m], signing=signing[m])
         except BaseException as exc:  # surfaced by the tests
@@ -234,7 +237,7 @@ def test_duplicate_ids_are_refused_before_anything_is_sent() -> None:
             alignment_id="a",
             party=0,
             token="t",
-            transport=httpx.MockTransport(refuse),
+            options=ConnectionOptions(transport=httpx.MockTransport(refuse)),
         ) as client,
         pytest.raises(ValueError, match="'x' twice"),
     ):

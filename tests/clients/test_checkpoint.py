@@ -21,8 +21,8 @@ from clients.checkpoint import (
     Fingerprint,
     WorkerProgress,
 )
-from clients.transport import ServiceError
-from clients.worker import ResumedPass, exchange_share
+from clients.pass_driver import ResumedPass, exchange_share
+from clients.service_http import ServiceError
 from models.config import TrainConfig
 from models.federated import GlasuClient
 from models.inprocess import run_pass_inprocess

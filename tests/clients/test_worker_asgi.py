@@ -14,8 +14,10 @@ import torch
 from clients.local.asgi import InProcessTransport
 from clients.local.session import session_request
 from clients.policy import PrivacyPolicy
-from clients.transport import ServiceClient
-from clients.worker import LocalModelOptions, run_worker
+from clients.service_http import ConnectionOptions
+from clients.session_client import ServiceClient
+from clients.session_fit import LocalModelOptions
+from clients.worker import WorkerRun
 from models.config import TrainConfig
 from models.layout import layout_federation
 from models.trainer import train_inprocess
@@ -43,7 +45,7 @@ def run_federation(
         session_id="",
         client_index=0,
         token=token,
-        transport=transport,
+        options=ConnectionOptions(transport=transport),
     )
     created = admin._request("POST", "/v1/sessions", json=session_request(config, layout, cora))
     session = created.json()
@@ -59,17 +61,16 @@ def run_federation(
                 session_id=session["session_id"],
                 client_index=m,
                 token=session["client_tokens"][m],
-                transport=transport,
-                poll_seconds=5,
+                options=ConnectionOptions(transport=transport, poll_seconds=5),
             ) as service:
-                results[m] = run_worker(
+                results[m] = WorkerRun(
                     service,
                     layout.partitions[m],
                     options=options,
                     codec=PlainCodec(),
                     policy=PrivacyPolicy(require_dp=False),  # a run without DP, on purpose
                     ledger=None,
-                )
+                ).run()
         except BaseException as exc:  # surfaced below
             errors.append(exc)
 

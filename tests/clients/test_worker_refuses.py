@@ -18,9 +18,11 @@ from clients.local.asgi import InProcessTransport
 from clients.local.session import session_request
 from clients.owner_ledger import OwnerLedger
 from clients.policy import PolicyRefusal, PrivacyPolicy
+from clients.service_http import ConnectionOptions
+from clients.session_client import ServiceClient
+from clients.session_fit import LocalModelOptions
 from clients.settings import WorkerSettings
-from clients.transport import ServiceClient
-from clients.worker import LocalModelOptions, run_worker
+from clients.worker import WorkerRun
 from models.config import TrainConfig
 from models.layout import layout_federation
 from secure.aggregation import PlainCodec
@@ -64,17 +66,17 @@ def join(
         session_id=created["session_id"],
         client_index=0,
         token=created["client_tokens"][0],
-        transport=service[0],
+        options=ConnectionOptions(transport=service[0]),
     )
     with pytest.raises(PolicyRefusal) as refused:
-        run_worker(
+        WorkerRun(
             client,
             partition,
             options=LocalModelOptions(hidden=config.hidden),
             codec=PlainCodec(),
             policy=policy,
             ledger=ledger,
-        )
+        ).run()
     client.refusal = str(refused.value)  # type: ignore[attr-defined]
     return client
 

@@ -19,8 +19,10 @@ from clients.local.asgi import InProcessTransport
 from clients.local.session import session_request
 from clients.owner_ledger import OwnerLedger
 from clients.policy import PrivacyPolicy
-from clients.transport import ServiceClient
-from clients.worker import LocalModelOptions, WorkerResult, run_worker
+from clients.service_http import ConnectionOptions
+from clients.session_client import ServiceClient
+from clients.session_fit import LocalModelOptions
+from clients.worker import WorkerResult, WorkerRun
 from models.config import TrainConfig
 from models.layout import layout_federation
 from models.private import REPRODUCIBLE_NOISE_ENV
@@ -76,7 +78,7 @@ def run_with_a_crash(tmp_path: Path, config: TrainConfig, cora) -> Run:
     layout = layout_federation(config, cora)
     admin = ServiceClient(
         base_url="http://glasu.test", session_id="", client_index=0, token=token,
-        transport=transport,
+        options=ConnectionOptions(transport=transport),
     )  # fmt: skip
     session = admin._request(
         "POST", "/v1/sessions", json=session_request(config, layout, cora)
@@ -91,7 +93,8 @@ def run_with_a_crash(tmp_path: Path, config: TrainConfig, cora) -> Run:
     def service(m: int, kind: type[ServiceClient] = ServiceClient) -> ServiceClient:
         return kind(
             base_url="http://glasu.test", session_id=sid, client_index=m,
-            token=session["client_tokens"][m], transport=transport, poll_seconds=5,
+            token=session["client_tokens"][m],
+            options=ConnectionOptions(transport=transport, poll_seconds=5),
         )  # fmt: skip
 
     def work(m: int) -> None:
@@ -105,7 +108,7 @@ def run_with_a_crash(tmp_path: Path, config: TrainConfig, cora) -> Run:
                     OwnerLedger(tmp_path / f"client-{m}" / "ledger.sqlite3") as ledger,
                 ):
                     try:
-                        results[m] = run_worker(
+                        results[m] = WorkerRun(
                             connection,
                             layout.partitions[m],
                             options=options,
@@ -113,7 +116,7 @@ def run_with_a_crash(tmp_path: Path, config: TrainConfig, cora) -> Run:
                             policy=POLICY,
                             ledger=ledger,
                             checkpoints=store,
-                        )
+                        ).run()
                     except Crash:
                         continue
         except BaseException as exc:  # surfaced below
@@ -155,7 +158,7 @@ def test_a_resumed_encrypted_worker_takes_over_its_filled_slot(
     and the run equals the uninterrupted plaintext in-process run bit for bit."""
     monkeypatch.setenv(REPRODUCIBLE_NOISE_ENV, "1")
     config = replace(CONFIG, encryption="ckks", noise_seed=13)
-    caplog.set_level(logging.INFO, logger="clients.worker")
+    caplog.set_level(logging.INFO, logger="clients.pass_driver")
     run = run_with_a_crash(tmp_path, config, cora)
     assert_counted_once(run)
     assert f"pass {CRASH_PASS}, layer 1: the service holds this worker's share" in caplog.text
@@ -172,7 +175,7 @@ def test_a_resumed_private_worker_replays_its_cryptographic_noise(
     """Plaintext shares, cryptographic noise: the pass recomputed after the crash has the same
     inputs, hence the same release-keyed noise, so its share is byte for byte the one the
     service holds (a different one would be refused), and the ledger counts it once."""
-    caplog.set_level(logging.INFO, logger="clients.worker")
+    caplog.set_level(logging.INFO, logger="clients.pass_driver")
     run = run_with_a_crash(tmp_path, replace(CONFIG, encryption="none"), cora)
     assert_counted_once(run)
     assert f"pass {CRASH_PASS}, layer 1: the same release as before" in caplog.text

@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 
 from clients.checkpoint import CheckpointError
-from clients.transport import ServiceClient
-from clients.worker import rejoin_pass
+from clients.rejoin import rejoin_pass
+from clients.session_client import ServiceClient
 from models.config import TrainConfig
+from secure.wire.sessions import SessionConfigView
+from secure.wire.status import SessionStatus
 from tests.clients.test_worker_asgi import run_federation
 
 STALL_PASS = 2  # a training pass
@@ -42,7 +44,7 @@ class StallingService(ServiceClient):
         if pass_index == STALL_PASS and not self.stalled:
             self.stalled = True
             deadline = time.monotonic() + 120
-            while self.session()["current_pass"] < STALL_PASS + AWAY_PASSES:
+            while self.session().current_pass < STALL_PASS + AWAY_PASSES:
                 assert time.monotonic() < deadline, "the others waited for the stalled worker"
                 time.sleep(0.05)
         return super().put_embedding(pass_index, *args, **kwargs)
@@ -70,11 +72,15 @@ def test_a_stalled_worker_is_left_out_while_away_and_rejoins(tmp_path: Path, cor
 
 
 def test_a_restarted_or_late_worker_joins_at_the_current_pass_under_continue_only() -> None:
-    session = {"session_id": "s", "current_pass": 7, "config": {"stragglers": "continue"}}
+    def status(stragglers: str) -> SessionStatus:
+        config = SessionConfigView.model_construct(stragglers=stragglers)
+        return SessionStatus.model_construct(session_id="s", current_pass=7, config=config)
+
+    session = status("continue")
     assert rejoin_pass(session, 2, Path("checkpoint")) == 7
     assert rejoin_pass(session, 0, None) == 7
     assert rejoin_pass(session, 7, Path("checkpoint")) == 7
-    waiting = {**session, "config": {"stragglers": "wait"}}
+    waiting = status("wait")
     assert rejoin_pass(waiting, 6, Path("checkpoint")) == 6  # its share may have ended pass 6
     with pytest.raises(CheckpointError, match="cannot have gone on without this client"):
         rejoin_pass(waiting, 2, Path("checkpoint"))

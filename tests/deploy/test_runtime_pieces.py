@@ -189,8 +189,8 @@ def test_a_tls_mistake_gets_a_hint_naming_the_fix(
 def test_a_worker_names_the_tls_fix_too(tls_service: dict[str, str]) -> None:
     """The workers' transport (bounded retries): a certificate it does not trust fails at the
     first attempt, with the hint."""
-    from clients.service_http import RetryPolicy, ServiceUnavailable
-    from clients.transport import ServiceClient
+    from clients.service_http import ConnectionOptions, RetryPolicy, ServiceUnavailable
+    from clients.session_client import ServiceClient
 
     port = tls_service["GLASU_PORT"]
     for scheme, hint in (("http", "use https://"), ("https", "--ca-file")):
@@ -199,7 +199,7 @@ def test_a_worker_names_the_tls_fix_too(tls_service: dict[str, str]) -> None:
             session_id="s",
             client_index=0,
             token="t" * 32,
-            retry=RetryPolicy(attempts=2, first_delay=0.01),
+            options=ConnectionOptions(retry=RetryPolicy(attempts=2, first_delay=0.01)),
         )
         with client, pytest.raises(ServiceUnavailable) as failed:
             client.session()

@@ -59,7 +59,7 @@ argv = sys.argv[1:]
 client, crash_pass = (int(v) for v in os.environ["CRASHTEST_WORKER"].split(","))
 marker = Path(os.environ["CRASHTEST_DIR"]) / "worker"
 if argv[:1] == ["worker"] and int(argv[argv.index("--client") + 1]) == client:
-    from clients.transport import ServiceClient
+    from clients.session_client import ServiceClient
 
     put = ServiceClient.put_embedding
 

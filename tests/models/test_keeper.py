@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from clients.local.session import session_view
-from clients.worker import LocalModelOptions, client_config_from_session, options_of_model
+from clients.session_fit import LocalModelOptions, client_config_from_session, options_of_model
 from models.artefact import load_model, read_evaluation
 from models.config import TrainConfig
 from models.federated import GlasuClient

@@ -97,7 +97,7 @@ def test_report_has_the_service_fields() -> None:
     assert report["epsilon"] == pytest.approx(
         epsilon_after(noise_multiplier=report["ledger_noise_multiplier"], releases=10, delta=1e-6)
     )
-    from service.schemas import PrivacyReport
+    from secure.wire.status import PrivacyReport
 
     assert set(report) == set(PrivacyReport.model_fields)
 

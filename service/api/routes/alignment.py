@@ -18,19 +18,20 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from secure.psi import ELEMENT_BYTES
-from service.alignment.manager import (
-    POSITION_BYTES,
-    POSITIONS_ENCODING,
+from secure.wire.alignment import (
     SET_ENCODING,
-    RelayedSet,
-    SetUpload,
-)
-from service.alignment_schemas import (
     AlignmentCreate,
     AlignmentCreated,
     AlignmentStatus,
     AlignmentWaiting,
     SetReceipt,
+)
+from secure.wire.common import MAX_CLIENTS
+from service.alignment.manager import (
+    POSITION_BYTES,
+    POSITIONS_ENCODING,
+    RelayedSet,
+    SetUpload,
 )
 from service.api.body import api_router, binary_body
 from service.api.deps import (
@@ -44,7 +45,6 @@ from service.api.deps import (
 from service.api.polling import WaitQuery, poll
 from service.api.routes.docs import BINARY_REQUEST_BODY, OCTET_STREAM, binary_response
 from service.notify import Waiting
-from service.schemas import MAX_CLIENTS
 
 router = api_router("/v1/alignments", "alignments")
 

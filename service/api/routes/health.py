@@ -7,9 +7,9 @@ import sqlite3
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from secure.wire.common import Health
 from service.api.deps import ContextDep
 from service.errors import ProblemError
-from service.schemas import Health
 
 router = APIRouter(tags=["health"])
 

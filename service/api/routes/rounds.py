@@ -16,21 +16,14 @@ from fastapi import Header, Path, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from secure.wire.common import MAX_COUNT, MAX_LAYERS
+from secure.wire.passes import Metrics, PassInfo, RejoinReceipt, UploadReceipt, WaitingStatus
 from service.api.body import api_router, binary_body
 from service.api.deps import ClientDep, ContextDep
 from service.api.polling import WaitQuery, poll
 from service.api.routes.docs import BINARY_REQUEST_BODY, OCTET_STREAM, binary_response
 from service.notify import Waiting
 from service.rounds import Caller, Payload, UploadOutcome
-from service.schemas import (
-    MAX_COUNT,
-    MAX_LAYERS,
-    Metrics,
-    PassInfo,
-    RejoinReceipt,
-    UploadReceipt,
-    WaitingStatus,
-)
 from service.store import ResultKind, UploadKind
 
 router = api_router("/v1/sessions/{sid}/clients/{m}", "clients")

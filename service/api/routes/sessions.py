@@ -10,15 +10,10 @@ from fastapi.responses import HTMLResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
+from secure.wire.sessions import SessionCreate, SessionCreated, SessionSummary
+from secure.wire.status import PrivacyReport, SessionStatus
 from service.api.body import api_router, takes_large_json
 from service.api.deps import AdminDep, ContextDep, SessionIdPath, SessionReaderDep
-from service.schemas import (
-    PrivacyReport,
-    SessionCreate,
-    SessionCreated,
-    SessionStatus,
-    SessionSummary,
-)
 
 router = api_router("/v1/sessions", "sessions")
 

@@ -26,8 +26,10 @@ from clients.local.asgi import InProcessTransport
 from clients.local.session import session_request
 from clients.owner_ledger import LEDGER_FILENAME, OwnerLedger
 from clients.policy import PrivacyPolicy
-from clients.transport import ServiceClient
-from clients.worker import LocalModelOptions, run_worker
+from clients.service_http import ConnectionOptions
+from clients.session_client import ServiceClient
+from clients.session_fit import LocalModelOptions
+from clients.worker import WorkerRun
 from models.config import TrainConfig
 from models.layout import layout_federation
 from secure.accounting import composed_epsilon
@@ -70,7 +72,7 @@ def federation(tmp_path_factory: pytest.TempPathFactory, cora) -> Any:
     layout = layout_federation(CONFIG, cora)
     admin = ServiceClient(
         base_url="http://glasu.test", session_id="", client_index=0, token=token,
-        transport=transport,
+        options=ConnectionOptions(transport=transport),
     )  # fmt: skip
     sessions = []
     for label in LABELS:
@@ -95,19 +97,18 @@ def federation(tmp_path_factory: pytest.TempPathFactory, cora) -> Any:
                         session_id=session["session_id"],
                         client_index=m,
                         token=session["client_tokens"][m],
-                        transport=transport,
-                        poll_seconds=5,
+                        options=ConnectionOptions(transport=transport, poll_seconds=5),
                     ) as connection,  # fmt: skip
                     OwnerLedger.beside(root / f"org-{m}") as ledger,
                 ):
-                    run_worker(
+                    WorkerRun(
                         connection,
                         layout.partitions[m],
                         options=LocalModelOptions(hidden=CONFIG.hidden, seed=CONFIG.seed),
                         codec=PlainCodec(),
                         policy=POLICY,
                         ledger=ledger,
-                    )
+                    ).run()
             except BaseException as exc:  # surfaced below
                 errors.append(exc)
 
@@ -377,7 +378,7 @@ def test_an_altered_json_report_fails(
 
 def test_the_session_body_carries_partners(cora) -> None:
     body = {**session_request(replace(CONFIG), layout_federation(CONFIG, cora), cora)}
-    from service.schemas import SessionCreate
+    from secure.wire.sessions import SessionCreate
 
     parsed = SessionCreate.model_validate({**body, "partners": PARTNERS, "operator": OPERATOR})
     assert parsed.partners == PARTNERS and parsed.operator == OPERATOR

@@ -17,7 +17,7 @@ import httpx
 import pytest
 import torch
 
-from clients import transport as transport_module
+from clients import session_client as session_client_module
 from clients.cli.errors import EXIT_FAILED
 from clients.cli.main import main
 from clients.cli.worker_cmd import evaluation_line
@@ -44,11 +44,12 @@ def service(
     app = create_app(ServiceSettings(database=tmp_path / "service.sqlite3", admin_token=token))
     asgi = InProcessTransport(app)
 
-    class InProcessClient(transport_module.ServiceClient):
+    class InProcessClient(session_client_module.ServiceClient):
         def __init__(self, **kwargs: Any) -> None:
-            super().__init__(**{**kwargs, "transport": asgi})
+            options = dataclasses.replace(kwargs["options"], transport=asgi)
+            super().__init__(**{**kwargs, "options": options})
 
-    monkeypatch.setattr(transport_module, "ServiceClient", InProcessClient)
+    monkeypatch.setattr(session_client_module, "ServiceClient", InProcessClient)
     yield asgi, token
     asgi.shutdown()
 

@@ -1,37 +1,28 @@
-"""Request and response bodies of the REST API (JSON only; tensors travel as binary bodies)."""
+"""The bodies of the session routes: what the operator asks for (``POST /v1/sessions``), what it
+gets back, and how a session's settings are shown (docs/api.md)."""
 
 from __future__ import annotations
 
 import itertools
-import math
 from typing import Annotated, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from secure.accounting import AccountantName
 from secure.protocol import AlignedNodes, StragglerPolicy
+from secure.wire.common import (
+    MAX_CLIENTS,
+    MAX_COUNT,
+    MAX_LABEL,
+    MAX_LAYERS,
+    MAX_NODE_ID,
+    MAX_ROUNDS,
+    MAX_WIDTH,
+    ResponseModel,
+    StrictModel,
+)
 
 SessionState = Literal["running", "finished", "budget_exhausted", "closed"]
-PassKindOrDone = Literal["train", "eval", "done"]
-DoneReason = Literal["finished", "budget-exhausted", "closed"]
-
-MAX_CLIENTS = 64
-MAX_LAYERS = 16
-MAX_WIDTH = 4096
-MAX_ROUNDS = 100_000
-MAX_NODE_ID = 2**62
-MAX_COUNT = 2**31 - 1  # bound for counts that have no natural limit (Q, fanout, batch size)
-
-
-class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class AggLayer(StrictModel):
@@ -147,7 +138,7 @@ class SessionCreate(StrictModel):
         le=86400,
         description="With stragglers 'continue': how long a layer waits after its first upload.",
     )
-    label: str | None = Field(None, max_length=200)
+    label: str | None = Field(None, max_length=MAX_LABEL)
     partners: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
         None,
         max_length=MAX_CLIENTS,
@@ -226,14 +217,14 @@ class SessionCreate(StrictModel):
         return "ckks" if self.encryption == "ckks" else "float32"
 
 
-class SessionCreated(BaseModel):
+class SessionCreated(ResponseModel):
     session_id: str
     client_tokens: list[str] = Field(description="One bearer token per client, index = position.")
     passes_total: int
     noise_multiplier: float | None = Field(description="The z in use (given or calibrated).")
 
 
-class SessionConfigView(BaseModel):
+class SessionConfigView(ResponseModel):
     """The session's configuration without the node lists (see their counts instead)."""
 
     kind: SessionKind = "training"
@@ -265,7 +256,7 @@ class SessionConfigView(BaseModel):
     operator: str | None = None
 
 
-class SessionSummary(BaseModel):
+class SessionSummary(ResponseModel):
     session_id: str
     label: str | None
     state: SessionState
@@ -273,192 +264,3 @@ class SessionSummary(BaseModel):
     clients: int
     passes_total: int
     current_pass: int
-
-
-class LayerProgress(BaseModel):
-    layer: int
-    width: int
-    rows: int | None = Field(description="Rows of this layer in the pass, once known.")
-    nodes_received: list[int] | None = Field(
-        description="Clients whose node set arrived (null for the top layer, whose rows are the"
-        " output nodes)."
-    )
-    union_ready: bool
-    embeddings_received: list[int]
-    aggregated: bool
-
-
-class PassProgress(BaseModel):
-    pass_index: int = Field(serialization_alias="pass")
-    kind: Literal["train", "eval"]
-    round: int
-    layers: list[LayerProgress]
-    absent: list[int] = Field(
-        default_factory=list,
-        description="Clients this pass does not wait for: left out of an earlier pass and not"
-        " rejoined yet (stragglers 'continue').",
-    )
-
-
-class MetricsRecord(BaseModel):
-    pass_index: int = Field(serialization_alias="pass")
-    kind: Literal["train", "eval"]
-    round: int
-    reports: int = Field(description="How many clients reported; values are their mean.")
-    loss: float | None
-    val_accuracy: float | None
-    test_accuracy: float | None
-    train_accuracy: float | None
-
-
-class ClientTraffic(BaseModel):
-    client: int
-    bytes_up: int
-    bytes_down: int
-
-
-class LedgerEntry(BaseModel):
-    release: int = Field(description="1-based release number.")
-    pass_index: int = Field(serialization_alias="pass")
-    epsilon: float = Field(description="Cumulative epsilon after this release.")
-    released_at: float
-    clients: list[int] = Field(
-        description="The clients whose shares the released sum holds (all of them unless a"
-        " pass went on without a straggler)."
-    )
-
-
-class ClientReleases(BaseModel):
-    client: int
-    releases: int = Field(description="Releases that held this client's share.")
-    epsilon: float = Field(description="Epsilon of this client's own releases.")
-
-
-class AdversaryEpsilon(BaseModel):
-    adversary: str
-    noise_multiplier: float | None = Field(
-        description="The z this adversary faces; null when it sees no release."
-    )
-    epsilon: float | None = Field(description="Epsilon against it so far (null: nothing seen).")
-    epsilon_planned: float | None = Field(description="After every planned release.")
-    note: str
-    key: str | None = Field(
-        None, description="'service', 'peer', 'colluding' or 'group' (the unit of all M rows)."
-    )
-
-
-class PrivacyReport(BaseModel):
-    """Without privacy: ``enabled`` false, no releases, nulls elsewhere."""
-
-    enabled: bool
-    epsilon: float | None = Field(None, description="Epsilon spent so far.")
-    delta: float | None = None
-    noise_multiplier: float | None = Field(None, description="z the clients use for the sum.")
-    noise_multiplier_source: Literal["given", "calibrated"] | None = None
-    ledger_noise_multiplier: float | None = Field(
-        None,
-        description="z the ledger accounts with: z, or z*sqrt((M-1)/M) with shared noise (one"
-        " curious peer subtracts its own share).",
-    )
-    sensitivity: float | None = Field(
-        None, description="Delta of one client's release, derived from clip and occurrence_cap."
-    )
-    clip: float | None = None
-    noise_std: float | None = Field(None, description="z * sensitivity, per coordinate of the sum.")
-    releases: int = 0
-    max_releases: int | None = None
-    accountant: AccountantName | None = None
-    epsilon_target: float | None = None
-    epsilon_planned: float | None = Field(None, description="Epsilon after every planned release.")
-    shared_noise: bool | None = None
-    occurrence_cap: int | None = None
-    privacy_unit: str | None = Field(None, description="What one unit of privacy protects.")
-    not_protected: list[str] = Field(
-        default_factory=list, description="What the mechanism does not hide."
-    )
-    adversaries: list[AdversaryEpsilon] = Field(
-        default_factory=list,
-        description="Epsilon against each adversary; `epsilon` above is the ledger's (one curious"
-        " peer with shared noise, all other peers colluding without).",
-    )
-    ledger: list[LedgerEntry] = Field(default_factory=list)
-    by_client: list[ClientReleases] = Field(
-        default_factory=list,
-        description="Per client, what it actually released; differs from `releases` only when"
-        " passes went on without a client (stragglers 'continue').",
-    )
-
-
-class SessionStatus(BaseModel):
-    session_id: str
-    label: str | None
-    state: SessionState
-    created_at: float
-    config: SessionConfigView
-    passes_total: int
-    current_pass: int
-    progress: PassProgress | None = Field(description="The current pass (null once over).")
-    metrics: list[MetricsRecord]
-    bytes_up: int
-    bytes_down: int
-    traffic: list[ClientTraffic]
-    privacy: PrivacyReport
-
-
-class PassInfo(BaseModel):
-    pass_index: int = Field(serialization_alias="pass")
-    kind: PassKindOrDone
-    round: int | None
-    output_nodes: list[int] = Field(description="S[L], sorted; empty when kind is 'done'.")
-    reason: DoneReason | None = None
-
-
-class UploadReceipt(BaseModel):
-    pass_index: int = Field(serialization_alias="pass")
-    layer: int
-    client: int
-    status: Literal["created", "duplicate"]
-    received: list[int]
-    missing: list[int]
-
-
-class RejoinReceipt(BaseModel):
-    pass_index: int = Field(
-        serialization_alias="pass",
-        description="The pass from which this client takes part again (the current one, or the"
-        " next if the current one went on without it).",
-    )
-
-
-class WaitingStatus(BaseModel):
-    status: Literal["waiting"] = "waiting"
-    pass_index: int = Field(serialization_alias="pass")
-    layer: int
-    received: list[int]
-    missing: list[int]
-
-
-class Metrics(StrictModel):
-    """What a client reports after a pass, for the status page only. An empty report is
-    accepted and ignored."""
-
-    loss: float | None = None
-    val_accuracy: float | None = Field(None, ge=0, le=1)
-    test_accuracy: float | None = Field(None, ge=0, le=1)
-    train_accuracy: float | None = Field(None, ge=0, le=1)
-
-    @field_validator("loss")
-    @classmethod
-    def _finite(cls, loss: float | None) -> float | None:
-        if loss is not None and not math.isfinite(loss):
-            raise ValueError("loss must be a finite number")
-        return loss
-
-    @property
-    def empty(self) -> bool:
-        return all(v is None for v in self.model_dump().values())
-
-
-class Health(BaseModel):
-    status: Literal["ok"]
-    encryption: bool = Field(description="Whether a CKKS public context is loaded.")

@@ -1,17 +1,19 @@
 """JSON bodies of the alignment routes (``service/api/routes/alignment.py``); the blinded sets
-and the positions travel as binary bodies (docs/protocol.md, "Alignment")."""
+and the positions travel as binary bodies (docs/protocol.md, "Alignment"), the sets as
+ristretto255 elements (``SET_ENCODING``, their ``X-Glasu-Encoding``)."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from secure.protocol import AlignedNodes
-from service.schemas import MAX_CLIENTS, StrictModel
+from secure.wire.common import MAX_CLIENTS, MAX_LABEL, ResponseModel, StrictModel, Waiting
 
 AlignmentState = Literal["running", "done"]
 MAX_SEED = 2**63 - 1
+SET_ENCODING = "ristretto255"
 
 
 class AlignmentCreate(StrictModel):
@@ -24,7 +26,9 @@ class AlignmentCreate(StrictModel):
         le=MAX_SEED,
         description="Seeds the train/validation/test split drawn over the aligned node index.",
     )
-    label: str | None = Field(None, max_length=200, description="Free text shown in the status.")
+    label: str | None = Field(
+        None, max_length=MAX_LABEL, description="Free text shown in the status."
+    )
     nodes: AlignedNodes = Field(
         "intersection",
         description="Which ids the aligned index covers: those every party holds "
@@ -33,7 +37,7 @@ class AlignmentCreate(StrictModel):
     )
 
 
-class AlignmentCreated(BaseModel):
+class AlignmentCreated(ResponseModel):
     alignment_id: str
     party_tokens: list[str] = Field(description="One per party, returned once.")
     parties: int
@@ -41,13 +45,13 @@ class AlignmentCreated(BaseModel):
     nodes: AlignedNodes
 
 
-class SetProgress(BaseModel):
+class SetProgress(ResponseModel):
     owner: int = Field(description="The party whose node ids the set holds (blinded).")
     size: int | None = Field(description="Elements in the set (null until its owner posts it).")
     hops: int = Field(description="Blinded versions posted so far (M when fully blinded).")
 
 
-class AlignmentStatus(BaseModel):
+class AlignmentStatus(ResponseModel):
     alignment_id: str
     label: str | None
     parties: int
@@ -68,7 +72,7 @@ class AlignmentStatus(BaseModel):
     )
 
 
-class SetReceipt(BaseModel):
+class SetReceipt(ResponseModel):
     owner: int
     hop: int
     party: int
@@ -76,6 +80,5 @@ class SetReceipt(BaseModel):
     size: int
 
 
-class AlignmentWaiting(BaseModel):
-    status: Literal["waiting"] = "waiting"
-    missing: list[int] = Field(description="Parties that still owe a set this answer needs.")
+class AlignmentWaiting(Waiting):
+    """An alignment route's 202 answer: the parties that still owe a set it needs."""

@@ -1,0 +1,135 @@
+"""One pass of a worker: the sans-IO client's requests (``models/federated.py``) answered with
+calls to the service, every share of a private session through the owner's release gate first,
+and with checkpoints each share's plaintext digest journaled before it leaves."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from clients.checkpoint import CheckpointError, CheckpointStore
+from clients.policy import ReleaseGate
+from clients.service_http import ServiceError
+from clients.session_client import ServiceClient
+from models.federated import GlasuClient
+from models.outcome import PassOutcome
+from secure.protocol import Aggregate, EmbeddingRequest, NodesRequest
+from secure.wire.passes import PassInfo
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ResumedPass:
+    """The pass a resumed worker recomputes first, and the plaintext digests of the shares it
+    had journaled for that pass before it stopped (``{layer: sha256}``)."""
+
+    pass_index: int
+    shares: Mapping[str, str]
+
+
+def drive_pass(
+    client: GlasuClient,
+    service: ServiceClient,
+    info: PassInfo,
+    *,
+    gate: ReleaseGate | None = None,
+    checkpoints: CheckpointStore | None = None,
+    resume: ResumedPass | None = None,
+) -> PassOutcome:
+    """Answer the client's requests of one pass with calls to the service; with ``gate`` (a
+    private session), every share passes it first."""
+    if info.kind == "done":
+        raise ValueError(f"pass {info.pass_index} is not a pass to run: the session is done")
+    pass_index = info.pass_index
+    steps = client.run_pass(
+        pass_index=pass_index,
+        kind=info.kind,
+        output_nodes=np.asarray(info.output_nodes, dtype=np.int64),
+    )
+    answer: Any = None
+    while True:
+        try:
+            request = steps.send(answer) if answer is not None else next(steps)
+        except StopIteration as finished:
+            return finished.value
+        if isinstance(request, NodesRequest):
+            answer = service.exchange_nodes(pass_index, request.layer, request.nodes)
+        elif isinstance(request, EmbeddingRequest):
+            if gate is not None:
+                admit_release(gate, pass_index, request, pass_kind=info.kind)
+            answer = exchange_share(client, service, pass_index, request, checkpoints, resume)
+        else:
+            raise TypeError(f"unexpected request {request!r}")
+
+
+def admit_release(
+    gate: ReleaseGate, pass_index: int, request: EmbeddingRequest, *, pass_kind: str | None = None
+) -> None:
+    """Every share of a private session is a release: it passes the owner's gate before it
+    leaves (:class:`BudgetSpent` if it would go past the policy)."""
+    if request.release is None:
+        raise RuntimeError("a share of a private session without the digest of its release")
+    if not gate.admit(
+        pass_index, layer=request.layer, release=request.release, pass_kind=pass_kind
+    ):
+        log.info(
+            "pass %d, layer %d: the same release as before (the same inputs, hence the same "
+            "noise): not counted twice",
+            pass_index,
+            request.layer,
+        )
+
+
+def exchange_share(
+    client: GlasuClient,
+    service: ServiceClient,
+    pass_index: int,
+    request: EmbeddingRequest,
+    checkpoints: CheckpointStore | None,
+    resume: ResumedPass | None,
+) -> Aggregate:
+    """Upload a share (with ``checkpoints``, its plaintext digest journaled first) and fetch the
+    sum. In the pass a resumed worker recomputes, a slot that already holds this worker's share
+    from before the crash (409 ``conflict``: CKKS encrypts the same plaintext to other bytes) is
+    taken over when the recomputed plaintext is the journaled one: the sum then holds exactly
+    this share, and Extract(sum, share) is what the uninterrupted run computed."""
+    digest = getattr(client.codec, "last_digest", None)
+    if checkpoints is not None and digest is not None:
+        checkpoints.record_upload(pass_index, request.layer, digest)
+        client.codec.last_digest = None  # type: ignore[attr-defined]  # this payload's, once
+    try:
+        service.put_embedding(
+            pass_index,
+            request.layer,
+            request.payload,
+            rows=request.rows,
+            cols=request.cols,
+            encoding=client.codec.encoding,
+        )
+    except ServiceError as exc:
+        if exc.status != 409 or exc.slug != "conflict" or resume is None:
+            raise
+        if resume.pass_index != pass_index:
+            raise
+        before = resume.shares.get(str(request.layer))
+        if before is None or before != digest:
+            raise CheckpointError(
+                f"pass {pass_index}, layer {request.layer}: the service holds a share this "
+                "worker uploaded before it stopped, and the share it recomputed from its "
+                "checkpoint "
+                + ("is not in its upload journal" if before is None else "differs from it")
+                + " (another --threads or device, or a damaged journal?): the pass cannot be "
+                "completed correctly"
+            ) from exc
+        log.info(
+            "pass %d, layer %d: the service holds this worker's share from before the restart "
+            "(the same plaintext); taking its sum",
+            pass_index,
+            request.layer,
+        )
+    return service.fetch_aggregate(pass_index, request.layer)

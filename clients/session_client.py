@@ -1,0 +1,108 @@
+"""The worker's calls to its session's routes of the aggregation service (docs/protocol.md):
+the session's status, each pass's plan, the node sets and shares it exchanges, its metrics.
+
+The JSON answers are parsed into the wire models of ``secure/wire`` (the service answers with
+the same models). ``ServiceClient`` takes its ``httpx`` transport in its
+:class:`~clients.service_http.ConnectionOptions`, so the same code talks to an in-process ASGI
+app in tests (``httpx.ASGITransport``) and to a real server in production.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from clients.service_http import ConnectionOptions, PeerConnection
+from secure.protocol import (
+    COUNT_HEADER,
+    ENCODING_HEADER,
+    NODE_ENCODING,
+    SHAPE_HEADER,
+    Aggregate,
+    decode_nodes,
+    encode_nodes,
+)
+from secure.wire.passes import PassInfo, RejoinReceipt
+from secure.wire.status import SessionStatus
+
+
+class ServiceClient(PeerConnection):
+    """Client ``client_index`` of session ``session_id``, with that client's bearer token."""
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        session_id: str,
+        client_index: int,
+        token: str,
+        options: ConnectionOptions | None = None,
+    ) -> None:
+        self.session_id = session_id
+        self.client_index = client_index
+        super().__init__(base_url=base_url, token=token, options=options or ConnectionOptions())
+
+    @property
+    def _client_path(self) -> str:
+        return f"/v1/sessions/{self.session_id}/clients/{self.client_index}"
+
+    # -- calls ----------------------------------------------------------------------------------
+
+    def session(self) -> SessionStatus:
+        response = self._request("GET", f"/v1/sessions/{self.session_id}")
+        return SessionStatus.model_validate_json(response.content)
+
+    def rejoin(self) -> int:
+        """After a pass went on without this client (stragglers "continue"): the pass from
+        which the others wait for it again."""
+        response = self._request("POST", f"{self._client_path}/rejoin")
+        return RejoinReceipt.model_validate_json(response.content).pass_index
+
+    def pass_info(self, pass_index: int) -> PassInfo:
+        response = self._request("GET", f"{self._client_path}/passes/{pass_index}")
+        return PassInfo.model_validate_json(response.content)
+
+    def exchange_nodes(self, pass_index: int, layer: int, nodes: np.ndarray) -> np.ndarray:
+        body = encode_nodes(nodes)
+        path = f"{self._client_path}/passes/{pass_index}/layers/{layer}/nodes"
+        self._request(
+            "PUT",
+            path,
+            content=body,
+            headers={
+                "Content-Type": "application/octet-stream",
+                ENCODING_HEADER: NODE_ENCODING,
+                SHAPE_HEADER: str(len(nodes)),
+            },
+        )
+        response = self._wait_for(path)
+        return decode_nodes(response.content)
+
+    def put_embedding(
+        self, pass_index: int, layer: int, payload: bytes, *, rows: int, cols: int, encoding: str
+    ) -> None:
+        """Upload this client's share of (pass, layer); :class:`ServiceError` 409 ``conflict``
+        if the slot already holds a different body."""
+        self._request(
+            "PUT",
+            f"{self._client_path}/passes/{pass_index}/layers/{layer}/embedding",
+            content=payload,
+            headers={
+                "Content-Type": "application/octet-stream",
+                ENCODING_HEADER: encoding,
+                SHAPE_HEADER: f"{rows},{cols}",
+            },
+        )
+
+    def fetch_aggregate(self, pass_index: int, layer: int) -> Aggregate:
+        """The sum of (pass, layer), long-polling until every share is in."""
+        path = f"{self._client_path}/passes/{pass_index}/layers/{layer}/aggregate"
+        response = self._wait_for(path)
+        return Aggregate(payload=response.content, count=int(response.headers[COUNT_HEADER]))
+
+    def report_metrics(self, pass_index: int, metrics: Mapping[str, float | None]) -> None:
+        """Report a pass's metrics (``secure.wire.passes.Metrics``, for the status page only);
+        missing and NaN values are left out."""
+        measured = {k: v for k, v in metrics.items() if v is not None and v == v}
+        self._request("POST", f"{self._client_path}/passes/{pass_index}/metrics", json=measured)

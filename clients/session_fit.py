@@ -1,0 +1,218 @@
+"""Whether this worker fits the session it joins: its local model options, its data and, for a
+scoring session, its trained model, checked against the session's settings before anything is
+sent (:class:`SessionMismatch`, :class:`models.artefact.ModelError`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from models.artefact import ModelError, SavedModel
+from models.backbone import ModelConfig
+from models.client_config import ClientConfig
+from models.partition import ClientPartition, check_labels, without_labels
+from secure.aggregation import EmbeddingCodec
+from secure.wire.sessions import SessionConfigView
+
+PRIVATE_DEFAULT_HIDDEN = 128
+
+
+@dataclass(frozen=True)
+class LocalModelOptions:
+    """What each organisation chooses for its own part of the model. Only the widths at the
+    aggregation layers (the session's) must agree across clients."""
+
+    backbone: str = "gcnii"
+    hidden: int | None = None  # default: the aggregation width (plain GLASU) or 128 (private)
+    dropout: float = 0.5
+    lr: float = 0.01
+    weight_decay: float = 5e-4
+    eval_fanout: int = 10
+    seed: int | None = None  # initialisation and dropout; default: the session's seed
+    noise_seed: int | None = None  # reproducible DP noise (experiments only)
+    cache_rounds: int = 1  # W of the CELU-VFL workset (models/workset.py)
+    instance_weighting: bool = False
+    weight_threshold: float = 0.5
+
+
+class SessionMismatch(ValueError):
+    """This worker's data or settings cannot take part in the session: found when it joins,
+    before it sends anything."""
+
+
+def client_config_from_session(
+    session_config: Mapping[str, Any], options: LocalModelOptions
+) -> ClientConfig:
+    """The client's model and training settings: the session's, with this party's ``options``.
+    ``session_config`` is the JSON of a session's settings (``SessionConfigView``), as a worker
+    got it or as a kept model's manifest records it (an in-process run records fewer fields)."""
+    privacy = session_config.get("privacy")
+    widths = {a["width"] for a in session_config["agg_layers"]}
+    if privacy is not None:
+        hidden = options.hidden or PRIVATE_DEFAULT_HIDDEN
+    elif len(widths) != 1:
+        raise SessionMismatch(
+            f"this worker needs one width at every aggregation layer, got {widths}"
+        )
+    else:
+        hidden = widths.pop()
+        if options.hidden not in (None, hidden):
+            raise SessionMismatch(
+                f"--hidden {options.hidden} differs from the session's aggregation width {hidden}"
+            )
+    model = ModelConfig(
+        backbone=options.backbone,  # type: ignore[arg-type]
+        layers=session_config["layers"],
+        hidden=hidden,
+        dropout=options.dropout,
+        # the private arrangement's release is the session's only aggregation layer
+        receiver_width=session_config["agg_layers"][0]["width"] if privacy else 0,
+    )
+    return ClientConfig(
+        model=model,
+        agg_layers=tuple(a["layer"] for a in session_config["agg_layers"]),
+        stale=session_config["stale"],
+        cache_rounds=options.cache_rounds,
+        instance_weighting=options.instance_weighting,
+        weight_threshold=options.weight_threshold,
+        fanout=session_config["fanout"],
+        eval_fanout=options.eval_fanout,
+        occurrence_cap=privacy["occurrence_cap"] if privacy else None,
+        count_aware=session_config.get("nodes") == "union",
+        label_holder=session_config.get("label_holder"),
+        lr=options.lr,
+        weight_decay=options.weight_decay,
+        seed=session_config["seed"] if options.seed is None else options.seed,
+    )
+
+
+def session_partition(partition: ClientPartition, config: SessionConfigView) -> ClientPartition:
+    """The partition as the session uses it: a passive party of a label holder's session keeps
+    no label and no split (GLASU B.2); every other client needs its labels."""
+    if partition.held is not None and config.nodes != "union":
+        raise SessionMismatch(
+            f"this party lacks {int((~partition.held).sum())} of the {partition.num_nodes} "
+            "aligned nodes (an alignment over the union), but the session averages over the "
+            "intersection: create the session from the alignment (nodes 'union')"
+        )
+    holder = config.label_holder
+    if holder is not None and holder != partition.client:
+        return without_labels(partition)
+    remedy = (
+        "otherwise the operator names the one party with labels when creating the session "
+        "(glasu session create --label-holder M; docs/data.md)"
+        if holder is None
+        else f"the session names this party (client {holder}) the label holder "
+        "(--label-holder): give it its labels (glasu prepare --labels) or name another holder"
+    )
+    try:
+        check_labels(partition, where="this worker's data", remedy=remedy)
+    except ValueError as exc:
+        raise SessionMismatch(str(exc)) from None
+    return partition
+
+
+def options_of_model(model: SavedModel, options: LocalModelOptions) -> LocalModelOptions:
+    """The local settings that rebuild ``model``'s network (whatever the worker's flags say)."""
+    saved = model.manifest["model"]
+    return dataclasses.replace(
+        options,
+        backbone=saved["backbone"],
+        hidden=saved["hidden"],
+        dropout=saved["dropout"],
+        eval_fanout=saved["eval_fanout"],
+        seed=saved["seed"],
+    )
+
+
+def check_model_fits(
+    model: SavedModel, config: SessionConfigView, partition: ClientPartition
+) -> None:
+    """A scoring session scores with the model it names, built as it was trained, on data of
+    the model's feature schema: :class:`ModelError` naming what differs."""
+    saved = model.manifest["model"]
+    if config.model_session not in (None, model.manifest["session_id"]):
+        raise ModelError(
+            f"the scoring session uses the models of session {config.model_session}, but "
+            f"{model.path} was trained in session {model.manifest['session_id']}"
+        )
+    expected = {
+        "layers": config.layers,
+        "agg_layers": [a.layer for a in config.agg_layers],
+        "widths": [a.width for a in config.agg_layers],
+        "session_seed": config.seed,
+    }
+    for name, value in expected.items():
+        if saved.get(name) != value:
+            raise ModelError(
+                f"the scoring session has {name} {value}, the model {model.path} was trained "
+                f"with {saved.get(name)}: create the scoring session from the model's manifest"
+            )
+    release = model.manifest.get("release")
+    privacy = config.privacy
+    if (release is None) != (privacy is None):
+        raise ModelError(
+            f"the model {model.path} was trained "
+            + ("without" if release is None else "with")
+            + " differential privacy and the scoring session is "
+            + ("private" if privacy else "not")
+            + ": score with the privacy the model was trained with"
+        )
+    if (
+        release is not None
+        and privacy is not None
+        and (privacy.noise_multiplier, privacy.clip)
+        != (release["noise_multiplier"], release["clip"])
+    ):
+        raise ModelError(
+            f"the scoring session's noise (z {privacy.noise_multiplier}, clip "
+            f"{privacy.clip}) differs from the training's (z {release['noise_multiplier']},"
+            f" clip {release['clip']}): the model reads the others' release at that noise level"
+        )
+    if model.manifest["party"]["index"] != partition.client:
+        raise ModelError(
+            f"{model.path} is party {model.manifest['party']['index']}'s model, this worker is "
+            f"client {partition.client}"
+        )
+    if partition.feature_names is not None:
+        model.check_features(partition.feature_names)
+    elif int(partition.features.shape[1]) != saved["in_features"]:
+        raise ModelError(
+            f"the data has {int(partition.features.shape[1])} feature columns, the model "
+            f"{model.path} {saved['in_features']}"
+        )
+
+
+def fit_to_session(
+    partition: ClientPartition,
+    config: SessionConfigView,
+    *,
+    client: int,
+    codec: EmbeddingCodec,
+    model: SavedModel | None,
+) -> ClientPartition:
+    """The partition as the session uses it, once this worker (``client``), its data, its codec
+    and, for a scoring session, its model fit the session (:class:`SessionMismatch`,
+    :class:`ModelError`)."""
+    if partition.client != client:
+        raise SessionMismatch(
+            f"the partition is client {partition.client}'s, but this worker is client {client}"
+        )
+    if partition.clients != config.clients or partition.num_nodes != config.num_nodes:
+        raise SessionMismatch(
+            f"the partition (M={partition.clients}, {partition.num_nodes} nodes) does not "
+            f"match the session (M={config.clients}, {config.num_nodes} nodes)"
+        )
+    if codec.encoding != config.encoding:
+        raise SessionMismatch(
+            f"the session expects {config.encoding} shares, this worker's codec "
+            f"makes {codec.encoding}: give the secret context (or --no-he) to match"
+        )
+    partition = session_partition(partition, config)
+    if config.kind == "scoring":
+        if model is None:
+            raise ModelError("a scoring session needs this party's trained model (--model DIR)")
+        check_model_fits(model, config, partition)
+    return partition
