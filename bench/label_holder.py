@@ -8,7 +8,7 @@ Under DP the passive parties only release (the private arrangement sends nothing
 label-derived), and the holder's party-alone reference is trained in the same run on the same
 batches: "alone" there is that reference.
 
-    python bench/label_holder.py --datasets cora citeseer pubmed --seeds 0 1 2
+    python -m bench.label_holder --datasets cora citeseer pubmed --seeds 0 1 2
 """
 
 from __future__ import annotations
@@ -16,15 +16,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.results_doc import load_copied, write_section
 from models.config import TrainConfig
@@ -123,7 +120,7 @@ def markdown(out: dict) -> str:
         )
     lines += [
         "",
-        "Reproduce: `python bench/label_holder.py --datasets cora citeseer pubmed --seeds 0 1 2` "
+        "Reproduce: `python -m bench.label_holder --datasets cora citeseer pubmed --seeds 0 1 2` "
         "(results in `bench/results/label_holder.json`; `--docs-only` rewrites this section).",
     ]
     return "\n".join(lines)

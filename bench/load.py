@@ -7,8 +7,8 @@ per client before the clock starts (the load is the service's, not the encoder's
 plaintext, CKKS ciphertexts with ``--ckks``. Reports passes per second over all sessions, p50 and
 p99 latency of uploads and downloads, the service's CPU seconds and RSS, and every error.
 
-    python bench/load.py [--sessions 20] [--clients 3] [--rounds 10] [--ckks]
-    python bench/load.py --both        # plaintext, then CKKS; writes bench/results/load.json
+    python -m bench.load [--sessions 20] [--clients 3] [--rounds 10] [--ckks]
+    python -m bench.load --both        # plaintext, then CKKS; writes bench/results/load.json
 """
 
 from __future__ import annotations
@@ -30,11 +30,10 @@ from typing import Any
 import httpx
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.startup import cpu_seconds, free_port, rss_mb
+from secure.aggregation import PlainCodec
 
-from bench.startup import cpu_seconds, free_port, rss_mb  # noqa: E402
-from secure.aggregation import PlainCodec  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 OUT = ROOT / "bench" / "results" / "load.json"
 

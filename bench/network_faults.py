@@ -35,8 +35,8 @@ message), the wall time from the workers' start to the last exit (and of the tra
 from the last worker's first pass request to the last exit), and their ratios to the clean run.
 Results go to bench/results/network_faults.json and the "network-faults" section of docs/results.md.
 
-    .venv/bin/python bench/network_faults.py                 # --rounds 10, 30 s partition
-    .venv/bin/python bench/network_faults.py --quick         # 4 rounds, 10 s partition
+    .venv/bin/python -m bench.network_faults                 # --rounds 10, 30 s partition
+    .venv/bin/python -m bench.network_faults --quick         # 4 rounds, 10 s partition
 """
 
 from __future__ import annotations
@@ -65,8 +65,7 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_doc import add_data_dir_argument, write_section
+from bench.results_doc import add_data_dir_argument, write_section
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "network_faults.json"
@@ -1004,7 +1003,7 @@ def main(argv: list[str] | None = None) -> int:
     payload = {
         "description": __doc__.split("\n\n")[0],
         "command": " ".join(
-            [".venv/bin/python", "bench/network_faults.py", *(argv or sys.argv[1:])]
+            [".venv/bin/python", "-m", "bench.network_faults", *(argv or sys.argv[1:])]
         ),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "environment": environment(),

@@ -15,7 +15,7 @@ the workers); the service's own is read from ``/proc/<pid>/stat`` once it is hea
 just before it is stopped, so its start-up is not counted. Writes bench/results/overhead.json
 and the "overhead" section of docs/results.md.
 
-    python bench/overhead.py [--pairs 3] [--rounds 60] [--clients-pairs 2] [--clients-rounds 10]
+    python -m bench.overhead [--pairs 3] [--rounds 60] [--clients-pairs 2] [--clients-rounds 10]
         [--dataset-pairs 2] [--dataset-rounds 10] [--render]
 """
 
@@ -26,7 +26,6 @@ import json
 import os
 import resource
 import statistics
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -34,8 +33,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_doc import add_data_dir_argument, single_thread, write_section
+from bench.results_doc import add_data_dir_argument, single_thread, write_section
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "overhead.json"

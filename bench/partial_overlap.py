@@ -12,7 +12,7 @@ the union's test nodes in that scope, and ``accuracy x coverage`` counts the uni
 outside the scope as not predicted, so the four can be read on one axis. Non-private, plaintext
 (CKKS reproduces plaintext sums bit for bit on the share grid), in process.
 
-    python bench/partial_overlap.py --datasets cora pubmed --missing 0.2 0.4 0.6 --seeds 0 1 2
+    python -m bench.partial_overlap --datasets cora pubmed --missing 0.2 0.4 0.6 --seeds 0 1 2
 """
 
 from __future__ import annotations
@@ -20,15 +20,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.results_doc import load_copied, write_section
 from models.config import TrainConfig
@@ -223,7 +220,7 @@ def markdown(out: dict) -> str:
         )
     lines += [
         "",
-        "Reproduce: `python bench/partial_overlap.py --datasets cora pubmed --missing 0.2 0.4 "
+        "Reproduce: `python -m bench.partial_overlap --datasets cora pubmed --missing 0.2 0.4 "
         "0.6 --seeds 0 1 2` (results in `bench/results/partial_overlap.json`; "
         "`--docs-only` rewrites this section from it).",
     ]

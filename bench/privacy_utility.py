@@ -7,7 +7,7 @@ against: standalone training (no collaboration, nothing released) and non-privat
 3 seeds, mean ± std, in process with encryption on. Cached per run in
 bench/results/privacy/; the table goes to docs/results.md.
 
-    python bench/privacy_utility.py [--workers 2] [--steps 200]
+    python -m bench.privacy_utility [--workers 2] [--steps 200]
 """
 
 from __future__ import annotations
@@ -15,13 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from frontier import NO_NOISE_Z
-from results_doc import add_data_dir_argument, mean_std, single_thread, write_section
+from bench.frontier import NO_NOISE_Z
+from bench.results_doc import add_data_dir_argument, mean_std, single_thread, write_section
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / "bench" / "results" / "privacy"

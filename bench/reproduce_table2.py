@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_doc import add_data_dir_argument, mean_std, single_thread, write_section
+from bench.results_doc import add_data_dir_argument, mean_std, single_thread, write_section
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / "bench" / "results" / "table2"

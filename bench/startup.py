@@ -14,9 +14,9 @@ change in machine load hits all of them alike. Prints median and spread (max - m
 and writes one labelled entry per source into bench/results/startup.json, replacing an entry of
 the same label and keeping the others.
 
-    python bench/startup.py --source /tmp/glasu-before --label before
-    python bench/startup.py --label after                  # this checkout
-    python bench/startup.py --source A --label a --source B --label b -n 5
+    python -m bench.startup --source /tmp/glasu-before --label before
+    python -m bench.startup --label after                  # this checkout
+    python -m bench.startup --source A --label a --source B --label b -n 5
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Under "wait" the others wait for it; under "continue" a layer closes ``--wait`` 
 first share without it, and it rejoins at a later pass. "no stall" is the same session with
 nobody late. Reported: client 0's final test accuracy, the passes client 2 missed, wall time.
 
-    python bench/stragglers.py --seeds 0 1
+    python -m bench.stragglers --seeds 0 1
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import argparse
 import dataclasses
 import json
 import secrets
-import sys
 import tempfile
 import threading
 import time
@@ -26,8 +25,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.results_doc import load_copied, single_thread, write_section
 from clients.local.asgi import InProcessTransport
@@ -174,7 +171,7 @@ def markdown(out: dict) -> str:
         )
     lines += [
         "",
-        "Reproduce: `python bench/stragglers.py --seeds 0 1` (results in "
+        "Reproduce: `python -m bench.stragglers --seeds 0 1` (results in "
         "`bench/results/stragglers.json`; `--docs-only` rewrites this section).",
     ]
     return "\n".join(lines)
