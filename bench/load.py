@@ -18,7 +18,6 @@ import json
 import os
 import secrets
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -30,7 +29,8 @@ from typing import Any
 import httpx
 import numpy as np
 
-from bench.startup import cpu_seconds, free_port, rss_mb
+from bench.startup import cpu_seconds, rss_mb
+from clients.local.processes import start_serve
 from secure.aggregation import PlainCodec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,33 +122,18 @@ def run(
     with tempfile.TemporaryDirectory(prefix="glasu-load-") as tmp:
         root = Path(tmp)
         admin_token = secrets.token_urlsafe(24)
-        (root / "admin.token").write_text(admin_token)
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        command = [
-            sys.executable, "-m", "clients.cli.main", "serve", "--host", "127.0.0.1",
-            "--port", str(port), "--database", str(root / "service.sqlite3"),
-            "--admin-token-file", str(root / "admin.token"), "--log-level", "warning",
-        ]  # fmt: skip
+        extra_args: list[str] = []
         codec: Any = PlainCodec()
         if ckks:
             from secure.ckks import CkksCodec, generate_keys
 
             secret, public = generate_keys(root / "keys")
             codec = CkksCodec.from_file(secret)
-            command += ["--public-context", str(public)]
-        service = subprocess.Popen(command, cwd=ROOT, stdin=subprocess.DEVNULL)
+            extra_args += ["--public-context", str(public)]
+        served = start_serve(root, admin_token=admin_token, extra_args=extra_args, cwd=ROOT)
+        service, url = served.process, served.url
         try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if time.monotonic() > deadline or service.poll() is not None:
-                    raise RuntimeError("the service did not start")
-                time.sleep(0.1)
+            served.wait_healthy()
             admin = httpx.Client(
                 base_url=url, headers={"Authorization": f"Bearer {admin_token}"}, timeout=60
             )
@@ -193,8 +178,7 @@ def run(
             cpu = cpu_seconds(service.pid) - cpu_before
             rss = rss_mb(service.pid)
         finally:
-            service.terminate()
-            service.wait(timeout=30)
+            served.stop(grace=30)
     passes = sum(done) / clients  # session passes (each client counts its session's)
     return {
         "encryption": "ckks" if ckks else "none",
