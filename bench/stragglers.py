@@ -17,27 +17,19 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import secrets
 import tempfile
-import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
+from bench.asgi_federation import run_in_process
 from bench.results_doc import load_copied, single_thread, write_section
-from clients.local.asgi import InProcessTransport
-from clients.local.session import session_request
-from clients.policy import PrivacyPolicy
 from clients.transport import ServiceClient
-from clients.worker import LocalModelOptions, WorkerResult, run_worker
 from models.config import TrainConfig
 from models.data import GraphDataset
-from models.layout import layout_federation
-from secure.aggregation import PlainCodec
-from service.app import create_app
-from service.settings import ServiceSettings
 
 RESULTS = Path(__file__).resolve().parent / "results" / "stragglers.json"
 LATE = 2  # the client that stalls
@@ -61,55 +53,8 @@ def stalling_client(*, every: int, stall: float) -> type[ServiceClient]:
     return Stalling
 
 
-def federation(
-    config: TrainConfig, dataset: GraphDataset, work: Path, late: type[ServiceClient]
-) -> tuple[list[WorkerResult], float]:
-    token = secrets.token_urlsafe(24)
-    app = create_app(ServiceSettings(database=work / "service.sqlite3", admin_token=token))
-    transport = InProcessTransport(app)
-    layout = layout_federation(config, dataset)
-    with ServiceClient(
-        base_url="http://glasu.test", session_id="", client_index=0, token=token,
-        transport=transport,
-    ) as admin:  # fmt: skip
-        body = session_request(config, layout, dataset)
-        session = admin._request("POST", "/v1/sessions", json=body).json()
-    results: list[Any] = [None] * config.clients
-    errors: list[BaseException] = []
-
-    def work_as(m: int) -> None:
-        try:
-            single_thread()
-            with (late if m == LATE else ServiceClient)(
-                base_url="http://glasu.test",
-                session_id=session["session_id"],
-                client_index=m,
-                token=session["client_tokens"][m],
-                transport=transport,
-                poll_seconds=5,
-            ) as service:
-                results[m] = run_worker(
-                    service,
-                    layout.partitions[m],
-                    options=LocalModelOptions(hidden=config.hidden, seed=config.seed),
-                    codec=PlainCodec(),
-                    policy=PrivacyPolicy(require_dp=False),  # no DP, on purpose: see the doc
-                    ledger=None,
-                )
-        except BaseException as exc:
-            errors.append(exc)
-
-    started = time.perf_counter()
-    threads = [threading.Thread(target=work_as, args=(m,)) for m in range(config.clients)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    wall = time.perf_counter() - started
-    transport.shutdown()
-    if errors:
-        raise errors[0]
-    return results, wall
+def late_as(m: int, late: type[ServiceClient]) -> type[ServiceClient]:
+    return late if m == LATE else ServiceClient
 
 
 def one_seed(dataset: GraphDataset, base: TrainConfig, args: argparse.Namespace) -> dict:
@@ -122,7 +67,10 @@ def one_seed(dataset: GraphDataset, base: TrainConfig, args: argparse.Namespace)
     out = {}
     for name, (config, late) in variants.items():
         with tempfile.TemporaryDirectory() as work:
-            results, wall = federation(config, dataset, Path(work), late)
+            run = run_in_process(
+                config, dataset, Path(work), service_class=partial(late_as, late=late)
+            )
+        results, wall = run.results, run.wall_seconds
         final = results[0].history[-1]
         out[name] = {
             "passes": results[0].passes,
