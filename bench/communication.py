@@ -17,7 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
-from bench.results_doc import add_data_dir_argument, write_section
+from bench.results_doc import add_data_dir_argument, publish
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = ((4, 1), (2, 1), (2, 4), (1, 1))
@@ -125,8 +125,7 @@ def render(rows: list[dict], args: argparse.Namespace) -> None:
         "steps). Rounds to the threshold are at evaluation granularity (every 10 rounds; every "
         "2 for Q=4), and single-seed accuracy moves by about ±1 point between evaluations.",
     ]
-    write_section("communication", "\n".join(lines))
-    print("\n".join(lines))
+    publish("communication", lines)
 
 
 if __name__ == "__main__":

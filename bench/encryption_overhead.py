@@ -15,7 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-from bench.results_doc import add_data_dir_argument, single_thread, write_section
+from bench.results_doc import add_data_dir_argument, publish, single_thread
 
 ROOT = Path(__file__).resolve().parents[1]
 SEEDS = (0, 1, 2)
@@ -111,8 +111,7 @@ def main() -> None:
         "value): with the same seed the encrypted run is the plaintext run, so any "
         "difference above would be a bug, not noise. Only time and bytes differ.",
     ]
-    write_section("encryption", "\n".join(lines))
-    print("\n".join(lines))
+    publish("encryption", lines)
 
 
 if __name__ == "__main__":

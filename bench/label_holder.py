@@ -23,7 +23,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.results_doc import load_copied, write_section
+from bench.results_doc import (
+    add_results_arguments,
+    load_copied,
+    rewrote_docs_only,
+    write_json,
+    write_section,
+)
 from models.config import TrainConfig
 from models.data import GraphDataset
 from models.trainer import train_inprocess
@@ -132,13 +138,9 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--rounds", type=int, default=150)
     parser.add_argument("--no-dp-only", action="store_true", help="skip the private runs")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument(
-        "--docs-only", action="store_true", help="rewrite the docs section from --out, no run"
-    )
+    add_results_arguments(parser, RESULTS)
     args = parser.parse_args()
-    if args.docs_only:
-        write_section("label-holder", markdown(json.loads(args.out.read_text())))
+    if rewrote_docs_only(args, "label-holder", markdown):
         return
     torch.set_num_threads(1)
     records: list[dict] = []
@@ -177,8 +179,7 @@ def main() -> None:
                         "summary": summary(records),
                         "runs": records,
                     }
-                    args.out.parent.mkdir(parents=True, exist_ok=True)
-                    args.out.write_text(json.dumps(out, indent=2) + "\n")
+                    write_json(args.out, out)
     for row in summary(records):
         cells = ", ".join(
             f"{m} {row[m]['mean']:.3f}+-{row[m]['std']:.3f}"

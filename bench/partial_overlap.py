@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import tempfile
 import time
 from pathlib import Path
@@ -27,7 +26,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.results_doc import load_copied, write_section
+from bench.results_doc import (
+    add_results_arguments,
+    load_copied,
+    rewrote_docs_only,
+    write_json,
+    write_section,
+)
 from models.config import TrainConfig
 from models.data import GraphDataset
 from models.layout import layout_federation
@@ -177,8 +182,7 @@ def write(path: Path, base: TrainConfig, records: list[dict]) -> dict:
         "summary": summary(records),
         "runs": records,
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2) + "\n")
+    write_json(path, out)
     return out
 
 
@@ -233,13 +237,9 @@ def main() -> None:
     parser.add_argument("--missing", nargs="+", type=float, default=[0.2, 0.4, 0.6])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--rounds", type=int, default=200)
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument(
-        "--docs-only", action="store_true", help="rewrite the docs section from --out, no run"
-    )
+    add_results_arguments(parser, RESULTS)
     args = parser.parse_args()
-    if args.docs_only:
-        write_section("partial-overlap", markdown(json.loads(args.out.read_text())))
+    if rewrote_docs_only(args, "partial-overlap", markdown):
         return
     torch.set_num_threads(1)
     base = TrainConfig(encryption="none", dp=False, rounds=args.rounds, eval_every=20, hidden=64)

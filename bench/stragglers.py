@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import tempfile
 import time
 from functools import partial
@@ -26,7 +25,14 @@ from typing import Any, ClassVar
 import numpy as np
 
 from bench.asgi_federation import run_in_process
-from bench.results_doc import load_copied, single_thread, write_section
+from bench.results_doc import (
+    add_results_arguments,
+    load_copied,
+    rewrote_docs_only,
+    single_thread,
+    write_json,
+    write_section,
+)
 from clients.transport import ServiceClient
 from models.config import TrainConfig
 from models.data import GraphDataset
@@ -132,11 +138,9 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=25, help="stall every k passes it is in")
     parser.add_argument("--stall", type=float, default=6.0, help="seconds of each stall")
     parser.add_argument("--wait", type=float, default=2.0, help="straggler_wait_seconds")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--docs-only", action="store_true", help="rewrite the docs section")
+    add_results_arguments(parser, RESULTS)
     args = parser.parse_args()
-    if args.docs_only:
-        write_section("stragglers", markdown(json.loads(args.out.read_text())))
+    if rewrote_docs_only(args, "stragglers", markdown):
         return
     single_thread()
     base = TrainConfig(
@@ -157,8 +161,7 @@ def main() -> None:
         },
         "runs": runs,
     }  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1) + "\n")
+    write_json(args.out, out)
     write_section("stragglers", markdown(out))
     print(markdown(out))
 
