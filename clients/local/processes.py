@@ -164,6 +164,10 @@ class ServedService:
     def process(self) -> subprocess.Popen:
         return self.managed.process
 
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
     def log_text(self) -> str:
         return self.managed.log_text()
 
