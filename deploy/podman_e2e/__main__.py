@@ -92,18 +92,17 @@ def main(argv: list[str] | None = None) -> int:
             tag: round(image_size(tag) / 1e6) for tag in (BASE_IMAGE, SERVICE_IMAGE, WORKER_IMAGE)
         }
         say(f"image sizes (MB): {summary['image_mb']}")
-        if not args.skip_compose:
-            compose = ComposeRun(work, args.datasets, args.rounds, args.eval_every)
-            runs.append(compose)
-            with timed("compose run", timings):
-                summary["compose"] = compose.up(timings)
-            say(f"compose: {summary['compose']}")
-        if not args.skip_kube:
-            kube = KubeRun(work, args.datasets, args.rounds, args.eval_every)
-            runs.append(kube)
-            with timed("kube run", timings):
-                summary["kube"] = kube.up(timings)
-            say(f"kube: {summary['kube']}")
+        stages: tuple[tuple[str, type[ComposeRun | KubeRun], bool], ...] = (
+            ("compose", ComposeRun, args.skip_compose),
+            ("kube", KubeRun, args.skip_kube),
+        )
+        for name, stage, skipped in stages:
+            if skipped:
+                continue
+            runs.append(stage(work, args.datasets, args.rounds, args.eval_every))
+            with timed(f"{name} run", timings):
+                summary[name] = runs[-1].up(timings)
+            say(f"{name}: {summary[name]}")
         summary["passed"] = True
     except (Exception, KeyboardInterrupt) as exc:
         summary["passed"] = False
