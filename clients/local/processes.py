@@ -209,12 +209,13 @@ def start_serve(
 ) -> ServedService:
     """Start ``command(*serve arguments)`` (default: this interpreter's ``glasu serve``) on
     loopback at ``port`` (default: a free one), on ``database`` (default ``root /
-    service.sqlite3``) with ``admin_token`` in a private file, its log in ``root / name.log``.
-    ``extra_args``: more ``serve`` options (``--public-context PATH``). ``tls_dir``: serve HTTPS
-    with the ``server.crt`` and ``server.key`` there (deploy/dev-ca.sh), trusting its
-    ``ca.crt``. Does not wait: call :meth:`ServedService.wait_healthy`."""
+    service.sqlite3``), with ``admin_token`` in the private file ``root / admin.token`` and its
+    log in ``root / name.log``. ``extra_args``: more ``serve`` options (``--public-context
+    PATH``). ``tls_dir``: serve HTTPS with the ``server.crt`` and ``server.key`` there
+    (deploy/dev-ca.sh), trusting its ``ca.crt``. Does not wait: call
+    :meth:`ServedService.wait_healthy`."""
     port = port or free_port()
-    token_file = secret_file(root / f"{name}-admin.token", admin_token)
+    token_file = secret_file(root / "admin.token", admin_token)
     serve_args = [
         "serve", "--host", "127.0.0.1", "--port", str(port),
         "--database", str(database or root / "service.sqlite3"),
