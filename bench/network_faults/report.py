@@ -151,7 +151,7 @@ def setup_text(payload: dict[str, Any]) -> str:
         f"processes on one machine ({env['cpu_count']} cores, busy: load average "
         f"{env['load_average_at_start'][0]:.1f} at the start; Python {env['python']}, kernel "
         f"{env['kernel']}). Each worker reaches the service through its own asyncio TCP proxy on "
-        "loopback (`bench/network_faults.py`); the operator's calls go direct. "
+        "loopback (`bench/network_faults/`); the operator's calls go direct. "
         f"{st['repeat']} run(s) of every scenario, interleaved (each run of the four in the "
         "table's order; each ratio is against the clean run of the same round): the machine's "
         "load moves single numbers by several seconds. *wall*: from starting the workers to "
