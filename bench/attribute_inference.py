@@ -19,7 +19,7 @@ other half. Reported: the mean AUC over the victim's binary features that occur 
 (0.5 = no information; the attacker's prior alone gives 0.5), for M = 2 (the attacker sees the
 victim's release alone) and M = 3 (the victim's release summed with the third party's).
 
-    python bench/attribute_inference.py [--datasets cora,citeseer] [--seeds 3]
+    python -m bench.attribute_inference [--datasets cora,citeseer] [--seeds 3]
 """
 
 from __future__ import annotations
@@ -36,16 +36,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from models.config import TrainConfig
+from models.data import GraphDataset, load_dataset
+from models.partition import partition
+from models.private import release_projection_seed
+from secure.dp import clip_rows
+from secure.privacy import SessionPrivacy
+from secure.schedule import pass_schedule
 
-from models.config import TrainConfig  # noqa: E402
-from models.data import GraphDataset, load_dataset  # noqa: E402
-from models.partition import partition  # noqa: E402
-from models.private import release_projection_seed  # noqa: E402
-from secure.dp import clip_rows  # noqa: E402
-from secure.privacy import SessionPrivacy  # noqa: E402
-from secure.schedule import pass_schedule  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 EPSILONS = (1.0, 2.0, 4.0, 8.0, 16.0)
 DEFAULTS = TrainConfig()

@@ -15,8 +15,8 @@ counted in process, which is what ``--transport http`` counts without its long-p
 Runs are stored in bench/results/celu_cache.json as they finish (a rerun skips them); the
 tables go to docs/results.md.
 
-    python bench/celu_cache.py [--data-dir DIR] [--seeds 0 1 2] [--datasets cora pubmed]
-    python bench/celu_cache.py --render-only
+    python -m bench.celu_cache [--data-dir DIR] [--seeds 0 1 2] [--datasets cora pubmed]
+    python -m bench.celu_cache --render-only
 """
 
 from __future__ import annotations
@@ -34,11 +34,9 @@ from unittest import mock
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_doc import add_data_dir_argument, single_thread, write_section
+from bench.results_doc import add_data_dir_argument, single_thread, write_section
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 OUT = ROOT / "bench" / "results" / "celu_cache.json"
 SMOOTHING = 3  # evaluations averaged for the robustness column
 
@@ -310,7 +308,7 @@ def render(result: dict[str, Any]) -> str:
         "already are the local updates of the first.",
         "",
         "Reproduce (about 25 CPU-minutes, one thread): "
-        "`python bench/celu_cache.py --data-dir DIR` with DIR a writable copy of the Planetoid "
+        "`python -m bench.celu_cache --data-dir DIR` with DIR a writable copy of the Planetoid "
         "root (Cora and PubMed); `--render-only` rewrites this table from "
         "bench/results/celu_cache.json.",
     ]

@@ -8,18 +8,16 @@ passes, both directions, all workers, counted from the bodies sent and received)
 to reach a fixed test accuracy. GLASU predicts a saving factor of QL/K per local step against
 K=L, Q=1. The table goes to docs/results.md.
 
-    python bench/communication.py [--steps 240] [--threshold 0.78]
+    python -m bench.communication [--steps 240] [--threshold 0.78]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_doc import add_data_dir_argument, write_section
+from bench.results_doc import add_data_dir_argument, publish
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = ((4, 1), (2, 1), (2, 4), (1, 1))
@@ -127,8 +125,7 @@ def render(rows: list[dict], args: argparse.Namespace) -> None:
         "steps). Rounds to the threshold are at evaluation granularity (every 10 rounds; every "
         "2 for Q=4), and single-seed accuracy moves by about ±1 point between evaluations.",
     ]
-    write_section("communication", "\n".join(lines))
-    print("\n".join(lines))
+    publish("communication", lines)
 
 
 if __name__ == "__main__":

@@ -6,18 +6,16 @@ time: the same two runs over real HTTP (service and 3 worker processes on loopba
 encryption also multiplies the bytes on the wire; bench/overhead.py measures that in interleaved
 pairs, in CPU time. The table goes to docs/results.md.
 
-    python bench/encryption_overhead.py [--rounds 300] [--http-rounds 100]
+    python -m bench.encryption_overhead [--rounds 300] [--http-rounds 100]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_doc import add_data_dir_argument, single_thread, write_section
+from bench.results_doc import add_data_dir_argument, publish, single_thread
 
 ROOT = Path(__file__).resolve().parents[1]
 SEEDS = (0, 1, 2)
@@ -113,8 +111,7 @@ def main() -> None:
         "value): with the same seed the encrypted run is the plaintext run, so any "
         "difference above would be a bug, not noise. Only time and bytes differ.",
     ]
-    write_section("encryption", "\n".join(lines))
-    print("\n".join(lines))
+    publish("encryption", lines)
 
 
 if __name__ == "__main__":

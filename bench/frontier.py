@@ -12,7 +12,7 @@ only the first private run of each graph reports it; the other private runs swit
 (``without_reference``). Encryption is off: CKKS runs reproduce plaintext runs bit for bit
 (tests/models/test_trainer.py), so it changes time, not accuracy.
 
-    python bench/frontier.py [--quick] [--seeds 3] [--degrees 4,8,16,32,64] [--epsilons 1,2,4,8,16]
+    python -m bench.frontier [--quick] [--seeds 3] [--degrees 4,8,16,32,64] [--epsilons 1,2,4,8,16]
 """
 
 from __future__ import annotations
@@ -33,16 +33,15 @@ from unittest import mock
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from models.config import TrainConfig
+from models.csbm import SIGNALS, csbm
+from models.data import GraphDataset, load_dataset
+from models.federated import GlasuClient
+from models.private import PrivateGlasuClient
+from models.trainer import train_inprocess
+from secure.accounting import calibrate_noise_multiplier
 
-from models.config import TrainConfig  # noqa: E402
-from models.csbm import SIGNALS, csbm  # noqa: E402
-from models.data import GraphDataset, load_dataset  # noqa: E402
-from models.federated import GlasuClient  # noqa: E402
-from models.private import PrivateGlasuClient  # noqa: E402
-from models.trainer import train_inprocess  # noqa: E402
-from secure.accounting import calibrate_noise_multiplier  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 OUT = ROOT / "bench" / "results" / "frontier.json"
 CHART = ROOT / "docs" / "frontier.svg"

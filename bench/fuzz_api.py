@@ -2,7 +2,7 @@
 in process): the same test with many more examples per operation. Prints and writes the outcome
 (operations, examples, failures, seconds) to bench/results/api_fuzz.json.
 
-    python bench/fuzz_api.py [--examples 300]
+    python -m bench.fuzz_api [--examples 300]
 """
 
 from __future__ import annotations

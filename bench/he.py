@@ -6,7 +6,7 @@ SEAL calls it makes, the service's path (validate each share once, add it into t
 serialize the sum) against bare deserialize + add + serialize of the same ciphertexts and of
 TenSEAL's own vectors of the same matrices, decryption.
 
-    python bench/he.py [--pairs 15] [--out bench/results/he.json] [--skip-sweep]
+    python -m bench.he [--pairs 15] [--out bench/results/he.json] [--skip-sweep]
 
 Timings are CPU time (``time.process_time``) of this process, with ``n_threads=1`` contexts, so
 other processes on a busy machine do not count. The two sides of a comparison run interleaved:

@@ -8,7 +8,7 @@ Under DP the passive parties only release (the private arrangement sends nothing
 label-derived), and the holder's party-alone reference is trained in the same run on the same
 batches: "alone" there is that reference.
 
-    python bench/label_holder.py --datasets cora citeseer pubmed --seeds 0 1 2
+    python -m bench.label_holder --datasets cora citeseer pubmed --seeds 0 1 2
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,9 +23,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.results_doc import load_copied, write_section
+from bench.results_doc import (
+    add_results_arguments,
+    load_copied,
+    rewrote_docs_only,
+    write_json,
+    write_section,
+)
 from models.config import TrainConfig
 from models.data import GraphDataset
 from models.trainer import train_inprocess
@@ -123,7 +126,7 @@ def markdown(out: dict) -> str:
         )
     lines += [
         "",
-        "Reproduce: `python bench/label_holder.py --datasets cora citeseer pubmed --seeds 0 1 2` "
+        "Reproduce: `python -m bench.label_holder --datasets cora citeseer pubmed --seeds 0 1 2` "
         "(results in `bench/results/label_holder.json`; `--docs-only` rewrites this section).",
     ]
     return "\n".join(lines)
@@ -135,13 +138,9 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--rounds", type=int, default=150)
     parser.add_argument("--no-dp-only", action="store_true", help="skip the private runs")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument(
-        "--docs-only", action="store_true", help="rewrite the docs section from --out, no run"
-    )
+    add_results_arguments(parser, RESULTS)
     args = parser.parse_args()
-    if args.docs_only:
-        write_section("label-holder", markdown(json.loads(args.out.read_text())))
+    if rewrote_docs_only(args, "label-holder", markdown):
         return
     torch.set_num_threads(1)
     records: list[dict] = []
@@ -180,8 +179,7 @@ def main() -> None:
                         "summary": summary(records),
                         "runs": records,
                     }
-                    args.out.parent.mkdir(parents=True, exist_ok=True)
-                    args.out.write_text(json.dumps(out, indent=2) + "\n")
+                    write_json(args.out, out)
     for row in summary(records):
         cells = ", ".join(
             f"{m} {row[m]['mean']:.3f}+-{row[m]['std']:.3f}"

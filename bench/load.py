@@ -7,8 +7,8 @@ per client before the clock starts (the load is the service's, not the encoder's
 plaintext, CKKS ciphertexts with ``--ckks``. Reports passes per second over all sessions, p50 and
 p99 latency of uploads and downloads, the service's CPU seconds and RSS, and every error.
 
-    python bench/load.py [--sessions 20] [--clients 3] [--rounds 10] [--ckks]
-    python bench/load.py --both        # plaintext, then CKKS; writes bench/results/load.json
+    python -m bench.load [--sessions 20] [--clients 3] [--rounds 10] [--ckks]
+    python -m bench.load --both        # plaintext, then CKKS; writes bench/results/load.json
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import json
 import os
 import secrets
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -30,11 +29,11 @@ from typing import Any
 import httpx
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.startup import cpu_seconds, rss_mb
+from clients.local.processes import start_serve
+from secure.aggregation import PlainCodec
 
-from bench.startup import cpu_seconds, free_port, rss_mb  # noqa: E402
-from secure.aggregation import PlainCodec  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 OUT = ROOT / "bench" / "results" / "load.json"
 
@@ -123,33 +122,18 @@ def run(
     with tempfile.TemporaryDirectory(prefix="glasu-load-") as tmp:
         root = Path(tmp)
         admin_token = secrets.token_urlsafe(24)
-        (root / "admin.token").write_text(admin_token)
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        command = [
-            sys.executable, "-m", "clients.cli.main", "serve", "--host", "127.0.0.1",
-            "--port", str(port), "--database", str(root / "service.sqlite3"),
-            "--admin-token-file", str(root / "admin.token"), "--log-level", "warning",
-        ]  # fmt: skip
+        extra_args: list[str] = []
         codec: Any = PlainCodec()
         if ckks:
             from secure.ckks import CkksCodec, generate_keys
 
             secret, public = generate_keys(root / "keys")
             codec = CkksCodec.from_file(secret)
-            command += ["--public-context", str(public)]
-        service = subprocess.Popen(command, cwd=ROOT, stdin=subprocess.DEVNULL)
+            extra_args += ["--public-context", str(public)]
+        served = start_serve(root, admin_token=admin_token, extra_args=extra_args, cwd=ROOT)
+        service, url = served.process, served.url
         try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if time.monotonic() > deadline or service.poll() is not None:
-                    raise RuntimeError("the service did not start")
-                time.sleep(0.1)
+            served.wait_healthy()
             admin = httpx.Client(
                 base_url=url, headers={"Authorization": f"Bearer {admin_token}"}, timeout=60
             )
@@ -194,8 +178,7 @@ def run(
             cpu = cpu_seconds(service.pid) - cpu_before
             rss = rss_mb(service.pid)
         finally:
-            service.terminate()
-            service.wait(timeout=30)
+            served.stop(grace=30)
     passes = sum(done) / clients  # session passes (each client counts its session's)
     return {
         "encryption": "ckks" if ckks else "none",

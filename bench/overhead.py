@@ -15,7 +15,7 @@ the workers); the service's own is read from ``/proc/<pid>/stat`` once it is hea
 just before it is stopped, so its start-up is not counted. Writes bench/results/overhead.json
 and the "overhead" section of docs/results.md.
 
-    python bench/overhead.py [--pairs 3] [--rounds 60] [--clients-pairs 2] [--clients-rounds 10]
+    python -m bench.overhead [--pairs 3] [--rounds 60] [--clients-pairs 2] [--clients-rounds 10]
         [--dataset-pairs 2] [--dataset-rounds 10] [--render]
 """
 
@@ -26,7 +26,6 @@ import json
 import os
 import resource
 import statistics
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -34,8 +33,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_doc import add_data_dir_argument, single_thread, write_section
+from bench.results_doc import add_data_dir_argument, single_thread, write_section
+from bench.startup import cpu_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "overhead.json"
@@ -63,12 +62,6 @@ class Run:
         return self.cpu_seconds / self.rounds
 
 
-def process_cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a live process (``/proc/<pid>/stat``, fields 14 and 15)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def children_cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -77,26 +70,27 @@ def children_cpu_seconds() -> float:
 @contextmanager
 def service_cpu_probe() -> Iterator[list[float]]:
     """The service's CPU seconds when it became healthy and just before it was stopped, read by
-    wrapping the two functions of clients.local.federation that see its process then."""
+    wrapping the two calls of clients.local.federation that see its process then."""
     from clients.local import federation
+    from clients.local.processes import ServedService
 
     readings: list[float] = []
-    wait_healthy, stop_all = federation.wait_healthy, federation.stop_all
+    wait_healthy, stop_all = ServedService.wait_healthy, federation.stop_all
 
-    def healthy_then_read(admin: Any, service: Any) -> None:
-        wait_healthy(admin, service)
-        readings.append(process_cpu_seconds(service.process.pid))
+    def healthy_then_read(service: ServedService, *args: Any, **kwargs: Any) -> None:
+        wait_healthy(service, *args, **kwargs)
+        readings.append(cpu_seconds(service.process.pid))
 
     def read_then_stop(processes: Sequence[Any], *args: Any, **kwargs: Any) -> None:
         if processes and processes[0].process.poll() is None:
-            readings.append(process_cpu_seconds(processes[0].process.pid))
+            readings.append(cpu_seconds(processes[0].process.pid))
         stop_all(processes, *args, **kwargs)
 
-    federation.wait_healthy, federation.stop_all = healthy_then_read, read_then_stop
+    ServedService.wait_healthy, federation.stop_all = healthy_then_read, read_then_stop
     try:
         yield readings
     finally:
-        federation.wait_healthy, federation.stop_all = wait_healthy, stop_all
+        ServedService.wait_healthy, federation.stop_all = wait_healthy, stop_all
 
 
 def run_over_http(label: str, config: Any, data_dir: Path) -> Run:

@@ -12,15 +12,13 @@ the union's test nodes in that scope, and ``accuracy x coverage`` counts the uni
 outside the scope as not predicted, so the four can be read on one axis. Non-private, plaintext
 (CKKS reproduces plaintext sums bit for bit on the share grid), in process.
 
-    python bench/partial_overlap.py --datasets cora pubmed --missing 0.2 0.4 0.6 --seeds 0 1 2
+    python -m bench.partial_overlap --datasets cora pubmed --missing 0.2 0.4 0.6 --seeds 0 1 2
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,9 +26,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.results_doc import load_copied, write_section
+from bench.results_doc import (
+    add_results_arguments,
+    load_copied,
+    rewrote_docs_only,
+    write_json,
+    write_section,
+)
 from models.config import TrainConfig
 from models.data import GraphDataset
 from models.layout import layout_federation
@@ -180,8 +182,7 @@ def write(path: Path, base: TrainConfig, records: list[dict]) -> dict:
         "summary": summary(records),
         "runs": records,
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2) + "\n")
+    write_json(path, out)
     return out
 
 
@@ -223,7 +224,7 @@ def markdown(out: dict) -> str:
         )
     lines += [
         "",
-        "Reproduce: `python bench/partial_overlap.py --datasets cora pubmed --missing 0.2 0.4 "
+        "Reproduce: `python -m bench.partial_overlap --datasets cora pubmed --missing 0.2 0.4 "
         "0.6 --seeds 0 1 2` (results in `bench/results/partial_overlap.json`; "
         "`--docs-only` rewrites this section from it).",
     ]
@@ -236,13 +237,9 @@ def main() -> None:
     parser.add_argument("--missing", nargs="+", type=float, default=[0.2, 0.4, 0.6])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--rounds", type=int, default=200)
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument(
-        "--docs-only", action="store_true", help="rewrite the docs section from --out, no run"
-    )
+    add_results_arguments(parser, RESULTS)
     args = parser.parse_args()
-    if args.docs_only:
-        write_section("partial-overlap", markdown(json.loads(args.out.read_text())))
+    if rewrote_docs_only(args, "partial-overlap", markdown):
         return
     torch.set_num_threads(1)
     base = TrainConfig(encryption="none", dp=False, rounds=args.rounds, eval_every=20, hidden=64)

@@ -7,21 +7,24 @@ against: standalone training (no collaboration, nothing released) and non-privat
 3 seeds, mean ± std, in process with encryption on. Cached per run in
 bench/results/privacy/; the table goes to docs/results.md.
 
-    python bench/privacy_utility.py [--workers 2] [--steps 200]
+    python -m bench.privacy_utility [--workers 2] [--steps 200]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from frontier import NO_NOISE_Z
-from results_doc import add_data_dir_argument, mean_std, single_thread, write_section
+from bench.frontier import NO_NOISE_Z
+from bench.results_doc import (
+    add_data_dir_argument,
+    cached,
+    mean_std,
+    train_one_thread,
+    write_section,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / "bench" / "results" / "privacy"
@@ -37,21 +40,17 @@ def schedule(q: int, steps: int) -> dict:
 
 
 def run_one(job: dict) -> dict:
-    single_thread()
-    from models.config import TrainConfig
-    from models.trainer import train_inprocess
+    return cached(CACHE / f"{job['name']}.json", lambda: train(job))
 
-    out = CACHE / f"{job['name']}.json"
-    if out.exists():
-        return json.loads(out.read_text())
-    settings = dict(
+
+def train(job: dict) -> dict:
+    report = train_one_thread(
         dataset=job["dataset"],
         data_dir=Path(job["data_dir"]),
         seed=job["seed"],
         delta=DELTA,
         **job["settings"],
     )
-    report = train_inprocess(TrainConfig(**settings), progress=False)
     privacy = report.privacy or {}
     result = {
         **job,
@@ -61,7 +60,6 @@ def run_one(job: dict) -> dict:
         "releases": privacy.get("releases"),
         "wall_seconds": report.wall_seconds,
     }
-    out.write_text(json.dumps(result, default=str))
     print(
         f"{job['name']}: test {report.test_accuracy:.3f} eps {result['epsilon']} "
         f"z {result['noise_multiplier']} ({report.wall_seconds:.0f} s)",

@@ -2,7 +2,7 @@
 arrangement on Cora in process (encryption and DP on) with the reference, against the same run
 with the reference switched off (by patching, for this measurement only), in interleaved pairs.
 
-    python bench/reference_cost.py [--rounds 100] [--pairs 3]
+    python -m bench.reference_cost [--rounds 100] [--pairs 3]
 """
 
 from __future__ import annotations
@@ -15,15 +15,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.frontier import without_reference
+from bench.results_doc import load_copied
+from models.config import TrainConfig
+from models.trainer import train_inprocess
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from models.config import TrainConfig  # noqa: E402
-from models.trainer import train_inprocess  # noqa: E402
-
-sys.path.insert(0, str(ROOT / "bench"))
-from frontier import without_reference  # noqa: E402
-from results_doc import load_copied  # noqa: E402
 
 
 def main() -> int:

@@ -12,13 +12,16 @@ docs/results.md.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_doc import add_data_dir_argument, mean_std, single_thread, write_section
+from bench.results_doc import (
+    add_data_dir_argument,
+    cached,
+    mean_std,
+    train_one_thread,
+    write_section,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / "bench" / "results" / "table2"
@@ -38,14 +41,12 @@ SEEDS = (0, 1, 2)
 
 
 def run_one(job: dict) -> dict:
-    single_thread()
-    from models.config import TrainConfig
-    from models.trainer import train_inprocess
+    name = f"{job['dataset']}-{job['split']}-{job['method']}-s{job['seed']}"
+    return cached(CACHE / f"{name}.json", lambda: train(job, name))
 
-    out = CACHE / f"{job['dataset']}-{job['split']}-{job['method']}-s{job['seed']}.json"
-    if out.exists():
-        return json.loads(out.read_text())
-    config = TrainConfig(
+
+def train(job: dict, name: str) -> dict:
+    report = train_one_thread(
         dataset=job["dataset"],
         data_dir=Path(job["data_dir"]),
         split=job["split"],
@@ -56,7 +57,6 @@ def run_one(job: dict) -> dict:
         dp=False,
         **METHODS[job["method"]],
     )
-    report = train_inprocess(config, progress=False)
     result = {
         **job,
         "test_accuracy": report.test_accuracy,
@@ -64,8 +64,7 @@ def run_one(job: dict) -> dict:
         "wall_seconds": report.wall_seconds,
         "best_round": report.best_round,
     }
-    out.write_text(json.dumps(result))
-    print(f"{out.stem}: test {report.test_accuracy:.3f} ({report.wall_seconds:.0f} s)", flush=True)
+    print(f"{name}: test {report.test_accuracy:.3f} ({report.wall_seconds:.0f} s)", flush=True)
     return result
 
 

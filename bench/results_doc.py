@@ -1,13 +1,16 @@
 """What the benchmarks share: one named section of docs/results.md each (the others' sections
-are left alone), the dataset root, and one CPU thread per run."""
+are left alone), the results files, the dataset root, and one CPU thread per run."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results.md"
 HEADER = (
@@ -63,3 +66,49 @@ def single_thread() -> None:
     import torch
 
     torch.set_num_threads(1)
+
+
+def publish(section: str, lines: list[str]) -> None:
+    """Write ``lines`` as docs/results.md's section ``section`` and print them."""
+    write_section(section, "\n".join(lines))
+    print("\n".join(lines))
+
+
+def add_results_arguments(parser: argparse.ArgumentParser, default: Path) -> None:
+    """``--out``: the results file; ``--docs-only``: rewrite the docs section from it, no run."""
+    parser.add_argument("--out", type=Path, default=default)
+    parser.add_argument(
+        "--docs-only", action="store_true", help="rewrite the docs section from --out, no run"
+    )
+
+
+def rewrote_docs_only(
+    args: argparse.Namespace, section: str, markdown: Callable[[dict[str, Any]], str]
+) -> bool:
+    """With ``--docs-only``: the docs section ``section`` rewritten from ``--out`` (True)."""
+    if args.docs_only:
+        write_section(section, markdown(json.loads(args.out.read_text())))
+    return bool(args.docs_only)
+
+
+def write_json(path: Path, payload: Any, *, indent: int | None = 2) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=indent, default=str) + "\n")
+
+
+def cached(path: Path, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The result kept in ``path`` by an earlier call, else ``run()``'s, kept there."""
+    if path.exists():
+        return json.loads(path.read_text())
+    result = run()
+    write_json(path, result, indent=None)
+    return result
+
+
+def train_one_thread(**settings: Any) -> Any:
+    """``train_inprocess`` of ``TrainConfig(**settings)`` on one thread, without progress."""
+    single_thread()
+    from models.config import TrainConfig
+    from models.trainer import train_inprocess
+
+    return train_inprocess(TrainConfig(**settings), progress=False)

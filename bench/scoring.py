@@ -8,22 +8,20 @@ node with those models in chunks, one with CKKS and one with plaintext shares, i
 The wall time runs from the session's creation to the last worker's exit; bytes are the
 workers' request and response bodies. Ratios (CKKS / plaintext) are taken within a repeat.
 
-    python bench/scoring.py [--datasets cora pubmed] [--chunk 1024] [--repeats 2]
+    python -m bench.scoring [--datasets cora pubmed] [--chunk 1024] [--repeats 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_doc import add_data_dir_argument, load_copied, write_section
+from bench.results_doc import add_data_dir_argument, load_copied, write_section
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "scoring.json"

@@ -14,9 +14,9 @@ change in machine load hits all of them alike. Prints median and spread (max - m
 and writes one labelled entry per source into bench/results/startup.json, replacing an entry of
 the same label and keeping the others.
 
-    python bench/startup.py --source /tmp/glasu-before --label before
-    python bench/startup.py --label after                  # this checkout
-    python bench/startup.py --source A --label a --source B --label b -n 5
+    python -m bench.startup --source /tmp/glasu-before --label before
+    python -m bench.startup --label after                  # this checkout
+    python -m bench.startup --source A --label a --source B --label b -n 5
 """
 
 from __future__ import annotations
@@ -25,17 +25,17 @@ import argparse
 import json
 import os
 import platform
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
+
+import httpx
+
+from clients.local.processes import start_serve, without_glasu_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "startup.json"
@@ -93,38 +93,12 @@ def torch_mapped(pid: int) -> bool:
     return any(marker in maps for marker in TORCH_MARKERS)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def request(url: str, *, body: dict[str, Any] | None = None, timeout: float = 60) -> int:
-    data = None if body is None else json.dumps(body).encode()
+    """The status of one admin request (``POST`` with ``body``, else ``GET``)."""
     headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-    if data is not None:
-        headers["Content-Type"] = "application/json"
-    req = urllib.request.Request(url, data=data, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as response:
-            response.read()
-            return int(response.status)
-    except urllib.error.HTTPError as exc:
-        return exc.code
-
-
-def wait_healthy(process: subprocess.Popen[bytes], url: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"glasu serve exited with {process.returncode} before /healthz")
-        try:
-            if request(url, timeout=1) == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.005)
-    raise RuntimeError(f"/healthz did not answer 200 within {timeout} s")
+    if body is None:
+        return httpx.get(url, headers=headers, timeout=timeout).status_code
+    return httpx.post(url, json=body, headers=headers, timeout=timeout).status_code
 
 
 def create_dp_session(pid: int, base: str, timeout: float) -> dict[str, float]:
@@ -145,67 +119,34 @@ def create_dp_session(pid: int, base: str, timeout: float) -> dict[str, float]:
     raise RuntimeError(f"creating the DP session answered {status}")
 
 
-def serve_command(python: str, database: Path, token_file: Path, port: int) -> list[str]:
-    return [
-        python,
-        "-m",
-        "clients.cli.main",
-        "serve",
-        "--database",
-        str(database),
-        "--admin-token-file",
-        str(token_file),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-    ]
-
-
 def measure_once(source: Path, python: str, *, settle: float, timeout: float) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GLASU_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(source), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    pythonpath = os.pathsep.join([str(source), os.environ.get("PYTHONPATH", "")])
+    env = without_glasu_settings(PYTHONPATH=pythonpath.rstrip(os.pathsep))
     with tempfile.TemporaryDirectory(prefix="glasu-startup-") as tmp:
-        token_file = Path(tmp) / "admin-token"
-        token_file.write_text(ADMIN_TOKEN)
-        port = free_port()
-        base = f"http://127.0.0.1:{port}"
-        log = (Path(tmp) / "serve.log").open("wb")
         started = time.perf_counter()
-        process = subprocess.Popen(
-            serve_command(python, Path(tmp) / "service.sqlite3", token_file, port),
-            cwd=source,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        served = start_serve(
+            Path(tmp), admin_token=ADMIN_TOKEN, cwd=source, env=env,
+            command=lambda *args: [python, "-m", "clients.cli.main", *args],
+        )  # fmt: skip
+        pid = served.process.pid
         try:
-            wait_healthy(process, f"{base}/healthz", timeout)
+            served.wait_healthy(timeout, poll_seconds=0.005)
             run: dict[str, Any] = {
                 "startup_wall_seconds": time.perf_counter() - started,
-                "startup_cpu_seconds": cpu_seconds(process.pid),
+                "startup_cpu_seconds": cpu_seconds(pid),
             }
             time.sleep(settle)
-            run["idle_rss_mb"] = rss_mb(process.pid)
-            run["torch_mapped_idle"] = torch_mapped(process.pid)
-            run.update(create_dp_session(process.pid, base, timeout))
-            run["rss_after_dp_session_mb"] = rss_mb(process.pid)
-            run["torch_mapped_after_dp_session"] = torch_mapped(process.pid)
+            run["idle_rss_mb"] = rss_mb(pid)
+            run["torch_mapped_idle"] = torch_mapped(pid)
+            run.update(create_dp_session(pid, served.url, timeout))
+            run["rss_after_dp_session_mb"] = rss_mb(pid)
+            run["torch_mapped_after_dp_session"] = torch_mapped(pid)
             return run
         except Exception:
-            log.flush()
-            sys.stderr.write((Path(tmp) / "serve.log").read_text(errors="replace"))
+            sys.stderr.write(served.log_text())
             raise
         finally:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-            log.close()
+            served.stop()
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:

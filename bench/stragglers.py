@@ -9,40 +9,33 @@ Under "wait" the others wait for it; under "continue" a layer closes ``--wait`` 
 first share without it, and it rejoins at a later pass. "no stall" is the same session with
 nobody late. Reported: client 0's final test accuracy, the passes client 2 missed, wall time.
 
-    python bench/stragglers.py --seeds 0 1
+    python -m bench.stragglers --seeds 0 1
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import secrets
-import sys
 import tempfile
-import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.results_doc import load_copied, single_thread, write_section
-from clients.local.asgi import InProcessTransport
-from clients.local.session import session_request
-from clients.policy import PrivacyPolicy
-from clients.service_http import ConnectionOptions
+from bench.asgi_federation import run_in_process
+from bench.results_doc import (
+    add_results_arguments,
+    load_copied,
+    rewrote_docs_only,
+    single_thread,
+    write_json,
+    write_section,
+)
 from clients.session_client import ServiceClient
-from clients.session_fit import LocalModelOptions
-from clients.worker import WorkerResult, WorkerRun
 from models.config import TrainConfig
 from models.data import GraphDataset
-from models.layout import layout_federation
-from secure.aggregation import PlainCodec
-from service.app import create_app
-from service.settings import ServiceSettings
 
 RESULTS = Path(__file__).resolve().parent / "results" / "stragglers.json"
 LATE = 2  # the client that stalls
@@ -66,54 +59,8 @@ def stalling_client(*, every: int, stall: float) -> type[ServiceClient]:
     return Stalling
 
 
-def federation(
-    config: TrainConfig, dataset: GraphDataset, work: Path, late: type[ServiceClient]
-) -> tuple[list[WorkerResult], float]:
-    token = secrets.token_urlsafe(24)
-    app = create_app(ServiceSettings(database=work / "service.sqlite3", admin_token=token))
-    transport = InProcessTransport(app)
-    layout = layout_federation(config, dataset)
-    with ServiceClient(
-        base_url="http://glasu.test", session_id="", client_index=0, token=token,
-        options=ConnectionOptions(transport=transport),
-    ) as admin:  # fmt: skip
-        body = session_request(config, layout, dataset)
-        session = admin._request("POST", "/v1/sessions", json=body).json()
-    results: list[Any] = [None] * config.clients
-    errors: list[BaseException] = []
-
-    def work_as(m: int) -> None:
-        try:
-            single_thread()
-            with (late if m == LATE else ServiceClient)(
-                base_url="http://glasu.test",
-                session_id=session["session_id"],
-                client_index=m,
-                token=session["client_tokens"][m],
-                options=ConnectionOptions(transport=transport, poll_seconds=5),
-            ) as service:
-                results[m] = WorkerRun(
-                    service,
-                    layout.partitions[m],
-                    options=LocalModelOptions(hidden=config.hidden, seed=config.seed),
-                    codec=PlainCodec(),
-                    policy=PrivacyPolicy(require_dp=False),  # no DP, on purpose: see the doc
-                    ledger=None,
-                ).run()
-        except BaseException as exc:
-            errors.append(exc)
-
-    started = time.perf_counter()
-    threads = [threading.Thread(target=work_as, args=(m,)) for m in range(config.clients)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    wall = time.perf_counter() - started
-    transport.shutdown()
-    if errors:
-        raise errors[0]
-    return results, wall
+def late_as(m: int, late: type[ServiceClient]) -> type[ServiceClient]:
+    return late if m == LATE else ServiceClient
 
 
 def one_seed(dataset: GraphDataset, base: TrainConfig, args: argparse.Namespace) -> dict:
@@ -126,7 +73,10 @@ def one_seed(dataset: GraphDataset, base: TrainConfig, args: argparse.Namespace)
     out = {}
     for name, (config, late) in variants.items():
         with tempfile.TemporaryDirectory() as work:
-            results, wall = federation(config, dataset, Path(work), late)
+            run = run_in_process(
+                config, dataset, Path(work), service_class=partial(late_as, late=late)
+            )
+        results, wall = run.results, run.wall_seconds
         final = results[0].history[-1]
         out[name] = {
             "passes": results[0].passes,
@@ -175,7 +125,7 @@ def markdown(out: dict) -> str:
         )
     lines += [
         "",
-        "Reproduce: `python bench/stragglers.py --seeds 0 1` (results in "
+        "Reproduce: `python -m bench.stragglers --seeds 0 1` (results in "
         "`bench/results/stragglers.json`; `--docs-only` rewrites this section).",
     ]
     return "\n".join(lines)
@@ -188,11 +138,9 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=25, help="stall every k passes it is in")
     parser.add_argument("--stall", type=float, default=6.0, help="seconds of each stall")
     parser.add_argument("--wait", type=float, default=2.0, help="straggler_wait_seconds")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--docs-only", action="store_true", help="rewrite the docs section")
+    add_results_arguments(parser, RESULTS)
     args = parser.parse_args()
-    if args.docs_only:
-        write_section("stragglers", markdown(json.loads(args.out.read_text())))
+    if rewrote_docs_only(args, "stragglers", markdown):
         return
     single_thread()
     base = TrainConfig(
@@ -213,8 +161,7 @@ def main() -> None:
         },
         "runs": runs,
     }  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1) + "\n")
+    write_json(args.out, out)
     write_section("stragglers", markdown(out))
     print(markdown(out))
 

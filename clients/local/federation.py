@@ -21,15 +21,14 @@ from tqdm.auto import tqdm
 from clients.admin import AdminClient, ServiceUnavailable
 from clients.local.processes import (
     MAX_WORKER_RESTARTS,
-    FederationFailed,
     ManagedProcess,
     crashed,
     exit_failure,
-    free_port,
     glasu_command,
     restart_process,
     secret_file,
     start_process,
+    start_serve,
     stop_all,
 )
 from clients.local.report import report_from_workers
@@ -39,8 +38,6 @@ from models.data import GraphDataset
 from models.layout import FederationLayout
 from models.partition import ClientPartition, save_partition
 from models.report import RunReport
-
-STARTUP_SECONDS = 60.0
 
 
 @dataclass
@@ -108,25 +105,18 @@ def local_federation(*, encrypted: bool, work_dir: Path | None = None) -> Iterat
         )
         processes: list[ManagedProcess] = []
         stack.callback(stop_all, processes)
-        admin_token = secrets.token_urlsafe(32)
-        admin_file = secret_file(root / "admin.token", admin_token)
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        serve_args = [
-            "serve", "--host", "127.0.0.1", "--port", str(port),
-            "--database", str(root / "service.sqlite3"),
-            "--admin-token-file", str(admin_file), "--log-level", "warning",
-        ]  # fmt: skip
+        extra_args: list[str] = []
         secret_context = None
         if encrypted:
             from secure.ckks import generate_keys
 
             secret_context, public_context = generate_keys(root / "keys")
-            serve_args += ["--public-context", str(public_context)]
-        processes.append(start_process("service", glasu_command(*serve_args), root / "service.log"))
-        admin = stack.enter_context(AdminClient(base_url=url, token=admin_token))
-        wait_healthy(admin, processes[0])
-        yield LocalFederation(root, url, admin, processes, secret_context)
+            extra_args += ["--public-context", str(public_context)]
+        service = start_serve(root, admin_token=secrets.token_urlsafe(32), extra_args=extra_args)
+        processes.append(service.managed)
+        admin = stack.enter_context(AdminClient(base_url=service.url, token=service.admin_token))
+        service.wait_healthy()
+        yield LocalFederation(root, service.url, admin, processes, secret_context)
 
 
 def train_over_http(
@@ -163,20 +153,6 @@ def train_over_http(
         privacy = fed.admin.privacy(created["session_id"])
     return report_from_workers(
         config, layout, dataset, results, privacy, wall_seconds=time.perf_counter() - started
-    )
-
-
-def wait_healthy(admin: AdminClient, service: ManagedProcess) -> None:
-    deadline = time.monotonic() + STARTUP_SECONDS
-    while time.monotonic() < deadline:
-        code = service.process.poll()
-        if code is not None:
-            raise exit_failure(service, code)
-        if admin.healthy(timeout=2.0):
-            return
-        time.sleep(0.2)
-    raise FederationFailed(
-        f"the service did not become healthy in {STARTUP_SECONDS:.0f} s:\n{service.tail()}"
     )
 
 

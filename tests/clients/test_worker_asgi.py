@@ -3,27 +3,15 @@
 
 from __future__ import annotations
 
-import secrets
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import torch
 
-from clients.local.asgi import InProcessTransport
-from clients.local.session import session_request
-from clients.policy import PrivacyPolicy
-from clients.service_http import ConnectionOptions
+from bench.asgi_federation import run_in_process
 from clients.session_client import ServiceClient
-from clients.session_fit import LocalModelOptions
-from clients.worker import WorkerRun
 from models.config import TrainConfig
-from models.layout import layout_federation
 from models.trainer import train_inprocess
-from secure.aggregation import PlainCodec
-from service.app import create_app
-from service.settings import ServiceSettings
 
 CONFIG = TrainConfig(rounds=6, eval_every=3, hidden=32, encryption="none", dp=False, seed=3)
 
@@ -35,56 +23,10 @@ def run_federation(
     *,
     service_class: Callable[[int], type[ServiceClient]] = lambda m: ServiceClient,
 ) -> tuple[list, dict]:
-    """Run the federation's workers in threads; client m talks through ``service_class(m)``."""
-    token = secrets.token_urlsafe(24)
-    app = create_app(ServiceSettings(database=tmp_path / "service.sqlite3", admin_token=token))
-    transport = InProcessTransport(app)
-    layout = layout_federation(config, cora)
-    admin = ServiceClient(
-        base_url="http://glasu.test",
-        session_id="",
-        client_index=0,
-        token=token,
-        options=ConnectionOptions(transport=transport),
-    )
-    created = admin._request("POST", "/v1/sessions", json=session_request(config, layout, cora))
-    session = created.json()
-    results: list = [None] * len(layout.partitions)
-    errors: list[BaseException] = []
-    options = LocalModelOptions(hidden=config.hidden, seed=config.seed)
-
-    def work(m: int) -> None:
-        try:
-            torch.set_num_threads(1)
-            with service_class(m)(
-                base_url="http://glasu.test",
-                session_id=session["session_id"],
-                client_index=m,
-                token=session["client_tokens"][m],
-                options=ConnectionOptions(transport=transport, poll_seconds=5),
-            ) as service:
-                results[m] = WorkerRun(
-                    service,
-                    layout.partitions[m],
-                    options=options,
-                    codec=PlainCodec(),
-                    policy=PrivacyPolicy(require_dp=False),  # a run without DP, on purpose
-                    ledger=None,
-                ).run()
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=work, args=(m,)) for m in range(len(layout.partitions))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=300)
-    status = admin._request("GET", f"/v1/sessions/{session['session_id']}").json()
-    admin.close()
-    transport.shutdown()
-    if errors:
-        raise errors[0]
-    return results, status
+    """The workers' results and the session's status; client m talks through
+    ``service_class(m)``."""
+    run = run_in_process(config, cora, tmp_path, service_class=service_class, join_timeout=300)
+    return run.results, run.status
 
 
 def test_three_workers_over_the_protocol_match_the_inprocess_run(tmp_path: Path, cora) -> None:

@@ -3,10 +3,8 @@
 
 from __future__ import annotations
 
-import os
 import secrets
 import shutil
-import socket
 import ssl
 import subprocess
 import sys
@@ -17,6 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 from deploykit import DEPLOY, installed_tool
+
+from clients.local.processes import free_port, without_glasu_settings
 
 DEV_CA = DEPLOY / "dev-ca.sh"
 HEALTHCHECK = DEPLOY / "healthcheck.py"
@@ -29,17 +29,6 @@ def _glasu(*args: str) -> list[str]:
         if script.exists()
         else [sys.executable, "-m", "clients.cli.main", *args]
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GLASU_")}
-    return {**env, **extra}
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +98,7 @@ def tls_service(tls: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     token.write_text(secrets.token_urlsafe(32))
     env = {
         "GLASU_HOST": "127.0.0.1",
-        "GLASU_PORT": str(_free_port()),
+        "GLASU_PORT": str(free_port()),
         "GLASU_DATABASE": str(root / "service.sqlite3"),
         "GLASU_ADMIN_TOKEN_FILE": str(token),
         "GLASU_TLS_CERTFILE": str(tls / "server.crt"),
@@ -118,7 +107,7 @@ def tls_service(tls: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     log = (root / "service.log").open("wb")
     process = subprocess.Popen(
         _glasu("serve", "--log-level", "warning"),
-        env=_env(**env),
+        env=without_glasu_settings(**env),
         stdout=log,
         stderr=subprocess.STDOUT,
     )
@@ -145,7 +134,7 @@ def tls_service(tls: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 def test_healthcheck_script_passes_on_a_live_tls_service(tls_service: dict[str, str]) -> None:
     done = subprocess.run(
         [sys.executable, str(HEALTHCHECK)],
-        env=_env(**tls_service),
+        env=without_glasu_settings(**tls_service),
         capture_output=True,
         text=True,
         timeout=30,
@@ -156,7 +145,7 @@ def test_healthcheck_script_passes_on_a_live_tls_service(tls_service: dict[str, 
 def test_healthcheck_script_fails_when_nothing_answers() -> None:
     done = subprocess.run(
         [sys.executable, str(HEALTHCHECK)],
-        env=_env(GLASU_PORT=str(_free_port())),
+        env=without_glasu_settings(GLASU_PORT=str(free_port())),
         capture_output=True,
         text=True,
         timeout=30,
@@ -179,7 +168,7 @@ def test_a_tls_mistake_gets_a_hint_naming_the_fix(
     done = subprocess.run(
         _glasu("session", "status", "--server", f"{scheme}://127.0.0.1:{port}",
                "--admin-token-file", tls_service["GLASU_ADMIN_TOKEN_FILE"], "--session", "s"),
-        env=_env(), capture_output=True, text=True, timeout=60,
+        env=without_glasu_settings(), capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 4, done.stderr
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
@@ -215,7 +204,7 @@ def test_serve_dry_run_accepts_the_container_configuration(tmp_path: Path, tls: 
     keys = tmp_path / "keys"
     made = subprocess.run(_glasu("keygen", "--out", str(keys)), capture_output=True, text=True)
     assert made.returncode == 0, made.stderr
-    env = _env(
+    env = without_glasu_settings(
         GLASU_HOST="0.0.0.0",
         GLASU_PORT="8443",
         GLASU_DATABASE=str(tmp_path / "service.sqlite3"),
@@ -250,7 +239,9 @@ def test_serve_without_log_level_flag(tmp_path: Path) -> None:
     token.write_text(secrets.token_urlsafe(32))
     done = subprocess.run(
         _glasu("serve", "--dry-run"),
-        env=_env(GLASU_ADMIN_TOKEN_FILE=str(token), GLASU_DATABASE=str(tmp_path / "db.sqlite3")),
+        env=without_glasu_settings(
+            GLASU_ADMIN_TOKEN_FILE=str(token), GLASU_DATABASE=str(tmp_path / "db.sqlite3")
+        ),
         capture_output=True,
         text=True,
         timeout=120,

@@ -10,13 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clients.admin import AdminClient
-from clients.local.federation import wait_healthy
 from clients.local.processes import (
     ManagedProcess,
-    free_port,
     glasu_command,
     secret_file,
     start_process,
+    start_serve,
 )
 from clients.local.session import session_request, worker_arguments
 from models.config import TrainConfig
@@ -50,19 +49,13 @@ def start_federation(
     URL)`` (a proxy, say) with ``extra(m)`` appended to its arguments; every process is
     appended to ``processes`` as soon as it runs."""
     layout = layout_federation(config, dataset)
-    admin_token = secrets.token_urlsafe(32)
-    port = port or free_port()
-    url = f"http://127.0.0.1:{port}"
-    serve_args = [
-        "serve", "--host", "127.0.0.1", "--port", str(port),
-        "--database", str(root / "service.sqlite3"),
-        "--admin-token-file", str(secret_file(root / "admin.token", admin_token)),
-        "--log-level", "warning",
-    ]  # fmt: skip
-    service = start_process("service", service_command(*serve_args), root / "service.log")
+    served = start_serve(
+        root, admin_token=secrets.token_urlsafe(32), command=service_command, port=port
+    )
+    service, url = served.managed, served.url
     processes.append(service)
-    admin = AdminClient(base_url=url, token=admin_token)
-    wait_healthy(admin, service)
+    admin = AdminClient(base_url=url, token=served.admin_token)
+    served.wait_healthy()
     created = admin.create_session(session_request(config, layout, dataset))
     workers = []
     for part, token in zip(layout.partitions, created["client_tokens"], strict=True):

@@ -7,13 +7,7 @@ A simulated federation runs the wire protocol through an in-process HTTP client
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import socket
-import ssl
-import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +15,10 @@ from typing import Any
 import httpx
 import numpy as np
 from fastapi import FastAPI
+
+from clients.local.processes import ServedService as ServedProcess
+from clients.local.processes import glasu_command, without_glasu_settings
+from clients.local.processes import start_serve as start_glasu_serve
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN_TOKEN = "admin-token-for-tests-0123456789"
@@ -220,45 +218,6 @@ class Federation:
 # The served process: `glasu serve` as deploy/Dockerfile.service runs it.
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@dataclass
-class ServedProcess:
-    process: subprocess.Popen[bytes]
-    base: str  # http://127.0.0.1:<port> (https:// with TLS)
-    log: Path  # its stdout and stderr
-    verify: ssl.SSLContext | bool = True  # how a client checks its certificate (TLS)
-
-    def wait_healthy(self, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, f"glasu serve exited early:\n{self.log_text()}"
-            try:
-                health = httpx.get(f"{self.base}/healthz", timeout=1, verify=self.verify)
-                if health.status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        raise AssertionError(f"/healthz never answered 200:\n{self.log_text()}")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-    def log_text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-
 def start_serve(
     tmp_path: Path,
     database: Path,
@@ -268,40 +227,14 @@ def start_serve(
     extra_args: tuple[str, ...] = (),
     tls_dir: Path | None = None,
 ) -> ServedProcess:
-    """Start ``python -m clients.cli.main serve`` (the container's ``glasu serve``) on
-    ``database`` with the test admin token, on a free loopback port, without the caller's GLASU_*
-    variables. ``bootstrap``: run ``python -c <bootstrap> serve ...`` instead, Python code that
-    prepares the process and then calls ``clients.cli.main.main(sys.argv[1:])`` itself.
-    ``extra_args``: more ``serve`` options (``--public-context PATH``). ``tls_dir``: serve HTTPS
-    with the ``server.crt`` and ``server.key`` there (deploy/dev-ca.sh), trusting its
-    ``ca.crt``."""
-    token_file = tmp_path / "admin-token"
-    token_file.write_text(ADMIN_TOKEN)
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GLASU_")}
-    launcher = ["-m", "clients.cli.main"] if bootstrap is None else ["-c", bootstrap]
-    command = [
-        sys.executable,
-        *launcher,
-        "serve",
-        "--database",
-        str(database),
-        "--admin-token-file",
-        str(token_file),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-        *extra_args,
-    ]
-    scheme, verify = "http", True
-    if tls_dir is not None:
-        command += ["--tls-certfile", str(tls_dir / "server.crt")]
-        command += ["--tls-keyfile", str(tls_dir / "server.key")]
-        scheme, verify = "https", ssl.create_default_context(cafile=str(tls_dir / "ca.crt"))
-    log = tmp_path / f"{name}.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    return ServedProcess(process, f"{scheme}://127.0.0.1:{port}", log, verify)
+    """:func:`clients.local.processes.start_serve` with the test admin token, from the
+    checkout, without the caller's GLASU_* variables. ``bootstrap``: run ``python -c
+    <bootstrap> serve ...`` instead, Python code that prepares the process and then calls
+    ``clients.cli.main.main(sys.argv[1:])`` itself."""
+    command = glasu_command
+    if bootstrap is not None:
+        command = lambda *args: [sys.executable, "-c", bootstrap, *args]  # noqa: E731
+    return start_glasu_serve(
+        tmp_path, admin_token=ADMIN_TOKEN, database=database, name=name, extra_args=extra_args,
+        tls_dir=tls_dir, command=command, cwd=ROOT, env=without_glasu_settings(),
+    )  # fmt: skip

@@ -104,14 +104,14 @@ async def test_a_release_committed_before_a_crash_stays_on_the_ledger(
         rounds=2,
         eval_every=0,
     )
-    created = httpx.post(f"{crashing.base}/v1/sessions", json=request, headers=admin(), timeout=60)
+    created = httpx.post(f"{crashing.url}/v1/sessions", json=request, headers=admin(), timeout=60)
     assert created.status_code == 201, created.text
     sid, tokens = created.json()["session_id"], created.json()["client_tokens"]
     passes_total = created.json()["passes_total"]
     assert passes_total == 3  # two training rounds and the final evaluation
 
     # Pass 0: node sets at layer 1 (below the top layer 2), then the two shares of the release.
-    with httpx.Client(base_url=crashing.base, timeout=30) as http:
+    with httpx.Client(base_url=crashing.url, timeout=30) as http:
         for m, nodes in enumerate([[1, 4], [4, 7]]):
             put = http.put(
                 f"{client_path(sid, m)}/passes/0/layers/1/nodes",
@@ -141,7 +141,7 @@ async def test_a_release_committed_before_a_crash_stays_on_the_ledger(
     restarted = start_serve(tmp_path, database, name="restarted")
     served.append(restarted)
     restarted.wait_healthy()
-    async with httpx.AsyncClient(base_url=restarted.base, timeout=60) as http:
+    async with httpx.AsyncClient(base_url=restarted.url, timeout=60) as http:
         report = (await http.get(f"/v1/sessions/{sid}/privacy", headers=admin())).json()
         assert report["releases"] == 1
         assert [entry["pass"] for entry in report["ledger"]] == [0]

@@ -64,7 +64,7 @@ def _handshake(
     context.minimum_version = context.maximum_version = version
     if suite is not None:
         context.set_ciphers(f"{suite}:@SECLEVEL=0")  # the client offers it, whatever its policy
-    port = int(served.base.rsplit(":", 1)[1])
+    port = int(served.url.rsplit(":", 1)[1])
     with (
         socket.create_connection(("127.0.0.1", port), timeout=10) as sock,
         context.wrap_socket(sock, server_hostname="localhost") as tls,
@@ -97,7 +97,7 @@ def http_serve(tmp_path: Path) -> Iterator[ServedProcess]:
 def _headers_only(served: ServedProcess, request: bytes) -> tuple[bytes, bytes]:
     """Send a request's head and none of its body; the whole answer, read until the service
     closes the connection, and what the service sent after that (nothing)."""
-    port = int(served.base.rsplit(":", 1)[1])
+    port = int(served.url.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
         sock.sendall(request)
         answer = b""
@@ -110,7 +110,7 @@ def test_an_unauthenticated_body_is_answered_before_it_is_sent(http_serve: Serve
     """The service answers 401 and closes the connection on the request head alone: it reads
     (and parses) none of the 8 MiB the request announces."""
     size = 8 * 2**20
-    created = httpx.post(f"{http_serve.base}/v1/sessions", json=session_request(), headers=admin())
+    created = httpx.post(f"{http_serve.url}/v1/sessions", json=session_request(), headers=admin())
     upload = f"{client_path(created.json()['session_id'], 0)}/passes/0/layers/1/nodes"
     for method, path, media_type in (
         ("POST", "/v1/sessions", "application/json"),
@@ -125,4 +125,4 @@ def test_an_unauthenticated_body_is_answered_before_it_is_sent(http_serve: Serve
         status_line, _, rest = answer.partition(b"\r\n")
         assert status_line == b"HTTP/1.1 401 Unauthorized", answer[:200]
         assert b"connection: close" in rest.lower() and after == b""
-    assert httpx.get(f"{http_serve.base}/healthz").status_code == 200
+    assert httpx.get(f"{http_serve.url}/healthz").status_code == 200

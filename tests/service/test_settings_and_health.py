@@ -197,7 +197,7 @@ def glasu_serve(tmp_path: Path) -> Iterator[ServedProcess]:
 def test_the_served_process_never_maps_torch(glasu_serve: ServedProcess) -> None:
     """The process `glasu serve` runs, up and after its first session with differential privacy
     (which loads the privacy accountant), has no torch library mapped and stays small."""
-    process, base = glasu_serve.process, glasu_serve.base
+    process, base = glasu_serve.process, glasu_serve.url
     glasu_serve.wait_healthy()  # it has served a request: started up
     rss_started = _rss_mb(process.pid)
     request = private_session_request(

@@ -123,23 +123,23 @@ def test_acknowledged_shares_survive_a_kill(
     first = start_serve(tmp_path, database, name="first", extra_args=context_args)
     served.append(first)
     first.wait_healthy()
-    created = create_ckks_session(first.base)
+    created = create_ckks_session(first.url)
     shares = make_shares()
     payloads = [codec.encode(share) for share in shares]
     for m in (0, 1):
-        assert upload(first.base, created, m, payloads[m]).status_code == 201
+        assert upload(first.url, created, m, payloads[m]).status_code == 201
     first.process.kill()  # SIGKILL: the running sum of shares 0 and 1 was in memory only
     first.process.wait(timeout=30)
 
     restarted = start_serve(tmp_path, database, name="restarted", extra_args=context_args)
     served.append(restarted)
     restarted.wait_healthy()
-    completing = upload(restarted.base, created, 2, payloads[2])
+    completing = upload(restarted.url, created, 2, payloads[2])
     assert completing.status_code == 201, completing.text
     assert completing.json()["missing"] == []
-    assert_sum_served(restarted.base, created, codec, shares)
+    assert_sum_served(restarted.url, created, codec, shares)
     # the acknowledged uploads stay idempotent
-    assert upload(restarted.base, created, 0, payloads[0]).status_code == 200
+    assert upload(restarted.url, created, 0, payloads[0]).status_code == 200
 
 
 def test_a_sum_not_stored_before_a_crash_is_stored_after_the_restart(
@@ -153,22 +153,22 @@ def test_a_sum_not_stored_before_a_crash_is_stored_after_the_restart(
     )
     served.append(crashing)
     crashing.wait_healthy()
-    created = create_ckks_session(crashing.base)
+    created = create_ckks_session(crashing.url)
     shares = make_shares()
     payloads = [codec.encode(share) for share in shares]
     for m in (0, 1):
-        assert upload(crashing.base, created, m, payloads[m]).status_code == 201
+        assert upload(crashing.url, created, m, payloads[m]).status_code == 201
     with pytest.raises(httpx.TransportError):
-        upload(crashing.base, created, 2, payloads[2])  # committed, then the process dies
+        upload(crashing.url, created, 2, payloads[2])  # committed, then the process dies
     assert crashing.process.wait(timeout=30) == KILLED, crashing.log_text()
 
     restarted = start_serve(tmp_path, database, name="restarted", extra_args=context_args)
     served.append(restarted)
     restarted.wait_healthy()
-    assert_sum_served(restarted.base, created, codec, shares)
-    retry = upload(restarted.base, created, 2, payloads[2])
+    assert_sum_served(restarted.url, created, codec, shares)
+    retry = upload(restarted.url, created, 2, payloads[2])
     assert retry.status_code == 200 and retry.json()["status"] == "duplicate"
     status = httpx.get(
-        f"{restarted.base}/v1/sessions/{created['session_id']}", headers=admin(), timeout=60
+        f"{restarted.url}/v1/sessions/{created['session_id']}", headers=admin(), timeout=60
     ).json()
     assert status["current_pass"] == 1  # the stored sum completed pass 0

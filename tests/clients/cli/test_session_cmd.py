@@ -4,12 +4,7 @@ tests/deploy/ with the CLI's other tests)."""
 from __future__ import annotations
 
 import json
-import os
 import secrets
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,16 +14,11 @@ import pytest
 from clients.admin import AdminClient
 from clients.cli.errors import EXIT_FAILED, EXIT_REFUSED, EXIT_UNREACHABLE
 from clients.cli.main import main
+from clients.local.processes import free_port, start_serve, without_glasu_settings
 from clients.local.session import session_request
 from models.config import TrainConfig
 from models.layout import layout_federation
 from secure.schedule import pass_schedule
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -37,35 +27,16 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
     from secure.ckks import generate_keys
 
     _, public = generate_keys(root / "keys")
-    token = root / "admin.token"
-    token.write_text(secrets.token_urlsafe(32) + "\n")
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GLASU_")}
-    log = (root / "service.log").open("wb")
-    process = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from clients.cli.main import main; sys.exit(main())",
-         "serve", "--log-level", "warning", "--port", str(port), "--database",
-         str(root / "db.sqlite3"), "--admin-token-file", str(token), "--public-context",
-         str(public)],
-        env=env, stdout=log, stderr=subprocess.STDOUT,
+    # a token file that ends in a newline, as an editor leaves it
+    served = start_serve(
+        root, admin_token=secrets.token_urlsafe(32) + "\n",
+        extra_args=["--public-context", str(public)], env=without_glasu_settings(),
     )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert process.poll() is None, (root / "service.log").read_text()
-            try:
-                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
-        yield {"url": url, "token_file": str(token), "root": str(root)}
+        served.wait_healthy()
+        yield {"url": served.url, "token_file": str(served.admin_token_file), "root": str(root)}
     finally:
-        process.terminate()
-        process.wait(timeout=10)
-        log.close()
+        served.stop(grace=10)
 
 
 def _create(server: dict[str, str], out: Path, data_dir: Path, *extra: str) -> int:
@@ -209,7 +180,7 @@ def test_errors_are_one_clear_line(
         "(401 unauthorized): the bearer token is not valid\n"
     )
     code = main(
-        ["session", "close", "--server", f"http://127.0.0.1:{_free_port()}", "--admin-token-file",
+        ["session", "close", "--server", f"http://127.0.0.1:{free_port()}", "--admin-token-file",
          server["token_file"], "--session", "nope"]
     )  # fmt: skip
     err = capsys.readouterr().err

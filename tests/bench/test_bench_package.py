@@ -1,0 +1,34 @@
+"""bench/ is a package run as ``python -m bench.NAME``: every benchmark imports as a module of
+it (no sys.path tricks), and each has a ``main``."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from pathlib import Path
+
+import pytest
+
+import bench
+
+MODULES = sorted(
+    info.name for info in pkgutil.iter_modules(bench.__path__) if info.name not in {"results_doc"}
+)
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_every_benchmark_imports_as_a_module_of_the_package(name: str) -> None:
+    module = importlib.import_module(f"bench.{name}")
+    if name == "asgi_federation":  # the harness, not a benchmark
+        assert callable(module.run_in_process)
+        return
+    entry = (
+        importlib.import_module(f"bench.{name}.__main__") if hasattr(module, "__path__") else module
+    )
+    assert callable(entry.main)
+
+
+def test_no_benchmark_changes_sys_path() -> None:
+    root = Path(bench.__file__).parent
+    offenders = [p.name for p in root.rglob("*.py") if "sys.path" in p.read_text()]
+    assert offenders == []
