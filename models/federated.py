@@ -24,7 +24,7 @@ from models.layers import Block
 from models.metrics import classification_metrics
 from models.partition import ClientPartition
 from models.party import NO_LABEL
-from models.sampler import NeighbourSampler, SampledLayer, sampling_rng
+from models.sampler import NeighbourSampler, SampledLayer, SamplingGraph, sampling_rng
 from models.workset import CachedBatch, Workset, instance_weights, weighted_cross_entropy
 from secure.aggregation import EmbeddingCodec, PlainCodec
 from secure.protocol import (
@@ -193,10 +193,10 @@ class GlasuClient:
         )
         # The occurrence cap (a DP assumption) holds at every layer up to the first aggregation
         # layer; the layers above it are never released and sample freely.
+        graph = SamplingGraph.from_edge_index(partition.edge_index, num_nodes=partition.num_nodes)
         self._samplers = {
             (fanout, capped): NeighbourSampler(
-                partition.edge_index,
-                num_nodes=partition.num_nodes,
+                graph,
                 fanout=fanout,
                 occurrence_cap=config.occurrence_cap if capped else None,
             )
