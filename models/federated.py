@@ -28,7 +28,7 @@ from models.client_config import ClientConfig
 from models.layers import Block
 from models.outcome import PassOutcome, score_evaluation
 from models.partition import ClientPartition
-from models.sampler import NeighbourSampler, SampledLayer, sampling_rng
+from models.sampler import NeighbourSampler, SampledLayer, SamplingGraph, sampling_rng
 from models.workset import (
     CachedBatch,
     Extracted,
@@ -110,10 +110,10 @@ class GlasuClient:
         )
         # The occurrence cap (a DP assumption) holds at every layer up to the first aggregation
         # layer; the layers above it are never released and sample freely.
+        graph = SamplingGraph.from_edge_index(partition.edge_index, num_nodes=partition.num_nodes)
         self._samplers = {
             (fanout, capped): NeighbourSampler(
-                partition.edge_index,
-                num_nodes=partition.num_nodes,
+                graph,
                 fanout=fanout,
                 occurrence_cap=config.occurrence_cap if capped else None,
             )

@@ -1,20 +1,32 @@
 """Layer-wise neighbour sampling (GLASU Algorithm 2), one client's graph at a time.
 
 Going down from the output nodes S[L], a layer with targets S[l] draws for every target at most
-``fanout`` distinct neighbours from the client's own graph; its sources are
-S[l-1] = S[l] ∪ drawn. Node sets are sorted node ids, so the service can form a union of the
-clients' sets that every client reads in the same order. With ``occurrence_cap`` c, a node is
-drawn as a neighbour by at most c targets of one layer (the differential-privacy sensitivity
-bound relies on this cap; see docs/privacy.md).
+``fanout`` distinct neighbours from the client's own graph, uniformly without replacement (all
+of them if it has fewer); its sources are S[l-1] = S[l] ∪ drawn. Node sets are sorted node ids,
+so the service can form a union of the clients' sets that every client reads in the same order.
+
+With ``occurrence_cap`` c, a node is drawn as a neighbour by at most c targets of one layer (the
+differential-privacy sensitivity bound relies on this cap; see docs/privacy.md). The capped draw
+is the serial one (targets visited in a uniformly random order, each drawing uniformly among the
+neighbours not yet drawn c times), computed in vectorised rounds instead of a loop per target:
+every candidate edge (target, neighbour) gets a priority (the target's visiting rank, then a
+random key within the target), and a round accepts every edge that is among the ``fanout`` best
+remaining edges of its target and among the best remaining ``c - drawn`` edges of its neighbour.
+Greedy acceptance in priority order accepts exactly these, so the rounds reproduce the serial draw
+and its distribution; the cap holds exactly, and who gets a contested neighbour depends only on
+the random visiting order, never on node ids.
 """
 
 from __future__ import annotations
 
-import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+#: Above this many nodes a sampled set is formed with a sort rather than a mask over all nodes.
+_MASK_FRACTION = 64
 
 
 @dataclass(frozen=True)
@@ -63,69 +75,180 @@ class SampledLayer:
         return torch.from_numpy(np.stack([self.edge_source, self.edge_target])).long().to(device)
 
 
+class SamplingGraph:
+    """One client's graph as a compressed adjacency (CSR): the neighbours of node v are
+    ``neighbours[indptr[v]:indptr[v + 1]]``, sorted, distinct, self-loops dropped. Built once per
+    partition and shared by all its samplers; node ids are 32-bit below 2^31 nodes, offsets
+    32-bit below 2^31 adjacency entries."""
+
+    def __init__(self, indptr: np.ndarray, neighbours: np.ndarray) -> None:
+        self.indptr = indptr
+        self.neighbours = neighbours
+        self.num_nodes = len(indptr) - 1
+
+    @classmethod
+    def from_edge_index(cls, edge_index: torch.Tensor, *, num_nodes: int) -> SamplingGraph:
+        """``edge_index`` holds both directions of every edge; the neighbours of v are every u
+        with an edge u -> v."""
+        src, dst = edge_index.numpy().astype(np.int64, copy=False)
+        keep = src != dst
+        pairs = np.sort(dst[keep] * num_nodes + src[keep])  # by (dst, src)
+        pairs = pairs[np.diff(pairs, prepend=-1) != 0]  # distinct (np.unique hashes: slower)
+        node_type = np.int32 if num_nodes < 2**31 else np.int64
+        offset_type = np.int32 if len(pairs) < 2**31 else np.int64
+        indptr = np.zeros(num_nodes + 1, dtype=offset_type)
+        np.cumsum(np.bincount(pairs // max(num_nodes, 1), minlength=num_nodes), out=indptr[1:])
+        return cls(indptr, (pairs % max(num_nodes, 1)).astype(node_type))
+
+    def neighbours_of(self, node: int) -> np.ndarray:
+        return self.neighbours[self.indptr[node] : self.indptr[node + 1]]
+
+    def segments(self, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The adjacency entries of ``nodes``, concatenated in their order: for every entry the
+        position (into ``nodes``) of the node it belongs to, and its index into ``neighbours``."""
+        starts = self.indptr[nodes].astype(np.int64)
+        lengths = self.indptr[nodes + 1] - starts
+        owner = np.repeat(np.arange(len(nodes), dtype=np.int64), lengths)
+        first = np.cumsum(lengths) - lengths
+        return owner, np.arange(len(owner), dtype=np.int64) + (starts - first)[owner]
+
+
 class NeighbourSampler:
-    """Samples one client's graph. ``edge_index`` holds both directions of every edge."""
+    """Samples one client's graph (see the module docstring for the draw)."""
 
     def __init__(
-        self,
-        edge_index: torch.Tensor,
-        *,
-        num_nodes: int,
-        fanout: int,
-        occurrence_cap: int | None = None,
+        self, graph: SamplingGraph, *, fanout: int, occurrence_cap: int | None = None
     ) -> None:
         if fanout < 0:
             raise ValueError(f"fanout must be >= 0, got {fanout}")
         if occurrence_cap is not None and occurrence_cap < 0:
             raise ValueError(f"occurrence_cap must be >= 0, got {occurrence_cap}")
-        self.num_nodes = num_nodes
+        self.graph = graph
+        self.num_nodes = graph.num_nodes
         self.fanout = fanout
         self.occurrence_cap = occurrence_cap
-        src, dst = edge_index.numpy()
-        keep = src != dst
-        src, dst = src[keep], dst[keep]
-        order = np.lexsort((src, dst))
-        # neighbours of v: every u with an edge u -> v (the graph is undirected)
-        self._indptr = np.concatenate([[0], np.cumsum(np.bincount(dst, minlength=num_nodes))])
-        self._neighbours = src[order]
 
-    def sample_layer(self, targets: np.ndarray, *, rng: random.Random) -> SampledLayer:
+    def sample_layer(self, targets: np.ndarray, *, rng: np.random.Generator) -> SampledLayer:
         """Draw the neighbours of ``targets`` (sorted, unique) for one layer."""
         targets = np.asarray(targets, dtype=np.int64)
-        drawn_by: dict[int, int] = {}
-        edge_target: list[int] = []
-        edge_source_nodes: list[int] = []
-        visit = list(range(len(targets)))
-        rng.shuffle(visit)  # with a cap, who gets a contested neighbour must not depend on ids
-        for position in visit:
-            node = int(targets[position])
-            candidates = self._neighbours[self._indptr[node] : self._indptr[node + 1]]
-            pool = sorted(set(candidates.tolist()))
-            if self.occurrence_cap is not None:
-                pool = [u for u in pool if drawn_by.get(u, 0) < self.occurrence_cap]
-            chosen = pool if len(pool) <= self.fanout else rng.sample(pool, self.fanout)
-            for u in chosen:
-                drawn_by[u] = drawn_by.get(u, 0) + 1
-                edge_target.append(position)
-                edge_source_nodes.append(u)
-        drawn = np.asarray(edge_source_nodes, dtype=np.int64)
-        sources = np.union1d(targets, drawn)
+        if self.occurrence_cap is None:
+            rows, entries = self._draw(targets, rng)
+        else:
+            rows, entries = self._draw_capped(targets, self.occurrence_cap, rng)
+        drawn = self.graph.neighbours[entries].astype(np.int64)
+        sources, column_of = _union_with_positions(targets, drawn, self.num_nodes)
         self_rows = np.arange(len(targets), dtype=np.int64)
-        rows = np.concatenate([self_rows, np.asarray(edge_target, dtype=np.int64)])
-        cols = np.concatenate([np.searchsorted(sources, targets), np.searchsorted(sources, drawn)])
-        return SampledLayer(targets=targets, sources=sources, edge_target=rows, edge_source=cols)
+        return SampledLayer(
+            targets=targets,
+            sources=sources,
+            edge_target=np.concatenate([self_rows, rows]),
+            edge_source=np.concatenate([column_of(targets), column_of(drawn)]),
+        )
+
+    def _draw(self, targets: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """Without a cap: every neighbour of a target with at most ``fanout`` of them, else a
+        uniform ``fanout``-subset (Floyd's algorithm, one column at a time for all targets)."""
+        indptr = self.graph.indptr
+        degrees = (indptr[targets + 1] - indptr[targets]).astype(np.int64)
+        few = degrees <= self.fanout
+        owner, entries = self.graph.segments(targets[few])
+        rows = [np.flatnonzero(few)[owner]]
+        picks = [entries]
+        many = np.flatnonzero(~few)
+        if many.size:
+            sizes = degrees[many]
+            chosen = np.empty((len(many), self.fanout), dtype=np.int64)
+            for column in range(self.fanout):
+                last = sizes - self.fanout + column
+                offset = rng.integers(0, last + 1)
+                taken = (chosen[:, :column] == offset[:, None]).any(axis=1)
+                chosen[:, column] = np.where(taken, last, offset)
+            rows.append(np.repeat(many, self.fanout))
+            picks.append((indptr[targets[many]].astype(np.int64)[:, None] + chosen).ravel())
+        return np.concatenate(rows), np.concatenate(picks)
+
+    def _draw_capped(
+        self, targets: np.ndarray, cap: int, rng: np.random.Generator
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The serial capped draw, in rounds of locally best edges (module docstring)."""
+        if self.fanout == 0 or cap == 0 or not len(targets):
+            return np.empty(0, np.int64), np.empty(0, np.int64)
+        visit = rng.permutation(len(targets))  # visiting order: row positions
+        # candidate edges in priority order: by visiting rank, then a random key in the target
+        owner, entries = self.graph.segments(targets[visit])
+        degrees = np.bincount(owner, minlength=len(visit))
+        shuffle = np.flatnonzero(degrees[owner] > self.fanout)  # others take all: no order
+        if shuffle.size:
+            keys = owner[shuffle] << 32 | rng.integers(0, 2**32, len(shuffle), dtype=np.int64)
+            entries[shuffle] = entries[shuffle[np.argsort(keys)]]
+        nodes = self.graph.neighbours[entries]
+        slots = np.full(len(visit), self.fanout, dtype=np.int64)  # per visiting rank
+        capacity = np.full(self.num_nodes, cap, dtype=np.int64)
+        best = np.full(self.num_nodes, np.iinfo(np.int64).max, dtype=np.int64)  # scratch
+        alive = np.arange(len(entries), dtype=np.int64)
+        accepted = []
+        while alive.size:
+            ranks, alive_nodes = owner[alive], nodes[alive]
+            run_start = np.flatnonzero(np.diff(ranks, prepend=-1))  # alive edges of one target
+            run = np.repeat(run_start, np.diff(np.append(run_start, len(ranks))))
+            take = np.arange(len(ranks)) - run < slots[ranks]
+            take &= _first_per_node(alive_nodes, capacity, best)
+            accepted.append(alive[take])
+            slots -= np.bincount(ranks[take], minlength=len(slots))
+            np.subtract.at(capacity, alive_nodes[take], 1)
+            alive = alive[~take & (slots[ranks] > 0) & (capacity[alive_nodes] > 0)]
+        kept = np.concatenate(accepted)
+        kept.sort()  # priority order: the visiting order of the targets
+        return visit[owner[kept]], entries[kept]
+
+
+def _first_per_node(nodes: np.ndarray, capacity: np.ndarray, best: np.ndarray) -> np.ndarray:
+    """Which entries are among the first ``capacity[node]`` entries of their node (entries in
+    priority order). ``best`` is a scratch array over all nodes, all at its maximum, and left so."""
+    first = np.zeros(len(nodes), dtype=bool)
+    pending = np.arange(len(nodes), dtype=np.int64)
+    level = 0
+    while pending.size:
+        pending = pending[capacity[nodes[pending]] > level]
+        pending_nodes = nodes[pending]
+        np.minimum.at(best, pending_nodes, pending)
+        hit = best[pending_nodes] == pending
+        best[pending_nodes] = np.iinfo(np.int64).max
+        first[pending[hit]] = True
+        pending = pending[~hit]
+        level += 1
+    return first
+
+
+def _union_with_positions(
+    targets: np.ndarray, drawn: np.ndarray, num_nodes: int
+) -> tuple[np.ndarray, Callable[[np.ndarray], np.ndarray]]:
+    """The sorted union of ``targets`` and ``drawn``, and a function from node ids in it to their
+    positions: a mask over all nodes when the union is a fair part of the graph, a sort else."""
+    if (len(targets) + len(drawn)) * _MASK_FRACTION < num_nodes:
+        union = np.sort(np.concatenate([targets, drawn]))
+        union = union[np.diff(union, prepend=-1) != 0]  # np.unique hashes: far slower here
+        return union, lambda nodes: np.searchsorted(union, nodes)
+    present = np.zeros(num_nodes, dtype=bool)
+    present[targets] = True
+    present[drawn] = True
+    union = np.flatnonzero(present)
+    position = np.empty(num_nodes, dtype=np.int64)
+    position[union] = np.arange(len(union), dtype=np.int64)
+    return union, lambda nodes: position[nodes]
 
 
 #: The stream of inference passes (evaluation, scoring): not a pass index.
 INFERENCE_STREAM = 0x1EFE_1EFE
 
 
-def sampling_rng(*, seed: int, client: int, pass_index: int | None, layer: int) -> random.Random:
+def sampling_rng(
+    *, seed: int, client: int, pass_index: int | None, layer: int
+) -> np.random.Generator:
     """The generator for one (client, pass, layer): reproducible and independent across them.
     ``pass_index=None``: the one stream of inference passes, so that a model scores the same
     output nodes the same way in any pass (a scoring session reproduces an evaluation pass)."""
     entropy = [seed, client, layer, INFERENCE_STREAM] if pass_index is None else [
         seed, client, pass_index, layer
     ]  # fmt: skip
-    state = np.random.SeedSequence(entropy).generate_state(2)
-    return random.Random(int(state[0]) << 32 | int(state[1]))
+    return np.random.default_rng(np.random.SeedSequence(entropy))

@@ -22,8 +22,10 @@ GOLDEN = json.loads((Path(__file__).parent / "golden" / "local_steps.json").read
 def test_one_cached_round_reproduces_the_runs_before_the_cache(
     name: str, cora, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """W = 1 without weighting is GLASU's own stale updates: the histories recorded before the
-    workset existed (same seeds; the private one with a test-only fixed noise seed)."""
+    """W = 1 without weighting is GLASU's own stale updates. The histories were first recorded
+    before the workset existed, and re-recorded with the same configs when the vectorised
+    sampler changed the batches drawn (same seeds; the private one with a test-only fixed noise
+    seed): the test pins the path from sampling to the update against changes."""
     monkeypatch.setenv(REPRODUCIBLE_NOISE_ENV, "1")
     # recorded with one thread: torch's float sums depend on the thread count
     threads = torch.get_num_threads()

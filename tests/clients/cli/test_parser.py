@@ -189,8 +189,8 @@ def test_the_limits_in_the_help_are_the_services_and_ckks() -> None:
 def test_every_local_model_option_is_a_worker_setting() -> None:
     """`glasu worker` builds its local model's options from the settings of the same names: an
     option without a setting would silently keep its default."""
-    from clients.settings import WorkerSettings
     from clients.session_fit import LocalModelOptions
+    from clients.settings import WorkerSettings
 
     options = {field.name for field in dataclasses.fields(LocalModelOptions)}
     assert options <= set(WorkerSettings.model_fields)
