@@ -22,7 +22,7 @@ from clients.session_client import ServiceClient
 from clients.session_fit import LocalModelOptions
 from clients.worker import WorkerResult, WorkerRun
 from models.config import TrainConfig
-from models.data import GraphDataset
+from models.data.planetoid import GraphDataset
 from models.layout import layout_federation
 from secure.aggregation import PlainCodec
 from service.app import create_app

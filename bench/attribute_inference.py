@@ -5,8 +5,8 @@ key, decrypts every sum and can subtract its own share; what remains is the othe
 contribution, computed from their features. This bench gives the attacker that view of the
 layer-1 release of the product's private arrangement (the fixed map
 ``clip_C(A_hat normalize(X_m) P_m)`` of models/private.py, A_hat the mean over the victim's own
-edges, the 80% sample of models/partition.py, with self-loops; the public projection seed), with
-no noise ("encryption only") and with the noise the product adds at epsilon 1, 2, 4, 8, 16
+edges, the 80% sample of models/data/partition.py, with self-loops; the public projection seed),
+with no noise ("encryption only") and with the noise the product adds at epsilon 1, 2, 4, 8, 16
 (delta 1e-6, RDP, unshared noise, the releases of a default run: 300 rounds, an evaluation every
 20). The attacker is granted every one of the R releases of every node and averages them, which
 the accounting allows for: R releases at multiplier z are one release at z / sqrt(R). Without
@@ -37,8 +37,8 @@ import numpy as np
 import torch
 
 from models.config import TrainConfig
-from models.data import GraphDataset, load_dataset
-from models.partition import partition
+from models.data.partition import partition
+from models.data.planetoid import GraphDataset, load_dataset
 from models.private import release_projection_seed
 from secure.dp import clip_rows
 from secure.privacy import SessionPrivacy

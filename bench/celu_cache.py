@@ -333,7 +333,7 @@ def main() -> int:
     result: dict[str, Any] = json.loads(OUT.read_text()) if OUT.exists() else {"runs": []}
     if not args.render_only:
         single_thread()
-        from models.data import load_dataset
+        from models.data.planetoid import load_dataset
 
         result.setdefault("code", code_state())
         result["settings"] = {"schedules": SCHEDULES, "configs": CONFIGS}

@@ -42,7 +42,7 @@ def main() -> None:
         return
     from clients.local.federation import train_over_http
     from models.config import TrainConfig
-    from models.data import load_dataset
+    from models.data.planetoid import load_dataset
     from models.layout import layout_federation
 
     dataset = load_dataset("cora", data_dir=Path(args.data_dir), seed=args.seed)

@@ -30,7 +30,7 @@ def main() -> None:
     single_thread()
     from clients.local.federation import train_over_http
     from models.config import TrainConfig
-    from models.data import load_dataset
+    from models.data.planetoid import load_dataset
     from models.layout import layout_federation
     from models.trainer import train_inprocess
     from secure.ckks_context import SUM_ERROR_BOUND

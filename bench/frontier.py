@@ -2,10 +2,10 @@
 
 The product's private arrangement (models.config.TrainConfig defaults: M=3, GLASU Q=4, the
 layer-1 release of width 16, clip 1, occurrence cap 1, delta 1e-6, RDP, unshared noise) trained
-in process (models/trainer.py) on contextual stochastic block models (models/csbm.py) of several
-average degrees and two feature signals, and on Cora, CiteSeer and PubMed. Every point gives the
-private GLASU test accuracy, the party-alone reference that the private run itself reports (the
-same network on the same batches without the others' release) and non-private GLASU.
+in process (models/trainer.py) on contextual stochastic block models (models/data/csbm.py) of
+several average degrees and two feature signals, and on Cora, CiteSeer and PubMed. Every point
+gives the private GLASU test accuracy, the party-alone reference that the private run itself
+reports (the same network on the same batches without the others' release) and non-private GLASU.
 
 The reference does not depend on the noise (same batches, initialisation and dropout stream), so
 only the first private run of each graph reports it; the other private runs switch it off
@@ -34,8 +34,8 @@ import numpy as np
 import torch
 
 from models.config import TrainConfig
-from models.csbm import SIGNALS, csbm
-from models.data import GraphDataset, load_dataset
+from models.data.csbm import SIGNALS, csbm
+from models.data.planetoid import GraphDataset, load_dataset
 from models.federated import GlasuClient
 from models.private import PrivateGlasuClient
 from models.trainer import train_inprocess

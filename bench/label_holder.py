@@ -31,7 +31,7 @@ from bench.results_doc import (
     write_section,
 )
 from models.config import TrainConfig
-from models.data import GraphDataset
+from models.data.planetoid import GraphDataset
 from models.trainer import train_inprocess
 
 RESULTS = Path(__file__).resolve().parent / "results" / "label_holder.json"

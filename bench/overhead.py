@@ -95,7 +95,7 @@ def service_cpu_probe() -> Iterator[list[float]]:
 
 def run_over_http(label: str, config: Any, data_dir: Path) -> Run:
     from clients.local.federation import train_over_http
-    from models.data import load_dataset
+    from models.data.planetoid import load_dataset
     from models.layout import layout_federation
     from secure.schedule import pass_schedule
 

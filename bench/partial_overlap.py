@@ -34,9 +34,9 @@ from bench.results_doc import (
     write_section,
 )
 from models.config import TrainConfig
-from models.data import GraphDataset
+from models.data.partition import ClientPartition, partition
+from models.data.planetoid import GraphDataset
 from models.layout import layout_federation
-from models.partition import ClientPartition, partition
 from models.trainer import train_inprocess
 
 RESULTS = Path(__file__).resolve().parent / "results" / "partial_overlap.json"

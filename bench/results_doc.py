@@ -52,7 +52,7 @@ PLANETOID_FOLDERS = {"cora": "Cora", "citeseer": "CiteSeer", "pubmed": "PubMed"}
 def load_copied(name: str, *, scratch: Path, source: Path = SHARED_PLANETOID, **split):
     """Benchmark dataset ``name`` loaded from a copy in ``scratch``: the shared copy is
     read-only, and PyG writes its processed files beside the raw ones."""
-    from models.data import load_dataset
+    from models.data.planetoid import load_dataset
 
     folder = PLANETOID_FOLDERS[name]
     if not (scratch / folder).exists():

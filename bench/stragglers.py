@@ -35,7 +35,7 @@ from bench.results_doc import (
 )
 from clients.session_client import ServiceClient
 from models.config import TrainConfig
-from models.data import GraphDataset
+from models.data.planetoid import GraphDataset
 
 RESULTS = Path(__file__).resolve().parent / "results" / "stragglers.json"
 LATE = 2  # the client that stalls

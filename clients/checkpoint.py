@@ -51,8 +51,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from models.data.partition import ClientPartition
 from models.federated import GlasuClient
-from models.partition import ClientPartition
 from models.workset import STATE_CLASSES
 from secure.aggregation import EmbeddingCodec
 from secure.dp import NoiseStateError

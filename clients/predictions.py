@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
-from models.party import NOT_SHARED, read_alignment, read_party
+from models.data.party import NOT_SHARED, read_alignment, read_party
 from secure.files import move_into_place
 
 FORMATS = (".csv", ".parquet")

@@ -296,7 +296,9 @@ class PeerConnection(BearerConnection):
         ``peer_wait_seconds`` naming the parties that never delivered."""
         deadline = time.monotonic() + self.options.peer_wait_seconds
         while True:
-            response = self._request("GET", path, params={"wait": self.options.poll_seconds})
+            # a poll never outlasts the peer wait: a short wait is not stretched to a long poll
+            wait = min(self.options.poll_seconds, max(0.0, deadline - time.monotonic()))
+            response = self._request("GET", path, params={"wait": round(wait, 3)})
             if response.status_code == 200:
                 return response
             missing = Waiting.model_validate_json(response.content).missing

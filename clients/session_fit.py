@@ -12,7 +12,7 @@ from typing import Any
 from models.artefact import ModelError, SavedModel
 from models.backbone import ModelConfig
 from models.client_config import ClientConfig
-from models.partition import ClientPartition, check_labels, without_labels
+from models.data.partition import ClientPartition, check_labels, without_labels
 from secure.aggregation import EmbeddingCodec
 from secure.wire.sessions import SessionConfigView
 

@@ -35,10 +35,10 @@ from clients.session_fit import (
     options_of_model,
 )
 from models.artefact import SavedModel
+from models.data.partition import ClientPartition
 from models.federated import GlasuClient
 from models.keeper import ModelKeeper
 from models.outcome import PassOutcome
-from models.partition import ClientPartition
 from models.private import make_client
 from models.report import recent_training_loss
 from secure.aggregation import EmbeddingCodec

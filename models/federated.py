@@ -25,9 +25,9 @@ import torch
 
 from models.backbone import ClientNetwork
 from models.client_config import ClientConfig
+from models.data.partition import ClientPartition
 from models.layers import Block
 from models.outcome import PassOutcome, score_evaluation
-from models.partition import ClientPartition
 from models.sampler import NeighbourSampler, SampledLayer, SamplingGraph, sampling_rng
 from models.workset import (
     CachedBatch,

@@ -11,8 +11,8 @@ import numpy as np
 from models.backbone import ModelConfig
 from models.client_config import ClientConfig, uniform_agg_layers
 from models.config import TrainConfig
-from models.data import GraphDataset
-from models.partition import ClientPartition, partition, without_labels
+from models.data.partition import ClientPartition, partition, without_labels
+from models.data.planetoid import GraphDataset
 from secure.privacy import RELEASE_LAYER
 from secure.schedule import SessionSchedule
 

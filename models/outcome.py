@@ -8,9 +8,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from models.data.partition import ClientPartition
+from models.data.party import NO_LABEL
 from models.metrics import classification_metrics
-from models.partition import ClientPartition
-from models.party import NO_LABEL
 
 
 @dataclass(frozen=True)

@@ -31,10 +31,10 @@ import torch.nn.functional as F
 
 from models.backbone import ClientNetwork
 from models.client_config import ClientConfig
+from models.data.partition import ClientPartition
 from models.federated import GlasuClient
 from models.layers import Block
 from models.outcome import PassOutcome, score_evaluation
-from models.partition import ClientPartition
 from models.workset import CachedBatch
 from secure.aggregation import EmbeddingCodec
 from secure.dp import GaussianNoise, NoiseSource, privatize, require_private_noise

@@ -12,14 +12,14 @@ import torch
 from tqdm.auto import tqdm
 
 from models.config import TrainConfig
-from models.data import GraphDataset, load_dataset
+from models.data.partition import ClientPartition
+from models.data.planetoid import GraphDataset, load_dataset
 from models.device import resolve_device
 from models.federated import GlasuClient
 from models.inprocess import run_pass_inprocess
 from models.keeper import KeepModels, ModelKeeper, mean_over_holders, privacy_spent
 from models.layout import FederationLayout, layout_federation, session_schedule
 from models.outcome import PassOutcome
-from models.partition import ClientPartition
 from models.private import make_client
 from models.report import (
     HistoryEntry,

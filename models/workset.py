@@ -22,8 +22,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from models.data.party import NO_LABEL
 from models.layers import Block
-from models.party import NO_LABEL
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,6 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def cora(data_dir: Path):
-    from models.data import load_dataset
+    from models.data.planetoid import load_dataset
 
     return load_dataset("cora", data_dir=data_dir, split="paper", seed=0)

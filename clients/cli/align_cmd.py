@@ -262,8 +262,8 @@ def _signing(args: argparse.Namespace) -> SetSigning:
 def _run_party(args: argparse.Namespace) -> int:
     from clients.alignment import AlignmentClient, AlignmentFailed, align
     from clients.service_http import ConnectionOptions, PeersMissing, tls_verification
-    from models.party import NO_LABEL, read_party, write_alignment
-    from models.shared_split import deployed_alignment
+    from models.data.party import NO_LABEL, read_party, write_alignment
+    from models.data.shared_split import deployed_alignment
 
     token = read_token(args.token_file, flag="--token-file")
     signing = _signing(args)

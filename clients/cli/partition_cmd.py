@@ -44,7 +44,7 @@ def check(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from models.partition import partition, save_partition
+    from models.data.partition import partition, save_partition
 
     dataset = load_benchmark(args)
     with failing_as(f"cannot partition {args.dataset}", ValueError):

@@ -87,9 +87,9 @@ def check(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from models.party import write_party
-    from models.party_tables import PartyTables, read_party_tables
-    from models.table_file import TableError
+    from models.data.party import write_party
+    from models.data.party_tables import PartyTables, read_party_tables
+    from models.data.table_file import TableError
 
     tables = PartyTables(
         nodes=args.nodes,

@@ -29,8 +29,8 @@ from secure.protocol import AlignedNodes
 
 if TYPE_CHECKING:
     from models.config import TrainConfig
-    from models.data import GraphDataset
-    from models.partition import ClientPartition
+    from models.data.partition import ClientPartition
+    from models.data.planetoid import GraphDataset
     from models.report import RunReport
 
 

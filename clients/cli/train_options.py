@@ -32,7 +32,7 @@ from secure.protocol import StragglerPolicy
 from secure.wire.common import MAX_CLIENTS, MAX_LAYERS, MAX_ROUNDS, MAX_WIDTH
 
 if TYPE_CHECKING:
-    from models.data import GraphDataset
+    from models.data.planetoid import GraphDataset
 
 DEFAULTS = TrainConfig()
 
@@ -79,7 +79,7 @@ def add_data_arguments(p: argparse._ActionsContainer) -> None:
 def load_benchmark(choice: argparse.Namespace | TrainConfig) -> GraphDataset:
     """The dataset that ``--dataset``, ``--data-dir``, ``--split`` and ``--seed`` name (torch is
     imported here); a dataset that cannot be loaded fails the command in one sentence."""
-    from models.data import load_dataset
+    from models.data.planetoid import load_dataset
 
     with failing_as(f"cannot load the {choice.dataset} dataset", ValueError, OSError, RuntimeError):
         return load_dataset(

@@ -106,8 +106,8 @@ def _run(settings: WorkerSettings, *, quiet: bool) -> int:
     from clients.session_fit import LocalModelOptions, SessionMismatch
     from clients.worker import WorkerRun
     from models.artefact import ModelError, load_model
+    from models.data.partition import load_partition
     from models.device import resolve_device
-    from models.partition import load_partition
     from secure.ckks import make_codec
     from secure.dp import NotPrivateNoiseError
     from secure.protocol import ProtocolViolation

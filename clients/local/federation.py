@@ -34,9 +34,9 @@ from clients.local.processes import (
 from clients.local.report import report_from_workers
 from clients.local.session import session_request, worker_arguments
 from models.config import TrainConfig
-from models.data import GraphDataset
+from models.data.partition import ClientPartition, save_partition
+from models.data.planetoid import GraphDataset
 from models.layout import FederationLayout
-from models.partition import ClientPartition, save_partition
 from models.report import RunReport
 
 

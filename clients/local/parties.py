@@ -1,6 +1,6 @@
 """``glasu train --party DIR ...``: the organisations' prepared folders, aligned by the private
 set intersection (``clients/local/alignment.py``) and assembled into one federation over their
-shared nodes (``models/aligned.py``)."""
+shared nodes (``models/data/aligned.py``)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from clients.local.alignment import align_in_process
-from models.aligned import AlignedFederation, SharedIndex, aligned_federation
-from models.party import read_party
+from models.data.aligned import AlignedFederation, SharedIndex, aligned_federation
+from models.data.party import read_party
 
 
 def party_names(folders: Sequence[Path]) -> list[str]:

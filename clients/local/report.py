@@ -9,7 +9,7 @@ import numpy as np
 
 from clients.local.processes import FederationFailed
 from models.config import TrainConfig
-from models.data import GraphDataset
+from models.data.planetoid import GraphDataset
 from models.layout import FederationLayout
 from models.report import HistoryEntry, RunReport, build_report, mean_or_none
 

@@ -22,11 +22,11 @@ from clients.local.federation import follow, local_federation
 from clients.local.parties import federation_of_parties, model_folders, party_names
 from clients.local.session import scoring_request
 from clients.predictions import own_ids_by_node
-from models.aligned import AlignedFederation
 from models.artefact import ModelError, read_manifest
 from models.config import TrainConfig
+from models.data.aligned import AlignedFederation
+from models.data.party import NOT_SHARED, read_party
 from models.metrics import classification_metrics
-from models.party import NOT_SHARED, read_party
 
 DEFAULT_CHUNK = 1024
 

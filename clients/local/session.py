@@ -12,9 +12,9 @@ import numpy as np
 
 from models.client_config import ClientConfig
 from models.config import TrainConfig
-from models.data import GraphDataset
+from models.data.planetoid import GraphDataset
+from models.data.shared_split import split_nodes
 from models.layout import FederationLayout, client_config, eval_nodes
-from models.shared_split import split_nodes
 from secure.schedule import pass_schedule
 from secure.wire.alignment import AlignmentStatus
 from secure.wire.common import MAX_LABEL

@@ -19,8 +19,8 @@ from clients.local.processes import (
 )
 from clients.local.session import session_request, worker_arguments
 from models.config import TrainConfig
+from models.data.partition import save_partition
 from models.layout import layout_federation
-from models.partition import save_partition
 
 
 @dataclass

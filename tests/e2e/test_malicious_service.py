@@ -81,6 +81,7 @@ def wait_exit(worker: ManagedProcess, timeout: float = 300) -> int:
     return worker.process.wait(timeout=timeout)
 
 
+@pytest.mark.slow  # over 15 s on 2 cores: the full run (README) has it
 def test_a_replayed_pass_with_other_inputs_gets_independent_noise_and_is_counted(
     tmp_path: Path, cora, processes: list[ManagedProcess]
 ) -> None:

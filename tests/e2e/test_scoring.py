@@ -71,6 +71,7 @@ def score(
     return session, workers
 
 
+@pytest.mark.slow  # over 15 s on 2 cores: the full run (README) has it
 def test_scoring_the_evaluation_nodes_reproduces_the_best_evaluation_pass(
     tmp_path: Path, cora, data_dir: Path, processes: list[ManagedProcess]
 ) -> None:
@@ -92,6 +93,7 @@ def test_scoring_the_evaluation_nodes_reproduces_the_best_evaluation_pass(
     assert len(rounds) == 1  # without DP every party keeps the same round
 
 
+@pytest.mark.slow  # over 15 s on 2 cores: the full run (README) has it
 def test_private_scoring_is_in_both_ledgers_and_an_owner_s_cap_refuses_it(
     tmp_path: Path, cora, data_dir: Path, processes: list[ManagedProcess]
 ) -> None:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from models.config import TrainConfig
-from models.data import GraphDataset
+from models.data.planetoid import GraphDataset
 from models.federated import GlasuClient
 from models.inprocess import run_pass_inprocess
 from models.layout import layout_federation

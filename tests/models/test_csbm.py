@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 import torch
 
-from models.csbm import csbm
-from models.partition import partition, undirected_edges
+from models.data.csbm import csbm
+from models.data.partition import partition, undirected_edges
 
 
 @pytest.mark.parametrize("degree", [4.0, 32.0])

@@ -3,7 +3,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from models.data import DatasetUnavailable, load_dataset
+from models.data.planetoid import DatasetUnavailable, load_dataset
 
 
 def test_cora_paper_split(cora) -> None:
@@ -38,7 +38,7 @@ def test_unknown_dataset_and_split(data_dir: Path) -> None:
 
 
 def test_missing_data_says_what_to_set(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import models.data as data_module
+    import models.data.planetoid as data_module
 
     def no_network(*args, **kwargs):
         raise OSError("no route to host")
@@ -52,7 +52,7 @@ def test_missing_data_says_what_to_set(tmp_path: Path, monkeypatch: pytest.Monke
 def test_a_download_says_what_from_where_into_which_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    import models.data as data_module
+    import models.data.planetoid as data_module
 
     def no_network(*args, **kwargs):
         raise OSError("no route to host")

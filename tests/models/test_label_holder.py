@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import models.federated as federated
 from models.config import TrainConfig
-from models.data import GraphDataset
+from models.data.planetoid import GraphDataset
 from models.federated import GlasuClient
 from models.inprocess import run_pass_inprocess
 from models.layout import layout_federation

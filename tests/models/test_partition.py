@@ -3,7 +3,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from models.partition import (
+from models.data.partition import (
     feature_blocks,
     load_partition,
     partition,

@@ -1,4 +1,4 @@
-"""The organisations' folder format (models/party.py): what a worker loads from a prepared and
+"""The organisations' folder format (models/data/party.py): what a worker loads from a prepared and
 aligned folder, and the errors of a folder that is not aligned or lacks labels."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from models.aligned import SharedIndex, aligned_federation, merged_labels
-from models.partition import load_partition
-from models.party import PartyData, read_alignment, read_party, write_alignment, write_party
-from models.shared_split import deployed_alignment, split_nodes
+from models.data.aligned import SharedIndex, aligned_federation, merged_labels
+from models.data.partition import load_partition
+from models.data.party import PartyData, read_alignment, read_party, write_alignment, write_party
+from models.data.shared_split import deployed_alignment, split_nodes
 
 
 def party(ids: list[str], labels: list[int], offset: float = 0.0) -> PartyData:

@@ -8,7 +8,7 @@ import torch
 
 import models.inprocess as inprocess
 from models.config import TrainConfig
-from models.partition import feature_blocks
+from models.data.partition import feature_blocks
 from models.private import REPRODUCIBLE_NOISE_ENV
 from models.trainer import train_inprocess
 from secure.privacy import SessionPrivacy, release_sensitivity

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from models.data import GraphDataset
-from models.partition import feature_blocks, sample_edges
+from models.data.partition import feature_blocks, sample_edges
+from models.data.planetoid import GraphDataset
 
 PARTIES = ("bank", "insurer", "telco")
 LABEL_HOLDERS = ("bank", "insurer")  # the telco carries no labels

@@ -26,7 +26,7 @@ from clients.admin import AdminClient
 from clients.cli.main import main
 from clients.local.session import aligned_session_request
 from models.config import TrainConfig
-from models.partition import load_partition
+from models.data.partition import load_partition
 
 SHARED = [f"person-{i:03d}" for i in range(0, 40, 2)]  # 20 ids every party holds
 

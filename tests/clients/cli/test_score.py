@@ -13,7 +13,7 @@ import pytest
 
 from clients.cli.main import main
 from models.artefact import load_model
-from models.data import GraphDataset
+from models.data.planetoid import GraphDataset
 from tests.clients.cli.cora_parties import PARTIES, CoraParties, node_id, write_cora_parties
 
 TRAINING = ("--rounds", "12", "--eval-every", "4", "--batch-size", "64", "--hidden", "32")

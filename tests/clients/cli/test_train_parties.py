@@ -16,11 +16,11 @@ import pytest
 from clients.cli.main import main
 from clients.local import parties
 from clients.local.parties import federation_of_parties
-from models.aligned import AlignedFederation, SharedIndex, aligned_federation
 from models.config import TrainConfig
-from models.data import GraphDataset
+from models.data.aligned import AlignedFederation, SharedIndex, aligned_federation
+from models.data.party import read_party
+from models.data.planetoid import GraphDataset
 from models.layout import layout_federation
-from models.party import read_party
 from models.trainer import train_inprocess
 from tests.clients.cli.cora_parties import PARTIES, CoraParties, write_cora_parties
 

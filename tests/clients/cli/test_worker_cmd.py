@@ -24,9 +24,9 @@ from clients.cli.worker_cmd import evaluation_line
 from clients.local.asgi import InProcessTransport
 from clients.local.session import session_request, worker_arguments
 from models.config import TrainConfig
+from models.data.partition import NO_LABEL, save_partition
 from models.layout import layout_federation
 from models.outcome import PassOutcome
-from models.partition import NO_LABEL, save_partition
 from service.app import create_app
 from service.settings import ServiceSettings
 

@@ -3,8 +3,8 @@ feature columns), an edge table (two id columns) and, optionally, a label table 
 a class index), each CSV (``.csv``, ``.csv.gz``) or Parquet (``.parquet``). docs/data.md
 describes them.
 
-Each file is read in batches (``models.table_file``), so large files stream. Every bad input is
-one :class:`~models.table_file.TableError` naming the file, the row (data rows count from 1;
+Each file is read in batches (``models.data.table_file``), so large files stream. Every bad input is
+one :class:`~models.data.table_file.TableError` naming the file, the row (data rows count from 1;
 the CSV header is not a row) and the column. Ids are compared as text: an integer
 id is its decimal text, and CSV ids are read as text as written (``42`` and ``042`` differ).
 """
@@ -19,8 +19,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from models.party import NO_LABEL, PartyData
-from models.table_file import TableError, TableFile
+from models.data.party import NO_LABEL, PartyData
+from models.data.table_file import TableError, TableFile
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Vertical partitioning: every client holds all node ids, the labels and the split, its own block
 of feature columns and its own sample of the undirected edges. Also what a worker process
-loads: one client's folder (``models/party.py``) as a partition over the aligned node index."""
+loads: one client's folder (``models/data/party.py``) as a partition over the aligned node index."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from models.data import GraphDataset
-from models.party import (
+from models.data.party import (
     NO_LABEL,
     NOT_SHARED,
     PartyAlignment,
@@ -25,6 +24,7 @@ from models.party import (
     write_alignment,
     write_party,
 )
+from models.data.planetoid import GraphDataset
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ def partition(
 
 def save_partition(part: ClientPartition, directory: Path) -> Path:
     """Write one client's partition to ``directory/client-<m>/`` in the organisations' folder
-    format (``models/party.py``, docs/data.md): the node index as ids, aligned to itself (every
+    format (``models/data/party.py``, docs/data.md): the node index as ids, aligned to itself (every
     client of a benchmark holds the same ids in the same order), with the dataset's split."""
     out = Path(directory) / f"client-{part.client}"
     rows = np.arange(part.num_nodes, dtype=np.int64)

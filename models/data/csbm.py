@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from models.data import GraphDataset, random_split
+from models.data.planetoid import GraphDataset, random_split
 
 SIGNALS: dict[str, float] = {"weak": 1.0, "strong": 2.0}
 

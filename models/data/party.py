@@ -18,7 +18,7 @@ After the alignment (``glasu align``, or ``glasu train --party`` in memory):
 - ``aligned.npy`` (int64 per row: its index in the aligned node index 0..N-1, -1 where the
   node is not shared); ``train.npy``/``val.npy``/``test.npy`` (int64 aligned indices).
 
-``models.partition.aligned_partition`` turns the two into what the training uses: a
+``models.data.partition.aligned_partition`` turns the two into what the training uses: a
 ``ClientPartition`` over the aligned index. Torch-free.
 """
 

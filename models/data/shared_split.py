@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from models.party import PartyAlignment
+from models.data.party import PartyAlignment
 
 TRAIN_FRACTION = 0.6
 VAL_FRACTION = 0.2  # the rest is the test set

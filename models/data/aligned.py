@@ -6,7 +6,7 @@ split over the shared nodes it labels. Otherwise every client trains against lab
 ``glasu train --party`` (one machine holds every folder) the labels of the parties that carry
 them, merged (they must agree on every shared node they both label), given to every client, and
 the split over the shared nodes that have a label. A deployed party has only its own labels:
-there the split is drawn over every aligned node (``models.shared_split.deployed_alignment``),
+there the split is drawn over every aligned node (``models.data.shared_split.deployed_alignment``),
 so every party that trains against labels needs one for every aligned node it holds.
 """
 
@@ -19,9 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from models.data import GraphDataset
-from models.partition import ClientPartition, aligned_partition, undirected_edges
-from models.party import (
+from models.data.partition import ClientPartition, aligned_partition, undirected_edges
+from models.data.party import (
     NO_LABEL,
     NOT_SHARED,
     PartyAlignment,
@@ -30,7 +29,8 @@ from models.party import (
     in_aligned_order,
     local_rows,
 )
-from models.shared_split import split_nodes, split_note
+from models.data.planetoid import GraphDataset
+from models.data.shared_split import split_nodes, split_note
 
 
 @dataclass(frozen=True)
