@@ -24,7 +24,7 @@ seeded per pass, dropout masks come from the restored generator, and the DP nois
   service's sum holds; a pass the service answers differently this time is another release,
   with independent noise, and the ledger counts it. Nothing about the noise is saved;
 - reproducible test noise (``--noise-seed``): the generator's state
-  (``secure.dp.NoiseSource.state_dict``).
+  (``secure.noise.NoiseSource.state_dict``).
 
 Before each share is uploaded, the SHA-256 of its plaintext is written to a small upload
 journal beside the checkpoint (``<session id>-client<m>.uploads.json``). When a resumed worker
@@ -55,8 +55,8 @@ from models.data.partition import ClientPartition
 from models.federated import GlasuClient
 from models.workset import STATE_CLASSES
 from secure.aggregation import EmbeddingCodec
-from secure.dp import NoiseStateError
 from secure.files import FileFormat, atomic_write
+from secure.noise import NoiseStateError
 
 #: 3: the client's own ``state_dict`` (format 2, of glasu before it, is refused)
 CHECKPOINT = FileFormat(kind="glasu-worker-checkpoint", version=3, title="glasu worker checkpoint")

@@ -37,7 +37,8 @@ from models.layers import Block
 from models.outcome import PassOutcome, score_evaluation
 from models.workset import CachedBatch
 from secure.aggregation import EmbeddingCodec
-from secure.dp import GaussianNoise, NoiseSource, privatize, require_private_noise
+from secure.dp import privatize
+from secure.noise import GaussianNoise, NoiseSource, require_private_noise
 from secure.privacy import RELEASE_LAYER, SessionPrivacy
 from secure.protocol import Request, Response
 from secure.release_noise import release_digest
@@ -116,7 +117,7 @@ class PrivateGlasuClient(GlasuClient):
 
     def state_dict(self) -> dict[str, Any]:
         """:meth:`GlasuClient.state_dict`, the party-alone reference (model, optimiser, dropout
-        generator) and the release's noise (``secure.dp.NoiseSource.state_dict``: nothing for
+        generator) and the release's noise (``secure.noise.NoiseSource.state_dict``: nothing for
         release-keyed noise, the generator of seeded test noise)."""
         return {
             **super().state_dict(),
@@ -129,7 +130,7 @@ class PrivateGlasuClient(GlasuClient):
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Put back a :meth:`state_dict` (``secure.dp.NoiseStateError`` for another noise)."""
+        """Put back a :meth:`state_dict` (``secure.noise.NoiseStateError`` for another noise)."""
         super().load_state_dict(state)
         reference = state["reference"]
         self.reference.load_state_dict(reference["network"])
@@ -255,7 +256,7 @@ REPRODUCIBLE_NOISE_ENV = "GLASU_TEST_REPRODUCIBLE_NOISE"
 
 def noise_source(*, noise_seed: int | None, client: int) -> GaussianNoise:
     """Cryptographic noise (a fresh ChaCha20 key per draw), or, for tests, noise from a fixed
-    seed: refused (:class:`secure.dp.NotPrivateNoiseError`) unless ``REPRODUCIBLE_NOISE_ENV``
+    seed: refused (:class:`secure.noise.NotPrivateNoiseError`) unless ``REPRODUCIBLE_NOISE_ENV``
     is set, since its noise can be reproduced and removed."""
     if noise_seed is None:
         return GaussianNoise()

@@ -29,7 +29,7 @@ from typing import Any, Final
 import numpy as np
 from randomgen import ChaCha
 
-from secure.dp import GaussianNoise, NoiseSource
+from secure.noise import GaussianNoise, NoiseSource
 
 SECRET_BYTES: Final = 32
 _PERSON: Final = b"glasu-noise-v1"  # BLAKE2b personalisation: at most 16 bytes

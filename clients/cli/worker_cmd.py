@@ -109,7 +109,7 @@ def _run(settings: WorkerSettings, *, quiet: bool) -> int:
     from models.data.partition import load_partition
     from models.device import resolve_device
     from secure.ckks import make_codec
-    from secure.dp import NotPrivateNoiseError
+    from secure.noise import NotPrivateNoiseError
     from secure.protocol import ProtocolViolation
 
     torch.set_num_threads(settings.threads)

@@ -32,8 +32,8 @@ from models.private import REPRODUCIBLE_NOISE_ENV, PrivateGlasuClient
 from models.trainer import Security, prepare_security
 from secure import files as files_module
 from secure.aggregation import PlainCodec
-from secure.dp import GaussianNoise
 from secure.files import atomic_write
+from secure.noise import GaussianNoise
 from secure.protocol import Aggregate, EmbeddingRequest
 from secure.release_noise import ReleaseKeyedNoise, ReleaseSecret
 from secure.schedule import SessionSchedule

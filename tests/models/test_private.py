@@ -138,7 +138,7 @@ def test_shared_noise_splits_the_variance() -> None:
 def test_a_fixed_noise_seed_is_refused_outside_tests_and_marked_not_private(
     monkeypatch: pytest.MonkeyPatch, cora
 ) -> None:
-    from secure.dp import NotPrivateNoiseError
+    from secure.noise import NotPrivateNoiseError
 
     config = TrainConfig(**{**PRIVATE, "rounds": 1, "eval_every": 0})
     report = train_inprocess(config, dataset=cora, progress=False)

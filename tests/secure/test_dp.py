@@ -1,4 +1,4 @@
-"""Tests for secure/dp.py: clipping, sensitivity, noise, shared noise."""
+"""Tests for secure/dp.py and secure/noise.py: clipping, sensitivity, noise, shared noise."""
 
 from __future__ import annotations
 
@@ -10,20 +10,17 @@ import pytest
 from randomgen import ChaCha
 from scipy import stats
 
-from secure import dp
+from secure import dp, noise
 from secure.dp import (
-    GaussianNoise,
-    NoiseSource,
-    NotPrivateNoiseError,
     affected_rows,
     clip_rows,
     effective_noise_multiplier,
     node_sensitivity,
     per_client_noise_std,
     privatize,
-    require_private_noise,
     row_count_sensitivity,
 )
+from secure.noise import GaussianNoise, NoiseSource, NotPrivateNoiseError, require_private_noise
 
 # ------------------------------------------------------------------------------------------
 # clipping
@@ -370,10 +367,10 @@ def test_unseeded_noise_is_keyed_from_secrets(monkeypatch: pytest.MonkeyPatch) -
         calls.append(k)
         return key
 
-    monkeypatch.setattr(dp.secrets, "randbits", randbits)
+    monkeypatch.setattr(noise.secrets, "randbits", randbits)
     got = GaussianNoise().sample((300, 7), std=1.5)
     assert calls == [256]
-    expected = dp._standard_normal(np.random.Generator(ChaCha(key=key, counter=0)), (300, 7))
+    expected = noise._standard_normal(np.random.Generator(ChaCha(key=key, counter=0)), (300, 7))
     assert np.array_equal(got, 1.5 * expected)
 
 
@@ -400,7 +397,7 @@ def test_noise_mean_and_std_on_a_large_sample() -> None:
     assert abs(x.std() - std) < 5 * std / math.sqrt(2 * n)
     assert abs(x.mean()) < 5 * std / math.sqrt(n)
     # the tail (re-drawn at full resolution) has the right weight
-    for t in (2.0, dp._TAIL_START, 4.5):
+    for t in (2.0, noise._TAIL_START, 4.5):
         p = 2 * stats.norm.sf(t)
         frac = float(np.mean(np.abs(x) >= t * std))
         assert abs(frac - p) < 5 * math.sqrt(p * (1 - p) / n), t
@@ -409,23 +406,23 @@ def test_noise_mean_and_std_on_a_large_sample() -> None:
 def test_seeded_noise_is_gaussian_in_bulk_and_tail() -> None:
     z = GaussianNoise(seed=11).sample(1_000_000, std=1.0)
     assert stats.kstest(z, "norm").pvalue > 1e-3
-    tail = z[z >= dp._TAIL_START]
+    tail = z[z >= noise._TAIL_START]
     assert tail.size > 100
-    assert stats.kstest(tail, stats.truncnorm(dp._TAIL_START, np.inf).cdf).pvalue > 1e-3
+    assert stats.kstest(tail, stats.truncnorm(noise._TAIL_START, np.inf).cdf).pvalue > 1e-3
     assert np.mean(z < 0) == pytest.approx(0.5, abs=5 * 0.5 / math.sqrt(z.size))
 
 
-@pytest.mark.parametrize("start", [dp._TAIL_START, 8.0])
+@pytest.mark.parametrize("start", [noise._TAIL_START, 8.0])
 def test_gaussian_tail_is_the_conditional_gaussian(start: float) -> None:
     gen = np.random.Generator(np.random.PCG64DXSM(21))
-    t = dp._gaussian_tail(gen, 50_000, start)
+    t = noise._gaussian_tail(gen, 50_000, start)
     assert t.min() >= start
     assert stats.kstest(t, stats.truncnorm(start, np.inf).cdf).pvalue > 1e-3
 
 
 def test_uniform_open_is_uniform_with_fine_resolution_near_zero() -> None:
     gen = np.random.Generator(np.random.PCG64DXSM(4))
-    u = dp._uniform_open(gen, 1_000_000)
+    u = noise._uniform_open(gen, 1_000_000)
     assert u.min() > 0.0 and u.max() < 1.0
     assert stats.kstest(u, "uniform").pvalue > 1e-3
     # binade j = floor(-log2 u) has probability 2^-(j+1)
@@ -447,7 +444,7 @@ def test_uniform_open_counts_leading_zeros_across_words() -> None:
                 return self.words.pop(0)[:size]
             return np.full(size, 2**51, dtype=np.int64)
 
-    u = dp._uniform_open(Scripted(), 3)  # type: ignore[arg-type]
+    u = noise._uniform_open(Scripted(), 3)  # type: ignore[arg-type]
     # e = 32 + 32 + 31 leading zeros: U = 1.5 * 2^-96
     assert np.array_equal(u, np.full(3, 1.5 * 2.0**-96))
 
