@@ -10,7 +10,7 @@ import pytest
 from randomgen import ChaCha
 from scipy import stats
 
-from secure import dp, noise
+from secure import noise
 from secure.dp import (
     affected_rows,
     clip_rows,
