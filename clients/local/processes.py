@@ -198,7 +198,7 @@ def start_serve(
     root: Path,
     *,
     admin_token: str,
-    database: Path | None = None,
+    database: Path | str | None = None,
     name: str = "service",
     extra_args: Sequence[str] = (),
     tls_dir: Path | None = None,
@@ -209,16 +209,20 @@ def start_serve(
 ) -> ServedService:
     """Start ``command(*serve arguments)`` (default: this interpreter's ``glasu serve``) on
     loopback at ``port`` (default: a free one), on ``database`` (default ``root /
-    service.sqlite3``), with ``admin_token`` in the private file ``root / admin.token`` and its
-    log in ``root / name.log``. ``extra_args``: more ``serve`` options (``--public-context
-    PATH``). ``tls_dir``: serve HTTPS with the ``server.crt`` and ``server.key`` there
-    (deploy/dev-ca.sh), trusting its ``ca.crt``. Does not wait: call
+    service.sqlite3``; a ``postgresql://`` URL goes to the process as ``GLASU_DATABASE``, off
+    its command line, where it could show a password), with ``admin_token`` in the private file
+    ``root / admin.token`` and its log in ``root / name.log``. ``extra_args``: more ``serve``
+    options (``--public-context PATH``). ``tls_dir``: serve HTTPS with the ``server.crt`` and
+    ``server.key`` there (deploy/dev-ca.sh), trusting its ``ca.crt``. Does not wait: call
     :meth:`ServedService.wait_healthy`."""
     port = port or free_port()
     token_file = secret_file(root / "admin.token", admin_token)
+    database_args = ["--database", str(database or root / "service.sqlite3")]
+    if isinstance(database, str) and "://" in database:
+        env = {**(os.environ if env is None else env), "GLASU_DATABASE": database}
+        database_args = []
     serve_args = [
-        "serve", "--host", "127.0.0.1", "--port", str(port),
-        "--database", str(database or root / "service.sqlite3"),
+        "serve", "--host", "127.0.0.1", "--port", str(port), *database_args,
         "--admin-token-file", str(token_file), "--log-level", "warning", *extra_args,
     ]  # fmt: skip
     scheme, verify = "http", True
