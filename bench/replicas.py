@@ -61,8 +61,23 @@ def haproxy_binary() -> Path | None:
     return DEBIAN_HAPROXY if DEBIAN_HAPROXY.exists() else None
 
 
+class StoppedOnExit:
+    """``with`` stops it (``self.stop()``), whatever happens."""
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, _: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
 @dataclass
-class Replicas:
+class Replicas(StoppedOnExit):
     """``glasu serve`` processes sharing one database and one admin token."""
 
     services: list[ServedService]
@@ -84,14 +99,6 @@ class Replicas:
 
     def stop(self) -> None:
         stop_all(self.processes)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
 
 def start_replicas(
@@ -132,7 +139,7 @@ def start_replicas(
 
 
 @dataclass
-class HAProxy:
+class HAProxy(StoppedOnExit):
     """HAProxy in the foreground on a free loopback port, in front of some HTTP backends."""
 
     managed: ManagedProcess
@@ -204,22 +211,13 @@ class HAProxy:
     def stop(self) -> None:
         stop_all([self.managed])
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
 
 def haproxy_config(backends: Sequence[str], port: int) -> str:
     """HTTP mode, round robin, no stickiness (no cookie, no ``prefer-last-server``), health
     checks on ``/healthz``, timeouts above the longest long poll, one access line per request
     on standard output."""
     servers = "\n".join(
-        f"    server replica-{i} {url.split('://', 1)[1]} check"
-        for i, url in enumerate(backends)
+        f"    server replica-{i} {url.split('://', 1)[1]} check" for i, url in enumerate(backends)
     )
     timeout = f"{PROXY_TIMEOUT_SECONDS}s"
     return f"""\

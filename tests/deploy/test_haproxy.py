@@ -39,8 +39,10 @@ def two_replicas(tmp_path: Path) -> Iterator[tuple[Replicas, HAProxy]]:
             yield replicas, proxy
 
 
-def test_haproxy_balances_every_request_round_robin(two_replicas: tuple[Replicas, HAProxy]):
-    replicas, proxy = two_replicas
+def test_haproxy_balances_every_request_round_robin(
+    two_replicas: tuple[Replicas, HAProxy],
+) -> None:
+    _, proxy = two_replicas
     before = proxy.served_by("GET")
     with httpx.Client(base_url=proxy.url, timeout=10) as http:  # one keep-alive connection
         codes = [http.get("/healthz").status_code for _ in range(REQUESTS)]
