@@ -5,6 +5,8 @@ service of tests/e2e/test_replicas.py and ``bench/load.py --replicas N``.
     with replicas, HAProxy.start(replicas.urls, root) as proxy:
         ...  # every client talks to proxy.url; replicas.kill(1) is kill -9
 
+    python -m bench.replicas --database postgresql://... [--replicas 3]   # until Ctrl-C
+
 HAProxy (Debian's ``haproxy``, run in the foreground) balances every request round robin, with
 no stickiness: consecutive requests of one keep-alive connection go to different replicas, so
 any replica must be able to serve any request of any session. It checks each replica's
@@ -15,10 +17,13 @@ back as a 502 that the clients retry like any 5xx.
 
 from __future__ import annotations
 
+import argparse
 import re
 import secrets
 import shutil
 import signal
+import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -248,3 +253,31 @@ backend replicas
     default-server inter 1s fall 2 rise 2
 {servers}
 """
+
+
+def main() -> int:
+    """Replicas on ``--database`` behind HAProxy, on loopback, until Ctrl-C."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--database", required=True, help="postgresql://... (GLASU_DATABASE)")
+    parser.add_argument("--replicas", type=int, default=3)
+    parser.add_argument("--public-context", type=Path, help="to accept CKKS sessions")
+    args = parser.parse_args()
+    extra = ["--public-context", str(args.public_context)] if args.public_context else []
+    with tempfile.TemporaryDirectory(prefix="glasu-replicas-") as tmp:
+        root = Path(tmp)
+        with (
+            start_replicas(args.replicas, args.database, root, extra_args=extra) as replicas,
+            HAProxy.start(replicas.urls, root) as proxy,
+        ):
+            token_file = replicas.services[0].admin_token_file
+            print(f"{args.replicas} replicas behind {proxy.url}; admin token in {token_file}")
+            try:
+                while all(s.process.poll() is None for s in replicas.services):
+                    time.sleep(1.0)
+            except KeyboardInterrupt:
+                return 0
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
