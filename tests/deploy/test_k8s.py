@@ -8,7 +8,14 @@ from typing import Any
 
 import pytest
 import yaml
-from deploykit import K8S, k8s_resources, kustomizations, pod_specs
+from deploykit import (
+    K8S,
+    k8s_patches,
+    k8s_resources,
+    kustomizations,
+    pod_specs,
+    render_kustomization,
+)
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
@@ -41,7 +48,7 @@ def test_the_schema_check_can_fail() -> None:
 
 
 def test_every_manifest_is_listed_in_a_kustomization() -> None:
-    listed = {path for path, _ in k8s_resources()}
+    listed = {path for path, _ in k8s_resources()} | k8s_patches()
     on_disk = {p for p in K8S.rglob("*.yaml") if p.name != "kustomization.yaml"}
     assert on_disk == listed
     for folder, kustomization in kustomizations().items():
@@ -70,6 +77,8 @@ def test_every_reference_resolves() -> None:
     for path, workload, spec in pod_specs():
         where = f"{path.name}:{workload['metadata']['name']}"
         volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        templates = workload["spec"].get("volumeClaimTemplates", [])  # a StatefulSet's claims
+        volumes |= {t["metadata"]["name"]: {"claimTemplate": t} for t in templates}
         for volume in volumes.values():
             if "secret" in volume:
                 assert volume["secret"]["secretName"] in secrets, where
@@ -86,6 +95,9 @@ def test_every_reference_resolves() -> None:
                 ref = env.get("valueFrom", {}).get("configMapKeyRef")
                 if ref:
                     assert ref["name"] in config_maps, where
+                ref = env.get("valueFrom", {}).get("secretKeyRef")
+                if ref:
+                    assert ref["name"] in secrets, where
 
 
 def _one(kind: str, name: str | None = None) -> dict[str, Any]:
@@ -228,3 +240,76 @@ def test_key_material_fits_in_a_secret(tmp_path: Path) -> None:
     generate_keys(tmp_path)
     for name in ("secret.context", "public.context"):
         assert (tmp_path / name).stat().st_size < SECRET_LIMIT_BYTES * 3 // 4  # base64 room
+
+
+DATABASE_LABELS = {"app.kubernetes.io/name": "glasu", "app.kubernetes.io/component": "database"}
+
+
+@pytest.fixture(scope="module")
+def scaled_out(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """deploy/k8s/service-postgresql rendered by `kubectl kustomize` (the base and the patch)."""
+    return render_kustomization("service-postgresql", tmp_path_factory.mktemp("kustomize"))
+
+
+def _rendered(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    (found,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    return found
+
+
+def test_the_scaled_out_service_renders_to_valid_objects(scaled_out: list[dict[str, Any]]):
+    version = kubernetes_validate.latest_version()
+    for doc in scaled_out:
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{doc['kind']}/{doc['metadata']['name']}: {exc.message}")
+    assert all(d["metadata"].get("namespace", "glasu") == "glasu" for d in scaled_out)
+    # SQLite's claim is gone; PostgreSQL's data is the StatefulSet's own claim
+    assert not [d for d in scaled_out if d["kind"] == "PersistentVolumeClaim"]
+
+
+def test_the_service_runs_several_replicas_on_postgresql(scaled_out: list[dict[str, Any]]):
+    spec = _rendered(scaled_out, "Deployment", "glasu-service")["spec"]
+    assert spec["replicas"] >= 2
+    assert spec["strategy"]["type"] == "RollingUpdate"
+    assert spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    pod = spec["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    database = env["GLASU_DATABASE"]
+    assert "value" not in database  # from the Secret only
+    assert database["valueFrom"]["secretKeyRef"] == {"name": "glasu-database", "key": "url"}
+    _rendered(scaled_out, "Secret", "glasu-database")
+    assert not any("persistentVolumeClaim" in v for v in pod["volumes"])
+    assert "/var/lib/glasu" not in {m["mountPath"] for m in container["volumeMounts"]}
+    assert container["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    # the rest of the base stays: TLS, the admin token, the public context
+    assert {"GLASU_TLS_CERTFILE", "GLASU_ADMIN_TOKEN_FILE", "GLASU_PUBLIC_CONTEXT"} <= set(env)
+
+
+def test_postgresql_runs_as_a_statefulset_reachable_from_the_service_only(
+    scaled_out: list[dict[str, Any]],
+) -> None:
+    statefulset = _rendered(scaled_out, "StatefulSet", "glasu-postgres")["spec"]
+    assert statefulset["replicas"] == 1 and statefulset["serviceName"] == "glasu-postgres"
+    pod = statefulset["template"]
+    assert pod["metadata"]["labels"] == DATABASE_LABELS == statefulset["selector"]["matchLabels"]
+    (container,) = pod["spec"]["containers"]
+    assert container["image"].startswith("postgres:")
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    password = env["POSTGRES_PASSWORD_FILE"]
+    mount = mounts[str(Path(password).parent)]
+    assert mount["readOnly"]
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == mount["name"])
+    assert volume["secret"]["secretName"] == "glasu-postgres"
+    (claim,) = statefulset["volumeClaimTemplates"]
+    assert env["PGDATA"].startswith(mounts["/var/lib/postgresql/data"]["mountPath"] + "/")
+    assert mounts["/var/lib/postgresql/data"]["name"] == claim["metadata"]["name"]
+    service = _rendered(scaled_out, "Service", "glasu-postgres")["spec"]
+    assert service["selector"] == DATABASE_LABELS and service["ports"][0]["port"] == 5432
+    policy = _rendered(scaled_out, "NetworkPolicy", "glasu-postgres-ingress")["spec"]
+    assert policy["podSelector"]["matchLabels"] == DATABASE_LABELS
+    (rule,) = policy["ingress"]
+    assert rule["from"] == [{"podSelector": {"matchLabels": SERVICE_LABELS}}]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 5432}]
