@@ -112,6 +112,8 @@ def k8s_containers() -> list[Container]:
     for path, workload, spec in pod_specs():
         for container in spec.get("initContainers", []) + spec["containers"]:
             image = container["image"]
+            if not image.startswith("glasu-"):
+                continue  # PostgreSQL's official image: no glasu command, no GLASU_* setting
             argv = container.get("command") or _image_entrypoint(image)
             argv = [
                 *argv,
