@@ -26,7 +26,13 @@ from models.layout import layout_federation
 from models.private import REPRODUCIBLE_NOISE_ENV
 from models.report import RunReport
 
-pytestmark = pytest.mark.e2e
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        haproxy_binary() is None,
+        reason="HAProxy is not installed (Debian: apt-get install haproxy; .ci/run does)",
+    ),
+]
 
 REPLICAS = 3
 VICTIM = 1
@@ -66,8 +72,6 @@ def single_process(cora, tmp_path_factory: pytest.TempPathFactory, reproducible_
 def test_replicas_behind_haproxy_survive_a_kill(
     cora, tmp_path: Path, postgres_cluster, single_process: RunReport, reproducible_noise
 ) -> None:
-    if haproxy_binary() is None:
-        pytest.skip("HAProxy is not installed (Debian: apt-get install haproxy; .ci/run does)")
     from secure.ckks import generate_keys
 
     secret_context, public_context = generate_keys(tmp_path / "keys")
