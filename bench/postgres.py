@@ -116,7 +116,10 @@ class PostgresCluster:
 
     def _run_server(self) -> None:
         # fsync stays on: the tests check what the store asks of the server, not disk speed.
-        options = f"-c listen_addresses=127.0.0.1 -c port={self.port} -k {self.data}"
+        options = (
+            f"-c listen_addresses=127.0.0.1 -c port={self.port} -k {self.data}"
+            " -c max_connections=400"
+        )
         self._as_server(
             [
                 str(self.binaries / "pg_ctl"),
