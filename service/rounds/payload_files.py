@@ -17,6 +17,7 @@ when the store discards the pass's payloads.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -96,6 +97,24 @@ class PayloadFiles:
         for pass_dir in session_dir.iterdir():
             if pass_dir.name.isdigit() and int(pass_dir.name) < before_pass:
                 shutil.rmtree(pass_dir, ignore_errors=True)
+
+    def stored(self) -> Iterator[tuple[str, int, int, int | None, bytes | None, Path]]:
+        """Every body kept: (session, pass, layer, client and sha256 of a share or None for a
+        sum, file)."""
+        for path in sorted(self.root.glob("*/*/l*")):
+            session_id, pass_index = path.parent.parent.name, int(path.parent.name)
+            if path.suffix == ".sum":
+                yield session_id, pass_index, int(path.stem[1:]), None, None, path
+            elif path.suffix == ".share":
+                layer, client, sha256 = path.stem.split("-")
+                yield (
+                    session_id,
+                    pass_index,
+                    int(layer[1:]),
+                    int(client[1:]),
+                    bytes.fromhex(sha256),
+                    path,
+                )
 
     def _pass_dir(self, session_id: str, pass_index: int) -> Path:
         return self.root / session_id / str(pass_index)

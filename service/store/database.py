@@ -39,6 +39,7 @@ beside an SQLite database, table ``payloads`` in PostgreSQL.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -99,6 +100,7 @@ class Store:
         """``database``: an SQLite file's path, or a ``postgresql://`` URL. ``clock``: the
         system's on SQLite, the database's on PostgreSQL, unless given."""
         self.path: Path | None = None
+        self._local = threading.local()
         self.url: str | None = None
         self._engine: SqliteEngine | PostgresEngine
         if is_database_url(database):
@@ -109,7 +111,11 @@ class Store:
             self.path = Path(database)
             self._engine = SqliteEngine(self.path)
             self.clock = clock or SystemClock()
-        self.migrate("store", STORE_MIGRATIONS)
+        try:
+            self.migrate("store", STORE_MIGRATIONS)
+        except BaseException:
+            self._engine.close()
+            raise
 
     @classmethod
     def open(cls, database: str | Path, clock: Clock | None = None) -> Store:
@@ -143,8 +149,19 @@ class Store:
     def transaction(self, *, durable: bool = False) -> Iterator[Transaction]:
         """One atomic transaction. ``durable``: its ``COMMIT`` returns only once it is on disk,
         so it survives a power loss; needed to append the privacy ledger."""
-        with self._engine.transaction(durable=durable) as connection:
-            yield Transaction(connection, self.clock, durable=durable)
+        depth = getattr(self._local, "depth", 0)
+        self._local.depth = depth + 1
+        try:
+            with self._engine.transaction(durable=durable) as connection:
+                yield Transaction(connection, self.clock, durable=durable)
+        finally:
+            self._local.depth = depth
+
+    @property
+    def in_transaction(self) -> bool:
+        """Whether the calling thread is inside one of this store's transactions (holding the
+        SQLite lock, or a PostgreSQL connection and its locks)."""
+        return getattr(self._local, "depth", 0) > 0
 
     def ping(self) -> None:
         self._engine.ping()
