@@ -7,13 +7,16 @@
   it (as a file is), or, when the caller passes its transaction (``tx=``), in that transaction:
   either way a committed row always has its body.
 
-Measured on the development VM (2 shared cores, loopback PostgreSQL 15, fsync on), a 4 MB share:
-written as a file (no sync, as shares are) ~3 ms, as a ``bytea`` row ~25 ms; read back ~1 ms
-vs ~6 ms. The database is the slower of the two, but it is the only one that every replica
-reads without a shared file system (NFS, a ReadWriteMany volume), that commits a body and its
-row atomically, and that drops a pass's bodies in the transaction that discards them; a sum is
-read once from it per replica (then from the recent-sums cache) and a share once, when the sum
-is completed after a restart. Hence: files on SQLite, the database on PostgreSQL.
+Measured on the development VM (2 cores shared with other work, so medians of 10, rough;
+loopback PostgreSQL 15 with fsync on), a 4 MB share: written as a file (no sync, as shares are)
+6 to 11 ms, as a ``bytea`` row 72 ms (31 at best: the body goes through the WAL and TOAST); a
+synced sum 13 to 28 ms vs 46; read back 0.6 ms vs 17 ms (binary results; 98 ms in text, which
+hex-encodes it). The database is several times slower, but it is the only one that every
+replica reads without a shared file system (NFS, a ReadWriteMany volume), that commits a body
+and its row atomically, and that drops a pass's bodies in the transaction that discards them;
+and the cost stays off the session's lock (a share is written before its row's transaction), a
+share is read back at most once (by whichever replica forms the sum), and a sum once per replica
+(then from the recent-sums cache). Hence: files on SQLite, the database on PostgreSQL.
 """
 
 from __future__ import annotations

@@ -61,7 +61,10 @@ class Connection:
         return self.dialect.backend
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Rows:
-        return self._raw.execute(self.dialect.query(sql), tuple(params))  # type: ignore[no-any-return]
+        if self.backend == "sqlite":
+            return self._raw.execute(sql, tuple(params))  # type: ignore[no-any-return]
+        # binary results: a bytea body arrives as its bytes, not as text twice its size
+        return self._raw.execute(self.dialect.query(sql), tuple(params), binary=True)  # type: ignore[no-any-return]
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         if isinstance(self._raw, sqlite3.Connection):
