@@ -6,6 +6,10 @@ production, :class:`ManualClock` in tests, which moves only when the test advanc
 no test waits for real time to pass. ``SystemClock`` reads ``time.time`` at each call, so a
 process that replaces ``time.time`` (the straggler end-to-end test speeds up ``glasu serve``'s
 clock that way) changes the service's clock too.
+
+Several replicas on one PostgreSQL database must agree on the time (a straggler deadline set by
+one is checked by another): there the store's clock is a :class:`DatabaseClock`, the
+database's ``clock_timestamp()``.
 """
 
 from __future__ import annotations
@@ -39,6 +43,43 @@ class SystemClock:
 
     def call_at(self, at: float, callback: Callable[[], None]) -> Timer:
         return asyncio.get_running_loop().call_later(max(0.0, at - time.time()), callback)
+
+
+class DatabaseClock:
+    """The database's time, read cheaply: the offset between ``read_database_time()`` and the
+    local monotonic clock is measured (at the middle of the query's round trip, so it is off by
+    at most half of it) and refreshed every ``refresh_seconds``; ``now()`` is the monotonic
+    clock plus that offset, and never goes back. Every replica thus reads the database's one
+    clock, within a round trip, whatever each machine's wall clock says."""
+
+    def __init__(
+        self, read_database_time: Callable[[], float], *, refresh_seconds: float = 30.0
+    ) -> None:
+        self._read = read_database_time
+        self._refresh_seconds = refresh_seconds
+        self._lock = threading.Lock()
+        self._offset = 0.0
+        self._measured_at = -float("inf")
+        self._last = -float("inf")
+        self._measure()
+
+    def now(self) -> float:
+        if time.monotonic() - self._measured_at > self._refresh_seconds:
+            self._measure()
+        with self._lock:
+            self._last = max(self._last, time.monotonic() + self._offset)
+            return self._last
+
+    def call_at(self, at: float, callback: Callable[[], None]) -> Timer:
+        return asyncio.get_running_loop().call_later(max(0.0, at - self.now()), callback)
+
+    def _measure(self) -> None:
+        before = time.monotonic()
+        at = self._read()
+        after = time.monotonic()
+        with self._lock:
+            self._offset = at - (before + after) / 2
+            self._measured_at = after
 
 
 class ManualClock:

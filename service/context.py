@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from service.aggregators import Aggregators, PublicContext
 from service.alignment import AlignmentManager
-from service.clock import Clock, SystemClock
+from service.clock import Clock
 from service.limits import ByteBudget
 from service.notify import SessionNotifier
 from service.plan import PlanCache
@@ -38,14 +38,15 @@ class ServiceContext:
 
 
 def build_context(settings: ServiceSettings, clock: Clock | None = None) -> ServiceContext:
-    """``clock``: the system's by default (tests pass a :class:`~service.clock.ManualClock`)."""
-    clock = clock or SystemClock()
+    """``clock``: the store's by default (the system's, or on PostgreSQL the database's; tests
+    pass a :class:`~service.clock.ManualClock`)."""
     admin_token = settings.admin_token_value
     if not admin_token:  # settings validation already refuses this; never run without a token
         raise RuntimeError("refusing to start without an admin token")
     # Load the context before touching the database, so a secret context stops us early.
     context = PublicContext.read(settings.public_context) if settings.public_context else None
     store = Store(settings.database, clock)
+    clock = store.clock
     aggregators = Aggregators(context)
     plans = PlanCache()
 

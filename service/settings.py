@@ -10,20 +10,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, FilePath, PrivateAttr, SecretStr, model_validator
+from pydantic import Field, FilePath, PrivateAttr, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MIN_ADMIN_TOKEN_LENGTH = 16
 MAX_LONG_POLL_SECONDS = 60.0
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 TOKEN_HINT = "generate one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'"
 
 
 class ServiceSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GLASU_", extra="forbid")
 
-    database: Path = Field(
+    database: Path | str = Field(
         Path("./glasu-service.sqlite3"),
-        description="SQLite file holding sessions, tokens, round progress and the privacy ledger.",
+        description="Where sessions, tokens, round progress and the privacy ledger live: an SQLite"
+        " file (one process), or a postgresql://user@host/dbname URL (replicas share it).",
     )
     admin_token: SecretStr | None = Field(
         None, description="Bearer token for the admin routes (or use admin_token_file)."
@@ -71,6 +73,14 @@ class ServiceSettings(BaseSettings):
 
     _resolved_admin_token: str = PrivateAttr(default="")
 
+    @field_validator("database", mode="before")
+    @classmethod
+    def _database_path_or_url(cls, value: Any) -> Path | str:
+        """A ``postgresql://`` (or ``postgres://``) URL stays a string; anything else is a
+        path."""
+        text = str(value)
+        return text if text.startswith(POSTGRES_SCHEMES) else Path(value)
+
     def __init__(self, **values: Any) -> None:
         # An admin token given explicitly (a CLI flag) replaces one from the environment, even
         # when the environment names the other kind (GLASU_ADMIN_TOKEN vs ..._FILE).
@@ -113,6 +123,16 @@ class ServiceSettings(BaseSettings):
         if (self.tls_certfile is None) != (self.tls_keyfile is None):
             raise ValueError("tls_certfile and tls_keyfile must be given together")
         return self
+
+    @property
+    def database_url(self) -> str | None:
+        """The PostgreSQL URL, or None for an SQLite file."""
+        return self.database if isinstance(self.database, str) else None
+
+    @property
+    def database_path(self) -> Path | None:
+        """The SQLite file, or None for PostgreSQL."""
+        return self.database if isinstance(self.database, Path) else None
 
     @property
     def admin_token_value(self) -> str:

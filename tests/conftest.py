@@ -1,12 +1,17 @@
 """Shared fixtures: the real Planetoid datasets, copied from ../shared/datasets into a temporary
-directory (the shared copy is read-only and tests never download)."""
+directory (the shared copy is read-only and tests never download), and a throwaway PostgreSQL
+cluster (bench/postgres.py) for the tests that run the service on PostgreSQL."""
 
 from __future__ import annotations
 
 import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from bench.postgres import PostgresCluster, postgres_binaries
 
 SHARED_DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "planetoid"
 
@@ -26,3 +31,20 @@ def cora(data_dir: Path):
     from models.data.planetoid import load_dataset
 
     return load_dataset("cora", data_dir=data_dir, split="paper", seed=0)
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster() -> Iterator[PostgresCluster]:
+    """One PostgreSQL server for the whole run (each test makes its own database with
+    ``new_database``); skips where PostgreSQL is not installed (CI installs it: .ci/run)."""
+    if postgres_binaries() is None:
+        pytest.skip("PostgreSQL is not installed (apt-get install postgresql): skipping its tests")
+    # not under pytest's temporary folder: as root the server runs as user postgres, who
+    # cannot enter root's private folders
+    root = Path(tempfile.mkdtemp(prefix="glasu-postgres-"))
+    cluster = PostgresCluster.start(root)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)

@@ -1,4 +1,6 @@
-"""``glasu serve``: run the aggregation service (the service container's entrypoint).
+"""``glasu serve``: run the aggregation service (the service container's entrypoint), or with
+``--migrate-to postgresql://...`` copy its SQLite database (and payload files) into an empty
+PostgreSQL database and exit (docs/deploy.md, "SQLite or PostgreSQL").
 
 Only the settings model is imported to build the parser; the app, uvicorn and the encryption
 are imported when the command runs."""
@@ -6,11 +8,18 @@ are imported when the command runs."""
 from __future__ import annotations
 
 import argparse
+import os
+from contextlib import closing
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from clients.cli.errors import failing_as
 from clients.cli.options import add_command
 from clients.cli.settings_args import add_settings_arguments, settings_from_args
-from service.settings import ServiceSettings
+from service.settings import POSTGRES_SCHEMES, ServiceSettings
+
+if TYPE_CHECKING:
+    from service.store import Store
 
 
 def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -28,10 +37,20 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         action="store_true",
         help="check the settings (and the public context) and exit",
     )
+    p.add_argument(
+        "--migrate-to",
+        metavar="URL",
+        help="copy the SQLite --database (sessions, ledger, alignments and payload files) into"
+        " the empty PostgreSQL database at URL (postgresql://...), then exit; a database that"
+        " holds any table is refused",
+    )
     return p
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.migrate_to:
+        with failing_as("the database cannot be migrated"):
+            return migrate_to(_sqlite_database(args), args.migrate_to)
     settings = settings_from_args(ServiceSettings, args)
     from service.app import create_app
     from service.server import serve
@@ -44,3 +63,58 @@ def run(args: argparse.Namespace) -> int:
     with failing_as("the service cannot start"):
         serve(settings)
     return 0
+
+
+def migrate_to(source: Path, url: str) -> int:
+    """Copy the SQLite database ``source`` and its payload files into the empty PostgreSQL
+    database ``url``, in one transaction."""
+    from service.rounds.payload_files import PayloadFiles
+    from service.store.payload_rows import SUM_CLIENT
+    from service.store.transfer import check_empty, copy_rows
+
+    if not url.startswith(POSTGRES_SCHEMES):
+        raise ValueError(f"--migrate-to takes a postgresql:// URL, not {url!r}")
+    if not source.is_file():
+        raise FileNotFoundError(f"no SQLite database at {source}")
+    check_empty(url)
+    with (
+        closing(_open_store(source)) as sqlite,
+        closing(_open_store(url)) as postgres,
+        postgres.transaction() as tx,
+    ):
+        copied = copy_rows(sqlite, tx)
+        bodies = 0
+        for session_id, pass_index, layer, client, sha256, path in PayloadFiles.beside(
+            source
+        ).stored():
+            tx.put_payload(
+                session_id,
+                pass_index,
+                layer,
+                SUM_CLIENT if client is None else client,
+                sha256 or b"",
+                path.read_bytes(),
+            )
+            bodies += 1
+    rows = ", ".join(f"{table} {count}" for table, count in copied.items() if count)
+    print(f"copied {source} into PostgreSQL: {rows or 'no rows'}; {bodies} payload bodies")
+    return 0
+
+
+def _sqlite_database(args: argparse.Namespace) -> Path:
+    database = args.database or os.environ.get("GLASU_DATABASE")
+    if database is None:
+        database = ServiceSettings.model_fields["database"].default
+    if str(database).startswith(POSTGRES_SCHEMES):
+        raise ValueError("--migrate-to copies from an SQLite --database, not from PostgreSQL")
+    return Path(database)
+
+
+def _open_store(database: Path | str) -> Store:
+    """A store with its alignment tables, both migrated to this release's schema."""
+    from service.alignment.tables import create_alignment_tables
+    from service.store import Store
+
+    store = Store(database)
+    create_alignment_tables(store)
+    return store

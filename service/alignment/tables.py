@@ -1,5 +1,8 @@
-"""The alignments' tables, in the service's SQLite database (the store's connection, inside its
-transactions: ``Store.transaction()``).
+"""The alignments' tables, in the service's database (SQLite or PostgreSQL: the store's
+connection, inside its transactions: ``Store.transaction()``), with their own numbered
+migrations (component ``alignments``, see ``service/store/migrations.py``). On PostgreSQL a
+transaction holds the alignment's lock from its first read of the alignment's row, so that its
+checks-then-write stay atomic across replicas (as the sessions', ``service/store/engines.py``).
 
 An alignment keeps: its parties' token hashes; every blinded set a party posted, by owner and
 hop (the body and its poster's signature, if any, until the alignment is complete, then only
@@ -13,7 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from service.store import Store, Transaction
+from service.store.migrations import Migration, added_columns, schema
 
+# as first released; migration 2 adds the columns of ADDED_COLUMNS
 ALIGNMENT_SCHEMA = """
 CREATE TABLE IF NOT EXISTS alignments (
     id TEXT PRIMARY KEY,
@@ -24,9 +29,7 @@ CREATE TABLE IF NOT EXISTS alignments (
     aligned_nodes INTEGER,
     digest BLOB,
     created_at REAL NOT NULL,
-    updated_at REAL NOT NULL,
-    nodes TEXT NOT NULL DEFAULT 'intersection' CHECK (nodes IN ('intersection', 'union')),
-    shared_nodes INTEGER
+    updated_at REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS alignment_tokens (
     alignment_id TEXT NOT NULL REFERENCES alignments(id),
@@ -42,7 +45,6 @@ CREATE TABLE IF NOT EXISTS alignment_sets (
     sha256 BLOB NOT NULL,
     body BLOB,
     created_at REAL NOT NULL,
-    signature BLOB,
     PRIMARY KEY (alignment_id, owner, hop)
 );
 CREATE TABLE IF NOT EXISTS alignment_positions (
@@ -54,15 +56,21 @@ CREATE TABLE IF NOT EXISTS alignment_positions (
 """
 
 
-# columns added after the first release, by table, with their declarations (added in place on
-# open)
-ADDED_COLUMNS = {
-    "alignments": {
-        "nodes": "TEXT NOT NULL DEFAULT 'intersection' CHECK (nodes IN ('intersection', 'union'))",
-        "shared_nodes": "INTEGER",
-    },
-    "alignment_sets": {"signature": "BLOB"},
-}
+# columns added after the first release: (table, column, declaration)
+ADDED_COLUMNS = (
+    (
+        "alignments",
+        "nodes",
+        "TEXT NOT NULL DEFAULT 'intersection' CHECK (nodes IN ('intersection', 'union'))",
+    ),
+    ("alignments", "shared_nodes", "INTEGER"),
+    ("alignment_sets", "signature", "BLOB"),
+)
+
+ALIGNMENT_MIGRATIONS = (
+    Migration(1, "alignments, their tokens, sets and positions", schema(ALIGNMENT_SCHEMA)),
+    Migration(2, "columns added after the first release", added_columns(ADDED_COLUMNS)),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,16 +98,8 @@ class SetRow:
 
 
 def create_alignment_tables(store: Store) -> None:
-    """Create the tables if this database has none yet (idempotent)."""
-    with store.transaction() as tx:
-        for statement in ALIGNMENT_SCHEMA.split(";"):
-            if statement.strip():
-                tx.connection.execute(statement)
-        for table, added in ADDED_COLUMNS.items():
-            columns = {row[1] for row in tx.connection.execute(f"PRAGMA table_info({table})")}
-            for column, declaration in added.items():
-                if column not in columns:  # a database written before the column existed
-                    tx.connection.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+    """Create or migrate the tables (idempotent)."""
+    store.migrate("alignments", ALIGNMENT_MIGRATIONS)
 
 
 class AlignmentTables:
@@ -108,6 +108,7 @@ class AlignmentTables:
     def __init__(self, tx: Transaction) -> None:
         self._db = tx.connection
         self._now = tx.now
+        self._lock = tx.lock
 
     def insert(
         self,
@@ -132,6 +133,9 @@ class AlignmentTables:
         )
 
     def alignment(self, alignment_id: str) -> AlignmentRow | None:
+        """The alignment's row; no other transaction of the alignment runs from here to the end
+        of this one."""
+        self._lock("alignment", alignment_id)
         row = self._db.execute(
             "SELECT id, parties, seed, label, state, aligned_nodes, digest, created_at, nodes,"
             " shared_nodes FROM alignments WHERE id = ?",

@@ -16,7 +16,8 @@ Every method is blocking (SQLite, CKKS); call them from a worker thread. Refusal
 - :mod:`.gate`: the checks shared by every route (session, pass, layer, current pass);
 - :mod:`.uploads`: accepting node sets (and forming their union), shares and metrics;
 - :mod:`.sums`: running sums, recording the release in the ledger, advancing the pass;
-- :mod:`.payload_files`: share and sum bodies as files beside the database;
+- :mod:`.payload_store`: where share and sum bodies live (:mod:`.payload_files`: files beside
+  an SQLite database; a table of a PostgreSQL one);
 - :mod:`.downloads`: the pass descriptor, unions and sums for the clients;
 - :mod:`.types`: the values crossing the engine's boundary.
 """

@@ -11,7 +11,7 @@ from service.plan import PlanCache, SessionPlan
 from service.rounds.downloads import Downloads
 from service.rounds.gate import load_session
 from service.rounds.parts import RoundParts
-from service.rounds.payload_files import PayloadFiles
+from service.rounds.payload_store import payload_store_for
 from service.rounds.sums import ShareSums
 from service.rounds.uploads import Uploads
 from service.store import SessionRow, Store, Transaction
@@ -30,7 +30,7 @@ class RoundEngine:
         """``on_change(session_id)``: see :class:`Downloads` (uploads say it in their
         outcome)."""
         self.plans = plans
-        parts = RoundParts(store, plans, aggregators, telemetry, PayloadFiles.beside(store.path))
+        parts = RoundParts(store, plans, aggregators, telemetry, payload_store_for(store))
         self.sums = ShareSums(parts)
         self.uploads = Uploads(parts, self.sums)
         self.downloads = Downloads(parts, self.sums, on_change)
@@ -41,5 +41,5 @@ class RoundEngine:
 
     def discard_payloads(self, session_id: str) -> None:
         """Drop every share and sum of a session (closed) that the store does not hold itself
-        (after ``Transaction.discard_payloads`` committed)."""
+        (after ``Transaction.discard_payloads`` committed): files, or the payload table."""
         self.sums.discard(session_id)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from service.aggregators import Aggregators
 from service.plan import PlanCache
-from service.rounds.payload_files import PayloadFiles
+from service.rounds.payload_store import PayloadStore
 from service.store import Store
 from service.telemetry import Telemetry
 
@@ -17,7 +17,7 @@ class RoundParts:
     plans: PlanCache
     aggregators: Aggregators
     telemetry: Telemetry
-    files: PayloadFiles
+    files: PayloadStore  # share and sum bodies
 
 
 class RoundPart:

@@ -1,4 +1,5 @@
-"""Embedding bodies (shares and sums) as files beside the database, out of SQLite.
+"""Embedding bodies (shares and sums) as files beside the database, out of SQLite: the
+:class:`~.payload_store.PayloadStore` of an SQLite store (PostgreSQL keeps them in a table).
 
 A share is written before the transaction that acknowledges it commits, so an acknowledged share
 survives a crash of the process as the row does (neither is synced to disk: the WAL under
@@ -16,9 +17,14 @@ when the store discards the pass's payloads.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from secure.files import atomic_write, sync_folder
+
+if TYPE_CHECKING:
+    from service.store import Transaction
 
 
 class PayloadFiles:
@@ -30,24 +36,50 @@ class PayloadFiles:
         """The directory next to ``database``, named like SQLite's own ``-wal`` and ``-shm``."""
         return cls(database.with_name(f"{database.name}-payloads"))
 
+    # ``tx``: the PayloadStore interface's; files are written outside any transaction
+
     def write_share(
-        self, session_id: str, pass_index: int, layer: int, client: int, sha256: bytes, body: bytes
+        self,
+        session_id: str,
+        pass_index: int,
+        layer: int,
+        client: int,
+        sha256: bytes,
+        body: bytes,
+        *,
+        tx: Transaction | None = None,
     ) -> None:
         _write(self._share_path(session_id, pass_index, layer, client, sha256), body, sync=False)
 
     def read_share(
-        self, session_id: str, pass_index: int, layer: int, client: int, sha256: bytes
+        self,
+        session_id: str,
+        pass_index: int,
+        layer: int,
+        client: int,
+        sha256: bytes,
+        *,
+        tx: Transaction | None = None,
     ) -> bytes:
         """Raises ``FileNotFoundError`` if the share was discarded (or lost in a power loss)."""
         return self._share_path(session_id, pass_index, layer, client, sha256).read_bytes()
 
     def write_sum(
-        self, session_id: str, pass_index: int, layer: int, body: bytes, *, sync: bool
+        self,
+        session_id: str,
+        pass_index: int,
+        layer: int,
+        body: bytes,
+        *,
+        sync: bool,
+        tx: Transaction | None = None,
     ) -> None:
         """``sync``: on disk (file and directory entry) before this returns."""
         _write(self._sum_path(session_id, pass_index, layer), body, sync=sync)
 
-    def read_sum(self, session_id: str, pass_index: int, layer: int) -> bytes | None:
+    def read_sum(
+        self, session_id: str, pass_index: int, layer: int, *, tx: Transaction | None = None
+    ) -> bytes | None:
         """None once discarded."""
         try:
             return self._sum_path(session_id, pass_index, layer).read_bytes()
@@ -65,6 +97,24 @@ class PayloadFiles:
         for pass_dir in session_dir.iterdir():
             if pass_dir.name.isdigit() and int(pass_dir.name) < before_pass:
                 shutil.rmtree(pass_dir, ignore_errors=True)
+
+    def stored(self) -> Iterator[tuple[str, int, int, int | None, bytes | None, Path]]:
+        """Every body kept: (session, pass, layer, client and sha256 of a share or None for a
+        sum, file)."""
+        for path in sorted(self.root.glob("*/*/l*")):
+            session_id, pass_index = path.parent.parent.name, int(path.parent.name)
+            if path.suffix == ".sum":
+                yield session_id, pass_index, int(path.stem[1:]), None, None, path
+            elif path.suffix == ".share":
+                layer, client, sha256 = path.stem.split("-")
+                yield (
+                    session_id,
+                    pass_index,
+                    int(layer[1:]),
+                    int(client[1:]),
+                    bytes.fromhex(sha256),
+                    path,
+                )
 
     def _pass_dir(self, session_id: str, pass_index: int) -> Path:
         return self.root / session_id / str(pass_index)

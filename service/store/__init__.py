@@ -1,4 +1,4 @@
-"""The service's SQLite store (see :mod:`.database`)."""
+"""The service's store, on SQLite or PostgreSQL (see :mod:`.database`)."""
 
 from service.store.accounts import LedgerRow, MetricsRow
 from service.store.database import Store, Transaction

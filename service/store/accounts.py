@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from service.store.queries import Queries
 
+# as first released; migration 2 adds privacy_ledger.clients (ADDED_COLUMNS)
 ACCOUNT_SCHEMA = """
 CREATE TABLE IF NOT EXISTS pass_metrics (
     session_id TEXT NOT NULL REFERENCES sessions(id),
@@ -32,7 +33,6 @@ CREATE TABLE IF NOT EXISTS privacy_ledger (
     pass_index INTEGER NOT NULL,
     epsilon REAL NOT NULL,
     released_at REAL NOT NULL,
-    clients TEXT,
     PRIMARY KEY (session_id, release_index),
     UNIQUE (session_id, pass_index)
 );
@@ -73,9 +73,13 @@ class AccountQueries(Queries):
         train_accuracy: float | None,
     ) -> None:
         self._db.execute(
-            "INSERT OR REPLACE INTO pass_metrics (session_id, pass_index, client_index, loss,"
+            "INSERT INTO pass_metrics (session_id, pass_index, client_index, loss,"
             " val_accuracy, test_accuracy, train_accuracy, reported_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (session_id, pass_index, client_index) DO UPDATE SET"
+            " loss = excluded.loss, val_accuracy = excluded.val_accuracy,"
+            " test_accuracy = excluded.test_accuracy, train_accuracy = excluded.train_accuracy,"
+            " reported_at = excluded.reported_at",
             (
                 session_id,
                 pass_index,
@@ -104,8 +108,8 @@ class AccountQueries(Queries):
         self._db.execute(
             "INSERT INTO traffic (session_id, client_index, bytes_up, bytes_down)"
             " VALUES (?, ?, ?, ?) ON CONFLICT (session_id, client_index) DO UPDATE SET"
-            " bytes_up = bytes_up + excluded.bytes_up,"
-            " bytes_down = bytes_down + excluded.bytes_down",
+            " bytes_up = traffic.bytes_up + excluded.bytes_up,"
+            " bytes_down = traffic.bytes_down + excluded.bytes_down",
             (session_id, client_index, up, down),
         )
 

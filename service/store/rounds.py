@@ -64,6 +64,13 @@ class ResultRow:
 
 
 class RoundQueries(Queries):
+    def lock_slot(self, session_id: str, pass_index: int, layer: int) -> None:
+        """Hold the lock of one (pass, layer) of a session until the transaction ends (whoever
+        stores its sum). The session's lock is taken first, so that locks are always taken in
+        the same order (PostgreSQL; on SQLite both are no-ops)."""
+        self.lock("session", session_id)
+        self.lock("slot", f"{session_id}/{pass_index}/{layer}")
+
     def upload(
         self, session_id: str, pass_index: int, layer: int, kind: UploadKind, client_index: int
     ) -> UploadRow | None:

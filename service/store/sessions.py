@@ -48,6 +48,9 @@ class SessionQueries(Queries):
         )
 
     def session(self, session_id: str) -> SessionRow | None:
+        """The session's row; from here to the end of the transaction, no other transaction of
+        the session runs (see :meth:`Queries.lock`)."""
+        self.lock("session", session_id)
         row = self._db.execute(
             "SELECT id, state, current_pass, created_at FROM sessions WHERE id = ?",
             (session_id,),
@@ -64,12 +67,16 @@ class SessionQueries(Queries):
     def sessions_page(self, *, after: str | None, limit: int) -> list[tuple[SessionRow, str]]:
         """Up to ``limit`` sessions in the order they were created, from the one after session
         ``after`` (from the first if None), each with its stored plan JSON."""
-        rows = self._db.execute(
-            "SELECT id, state, current_pass, created_at, config FROM sessions"
-            " WHERE ? IS NULL OR rowid > (SELECT rowid FROM sessions WHERE id = ?)"
-            " ORDER BY rowid LIMIT ?",
-            (after, after, limit),
-        ).fetchall()
+        # rowid: SQLite's own; on PostgreSQL an identity column of that name (migration 1)
+        columns = "SELECT id, state, current_pass, created_at, config FROM sessions"
+        if after is None:
+            rows = self._db.execute(f"{columns} ORDER BY rowid LIMIT ?", (limit,)).fetchall()
+        else:
+            rows = self._db.execute(
+                f"{columns} WHERE rowid > (SELECT rowid FROM sessions WHERE id = ?)"
+                " ORDER BY rowid LIMIT ?",
+                (after, limit),
+            ).fetchall()
         return [(_session_row(row[:4]), str(row[4])) for row in rows]
 
     def count_sessions(self, state: SessionState) -> int:
@@ -80,6 +87,7 @@ class SessionQueries(Queries):
 
     def set_session_state(self, session_id: str, state: SessionState) -> None:
         """Move the session to ``state`` (``IllegalTransition`` if it may not go there)."""
+        self.lock("session", session_id)
         (current,) = self._db.execute(
             "SELECT state FROM sessions WHERE id = ?", (session_id,)
         ).fetchone()
@@ -89,6 +97,7 @@ class SessionQueries(Queries):
         )
 
     def set_current_pass(self, session_id: str, pass_index: int) -> None:
+        self.lock("session", session_id)
         self._db.execute(
             "UPDATE sessions SET current_pass = ?, updated_at = ? WHERE id = ?",
             (pass_index, self.now(), session_id),

@@ -1,7 +1,14 @@
-"""Fixtures for the service tests: apps on a temporary SQLite file and an in-process client."""
+"""Fixtures for the service tests: apps on a temporary database and an in-process client.
+
+Every test that uses ``database`` (directly, or through ``make_settings``, ``make_app`` or
+``client``) runs twice: on an SQLite file and on a fresh PostgreSQL database of the session's
+throwaway cluster (``postgres_cluster``, tests/conftest.py; skipped where PostgreSQL is not
+installed). A test about SQLite's files (WAL, file modes, payload files) is marked
+``sqlite_only`` and runs once."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -34,13 +41,40 @@ def _no_glasu_environment(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(name)
 
 
-@pytest.fixture
-def database(tmp_path: Path) -> Path:
-    return tmp_path / "service.sqlite3"
+_databases = itertools.count()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "sqlite_only: about SQLite's files; not run on PostgreSQL")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    kept, dropped = [], []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        on_postgres = callspec is not None and callspec.params.get("backend") == "postgresql"
+        (dropped if on_postgres and item.get_closest_marker("sqlite_only") else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 @pytest.fixture
-def make_settings(database: Path) -> Callable[..., ServiceSettings]:
+def database(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Path | str:
+    """An SQLite file's path, or the URL of a new PostgreSQL database."""
+    if backend == "sqlite":
+        return tmp_path / "service.sqlite3"
+    cluster = request.getfixturevalue("postgres_cluster")
+    return str(cluster.new_database(f"test_{os.getpid()}_{next(_databases)}"))
+
+
+@pytest.fixture
+def make_settings(database: Path | str) -> Callable[..., ServiceSettings]:
     def make(**overrides: Any) -> ServiceSettings:
         values: dict[str, Any] = {"database": database, "admin_token": ADMIN_TOKEN}
         values.update(overrides)

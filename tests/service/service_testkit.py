@@ -238,3 +238,23 @@ def start_serve(
         tmp_path, admin_token=ADMIN_TOKEN, database=database, name=name, extra_args=extra_args,
         tls_dir=tls_dir, command=command, cwd=ROOT, env=without_glasu_settings(),
     )  # fmt: skip
+
+
+def database_sql(database: Path | str, *statements: str) -> list[list[tuple[Any, ...]]]:
+    """Run ``statements`` on the service's database directly (SQLite file or PostgreSQL URL),
+    in one committed transaction, as a crash or an operator would leave it; each one's rows."""
+    if isinstance(database, Path):
+        import sqlite3
+
+        with sqlite3.connect(database) as db:
+            results = [db.execute(s).fetchall() for s in statements]
+        db.close()
+        return results
+    import psycopg
+
+    with psycopg.connect(database) as pg:
+        return [_rows(pg.execute(s)) for s in statements]  # type: ignore[arg-type]
+
+
+def _rows(cursor: Any) -> list[tuple[Any, ...]]:
+    return [tuple(row) for row in cursor.fetchall()] if cursor.description else []

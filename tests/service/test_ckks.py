@@ -134,6 +134,7 @@ async def test_ckks_session_limits(
 
 
 @pytest.mark.anyio
+@pytest.mark.sqlite_only  # it checks the payload files; on PostgreSQL: test_postgres_store.py
 async def test_each_share_is_parsed_once_and_the_sum_never_recomputed(
     make_app: Callable[..., FastAPI],
     keys: tuple[Path, Path],

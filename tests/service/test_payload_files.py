@@ -23,6 +23,7 @@ def pass_dirs(database: Path, session_id: str) -> list[int]:
     return sorted(int(path.name) for path in session_dir.iterdir())
 
 
+@pytest.mark.sqlite_only  # the files of an SQLite store; PostgreSQL's table: test_postgres_store
 async def test_files_follow_the_kept_passes_and_go_with_the_session(
     make_app: Callable[..., FastAPI], database: Path
 ) -> None:

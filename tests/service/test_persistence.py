@@ -16,6 +16,7 @@ from service_testkit import (
     bearer,
     client_path,
     create_session,
+    database_sql,
     expected_sum,
     http_client,
     matrix_headers,
@@ -113,9 +114,11 @@ async def test_sum_interrupted_by_a_restart_is_redone(
         )
         assert response.status_code == 201
     service_context(first).close()
-    with sqlite3.connect(database) as db:  # simulate the crash between the two transactions
-        db.execute("DELETE FROM results WHERE kind = 'aggregate'")
-        db.execute("UPDATE sessions SET current_pass = 0")
+    database_sql(  # simulate the crash between the two transactions
+        database,
+        "DELETE FROM results WHERE kind = 'aggregate'",
+        "UPDATE sessions SET current_pass = 0",
+    )
 
     async with http_client(make_app()) as http:
         total = await http.get(
@@ -145,15 +148,16 @@ async def test_only_current_and_previous_pass_payloads_are_kept(
             f"{client_path(sid, 0)}/passes/3/layers/3/aggregate", headers=bearer(token)
         )
         assert previous.status_code == 200
-    with sqlite3.connect(database) as db:
-        kept = db.execute(
-            "SELECT DISTINCT pass_index FROM uploads WHERE body IS NOT NULL ORDER BY 1"
-        ).fetchall()
-        hashes = db.execute("SELECT COUNT(*) FROM uploads WHERE body IS NULL").fetchone()
+    kept, (hashes,) = database_sql(
+        database,
+        "SELECT DISTINCT pass_index FROM uploads WHERE body IS NOT NULL ORDER BY 1",
+        "SELECT COUNT(*) FROM uploads WHERE body IS NULL",
+    )
     assert [p for (p,) in kept] == [3]  # pass 4 is current but has no uploads yet
     assert hashes[0] > 0  # hashes of discarded bodies stay for idempotency
 
 
+@pytest.mark.sqlite_only  # PostgreSQL's: tests/service/test_postgres_store.py
 def test_ledger_rows_are_committed_under_synchronous_full(database: Path) -> None:
     """A release's ledger row must survive a power loss once the release is served: the store
     appends it only in a durable transaction, which commits under synchronous=FULL (the WAL is
@@ -164,25 +168,26 @@ def test_ledger_rows_are_committed_under_synchronous_full(database: Path) -> Non
         full, normal = 2, 1  # PRAGMA synchronous values
         with store.transaction() as tx:
             assert tx.durable is False
-            assert store._db.execute("PRAGMA synchronous").fetchone() == (normal,)
+            assert tx.connection.execute("PRAGMA synchronous").fetchone() == (normal,)
             tx.insert_session("s", "{}", [b"h" * 32])
             with pytest.raises(RuntimeError, match="durable transaction"):
                 tx.append_ledger(
                     "s", release_index=1, pass_index=0, epsilon=0.5, at=1.0, clients=[0]
                 )
         with store.transaction(durable=True) as tx:
-            assert store._db.execute("PRAGMA synchronous").fetchone() == (full,)
+            assert tx.connection.execute("PRAGMA synchronous").fetchone() == (full,)
             tx.append_ledger("s", release_index=1, pass_index=0, epsilon=0.5, at=1.0, clients=[0])
         with pytest.raises(ValueError, match="boom"), store.transaction(durable=True) as tx:
             tx.append_ledger("s", release_index=2, pass_index=1, epsilon=0.7, at=2.0, clients=[0])
             raise ValueError("boom")  # rolled back, and the connection is back to NORMAL
-        assert store._db.execute("PRAGMA synchronous").fetchone() == (normal,)
         with store.transaction() as tx:
+            assert tx.connection.execute("PRAGMA synchronous").fetchone() == (normal,)
             assert [(r.release_index, r.pass_index) for r in tx.ledger("s")] == [(1, 0)]
     finally:
         store.close()
 
 
+@pytest.mark.sqlite_only  # an SQLite file an earlier release wrote
 def test_a_ledger_written_before_the_clients_column_is_read_as_everyones(database: Path) -> None:
     """A database of an earlier release gains the column in place; its rows held every
     client's share."""
@@ -203,6 +208,7 @@ def test_a_ledger_written_before_the_clients_column_is_read_as_everyones(databas
         store.close()
 
 
+@pytest.mark.sqlite_only  # SQLite's files
 def test_the_database_and_its_wal_files_are_created_private(database: Path) -> None:
     """Like the payload files: the database holds token hashes and the ledger, and a umask of
     022 must not make them world-readable."""

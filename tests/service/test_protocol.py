@@ -287,7 +287,7 @@ async def test_a_listing_reads_plans_outside_the_store_lock(
     build = plan.SessionPlan.build
 
     def outline_outside_the_lock(text: str) -> plan.PlanOutline:
-        outlines.append(store._lock.locked())
+        outlines.append(store.in_transaction)
         return read_outline(text)
 
     def recording_build(session_id: str, *args: Any, **kwargs: Any) -> plan.SessionPlan:

@@ -4,7 +4,6 @@ the shares' files, which is what happens after a restart."""
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from service_testkit import (
     bearer,
     client_path,
     create_session,
+    database_sql,
     expected_sum,
     http_client,
     matrix_headers,
@@ -43,9 +43,11 @@ async def test_a_download_leaves_a_sum_in_progress_alone(
             )
             assert put.status_code == 201, put.text
     service_context(first).close()
-    with sqlite3.connect(database) as db:  # both shares acknowledged, the sum never stored
-        db.execute("DELETE FROM results WHERE kind = 'aggregate'")
-        db.execute("UPDATE sessions SET current_pass = 0")
+    database_sql(  # both shares acknowledged, the sum never stored
+        database,
+        "DELETE FROM results WHERE kind = 'aggregate'",
+        "UPDATE sessions SET current_pass = 0",
+    )
 
     restarted = service_context(make_app())
     engine, caller = restarted.engine, Caller(sid, 0)

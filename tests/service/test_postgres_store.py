@@ -1,0 +1,239 @@
+"""The store on PostgreSQL: replicas share one database (constraints and locks, not luck, keep
+them apart), the privacy ledger's durable commits, the payload table, the database's clock, and
+the schema's migrations (both backends)."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from fastapi import FastAPI
+from service_testkit import Federation, admin, create_session, http_client, session_request
+
+from service.alignment.tables import ALIGNMENT_MIGRATIONS, create_alignment_tables
+from service.clock import DatabaseClock, ManualClock
+from service.rounds.payload_store import DatabasePayloads, PayloadMissing
+from service.store import Store
+from service.store.accounts import ACCOUNT_SCHEMA
+from service.store.database import STORE_MIGRATIONS
+from service.store.rounds import ROUND_SCHEMA
+from service.store.sessions import SESSION_SCHEMA
+
+
+@pytest.fixture
+def url(postgres_cluster, request: pytest.FixtureRequest) -> str:
+    name = request.node.name.lower().replace("[", "_").replace("]", "").replace("-", "_")
+    return str(postgres_cluster.new_database(name[:60]))
+
+
+@pytest.fixture
+def replicas(url: str) -> Iterator[tuple[Store, Store]]:
+    """Two stores on one database: what two replicas of the service hold."""
+    first, second = Store(url), Store(url)
+    with first.transaction() as tx:
+        tx.insert_session("s", "{}", [b"a" * 32, b"b" * 32])
+    yield first, second
+    first.close()
+    second.close()
+
+
+def test_two_replicas_cannot_count_one_release_twice(replicas: tuple[Store, Store]) -> None:
+    first, second = replicas
+    assert first.shared and first.backend == "postgresql"
+    with first.transaction(durable=True) as tx:
+        tx.append_ledger("s", release_index=1, pass_index=0, epsilon=0.5, at=1.0, clients=[0, 1])
+    # the same release again (same index), or the same pass under the next index: refused
+    for release_index, pass_index in ((1, 1), (2, 0)):
+        with pytest.raises(psycopg.errors.UniqueViolation), second.transaction(durable=True) as tx:
+            tx.append_ledger(
+                "s",
+                release_index=release_index,
+                pass_index=pass_index,
+                epsilon=0.7,
+                at=2.0,
+                clients=[0, 1],
+            )
+    with second.transaction() as tx:
+        assert [(r.release_index, r.pass_index) for r in tx.ledger("s")] == [(1, 0)]
+
+
+def test_the_durable_transaction_commits_synchronously(replicas: tuple[Store, Store]) -> None:
+    """A release's transaction commits with synchronous_commit on (flushed before COMMIT
+    returns); the others with it off (SQLite's NORMAL); the ledger refuses the others."""
+    store, _ = replicas
+    with store.transaction() as tx:
+        assert tx.connection.execute("SHOW synchronous_commit").fetchone() == ("off",)
+        with pytest.raises(RuntimeError, match="durable transaction"):
+            tx.append_ledger("s", release_index=1, pass_index=0, epsilon=0.5, at=1.0, clients=[0])
+    with store.transaction(durable=True) as tx:
+        assert tx.connection.execute("SHOW synchronous_commit").fetchone() == ("on",)
+        tx.append_ledger("s", release_index=1, pass_index=0, epsilon=0.5, at=1.0, clients=[0])
+    with store.transaction() as tx:  # SET LOCAL ended with its transaction
+        assert tx.connection.execute("SHOW synchronous_commit").fetchone() == ("off",)
+
+
+def test_a_session_and_a_slot_are_locked_across_replicas(replicas: tuple[Store, Store]) -> None:
+    """A transaction holds its session's lock from its first read of the session: the other
+    replica's transaction of that session waits for its commit and then sees its writes."""
+    first, second = replicas
+    locked, seen = threading.Event(), []
+
+    def other_replica() -> None:
+        locked.wait()
+        with second.transaction() as tx:
+            tx.lock_slot("s", 0, 1)  # takes the session's lock first
+            row = tx.session("s")
+            assert row is not None
+            seen.append(row.current_pass)
+
+    thread = threading.Thread(target=other_replica)
+    thread.start()
+    with first.transaction() as tx:
+        assert tx.session("s") is not None
+        locked.set()
+        time.sleep(0.3)
+        assert seen == []  # still waiting
+        tx.set_current_pass("s", 1)
+    thread.join(10)
+    assert seen == [1]
+
+
+def test_payload_bodies_live_in_the_database(replicas: tuple[Store, Store]) -> None:
+    first, second = replicas
+    payloads, other = DatabasePayloads(first), DatabasePayloads(second)
+    sha = bytes(range(32))
+    payloads.write_share("s", 3, 1, 0, sha, b"share")
+    payloads.write_share("s", 3, 1, 0, sha, b"share")  # an identical re-upload
+    payloads.write_sum("s", 3, 1, b"sum", sync=True)
+    with first.transaction() as tx:  # or in the caller's transaction
+        payloads.write_sum("s", 4, 1, b"next", sync=False, tx=tx)
+    assert other.read_share("s", 3, 1, 0, sha) == b"share"
+    assert other.read_sum("s", 3, 1) == b"sum"
+    other.discard("s", before_pass=4)
+    assert payloads.read_sum("s", 3, 1) is None
+    assert payloads.read_sum("s", 4, 1) == b"next"
+    with pytest.raises(PayloadMissing):
+        payloads.read_share("s", 3, 1, 0, sha)
+    payloads.discard("s")
+    assert payloads.read_sum("s", 4, 1) is None
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("backend", ["postgresql"])  # the payload table is PostgreSQL's
+async def test_the_payload_table_follows_the_kept_passes(
+    make_app: Callable[..., FastAPI], database: Path | str
+) -> None:
+    """As the payload files do on SQLite (test_payload_files.py)."""
+    request = session_request(rounds=3, eval_every=0)
+    async with http_client(make_app()) as http:
+        created = await create_session(http, rounds=3, eval_every=0)
+        sid = created["session_id"]
+        federation = Federation(http, created, request)
+        for p in range(2):
+            await federation.run_pass(p)
+            assert _payload_passes(str(database)) == [p]
+        closed = await http.delete(f"/v1/sessions/{sid}", headers=admin())
+        assert closed.status_code == 200
+    assert _payload_passes(str(database)) == []
+
+
+def _payload_passes(url: str) -> list[int]:
+    with psycopg.connect(url) as db:
+        rows = db.execute("SELECT DISTINCT pass_index FROM payloads ORDER BY 1").fetchall()
+    return [int(p) for (p,) in rows]
+
+
+def test_the_database_clock_is_every_replicas_clock(url: str) -> None:
+    store = Store(url)
+    try:
+        assert isinstance(store.clock, DatabaseClock)
+        readings = [store.clock.now() for _ in range(100)]
+        assert readings == sorted(readings)
+        assert abs(readings[-1] - time.time()) < 1.0  # the server runs on this machine
+    finally:
+        store.close()
+    injected = ManualClock()
+    store = Store(url, injected)
+    try:
+        assert store.clock is injected
+        with store.transaction() as tx:
+            assert tx.now() == injected.now()
+    finally:
+        store.close()
+
+
+def test_replicas_starting_together_migrate_once(url: str) -> None:
+    stores: list[Store] = []
+    threads = [threading.Thread(target=lambda: stores.append(Store(url))) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    try:
+        assert len(stores) == 3
+        for store in stores:
+            create_alignment_tables(store)
+        with psycopg.connect(url) as db:
+            rows = db.execute(
+                "SELECT component, version FROM schema_migrations ORDER BY 1, 2"
+            ).fetchall()
+        assert rows == [("alignments", 1), ("alignments", 2)] + [
+            ("store", m.version) for m in STORE_MIGRATIONS
+        ]
+    finally:
+        for store in stores:
+            store.close()
+
+
+def test_a_database_of_the_previous_release_is_migrated(tmp_path: Path) -> None:
+    """The schema before versioned migrations: PRAGMA user_version 1, the columns added in
+    place, no schema_migrations table; it opens, keeps its rows and is recorded at the latest
+    version, and a second open applies nothing."""
+    path = tmp_path / "previous.sqlite3"
+    with sqlite3.connect(path) as db:
+        db.executescript(SESSION_SCHEMA + ROUND_SCHEMA + ACCOUNT_SCHEMA)
+        db.execute("ALTER TABLE privacy_ledger ADD COLUMN clients TEXT")
+        db.execute("INSERT INTO sessions VALUES ('s', '{}', 'running', 2, 1.0, 1.0)")
+        db.execute("INSERT INTO privacy_ledger VALUES ('s', 1, 0, 0.5, 1.0, '0,1')")
+        db.execute("PRAGMA user_version = 1")
+    db.close()
+    for _ in range(2):
+        store = Store(path)
+        try:
+            create_alignment_tables(store)
+            with store.transaction() as tx:
+                assert [(r.release_index, r.clients) for r in tx.ledger("s")] == [(1, [0, 1])]
+                row = tx.session("s")
+                assert row is not None and row.current_pass == 2
+                versions = tx.connection.execute(
+                    "SELECT component, COUNT(*), MAX(version) FROM schema_migrations"
+                    " GROUP BY component ORDER BY component"
+                ).fetchall()
+                (user_version,) = tx.connection.execute("PRAGMA user_version").fetchone()
+        finally:
+            store.close()
+        assert versions == [
+            ("alignments", len(ALIGNMENT_MIGRATIONS), len(ALIGNMENT_MIGRATIONS)),
+            ("store", len(STORE_MIGRATIONS), len(STORE_MIGRATIONS)),
+        ]
+        assert user_version == len(STORE_MIGRATIONS)
+
+
+def test_a_database_of_a_newer_release_is_refused(tmp_path: Path, url: str) -> None:
+    path = tmp_path / "newer.sqlite3"
+    Store(path).close()
+    with sqlite3.connect(path) as db:
+        db.execute("PRAGMA user_version = 99")
+    db.close()
+    with pytest.raises(RuntimeError, match="not supported"):
+        Store(path)
+    Store(url).close()
+    with psycopg.connect(url) as pg:
+        pg.execute("INSERT INTO schema_migrations VALUES ('store', 99, 'future', 0)")
+    with pytest.raises(RuntimeError, match="newer than this release"):
+        Store(url)
