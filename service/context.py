@@ -9,6 +9,7 @@ from service.alignment import AlignmentManager
 from service.clock import Clock, SystemClock
 from service.limits import ByteBudget
 from service.notify import SessionNotifier
+from service.notify_postgres import PostgresNotifier
 from service.plan import PlanCache
 from service.rounds import RoundEngine
 from service.session_state import SessionState
@@ -34,7 +35,17 @@ class ServiceContext:
     body_budget: ByteBudget
 
     def close(self) -> None:
+        self.notifier.close()
         self.store.close()
+
+
+def database_url(settings: ServiceSettings) -> str | None:
+    """The PostgreSQL URL the settings name (several replicas share it), None for an SQLite
+    file (one process)."""
+    url = getattr(settings, "database_url", None)
+    if url is None and isinstance(settings.database, str):
+        url = settings.database
+    return url if url is not None and url.startswith(("postgresql://", "postgres://")) else None
 
 
 def build_context(settings: ServiceSettings, clock: Clock | None = None) -> ServiceContext:
@@ -54,7 +65,8 @@ def build_context(settings: ServiceSettings, clock: Clock | None = None) -> Serv
             return tx.count_sessions(SessionState.RUNNING)
 
     telemetry = Telemetry(count_running_sessions)
-    notifier = SessionNotifier(clock)
+    url = database_url(settings)
+    notifier = SessionNotifier(clock) if url is None else PostgresNotifier(clock, url)
     engine = RoundEngine(store, plans, aggregators, telemetry, notifier.notify_threadsafe)
     return ServiceContext(
         settings=settings,

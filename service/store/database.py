@@ -67,8 +67,13 @@ class Transaction(SessionQueries, RoundQueries, AccountQueries):
         alignments: ``service/alignment/tables.py``); only inside this transaction."""
         return self._db
 
+    def lock_slot(self, session_id: str, pass_index: int, layer: int) -> None:
+        """Nothing to take: ``BEGIN IMMEDIATE`` already serialises the transactions."""
+
 
 class Store:
+    shared = False  # no other process writes this database
+
     def __init__(self, path: Path, clock: Clock | None = None) -> None:
         self.path = path
         self.clock = clock or SystemClock()
