@@ -145,10 +145,9 @@ class ShareSums(RoundPart):
     def _complete_from_bodies(self, session_id: str, pass_index: int, layer: int) -> bool:
         """:meth:`complete` on a shared store: sum every committed share's body and store the
         sum, in one transaction that holds the slot's database lock."""
-        with self.store.transaction() as tx:  # most calls end here, without taking the lock
-            row, plan = load_session(tx, self.plans, session_id)
-            if not _sum_closes(tx, row, plan, pass_index, layer):
-                return False
+        plan = self._due_sum_plan(session_id, pass_index, layer)
+        if plan is None:  # most calls end here, without taking the lock
+            return False
         is_release = _is_release(plan, layer)
         with self.store.transaction(durable=is_release) as tx:
             tx.lock_slot(session_id, pass_index, layer)
@@ -169,6 +168,12 @@ class ShareSums(RoundPart):
             stored = self._insert_sum(tx, plan, pass_index, layer, rows, sorted(running.clients))
         self._after_store(plan, pass_index, layer, body, stored)
         return True
+
+    def _due_sum_plan(self, session_id: str, pass_index: int, layer: int) -> SessionPlan | None:
+        """The session's plan if the slot closes and has no sum yet (its own transaction)."""
+        with self.store.transaction() as tx:
+            row, plan = load_session(tx, self.plans, session_id)
+            return plan if _sum_closes(tx, row, plan, pass_index, layer) else None
 
     def _store(
         self,
