@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -45,35 +44,28 @@ SHARES = {m: np.full((ROWS, COLS), m + 0.5, dtype=np.float32) for m in range(2)}
 SLOT = (0, 3)  # pass, layer
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture
 def replicas(
-    request: pytest.FixtureRequest,
-    make_app: Callable[..., FastAPI],
-    make_settings: Callable[..., ServiceSettings],
-    monkeypatch: pytest.MonkeyPatch,
+    make_app: Callable[..., FastAPI], monkeypatch: pytest.MonkeyPatch
 ) -> tuple[FastAPI, FastAPI]:
-    if request.param == "postgresql":
-        return request.getfixturevalue("postgres_replicas")
-    apps = make_app(), make_app()  # one SQLite file
-    for app in apps:
-        monkeypatch.setattr(service_context(app).store, "shared", True)
+    """Two apps on the test's database (an SQLite file or a PostgreSQL database, see
+    conftest.py), on clocks that nobody advances. The SQLite stores act as shared ones."""
+    apps = make_app(clock=ManualClock()), make_app(clock=ManualClock())
+    store_type = type(service_context(apps[0]).store)
+    if not service_context(apps[0]).store.shared:
+        monkeypatch.setattr(store_type, "shared", True)
     return apps
 
 
 @pytest.fixture
 def postgres_replicas(
-    request: pytest.FixtureRequest,
-    make_app: Callable[..., FastAPI],
-    make_settings: Callable[..., ServiceSettings],
+    make_app: Callable[..., FastAPI], make_settings: Callable[..., ServiceSettings]
 ) -> tuple[FastAPI, FastAPI]:
-    """Two apps on one new PostgreSQL database, on clocks that nobody advances."""
-    cluster = request.getfixturevalue("postgres_cluster")
-    name = f"replicas_{uuid.uuid4().hex[:12]}"
-    url = cluster.url_of(name)
-    if database_url(make_settings(database=url)) is None:
-        pytest.skip("the settings do not take a PostgreSQL URL yet (the store's branch)")
-    cluster.new_database(name)
-    apps = make_app(database=url, clock=ManualClock()), make_app(database=url, clock=ManualClock())
+    """Two apps on the test's PostgreSQL database (LISTEN/NOTIFY), on clocks that nobody
+    advances; skipped on SQLite."""
+    if database_url(make_settings()) is None:
+        pytest.skip("replicas are woken through PostgreSQL only")
+    apps = make_app(clock=ManualClock()), make_app(clock=ManualClock())
     assert all(service_context(app).store.shared for app in apps)
     return apps
 
