@@ -207,7 +207,7 @@ async def test_a_sum_both_replicas_find_due_is_stored_once(
         monkeypatch.setattr(
             sums.files,
             "read_share",
-            lambda *a, _read=read_share, _name=name: (reads.append(_name), _read(*a))[1],
+            lambda *a, _read=read_share, _name=name, **k: (reads.append(_name), _read(*a, **k))[1],
         )
 
     def complete_on_a() -> bool:
