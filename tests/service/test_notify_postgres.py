@@ -73,6 +73,17 @@ class FlagCheck:
         return await asyncio.wait_for(self._waiting.get(), FAIL_AFTER)
 
 
+async def waiting_on_a(
+    make_notifier: Callable[[], PostgresNotifier], url: str
+) -> tuple[PostgresNotifier, PostgresNotifier, FlagCheck, asyncio.Task[int | Waiting]]:
+    """Replicas A and B, and a long poll of ``SESSION`` on A that has checked once and waits."""
+    replica_a, replica_b = make_notifier(), make_notifier()
+    check = FlagCheck(url)
+    poll = asyncio.create_task(long_poll(replica_a, SESSION, check, timeout=60))
+    assert await check.waited() == 1
+    return replica_a, replica_b, check, poll
+
+
 def commit_flag(url: str, value: int) -> None:
     with psycopg.connect(url) as connection:
         connection.execute("INSERT INTO flags VALUES (%s, %s)", (SESSION, value))
@@ -81,10 +92,7 @@ def commit_flag(url: str, value: int) -> None:
 async def test_a_change_committed_through_another_replica_wakes_the_waiter(
     make_notifier: Callable[[], PostgresNotifier], database_url: str
 ) -> None:
-    replica_a, replica_b = make_notifier(), make_notifier()
-    check = FlagCheck(database_url)
-    poll = asyncio.create_task(long_poll(replica_a, SESSION, check, timeout=60))
-    assert await check.waited() == 1
+    replica_a, replica_b, check, poll = await waiting_on_a(make_notifier, database_url)
     await asyncio.to_thread(commit_flag, database_url, 7)  # replica B's request commits...
     replica_b.notify(SESSION)  # ...then notifies
     assert await asyncio.wait_for(poll, FAIL_AFTER) == 7
@@ -95,10 +103,7 @@ async def test_a_change_committed_through_another_replica_wakes_the_waiter(
 async def test_a_notification_of_another_session_does_not_wake_the_waiter(
     make_notifier: Callable[[], PostgresNotifier], database_url: str
 ) -> None:
-    replica_a, replica_b = make_notifier(), make_notifier()
-    check = FlagCheck(database_url)
-    poll = asyncio.create_task(long_poll(replica_a, SESSION, check, timeout=60))
-    await check.waited()
+    replica_a, replica_b, check, poll = await waiting_on_a(make_notifier, database_url)
     # Notifications are delivered in order: once the other session's reaches replica A (a
     # waiter of A on it wakes), the one of SESSION comes after it.
     other = FlagCheck(database_url)
@@ -118,10 +123,7 @@ async def test_a_notification_of_another_session_does_not_wake_the_waiter(
 async def test_a_lost_listen_connection_wakes_every_waiter_once_it_is_back(
     make_notifier: Callable[[], PostgresNotifier], database_url: str
 ) -> None:
-    replica_a, replica_b = make_notifier(), make_notifier()
-    check = FlagCheck(database_url)
-    poll = asyncio.create_task(long_poll(replica_a, SESSION, check, timeout=60))
-    await check.waited()
+    replica_a, replica_b, check, poll = await waiting_on_a(make_notifier, database_url)
     lost_pid = replica_a.listener_pid
     # A notification sent while A does not listen is lost: the reconnection wakes A's waiters.
     with psycopg.connect(database_url, autocommit=True) as admin:
@@ -138,10 +140,7 @@ async def test_a_notification_from_a_worker_thread_reaches_the_other_replica(
     make_notifier: Callable[[], PostgresNotifier], database_url: str
 ) -> None:
     """The round engine notifies from its worker threads (``notify_threadsafe``)."""
-    replica_a, replica_b = make_notifier(), make_notifier()
-    check = FlagCheck(database_url)
-    poll = asyncio.create_task(long_poll(replica_a, SESSION, check, timeout=60))
-    await check.waited()
+    _replica_a, replica_b, _check, poll = await waiting_on_a(make_notifier, database_url)
 
     def engine_request() -> None:
         commit_flag(database_url, 9)
