@@ -9,7 +9,6 @@ from service.alignment import AlignmentManager
 from service.clock import Clock, SystemClock
 from service.limits import ByteBudget
 from service.notify import SessionNotifier
-from service.notify_postgres import PostgresNotifier
 from service.plan import PlanCache
 from service.rounds import RoundEngine
 from service.session_state import SessionState
@@ -65,8 +64,7 @@ def build_context(settings: ServiceSettings, clock: Clock | None = None) -> Serv
             return tx.count_sessions(SessionState.RUNNING)
 
     telemetry = Telemetry(count_running_sessions)
-    url = database_url(settings)
-    notifier = SessionNotifier(clock) if url is None else PostgresNotifier(clock, url)
+    notifier = _notifier(settings, clock)
     engine = RoundEngine(store, plans, aggregators, telemetry, notifier.notify_threadsafe)
     return ServiceContext(
         settings=settings,
@@ -81,3 +79,13 @@ def build_context(settings: ServiceSettings, clock: Clock | None = None) -> Serv
         admin_token_sha256=token_sha256(admin_token),
         body_budget=ByteBudget(settings.max_inflight_body_bytes, settings.body_queue_seconds),
     )
+
+
+def _notifier(settings: ServiceSettings, clock: Clock) -> SessionNotifier:
+    """In-process wake-ups on SQLite; across replicas through LISTEN/NOTIFY on PostgreSQL."""
+    url = database_url(settings)
+    if url is None:
+        return SessionNotifier(clock)
+    from service.notify_postgres import PostgresNotifier  # psycopg only where it is used
+
+    return PostgresNotifier(clock, url)
