@@ -34,7 +34,17 @@ class ServiceContext:
     body_budget: ByteBudget
 
     def close(self) -> None:
+        self.notifier.close()
         self.store.close()
+
+
+def database_url(settings: ServiceSettings) -> str | None:
+    """The PostgreSQL URL the settings name (several replicas share it), None for an SQLite
+    file (one process)."""
+    url = getattr(settings, "database_url", None)
+    if url is None and isinstance(settings.database, str):
+        url = settings.database
+    return url if url is not None and url.startswith(("postgresql://", "postgres://")) else None
 
 
 def build_context(settings: ServiceSettings, clock: Clock | None = None) -> ServiceContext:
@@ -55,7 +65,7 @@ def build_context(settings: ServiceSettings, clock: Clock | None = None) -> Serv
             return tx.count_sessions(SessionState.RUNNING)
 
     telemetry = Telemetry(count_running_sessions)
-    notifier = SessionNotifier(clock)
+    notifier = _notifier(settings, clock)
     engine = RoundEngine(store, plans, aggregators, telemetry, notifier.notify_threadsafe)
     return ServiceContext(
         settings=settings,
@@ -70,3 +80,13 @@ def build_context(settings: ServiceSettings, clock: Clock | None = None) -> Serv
         admin_token_sha256=token_sha256(admin_token),
         body_budget=ByteBudget(settings.max_inflight_body_bytes, settings.body_queue_seconds),
     )
+
+
+def _notifier(settings: ServiceSettings, clock: Clock) -> SessionNotifier:
+    """In-process wake-ups on SQLite; across replicas through LISTEN/NOTIFY on PostgreSQL."""
+    url = database_url(settings)
+    if url is None:
+        return SessionNotifier(clock)
+    from service.notify_postgres import PostgresNotifier  # psycopg only where it is used
+
+    return PostgresNotifier(clock, url)

@@ -6,6 +6,13 @@ client rejoining, an alignment set posted), at a straggler deadline (one clock t
 deadline, however many wait for it), and once more when its own wait runs out. In between it
 costs nothing: no thread, no store lock, no timer but its own deadline. Every time is the
 service's :class:`~service.clock.Clock`.
+
+Two notifiers, one interface: :class:`SessionNotifier` wakes the waiters of this process (one
+``glasu serve`` on SQLite); :class:`PostgresNotifier` also tells every other replica on the same
+PostgreSQL database, through LISTEN/NOTIFY (:mod:`service.notify_postgres`). Straggler deadlines
+stay timers of each process: every replica with waiters schedules its own, from the deadline its
+check read in the database, and a deadline wakes only the local waiters (whichever of them then
+closes the slot notifies everybody).
 """
 
 from __future__ import annotations
@@ -34,8 +41,8 @@ class Waiting:
 
 
 class SessionNotifier:
-    """The waiters of each session (one future each), one timer per pending deadline. Used from
-    the event loop, except :meth:`notify_threadsafe`."""
+    """The waiters of each session in this process (one future each), one timer per pending
+    deadline. Used from the event loop, except :meth:`notify_threadsafe` and :meth:`close`."""
 
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
@@ -62,16 +69,16 @@ class SessionNotifier:
         return len(self._waiters.get(session_id, ()))
 
     def notify(self, session_id: str) -> None:
-        for woken in self._waiters.pop(session_id, ()):
-            _wake(woken)
+        """Something in ``session_id`` changed (committed): wake its waiters."""
+        self._wake_local(session_id)
 
     def notify_threadsafe(self, session_id: str) -> None:
         """:meth:`notify` from a worker thread (the round engine); nobody to wake before the
         first waiter."""
-        loop = self._loop
-        if loop is not None:
-            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits
-                loop.call_soon_threadsafe(self.notify, session_id)
+        self._call_on_loop(self.notify, session_id)
+
+    def close(self) -> None:
+        """Stop whatever the notifier runs besides the event loop (nothing here)."""
 
     def notify_at(self, session_id: str, at: float) -> None:
         """:meth:`notify` at clock time ``at``: once, however many waiters ask for the same
@@ -87,7 +94,22 @@ class SessionNotifier:
 
     def _due(self, key: tuple[str, float]) -> None:
         del self._deadlines[key]
-        self.notify(key[0])
+        self._wake_local(key[0])
+
+    def _wake_local(self, session_id: str) -> None:
+        for woken in self._waiters.pop(session_id, ()):
+            _wake(woken)
+
+    def _wake_everybody(self) -> None:
+        for session_id in list(self._waiters):
+            self._wake_local(session_id)
+
+    def _call_on_loop(self, callback: Callable[..., None], *args: str) -> None:
+        """Run ``callback`` on the event loop of the waiters, from any thread."""
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits
+                loop.call_soon_threadsafe(callback, *args)
 
 
 async def long_poll(

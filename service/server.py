@@ -17,8 +17,11 @@ TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
 
 
 def serve(settings: ServiceSettings) -> None:
-    """Blocks until the server stops. One process only: long-poll wake-ups are in memory and the
-    SQLite database has a single writer."""
+    """Blocks until the server stops. One process per ``glasu serve``: on SQLite (the embedded
+    default) it is the database's only writer, and its long polls are woken in memory. To scale
+    out, run several ``glasu serve`` replicas on one PostgreSQL database behind a load balancer
+    (no stickiness needed: no state that matters lives in a process; long polls are woken across
+    replicas by LISTEN/NOTIFY), not uvicorn workers in one replica."""
     app = create_app(settings)
     tls = settings.tls_certfile is not None
     if not tls and not is_loopback_host(settings.host):

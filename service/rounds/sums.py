@@ -8,7 +8,7 @@ finds every share in but no sum never computes it while another request holds th
 for the notification that the sum is stored.
 
 Crash safety: acknowledged shares are durable, running sums are not. A share's file is written
-before the transaction that acknowledges it commits (service/rounds/payload_files.py). After a
+before the transaction that acknowledges it commits (service/rounds/payload_store.py). After a
 restart (or if storing a sum failed) the first download or repeated upload that finds all M
 shares committed and no sum adds the shares missing from the running sum from their files and
 stores the sum (:meth:`ShareSums.complete`).
@@ -16,6 +16,15 @@ stores the sum (:meth:`ShareSums.complete`).
 With DP on, storing the first aggregation layer's sum of a pass is its release: the sum's file is
 synced to disk, then the ledger row and the sum's row are written in one durable transaction (on
 disk before ``COMMIT`` returns, see service/store/); a sum is served only once its row exists.
+
+Replicas (a shared store, PostgreSQL): the shares of one slot arrive at different processes, so
+no running sum or slot lock in memory is trusted. The request that commits the last share, on
+whichever replica, or a later download that finds all shares in and no sum, takes the slot's
+database lock (``tx.lock_slot``) and, in that one transaction, checks that no sum is stored,
+reads every share's body from the payload store, sums them and stores the sum's body and row: a
+replica that gets the lock after finds the row and does nothing. A replica that dies mid-sum
+leaves nothing (its transaction rolls back); the next download or repeated upload redoes it.
+The recent-sums cache of each process holds only sums whose row is committed.
 """
 
 from __future__ import annotations
@@ -59,9 +68,13 @@ class ShareSums(RoundPart):
     @contextmanager
     def forming(
         self, plan: SessionPlan, pass_index: int, layer: int, *, rows: int, cols: int
-    ) -> Iterator[RunningSum[Any]]:
+    ) -> Iterator[RunningSum[Any] | None]:
         """The running sum of a slot, its lock held: commit a share's upload and add the share
-        inside, so that nobody sees the share committed but not yet added."""
+        inside, so that nobody sees the share committed but not yet added. None with a shared
+        store: the sum is formed from the shares' bodies when the slot closes."""
+        if self.store.shared:
+            yield None
+            return
         slot = self._slot((plan.session_id, pass_index, layer))
         with slot.lock:
             if slot.running is None:
@@ -72,8 +85,11 @@ class ShareSums(RoundPart):
         """Store the slot's sum if it closes (all the pass's participants' shares are committed,
         or under stragglers "continue" the wait is over) and no sum is stored, adding first any
         committed share the running sum lacks (after a restart: all of them) from its file.
-        Without ``wait``, returns at once while another request holds the slot. Whether it
-        changed the session (stored the sum, or stopped the session at its budget)."""
+        Without ``wait``, returns at once while another request holds the slot (a shared
+        store waits for the slot's database lock). Whether it changed the session (stored the
+        sum, or stopped the session at its budget)."""
+        if self.store.shared:
+            return self._complete_from_bodies(session_id, pass_index, layer)
         key = (session_id, pass_index, layer)
         slot = self._slot(key)
         if not slot.lock.acquire(blocking=wait):
@@ -126,6 +142,39 @@ class ShareSums(RoundPart):
         self._recent.drop(session_id, before_pass=limit)
         self.files.discard(session_id, before_pass=before_pass)
 
+    def _complete_from_bodies(self, session_id: str, pass_index: int, layer: int) -> bool:
+        """:meth:`complete` on a shared store: sum every committed share's body and store the
+        sum, in one transaction that holds the slot's database lock."""
+        plan = self._due_sum_plan(session_id, pass_index, layer)
+        if plan is None:  # most calls end here, without taking the lock
+            return False
+        is_release = _is_release(plan, layer)
+        with self.store.transaction(durable=is_release) as tx:
+            tx.lock_slot(session_id, pass_index, layer)
+            row, plan = load_session(tx, self.plans, session_id)
+            if not _sum_closes(tx, row, plan, pass_index, layer):
+                return False  # another request stored it while we waited for the lock
+            rows = layer_rows(tx, plan, pass_index, layer)
+            aggregator = self.aggregators.for_session(plan)
+            running = aggregator.new_sum(rows=rows, cols=plan.widths[layer])
+            for upload in tx.uploads(session_id, pass_index, layer, "embedding"):
+                body = self.files.read_share(
+                    session_id, pass_index, layer, upload.client_index, upload.sha256, tx=tx
+                )
+                share = aggregator.read_share(body, rows=rows, cols=plan.widths[layer])
+                running.add(upload.client_index, share)
+            body = running.payload()
+            self.files.write_sum(session_id, pass_index, layer, body, sync=is_release, tx=tx)
+            stored = self._insert_sum(tx, plan, pass_index, layer, rows, sorted(running.clients))
+        self._after_store(plan, pass_index, layer, body, stored)
+        return True
+
+    def _due_sum_plan(self, session_id: str, pass_index: int, layer: int) -> SessionPlan | None:
+        """The session's plan if the slot closes and has no sum yet (its own transaction)."""
+        with self.store.transaction() as tx:
+            row, plan = load_session(tx, self.plans, session_id)
+            return plan if _sum_closes(tx, row, plan, pass_index, layer) else None
+
     def _store(
         self,
         plan: SessionPlan,
@@ -140,44 +189,66 @@ class ShareSums(RoundPart):
         # A release's ledger row must be on disk before its sum can be served, and the sum with
         # it: a durable transaction's COMMIT returns only once the WAL is synced
         # (service/store/database.py), and the sum's file is synced before.
-        is_release = plan.privacy is not None and layer == plan.first_agg_layer
+        is_release = _is_release(plan, layer)
         self.files.write_sum(plan.session_id, pass_index, layer, body, sync=is_release)
-        completed_kind = None
         with self.store.transaction(durable=is_release) as tx:
             row, _ = load_session(tx, self.plans, plan.session_id)
             if not _sum_pending(tx, row, pass_index, layer):
                 return False
-            leave_out(
-                tx,
-                plan,
-                pass_index,
-                [m for m in participants(tx, plan, pass_index) if m not in clients],
-            )
-            released_at = None
-            if is_release:
-                released_at = _record_release(tx, plan, pass_index, clients)
-                if released_at is None:
-                    return True  # the session stopped at its budget
-            tx.insert_result(
-                plan.session_id,
-                pass_index,
-                layer,
-                "aggregate",
-                rows=rows,
-                cols=plan.widths[layer],
-                count=len(clients),
-                body=None,
-                released_at=released_at,
-            )
-            if layer == plan.last_layer(pass_index):
-                completed_kind = plan.passes[pass_index].kind
-                _advance(tx, plan, pass_index)
+            stored = self._insert_sum(tx, plan, pass_index, layer, rows, clients)
+        self._after_store(plan, pass_index, layer, body, stored)
+        return True
+
+    def _insert_sum(
+        self,
+        tx: Transaction,
+        plan: SessionPlan,
+        pass_index: int,
+        layer: int,
+        rows: int,
+        clients: list[int],
+    ) -> _Stored:
+        """The rows of a pending sum of ``clients``' shares: the absences of the others, the
+        ledger row of a release, the sum's row and, with the pass's last sum, the next pass."""
+        leave_out(
+            tx,
+            plan,
+            pass_index,
+            [m for m in participants(tx, plan, pass_index) if m not in clients],
+        )
+        released_at = None
+        if _is_release(plan, layer):
+            released_at = _record_release(tx, plan, pass_index, clients)
+            if released_at is None:
+                return _Stored(sum_stored=False)  # the session stopped at its budget
+        tx.insert_result(
+            plan.session_id,
+            pass_index,
+            layer,
+            "aggregate",
+            rows=rows,
+            cols=plan.widths[layer],
+            count=len(clients),
+            body=None,
+            released_at=released_at,
+        )
+        if layer != plan.last_layer(pass_index):
+            return _Stored(sum_stored=True)
+        _advance(tx, plan, pass_index)
+        return _Stored(sum_stored=True, completed_kind=plan.passes[pass_index].kind)
+
+    def _after_store(
+        self, plan: SessionPlan, pass_index: int, layer: int, body: bytes, stored: _Stored
+    ) -> None:
+        """Once the sum's transaction committed: cache the sum, count a completed pass and drop
+        the payloads the store no longer keeps."""
+        if not stored.sum_stored:
+            return
         self._recent.put((plan.session_id, pass_index, layer), body)
-        if completed_kind is not None:
-            self.telemetry.passes_completed.labels(kind=completed_kind).inc()
+        if stored.completed_kind is not None:
+            self.telemetry.passes_completed.labels(kind=stored.completed_kind).inc()
             # the store keeps the payloads of this pass and the one before (_advance)
             self.discard(plan.session_id, before_pass=pass_index)
-        return True
 
     def _slot(self, key: SlotKey) -> _Slot:
         with self._slots_lock:
@@ -190,6 +261,14 @@ class ShareSums(RoundPart):
         with self._slots_lock:
             if self._slots.get(key) is slot:
                 del self._slots[key]
+
+
+@dataclass(frozen=True, slots=True)
+class _Stored:
+    """What storing a pending sum did."""
+
+    sum_stored: bool  # False: the release did not fit the budget and the session stopped
+    completed_kind: str | None = None  # the kind of the pass the sum completed, if it did
 
 
 class _RecentSums:
@@ -231,6 +310,21 @@ def _sum_pending(tx: Transaction, row: SessionRow, pass_index: int, layer: int) 
         and row.current_pass == pass_index
         and tx.result(row.id, pass_index, layer, "aggregate") is None
     )
+
+
+def _sum_closes(
+    tx: Transaction, row: SessionRow, plan: SessionPlan, pass_index: int, layer: int
+) -> bool:
+    """The sum is pending and its slot closes now."""
+    return (
+        _sum_pending(tx, row, pass_index, layer)
+        and slot_progress(tx, plan, pass_index, layer, "embedding").closes
+    )
+
+
+def _is_release(plan: SessionPlan, layer: int) -> bool:
+    """Storing this layer's sum releases the pass (differential privacy)."""
+    return plan.privacy is not None and layer == plan.first_agg_layer
 
 
 def _record_release(

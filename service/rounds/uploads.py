@@ -143,7 +143,7 @@ class Uploads(RoundPart):
                 target.plan, pass_index, layer, rows=target.rows, cols=target.cols
             ) as running:
                 outcome = self._record(caller, pass_index, layer, "embedding", sha256, body)
-                if outcome.created:
+                if outcome.created and running is not None:
                     running.add(caller.client_index, share)
         if not outcome.missing:
             self.sums.complete(caller.session_id, pass_index, layer, wait=True)
