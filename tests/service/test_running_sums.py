@@ -27,7 +27,7 @@ from service.rounds import Caller, Payload
 pytestmark = pytest.mark.anyio
 
 
-@pytest.mark.sqlite_only  # the in-memory slot lock; a shared store's: tests/service/test_replicas.py
+@pytest.mark.sqlite_only  # the in-memory slot lock; a shared store: tests/service/test_replicas.py
 async def test_a_download_leaves_a_sum_in_progress_alone(
     make_app: Callable[..., FastAPI], database: Path
 ) -> None:
