@@ -170,7 +170,7 @@ def post_rejoin(caller: ClientDep, context: ContextDep) -> JSONResponse:
     (they do not wait for it) until it calls this; the answer is the pass from which the others
     wait for it again. Harmless for a client that was never left out (the current pass)."""
     back_at = context.engine.uploads.rejoin(caller)
-    context.notifier.notify(caller.session_id)
+    context.notifier.notify_threadsafe(caller.session_id)  # a sync route: off the event loop
     receipt = RejoinReceipt(pass_index=back_at)
     return JSONResponse(receipt.model_dump(mode="json", by_alias=True))
 
