@@ -421,7 +421,8 @@ def _setup_cell(runs: list[dict[str, Any]]) -> str:
         f"{median(lambda r: r['passes_per_second']):.1f}/s, "
         f"{median(lambda r: r['upload_ms']['p99']):.0f} / "
         f"{median(lambda r: r['download_ms']['p99']):.0f} ms, "
-        f"{median(lambda r: r['timeouts'] + r['error_count']):.0f}"
+        f"{median(lambda r: r['timeouts'] + r['error_count']):.0f}, "
+        f"{median(lambda r: r['service_cpu_per_pass_ms']):.0f} ms"
     )
 
 
@@ -447,7 +448,14 @@ def backends_markdown(payload: dict[str, Any]) -> str:
         "```",
         "",
         "Each setup's cell: session passes done of those planned, passes/s, upload / download "
-        "p99, time-outs and errors.",
+        "p99, time-outs and errors, and the service's CPU per pass (all its processes; "
+        "PostgreSQL's own not counted). On one machine of 2 cores the replicas share the cores "
+        "that one process already had, with the load generator: what they add is the loss of a "
+        "replica without a stop (tests/e2e/test_replicas.py) and room on more cores or "
+        "machines. One process uses at most one core (the GIL), so 1000 / (CPU ms per pass) is "
+        "its ceiling in passes/s; R replicas, each on a core of its own, reach about "
+        "1000 x R / (CPU ms per pass), PostgreSQL's CPU aside (a projection, not measured "
+        "here).",
         "",
         "| sessions x clients | SQLite, 1 process | PostgreSQL, 3 replicas | passes/s ratio "
         "| upload p99 ratio | download p99 ratio |",
