@@ -15,12 +15,15 @@ MODULES = sorted(
     info.name for info in pkgutil.iter_modules(bench.__path__) if info.name not in {"results_doc"}
 )
 
+# the in-process federation and the throwaway PostgreSQL cluster
+HARNESSES = {"asgi_federation": "run_in_process", "postgres": "PostgresCluster"}
+
 
 @pytest.mark.parametrize("name", MODULES)
 def test_every_benchmark_imports_as_a_module_of_the_package(name: str) -> None:
     module = importlib.import_module(f"bench.{name}")
-    if name == "asgi_federation":  # the harness, not a benchmark
-        assert callable(module.run_in_process)
+    if name in HARNESSES:  # what benchmarks and tests start, not a benchmark
+        assert callable(getattr(module, HARNESSES[name]))
         return
     entry = (
         importlib.import_module(f"bench.{name}.__main__") if hasattr(module, "__path__") else module
