@@ -6,8 +6,10 @@ bound what any session may spend of this data (``clients/policy.py``)."""
 
 from __future__ import annotations
 
+import math
+import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
@@ -29,6 +31,22 @@ def plain_http_off_loopback(server: str) -> bool:
     network without TLS (refused unless ``--insecure-http``)."""
     url = urlsplit(server)
     return url.scheme == "http" and not is_loopback_host(url.hostname or "")
+
+
+def available_cores() -> int:
+    """The cores this process may run on: its CPU affinity, capped by a cgroup v2 CPU quota
+    (a container limited to 2 CPUs on a 64-core host gets 2)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            cores = min(cores, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, cores)
 
 
 class WorkerSettings(BaseSettings):
@@ -93,14 +111,20 @@ class WorkerSettings(BaseSettings):
         "GLASU_TEST_REPRODUCIBLE_NOISE=1; the report then says NOT PRIVATE). Default: "
         "cryptographic noise.",
     )
-    threads: int = Field(1, ge=1, description="CPU threads (the matrices are small: 1 is fastest).")
+    threads: int | Literal["auto"] = Field(
+        "auto",
+        description="CPU threads for torch: auto (the cores this process may use: its CPU "
+        "affinity and container quota) or a number. The sparse products of a large graph "
+        "scale with them; give several workers on one machine a share each.",
+    )
     result: Path | None = Field(None, description="Write a JSON summary of this worker's run here.")
     poll_seconds: float = Field(30.0, gt=0, le=60, description="Long-poll wait per request.")
     peer_wait_seconds: float = Field(
         900.0,
         gt=0,
         description="How long to wait for the other clients at one step before "
-        "giving up (exit code 5).",
+        "giving up (exit code 5); raise it for graphs of millions of nodes, whose evaluation "
+        "pass can take longer (docs/deploy.md).",
     )
     checkpoint: Path | None = Field(
         None,
@@ -166,6 +190,17 @@ class WorkerSettings(BaseSettings):
         if not DEVICE_NAMES.fullmatch(device):
             raise ValueError(f"{device!r} is not auto, cpu, cuda or cuda:N")
         return device
+
+    @field_validator("threads")
+    @classmethod
+    def _threads(cls, value: int | str) -> int | str:
+        if value != "auto" and int(value) < 1:
+            raise ValueError("threads is auto or a number of at least 1")
+        return value
+
+    def torch_threads(self) -> int:
+        """The number of CPU threads ``threads`` stands for."""
+        return available_cores() if self.threads == "auto" else int(self.threads)
 
     @model_validator(mode="after")
     def _tls_unless_loopback(self) -> WorkerSettings:
