@@ -136,18 +136,48 @@ def write_party(data: PartyData, folder: Path) -> None:
         save_array(labels, data.labels.astype(np.int64, copy=False))
     else:
         labels.unlink(missing_ok=True)
-    pq.write_table(pa.table({"id": pa.array(data.ids, type=pa.string())}), folder / IDS)
+    write_ids(folder, pa.array(data.ids, type=pa.string()))
+    write_meta(
+        folder,
+        num_rows=data.num_rows,
+        num_features=int(data.features.shape[1]),
+        feature_names=data.feature_names,
+        labeled=data.labeled,
+        undirected_edges=int(data.edges.shape[1] // 2),
+        summary=data.summary,
+        extra=data.extra_meta,
+    )
+
+
+def write_ids(folder: Path, ids: pa.Array) -> None:
+    """The organisation's own ids, in row order (text)."""
+    pq.write_table(pa.table({"id": ids.cast(pa.string())}), folder / IDS)
+
+
+def write_meta(
+    folder: Path,
+    *,
+    num_rows: int,
+    num_features: int,
+    feature_names: list[str],
+    labeled: int,
+    undirected_edges: int,
+    summary: dict[str, Any],
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """``meta.json`` (what it holds)."""
     meta = {
         "format_version": FORMAT_VERSION,
-        "num_rows": data.num_rows,
-        "num_features": int(data.features.shape[1]),
-        "feature_names": data.feature_names,
-        "labeled_rows": data.labeled,
-        "undirected_edges": int(data.edges.shape[1] // 2),
-        "summary": data.summary,
-        **data.extra_meta,
+        "num_rows": num_rows,
+        "num_features": num_features,
+        "feature_names": feature_names,
+        "labeled_rows": labeled,
+        "undirected_edges": undirected_edges,
+        "summary": summary,
+        **(extra or {}),
     }
     (folder / META).write_text(json.dumps(meta, indent=2) + "\n")
+    return meta
 
 
 def write_alignment(alignment: PartyAlignment, folder: Path) -> None:
