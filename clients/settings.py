@@ -6,8 +6,6 @@ bound what any session may spend of this data (``clients/policy.py``)."""
 
 from __future__ import annotations
 
-import math
-import os
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -20,6 +18,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from clients.cores import available_cores
 from clients.policy import PrivacyPolicy
 from models.config import DEVICE_NAMES, BackboneName
 from secure.accounting import AccountantName
@@ -31,22 +30,6 @@ def plain_http_off_loopback(server: str) -> bool:
     network without TLS (refused unless ``--insecure-http``)."""
     url = urlsplit(server)
     return url.scheme == "http" and not is_loopback_host(url.hostname or "")
-
-
-def available_cores() -> int:
-    """The cores this process may run on: its CPU affinity, capped by a cgroup v2 CPU quota
-    (a container limited to 2 CPUs on a 64-core host gets 2)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
-        if quota != "max":
-            cores = min(cores, max(1, math.ceil(int(quota) / int(period))))
-    except (OSError, ValueError):
-        pass
-    return max(1, cores)
 
 
 class WorkerSettings(BaseSettings):
