@@ -9,7 +9,7 @@ the same element whichever party holds it, and nothing less than all keys makes 
 
 Blinding many elements is libsodium's scalar multiplication, one core per element: it runs in
 chunks over processes (``workers``). The intersection or union of the fully blinded sets and each
-set's positions in it are sorted numpy arrays of 32-byte strings (:func:`index_sets`).
+set's positions in it come from one integer sort in numpy (:func:`index_sets`).
 
 Torch-free: the service validates the elements it relays with :func:`check_elements`.
 """
@@ -91,7 +91,8 @@ def _in_chunks(
 ) -> Iterator[list[bytes]]:
     """``work(*fixed, chunk)`` over consecutive chunks of ``items``, results in order. Processes
     are spawned, not forked: a caller may have threads (``glasu train --party`` aligns its
-    parties in threads), and a fork would copy their locks held."""
+    parties in threads), and a fork would copy their locks held. As with any spawned pool, the
+    main module must import without side effects (the ``if __name__ == "__main__"`` idiom)."""
     if workers <= 1 or len(items) < PARALLEL_FROM:
         size = max(len(items) // 16, 1024)
         for start in range(0, len(items), size):
@@ -170,31 +171,37 @@ class IndexedSets:
 
 def index_sets(bodies: Sequence[bytes], *, union: bool = False) -> IndexedSets:
     """The fully blinded sets (packed bodies, each of distinct elements) intersected, or united,
-    and sorted (byte order): the aligned index; and for each set, each element's place in it."""
-    owned = [_as_strings(body) for body in bodies]
-    shared = owned[0]
-    for other in owned[1:]:
-        shared = np.intersect1d(shared, other, assume_unique=True)
-    aligned = np.unique(np.concatenate(owned)) if union else np.sort(shared)
-    positions = []
-    for elements in owned:
-        place = np.searchsorted(aligned, elements)
-        found = place < aligned.size
-        found[found] = aligned[place[found]] == elements[found]
-        positions.append(np.where(found, place, -1).astype("<i8").tobytes())
+    and sorted (byte order): the aligned index; and for each set, each element's place in it.
+    Every element is four big-endian 64-bit words (words compared in order are the bytes compared
+    in order): one integer sort of all sets together groups equal elements."""
+    for body in bodies:
+        if len(body) % ELEMENT_BYTES:
+            raise ValueError(
+                f"a set body is a whole number of {ELEMENT_BYTES}-byte elements, got "
+                f"{len(body)} bytes"
+            )
+    raw = np.frombuffer(b"".join(bodies), dtype=np.uint8).reshape(-1, ELEMENT_BYTES)
+    words = raw.view(">u8").astype(np.uint64)  # (elements, 4)
+    order = np.argsort(words[:, 0], kind="stable")  # blinded elements: word 0 all but decides
+    ranked = words[order]
+    tie = ranked[1:, 0] == ranked[:-1, 0]
+    if (tie & (ranked[1:, 1:] != ranked[:-1, 1:]).any(axis=1)).any():  # two elements share it
+        order = np.lexsort(words.T[::-1])  # by word 0, then 1, 2, 3
+        ranked = words[order]
+    starts = np.ones(len(ranked), dtype=bool)  # the first of each run of equal elements
+    starts[1:] = (ranked[1:] != ranked[:-1]).any(axis=1)
+    group = np.cumsum(starts) - 1
+    holders = np.bincount(group)  # the sets holding each distinct element (they are distinct)
+    shared = holders == len(bodies)
+    kept = np.ones_like(shared) if union else shared
+    index = np.where(kept, np.cumsum(kept) - 1, -1)
+    place = np.empty(len(ranked), dtype="<i8")
+    place[order] = index[group]
+    firsts = order[np.flatnonzero(starts)[kept]]
+    bounds = np.cumsum([len(body) // ELEMENT_BYTES for body in bodies])[:-1]
     return IndexedSets(
-        aligned_nodes=int(aligned.size),
-        shared_nodes=int(shared.size),
-        digest=hashlib.sha256(aligned.tobytes()).digest(),
-        positions=positions,
+        aligned_nodes=int(kept.sum()),
+        shared_nodes=int(shared.sum()),
+        digest=hashlib.sha256(raw[firsts].tobytes()).digest(),
+        positions=[part.tobytes() for part in np.split(place, bounds)],
     )
-
-
-def _as_strings(body: bytes) -> np.ndarray:
-    """A packed body as 32-byte strings (compared and sorted as bytes; read back only whole, with
-    ``tobytes``: numpy would strip an element's trailing zero bytes)."""
-    if len(body) % ELEMENT_BYTES:
-        raise ValueError(
-            f"a set body is a whole number of {ELEMENT_BYTES}-byte elements, got {len(body)} bytes"
-        )
-    return np.frombuffer(body, dtype=f"S{ELEMENT_BYTES}")

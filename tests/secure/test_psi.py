@@ -99,15 +99,20 @@ def _indexed_in_sets(bodies: list[bytes], union: bool) -> psi.IndexedSets:
     )
 
 
+@pytest.mark.parametrize("ties", [False, True])  # elements that share their first 8 bytes
 @pytest.mark.parametrize("union", [False, True])
-def test_the_index_in_numpy_is_that_of_python_sets(union: bool) -> None:
+def test_the_index_in_numpy_is_that_of_python_sets(union: bool, ties: bool) -> None:
     rng = random.Random(7)
-    # trailing and leading zero bytes: numpy's byte strings must not lose them
     pool = [
         rng.randbytes(30) + bytes([rng.choice([0, 1, 255]), rng.choice([0, 7])]) for _ in range(600)
     ]
-    pool += [bytes(31) + b"\x01", bytes(32), b"\x01" + bytes(31)]
+    if ties:  # and trailing zero bytes: numpy must not lose them
+        pool += [bytes(8) + rng.randbytes(23) + bytes([rng.choice([0, 5])]) for _ in range(60)]
+        pool += [bytes(31) + b"\x01", bytes(32), b"\x01" + bytes(31)]
     for parties in (1, 2, 3, 4):
         sets = [rng.sample(pool, rng.randint(0, 300)) for _ in range(parties)]
+        if ties:
+            sets = [elements + pool[-63:] for elements in sets if elements]
+            sets = [list(dict.fromkeys(elements)) for elements in sets] or [pool[-63:]]
         bodies = [pack(elements) for elements in sets]
         assert psi.index_sets(bodies, union=union) == _indexed_in_sets(bodies, union)
