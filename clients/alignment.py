@@ -19,15 +19,16 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from tqdm.auto import tqdm
 
 from clients.alignment_signing import SIGNATURE_HEADER, SetSigning, SetSlot
+from clients.cores import available_cores
 from clients.service_http import ConnectionOptions, PeerConnection
-from secure.psi import ELEMENT_BYTES, BlindingKey, check_elements, hash_to_group, pack, unpack
+from secure.psi import ELEMENT_BYTES, BlindingKey, check_elements, pack, unpack
 from secure.wire.alignment import SET_ENCODING, AlignmentStatus, SetProgress
 
 log = logging.getLogger(__name__)
@@ -112,10 +113,13 @@ def align(
     key: BlindingKey | None = None,
     signing: SetSigning | None = None,
     progress: bool = False,
+    workers: int | None = None,
 ) -> AlignmentOutcome:
     """Run this party's side of the alignment over ``ids`` (its own node ids, distinct, in row
     order) and return where each row sits in the aligned node index. ``signing``: sign the sets
-    posted and, given peer keys, blind only sets the peer posted."""
+    posted and, given peer keys, blind only sets the peer posted. ``workers``: processes that
+    blind (default: the cores available)."""
+    workers = available_cores() if workers is None else workers
     _check_distinct(ids)
     status = client.status()
     parties, m = status.parties, client.party
@@ -141,21 +145,25 @@ def align(
         slot = SetSlot(client.alignment_id, parties, owner, hop)
         client.post_set(owner, hop, body, signature=signing.sign(slot, body))
 
+    def blinded(chunks: Iterator[list[bytes]], *, counted: bool) -> list[bytes]:
+        elements: list[bytes] = []
+        for chunk in chunks:
+            elements.extend(chunk)
+            if counted:
+                bar.update(len(chunk))
+        return elements
+
     try:
-        own = []
-        for row in order:
-            own.append(key.blind(hash_to_group(client.alignment_id, ids[row])))
-            bar.update(1)
-        post(m, 0, own)
+        shuffled = [ids[row] for row in order]
+        own = key.blind_ids(client.alignment_id, shuffled, workers=workers)
+        post(m, 0, blinded(own, counted=True))
+        del shuffled
         for hop in range(1, parties):
             owner = (m - hop) % parties
             received = _relayed(
                 client, signing, SetSlot(client.alignment_id, parties, owner, hop - 1)
             )
-            blinded = []
-            for element in received:
-                blinded.append(key.blind(element))
-            post(owner, hop, blinded)
+            post(owner, hop, blinded(key.blind_elements(received, workers=workers), counted=False))
             bar.update(len(ids))
         positions = client.fetch_positions()
     finally:

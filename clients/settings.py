@@ -7,7 +7,7 @@ bound what any session may spend of this data (``clients/policy.py``)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
@@ -18,6 +18,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from clients.cores import available_cores
 from clients.policy import PrivacyPolicy
 from models.config import DEVICE_NAMES, BackboneName
 from secure.accounting import AccountantName
@@ -93,14 +94,20 @@ class WorkerSettings(BaseSettings):
         "GLASU_TEST_REPRODUCIBLE_NOISE=1; the report then says NOT PRIVATE). Default: "
         "cryptographic noise.",
     )
-    threads: int = Field(1, ge=1, description="CPU threads (the matrices are small: 1 is fastest).")
+    threads: int | Literal["auto"] = Field(
+        "auto",
+        description="CPU threads for torch: auto (the cores this process may use: its CPU "
+        "affinity and container quota) or a number. The sparse products of a large graph "
+        "scale with them; give several workers on one machine a share each.",
+    )
     result: Path | None = Field(None, description="Write a JSON summary of this worker's run here.")
     poll_seconds: float = Field(30.0, gt=0, le=60, description="Long-poll wait per request.")
     peer_wait_seconds: float = Field(
         900.0,
         gt=0,
         description="How long to wait for the other clients at one step before "
-        "giving up (exit code 5).",
+        "giving up (exit code 5); raise it for graphs of millions of nodes, whose evaluation "
+        "pass can take longer (docs/deploy.md).",
     )
     checkpoint: Path | None = Field(
         None,
@@ -166,6 +173,17 @@ class WorkerSettings(BaseSettings):
         if not DEVICE_NAMES.fullmatch(device):
             raise ValueError(f"{device!r} is not auto, cpu, cuda or cuda:N")
         return device
+
+    @field_validator("threads")
+    @classmethod
+    def _threads(cls, value: int | str) -> int | str:
+        if value != "auto" and int(value) < 1:
+            raise ValueError("threads is auto or a number of at least 1")
+        return value
+
+    def torch_threads(self) -> int:
+        """The number of CPU threads ``threads`` stands for."""
+        return available_cores() if self.threads == "auto" else int(self.threads)
 
     @model_validator(mode="after")
     def _tls_unless_loopback(self) -> WorkerSettings:

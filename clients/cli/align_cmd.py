@@ -36,6 +36,7 @@ from clients.cli.options import (
     check_output_dir,
     int_range,
     non_negative_int,
+    positive_int,
     write_private_file,
 )
 from secure.protocol import AlignedNodes
@@ -126,6 +127,14 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="party M's public key (its alignment-signing.pub, received out of band); "
         "repeat for every other party: then only sets signed by their poster are blinded",
     )
+    run_.add_argument(
+        "--workers",
+        type=_workers,
+        default=None,
+        metavar="N",
+        help="processes that blind the ids (libsodium's scalar multiplications): auto (the "
+        "default: the cores available) or a number",
+    )
     run_.add_argument("--quiet", action="store_true", help="no progress bar")
     keygen = add_command(
         actions,
@@ -165,6 +174,13 @@ def _party_arguments(p: argparse.ArgumentParser, *, party: bool = True) -> None:
         help=("file with this party's token" if party else "file with a party or the admin token")
         + " (required)",
     )
+
+
+def _workers(text: str) -> int | None:
+    """``auto`` (None: the cores available) or a positive number."""
+    if text == "auto":
+        return None
+    return positive_int(text)
 
 
 def _peer_key(text: str) -> tuple[int, Path]:
@@ -279,7 +295,9 @@ def _run_party(args: argparse.Namespace) -> int:
         options=ConnectionOptions(verify=verify, peer_wait_seconds=args.peer_wait_seconds),
     ) as client:
         try:
-            outcome = align(client, data.ids, signing=signing, progress=not args.quiet)
+            outcome = align(
+                client, data.ids, signing=signing, progress=not args.quiet, workers=args.workers
+            )
         except AlignmentFailed as exc:
             raise CliError(f"the alignment failed: {exc}") from exc
         except PeersMissing as exc:

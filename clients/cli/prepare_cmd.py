@@ -87,8 +87,7 @@ def check(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from models.data.party import write_party
-    from models.data.party_tables import PartyTables, read_party_tables
+    from models.data.party_tables import PartyTables, write_party_tables
     from models.data.table_file import TableError
 
     tables = PartyTables(
@@ -99,25 +98,24 @@ def run(args: argparse.Namespace) -> int:
         edge_columns=args.edge_columns,
         label_column=args.label_column,
     )
-    try:
-        data = read_party_tables(tables, progress=not args.quiet)
-    except TableError as exc:
-        raise CliError(str(exc)) from exc
     out = Path(os.path.abspath(args.out))
     with failing_as(f"cannot write --out {args.out}"):
         out.parent.mkdir(parents=True, exist_ok=True)
         pending = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
         try:
-            write_party(data, pending)
+            try:
+                meta = write_party_tables(tables, pending, progress=not args.quiet)
+            except TableError as exc:
+                raise CliError(str(exc)) from exc
             pending.rename(out)  # refuses to replace a folder that appeared meanwhile
         except BaseException:
             shutil.rmtree(pending, ignore_errors=True)
             raise
-    counts = data.summary
+    counts = meta["summary"]
     print(
-        f"{args.out}: {data.num_rows} nodes, {data.features.shape[1]} features, "
+        f"{args.out}: {meta['num_rows']} nodes, {meta['num_features']} features, "
         f"{counts['undirected_edges']} undirected edges ({counts['self_loops_dropped']} "
         f"self-loops and {counts['duplicate_edges_dropped']} duplicate edges dropped), "
-        f"{data.labeled} labelled nodes"
+        f"{meta['labeled_rows']} labelled nodes"
     )
     return 0

@@ -154,6 +154,8 @@ def _train(config: TrainConfig, args: argparse.Namespace) -> RunReport:
 
     with failing_as("--device", RuntimeError, ValueError):
         resolve_device(config.device)
+    if args.party is not None and _workers_read_folders(args, config):
+        return _train_party_folders(config, args)
     if args.party is not None:
         dataset, partitions = _aligned_parties(args.party, config, progress=not args.quiet)
     else:
@@ -195,6 +197,52 @@ def _train(config: TrainConfig, args: argparse.Namespace) -> RunReport:
             model_dirs=model_folders(args),
             about=train_options.session_about(args),
         )
+
+
+def _workers_read_folders(args: argparse.Namespace, config: TrainConfig) -> bool:
+    """Parties trained over the service on the nodes they share: each worker reads its party's
+    folder, and this process never loads their features (no pooled dataset, no copies)."""
+    return uses_service(args) and config.releases_anything and config.nodes == "intersection"
+
+
+def _train_party_folders(config: TrainConfig, args: argparse.Namespace) -> RunReport:
+    import tempfile
+
+    from clients.alignment import AlignmentFailed
+    from clients.local.federation import train_over_http
+    from clients.local.parties import worker_folders
+    from clients.local.processes import FederationFailed
+    from models.layout import layout_federation
+
+    holder = config.label_holder
+    passive = [m for m in range(len(args.party)) if holder is not None and m != holder]
+    with tempfile.TemporaryDirectory(prefix="glasu-parties-") as out:
+        with failing_as("--party", ValueError, OSError):
+            try:
+                parties = worker_folders(
+                    args.party,
+                    Path(out),
+                    seed=config.seed,
+                    label_holder=holder,
+                    passive=passive,
+                    progress=not args.quiet,
+                )
+            except AlignmentFailed as exc:
+                raise CliError(f"the alignment failed: {exc}") from exc
+        print(f"aligned privately: {parties.summary}", flush=True)
+        with failing_as(f"the options do not fit {config.dataset}", ValueError):
+            layout = layout_federation(config, parties.dataset, partitions=parties.partitions)
+        with failing_as("the federation failed", FederationFailed):
+            return train_over_http(
+                config,
+                layout,
+                parties.dataset,
+                threads=args.threads,
+                progress=not args.quiet,
+                model_dirs=model_folders(args),
+                about=train_options.session_about(args),
+                folders=parties.folders,
+            )
 
 
 def model_folders(args: argparse.Namespace) -> list[Path] | None:

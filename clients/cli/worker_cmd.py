@@ -112,7 +112,7 @@ def _run(settings: WorkerSettings, *, quiet: bool) -> int:
     from secure.noise import NotPrivateNoiseError
     from secure.protocol import ProtocolViolation
 
-    torch.set_num_threads(settings.threads)
+    torch.set_num_threads(settings.torch_threads())
     token = read_token(settings.token_file, flag="--token-file")
     with failing_as(f"cannot load the partition {settings.data}"):
         partition = load_partition(settings.data, require_labels=False)

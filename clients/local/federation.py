@@ -59,17 +59,22 @@ class LocalFederation:
         *,
         threads: int,
         extra: Callable[[int], list[str]] = lambda client: [],
+        folders: Sequence[Path] | None = None,
     ) -> None:
-        """One ``glasu worker`` per partition (its folder written here), ``extra(m)`` appended
-        to client m's arguments."""
+        """One ``glasu worker`` per partition, ``extra(m)`` appended to client m's arguments;
+        each reads its folder in ``folders`` or, by default, its partition written here."""
         for part, token in zip(partitions, created["client_tokens"], strict=True):
+            if folders is not None:
+                data = folders[part.client]
+            else:
+                data = save_partition(part, self.root / "partitions")
             args = worker_arguments(
                 config,
                 server=self.url,
                 session_id=created["session_id"],
                 client=part.client,
                 token_file=secret_file(self.root / f"client-{part.client}.token", token),
-                data=save_partition(part, self.root / "partitions"),
+                data=data,
                 result=self.result_path(part.client),
                 secret_context=self.secret_context,
                 threads=threads,
@@ -129,9 +134,12 @@ def train_over_http(
     work_dir: Path | None = None,
     model_dirs: Sequence[Path] | None = None,
     about: Mapping[str, Any] | None = None,
+    folders: Sequence[Path] | None = None,
 ) -> RunReport:
     """``model_dirs``: one folder per client, where its worker keeps its trained model;
-    ``about``: the session body's ``partners`` and ``operator``."""
+    ``about``: the session body's ``partners`` and ``operator``; ``folders``: the workers'
+    data folders (``clients.local.parties.worker_folders``), instead of the layout's partitions
+    written to the work folder."""
     if len(layout.groups) != 1:
         raise ValueError(
             "this mode trains clients independently; run it with "
@@ -147,6 +155,7 @@ def train_over_http(
             created,
             threads=threads,
             extra=lambda m: [] if model_dirs is None else ["--model-out", str(model_dirs[m])],
+            folders=folders,
         )
         follow(fed.admin, created["session_id"], fed.processes, created["passes_total"], progress)
         results = fed.results(len(layout.partitions))

@@ -1,15 +1,38 @@
 """``glasu train --party DIR ...``: the organisations' prepared folders, aligned by the private
 set intersection (``clients/local/alignment.py``) and assembled into one federation over their
-shared nodes (``models/data/aligned.py``)."""
+shared nodes (``models/data/aligned.py``), or, for workers that read folders
+(:func:`worker_folders`), passed through to them without their features ever being read here."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+import torch
+
 from clients.local.alignment import align_in_process
-from models.data.aligned import AlignedFederation, SharedIndex, aligned_federation
-from models.data.party import read_party
+from models.data.aligned import (
+    AlignedFederation,
+    SharedIndex,
+    aligned_federation,
+    aligned_split,
+    party_alignment,
+)
+from models.data.partition import ClientPartition
+from models.data.party import (
+    IDS,
+    META,
+    NO_LABEL,
+    NOT_SHARED,
+    PartyData,
+    read_party,
+    save_array,
+    write_alignment,
+)
+from models.data.planetoid import GraphDataset
 
 
 def party_names(folders: Sequence[Path]) -> list[str]:
@@ -38,15 +61,108 @@ def federation_of_parties(
     shared nodes, or over the union (``nodes``), their labels merged, the split drawn from
     ``seed``."""
     parties = [read_party(Path(folder)) for folder in folders]
+    index = _aligned_index(parties, seed=seed, nodes=nodes, progress=progress)
+    return aligned_federation(
+        parties, index, names=party_names(folders), seed=seed, label_holder=label_holder
+    )
+
+
+def _aligned_index(
+    parties: Sequence[PartyData], *, seed: int, nodes: str, progress: bool
+) -> SharedIndex:
     outcomes = align_in_process(
         [data.ids for data in parties], seed=seed, nodes=nodes, progress=progress
     )
-    index = SharedIndex(
+    return SharedIndex(
         alignment_id=outcomes[0].alignment_id,
         digest=outcomes[0].digest,
         aligned_nodes=outcomes[0].aligned_nodes,
         rows=[outcome.rows for outcome in outcomes],
     )
-    return aligned_federation(
-        parties, index, names=party_names(folders), seed=seed, label_holder=label_holder
+
+
+@dataclass(frozen=True)
+class WorkerFolders:
+    """The parties' folders as the workers read them, and what the run needs of the federation
+    without any features: the split and N (``dataset``; zero feature columns, no edges) and one
+    partition per party of the same kind (``partitions``: who the clients are)."""
+
+    folders: list[Path]
+    dataset: GraphDataset
+    partitions: list[ClientPartition]
+    summary: str
+
+
+def worker_folders(
+    folders: Sequence[Path],
+    out: Path,
+    *,
+    seed: int,
+    label_holder: int | None = None,
+    passive: Collection[int] = (),
+    progress: bool = False,
+) -> WorkerFolders:
+    """Align the parties' ids privately (nodes every party holds) and give each party a folder in
+    ``out`` that a worker reads as it would the folder of :func:`save_partition
+    <models.data.partition.save_partition>` for the same federation: links to the party's own
+    ``features.npy``, ``edges.npy``, ids and meta (never read or copied here), the run's labels
+    in its row order and the alignment with the run's split. The ``passive`` parties (GLASU B.2)
+    get no label and no split."""
+    parties = [read_party(Path(folder)) for folder in folders]  # features stay on disk, mapped
+    index = _aligned_index(parties, seed=seed, nodes="intersection", progress=progress)
+    names = party_names(folders)
+    split = aligned_split(parties, index, names=names, seed=seed, label_holder=label_holder)
+    none = np.empty(0, dtype=np.int64)
+    written = []
+    for m, source in enumerate(folders):
+        folder = Path(out) / f"client-{m}"
+        folder.mkdir(parents=True)
+        for name in ("features.npy", "edges.npy", IDS, META):
+            (folder / name).symlink_to(Path(source).resolve() / name)
+        rows = index.rows[m]
+        # as save_partition: the benchmark-style alignment, without the alignment's id or digest
+        alignment = dataclasses.replace(
+            party_alignment(index, split, m), alignment_id=None, digest=None
+        )
+        if m in passive:
+            alignment = dataclasses.replace(
+                alignment, train_nodes=none, val_nodes=none, test_nodes=none
+            )
+        else:
+            shared = rows != NOT_SHARED
+            own = np.full(rows.size, NO_LABEL, dtype=np.int64)
+            own[shared] = split.labels[rows[shared]]
+            save_array(folder / "labels.npy", own)
+        write_alignment(alignment, folder)
+        written.append(folder)
+    n = index.aligned_nodes
+    labels = torch.from_numpy(split.labels)
+    no_features = torch.empty((n, 0))
+    no_edges = torch.empty((2, 0), dtype=torch.long)
+    dataset = GraphDataset(
+        name="own data (" + ", ".join(names) + ")",
+        features=no_features,
+        labels=labels,
+        edge_index=no_edges,
+        train_nodes=split.train_nodes,
+        val_nodes=split.val_nodes,
+        test_nodes=split.test_nodes,
+        split="aligned",
+        split_note=split.note,
     )
+    partitions = [
+        ClientPartition(
+            client=m,
+            clients=len(folders),
+            dataset=dataset.name,
+            feature_columns=np.empty(0, dtype=np.int64),
+            features=no_features,
+            edge_index=no_edges,
+            labels=labels,
+            train_nodes=split.train_nodes,
+            val_nodes=split.val_nodes,
+            test_nodes=split.test_nodes,
+        )
+        for m in range(len(folders))
+    ]
+    return WorkerFolders(written, dataset, partitions, split.summary)

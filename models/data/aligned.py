@@ -82,17 +82,28 @@ def merged_labels(
     return merged
 
 
-def aligned_federation(
+@dataclass(frozen=True)
+class AlignedSplit:
+    """The labels of a run (aligned order) and the split over the labelled shared nodes."""
+
+    labels: np.ndarray
+    train_nodes: np.ndarray
+    val_nodes: np.ndarray
+    test_nodes: np.ndarray
+    note: str
+    summary: str  # for people: who holds how many nodes, how many are shared and labelled
+
+
+def aligned_split(
     parties: Sequence[PartyData],
     index: SharedIndex,
     *,
     names: Sequence[str],
     seed: int,
     label_holder: int | None = None,
-) -> AlignedFederation:
-    """Every party's partition over the shared index, with the merged labels and the split over
-    the labelled shared nodes, and the pooled dataset (the centralized baseline's data). With a
-    ``label_holder``, its labels alone (the others' partitions lose theirs in the layout)."""
+) -> AlignedSplit:
+    """The merged labels and the split over the labelled shared nodes; with a ``label_holder``,
+    its labels alone. Needs the parties' ids and labels only (not their features)."""
     if label_holder is not None:
         if not 0 <= label_holder < len(parties):
             raise ValueError(f"the label holder must be a party 0..{len(parties) - 1}")
@@ -121,42 +132,6 @@ def aligned_federation(
         )
     train, val, test = split_nodes(labelled, seed=seed)
     note = split_note(labelled.size, train, val, seed, "labelled aligned nodes")
-    partitions = []
-    for m, (data, rows) in enumerate(zip(parties, index.rows, strict=True)):
-        alignment = PartyAlignment(
-            alignment_id=index.alignment_id,
-            party=m,
-            parties=len(parties),
-            aligned_nodes=index.aligned_nodes,
-            digest=index.digest,
-            rows=rows,
-            train_nodes=train,
-            val_nodes=val,
-            test_nodes=test,
-            split_note=note,
-        )
-        partitions.append(aligned_partition(data, alignment, labels=labels))
-    pooled_edges = undirected_edges(
-        torch.from_numpy(
-            np.concatenate(
-                [aligned_edges(d.edges, r) for d, r in zip(parties, index.rows, strict=True)],
-                axis=1,
-            )
-        )
-    )
-    dataset = GraphDataset(
-        name="own data (" + ", ".join(names) + ")",
-        features=torch.cat([p.features for p in partitions], dim=1),
-        labels=torch.from_numpy(labels),
-        edge_index=torch.from_numpy(
-            np.ascontiguousarray(np.concatenate([pooled_edges, pooled_edges[:, ::-1]]).T)
-        ),
-        train_nodes=train,
-        val_nodes=val,
-        test_nodes=test,
-        split="aligned",
-        split_note=note,
-    )
     held = ", ".join(f"{name} {data.num_rows}" for name, data in zip(names, parties, strict=True))
     holders = np.zeros(index.aligned_nodes, dtype=np.int64)
     for rows in index.rows:
@@ -173,7 +148,66 @@ def aligned_federation(
         f"{len(parties)} parties (nodes held: {held}) {coverage}, {labelled.size} of them "
         f"labelled; {note}"
     )
-    return AlignedFederation(dataset=dataset, partitions=partitions, index=index, summary=summary)
+    return AlignedSplit(labels, train, val, test, note, summary)
+
+
+def party_alignment(index: SharedIndex, split: AlignedSplit, party: int) -> PartyAlignment:
+    """Party ``party``'s place in the shared index, with the run's split."""
+    return PartyAlignment(
+        alignment_id=index.alignment_id,
+        party=party,
+        parties=len(index.rows),
+        aligned_nodes=index.aligned_nodes,
+        digest=index.digest,
+        rows=index.rows[party],
+        train_nodes=split.train_nodes,
+        val_nodes=split.val_nodes,
+        test_nodes=split.test_nodes,
+        split_note=split.note,
+    )
+
+
+def aligned_federation(
+    parties: Sequence[PartyData],
+    index: SharedIndex,
+    *,
+    names: Sequence[str],
+    seed: int,
+    label_holder: int | None = None,
+) -> AlignedFederation:
+    """Every party's partition over the shared index, with the merged labels and the split over
+    the labelled shared nodes (:func:`aligned_split`), and the pooled dataset (the centralized
+    baseline's data). With a ``label_holder``, its labels alone (the others' partitions lose
+    theirs in the layout)."""
+    split = aligned_split(parties, index, names=names, seed=seed, label_holder=label_holder)
+    partitions = [
+        aligned_partition(data, party_alignment(index, split, m), labels=split.labels)
+        for m, data in enumerate(parties)
+    ]
+    pooled_edges = undirected_edges(
+        torch.from_numpy(
+            np.concatenate(
+                [aligned_edges(d.edges, r) for d, r in zip(parties, index.rows, strict=True)],
+                axis=1,
+            )
+        )
+    )
+    dataset = GraphDataset(
+        name="own data (" + ", ".join(names) + ")",
+        features=torch.cat([p.features for p in partitions], dim=1),
+        labels=torch.from_numpy(split.labels),
+        edge_index=torch.from_numpy(
+            np.ascontiguousarray(np.concatenate([pooled_edges, pooled_edges[:, ::-1]]).T)
+        ),
+        train_nodes=split.train_nodes,
+        val_nodes=split.val_nodes,
+        test_nodes=split.test_nodes,
+        split="aligned",
+        split_note=split.note,
+    )
+    return AlignedFederation(
+        dataset=dataset, partitions=partitions, index=index, summary=split.summary
+    )
 
 
 def _id(data: PartyData, rows: np.ndarray, node: int) -> str:

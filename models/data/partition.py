@@ -68,7 +68,7 @@ class ClientPartition:
                 value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value
             )
             digest.update(f"{array.dtype}{array.shape}".encode())
-            digest.update(array.tobytes())
+            digest.update(memoryview(array).cast("B"))  # the bytes in place: no copy
         return digest.hexdigest()
 
 

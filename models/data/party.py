@@ -25,6 +25,7 @@ After the alignment (``glasu align``, or ``glasu train --party`` in memory):
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -94,51 +95,100 @@ def local_rows(rows: np.ndarray, aligned_nodes: int) -> np.ndarray:
     return order
 
 
+ALIGNED_CHUNK_ROWS = 65_536  # rows gathered at a time: the only transient beyond the result
+
+
 def in_aligned_order(values: np.ndarray, order: np.ndarray, *, fill: float | int) -> np.ndarray:
     """``values`` (one per row) in aligned order, given :func:`local_rows`; ``fill`` for an
-    aligned node this party lacks."""
-    held = order != NOT_SHARED
-    out = values[np.where(held, order, 0)]
-    out[~held] = fill
+    aligned node this party lacks. Where the rows are already in aligned order, ``values``
+    itself (a memory-mapped file stays mapped); otherwise one new array, gathered in chunks."""
+    if order.size == len(values) and np.array_equal(order, np.arange(order.size)):
+        return values
+    out = np.empty((order.size, *values.shape[1:]), dtype=values.dtype)
+    for start in range(0, order.size, ALIGNED_CHUNK_ROWS):
+        rows = order[start : start + ALIGNED_CHUNK_ROWS]
+        held = rows != NOT_SHARED
+        chunk = out[start : start + rows.size]
+        chunk[...] = values[np.where(held, rows, 0)]
+        chunk[~held] = fill
     return out
 
 
 # -- writing ---------------------------------------------------------------------------------------
 
 
+def save_array(path: Path, values: np.ndarray) -> None:
+    """``values`` to ``path`` (.npy) under a new inode: a process that has the old file
+    memory-mapped keeps reading the old contents (truncating a mapped file would kill it)."""
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "wb") as out:
+        np.save(out, values, allow_pickle=False)
+    os.replace(partial, path)
+
+
 def write_party(data: PartyData, folder: Path) -> None:
     """The organisation's own files (everything but the alignment) into ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
-    np.save(folder / "features.npy", data.features.astype(np.float32, copy=False))
-    np.save(folder / "edges.npy", data.edges.astype(np.int64, copy=False))
+    save_array(folder / "features.npy", data.features.astype(np.float32, copy=False))
+    save_array(folder / "edges.npy", data.edges.astype(np.int64, copy=False))
     labels = folder / "labels.npy"
     if data.labeled:  # a party without labels (a passive party of GLASU B.2) has no such file
-        np.save(labels, data.labels.astype(np.int64, copy=False))
+        save_array(labels, data.labels.astype(np.int64, copy=False))
     else:
         labels.unlink(missing_ok=True)
-    pq.write_table(pa.table({"id": pa.array(data.ids, type=pa.string())}), folder / IDS)
+    write_ids(folder, pa.array(data.ids, type=pa.string()))
+    write_meta(
+        folder,
+        num_rows=data.num_rows,
+        num_features=int(data.features.shape[1]),
+        feature_names=data.feature_names,
+        labeled=data.labeled,
+        undirected_edges=int(data.edges.shape[1] // 2),
+        summary=data.summary,
+        extra=data.extra_meta,
+    )
+
+
+def write_ids(folder: Path, ids: pa.Array) -> None:
+    """The organisation's own ids, in row order (text)."""
+    pq.write_table(pa.table({"id": ids.cast(pa.string())}), folder / IDS)
+
+
+def write_meta(
+    folder: Path,
+    *,
+    num_rows: int,
+    num_features: int,
+    feature_names: list[str],
+    labeled: int,
+    undirected_edges: int,
+    summary: dict[str, Any],
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """``meta.json`` (what it holds)."""
     meta = {
         "format_version": FORMAT_VERSION,
-        "num_rows": data.num_rows,
-        "num_features": int(data.features.shape[1]),
-        "feature_names": data.feature_names,
-        "labeled_rows": data.labeled,
-        "undirected_edges": int(data.edges.shape[1] // 2),
-        "summary": data.summary,
-        **data.extra_meta,
+        "num_rows": num_rows,
+        "num_features": num_features,
+        "feature_names": feature_names,
+        "labeled_rows": labeled,
+        "undirected_edges": undirected_edges,
+        "summary": summary,
+        **(extra or {}),
     }
     (folder / META).write_text(json.dumps(meta, indent=2) + "\n")
+    return meta
 
 
 def write_alignment(alignment: PartyAlignment, folder: Path) -> None:
     """The alignment's files; ``alignment.json`` goes last (atomically), so a folder has an
     alignment only once every array of it is complete."""
-    np.save(folder / "aligned.npy", np.asarray(alignment.rows, dtype=np.int64))
+    save_array(folder / "aligned.npy", np.asarray(alignment.rows, dtype=np.int64))
     split = (alignment.train_nodes, alignment.val_nodes, alignment.test_nodes)
     has_split = any(nodes.size for nodes in split)  # a passive party of GLASU B.2 holds none
     for name, nodes in zip(("train", "val", "test"), split, strict=True):
         if has_split:
-            np.save(folder / f"{name}.npy", np.asarray(nodes, dtype=np.int64))
+            save_array(folder / f"{name}.npy", np.asarray(nodes, dtype=np.int64))
         else:
             (folder / f"{name}.npy").unlink(missing_ok=True)
     record = {
@@ -173,26 +223,35 @@ def read_meta(folder: Path) -> dict[str, Any]:
 
 
 def _array(
-    folder: Path, name: str, dtype: type, *, if_missing: np.ndarray | None = None
+    folder: Path,
+    name: str,
+    dtype: type,
+    *,
+    if_missing: np.ndarray | None = None,
+    mapped: bool = False,
 ) -> np.ndarray:
     """``name``.npy as ``dtype``; ``if_missing`` where a file may be absent (a passive party of
-    GLASU B.2 has no labels and no split)."""
+    GLASU B.2 has no labels and no split). ``mapped``: memory-mapped copy-on-write (pages are read
+    as used and the file is never written; writable, so torch takes it without a copy)."""
     path = folder / f"{name}.npy"
     if not path.exists():
         if if_missing is not None:
             return if_missing
         raise FileNotFoundError(f"{path} is missing")
-    return np.load(path, allow_pickle=False).astype(dtype, copy=False)
+    return np.load(path, allow_pickle=False, mmap_mode="c" if mapped else None).astype(
+        dtype, copy=False
+    )
 
 
 def read_party(folder: Path, *, with_ids: bool = True) -> PartyData:
     """The organisation's own files, checked against each other (every inconsistency names the
-    file). ``with_ids=False`` leaves the ids on disk (a worker never needs them)."""
+    file). ``with_ids=False`` leaves the ids on disk (a worker never needs them). The features
+    stay memory-mapped from ``features.npy``: nothing reads them whole."""
     folder = Path(folder)
     meta = read_meta(folder)
     rows = int(meta["num_rows"])
-    features = _array(folder, "features", np.float32)
-    edges = _array(folder, "edges", np.int64)
+    features = _array(folder, "features", np.float32, mapped=True)
+    edges = _array(folder, "edges", np.int64, mapped=True)
     labels = _array(folder, "labels", np.int64, if_missing=np.full(rows, NO_LABEL, np.int64))
     if features.ndim != 2 or features.shape[0] != rows:
         raise ValueError(f"{folder}/features.npy has shape {features.shape}, expected ({rows}, d)")
@@ -272,7 +331,19 @@ def read_alignment(folder: Path, *, rows: int) -> PartyAlignment | None:
 
 
 def aligned_edges(edges: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """The edges between shared nodes, as aligned indices (both directions kept as given)."""
-    src, dst = rows[edges[0]], rows[edges[1]]
-    keep = (src != NOT_SHARED) & (dst != NOT_SHARED)
-    return np.stack([src[keep], dst[keep]]).astype(np.int64)
+    """The edges between shared nodes, as aligned indices (both directions kept as given):
+    ``edges`` itself where the rows are already in aligned order, otherwise one new array,
+    mapped in chunks."""
+    if np.array_equal(rows, np.arange(rows.size)):
+        return edges
+    out = np.empty(edges.shape, dtype=np.int64)
+    kept = 0
+    for start in range(0, edges.shape[1], ALIGNED_CHUNK_ROWS):
+        src = rows[edges[0, start : start + ALIGNED_CHUNK_ROWS]]
+        dst = rows[edges[1, start : start + ALIGNED_CHUNK_ROWS]]
+        keep = (src != NOT_SHARED) & (dst != NOT_SHARED)
+        count = int(keep.sum())
+        out[0, kept : kept + count] = src[keep]
+        out[1, kept : kept + count] = dst[keep]
+        kept += count
+    return out if kept == out.shape[1] else np.ascontiguousarray(out[:, :kept])

@@ -3,7 +3,8 @@ feature columns), an edge table (two id columns) and, optionally, a label table 
 a class index), each CSV (``.csv``, ``.csv.gz``) or Parquet (``.parquet``). docs/data.md
 describes them.
 
-Each file is read in batches (``models.data.table_file``), so large files stream. Every bad input is
+Each file is read in batches (``models.data.table_file``) and the features are written as they
+are read (:func:`write_party_tables`), so large files stream. Every bad input is
 one :class:`~models.data.table_file.TableError` naming the file, the row (data rows count from 1;
 the CSV header is not a row) and the column. Ids are compared as text: an integer
 id is its decimal text, and CSV ids are read as text as written (``42`` and ``042`` differ).
@@ -14,13 +15,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from models.data.party import NO_LABEL, PartyData
+from models.data.npy_stream import NpyStream
+from models.data.party import NO_LABEL, save_array, write_ids, write_meta
 from models.data.table_file import TableError, TableFile
+
+EDGE_CHUNK = 1 << 20  # edges turned into row pairs at a time when written
 
 
 @dataclass(frozen=True)
@@ -35,13 +40,22 @@ class PartyTables:
     label_column: str | None = None  # default: the label table's column besides the id
 
 
-def read_party_tables(tables: PartyTables, *, progress: bool = False) -> PartyData:
-    """Read and check the tables; self-loops and duplicate edges are dropped and counted."""
-    ids, features, feature_names = _read_nodes(tables, progress)
-    edges, edge_counts = _read_edges(tables, ids, progress)
-    labels = np.full(len(ids), NO_LABEL, dtype=np.int64)
+def write_party_tables(
+    tables: PartyTables, folder: Path, *, progress: bool = False
+) -> dict[str, Any]:
+    """Read and check the tables and write them to ``folder`` in the worker's format
+    (``models.data.party``), streaming: features go to ``features.npy`` batch by batch, so the
+    memory held is one batch plus the id index and the edges' keys. Self-loops and duplicate
+    edges are dropped and counted. The folder's ``meta.json`` (returned) is written last."""
+    folder.mkdir(parents=True, exist_ok=True)
+    ids, feature_names = _write_nodes(tables, folder / "features.npy", progress)
+    edge_counts = _write_edges(tables, ids, folder / "edges.npy", progress)
+    labeled = 0
     if tables.labels is not None:
         labels = _read_labels(tables, ids, progress)
+        labeled = int((labels != NO_LABEL).sum())
+        save_array(folder / "labels.npy", labels)
+    write_ids(folder, ids)
     summary = {
         "nodes": str(tables.nodes),
         "edges": str(tables.edges),
@@ -49,12 +63,13 @@ def read_party_tables(tables: PartyTables, *, progress: bool = False) -> PartyDa
         "id_column": tables.id_column,
         **edge_counts,
     }
-    return PartyData(
-        ids=ids.to_pylist(),
-        features=features,
+    return write_meta(
+        folder,
+        num_rows=len(ids),
+        num_features=len(feature_names),
         feature_names=feature_names,
-        edges=edges,
-        labels=labels,
+        labeled=labeled,
+        undirected_edges=edge_counts["undirected_edges"],
         summary=summary,
     )
 
@@ -62,7 +77,8 @@ def read_party_tables(tables: PartyTables, *, progress: bool = False) -> PartyDa
 # -- the tables ------------------------------------------------------------------------------------
 
 
-def _read_nodes(tables: PartyTables, progress: bool) -> tuple[pa.Array, np.ndarray, list[str]]:
+def _write_nodes(tables: PartyTables, out: Path, progress: bool) -> tuple[pa.Array, list[str]]:
+    """The node table's ids (the id index), its features written to ``out`` as they are read."""
     path = tables.nodes
     source = TableFile(path, progress, what="node table")
     _require_column(path, source.columns, tables.id_column, "--id-column")
@@ -70,19 +86,23 @@ def _read_nodes(tables: PartyTables, progress: bool) -> tuple[pa.Array, np.ndarr
     if not names:
         raise TableError(path, "the node table has no feature column besides the id column")
     id_chunks: list[pa.Array] = []
-    blocks: list[np.ndarray] = []
-    for first_row, batch in source.batches():
-        id_chunks.append(_ids(path, batch, tables.id_column, first_row))
-        columns = [_numbers(path, batch, name, first_row) for name in names]
-        blocks.append(np.stack(columns, axis=1).astype(np.float32))
+    with NpyStream(out, np.float32, (len(names),)) as features:
+        for first_row, batch in source.batches():
+            id_chunks.append(_ids(path, batch, tables.id_column, first_row))
+            block = np.empty((batch.num_rows, len(names)), dtype=np.float32)
+            for j, name in enumerate(names):
+                block[:, j] = _numbers(path, batch, name, first_row)
+            features.append(block)
     ids = _combine(path, id_chunks)
     _refuse_duplicates(path, ids, tables.id_column, what="id")
-    return ids, np.concatenate(blocks, axis=0), names
+    return ids, names
 
 
-def _read_edges(
-    tables: PartyTables, ids: pa.Array, progress: bool
-) -> tuple[np.ndarray, dict[str, int]]:
+def _write_edges(
+    tables: PartyTables, ids: pa.Array, out: Path, progress: bool
+) -> dict[str, int]:
+    """The edge table as row numbers, both directions of every undirected edge, to ``out``; the
+    counts of what was kept and dropped."""
     path = tables.edges
     source = TableFile(path, progress, what="edge table")
     if tables.edge_columns is not None:
@@ -97,27 +117,34 @@ def _read_edges(
             f"the edge table has {len(source.columns)} columns ({', '.join(source.columns)}); "
             "name its two id columns with --edge-columns SOURCE,TARGET",
         )
-    ends: list[np.ndarray] = []
+    n = len(ids)
+    keys: list[np.ndarray] = []  # one int64 per undirected edge u < v: u * n + v
+    edge_rows = loops = 0
     for first_row, batch in source.batches():
-        rows = [
+        src, dst = (
             _rows_of(path, _ids(path, batch, name, first_row), ids, name, first_row, tables.nodes)
             for name in pair
-        ]
-        ends.append(np.stack(rows))
-    if not ends or sum(e.shape[1] for e in ends) == 0:
+        )
+        edge_rows += src.size
+        loop = src == dst
+        loops += int(loop.sum())
+        keys.append(np.minimum(src, dst)[~loop] * n + np.maximum(src, dst)[~loop])
+    if edge_rows == 0:
         raise TableError(path, "the table has no rows")
-    src, dst = np.concatenate(ends, axis=1)
-    loops = src == dst
-    lo, hi = np.minimum(src, dst)[~loops], np.maximum(src, dst)[~loops]
-    unique = np.unique(np.stack([lo, hi], axis=1), axis=0)
-    both = np.concatenate([unique, unique[:, ::-1]], axis=0).T
-    counts = {
-        "edge_rows": int(src.size),
-        "self_loops_dropped": int(loops.sum()),
-        "duplicate_edges_dropped": int(lo.size - len(unique)),
-        "undirected_edges": len(unique),
+    kept = sum(k.size for k in keys)
+    unique = np.unique(np.concatenate(keys)) if keys else np.empty(0, np.int64)
+    del keys
+    with NpyStream(out, np.int64, (2 * unique.size,), rows=2) as edges:
+        for quotient in (True, False, False, True):  # row 0: lo then hi; row 1: hi then lo
+            for start in range(0, unique.size, EDGE_CHUNK):
+                chunk = unique[start : start + EDGE_CHUNK]
+                edges.append(chunk // n if quotient else chunk % n)
+    return {
+        "edge_rows": edge_rows,
+        "self_loops_dropped": loops,
+        "duplicate_edges_dropped": kept - unique.size,
+        "undirected_edges": int(unique.size),
     }
-    return np.ascontiguousarray(both, dtype=np.int64), counts
 
 
 def _read_labels(tables: PartyTables, ids: pa.Array, progress: bool) -> np.ndarray:
@@ -143,16 +170,22 @@ def _read_labels(tables: PartyTables, ids: pa.Array, progress: bool) -> np.ndarr
         node_ids = _ids(path, batch, tables.id_column, first_row)
         rows = _rows_of(path, node_ids, ids, tables.id_column, first_row, tables.nodes)
         values = _class_indices(path, batch, label_column, first_row)
-        for offset, row in enumerate(rows):
-            if labelled_at[row]:
-                raise TableError(
-                    path,
-                    f"a second label for id {node_ids[offset].as_py()!r} (the first is at row "
-                    f"{labelled_at[row]})",
-                    row=first_row + offset,
-                    column=tables.id_column,
-                )
-            labelled_at[row] = first_row + offset
+        by_node = np.argsort(rows, kind="stable")
+        again = np.zeros(rows.size, dtype=bool)  # a node labelled earlier in this batch
+        again[by_node[1:]] = rows[by_node[1:]] == rows[by_node[:-1]]
+        second = np.flatnonzero(again | (labelled_at[rows] != 0))
+        if second.size:
+            offset = int(second[0])
+            row = rows[offset]
+            first = labelled_at[row] or first_row + int(np.flatnonzero(rows == row)[0])
+            raise TableError(
+                path,
+                f"a second label for id {node_ids[offset].as_py()!r} (the first is at row "
+                f"{first})",
+                row=first_row + offset,
+                column=tables.id_column,
+            )
+        labelled_at[rows] = first_row + np.arange(rows.size)
         labels[rows] = values
         total += len(rows)
     if total == 0:

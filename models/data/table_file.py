@@ -1,6 +1,6 @@
 """One table file, CSV (``.csv``, ``.csv.gz``) or Parquet (``.parquet``), read with pyarrow in
-batches (CSV blocks, Parquet row groups) so that a large file streams, with a progress bar; and
-:class:`TableError`, a bad input said for people (file, row, column)."""
+batches (CSV blocks, Parquet row groups, one at a time) so that a large file streams, with a
+progress bar; and :class:`TableError`, a bad input said for people (file, row, column)."""
 
 from __future__ import annotations
 
@@ -91,7 +91,10 @@ class TableFile:
 
     def _raw_batches(self) -> Iterator[pa.RecordBatch]:
         if self.kind == "parquet":
-            yield from self._parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS)
+            # a row group at a time: pyarrow's iter_batches reads ahead, holding several
+            for group in range(self._parquet.num_row_groups):
+                table = self._parquet.read_row_group(group)
+                yield from table.to_batches(max_chunksize=PARQUET_BATCH_ROWS)
             return
         yield from self._open_csv({name: pa.string() for name in self.columns})
 

@@ -3,8 +3,13 @@ the hash is separated by alignment, and the checks refuse what the service must 
 
 from __future__ import annotations
 
+import hashlib
+import random
+
+import numpy as np
 import pytest
 
+from secure import psi
 from secure.psi import (
     ELEMENT_BYTES,
     IDENTITY,
@@ -62,3 +67,52 @@ def test_an_element_with_bit_255_set_is_refused_not_read_as_its_twin() -> None:
         check_elements([twin])
     with pytest.raises(ValueError, match="not a blindable"):
         BlindingKey().blind(twin)
+
+
+def test_blinding_over_processes_gives_the_elements_of_one_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(psi, "PARALLEL_FROM", 10)
+    key = BlindingKey()
+    ids = [f"customer-{i}" for i in range(50)]
+    alone = [key.blind(hash_to_group("align-1", node)) for node in ids]
+    chunks = list(key.blind_ids("align-1", ids, workers=2))
+    assert len(chunks) > 1 and [e for chunk in chunks for e in chunk] == alone
+    again = [e for chunk in key.blind_elements(alone, workers=2) for e in chunk]
+    assert again == key.blind_all(alone)
+
+
+def _indexed_in_sets(bodies: list[bytes], union: bool) -> psi.IndexedSets:
+    """The index as Python sets and a dict build it: what :func:`psi.index_sets` must equal."""
+    owned = [unpack(body) for body in bodies]
+    shared = set(owned[0]).intersection(*owned[1:])
+    aligned = sorted(set().union(*owned) if union else shared)
+    place = {element: i for i, element in enumerate(aligned)}
+    return psi.IndexedSets(
+        aligned_nodes=len(aligned),
+        shared_nodes=len(shared),
+        digest=hashlib.sha256(pack(aligned)).digest(),
+        positions=[
+            np.array([place.get(e, -1) for e in elements], dtype="<i8").tobytes()
+            for elements in owned
+        ],
+    )
+
+
+@pytest.mark.parametrize("ties", [False, True])  # elements that share their first 8 bytes
+@pytest.mark.parametrize("union", [False, True])
+def test_the_index_in_numpy_is_that_of_python_sets(union: bool, ties: bool) -> None:
+    rng = random.Random(7)
+    pool = [
+        rng.randbytes(30) + bytes([rng.choice([0, 1, 255]), rng.choice([0, 7])]) for _ in range(600)
+    ]
+    if ties:  # and trailing zero bytes: numpy must not lose them
+        pool += [bytes(8) + rng.randbytes(23) + bytes([rng.choice([0, 5])]) for _ in range(60)]
+        pool += [bytes(31) + b"\x01", bytes(32), b"\x01" + bytes(31)]
+    for parties in (1, 2, 3, 4):
+        sets = [rng.sample(pool, rng.randint(0, 300)) for _ in range(parties)]
+        if ties:
+            sets = [elements + pool[-63:] for elements in sets if elements]
+            sets = [list(dict.fromkeys(elements)) for elements in sets] or [pool[-63:]]
+        bodies = [pack(elements) for elements in sets]
+        assert psi.index_sets(bodies, union=union) == _indexed_in_sets(bodies, union)

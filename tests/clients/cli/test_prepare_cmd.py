@@ -238,13 +238,13 @@ def test_edge_columns_can_be_named_and_out_is_never_overwritten(
 def test_a_failure_while_writing_leaves_nothing_behind(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    import models.data.party
+    import models.data.party_tables
 
-    def write_half(data: object, folder: Path) -> None:
+    def write_half(tables: object, folder: Path, *, progress: bool) -> dict:
         (folder / "features.npy").write_bytes(b"half")
         raise OSError(28, "No space left on device", str(folder / "edges.npy"))
 
-    monkeypatch.setattr(models.data.party, "write_party", write_half)
+    monkeypatch.setattr(models.data.party_tables, "write_party_tables", write_half)
     code, out = prepare(tmp_path)
     assert code == 1 and "No space left on device" in capsys.readouterr().err
     assert not out.exists() and not any(out.parent.iterdir())

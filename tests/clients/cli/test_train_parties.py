@@ -18,6 +18,7 @@ from clients.local import parties
 from clients.local.parties import federation_of_parties
 from models.config import TrainConfig
 from models.data.aligned import AlignedFederation, SharedIndex, aligned_federation
+from models.data.partition import load_partition, save_partition
 from models.data.party import read_party
 from models.data.planetoid import GraphDataset
 from models.layout import layout_federation
@@ -234,3 +235,36 @@ def test_with_a_label_holder_only_its_labels_make_the_split(
     assert split.train_nodes.size + split.val_nodes.size + split.test_nodes.size == labelled
     with pytest.raises(ValueError, match="telco carries no labels"):
         federation_of_parties(folders, seed=0, label_holder=PARTIES.index("telco"))
+
+
+@pytest.mark.parametrize("label_holder", [None, 0])
+def test_the_workers_folders_hold_what_the_written_partitions_held(
+    prepared: tuple[CoraParties, list[Path]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    label_holder: int | None,
+) -> None:
+    """Passed through (links to the parties' own files, the run's labels and alignment), each
+    worker loads the partition it loaded from its partition written whole by `glasu train`."""
+    _, folders = prepared
+    index = federation_of_parties(folders, seed=3).index
+    monkeypatch.setattr(parties, "_aligned_index", lambda *a, **k: index)
+    config = dataclasses.replace(CONFIG, label_holder=label_holder)
+    federation = federation_of_parties(folders, seed=3, label_holder=label_holder)
+    layout = layout_federation(config, federation.dataset, partitions=federation.partitions)
+    passive = [] if label_holder is None else [m for m in range(3) if m != label_holder]
+    passed = parties.worker_folders(
+        folders, tmp_path / "passed", seed=3, label_holder=label_holder, passive=passive
+    )
+    assert passed.summary == federation.summary
+    assert passed.dataset.num_nodes == federation.dataset.num_nodes
+    for nodes in ("train_nodes", "val_nodes", "test_nodes"):
+        assert np.array_equal(getattr(passed.dataset, nodes), getattr(federation.dataset, nodes))
+    for m, part in enumerate(layout.partitions):
+        written = load_partition(save_partition(part, tmp_path / "written"), require_labels=False)
+        read = load_partition(passed.folders[m], require_labels=False)
+        assert read.digest() == written.digest() and read.held is None
+        for name in ("train_nodes", "val_nodes", "test_nodes", "feature_columns"):
+            assert np.array_equal(getattr(read, name), getattr(written, name))
+        assert read.feature_names == written.feature_names
+        assert (passed.folders[m] / "features.npy").resolve() == folders[m] / "features.npy"
