@@ -18,9 +18,7 @@ import hashlib
 import uuid
 from dataclasses import dataclass
 
-import numpy as np
-
-from secure.psi import ELEMENT_BYTES, check_elements, pack, unpack
+from secure.psi import ELEMENT_BYTES, check_elements, index_sets, unpack
 from secure.wire.alignment import (
     SET_ENCODING,
     AlignmentCreate,
@@ -307,17 +305,14 @@ def _complete_if_ready(tables: AlignmentTables, row: AlignmentRow) -> None:
     full = [tables.set(row.id, owner, last) for owner in range(row.parties)]
     if any(s is None or s.body is None for s in full):
         return
-    owned = [unpack(s.body) for s in full if s is not None and s.body is not None]
-    shared = set(owned[0]).intersection(*owned[1:])
-    aligned = sorted(shared if row.nodes == "intersection" else set().union(*owned))
-    index = {element: i for i, element in enumerate(aligned)}
-    positions = [
-        np.array([index.get(e, -1) for e in elements], dtype="<i8").tobytes() for elements in owned
-    ]
+    indexed = index_sets(
+        [s.body for s in full if s is not None and s.body is not None],
+        union=row.nodes == "union",
+    )  # every stored set was checked to hold distinct elements (check_elements)
     tables.complete(
         row.id,
-        aligned_nodes=len(aligned),
-        shared_nodes=len(shared),
-        digest=hashlib.sha256(pack(aligned)).digest(),
-        positions=positions,
+        aligned_nodes=indexed.aligned_nodes,
+        shared_nodes=indexed.shared_nodes,
+        digest=indexed.digest,
+        positions=indexed.positions,
     )
