@@ -308,8 +308,9 @@ class TreeSampler:
     _session: str | None = None
 
     def tick(self) -> None:
-        for pid, cmdline in descendants(self.root).items():
-            self.processes.setdefault(pid, {"role": role(cmdline), "cmdline": cmdline[:300]})
+        if len(self.timeline) % 5 == 0:  # new processes: once a second is soon enough
+            for pid, cmdline in descendants(self.root).items():
+                self.processes.setdefault(pid, {"role": role(cmdline), "cmdline": cmdline[:300]})
         cpu: dict[int, float] = {}
         for pid, info in self.processes.items():
             if (found := proc_status(pid)) is not None and not info.get("gone"):
@@ -564,49 +565,59 @@ def _cpu_model() -> str:
 # --- the docs --------------------------------------------------------------------------------
 
 
-def worker_stat(row: dict[str, Any], key: str) -> float | None:
-    """The largest of the workers' ``key`` (peak RSS) or their mean (CPU figures)."""
-    processes = row.get("train", {}).get("processes", {})
-    values = [v[key] for name, v in processes.items() if name.startswith("worker")]
-    return max(values) if values else None
+def _processes(row: dict[str, Any]) -> dict[str, dict[str, float]]:
+    return row.get("train", {}).get("processes", {})
 
 
-def phase_stat(row: dict[str, Any], key: str) -> float | None:
-    phases = row.get("train", {}).get("phases", {})
-    values = [v[key] for name, v in phases.items() if name.startswith("worker")]
+def _workers(row: dict[str, Any], key: str, *, phase: bool = False) -> list[float]:
+    source = row.get("train", {}).get("phases", {}) if phase else _processes(row)
+    return [v[key] for name, v in source.items() if name.startswith("worker") and key in v]
+
+
+def _mean(values: list[float]) -> float | None:
     return float(np.mean(values)) if values else None
 
 
 def metrics(row: dict[str, Any]) -> dict[str, float | None]:
-    """The figures compared across sizes, per party (a worker, a ``glasu prepare``)."""
-    n = row["nodes"]
+    """The figures compared across sizes, each for one party (one ``glasu prepare``, one
+    ``glasu align run``, one worker: the largest peak, the mean CPU) or one process."""
     prepare = row.get("prepare", [])
     align = row.get("align", {})
-    report = row.get("train", {}).get("report", {})
     parties = align.get("parties", [])
-    ok = not row.get("failed")
+    report = row.get("train", {}).get("report", {})
+    service = row.get("train", {}).get("phases", {}).get("service", {})
     return {
-        "prepare peak RSS (MB)": max((p["peak_rss_mb"] for p in prepare), default=None),
-        "prepare CPU (s)": max((p["cpu_s"] for p in prepare), default=None),
-        "align CPU per party (s)": (
-            float(np.mean([p["cpu_s"] for p in parties])) if parties else None
+        "prepare: peak RSS (MB)": max((p["peak_rss_mb"] for p in prepare), default=None),
+        "prepare: CPU (s)": _mean([p["cpu_s"] for p in prepare]),
+        "align run: CPU per party (s)": _mean([p["cpu_s"] for p in parties]),
+        "align run: peak RSS (MB)": max((p["peak_rss_mb"] for p in parties), default=None),
+        "align: wall (s)": align.get("wall_s"),
+        "train: worker peak RSS (MB)": max(_workers(row, "peak_rss_mb"), default=None),
+        "train: service peak RSS (MB)": _processes(row).get("service", {}).get("peak_rss_mb"),
+        "train: `glasu train` process peak RSS (MB)": (
+            _processes(row).get("glasu train", {}).get("peak_rss_mb")
         ),
-        "align peak RSS (MB)": max((p["peak_rss_mb"] for p in parties), default=None),
-        "align wall (s)": align.get("wall_s"),
-        "worker peak RSS (MB)": worker_stat(row, "peak_rss_mb") if ok else None,
-        "glasu train process peak RSS (MB)": (
-            row.get("train", {}).get("processes", {}).get("glasu train", {}).get("peak_rss_mb")
+        "train: `glasu train` process CPU (s)": (
+            _processes(row).get("glasu train", {}).get("cpu_s")
         ),
-        "service peak RSS (MB)": (
-            row.get("train", {}).get("processes", {}).get("service", {}).get("peak_rss_mb")
+        "train: worker CPU, start-up and round 1 (s)": _mean(
+            _workers(row, "startup_and_round_1_cpu_s", phase=True)
         ),
-        "worker CPU per training round (s)": phase_stat(row, "cpu_s_per_round"),
-        "worker CPU per evaluation pass (s)": phase_stat(row, "evaluation_cpu_s"),
-        "training bytes per round per party": (
-            report["bytes_training"] / PARTIES / _rounds(row) if report else None
+        "train: worker CPU per training round (s)": _mean(
+            _workers(row, "cpu_s_per_round", phase=True)
         ),
-        "evaluation bytes per node per party": (
-            report["bytes_evaluation"] / PARTIES / n if report else None
+        "train: worker CPU per evaluation pass (s)": _mean(
+            _workers(row, "evaluation_cpu_s", phase=True)
+        ),
+        "train: service CPU per evaluation pass (s)": service.get("evaluation_cpu_s"),
+        "train: evaluation pass wall (s)": row.get("train", {})
+        .get("phases", {})
+        .get("evaluation_wall_s"),
+        "train: bytes per training round per party (MB)": (
+            report["bytes_training"] / PARTIES / _rounds(row) / 2**20 if report else None
+        ),
+        "train: evaluation bytes per party (MB)": (
+            report["bytes_evaluation"] / PARTIES / 2**20 if report else None
         ),
     }
 
@@ -615,12 +626,19 @@ def _rounds(row: dict[str, Any]) -> int:
     return int(row.get("rounds", ROUNDS))
 
 
-def _fmt(value: float | None, digits: int = 1) -> str:
+def _fmt(value: float | None) -> str:
     if value is None:
         return "-"
-    if abs(value) >= 1e6:
-        return f"{value / 1e6:,.1f}M"
+    digits = 0 if abs(value) >= 100 else 1 if abs(value) >= 10 else 2
     return f"{value:,.{digits}f}"
+
+
+def _reason(message: str | None) -> str:
+    """The line of a failure's output that says what went wrong (else its last)."""
+    lines = [line.strip() for line in (message or "").splitlines() if line.strip()]
+    pattern = re.compile(r"error|413|memory|killed|exit code|timed? ?out", re.IGNORECASE)
+    found = next((line for line in reversed(lines) if pattern.search(line)), None)
+    return (found or (lines[-1] if lines else "no output")).replace("`", "'")[:400]
 
 
 def markdown(payload: dict[str, Any]) -> str:
@@ -671,9 +689,10 @@ def markdown(payload: dict[str, Any]) -> str:
         step = r[r["failed"]]
         if isinstance(step, list):
             step = next((p for p in step if p.get("error")), {})
-        message = step.get("error")
-        first = next((line for line in (message or "").splitlines() if "rror" in line), None)
-        lines += ["", f"At {r['nodes']:,} nodes `{r['failed']}` failed: `{first or message}`"]
+        why = _reason(step.get("error"))
+        if step.get("timed_out"):
+            why = f"timed out (--timeout); {why}"
+        lines += ["", f"At {r['nodes']:,} nodes `{r['failed']}` failed: `{why}`"]
     aborted = [p for r in rows for p in r.get("prepare", []) if p.get("note")]
     if aborted:
         codes = sorted({p["returncode"] for p in aborted})
@@ -714,21 +733,16 @@ def markdown(payload: dict[str, Any]) -> str:
             "per process, as the code is now; it says nothing of the limits that stop a run "
             "before (a body over the service's 64 MiB limit, the machine's memory).",
             "",
-            "| projected | " + " | ".join(f"{n:,}" for n in PROJECTED) + " | per node |",
+            "| projected | " + " | ".join(f"{n:,}" for n in PROJECTED) + " | slope per node |",
             "|---|" + "---|" * (len(PROJECTED) + 1),
         ]
-        for key in ("prepare peak RSS (MB)", "worker peak RSS (MB)", "align CPU per party (s)",
-                    "align peak RSS (MB)", "worker CPU per evaluation pass (s)",
-                    "glasu train process peak RSS (MB)"):  # fmt: skip
-            if t1[key] is None or t2[key] is None:
+        for key in t2:
+            if t1[key] is None or t2[key] is None or "wall" in key or "per training" in key:
                 continue
             slope = (t2[key] - t1[key]) / (n2 - n1)
             at = [t2[key] + slope * (n - n2) for n in PROJECTED]
-            unit = "KB" if "MB" in key else "ms"
-            per_node = slope * 1024 if "MB" in key else slope * 1000
-            lines.append(
-                f"| {key} | " + " | ".join(_fmt(v, 0) for v in at) + f" | {per_node:.2f} {unit} |"
-            )
+            per_node = f"{slope * 2**20:,.0f} B" if "MB" in key else f"{slope * 1000:.3f} ms"
+            lines.append(f"| {key} | " + " | ".join(_fmt(v) for v in at) + f" | {per_node} |")
     return "\n".join(lines)
 
 
@@ -744,6 +758,9 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per command")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work-dir", type=Path, default=None, help="kept (default: a temp dir)")
+    parser.add_argument(
+        "--add", action="store_true", help="keep --out's rows of the sizes not run now"
+    )
     add_results_arguments(parser, OUT)
     args = parser.parse_args()
     if rewrote_docs_only(args, SECTION, markdown):
@@ -752,6 +769,10 @@ def main() -> int:
         parser.error("--rounds must be at least 2 (round 1 holds the start-up)")
     sizes = list(QUICK_SIZES) if args.quick else sorted(args.sizes)
     payload: dict[str, Any] = {"machine": machine(), "rounds": args.rounds, "rows": []}
+    if args.add and args.out.exists():
+        earlier = json.loads(args.out.read_text())
+        payload["machine"] = earlier["machine"]
+        payload["rows"] = [r for r in earlier["rows"] if r["nodes"] not in sizes]
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="glasu-scale-"))
     try:
         for nodes in sizes:
@@ -764,8 +785,9 @@ def main() -> int:
                 error = {"error": f"{type(exc).__name__}: {exc}"}
                 row = {"nodes": nodes, "formats": party_formats(args.format)}
                 row.update(failed="benchmark", benchmark=error)
-            row["rounds"] = args.rounds
-            payload["rows"].append(row)
+            row.update(rounds=args.rounds, loadavg=round(os.getloadavg()[0], 2))
+            row["finished"] = time.strftime("%H:%M UTC", time.gmtime())
+            payload["rows"] = sorted([*payload["rows"], row], key=lambda r: r["nodes"])
             if args.work_dir is None:
                 shutil.rmtree(work / f"n{nodes}", ignore_errors=True)
             if not args.quick:
