@@ -314,7 +314,9 @@ class TreeSampler:
         cpu: dict[int, float] = {}
         for pid, info in self.processes.items():
             if (found := proc_status(pid)) is not None and not info.get("gone"):
-                info["cpu_s"], info["peak_rss_mb"] = found
+                # a zombie (exited, not yet reaped) keeps its CPU times but has no VmHWM
+                info["cpu_s"] = found[0]
+                info["peak_rss_mb"] = max(info.get("peak_rss_mb", 0.0), found[1])
                 cpu[pid] = found[0]
             else:
                 info["gone"] = True
