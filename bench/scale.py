@@ -602,6 +602,9 @@ def metrics(row: dict[str, Any]) -> dict[str, float | None]:
         "train: `glasu train` process CPU (s)": (
             _processes(row).get("glasu train", {}).get("cpu_s")
         ),
+        "train: `glasu train` blinding processes CPU (s)": (
+            _processes(row).get("other", {}).get("cpu_s")
+        ),
         "train: worker CPU, start-up and round 1 (s)": _mean(
             _workers(row, "startup_and_round_1_cpu_s", phase=True)
         ),
@@ -663,7 +666,9 @@ def markdown(payload: dict[str, Any]) -> str:
         f"bytes are the workers' bodies. Machine: {about['cpus']} CPUs ({about['cpu_model']}), "
         f"{about['memory_gib']} GiB, shared with the benchmark's own process; Python "
         f"{about['python']}, torch {about['torch']}; load average {about['loadavg_start']} at "
-        f"the start; run {about['started']}.",
+        f"the start; run {about['started']}. `glasu train --party` aligns the folders again in "
+        "its own process (the blinding in processes it spawns: secure/psi.py); the test accuracy "
+        f"after {payload['rounds']} rounds is not the point.",
         "",
         "```",
         f".venv/bin/python -m bench.scale --sizes {' '.join(map(str, sizes))}",
