@@ -53,7 +53,11 @@ class TableFile:
                 self.columns = list(self._parquet.schema_arrow.names)
                 self.total: int | None = self._parquet.metadata.num_rows
             else:
-                self.columns = list(self._open_csv({}).schema.names)
+                header = self._open_csv({})
+                try:
+                    self.columns = list(header.schema.names)
+                finally:
+                    header.close()
                 self.total = None
         except pa.ArrowInvalid as exc:
             raise self._unreadable(exc, "cannot read it as CSV") from None
@@ -96,7 +100,13 @@ class TableFile:
                 table = self._parquet.read_row_group(group)
                 yield from table.to_batches(max_chunksize=PARQUET_BATCH_ROWS)
             return
-        yield from self._open_csv({name: pa.string() for name in self.columns})
+        # closed here, not by the garbage collector: a reader left to the interpreter's exit
+        # (its parser still holding the Python row handler) can abort the process
+        reader = self._open_csv({name: pa.string() for name in self.columns})
+        try:
+            yield from reader
+        finally:
+            reader.close()
 
     def _open_csv(self, column_types: dict[str, pa.DataType]) -> pa_csv.CSVStreamingReader:
         def refuse(row: pa_csv.InvalidRow) -> str:
