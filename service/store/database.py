@@ -117,10 +117,6 @@ class Store:
             self._engine.close()
             raise
 
-    @classmethod
-    def open(cls, database: str | Path, clock: Clock | None = None) -> Store:
-        return cls(database, clock)
-
     @property
     def backend(self) -> Backend:
         return self._engine.backend
