@@ -62,6 +62,34 @@ class EmbeddingRequest:
     rows: int
     cols: int
     release: str | None = None  # a private release's digest (hex; secure.release_noise)
+    part: int = 0  # this share holds part ``part`` of ``parts`` of the layer's rows (part_span)
+    parts: int = 1
+
+
+#: Values (rows x columns) in one part of a share: a layer's rows travel in parts of
+#: ``part_rows(cols)`` consecutive rows, so no body grows with the number of nodes.
+PART_VALUES = 2**20
+
+
+def part_rows(cols: int) -> int:
+    """Rows in every part of a layer with ``cols`` columns but the last."""
+    if cols < 1:
+        raise ValueError(f"a share has at least one column, got {cols}")
+    return max(1, PART_VALUES // cols)
+
+
+def part_count(rows: int, cols: int) -> int:
+    """How many parts a layer of ``rows`` x ``cols`` travels in (at least one)."""
+    return max(1, -(-rows // part_rows(cols)))
+
+
+def part_span(part: int, *, rows: int, cols: int) -> tuple[int, int]:
+    """The rows ``[start, stop)`` of part ``part`` of a layer of ``rows`` x ``cols``."""
+    count = part_count(rows, cols)
+    if not 0 <= part < count:
+        raise ValueError(f"part {part} of a {rows} x {cols} layer: it has {count} parts")
+    size = part_rows(cols)
+    return part * size, min(rows, (part + 1) * size)
 
 
 @dataclass(frozen=True)
