@@ -13,15 +13,18 @@ children included; and wall seconds):
 1. ``glasu prepare`` per party, one after the other (as each organisation would, on its machine);
 2. ``glasu align``: a ``glasu serve``, ``glasu align create`` and the three parties' ``glasu align
    run`` at once (the private set intersection; ``--workers auto``);
-3. ``glasu train --party P0 --party P1 --party P2 --rounds R --eval-every 0``: docs/data.md's "On
-   one machine", with every default (CKKS encryption and differential privacy on): it aligns the
-   folders again in its own process, then runs the service and one ``glasu worker`` per party.
-   Every process of its tree is sampled from /proc (peak RSS as VmHWM, CPU as utime + stime), and
-   the session's current pass is polled through the service's admin API (its port and token
-   file are on the service's command line), which splits each process's CPU into start-up and
-   the first round, the other training rounds (per round) and the evaluation pass (the last pass;
-   its nodes are the split's validation and test nodes, 40% of N). Bytes are the report's
-   (request and response bodies of every worker): training passes and the evaluation.
+3. ``glasu train --party P0 --party P1 --party P2 --rounds R --eval-every 0 --model-dir D``:
+   docs/data.md's "On one machine", with every default (CKKS encryption and differential privacy
+   on): it aligns the folders again in its own process, then runs the service and one ``glasu
+   worker`` per party. Every process of its tree is sampled from /proc (peak RSS as VmHWM, CPU as
+   utime + stime), and the session's current pass is polled through the service's admin API (its
+   port and token file are on the service's command line), which splits each process's CPU into
+   start-up and the first round, the other training rounds (per round) and the evaluation pass (the
+   last pass; its nodes are the split's validation and test nodes, 40% of N). Bytes are the
+   report's (request and response bodies of every worker): training passes and the evaluation. The
+   training keeps its models (``--model-dir``);
+4. ``glasu score --party ... --model-dir``: every shared node scored with those models (it aligns
+   the tables again, starts its own service and workers), its tree sampled the same way.
 
 A command that fails (a 413, out of memory, a time-out: ``--timeout`` seconds each) is recorded
 with the last lines of its output, and the sizes after it still run: the point is where the code
@@ -289,6 +292,8 @@ def role(cmdline: str) -> str:
     words = cmdline.split()
     if "clients.cli.main" in words and "train" in words:
         return "glasu train"
+    if "clients.cli.main" in words and "score" in words:
+        return "glasu score"
     if "clients.cli.main" in words and "serve" in words:
         return "service"
     if "clients.cli.main" in words and "worker" in words and "--client" in words:
@@ -475,12 +480,14 @@ def align(folder: Path, *, timeout: float) -> dict[str, Any]:
     return result
 
 
-def train(folder: Path, *, rounds: int, timeout: float) -> dict[str, Any]:
-    report = folder / "report.json"
-    argv = glasu_command("train")
-    for m in range(PARTIES):
-        argv += ["--party", str(folder / f"party-{m}")]
-    argv += ["--rounds", str(rounds), "--eval-every", "0", "--report", str(report), "--quiet"]
+def party_arguments(folder: Path) -> list[str]:
+    return [word for m in range(PARTIES) for word in ("--party", str(folder / f"party-{m}"))]
+
+
+def run_sampled(
+    name: str, argv: list[str], folder: Path, *, timeout: float
+) -> tuple[Measured, TreeSampler | None]:
+    """``argv`` measured by GNU time, its process tree sampled from /proc."""
     holder: list[TreeSampler] = []
 
     def tick(pids: list[int]) -> None:
@@ -489,15 +496,24 @@ def train(folder: Path, *, rounds: int, timeout: float) -> dict[str, Any]:
         holder[0].tick()
 
     try:
-        measured = run_measured({"train": argv}, folder / "logs", timeout=timeout, tick=tick)
+        measured = run_measured({name: argv}, folder / "logs", timeout=timeout, tick=tick)
     finally:
         for found in holder:
             found.close()
-    result: dict[str, Any] = {"command": "glasu train --party ... " + " ".join(argv[-7:-1])}
-    result.update(measured["train"].as_dict())
-    if holder:
-        result["processes"] = holder[0].by_role()
-        result["phases"] = holder[0].phases(rounds)
+    return measured[name], (holder[0] if holder else None)
+
+
+def train(folder: Path, *, rounds: int, timeout: float) -> dict[str, Any]:
+    report = folder / "report.json"
+    argv = glasu_command("train", *party_arguments(folder))
+    argv += ["--rounds", str(rounds), "--eval-every", "0", "--report", str(report), "--quiet"]
+    argv += ["--model-dir", str(folder / "models")]
+    measured, sampler = run_sampled("train", argv, folder, timeout=timeout)
+    result: dict[str, Any] = {"command": "glasu train --party ... " + " ".join(argv[-9:-3])}
+    result.update(measured.as_dict())
+    if sampler is not None:
+        result["processes"] = sampler.by_role()
+        result["phases"] = sampler.phases(rounds)
     if report.exists():
         data = json.loads(report.read_text())
         last = data["history"][-1] if data.get("history") else {}
@@ -511,6 +527,25 @@ def train(folder: Path, *, rounds: int, timeout: float) -> dict[str, Any]:
             "bytes_evaluation": total - training,
             "epsilon": (data.get("privacy") or {}).get("epsilon"),
         }
+    return result
+
+
+def score(folder: Path, *, timeout: float) -> dict[str, Any]:
+    """``glasu score`` of every shared node with the models the training kept."""
+    out = folder / "predictions"
+    argv = glasu_command(
+        "score", *party_arguments(folder), "--model-dir", str(folder / "models"),
+        "--out", str(out), "--format", "parquet", "--quiet",
+    )  # fmt: skip
+    measured, sampler = run_sampled("score", argv, folder, timeout=timeout)
+    result: dict[str, Any] = measured.as_dict()
+    if sampler is not None:
+        result["processes"] = sampler.by_role()
+    written = sorted(out.glob("*.parquet")) if out.is_dir() else []
+    if written:
+        import pyarrow.parquet as pq
+
+        result["predictions"] = {p.name: pq.read_metadata(p).num_rows for p in written}
     return result
 
 
@@ -535,6 +570,11 @@ def measure_size(
     say(f"{nodes}: trained in {row['train']['wall_s']} s, exit code {row['train']['returncode']}")
     if row["train"]["returncode"] != 0:
         row["failed"] = "train"
+        return row
+    row["score"] = score(folder, timeout=timeout)
+    say(f"{nodes}: scored in {row['score']['wall_s']} s, exit code {row['score']['returncode']}")
+    if row["score"]["returncode"] != 0:
+        row["failed"] = "score"
     elif row["align"].get("error"):
         row["failed"] = "align"
     return row
@@ -571,8 +611,13 @@ def _processes(row: dict[str, Any]) -> dict[str, dict[str, float]]:
     return row.get("train", {}).get("processes", {})
 
 
-def _workers(row: dict[str, Any], key: str, *, phase: bool = False) -> list[float]:
-    source = row.get("train", {}).get("phases", {}) if phase else _processes(row)
+def _workers(
+    row: dict[str, Any], key: str, *, phase: bool = False, step: str = "train"
+) -> list[float]:
+    if phase:
+        source = row.get(step, {}).get("phases", {})
+    else:
+        source = row.get(step, {}).get("processes", {})
     return [v[key] for name, v in source.items() if name.startswith("worker") and key in v]
 
 
@@ -624,6 +669,11 @@ def metrics(row: dict[str, Any]) -> dict[str, float | None]:
         "train: evaluation bytes per party (MB)": (
             report["bytes_evaluation"] / PARTIES / 2**20 if report else None
         ),
+        "score: worker peak RSS (MB)": max(
+            _workers(row, "peak_rss_mb", step="score"), default=None
+        ),
+        "score: worker CPU (s)": _mean(_workers(row, "cpu_s", step="score")),
+        "score: wall, its alignment included (s)": row.get("score", {}).get("wall_s"),
     }
 
 
@@ -658,8 +708,10 @@ def markdown(payload: dict[str, Any]) -> str:
         f"order; party 0 brings the labels. Tables: {', '.join(rows[0]['formats'])} (parties "
         f"0-{PARTIES - 1}). Per size: `glasu prepare` per party, `glasu align` (a service and "
         "the three `glasu align run` at once), then `glasu train --party ... --rounds "
-        f"{payload['rounds']} --eval-every 0` with every default (CKKS and DP on; batch 16, "
-        "fanout 3, evaluation fanout 10 over 4 layers on the 40% validation and test nodes). "
+        f"{payload['rounds']} --eval-every 0 --model-dir ...` with every default (CKKS and DP on; "
+        "batch 16, fanout 3, evaluation fanout 10 over 4 layers, layer by layer over every node, "
+        "scored on the 40% validation and test nodes), then `glasu score` of every shared node "
+        "with the kept models (it aligns the tables again: that is in its wall time). "
         "Each command a process of its own; peak RSS and CPU from GNU time for the commands and "
         "from /proc (VmHWM, utime + stime, sampled every 0.2 s) for each process of the "
         "training; the CPU of a round is that of rounds 2..R (round 1 holds the start-up); "
@@ -684,6 +736,7 @@ def markdown(payload: dict[str, Any]) -> str:
     for r in rows:
         steps = [max((p["wall_s"] for p in r.get("prepare", [])), default=0.0)]
         steps += [r.get("align", {}).get("wall_s") or 0.0, r.get("train", {}).get("wall_s", 0.0)]
+        steps.append(r.get("score", {}).get("wall_s", 0.0))
         walls.append(sum(steps))
     lines.append("| wall, all steps (s) | " + " | ".join(_fmt(w) for w in walls) + " |")
     failures = [r for r in rows if r.get("failed")]
