@@ -7,7 +7,11 @@ training passes, then one evaluation pass over every node. Encryption is off: CK
 on the CPU whatever the device, so the ratio isolates what ``--device`` changes (sampling, the
 projection, propagation and the optimiser steps of all three parties).
 
-    python -m bench.gpu_worker --nodes 1000000 --devices cpu cuda [--rounds 8] [--out FILE]
+    python -m bench.gpu_worker --nodes 1000000 --devices cpu cuda [--rounds 8] [--label L]
+    python -m bench.gpu_worker --docs-only    # docs/results.md's section from the results file
+
+Each run is kept in the results file under its ``--label`` (e.g. the code before and after a
+change), the docs section shows them all.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from bench.results_doc import add_results_arguments, rewrote_docs_only, write_json, write_section
 from models.config import TrainConfig
 from models.data.csbm import SIGNALS, csbm
 from models.device import resolve_device
@@ -31,6 +36,8 @@ from models.trainer import prepare_security
 
 FEATURES_PER_PARTY = 100
 PARTIES = 3
+OUT = Path(__file__).resolve().parent / "results" / "gpu_worker.json"
+SECTION = "gpu-worker"
 
 
 def _synchronize(device: torch.device) -> None:
@@ -79,14 +86,46 @@ def measure(dataset: Any, *, device_name: str, rounds: int, seed: int) -> dict[s
     }
 
 
+def markdown(payload: dict[str, Any]) -> str:
+    lines = [
+        "## The worker's tensor path on a GPU (`bench/gpu_worker.py`)",
+        "",
+        "Three parties of a CSBM graph (100 features each, degree 10, 5 classes) with the "
+        "private arrangement (DP on), in one process, once per device on the same graph and "
+        "batches: the median training pass (after a warm-up pass) and one evaluation pass. "
+        "Encryption off: CKKS runs on the CPU whatever the device, so the ratio is what "
+        "`--device cuda` changes. The device machine: 16 CPU cores (torch uses them all on the "
+        "CPU run) and one GPU.",
+        "",
+        "| code | N | device | train pass (s) | eval pass (s) | train CPU/GPU | eval CPU/GPU |"
+        " peak GPU memory |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for label, result in payload.items():
+        base = result["runs"][0]
+        for run in result["runs"]:
+            peak = run["peak_gpu_bytes"]
+            lines.append(
+                f"| {label} | {result['nodes']:,} | {run['device_name']} "
+                f"| {run['train_pass_seconds']:.3f} | {run['eval_pass_seconds']:.2f} "
+                f"| {base['train_pass_seconds'] / run['train_pass_seconds']:.2f} "
+                f"| {base['eval_pass_seconds'] / run['eval_pass_seconds']:.2f} "
+                f"| {'-' if peak is None else f'{peak / 2**30:.1f} GiB'} |"
+            )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1_000_000)
     parser.add_argument("--devices", nargs="+", default=["cpu", "cuda"])
     parser.add_argument("--rounds", type=int, default=8, help="training passes per device (>= 2)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=None, help="a JSON file for the results")
+    parser.add_argument("--label", default="current", help="the run's name in the results")
+    add_results_arguments(parser, OUT)
     args = parser.parse_args(argv)
+    if rewrote_docs_only(args, SECTION, markdown):
+        return 0
     if args.rounds < 2:
         parser.error("--rounds must be >= 2 (the first pass is a warm-up)")
     started = time.perf_counter()
@@ -103,8 +142,10 @@ def main(argv: list[str] | None = None) -> int:
             for name in args.devices
         ],
     }
-    if args.out is not None:
-        args.out.write_text(json.dumps(results, indent=2) + "\n")
+    payload = json.loads(args.out.read_text()) if args.out.exists() else {}
+    payload[args.label] = results
+    write_json(args.out, payload)
+    write_section(SECTION, markdown(payload))
     base = results["runs"][0]
     print(f"{'device':<28}{'train pass s':>14}{'eval pass s':>13}{'train x':>9}{'eval x':>8}")
     for run in results["runs"]:
