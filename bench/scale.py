@@ -29,7 +29,7 @@ children included; and wall seconds):
 A command that fails (a 413, out of memory, a time-out: ``--timeout`` seconds each) is recorded
 with the last lines of its output, and the sizes after it still run: the point is where the code
 breaks. Ratios are to the smallest size that succeeded, per node (1.0: linear in N); the
-projection to 1M and 10M is a straight line through the two largest sizes, per process.
+projection to 10M and 100M is a straight line through the two largest sizes, per process.
 
     python -m bench.scale --sizes 10000 100000      # bench/results/scale.json, docs/results.md
     python -m bench.scale --quick                   # 1,500 nodes, a smoke test; writes nothing
@@ -72,7 +72,7 @@ QUICK_SIZES = (1500,)
 #: How often the process tree of ``glasu train`` is sampled.
 SAMPLE_SECONDS = 0.2
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-PROJECTED = (1_000_000, 10_000_000)
+PROJECTED = (10_000_000, 100_000_000)
 
 
 # --- the parties' tables ---------------------------------------------------------------------
