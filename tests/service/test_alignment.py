@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from service_testkit import admin, assert_problem, bearer, create_session, http_client
 
 from secure.psi import IDENTITY, BlindingKey, hash_to_group, pack
-from service.alignment.tables import AlignmentTables
+from service.alignment.tables import WHOLE_SETS, AlignmentTables
 from service.app import service_context
 
 pytestmark = pytest.mark.anyio
@@ -35,6 +35,19 @@ async def create_alignment(client: httpx.AsyncClient, parties: int = 2) -> dict:
     assert response.status_code == 201, response.text
     assert response.headers["location"] == f"/v1/alignments/{response.json()['alignment_id']}"
     return response.json()
+
+
+def kept_bodies(app: FastAPI, aid: str) -> int:
+    """Set bodies and signatures the service still holds for the alignment."""
+    with service_context(app).store.transaction() as tx:
+        return sum(
+            tx.connection.execute(
+                f"SELECT count(*) FROM {table} WHERE alignment_id = ?"
+                " AND (body IS NOT NULL OR signature IS NOT NULL)",
+                (aid,),
+            ).fetchone()[0]
+            for table in ("alignment_sets", "alignment_set_parts")
+        )
 
 
 def blinded(aid: str, ids: list[str], *keys: BlindingKey) -> list[bytes]:
@@ -108,8 +121,7 @@ async def test_two_parties_get_their_positions_and_the_service_keeps_no_set(
     assert answers[1].tolist() == [-1, expected["c"], expected["a"], -1]
     assert status["state"] == "done" and status["aligned_nodes"] == 2
     assert [s["size"] for s in status["sets"]] == [3, 4]
-    with service_context(app).store.transaction() as tx:
-        assert all(s.body is None for s in AlignmentTables(tx).sets(aid))
+    assert kept_bodies(app, aid) == 0
 
 
 async def test_the_ring_decides_who_posts_and_who_fetches(client: httpx.AsyncClient) -> None:
@@ -194,7 +206,7 @@ async def test_a_signature_is_relayed_as_posted_and_dropped_with_the_body(
             assert (await put(client, created, m, 1 - m, 1, full)).status_code == 201
     with service_context(app).store.transaction() as tx:
         sets = AlignmentTables(tx).sets(aid)
-    assert sets and all(s.body is None and s.signature is None for s in sets)
+    assert sets and all(s.signature is None for s in sets) and kept_bodies(app, aid) == 0
 
 
 async def test_tokens_are_bound_to_one_alignment_and_one_party(client: httpx.AsyncClient) -> None:
@@ -286,6 +298,7 @@ def test_a_database_from_before_the_union_and_the_signatures_gains_their_columns
         with store.transaction() as tx:
             row = AlignmentTables(tx).alignment("old")
             sets = AlignmentTables(tx).sets("old")
+            parts = AlignmentTables(tx).parts("old", 0, 0)
     finally:
         store.close()
     assert row is not None and (row.nodes, row.aligned_nodes, row.shared_nodes) == (
@@ -294,3 +307,5 @@ def test_a_database_from_before_the_union_and_the_signatures_gains_their_columns
         None,
     )
     assert [(s.size, s.signature) for s in sets] == [(3, None)]
+    assert row.part_elements == WHOLE_SETS  # a set posted whole before is its own one part
+    assert [(p.part, p.size) for p in parts] == [(0, 3)]
