@@ -217,7 +217,8 @@ class AlignmentManager:
             if len(posted) + 1 == parts:
                 if parts > 1:
                     _check_distinct(tables.set_body(row.id, owner, hop))
-                digests = b"".join(p.sha256 for p in sorted([*posted, _part(part, digest)]))
+                every = sorted([*posted, PartRow(part, size, digest, signed)], key=_part_index)
+                digests = b"".join(p.sha256 for p in every)
                 tables.insert_set(
                     row.id,
                     owner,
@@ -278,8 +279,8 @@ class AlignmentManager:
         return Waiting(missing=_owing(sets, row.parties))
 
 
-def _part(part: int, digest: bytes) -> PartRow:
-    return PartRow(part, 0, digest, None)
+def _part_index(row: PartRow) -> int:
+    return row.part
 
 
 def _span(part: int, size: int, part_elements: int) -> range:
