@@ -114,13 +114,12 @@ class AlignmentClient(PeerConnection):
         }
         if signature is not None:
             headers[SIGNATURE_HEADER] = signature
-        view = memoryview(body)
         for part, span in enumerate(self._spans(size)):
             self._request(
                 "PUT",
                 f"{self._party_path}/sets/{owner}/hops/{hop}",
                 params={"part": part},
-                content=view[span.start * ELEMENT_BYTES : span.stop * ELEMENT_BYTES],
+                content=body[span.start * ELEMENT_BYTES : span.stop * ELEMENT_BYTES],
                 headers=headers,
             )
 
@@ -154,11 +153,11 @@ class AlignmentClient(PeerConnection):
         spans = self._spans(int(shape))
         for part in range(1, len(spans)):
             responses.append(self._request("GET", path, params={"part": part}))
-        for span, response in zip(spans, responses, strict=True):
+        for part, (span, response) in enumerate(zip(spans, responses, strict=True)):
             if len(response.content) != len(span) * item_bytes:
                 raise ValueError(
-                    f"the service answered {len(response.content)} bytes for elements "
-                    f"{span.start}..{span.stop - 1}"
+                    f"its part {part} has {len(response.content) / item_bytes:g} elements where "
+                    f"X-Glasu-Shape declares {shape} in all, {len(span)} in this part"
                 )
         return responses
 
