@@ -72,10 +72,6 @@ class PrivacySettings(StrictModel):
 SessionKind = Literal["training", "scoring"]
 
 
-def _no_nodes() -> np.ndarray:
-    return np.empty(0, dtype=np.int64)
-
-
 class SessionCreate(StrictModel):
     kind: SessionKind = Field(
         "training",
@@ -102,7 +98,7 @@ class SessionCreate(StrictModel):
     fanout: int = Field(ge=1, le=MAX_COUNT, description="Neighbours sampled per node and layer.")
     num_nodes: int = Field(ge=1, le=MAX_NODE_ID, description="Nodes are 0..num_nodes-1.")
     train_nodes: NodeList = Field(
-        default_factory=_no_nodes,
+        default_factory=list,  # validated into an empty array (JSON input takes no array)
         validate_default=True,
         description="The ids the batches come from (a training session needs one at least), "
         'encoded (docs/protocol.md, "Node lists").',

@@ -5,9 +5,11 @@ exactly; a session's node lists travel encoded where their JSON would not fit.""
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -18,6 +20,7 @@ from clients.admin import AdminClient
 from clients.alignment import AlignmentClient, AlignmentOutcome, align
 from clients.service_http import ConnectionOptions
 from secure.wire.node_lists import encode_nodes
+from secure.wire.sessions import SessionCreate
 
 BODY_LIMIT = 4096  # bytes: 128 ristretto255 elements
 
@@ -114,3 +117,14 @@ def test_node_lists_whose_json_would_pass_the_limit_travel_encoded(
     bad = {**encoded, "eval_nodes": {**encode_nodes(evaluate), "count": 1999}}
     response = httpx.post(f"{served.url}/v1/sessions", json=bad, headers=admin(), timeout=30)
     assert response.status_code == 422 and "declares 16000 bytes" in response.text
+
+
+def test_the_session_examples_of_the_api_guide_parse_as_written() -> None:
+    guide = (Path(__file__).parents[2] / "docs" / "api.md").read_text()
+    bodies = re.findall(r"-d @- <<'EOF'\n(.*?)\nEOF", guide, flags=re.DOTALL)
+    requests = [SessionCreate.model_validate_json(body) for body in bodies]
+    assert [r.kind for r in requests] == ["training", "scoring"]
+    training, scoring = requests
+    assert training.train_nodes.tolist() == list(range(140))  # what the guide says they hold
+    assert training.eval_nodes.tolist() == list(range(140, 1140))
+    assert scoring.eval_nodes.tolist() == list(range(2708))
