@@ -22,6 +22,7 @@ import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import httpx
 import numpy as np
 from tqdm.auto import tqdm
 
@@ -29,9 +30,17 @@ from clients.alignment_signing import SIGNATURE_HEADER, SetSigning, SetSlot
 from clients.cores import available_cores
 from clients.service_http import ConnectionOptions, PeerConnection
 from secure.psi import ELEMENT_BYTES, BlindingKey, check_elements, pack, unpack
-from secure.wire.alignment import SET_ENCODING, AlignmentStatus, SetProgress
+from secure.wire.alignment import (
+    SET_ENCODING,
+    AlignmentStatus,
+    SetProgress,
+    set_part_span,
+    set_parts,
+)
 
 log = logging.getLogger(__name__)
+
+POSITION_BYTES = 8  # little-endian int64: one aligned index per element posted
 
 
 class AlignmentFailed(RuntimeError):
@@ -74,6 +83,7 @@ class AlignmentClient(PeerConnection):
     ) -> None:
         self.alignment_id = alignment_id
         self.party = party
+        self._part_elements: int | None = None  # the alignment's, from its status
         super().__init__(base_url=base_url, token=token, options=options or ConnectionOptions())
 
     @property
@@ -82,28 +92,74 @@ class AlignmentClient(PeerConnection):
 
     def status(self) -> AlignmentStatus:
         response = self._request("GET", f"/v1/alignments/{self.alignment_id}")
-        return AlignmentStatus.model_validate_json(response.content)
+        status = AlignmentStatus.model_validate_json(response.content)
+        self._part_elements = status.part_elements
+        return status
+
+    @property
+    def part_elements(self) -> int:
+        """Elements per part of the alignment's sets and positions."""
+        if self._part_elements is None:
+            return self.status().part_elements
+        return self._part_elements
 
     def post_set(self, owner: int, hop: int, body: bytes, *, signature: str | None = None) -> None:
-        """``body``: the packed elements; ``signature``: hex, relayed to the next party."""
+        """``body``: the packed elements, posted part by part; ``signature``: hex, over the
+        whole set (each part carries it), relayed to the next party."""
+        size = len(body) // ELEMENT_BYTES
         headers = {
             "Content-Type": "application/octet-stream",
             "X-Glasu-Encoding": SET_ENCODING,
-            "X-Glasu-Shape": str(len(body) // ELEMENT_BYTES),
+            "X-Glasu-Shape": str(size),
         }
         if signature is not None:
             headers[SIGNATURE_HEADER] = signature
-        self._request(
-            "PUT", f"{self._party_path}/sets/{owner}/hops/{hop}", content=body, headers=headers
-        )
+        for part, span in enumerate(self._spans(size)):
+            self._request(
+                "PUT",
+                f"{self._party_path}/sets/{owner}/hops/{hop}",
+                params={"part": part},
+                content=body[span.start * ELEMENT_BYTES : span.stop * ELEMENT_BYTES],
+                headers=headers,
+            )
 
     def fetch_set(self, owner: int, hop: int) -> RelayedSet:
-        response = self._wait_for(f"{self._party_path}/sets/{owner}/hops/{hop}")
-        return RelayedSet(response.content, response.headers.get(SIGNATURE_HEADER))
+        """The whole set, part by part (the first part long-polled); the signature the parts
+        carry (all the same: ValueError otherwise)."""
+        parts = self._fetch_parts(f"{self._party_path}/sets/{owner}/hops/{hop}", ELEMENT_BYTES)
+        signatures = {part.headers.get(SIGNATURE_HEADER) for part in parts}
+        if len(signatures) > 1:
+            raise ValueError("its parts carry different signatures")
+        return RelayedSet(b"".join(part.content for part in parts), signatures.pop())
 
     def fetch_positions(self) -> np.ndarray:
-        body = self._wait_for(f"{self._party_path}/positions").content
+        parts = self._fetch_parts(f"{self._party_path}/positions", POSITION_BYTES)
+        body = b"".join(part.content for part in parts)
         return np.frombuffer(body, dtype="<i8").astype(np.int64)
+
+    def _spans(self, size: int) -> list[range]:
+        part_elements = self.part_elements
+        parts = set_parts(size, part_elements)
+        return [set_part_span(k, size=size, part_elements=part_elements) for k in range(parts)]
+
+    def _fetch_parts(self, path: str, item_bytes: int) -> list[httpx.Response]:
+        """Every part at ``path``: the first long-polled, it says the whole size
+        (X-Glasu-Shape); each part's length is checked against its span."""
+        first = self._wait_for(f"{path}?part=0")
+        shape = first.headers.get("X-Glasu-Shape", "")
+        if not shape.isdigit():
+            raise ValueError(f"the service answered X-Glasu-Shape {shape!r}")
+        responses = [first]
+        spans = self._spans(int(shape))
+        for part in range(1, len(spans)):
+            responses.append(self._request("GET", path, params={"part": part}))
+        for part, (span, response) in enumerate(zip(spans, responses, strict=True)):
+            if len(response.content) != len(span) * item_bytes:
+                raise ValueError(
+                    f"its part {part} has {len(response.content) / item_bytes:g} elements where "
+                    f"X-Glasu-Shape declares {shape} in all, {len(span)} in this part"
+                )
+        return responses
 
 
 def align(
@@ -165,7 +221,10 @@ def align(
             )
             post(owner, hop, blinded(key.blind_elements(received, workers=workers), counted=False))
             bar.update(len(ids))
-        positions = client.fetch_positions()
+        try:
+            positions = client.fetch_positions()
+        except ValueError as exc:
+            raise AlignmentFailed(f"the service's positions are not usable: {exc}") from None
     finally:
         bar.close()
     if positions.shape != (len(ids),):
@@ -221,8 +280,8 @@ def _relayed(client: AlignmentClient, signing: SetSigning, slot: SetSlot) -> lis
     """The set at ``slot``, once it is sure to be worth blinding: signed by the party that
     posted it (given peer keys), distinct canonical elements, as many as the status declares for
     its owner. A service that deviates could otherwise have guessed ids blinded."""
-    relayed = client.fetch_set(slot.owner, slot.hop)
     try:
+        relayed = client.fetch_set(slot.owner, slot.hop)
         signing.verify(slot, relayed.body, relayed.signature)
         elements = unpack(relayed.body)
         check_elements(elements)

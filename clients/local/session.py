@@ -18,6 +18,7 @@ from models.layout import FederationLayout, client_config, eval_nodes
 from secure.schedule import pass_schedule
 from secure.wire.alignment import AlignmentStatus
 from secure.wire.common import MAX_LABEL
+from secure.wire.node_lists import encode_nodes
 
 
 def session_request(
@@ -77,8 +78,8 @@ def session_body(
         "batch_size": config.batch_size,
         "fanout": config.fanout,
         "num_nodes": num_nodes,
-        "train_nodes": train_nodes.tolist(),
-        "eval_nodes": eval_nodes.tolist(),
+        "train_nodes": encode_nodes(train_nodes),
+        "eval_nodes": encode_nodes(eval_nodes),
         "seed": config.seed,
         "encryption": "ckks" if config.encrypted else "none",
         "privacy": config.privacy_request(),
@@ -184,7 +185,7 @@ def scoring_request(
         "batch_size": chunk,
         "fanout": training["fanout"],
         "num_nodes": training["num_nodes"],
-        "eval_nodes": np.asarray(nodes, dtype=np.int64).tolist(),
+        "eval_nodes": encode_nodes(nodes),
         "seed": training["seed"],
         "encryption": training["encryption"],
         "privacy": privacy,

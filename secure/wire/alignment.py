@@ -1,6 +1,7 @@
 """JSON bodies of the alignment routes (``service/api/routes/alignment.py``); the blinded sets
 and the positions travel as binary bodies (docs/protocol.md, "Alignment"), the sets as
-ristretto255 elements (``SET_ENCODING``, their ``X-Glasu-Encoding``)."""
+ristretto255 elements (``SET_ENCODING``, their ``X-Glasu-Encoding``), in parts of the
+alignment's ``part_elements`` elements (:func:`set_parts`, :func:`set_part_span`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,25 @@ from secure.wire.common import MAX_CLIENTS, MAX_LABEL, ResponseModel, StrictMode
 AlignmentState = Literal["running", "done"]
 MAX_SEED = 2**63 - 1
 SET_ENCODING = "ristretto255"
+#: Elements of a set (and positions) per part unless the alignment says otherwise: 32 MiB of
+#: elements, under the service's default body limit of 64 MiB.
+SET_PART_ELEMENTS = 2**20
+MAX_PART_ELEMENTS = 2**26
+
+
+def set_parts(size: int, part_elements: int) -> int:
+    """How many parts a set of ``size`` elements travels in."""
+    return max(1, -(-size // part_elements))
+
+
+def set_part_span(part: int, *, size: int, part_elements: int) -> range:
+    """The positions of a set of ``size`` elements that part ``part`` holds."""
+    if not 0 <= part < set_parts(size, part_elements):
+        raise ValueError(
+            f"a set of {size} elements travels in {set_parts(size, part_elements)} parts of "
+            f"{part_elements}: part {part} is not one of them"
+        )
+    return range(part * part_elements, min(size, (part + 1) * part_elements))
 
 
 class AlignmentCreate(StrictModel):
@@ -35,6 +55,14 @@ class AlignmentCreate(StrictModel):
         "(`intersection`), or those any party holds (`union`: partly shared nodes, trained with "
         "the count-aware mean; each party then also learns, per node, how many parties hold it).",
     )
+    part_elements: int = Field(
+        SET_PART_ELEMENTS,
+        ge=1,
+        le=MAX_PART_ELEMENTS,
+        description="Elements per part of every blinded set and of the positions: a set of n "
+        "elements travels in ceil(n / part_elements) parts (32 bytes an element: the service "
+        "refuses parts that would pass its body limit).",
+    )
 
 
 class AlignmentCreated(ResponseModel):
@@ -43,6 +71,7 @@ class AlignmentCreated(ResponseModel):
     parties: int
     seed: int
     nodes: AlignedNodes
+    part_elements: int
 
 
 class SetProgress(ResponseModel):
@@ -60,6 +89,7 @@ class AlignmentStatus(ResponseModel):
     created_at: float
     sets: list[SetProgress]
     nodes: AlignedNodes
+    part_elements: int = Field(description="Elements per part of the sets and positions.")
     aligned_nodes: int | None = Field(
         description="Size of the aligned index (the intersection or the union), once done."
     )
@@ -75,9 +105,11 @@ class AlignmentStatus(ResponseModel):
 class SetReceipt(ResponseModel):
     owner: int
     hop: int
+    part: int
+    parts: int = Field(description="The parts the whole set travels in.")
     party: int
     status: Literal["created", "duplicate"]
-    size: int
+    size: int = Field(description="Elements in the whole set.")
 
 
 class AlignmentWaiting(Waiting):

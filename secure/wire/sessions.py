@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 from typing import Annotated, Literal
 
+import numpy as np
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from secure.accounting import AccountantName
@@ -21,6 +22,7 @@ from secure.wire.common import (
     ResponseModel,
     StrictModel,
 )
+from secure.wire.node_lists import NodeList
 
 SessionState = Literal["running", "finished", "budget_exhausted", "closed"]
 
@@ -95,12 +97,15 @@ class SessionCreate(StrictModel):
     batch_size: int = Field(ge=1, le=MAX_COUNT, description="Output nodes per training round.")
     fanout: int = Field(ge=1, le=MAX_COUNT, description="Neighbours sampled per node and layer.")
     num_nodes: int = Field(ge=1, le=MAX_NODE_ID, description="Nodes are 0..num_nodes-1.")
-    train_nodes: list[int] = Field(
-        default_factory=list,
+    train_nodes: NodeList = Field(
+        default_factory=list,  # validated into an empty array (JSON input takes no array)
         validate_default=True,
-        description="Distinct ids the batches come from (a training session needs one at least).",
+        description="The ids the batches come from (a training session needs one at least), "
+        'encoded (docs/protocol.md, "Node lists").',
     )
-    eval_nodes: list[int] = Field(min_length=1, description="Distinct ids of every eval pass.")
+    eval_nodes: NodeList = Field(
+        description="The ids of every eval pass (one at least), encoded like `train_nodes`."
+    )
     seed: int = Field(ge=0, le=2**63 - 1, description="Seeds the output batches.")
     encryption: Literal["ckks", "none"] = Field(
         "ckks", description="'ckks': the service adds ciphertexts; 'none': float32 plaintext."
@@ -159,16 +164,16 @@ class SessionCreate(StrictModel):
 
     @field_validator("train_nodes")
     @classmethod
-    def _training_needs_nodes(cls, nodes: list[int], info: ValidationInfo) -> list[int]:
-        if info.data.get("kind", "training") == "training" and not nodes:
+    def _training_needs_nodes(cls, nodes: np.ndarray, info: ValidationInfo) -> np.ndarray:
+        if info.data.get("kind", "training") == "training" and not nodes.size:
             raise ValueError("a training session needs one training node at least")
         return nodes
 
-    @field_validator("train_nodes", "eval_nodes")
+    @field_validator("eval_nodes")
     @classmethod
-    def _distinct(cls, nodes: list[int]) -> list[int]:
-        if len(set(nodes)) != len(nodes):
-            raise ValueError("node ids must be distinct")
+    def _evaluation_needs_nodes(cls, nodes: np.ndarray) -> np.ndarray:
+        if not nodes.size:
+            raise ValueError("eval_nodes needs one node at least")
         return nodes
 
     @model_validator(mode="after")
@@ -179,8 +184,8 @@ class SessionCreate(StrictModel):
                 f" (layers={self.layers})"
             )
         for name in ("train_nodes", "eval_nodes"):
-            nodes = getattr(self, name)
-            if nodes and (min(nodes) < 0 or max(nodes) >= self.num_nodes):
+            nodes = getattr(self, name)  # sorted
+            if nodes.size and (nodes[0] < 0 or nodes[-1] >= self.num_nodes):
                 raise ValueError(f"{name} must lie in [0, num_nodes={self.num_nodes})")
         if self.label_holder is not None:
             if self.label_holder >= self.clients:

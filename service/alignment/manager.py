@@ -5,7 +5,10 @@ it and posts it (hop 0); the set then travels the ring: party ``owner + h`` (mod
 ``h - 1`` further and posts hop ``h``, keeping the order. After hop M - 1 every element carries
 every key, so equal ids have become equal elements. The service only relays: a set at
 ``(owner, hop)`` is served to the next blinder, party ``owner + hop + 1``, and the fully blinded
-sets are served to nobody. A set may come with its poster's signature, which the service relays
+sets are served to nobody. Every set, and each owner's positions, travel in parts of the
+alignment's ``part_elements`` elements (``secure.wire.alignment.set_part_span``); a set counts
+as posted once all its parts are in. A set may come with its poster's signature (over the whole
+set, the same on each part), which the service relays
 without checking (it holds no key: the parties do, docs/threat-model.md). When all M are in,
 the service intersects them, sorts the intersection (the aligned index) and keeps, for each
 owner, the aligned index of every position of its set (-1 where not shared); then it drops
@@ -18,6 +21,8 @@ import hashlib
 import uuid
 from dataclasses import dataclass
 
+import numpy as np
+
 from secure.psi import ELEMENT_BYTES, check_elements, index_sets, unpack
 from secure.wire.alignment import (
     SET_ENCODING,
@@ -25,10 +30,13 @@ from secure.wire.alignment import (
     AlignmentCreated,
     AlignmentStatus,
     SetProgress,
+    set_part_span,
+    set_parts,
 )
 from service.alignment.tables import (
     AlignmentRow,
     AlignmentTables,
+    PartRow,
     SetRow,
     create_alignment_tables,
 )
@@ -46,7 +54,6 @@ from service.store import Store
 from service.tokens import new_tokens, token_sha256
 
 POSITIONS_ENCODING = "int64"
-POSITION_BYTES = 8  # little-endian int64
 SIGNATURE_BYTES = 64  # Ed25519
 
 
@@ -57,15 +64,19 @@ class PartyCaller:
 
 
 @dataclass(frozen=True)
-class RelayedSet:
+class SetPart:
+    """Part ``part`` of a set (or of positions) of ``size`` elements in all."""
+
     body: bytes
-    signature: bytes | None
+    size: int
+    signature: bytes | None = None
 
 
 @dataclass(frozen=True)
 class SetUpload:
     created: bool
     size: int
+    parts: int
 
 
 def next_blinder(owner: int, hop: int, parties: int) -> int:
@@ -95,6 +106,7 @@ class AlignmentManager:
                 seed=request.seed,
                 label=request.label,
                 nodes=request.nodes,
+                part_elements=request.part_elements,
                 token_hashes=[token_sha256(t) for t in tokens],
             )
         return AlignmentCreated(
@@ -103,6 +115,7 @@ class AlignmentManager:
             parties=request.parties,
             seed=request.seed,
             nodes=request.nodes,
+            part_elements=request.part_elements,
         )
 
     def status(self, alignment_id: str) -> AlignmentStatus:
@@ -124,6 +137,7 @@ class AlignmentManager:
             created_at=row.created_at,
             sets=progress,
             nodes=row.nodes,  # type: ignore[arg-type]
+            part_elements=row.part_elements,
             aligned_nodes=row.aligned_nodes,
             shared_nodes=row.shared_nodes,
             digest=row.digest.hex() if row.digest is not None else None,
@@ -144,17 +158,26 @@ class AlignmentManager:
         caller: PartyCaller,
         owner: int,
         hop: int,
+        part: int,
         *,
         shape: str | None,
         encoding: str | None,
         body: bytes,
         signature: str | None = None,
     ) -> SetUpload:
-        """Store the set of ``owner`` at ``hop``, posted by ``caller`` (with its signature, hex,
-        if any); complete the alignment when it was the last fully blinded set."""
+        """Store part ``part`` of the set of ``owner`` at ``hop`` (``shape``: the whole set's
+        element count), posted by ``caller`` (with its signature of the whole set, hex, if
+        any); complete the alignment when it was the last part of the last fully blinded set."""
         size = _declared_size(shape, encoding)
         signed = _declared_signature(signature)
-        _check_body(body, size)  # before the store's lock is taken: it costs ~10 us an element
+        with self.store.transaction() as tx:
+            part_elements = _alignment(AlignmentTables(tx), caller.alignment_id).part_elements
+        parts = set_parts(size, part_elements)
+        try:
+            span = set_part_span(part, size=size, part_elements=part_elements)
+        except ValueError as exc:
+            raise WrongShape(str(exc)) from None
+        _check_body(body, len(span))  # before the store's lock: it costs ~10 us an element
         digest = hashlib.sha256(body).digest()
         with self.store.transaction() as tx:
             tables = AlignmentTables(tx)
@@ -166,14 +189,16 @@ class AlignmentManager:
                     f"party {caller.party} cannot post hop {hop} of the set of party {owner}: "
                     f"party {expected} blinds it there"
                 )
-            existing = tables.set(row.id, owner, hop)
-            if existing is not None:
-                if existing.sha256 != digest or existing.signature != signed:
+            posted = tables.parts(row.id, owner, hop)
+            same = next((p for p in posted if p.part == part), None)
+            if same is not None:
+                if (same.sha256, same.signature, same.size) != (digest, signed, size):
                     raise AlignmentConflict(
-                        f"hop {hop} of the set of party {owner} was already posted with a "
-                        "different body or signature; a set is posted once"
+                        f"part {part} of hop {hop} of the set of party {owner} was already "
+                        "posted with a different body, size or signature; a part is posted once"
                     )
-                return SetUpload(created=False, size=existing.size)
+                return SetUpload(created=False, size=size, parts=parts)
+            _check_like_the_other_parts(posted, size=size, signature=signed)
             if hop > 0:
                 previous = tables.set(row.id, owner, hop - 1)
                 if previous is None:
@@ -186,14 +211,28 @@ class AlignmentManager:
                         f"the set of party {owner} has {previous.size} elements, "
                         f"X-Glasu-Shape says {size}"
                     )
-            tables.insert_set(
-                row.id, owner, hop, sha256=digest, size=size, body=body, signature=signed
+            tables.insert_part(
+                row.id, owner, hop, part, size=size, sha256=digest, body=body, signature=signed
             )
-            if hop == row.parties - 1:
-                _complete_if_ready(tables, row)
-        return SetUpload(created=True, size=size)
+            if len(posted) + 1 == parts:
+                if parts > 1:
+                    _check_distinct(tables.set_body(row.id, owner, hop))
+                every = sorted([*posted, PartRow(part, size, digest, signed)], key=_part_index)
+                digests = b"".join(p.sha256 for p in every)
+                tables.insert_set(
+                    row.id,
+                    owner,
+                    hop,
+                    sha256=hashlib.sha256(digests).digest(),
+                    size=size,
+                    signature=signed,
+                )
+                if hop == row.parties - 1:
+                    _complete_if_ready(tables, row)
+        return SetUpload(created=True, size=size, parts=parts)
 
-    def get_set(self, caller: PartyCaller, owner: int, hop: int) -> RelayedSet | Waiting:
+    def get_set(self, caller: PartyCaller, owner: int, hop: int, part: int) -> SetPart | Waiting:
+        """Part ``part`` of the set of ``owner`` at ``hop``, once all its parts are in."""
         with self.store.transaction() as tx:
             tables = AlignmentTables(tx)
             row = _alignment(tables, caller.alignment_id)
@@ -208,28 +247,73 @@ class AlignmentManager:
                     f"hop {hop} of the set of party {owner} goes to party {receiver} only"
                 )
             found = tables.set(row.id, owner, hop)
-        if found is None:
-            return Waiting(missing=[poster(owner, hop, row.parties)])
-        if found.body is None:
-            raise AlignmentConflict(
-                f"alignment {row.id!r} is complete and its blinded sets are discarded; "
-                "fetch your positions"
-            )
-        return RelayedSet(found.body, found.signature)
+            if found is None:
+                return Waiting(missing=[poster(owner, hop, row.parties)])
+            if row.state == "done":
+                raise AlignmentConflict(
+                    f"alignment {row.id!r} is complete and its blinded sets are discarded; "
+                    "fetch your positions"
+                )
+            span = _span(part, found.size, row.part_elements)
+            body = tables.part_body(row.id, owner, hop, part)
+        if body is None or len(body) != len(span) * ELEMENT_BYTES:
+            raise LookupError(f"part {part} of a complete set of alignment {row.id} is missing")
+        return SetPart(body, found.size, found.signature)
 
-    def positions(self, caller: PartyCaller) -> bytes | Waiting:
-        """For each position of the set ``caller`` posted, its aligned index (-1: not shared),
-        as little-endian int64."""
+    def positions(self, caller: PartyCaller, part: int) -> SetPart | Waiting:
+        """For each position of part ``part`` of the set ``caller`` posted, its aligned index
+        (-1: not shared), as little-endian int64."""
         with self.store.transaction() as tx:
             tables = AlignmentTables(tx)
             row = _alignment(tables, caller.alignment_id)
             if row.state == "done":
-                body = tables.positions(row.id, caller.party)
+                own = tables.set(row.id, caller.party, 0)
+                if own is None:
+                    raise LookupError(f"alignment {row.id} is done without party sets")
+                span = _span(part, own.size, row.part_elements)
+                body = tables.positions(row.id, caller.party, span)
                 if body is None:  # every owner's positions are written with the state
                     raise LookupError(f"alignment {row.id} is done without positions")
-                return body
+                return SetPart(body, own.size)
             sets = tables.sets(row.id)
         return Waiting(missing=_owing(sets, row.parties))
+
+
+def _part_index(row: PartRow) -> int:
+    return row.part
+
+
+def _span(part: int, size: int, part_elements: int) -> range:
+    try:
+        return set_part_span(part, size=size, part_elements=part_elements)
+    except ValueError as exc:
+        raise WrongShape(str(exc)) from None
+
+
+def _check_distinct(body: bytes) -> None:
+    """The elements of a whole set distinct (each part's are checked as it comes)."""
+    elements = np.frombuffer(body, dtype=f"V{ELEMENT_BYTES}")
+    if np.unique(elements).size != elements.size:
+        raise BadPayload("the set holds the same element twice (in two of its parts)")
+
+
+def _check_like_the_other_parts(
+    posted: list[PartRow], *, size: int, signature: bytes | None
+) -> None:
+    """Every part of a set declares the same size and carries the same signature."""
+    if not posted:
+        return
+    first = posted[0]
+    if first.size != size:
+        raise WrongShape(
+            f"part {first.part} of this set declared {first.size} elements in all, "
+            f"X-Glasu-Shape says {size}"
+        )
+    if first.signature != signature:
+        raise AlignmentConflict(
+            f"part {first.part} of this set came with a different X-Glasu-Signature: a set's "
+            "signature covers the whole set and travels with each of its parts"
+        )
 
 
 def _alignment(tables: AlignmentTables, alignment_id: str) -> AlignmentRow:
@@ -302,13 +386,12 @@ def _complete_if_ready(tables: AlignmentTables, row: AlignmentRow) -> None:
     """Once every owner's fully blinded set is in: intersect (or unite), sort, map each owner's
     positions to the aligned index, and drop the bodies."""
     last = row.parties - 1
-    full = [tables.set(row.id, owner, last) for owner in range(row.parties)]
-    if any(s is None or s.body is None for s in full):
+    if any(tables.set(row.id, owner, last) is None for owner in range(row.parties)):
         return
     indexed = index_sets(
-        [s.body for s in full if s is not None and s.body is not None],
+        [tables.set_body(row.id, owner, last) for owner in range(row.parties)],
         union=row.nodes == "union",
-    )  # every stored set was checked to hold distinct elements (check_elements)
+    )  # every stored part was checked to hold distinct elements (check_elements)
     tables.complete(
         row.id,
         aligned_nodes=indexed.aligned_nodes,

@@ -5,9 +5,10 @@ transaction holds the alignment's lock from its first read of the alignment's ro
 checks-then-write stay atomic across replicas (as the sessions', ``service/store/engines.py``).
 
 An alignment keeps: its parties' token hashes; every blinded set a party posted, by owner and
-hop (the body and its poster's signature, if any, until the alignment is complete, then only
-its size and SHA-256); and, once
-complete, for each owner the aligned index of every position of the set it posted. No node id,
+hop, in the parts it travelled in (each part's body and the poster's signature, if any, until
+the alignment is complete, then only their sizes and SHA-256s; a set counts as posted once all
+its parts are in); and, once complete, for each owner the aligned index of every position of
+the set it posted. No node id,
 and no value anyone could test an id against, is ever stored (docs/threat-model.md).
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from service.store import Store, Transaction
+from service.store.dialect import Connection
 from service.store.migrations import Migration, added_columns, schema
 
 # as first released; migration 2 adds the columns of ADDED_COLUMNS
@@ -67,10 +69,43 @@ ADDED_COLUMNS = (
     ("alignment_sets", "signature", "BLOB"),
 )
 
+# sets travel in parts: each part's body (alignment_sets keeps a set's size and signature once
+# all its parts are in); an alignment's part_elements is NULL when created before (one part)
+SET_PARTS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS alignment_set_parts (
+    alignment_id TEXT NOT NULL REFERENCES alignments(id),
+    owner INTEGER NOT NULL,
+    hop INTEGER NOT NULL,
+    part INTEGER NOT NULL,
+    size INTEGER NOT NULL,
+    sha256 BLOB NOT NULL,
+    body BLOB,
+    signature BLOB,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (alignment_id, owner, hop, part)
+);
+"""
+
+
+def _sets_in_parts(connection: Connection) -> None:
+    connection.run_schema(SET_PARTS_SCHEMA)
+    connection.add_column("alignments", "part_elements", "INTEGER")
+    # a set posted whole before is its own part 0
+    connection.execute(
+        "INSERT INTO alignment_set_parts"
+        " (alignment_id, owner, hop, part, size, sha256, body, signature, created_at)"
+        " SELECT alignment_id, owner, hop, 0, size, sha256, body, signature, created_at"
+        " FROM alignment_sets"
+    )
+    connection.execute("UPDATE alignment_sets SET body = NULL")
+
+
 ALIGNMENT_MIGRATIONS = (
     Migration(1, "alignments, their tokens, sets and positions", schema(ALIGNMENT_SCHEMA)),
     Migration(2, "columns added after the first release", added_columns(ADDED_COLUMNS)),
+    Migration(3, "sets travel in parts", _sets_in_parts),
 )
+WHOLE_SETS = 2**62  # the part_elements of an alignment created before sets travelled in parts
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,16 +120,25 @@ class AlignmentRow:
     created_at: float
     nodes: str  # "intersection" or "union": which ids the aligned index covers
     shared_nodes: int | None  # ids every party holds (the intersection's size), once done
+    part_elements: int  # elements per part of its sets and positions
 
 
 @dataclass(frozen=True, slots=True)
 class SetRow:
+    """A set all of whose parts are in."""
+
     owner: int
     hop: int
     size: int
-    sha256: bytes
-    body: bytes | None  # None once the alignment is complete
     signature: bytes | None  # the poster's, relayed unchecked; None unsigned or once complete
+
+
+@dataclass(frozen=True, slots=True)
+class PartRow:
+    part: int
+    size: int  # elements in the whole set, as its poster declared
+    sha256: bytes  # of this part's body
+    signature: bytes | None  # the poster's over the whole set
 
 
 def create_alignment_tables(store: Store) -> None:
@@ -118,14 +162,15 @@ class AlignmentTables:
         seed: int,
         label: str | None,
         nodes: str,
+        part_elements: int,
         token_hashes: list[bytes],
     ) -> None:
         now = self._now()
         self._db.execute(
             "INSERT INTO alignments"
-            " (id, parties, seed, label, state, created_at, updated_at, nodes)"
-            " VALUES (?, ?, ?, ?, 'running', ?, ?, ?)",
-            (alignment_id, parties, seed, label, now, now, nodes),
+            " (id, parties, seed, label, state, created_at, updated_at, nodes, part_elements)"
+            " VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?)",
+            (alignment_id, parties, seed, label, now, now, nodes, part_elements),
         )
         self._db.executemany(
             "INSERT INTO alignment_tokens (alignment_id, party, token_sha256) VALUES (?, ?, ?)",
@@ -138,13 +183,14 @@ class AlignmentTables:
         self._lock("alignment", alignment_id)
         row = self._db.execute(
             "SELECT id, parties, seed, label, state, aligned_nodes, digest, created_at, nodes,"
-            " shared_nodes FROM alignments WHERE id = ?",
+            " shared_nodes, part_elements FROM alignments WHERE id = ?",
             (alignment_id,),
         ).fetchone()
         if not row:
             return None
         digest = bytes(row[6]) if row[6] is not None else None
-        return AlignmentRow(*row[:6], digest, *row[7:])
+        part_elements = WHOLE_SETS if row[10] is None else int(row[10])
+        return AlignmentRow(*row[:6], digest, *row[7:10], part_elements)
 
     def token_owner(self, token_sha256: bytes) -> tuple[str, int] | None:
         row = self._db.execute(
@@ -155,7 +201,7 @@ class AlignmentTables:
 
     def sets(self, alignment_id: str) -> list[SetRow]:
         rows = self._db.execute(
-            "SELECT owner, hop, size, sha256, body, signature FROM alignment_sets"
+            "SELECT owner, hop, size, signature FROM alignment_sets"
             " WHERE alignment_id = ?"
             " ORDER BY owner, hop",
             (alignment_id,),
@@ -164,11 +210,60 @@ class AlignmentTables:
 
     def set(self, alignment_id: str, owner: int, hop: int) -> SetRow | None:
         row = self._db.execute(
-            "SELECT owner, hop, size, sha256, body, signature FROM alignment_sets"
+            "SELECT owner, hop, size, signature FROM alignment_sets"
             " WHERE alignment_id = ? AND owner = ? AND hop = ?",
             (alignment_id, owner, hop),
         ).fetchone()
         return _set_row(row) if row else None
+
+    def parts(self, alignment_id: str, owner: int, hop: int) -> list[PartRow]:
+        """The parts of the set in hop ``hop`` of ``owner`` posted so far, by part."""
+        rows = self._db.execute(
+            "SELECT part, size, sha256, signature FROM alignment_set_parts"
+            " WHERE alignment_id = ? AND owner = ? AND hop = ? ORDER BY part",
+            (alignment_id, owner, hop),
+        ).fetchall()
+        return [
+            PartRow(int(p), int(size), bytes(sha), bytes(sig) if sig else None)
+            for p, size, sha, sig in rows
+        ]
+
+    def part_body(self, alignment_id: str, owner: int, hop: int, part: int) -> bytes | None:
+        """A part's body; None once the alignment is complete (or never posted)."""
+        row = self._db.execute(
+            "SELECT body FROM alignment_set_parts"
+            " WHERE alignment_id = ? AND owner = ? AND hop = ? AND part = ?",
+            (alignment_id, owner, hop, part),
+        ).fetchone()
+        return bytes(row[0]) if row and row[0] is not None else None
+
+    def set_body(self, alignment_id: str, owner: int, hop: int) -> bytes:
+        """The whole set, its parts joined in order (the alignment must not be complete)."""
+        rows = self._db.execute(
+            "SELECT body FROM alignment_set_parts"
+            " WHERE alignment_id = ? AND owner = ? AND hop = ? ORDER BY part",
+            (alignment_id, owner, hop),
+        ).fetchall()
+        return b"".join(bytes(row[0]) for row in rows)
+
+    def insert_part(
+        self,
+        alignment_id: str,
+        owner: int,
+        hop: int,
+        part: int,
+        *,
+        size: int,
+        sha256: bytes,
+        body: bytes,
+        signature: bytes | None,
+    ) -> None:
+        self._db.execute(
+            "INSERT INTO alignment_set_parts"
+            " (alignment_id, owner, hop, part, size, sha256, body, signature, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (alignment_id, owner, hop, part, size, sha256, body, signature, self._now()),
+        )
 
     def insert_set(
         self,
@@ -178,14 +273,14 @@ class AlignmentTables:
         *,
         sha256: bytes,
         size: int,
-        body: bytes,
         signature: bytes | None,
     ) -> None:
+        """Record a set all of whose parts are in (``sha256``: over its parts' SHA-256s)."""
         self._db.execute(
             "INSERT INTO alignment_sets"
             " (alignment_id, owner, hop, size, sha256, body, signature, created_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (alignment_id, owner, hop, size, sha256, body, signature, self._now()),
+            " VALUES (?, ?, ?, ?, ?, NULL, ?, ?)",
+            (alignment_id, owner, hop, size, sha256, signature, self._now()),
         )
 
     def complete(
@@ -208,26 +303,25 @@ class AlignmentTables:
             " digest = ?, updated_at = ? WHERE id = ?",
             (aligned_nodes, shared_nodes, digest, self._now(), alignment_id),
         )
-        self._db.execute(
-            "UPDATE alignment_sets SET body = NULL, signature = NULL WHERE alignment_id = ?",
-            (alignment_id,),
-        )
+        for table in ("alignment_sets", "alignment_set_parts"):
+            self._db.execute(
+                f"UPDATE {table} SET body = NULL, signature = NULL WHERE alignment_id = ?",
+                (alignment_id,),
+            )
 
-    def positions(self, alignment_id: str, owner: int) -> bytes | None:
+    def positions(self, alignment_id: str, owner: int, span: range) -> bytes | None:
+        """The positions ``span`` of ``owner``'s set (little-endian int64 each)."""
         row = self._db.execute(
-            "SELECT body FROM alignment_positions WHERE alignment_id = ? AND owner = ?",
-            (alignment_id, owner),
+            "SELECT substr(body, ?, ?) FROM alignment_positions"
+            " WHERE alignment_id = ? AND owner = ?",
+            (span.start * POSITION_BYTES + 1, len(span) * POSITION_BYTES, alignment_id, owner),
         ).fetchone()
         return bytes(row[0]) if row else None
 
 
+POSITION_BYTES = 8  # little-endian int64
+
+
 def _set_row(row: tuple) -> SetRow:
-    owner, hop, size, sha256, body, signature = row
-    return SetRow(
-        int(owner),
-        int(hop),
-        int(size),
-        bytes(sha256),
-        bytes(body) if body else None,
-        bytes(signature) if signature else None,
-    )
+    owner, hop, size, signature = row
+    return SetRow(int(owner), int(hop), int(size), bytes(signature) if signature else None)

@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from service_testkit import admin, assert_problem, bearer, create_session, http_client
 
 from secure.psi import IDENTITY, BlindingKey, hash_to_group, pack
-from service.alignment.tables import AlignmentTables
+from service.alignment.tables import WHOLE_SETS, AlignmentTables
 from service.app import service_context
 
 pytestmark = pytest.mark.anyio
@@ -35,6 +35,19 @@ async def create_alignment(client: httpx.AsyncClient, parties: int = 2) -> dict:
     assert response.status_code == 201, response.text
     assert response.headers["location"] == f"/v1/alignments/{response.json()['alignment_id']}"
     return response.json()
+
+
+def kept_bodies(app: FastAPI, aid: str) -> int:
+    """Set bodies and signatures the service still holds for the alignment."""
+    with service_context(app).store.transaction() as tx:
+        return sum(
+            tx.connection.execute(
+                f"SELECT count(*) FROM {table} WHERE alignment_id = ?"
+                " AND (body IS NOT NULL OR signature IS NOT NULL)",
+                (aid,),
+            ).fetchone()[0]
+            for table in ("alignment_sets", "alignment_set_parts")
+        )
 
 
 def blinded(aid: str, ids: list[str], *keys: BlindingKey) -> list[bytes]:
@@ -108,8 +121,7 @@ async def test_two_parties_get_their_positions_and_the_service_keeps_no_set(
     assert answers[1].tolist() == [-1, expected["c"], expected["a"], -1]
     assert status["state"] == "done" and status["aligned_nodes"] == 2
     assert [s["size"] for s in status["sets"]] == [3, 4]
-    with service_context(app).store.transaction() as tx:
-        assert all(s.body is None for s in AlignmentTables(tx).sets(aid))
+    assert kept_bodies(app, aid) == 0
 
 
 async def test_the_ring_decides_who_posts_and_who_fetches(client: httpx.AsyncClient) -> None:
@@ -194,7 +206,7 @@ async def test_a_signature_is_relayed_as_posted_and_dropped_with_the_body(
             assert (await put(client, created, m, 1 - m, 1, full)).status_code == 201
     with service_context(app).store.transaction() as tx:
         sets = AlignmentTables(tx).sets(aid)
-    assert sets and all(s.body is None and s.signature is None for s in sets)
+    assert sets and all(s.signature is None for s in sets) and kept_bodies(app, aid) == 0
 
 
 async def test_tokens_are_bound_to_one_alignment_and_one_party(client: httpx.AsyncClient) -> None:
@@ -286,6 +298,7 @@ def test_a_database_from_before_the_union_and_the_signatures_gains_their_columns
         with store.transaction() as tx:
             row = AlignmentTables(tx).alignment("old")
             sets = AlignmentTables(tx).sets("old")
+            parts = AlignmentTables(tx).parts("old", 0, 0)
     finally:
         store.close()
     assert row is not None and (row.nodes, row.aligned_nodes, row.shared_nodes) == (
@@ -294,3 +307,97 @@ def test_a_database_from_before_the_union_and_the_signatures_gains_their_columns
         None,
     )
     assert [(s.size, s.signature) for s in sets] == [(3, None)]
+    assert row.part_elements == WHOLE_SETS  # a set posted whole before is its own one part
+    assert [(p.part, p.size) for p in parts] == [(0, 3)]
+
+
+async def test_sets_and_positions_travel_in_parts_and_bad_parts_are_refused(
+    make_app: Callable[..., FastAPI],
+) -> None:
+    app = make_app(max_body_bytes=128)  # 4 elements: a whole set of 5 could not travel
+    async with http_client(app) as client:
+        response = await client.post(
+            "/v1/alignments", json={"parties": 2, "part_elements": 2}, headers=admin()
+        )
+        created = response.json()
+        assert created["part_elements"] == 2
+        aid, tokens = created["alignment_id"], created["party_tokens"]
+        keys = [BlindingKey(), BlindingKey()]
+        own = {0: ["a", "b", "c", "d", "e"], 1: ["e", "x", "c", "a"]}
+
+        async def put_part(party: int, owner: int, hop: int, part: int, body: bytes, size: int):
+            return await client.put(
+                set_path(aid, party, owner, hop),
+                params={"part": part},
+                content=body,
+                headers={**set_headers(size), **bearer(tokens[party])},
+            )
+
+        sets = {m: pack(blinded(aid, own[m], keys[m])) for m in (0, 1)}
+        size0 = len(own[0])
+        assert_problem(await put_part(0, 0, 0, 0, sets[0], size0), 413, "payload-too-large")
+        # part 3 of 5 elements in parts of 2 does not exist; part 1 must hold 2 elements
+        assert_problem(await put_part(0, 0, 0, 3, sets[0][:32], size0), 422, "wrong-shape")
+        assert_problem(await put_part(0, 0, 0, 1, sets[0][64:96], size0), 422, "bad-payload")
+        first = await put_part(0, 0, 0, 0, sets[0][:64], size0)
+        assert first.status_code == 201 and first.json()["parts"] == 3
+        assert (await put_part(0, 0, 0, 0, sets[0][:64], size0)).status_code == 200  # same again
+        other = pack(blinded(aid, ["q", "r"], keys[0]))
+        assert_problem(await put_part(0, 0, 0, 0, other, size0), 409, "conflict")
+        assert_problem(await put_part(0, 0, 0, 1, sets[0][64:128], size0 + 1), 422, "wrong-shape")
+        # a repeated element across parts is caught once the set is whole
+        assert (await put_part(0, 0, 0, 1, sets[0][64:128], size0)).status_code == 201
+        assert_problem(await put_part(0, 0, 0, 2, sets[0][:32], size0), 422, "bad-payload")
+        status = (await client.get(f"/v1/alignments/{aid}", headers=admin())).json()
+        assert status["sets"][0]["hops"] == 0  # not posted until every part is in
+        assert (await put_part(0, 0, 0, 2, sets[0][128:], size0)).status_code == 201
+        for part in range(2):
+            body = sets[1][part * 64 : (part + 1) * 64]
+            assert (await put_part(1, 1, 0, part, body, 4)).status_code == 201
+        for m in (0, 1):  # each fetches the other's set part by part and blinds it further
+            size = len(own[1 - m])
+            got = b""
+            for part in range(-(-size // 2)):
+                response = await client.get(
+                    set_path(aid, m, 1 - m, 0), params={"part": part}, headers=bearer(tokens[m])
+                )
+                assert response.headers["x-glasu-shape"] == str(size)
+                got += response.content
+            assert got == sets[1 - m]
+            full = pack(keys[m].blind_all([got[i : i + 32] for i in range(0, len(got), 32)]))
+            for part in range(-(-size // 2)):
+                response = await put_part(
+                    m, 1 - m, 1, part, full[part * 64 : (part + 1) * 64], size
+                )
+                assert response.status_code == 201
+        answers = []
+        for m in (0, 1):
+            positions = b""
+            for part in range(-(-len(own[m]) // 2)):
+                response = await client.get(
+                    f"/v1/alignments/{aid}/parties/{m}/positions",
+                    params={"part": part},
+                    headers=bearer(tokens[m]),
+                )
+                assert response.status_code == 200 and len(response.content) <= 2 * 8
+                positions += response.content
+            answers.append(np.frombuffer(positions, dtype="<i8").tolist())
+        shared = sorted(blinded(aid, ["a", "c", "e"], *keys))
+        index = {
+            n: shared.index(v) for n, v in zip("ace", blinded(aid, list("ace"), *keys), strict=True)
+        }
+        assert answers == [[index.get(n, -1) for n in own[0]], [index.get(n, -1) for n in own[1]]]
+        assert kept_bodies(app, aid) == 0
+        response = await client.get(
+            f"/v1/alignments/{aid}/parties/0/positions",
+            params={"part": 3},
+            headers=bearer(tokens[0]),
+        )
+        assert_problem(response, 422, "wrong-shape")
+
+
+async def test_parts_must_fit_the_body_limit(client: httpx.AsyncClient) -> None:
+    response = await client.post(
+        "/v1/alignments", json={"parties": 2, "part_elements": 2**26}, headers=admin()
+    )
+    assert_problem(response, 422, "validation-error", mentions="GLASU_MAX_BODY_BYTES")

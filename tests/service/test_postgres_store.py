@@ -182,7 +182,7 @@ def test_replicas_starting_together_migrate_once(url: str) -> None:
             rows = db.execute(
                 "SELECT component, version FROM schema_migrations ORDER BY 1, 2"
             ).fetchall()
-        assert rows == [("alignments", 1), ("alignments", 2)] + [
+        assert rows == [("alignments", m.version) for m in ALIGNMENT_MIGRATIONS] + [
             ("store", m.version) for m in STORE_MIGRATIONS
         ]
     finally:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Annotated
 
-from fastapi import Header, Path, Request, Response
+from fastapi import Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -27,12 +27,7 @@ from secure.wire.alignment import (
     SetReceipt,
 )
 from secure.wire.common import MAX_CLIENTS
-from service.alignment.manager import (
-    POSITION_BYTES,
-    POSITIONS_ENCODING,
-    RelayedSet,
-    SetUpload,
-)
+from service.alignment.manager import POSITIONS_ENCODING, SetPart, SetUpload
 from service.api.body import api_router, binary_body
 from service.api.deps import (
     AlignmentAdminDep,
@@ -44,6 +39,7 @@ from service.api.deps import (
 )
 from service.api.polling import WaitQuery, poll
 from service.api.routes.docs import BINARY_REQUEST_BODY, OCTET_STREAM, binary_response
+from service.errors import ProblemError
 from service.notify import Waiting
 
 router = api_router("/v1/alignments", "alignments")
@@ -54,8 +50,18 @@ OwnerPath = Annotated[
 HopPath = Annotated[
     int, Path(alias="h", ge=0, lt=MAX_CLIENTS, description="Keys applied so far, minus one.")
 ]
+PartQuery = Annotated[
+    int,
+    Query(
+        ge=0,
+        lt=2**31,
+        description="Which part: part k holds elements k * part_elements up to the next part's "
+        "(the alignment's `part_elements`).",
+    ),
+]
 ShapeHeader = Annotated[
-    str | None, Header(alias="X-Glasu-Shape", description="Element count of the set.")
+    str | None,
+    Header(alias="X-Glasu-Shape", description="Element count of the whole set (all its parts)."),
 ]
 EncodingHeader = Annotated[
     str | None, Header(alias="X-Glasu-Encoding", description=f"'{SET_ENCODING}'.")
@@ -78,23 +84,35 @@ def _notify_key(alignment_id: str) -> str:
     return f"alignment:{alignment_id}"
 
 
-def _binary(
-    result: bytes | Waiting, *, shape: str, encoding: str, signature: bytes | None = None
-) -> Response:
+def _binary(result: SetPart | Waiting, *, encoding: str) -> Response:
+    """A part (X-Glasu-Shape: the whole set's element count), or the 202 of a long poll."""
     if isinstance(result, Waiting):
         waiting = AlignmentWaiting(missing=result.missing)
         return JSONResponse(waiting.model_dump(mode="json"), status_code=202)
-    headers = {"X-Glasu-Shape": shape, "X-Glasu-Encoding": encoding}
-    if signature is not None:
-        headers["X-Glasu-Signature"] = signature.hex()
-    return Response(result, media_type=OCTET_STREAM, headers=headers)
+    headers = {"X-Glasu-Shape": str(result.size), "X-Glasu-Encoding": encoding}
+    if result.signature is not None:
+        headers["X-Glasu-Signature"] = result.signature.hex()
+    return Response(result.body, media_type=OCTET_STREAM, headers=headers)
 
 
 @router.post("", status_code=201, response_model=AlignmentCreated, summary="Create an alignment")
 def create_alignment(
-    _: AlignmentAdminDep, alignments: AlignmentsDep, request: AlignmentCreate, response: Response
+    _: AlignmentAdminDep,
+    context: ContextDep,
+    alignments: AlignmentsDep,
+    request: AlignmentCreate,
+    response: Response,
 ) -> AlignmentCreated:
     """Admin only. Returns the party tokens once: the service keeps only their hashes."""
+    part_bytes = request.part_elements * ELEMENT_BYTES
+    if part_bytes > context.settings.max_body_bytes:
+        raise ProblemError(
+            422,
+            "validation-error",
+            f"part_elements {request.part_elements} makes parts of {part_bytes} bytes, over "
+            f"this service's body limit of {context.settings.max_body_bytes} (GLASU_MAX_BODY_BYTES)"
+            f": at most {context.settings.max_body_bytes // ELEMENT_BYTES}",
+        )
     created = alignments.create(request)
     response.headers["Location"] = f"/v1/alignments/{created.alignment_id}"
     return created
@@ -124,13 +142,15 @@ async def put_set(
     request: Request,
     owner: OwnerPath,
     hop: HopPath,
+    part: PartQuery = 0,
     shape: ShapeHeader = None,
     encoding: EncodingHeader = None,
     signature: SignatureHeader = None,
 ) -> JSONResponse:
     # The set of party o blinded by parties o..o+h (mod M): party o posts hop 0 (its own set,
-    # blinded and shuffled), party o+h posts hop h. (No docstring: OpenAPI description.)
-    store = partial(alignments.put_set, caller, owner, hop)
+    # blinded and shuffled), party o+h posts hop h; each in parts of part_elements elements,
+    # every part with the whole set's size and signature. (No docstring: OpenAPI description.)
+    store = partial(alignments.put_set, caller, owner, hop, part)
     async with binary_body(request) as body:
         upload: SetUpload = await run_in_threadpool(
             store, shape=shape, encoding=encoding, body=body, signature=signature
@@ -139,6 +159,8 @@ async def put_set(
     receipt = SetReceipt(
         owner=owner,
         hop=hop,
+        part=part,
+        parts=upload.parts,
         party=caller.party,
         status="created" if upload.created else "duplicate",
         size=upload.size,
@@ -150,7 +172,9 @@ async def put_set(
     "/{aid}/parties/{m}/sets/{o}/hops/{h}",
     response_class=Response,
     responses={
-        200: binary_response("The set to blind next (ristretto255 elements).", with_count=False),
+        200: binary_response(
+            "Part `part` of the set to blind next (ristretto255 elements).", with_count=False
+        ),
         **WAITING_RESPONSE,
     },
     summary="Fetch the set to blind next (long poll)",
@@ -161,20 +185,14 @@ async def get_set(
     alignments: AlignmentsDep,
     owner: OwnerPath,
     hop: HopPath,
+    part: PartQuery = 0,
     wait: WaitQuery = None,
 ) -> Response:
-    # Served only to party o+h+1 (mod M), the next to blind it; never the fully blinded hop.
-    check = partial(alignments.get_set, caller, owner, hop)
+    # Served only to party o+h+1 (mod M), the next to blind it, once all its parts are in;
+    # never the fully blinded hop.
+    check = partial(alignments.get_set, caller, owner, hop, part)
     result = await poll(context, _notify_key(caller.alignment_id), check, wait)
-    if isinstance(result, Waiting):
-        return _binary(result, shape="0", encoding=SET_ENCODING)
-    relayed: RelayedSet = result
-    return _binary(
-        relayed.body,
-        shape=str(len(relayed.body) // ELEMENT_BYTES),
-        encoding=SET_ENCODING,
-        signature=relayed.signature,
-    )
+    return _binary(result, encoding=SET_ENCODING)
 
 
 @router.get(
@@ -182,8 +200,8 @@ async def get_set(
     response_class=Response,
     responses={
         200: binary_response(
-            "For each position of the set this party posted, its aligned index (-1: not "
-            "shared), little-endian int64.",
+            "For each position of part `part` of the set this party posted, its aligned index "
+            "(-1: not shared), little-endian int64.",
             with_count=False,
         ),
         **WAITING_RESPONSE,
@@ -191,10 +209,14 @@ async def get_set(
     summary="Fetch this party's positions in the aligned index (long poll)",
 )
 async def get_positions(
-    caller: PartyDep, context: ContextDep, alignments: AlignmentsDep, wait: WaitQuery = None
+    caller: PartyDep,
+    context: ContextDep,
+    alignments: AlignmentsDep,
+    part: PartQuery = 0,
+    wait: WaitQuery = None,
 ) -> Response:
-    # Ready once every fully blinded set is in and the service has intersected them.
-    check = partial(alignments.positions, caller)
+    # Ready once every fully blinded set is in and the service has intersected them; part k
+    # covers the positions of part k of the set this party posted.
+    check = partial(alignments.positions, caller, part)
     result = await poll(context, _notify_key(caller.alignment_id), check, wait)
-    size = "0" if isinstance(result, Waiting) else str(len(result) // POSITION_BYTES)
-    return _binary(result, shape=size, encoding=POSITIONS_ENCODING)
+    return _binary(result, encoding=POSITIONS_ENCODING)

@@ -27,6 +27,7 @@ from clients.cli.main import main
 from clients.local.session import aligned_session_request
 from models.config import TrainConfig
 from models.data.partition import load_partition
+from secure.wire.node_lists import EncodedNodes, decode_nodes
 
 SHARED = [f"person-{i:03d}" for i in range(0, 40, 2)]  # 20 ids every party holds
 
@@ -63,6 +64,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
         process.terminate()
         process.wait(timeout=10)
         log.close()
+
+
+def decoded(nodes: dict) -> list[int]:
+    """A node list of a session body, as ids."""
+    return decode_nodes(EncodedNodes.model_validate(nodes)).tolist()
 
 
 def prepared_party(root: Path, m: int, *, label_every: int = 1) -> Path:
@@ -153,8 +159,9 @@ def test_three_parties_align_and_the_session_matches_their_folders(
     with AdminClient(base_url=server["url"], token=token) as admin:
         body = aligned_session_request(TrainConfig(), admin.alignment(aid))
     assert body["num_nodes"] == 20 and body["clients"] == 3
-    assert body["train_nodes"] == partitions[0].train_nodes.tolist()
-    assert body["eval_nodes"] == sorted([*partitions[0].val_nodes, *partitions[0].test_nodes])
+    assert decoded(body["train_nodes"]) == partitions[0].train_nodes.tolist()
+    evaluated = sorted([*partitions[0].val_nodes, *partitions[0].test_nodes])
+    assert decoded(body["eval_nodes"]) == evaluated
     out = tmp_path / "session"
     code = main(["session", "create", *connection, "--admin-token-file", server["token_file"],
                  "--alignment", aid, "--no-he", "--rounds", "2", "--out", str(out)])  # fmt: skip
@@ -186,7 +193,7 @@ def test_an_alignment_over_the_union_indexes_every_partys_nodes(
         body = aligned_session_request(TrainConfig(), status)
     assert (status["nodes"], status["aligned_nodes"], status["shared_nodes"]) == ("union", 50, 20)
     assert body["nodes"] == "union" and body["num_nodes"] == 50
-    assert body["train_nodes"] == partitions[0].train_nodes.tolist()
+    assert decoded(body["train_nodes"]) == partitions[0].train_nodes.tolist()
 
 
 def test_signed_parties_align_and_a_set_from_the_wrong_peer_is_not_blinded(

@@ -73,8 +73,8 @@ def test_create_writes_the_session_and_private_token_files(
         status = admin.session(summary["session_id"])
     view = status["config"]
     assert view["agg_layers"] == body["agg_layers"] and view["stale"] == body["stale"]
-    assert view["train_nodes_count"] == len(body["train_nodes"])
-    assert view["eval_nodes_count"] == len(body["eval_nodes"])
+    assert view["train_nodes_count"] == body["train_nodes"]["count"] == cora.train_nodes.size
+    assert view["eval_nodes_count"] == body["eval_nodes"]["count"]
     assert view["privacy"]["epsilon"] == 4.0 and summary["privacy"]["epsilon"] == 4.0
     assert status["privacy"]["epsilon_planned"] <= 4.0
     # A client token works for the worker's first call.
