@@ -25,7 +25,6 @@ class PassInfo(ResponseModel):
 class UploadReceipt(ResponseModel):
     pass_index: int = Field(alias="pass")
     layer: int
-    part: int = Field(0, description="The part of the layer's rows (0 for a node set).")
     client: int
     status: Literal["created", "duplicate"]
     received: list[int]
@@ -41,11 +40,10 @@ class RejoinReceipt(ResponseModel):
 
 
 class WaitingStatus(Waiting):
-    """A pass's 202 answer: which clients' node sets or shares of (pass, layer, part) are in."""
+    """A pass's 202 answer: which clients' node sets or shares of (pass, layer) are in."""
 
     pass_index: int = Field(alias="pass")
     layer: int
-    part: int = Field(0, description="The part of the layer's rows (0 for a node union).")
     received: list[int]
 
 

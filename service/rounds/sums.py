@@ -79,7 +79,14 @@ class ShareSums(RoundPart):
 
     @contextmanager
     def forming(
-        self, plan: SessionPlan, pass_index: int, layer: int, part: int, *, rows: int, cols: int
+        self,
+        plan: SessionPlan,
+        pass_index: int,
+        layer: int,
+        *,
+        part: int = 0,
+        rows: int,
+        cols: int,
     ) -> Iterator[RunningSum[Any] | None]:
         """The running sum of a slot, its lock held: commit a share's upload and add the share
         inside, so that nobody sees the share committed but not yet added. None with a shared

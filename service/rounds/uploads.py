@@ -151,7 +151,7 @@ class Uploads(RoundPart):
                 caller.session_id, pass_index, layer, caller.client_index, sha256, body, part=part
             )
             with self.sums.forming(
-                target.plan, pass_index, layer, part, rows=target.rows, cols=target.cols
+                target.plan, pass_index, layer, part=part, rows=target.rows, cols=target.cols
             ) as running:
                 outcome = self._record(caller, "embedding", sha256, body, slot)
                 if outcome.created and running is not None:

@@ -48,14 +48,11 @@ UPLOAD_RESPONSES: dict[int | str, dict[str, object]] = {
 }
 
 
-def _payload_response(
-    result: Payload | Waiting, pass_index: int, layer: int, part: int
-) -> Response:
+def _payload_response(result: Payload | Waiting, pass_index: int, layer: int) -> Response:
     if isinstance(result, Waiting):
         status = WaitingStatus(
             pass_index=pass_index,
             layer=layer,
-            part=part,
             received=result.received,
             missing=result.missing,
         )
@@ -67,12 +64,11 @@ def _payload_response(
 
 
 def _receipt_response(
-    caller: Caller, pass_index: int, layer: int, part: int, outcome: UploadOutcome
+    caller: Caller, pass_index: int, layer: int, outcome: UploadOutcome
 ) -> JSONResponse:
     receipt = UploadReceipt(
         pass_index=pass_index,
         layer=layer,
-        part=part,
         client=caller.client_index,
         status="created" if outcome.created else "duplicate",
         received=outcome.received,
@@ -127,7 +123,7 @@ async def _upload(
         )
     if outcome.wakes_waiters:
         context.notifier.notify(caller.session_id)
-    return _receipt_response(caller, pass_index, layer, part, outcome)
+    return _receipt_response(caller, pass_index, layer, outcome)
 
 
 async def _download(
@@ -142,7 +138,7 @@ async def _download(
     pass_index, layer, part = slot
     check = partial(context.engine.downloads.get, kind, caller, pass_index, layer, part)
     result = await poll(context, caller.session_id, check, wait)
-    return _payload_response(result, pass_index, layer, part)
+    return _payload_response(result, pass_index, layer)
 
 
 # The routes have no docstrings of their own: FastAPI would take them as OpenAPI descriptions.
