@@ -95,6 +95,23 @@ async def train_first_pass(
         assert response.status_code == 201, response.text
 
 
+async def put_part(
+    http: httpx.AsyncClient,
+    created: dict[str, Any],
+    shares: list[np.ndarray],
+    spans: list[tuple[int, int]],
+    part: int,
+) -> None:
+    """Every client's part ``part`` of its share of pass 1, layer 1."""
+    start, stop = spans[part]
+    for m, share in enumerate(shares):
+        receipt = await put_share(
+            http, created, m, 1, 1, share[start:stop].tobytes(), (stop - start, WIDTH),
+            part=part, parts=len(spans),
+        )  # fmt: skip
+        assert receipt.status_code == 201, receipt.text
+
+
 async def test_a_layer_of_two_parts_is_summed_part_by_part(
     make_app: Callable[..., FastAPI],
 ) -> None:
@@ -107,13 +124,7 @@ async def test_a_layer_of_two_parts_is_summed_part_by_part(
         assert parts == 2
         spans = [part_span(k, rows=NUM_NODES, cols=WIDTH) for k in range(parts)]
         assert spans == [(0, 256), (256, NUM_NODES)]
-        for m, share in enumerate(shares):
-            start, stop = spans[0]
-            receipt = await put_share(
-                http, created, m, 1, 1, share[start:stop].tobytes(), (stop - start, WIDTH),
-                part=0, parts=parts,
-            )  # fmt: skip
-            assert receipt.status_code == 201, receipt.text
+        await put_part(http, created, shares, spans, 0)
         # part 0 is summed at once, while nobody has sent part 1 yet
         first = await get_sum(http, created, 0, 1, 1, part=0)
         assert first.status_code == 200, first.text
@@ -127,13 +138,7 @@ async def test_a_layer_of_two_parts_is_summed_part_by_part(
         assert status["current_pass"] == 1 and status["progress"]["kind"] == "eval"
         assert layer["rows"] == NUM_NODES and layer["nodes_received"] is None
         assert layer["embeddings_received"] == [] and not layer["aggregated"]
-        for m, share in enumerate(shares):
-            start, stop = spans[1]
-            receipt = await put_share(
-                http, created, m, 1, 1, share[start:stop].tobytes(), (stop - start, WIDTH),
-                part=1, parts=parts,
-            )  # fmt: skip
-            assert receipt.status_code == 201, receipt.text
+        await put_part(http, created, shares, spans, 1)
         second = await get_sum(http, created, 2, 1, 1, part=1)
         assert second.status_code == 200 and second.headers["X-Glasu-Shape"] == f"44,{WIDTH}"
         summed = np.concatenate(

@@ -11,8 +11,9 @@ them are named in full.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
@@ -30,6 +31,7 @@ from service.rounds import Caller, Payload, UploadOutcome
 from service.store import ResultKind, UploadKind
 
 router = api_router("/v1/sessions/{sid}/clients/{m}", "clients")
+_Route = Callable[..., Awaitable[Any]]
 
 PassPath = Annotated[int, Path(alias="p", ge=0, le=MAX_COUNT, description="Pass index (0-based).")]
 LayerPath = Annotated[
@@ -141,18 +143,37 @@ async def _download(
     return _payload_response(result, pass_index, layer)
 
 
+def _upload_route(kind: UploadKind, summary: str) -> Callable[[_Route], _Route]:
+    return router.put(
+        f"/passes/{{p}}/layers/{{l}}/{kind}",
+        name=f"put_{kind}",
+        status_code=201,
+        response_model=UploadReceipt,
+        responses=UPLOAD_RESPONSES,
+        openapi_extra=BINARY_REQUEST_BODY,
+        summary=summary,
+    )
+
+
+def _download_route(
+    path: str, summary: str, *, result: str, waiting: str, with_count: bool
+) -> Callable[[_Route], _Route]:
+    return router.get(
+        f"/passes/{{p}}/layers/{{l}}/{path}",
+        name=f"get_{path}",
+        response_class=Response,
+        responses={
+            200: binary_response(result, with_count=with_count),
+            202: {"model": WaitingStatus, "description": waiting},
+        },
+        summary=summary,
+    )
+
+
 # The routes have no docstrings of their own: FastAPI would take them as OpenAPI descriptions.
 
 
-@router.put(
-    "/passes/{p}/layers/{l}/nodes",
-    name="put_nodes",
-    status_code=201,
-    response_model=UploadReceipt,
-    responses=UPLOAD_RESPONSES,
-    openapi_extra=BINARY_REQUEST_BODY,
-    summary="Upload this client's node set (training passes)",
-)
+@_upload_route("nodes", "Upload this client's node set (training passes)")
 async def put_nodes(
     caller: ClientDep,
     context: ContextDep,
@@ -166,15 +187,12 @@ async def put_nodes(
     return await _upload("nodes", caller, context, request, slot, shape, encoding)
 
 
-@router.get(
-    "/passes/{p}/layers/{l}/nodes",
-    name="get_nodes",
-    response_class=Response,
-    responses={
-        200: binary_response("The sorted union (int64).", with_count=False),
-        202: {"model": WaitingStatus, "description": "Not all node sets are in yet."},
-    },
-    summary="Download the node union (long poll)",
+@_download_route(
+    "nodes",
+    "Download the node union (long poll)",
+    result="The sorted union (int64).",
+    waiting="Not all node sets are in yet.",
+    with_count=False,
 )
 async def get_nodes(
     caller: ClientDep,
@@ -186,15 +204,7 @@ async def get_nodes(
     return await _download("union", caller, context, (pass_index, layer, 0), wait)
 
 
-@router.put(
-    "/passes/{p}/layers/{l}/embedding",
-    name="put_embedding",
-    status_code=201,
-    response_model=UploadReceipt,
-    responses=UPLOAD_RESPONSES,
-    openapi_extra=BINARY_REQUEST_BODY,
-    summary="Upload one part of this client's embedding share",
-)
+@_upload_route("embedding", "Upload one part of this client's embedding share")
 async def put_embedding(
     caller: ClientDep,
     context: ContextDep,
@@ -210,15 +220,12 @@ async def put_embedding(
     return await _upload("embedding", caller, context, request, slot, shape, encoding)
 
 
-@router.get(
-    "/passes/{p}/layers/{l}/aggregate",
-    name="get_aggregate",
-    response_class=Response,
-    responses={
-        200: binary_response("The sum of the M shares' part (session encoding).", with_count=True),
-        202: {"model": WaitingStatus, "description": "Not all shares of the part are in yet."},
-    },
-    summary="Download the sum of one part (long poll)",
+@_download_route(
+    "aggregate",
+    "Download the sum of one part (long poll)",
+    result="The sum of the M shares' part (session encoding).",
+    waiting="Not all shares of the part are in yet.",
+    with_count=True,
 )
 async def get_aggregate(
     caller: ClientDep,
