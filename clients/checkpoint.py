@@ -247,16 +247,17 @@ class CheckpointStore:
 
     # -- the upload journal -------------------------------------------------------------------
 
-    def record_upload(self, pass_index: int, layer: int, digest: str) -> None:
-        """Note the plaintext digest of a share before it is uploaded (synced to disk)."""
+    def record_upload(self, pass_index: int, layer: int, digest: str, *, part: int = 0) -> None:
+        """Note the plaintext digest of a share's part before it is uploaded (synced to disk)."""
         journal = self.uploads()
         shares = journal["shares"] if journal.get("pass") == pass_index else {}
-        shares[str(layer)] = digest
+        shares[journal_key(layer, part)] = digest
         body = {"session_id": self.session_id, "client": self.client, "pass": pass_index}
         atomic_write(self.journal_path, _canonical({**body, "shares": shares}))
 
     def uploads(self) -> dict[str, Any]:
-        """The journal: ``{"pass": p, "shares": {layer: sha256}}`` (empty if none or unusable:
+        """The journal: ``{"pass": p, "shares": {journal_key(layer, part): sha256}}`` (empty if
+        none or unusable:
         a journal that cannot be read only means a filled slot cannot be taken over)."""
         try:
             journal = json.loads(self.journal_path.read_text())
@@ -270,6 +271,12 @@ class CheckpointStore:
         ):
             return {"shares": {}}
         return journal
+
+
+def journal_key(layer: int, part: int) -> str:
+    """The upload journal's key of a share's part: ``"<layer>"`` for part 0 (a journal of a
+    worker from before shares travelled in parts reads the same), ``"<layer>.<part>"`` else."""
+    return str(layer) if part == 0 else f"{layer}.{part}"
 
 
 def _safe(name: str) -> str:

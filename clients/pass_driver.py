@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from clients.checkpoint import CheckpointError, CheckpointStore
+from clients.checkpoint import CheckpointError, CheckpointStore, journal_key
 from clients.policy import ReleaseGate
 from clients.service_http import ServiceError
 from clients.session_client import ServiceClient
@@ -25,8 +25,9 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ResumedPass:
-    """The pass a resumed worker recomputes first, and the plaintext digests of the shares it
-    had journaled for that pass before it stopped (``{layer: sha256}``)."""
+    """The pass a resumed worker recomputes first, and the plaintext digests of the shares'
+    parts it had journaled for that pass before it stopped (``{journal_key(layer, part):
+    sha256}``)."""
 
     pass_index: int
     shares: Mapping[str, str]
@@ -71,9 +72,12 @@ def admit_release(
     gate: ReleaseGate, pass_index: int, request: EmbeddingRequest, *, pass_kind: str | None = None
 ) -> None:
     """Every share of a private session is a release: it passes the owner's gate before it
-    leaves (:class:`BudgetSpent` if it would go past the policy)."""
+    leaves (:class:`BudgetSpent` if it would go past the policy). A share's parts are one
+    release (they carry its digest): the gate admits it at part 0, the parts after it follow."""
     if request.release is None:
         raise RuntimeError("a share of a private session without the digest of its release")
+    if request.part != 0:
+        return
     if not gate.admit(
         pass_index, layer=request.layer, release=request.release, pass_kind=pass_kind
     ):
@@ -93,15 +97,19 @@ def exchange_share(
     checkpoints: CheckpointStore | None,
     resume: ResumedPass | None,
 ) -> Aggregate:
-    """Upload a share (with ``checkpoints``, its plaintext digest journaled first) and fetch the
-    sum. In the pass a resumed worker recomputes, a slot that already holds this worker's share
-    from before the crash (409 ``conflict``: CKKS encrypts the same plaintext to other bytes) is
-    taken over when the recomputed plaintext is the journaled one: the sum then holds exactly
-    this share, and Extract(sum, share) is what the uninterrupted run computed."""
+    """Upload a share's part (with ``checkpoints``, its plaintext digest journaled first) and
+    fetch the part's sum. In the pass a resumed worker recomputes, a slot (a layer's part) that
+    already holds this worker's share from before the crash (409 ``conflict``: CKKS encrypts
+    the same plaintext to other bytes) is taken over when the recomputed plaintext is the
+    journaled one: the sum then holds exactly this share, and Extract(sum, share) is what the
+    uninterrupted run computed."""
     digest = getattr(client.codec, "last_digest", None)
     if checkpoints is not None and digest is not None:
-        checkpoints.record_upload(pass_index, request.layer, digest)
+        checkpoints.record_upload(pass_index, request.layer, digest, part=request.part)
         client.codec.last_digest = None  # type: ignore[attr-defined]  # this payload's, once
+    where = f"pass {pass_index}, layer {request.layer}" + (
+        f", part {request.part} of {request.parts}" if request.parts > 1 else ""
+    )
     try:
         service.put_embedding(
             pass_index,
@@ -110,16 +118,18 @@ def exchange_share(
             rows=request.rows,
             cols=request.cols,
             encoding=client.codec.encoding,
+            part=request.part,
+            parts=request.parts,
         )
     except ServiceError as exc:
         if exc.status != 409 or exc.slug != "conflict" or resume is None:
             raise
         if resume.pass_index != pass_index:
             raise
-        before = resume.shares.get(str(request.layer))
+        before = resume.shares.get(journal_key(request.layer, request.part))
         if before is None or before != digest:
             raise CheckpointError(
-                f"pass {pass_index}, layer {request.layer}: the service holds a share this "
+                f"{where}: the service holds a share this "
                 "worker uploaded before it stopped, and the share it recomputed from its "
                 "checkpoint "
                 + ("is not in its upload journal" if before is None else "differs from it")
@@ -127,9 +137,8 @@ def exchange_share(
                 "completed correctly"
             ) from exc
         log.info(
-            "pass %d, layer %d: the service holds this worker's share from before the restart "
-            "(the same plaintext); taking its sum",
-            pass_index,
-            request.layer,
+            "%s: the service holds this worker's share from before the restart (the same "
+            "plaintext); taking its sum",
+            where,
         )
-    return service.fetch_aggregate(pass_index, request.layer)
+    return service.fetch_aggregate(pass_index, request.layer, part=request.part)

@@ -291,14 +291,16 @@ class PeerConnection(BearerConnection):
         super().__init__(base_url=base_url, token=token, options=options)
         self.traffic = Traffic()
 
-    def _wait_for(self, path: str) -> httpx.Response:
+    def _wait_for(self, path: str, params: Mapping[str, int] | None = None) -> httpx.Response:
         """Long-poll until the service has it (200; 202 means still waiting). Gives up after
-        ``peer_wait_seconds`` naming the parties that never delivered."""
+        ``peer_wait_seconds`` naming the parties that never delivered. ``params``: the query's
+        besides the wait."""
         deadline = time.monotonic() + self.options.peer_wait_seconds
         while True:
             # a poll never outlasts the peer wait: a short wait is not stretched to a long poll
             wait = min(self.options.poll_seconds, max(0.0, deadline - time.monotonic()))
-            response = self._request("GET", path, params={"wait": round(wait, 3)})
+            query = {**(params or {}), "wait": round(wait, 3)}
+            response = self._request("GET", path, params=query)
             if response.status_code == 200:
                 return response
             missing = Waiting.model_validate_json(response.content).missing

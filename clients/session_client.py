@@ -80,13 +80,24 @@ class ServiceClient(PeerConnection):
         return decode_nodes(response.content)
 
     def put_embedding(
-        self, pass_index: int, layer: int, payload: bytes, *, rows: int, cols: int, encoding: str
+        self,
+        pass_index: int,
+        layer: int,
+        payload: bytes,
+        *,
+        rows: int,
+        cols: int,
+        encoding: str,
+        part: int = 0,
+        parts: int = 1,
     ) -> None:
-        """Upload this client's share of (pass, layer); :class:`ServiceError` 409 ``conflict``
-        if the slot already holds a different body."""
+        """Upload part ``part`` of ``parts`` of this client's share of (pass, layer) (``rows``:
+        the part's, ``secure.protocol.part_span``); :class:`ServiceError` 409 ``conflict`` if
+        the slot already holds a different body."""
         self._request(
             "PUT",
             f"{self._client_path}/passes/{pass_index}/layers/{layer}/embedding",
+            params={"part": part, "parts": parts},
             content=payload,
             headers={
                 "Content-Type": "application/octet-stream",
@@ -95,10 +106,11 @@ class ServiceClient(PeerConnection):
             },
         )
 
-    def fetch_aggregate(self, pass_index: int, layer: int) -> Aggregate:
-        """The sum of (pass, layer), long-polling until every share is in."""
+    def fetch_aggregate(self, pass_index: int, layer: int, *, part: int = 0) -> Aggregate:
+        """The sum of part ``part`` of (pass, layer), long-polling until every share's part is
+        in."""
         path = f"{self._client_path}/passes/{pass_index}/layers/{layer}/aggregate"
-        response = self._wait_for(path)
+        response = self._wait_for(path, params={"part": part})
         return Aggregate(payload=response.content, count=int(response.headers[COUNT_HEADER]))
 
     def report_metrics(self, pass_index: int, metrics: Mapping[str, float | None]) -> None:

@@ -40,6 +40,12 @@ def pass_schedule(*, rounds: int, eval_every: int) -> list[PassSpec]:
     return passes
 
 
+def passes_total(*, scoring: bool, rounds: int, eval_every: int) -> int:
+    """How many passes a session has: a scoring session one evaluation pass
+    (:meth:`SessionSchedule.scoring_passes`), a training session its :func:`pass_schedule`."""
+    return 1 if scoring else len(pass_schedule(rounds=rounds, eval_every=eval_every))
+
+
 def draw_output_batch(
     train_nodes: Sequence[int] | np.ndarray, *, batch_size: int, seed: int, pass_index: int
 ) -> np.ndarray:
@@ -66,28 +72,26 @@ class SessionSchedule:
     eval_nodes: np.ndarray  # sorted int64
     batch_size: int
     seed: int
-    # a scoring session: no training; its eval passes cover ``eval_nodes`` in consecutive
-    # chunks of ``batch_size`` (so no request grows with the number of nodes scored)
-    scoring: bool = False
 
     @classmethod
     def scoring_passes(
         cls, *, score_nodes: Sequence[int] | np.ndarray, chunk: int, seed: int
     ) -> SessionSchedule:
-        """A scoring session's schedule: one evaluation pass per chunk of the sorted nodes."""
+        """A scoring session's schedule: ONE evaluation pass over all the sorted nodes (one
+        release). An evaluation pass is computed layer by layer over all nodes, its shares
+        travel in parts (``secure.protocol.part_span``), so no request grows with the number of
+        nodes scored; ``chunk`` is the worker's chunk of nodes (its ``batch_size``)."""
         if chunk < 1:
             raise ValueError(f"chunk must be >= 1, got {chunk}")
         nodes = np.sort(np.asarray(score_nodes, dtype=np.int64))
         if nodes.size == 0:
             raise ValueError("no nodes to score")
-        count = -(-int(nodes.size) // chunk)
         return cls(
-            passes=tuple(PassSpec(index=i, kind="eval", round=0) for i in range(count)),
+            passes=(PassSpec(index=0, kind="eval", round=0),),
             train_nodes=np.empty(0, dtype=np.int64),
             eval_nodes=nodes,
             batch_size=chunk,
             seed=seed,
-            scoring=True,
         )
 
     @classmethod
@@ -117,10 +121,6 @@ class SessionSchedule:
 
     def output_nodes(self, pass_index: int) -> np.ndarray:
         """S[L] of the pass: sorted int64."""
-        if self.scoring:
-            return self.eval_nodes[
-                pass_index * self.batch_size : (pass_index + 1) * self.batch_size
-            ]
         if self.passes[pass_index].kind == "eval":
             return self.eval_nodes
         return draw_output_batch(
@@ -129,8 +129,6 @@ class SessionSchedule:
 
     def output_rows(self, pass_index: int) -> int:
         """``len(output_nodes(pass_index))`` without drawing the batch."""
-        if self.scoring:
-            return int(self.output_nodes(pass_index).size)
         if self.passes[pass_index].kind == "eval":
             return int(self.eval_nodes.size)
         return min(self.batch_size, int(self.train_nodes.size))

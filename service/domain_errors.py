@@ -169,6 +169,14 @@ class WrongLayer(DomainError):
         )
 
     @classmethod
+    def nodes_in_evaluation(cls, layer: int, pass_index: int) -> WrongLayer:
+        return cls(
+            f"pass {pass_index} is an evaluation pass: it exchanges no node sets (layer"
+            f" {layer}); every layer's rows are all num_nodes aligned nodes, in id order",
+            layer=layer,
+        )
+
+    @classmethod
     def top_layer(cls, layer: int) -> WrongLayer:
         return cls(
             f"layer {layer} is the top layer: its rows are the pass's output nodes, so node"
@@ -269,6 +277,21 @@ class WrongShape(DomainError):
             f" ({rows} rows: {rows_are}; {cols} columns: the layer's width),"
             f" X-Glasu-Shape says {declared[0]},{declared[1]}"
         )
+
+
+class WrongPart(DomainError):
+    """A share's or a sum's part that does not fit its layer (``secure.protocol.part_span``)."""
+
+    @classmethod
+    def count(cls, pass_index: int, layer: int, *, expected: int, declared: int) -> WrongPart:
+        return cls(
+            f"pass {pass_index} layer {layer} travels in {expected} part(s) (its rows in parts"
+            f" of part_rows(cols) rows, see docs/protocol.md), the upload says parts={declared}"
+        )
+
+    @classmethod
+    def out_of_range(cls, pass_index: int, layer: int, *, part: int, parts: int) -> WrongPart:
+        return cls(f"pass {pass_index} layer {layer} has parts 0..{parts - 1}, not part {part}")
 
 
 class WrongEncoding(DomainError):

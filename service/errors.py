@@ -47,6 +47,7 @@ TITLES: dict[str, str] = {
     "wrong-layer": "Wrong layer",
     "wrong-pass": "Wrong pass",
     "wrong-shape": "Wrong shape",
+    "wrong-part": "Wrong part",
 }
 
 # Slugs for errors that Starlette/FastAPI raise themselves (unknown route, wrong method, ...).
@@ -81,6 +82,7 @@ DOMAIN_PROBLEMS: dict[type[domain.DomainError], tuple[int, str]] = {
     domain.BadHeader: (400, "bad-header"),
     domain.BadPayload: (422, "bad-payload"),
     domain.WrongShape: (422, "wrong-shape"),
+    domain.WrongPart: (422, "wrong-part"),
     domain.WrongEncoding: (422, "wrong-encoding"),
     domain.AlignmentNotFound: (404, "alignment-not-found"),
     domain.AlignmentSlotForbidden: (403, "forbidden"),

@@ -5,7 +5,8 @@ from __future__ import annotations
 import uuid
 
 from secure.privacy import PrivacyPlanError, SessionPrivacy, check_private_arrangement
-from secure.schedule import pass_schedule
+from secure.protocol import part_count
+from secure.schedule import passes_total
 from secure.wire.sessions import SessionCreate, SessionCreated, SessionSummary
 from secure.wire.status import (
     ClientTraffic,
@@ -20,6 +21,7 @@ from service.aggregators import Aggregators
 from service.domain_errors import InvalidSessionRequest, SessionNotFound
 from service.plan import PlanCache, PlanOutline, SessionPlan
 from service.rounds import RoundEngine
+from service.rounds.gate import layer_rows, layer_summed
 from service.session_state import SessionState
 from service.store import LedgerRow, SessionRow, Store, Transaction
 from service.tokens import new_tokens, token_sha256
@@ -35,7 +37,9 @@ class SessionManager:
         self.engine = engine
 
     def create(self, request: SessionCreate) -> SessionCreated:
-        passes_total = len(pass_schedule(rounds=request.rounds, eval_every=request.eval_every))
+        total = passes_total(
+            scoring=request.kind == "scoring", rounds=request.rounds, eval_every=request.eval_every
+        )
         context_sha256 = None
         if request.encryption == "ckks":
             context_sha256 = self.aggregators.check_ckks_session(request.clients).sha256
@@ -48,7 +52,7 @@ class SessionManager:
                 privacy = SessionPrivacy.plan(
                     **request.privacy.model_dump(),
                     clients=request.clients,
-                    passes_total=passes_total,
+                    passes_total=total,
                     encrypted=request.encryption == "ckks",
                 )
             except PrivacyPlanError as exc:
@@ -189,18 +193,22 @@ class SessionManager:
         if p >= plan.passes_total or row.state != SessionState.RUNNING:
             return None
         layers = []
+        exchanges_nodes = plan.passes[p].kind == "train"  # evaluation: all nodes, no node sets
         for agg in plan.config.agg_layers:
-            is_top = agg.layer == plan.top_layer
-            union = None if is_top else tx.result(row.id, p, agg.layer, "union")
+            has_union = exchanges_nodes and agg.layer < plan.top_layer
+            union = tx.result(row.id, p, agg.layer, "union") if has_union else None
+            rows = None if has_union and union is None else layer_rows(tx, plan, p, agg.layer)
             layers.append(
                 LayerProgress(
                     layer=agg.layer,
                     width=agg.width,
-                    rows=plan.output_rows(p) if is_top else (union.rows if union else None),
-                    nodes_received=None if is_top else tx.uploaders(row.id, p, agg.layer, "nodes"),
-                    union_ready=is_top or union is not None,
-                    embeddings_received=tx.uploaders(row.id, p, agg.layer, "embedding"),
-                    aggregated=tx.result(row.id, p, agg.layer, "aggregate") is not None,
+                    rows=rows,
+                    nodes_received=tx.uploaders(row.id, p, agg.layer, "nodes")
+                    if has_union
+                    else None,
+                    union_ready=not has_union or union is not None,
+                    embeddings_received=_shares_received(tx, plan, p, agg.layer, rows),
+                    aggregated=rows is not None and layer_summed(tx, plan, p, agg.layer),
                 )
             )
         spec = plan.passes[p]
@@ -229,3 +237,17 @@ class SessionManager:
         return PrivacyReport.model_validate(
             plan.privacy.report(releases=len(entries), ledger=entries)
         )
+
+
+def _shares_received(
+    tx: Transaction, plan: SessionPlan, pass_index: int, layer: int, rows: int | None
+) -> list[int]:
+    """The clients whose every part of the layer's share is in (none before its rows are
+    known)."""
+    if rows is None:
+        return []
+    received: set[int] | None = None
+    for part in range(part_count(rows, plan.widths[layer])):
+        clients = set(tx.uploaders(plan.session_id, pass_index, layer, "embedding", part))
+        received = clients if received is None else received & clients
+    return sorted(received or ())

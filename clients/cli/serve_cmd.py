@@ -84,16 +84,15 @@ def migrate_to(source: Path, url: str) -> int:
     ):
         copied = copy_rows(sqlite, tx)
         bodies = 0
-        for session_id, pass_index, layer, client, sha256, path in PayloadFiles.beside(
-            source
-        ).stored():
+        for stored in PayloadFiles.beside(source).stored():
             tx.put_payload(
-                session_id,
-                pass_index,
-                layer,
-                SUM_CLIENT if client is None else client,
-                sha256 or b"",
-                path.read_bytes(),
+                stored.session_id,
+                stored.pass_index,
+                stored.layer,
+                SUM_CLIENT if stored.client is None else stored.client,
+                stored.sha256 or b"",
+                stored.path.read_bytes(),
+                stored.part,
             )
             bodies += 1
     rows = ", ".join(f"{table} {count}" for table, count in copied.items() if count)

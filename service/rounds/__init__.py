@@ -1,12 +1,13 @@
 """The pass/round state machine of a session, independent of HTTP.
 
-Per pass and aggregation layer l, clients upload node sets (l below the top layer L; the service
-forms the sorted union once all M arrived) and then embedding shares (each validated once and
-added into the layer's running sum as it arrives; the M-th completes the sum). The pass advances
-when its last aggregation layer is summed. With DP on, storing the first aggregation layer's sum
-of a pass is its release: the ledger row and the sum's row are written in one durable transaction
-(on disk before ``COMMIT`` returns, the sum's file synced before), and nothing of the pass is
-served before.
+Per pass and aggregation layer l, clients upload node sets (l below the top layer L, training
+passes only; the service forms the sorted union once all M arrived) and then embedding shares in
+parts of at most ``secure.protocol.PART_VALUES`` values (each part validated once and added into
+the running sum of its (layer, part) as it arrives; the M-th completes the part's sum). The pass
+advances when every part of its last aggregation layer is summed. With DP on, storing the first
+aggregation layer's sum of a pass is its release: the ledger row and the sum's row are written
+in one durable transaction (on disk before ``COMMIT`` returns, the sum's file synced before), and
+nothing of the pass is served before.
 
 Every method is blocking (SQLite, CKKS); call them from a worker thread. Refusals are
 :mod:`service.domain_errors`; the app turns them into problem details.
@@ -15,7 +16,8 @@ Every method is blocking (SQLite, CKKS); call them from a worker thread. Refusal
 - :mod:`.parts`: what every part works with (store, plans, aggregators, telemetry, files);
 - :mod:`.gate`: the checks shared by every route (session, pass, layer, current pass);
 - :mod:`.uploads`: accepting node sets (and forming their union), shares and metrics;
-- :mod:`.sums`: running sums, recording the release in the ledger, advancing the pass;
+- :mod:`.sums`: running sums (per part of a layer), recording the release in the ledger,
+  advancing the pass (:mod:`.recent_sums`: the latest sums kept in memory);
 - :mod:`.payload_store`: where share and sum bodies live (:mod:`.payload_files`: files beside
   an SQLite database; a table of a PostgreSQL one);
 - :mod:`.downloads`: the pass descriptor, unions and sums for the clients;

@@ -1,4 +1,4 @@
-"""What clients read: the pass descriptor, a layer's node union and a layer's sum.
+"""What clients read: the pass descriptor, a layer's node union and the sum of a layer's part.
 
 A download answers :class:`Waiting` until its result is complete. Unions are read from the store,
 sums from :class:`ShareSums` (memory, else their files). A download never sums shares while
@@ -12,13 +12,14 @@ from collections.abc import Callable
 
 from secure.protocol import NODE_ENCODING
 from secure.wire.passes import PassInfo
-from service.domain_errors import UnknownPass, WrongPass
+from service.domain_errors import NotReady, UnknownPass, WrongPart, WrongPass
 from service.notify import Waiting
 from service.plan import SessionPlan
 from service.rounds.gate import (
     UPLOAD_KIND,
     check_downloadable,
     check_in_pass,
+    layer_parts,
     load_session,
     open_layer,
     slot_progress,
@@ -28,7 +29,7 @@ from service.rounds.sums import ShareSums
 from service.rounds.types import Caller, Payload
 from service.rounds.uploads import close_union
 from service.session_state import SessionState
-from service.store import ResultKind, ResultRow
+from service.store import ResultKind, ResultRow, Transaction
 
 
 class Downloads(RoundPart):
@@ -68,10 +69,11 @@ class Downloads(RoundPart):
         )
 
     def get(
-        self, kind: ResultKind, caller: Caller, pass_index: int, layer: int
+        self, kind: ResultKind, caller: Caller, pass_index: int, layer: int, part: int = 0
     ) -> Payload | Waiting:
-        """The node union or the sum of one layer, or who is still missing."""
-        answer = self._fetch(kind, caller, pass_index, layer)
+        """The node union or the sum of one layer's part (a union is part 0), or who is still
+        missing."""
+        answer = self._fetch(kind, caller, pass_index, layer, part)
         if not isinstance(answer, Waiting):
             return answer
         closes_now = answer.closes_at is not None and answer.closes_at <= self.store.clock.now()
@@ -80,7 +82,9 @@ class Downloads(RoundPart):
             # returns at once and the long poll waits to be notified), or it never did (a
             # restart, a failure), and the sum is stored here from the running sum or the
             # shares' files. Under stragglers "continue" the sum may also be due without them.
-            changed = self.sums.complete(caller.session_id, pass_index, layer, wait=False)
+            changed = self.sums.complete(
+                caller.session_id, pass_index, layer, part=part, wait=False
+            )
         elif kind == "union" and closes_now:
             with self.store.transaction() as tx:
                 _, plan = load_session(tx, self.plans, caller.session_id)
@@ -89,10 +93,10 @@ class Downloads(RoundPart):
             return answer
         if changed:
             self.on_change(caller.session_id)
-        return self._fetch(kind, caller, pass_index, layer)
+        return self._fetch(kind, caller, pass_index, layer, part)
 
     def _fetch(
-        self, kind: ResultKind, caller: Caller, pass_index: int, layer: int
+        self, kind: ResultKind, caller: Caller, pass_index: int, layer: int, part: int
     ) -> Payload | Waiting:
         upload_kind = UPLOAD_KIND[kind]
         with self.store.transaction() as tx:
@@ -101,20 +105,34 @@ class Downloads(RoundPart):
             )
             check_downloadable(row, pass_index)
             check_in_pass(tx, plan, caller.client_index, pass_index, layer, upload_kind)
-            result = tx.result(caller.session_id, pass_index, layer, kind)
+            result = tx.result(caller.session_id, pass_index, layer, kind, part)
             if result is None:
-                progress = slot_progress(tx, plan, pass_index, layer, upload_kind)
+                _check_part(tx, plan, pass_index, layer, part)
+                progress = slot_progress(tx, plan, pass_index, layer, upload_kind, part)
                 return Waiting(progress.missing, progress.received, progress.closes_at)
         if kind == "union":
             body = result.body
         else:
-            body = self.sums.sum_body(caller.session_id, pass_index, layer)
+            body = self.sums.sum_body(caller.session_id, pass_index, layer, part)
         if body is None:
             raise WrongPass("discarded", pass_index, row.current_pass)
         with self.store.transaction() as tx:
             tx.add_traffic(caller.session_id, caller.client_index, down=len(body))
         self.telemetry.bytes_sent.labels(kind=kind).inc(len(body))
         return _payload(kind, plan, result, body)
+
+
+def _check_part(tx: Transaction, plan: SessionPlan, pass_index: int, layer: int, part: int) -> None:
+    """``WrongPart`` if the layer has no part ``part``, once its rows are known (the union of a
+    layer below the top in a training pass may still be missing: then the answer waits)."""
+    if part == 0:
+        return
+    try:
+        parts = layer_parts(tx, plan, pass_index, layer)
+    except NotReady:
+        return
+    if part >= parts:
+        raise WrongPart.out_of_range(pass_index, layer, part=part, parts=parts)
 
 
 def _payload(kind: ResultKind, plan: SessionPlan, result: ResultRow, body: bytes) -> Payload:

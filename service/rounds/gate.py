@@ -1,12 +1,16 @@
 """The checks the round routes share, each inside the caller's transaction: the session exists
 (and is open), the pass is in the schedule, the layer is one where this exchange happens, and
-the pass is the current one (uploads) or still kept (downloads). Failures are domain errors."""
+the pass is the current one (uploads) or still kept (downloads). Failures are domain errors.
+
+A layer's shares and sums travel in parts (``secure.protocol.part_span``); each part is a slot
+of its own (``part``: uploads, their progress and the stragglers' rules are per part), and a
+layer is summed once every part is (:func:`layer_summed`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from secure.protocol import MIN_CONTRIBUTORS
+from secure.protocol import MIN_CONTRIBUTORS, part_count, part_span
 from service.domain_errors import (
     BudgetExhausted,
     Excluded,
@@ -57,6 +61,8 @@ def open_layer(
     check_pass_in_schedule(plan, pass_index)
     if kind == "nodes":
         check_node_layer(plan, layer)
+        if plan.passes[pass_index].kind == "eval":
+            raise WrongLayer.nodes_in_evaluation(layer, pass_index)
     else:
         check_aggregation_layer(plan, layer)
         if layer == plan.gradient_layer and plan.passes[pass_index].kind != "train":
@@ -102,11 +108,16 @@ def check_downloadable(row: SessionRow, pass_index: int) -> None:
 
 
 def uploaders(
-    tx: Transaction, plan: SessionPlan, pass_index: int, layer: int, kind: UploadKind
+    tx: Transaction,
+    plan: SessionPlan,
+    pass_index: int,
+    layer: int,
+    kind: UploadKind,
+    part: int = 0,
 ) -> tuple[list[int], list[int]]:
     """The clients whose ``kind`` upload of this slot is in, and the pass's participants still
     missing."""
-    received = tx.uploaders(plan.session_id, pass_index, layer, kind)
+    received = tx.uploaders(plan.session_id, pass_index, layer, kind, part)
     have = set(received)
     return received, [m for m in participants(tx, plan, pass_index) if m not in have]
 
@@ -118,8 +129,9 @@ def participants(tx: Transaction, plan: SessionPlan, pass_index: int) -> list[in
     clients = set(range(plan.clients))
     if plan.config.stragglers == "continue":
         clients -= tx.absent_clients(plan.session_id, pass_index)
-        for layer, kind in tx.result_slots(plan.session_id, pass_index):
-            clients &= set(tx.uploaders(plan.session_id, pass_index, layer, UPLOAD_KIND[kind]))
+        for layer, kind, part in tx.result_slots(plan.session_id, pass_index):
+            uploaded = tx.uploaders(plan.session_id, pass_index, layer, UPLOAD_KIND[kind], part)
+            clients &= set(uploaded)
     return sorted(clients)
 
 
@@ -144,7 +156,7 @@ def rejoin(tx: Transaction, plan: SessionPlan, client: int, current_pass: int) -
 
 @dataclass(frozen=True, slots=True)
 class SlotProgress:
-    """Where the ``kind`` uploads of one (pass, layer) stand."""
+    """Where the ``kind`` uploads of one (pass, layer, part) stand."""
 
     received: list[int]  # the clients whose upload is in
     missing: list[int]  # the pass's participants whose upload is not
@@ -155,16 +167,21 @@ class SlotProgress:
 
 
 def slot_progress(
-    tx: Transaction, plan: SessionPlan, pass_index: int, layer: int, kind: UploadKind
+    tx: Transaction,
+    plan: SessionPlan,
+    pass_index: int,
+    layer: int,
+    kind: UploadKind,
+    part: int = 0,
 ) -> SlotProgress:
     """The slot's uploads and whether it closes now: every participant's upload is in, or
     (stragglers "continue") the wait since its first upload is over and enough clients
     arrived."""
-    received, missing = uploaders(tx, plan, pass_index, layer, kind)
+    received, missing = uploaders(tx, plan, pass_index, layer, kind, part)
     continues = plan.config.stragglers == "continue"
     at = None
     if continues and len(received) >= MIN_CONTRIBUTORS:
-        first = tx.first_upload_at(plan.session_id, pass_index, layer, kind)
+        first = tx.first_upload_at(plan.session_id, pass_index, layer, kind, part)
         at = None if first is None else first + plan.config.straggler_wait_seconds
     if continues and len(received) < min(MIN_CONTRIBUTORS, plan.clients):
         closes = False  # the others are absent: wait until one rejoins
@@ -183,8 +200,11 @@ def check_in_pass(
 
 
 def layer_rows(tx: Transaction, plan: SessionPlan, pass_index: int, layer: int) -> int:
-    """Rows of the layer's embeddings: the output nodes at the top (and for the gradient above
-    it), else the node union (which must be complete)."""
+    """Rows of the layer's embeddings: in an evaluation pass every aligned node (``num_nodes``,
+    at every layer); else the output nodes at the top (and for the gradient above it), and the
+    node union below (which must be complete)."""
+    if plan.passes[pass_index].kind == "eval":
+        return plan.config.num_nodes
     if layer >= plan.top_layer:
         return plan.output_rows(pass_index)
     union = tx.result(plan.session_id, pass_index, layer, "union")
@@ -192,3 +212,22 @@ def layer_rows(tx: Transaction, plan: SessionPlan, pass_index: int, layer: int) 
         _, missing = uploaders(tx, plan, pass_index, layer, "nodes")
         raise NotReady.union(pass_index, layer, missing)
     return union.rows
+
+
+def layer_parts(tx: Transaction, plan: SessionPlan, pass_index: int, layer: int) -> int:
+    """How many parts the layer's shares and sum travel in (its rows must be known)."""
+    return part_count(layer_rows(tx, plan, pass_index, layer), plan.widths[layer])
+
+
+def layer_summed(tx: Transaction, plan: SessionPlan, pass_index: int, layer: int) -> bool:
+    """Whether the sum of every part of the layer is stored."""
+    summed = tx.result_parts(plan.session_id, pass_index, layer, "aggregate")
+    return summed > 0 and summed == layer_parts(tx, plan, pass_index, layer)
+
+
+def part_rows_of(tx: Transaction, plan: SessionPlan, pass_index: int, layer: int, part: int) -> int:
+    """Rows of part ``part`` of the layer's shares and sum."""
+    start, stop = part_span(
+        part, rows=layer_rows(tx, plan, pass_index, layer), cols=plan.widths[layer]
+    )
+    return stop - start

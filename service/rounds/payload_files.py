@@ -8,16 +8,20 @@ row, and synced to disk first when that transaction is a release's (durable), so
 release stays servable after a power loss. Files are written under a temporary name and renamed,
 so a crash never leaves a partial file under a final name.
 
-Layout: ``<database>-payloads/<session>/<pass>/`` holds ``l<layer>-c<client>-<sha256>.share``
+Layout: ``<database>-payloads/<session>/<pass>/`` holds ``<slot>-c<client>-<sha256>.share``
 (named by content: a concurrent upload of another body to the same slot, refused by the
-transaction, cannot replace the acknowledged one) and ``l<layer>.sum``. A pass's directory goes
-when the store discards the pass's payloads.
+transaction, cannot replace the acknowledged one) and ``<slot>.sum``, where ``<slot>`` is
+``l<layer>`` for part 0 of a layer (the name of a whole layer's files before shares travelled in
+parts, so a pass in flight during the upgrade keeps its files) and ``l<layer>p<part>`` for the
+others. A pass's directory goes when the store discards the pass's payloads.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,6 +29,24 @@ from secure.files import atomic_write, sync_folder
 
 if TYPE_CHECKING:
     from service.store import Transaction
+
+
+_NAME = re.compile(
+    r"l(?P<layer>\d+)(?:p(?P<part>\d+))?(?:-c(?P<client>\d+)-(?P<sha256>[0-9a-f]+))?"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredBody:
+    """A body kept in a file: a share (``client`` and ``sha256``) or a sum (both None)."""
+
+    session_id: str
+    pass_index: int
+    layer: int
+    part: int
+    client: int | None
+    sha256: bytes | None
+    path: Path
 
 
 class PayloadFiles:
@@ -47,9 +69,11 @@ class PayloadFiles:
         sha256: bytes,
         body: bytes,
         *,
+        part: int = 0,
         tx: Transaction | None = None,
     ) -> None:
-        _write(self._share_path(session_id, pass_index, layer, client, sha256), body, sync=False)
+        path = self._share_path(session_id, pass_index, layer, part, client, sha256)
+        _write(path, body, sync=False)
 
     def read_share(
         self,
@@ -59,10 +83,11 @@ class PayloadFiles:
         client: int,
         sha256: bytes,
         *,
+        part: int = 0,
         tx: Transaction | None = None,
     ) -> bytes:
         """Raises ``FileNotFoundError`` if the share was discarded (or lost in a power loss)."""
-        return self._share_path(session_id, pass_index, layer, client, sha256).read_bytes()
+        return self._share_path(session_id, pass_index, layer, part, client, sha256).read_bytes()
 
     def write_sum(
         self,
@@ -72,17 +97,24 @@ class PayloadFiles:
         body: bytes,
         *,
         sync: bool,
+        part: int = 0,
         tx: Transaction | None = None,
     ) -> None:
         """``sync``: on disk (file and directory entry) before this returns."""
-        _write(self._sum_path(session_id, pass_index, layer), body, sync=sync)
+        _write(self._sum_path(session_id, pass_index, layer, part), body, sync=sync)
 
     def read_sum(
-        self, session_id: str, pass_index: int, layer: int, *, tx: Transaction | None = None
+        self,
+        session_id: str,
+        pass_index: int,
+        layer: int,
+        *,
+        part: int = 0,
+        tx: Transaction | None = None,
     ) -> bytes | None:
         """None once discarded."""
         try:
-            return self._sum_path(session_id, pass_index, layer).read_bytes()
+            return self._sum_path(session_id, pass_index, layer, part).read_bytes()
         except FileNotFoundError:
             return None
 
@@ -98,35 +130,38 @@ class PayloadFiles:
             if pass_dir.name.isdigit() and int(pass_dir.name) < before_pass:
                 shutil.rmtree(pass_dir, ignore_errors=True)
 
-    def stored(self) -> Iterator[tuple[str, int, int, int | None, bytes | None, Path]]:
-        """Every body kept: (session, pass, layer, client and sha256 of a share or None for a
-        sum, file)."""
+    def stored(self) -> Iterator[StoredBody]:
+        """Every body kept."""
         for path in sorted(self.root.glob("*/*/l*")):
-            session_id, pass_index = path.parent.parent.name, int(path.parent.name)
-            if path.suffix == ".sum":
-                yield session_id, pass_index, int(path.stem[1:]), None, None, path
-            elif path.suffix == ".share":
-                layer, client, sha256 = path.stem.split("-")
-                yield (
-                    session_id,
-                    pass_index,
-                    int(layer[1:]),
-                    int(client[1:]),
-                    bytes.fromhex(sha256),
-                    path,
-                )
+            name = _NAME.fullmatch(path.stem)
+            if name is None or path.suffix not in (".sum", ".share"):
+                continue
+            client, sha256 = name["client"], name["sha256"]
+            yield StoredBody(
+                session_id=path.parent.parent.name,
+                pass_index=int(path.parent.name),
+                layer=int(name["layer"]),
+                part=int(name["part"] or 0),
+                client=None if client is None else int(client),
+                sha256=None if sha256 is None else bytes.fromhex(sha256),
+                path=path,
+            )
 
     def _pass_dir(self, session_id: str, pass_index: int) -> Path:
         return self.root / session_id / str(pass_index)
 
     def _share_path(
-        self, session_id: str, pass_index: int, layer: int, client: int, sha256: bytes
+        self, session_id: str, pass_index: int, layer: int, part: int, client: int, sha256: bytes
     ) -> Path:
-        name = f"l{layer}-c{client}-{sha256.hex()}.share"
+        name = f"{_slot_name(layer, part)}-c{client}-{sha256.hex()}.share"
         return self._pass_dir(session_id, pass_index) / name
 
-    def _sum_path(self, session_id: str, pass_index: int, layer: int) -> Path:
-        return self._pass_dir(session_id, pass_index) / f"l{layer}.sum"
+    def _sum_path(self, session_id: str, pass_index: int, layer: int, part: int) -> Path:
+        return self._pass_dir(session_id, pass_index) / f"{_slot_name(layer, part)}.sum"
+
+
+def _slot_name(layer: int, part: int) -> str:
+    return f"l{layer}" if part == 0 else f"l{layer}p{part}"
 
 
 def _write(path: Path, data: bytes, *, sync: bool) -> None:

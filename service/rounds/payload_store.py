@@ -27,6 +27,8 @@ from service.rounds.payload_files import PayloadFiles
 from service.store import Store, Transaction
 from service.store.payload_rows import SUM_CLIENT
 
+_Slot = tuple[str, int, int, int]  # session, pass, layer, part
+
 
 class PayloadMissing(FileNotFoundError):
     """A share the database no longer holds (discarded), as a missing file is for files."""
@@ -42,6 +44,7 @@ class PayloadStore(Protocol):
         sha256: bytes,
         body: bytes,
         *,
+        part: int = 0,
         tx: Transaction | None = None,
     ) -> None: ...
 
@@ -53,6 +56,7 @@ class PayloadStore(Protocol):
         client: int,
         sha256: bytes,
         *,
+        part: int = 0,
         tx: Transaction | None = None,
     ) -> bytes:
         """Raises ``FileNotFoundError`` if the share was discarded."""
@@ -66,13 +70,20 @@ class PayloadStore(Protocol):
         body: bytes,
         *,
         sync: bool,
+        part: int = 0,
         tx: Transaction | None = None,
     ) -> None:
         """``sync``: on disk before this returns (or with ``tx``'s durable commit)."""
         ...
 
     def read_sum(
-        self, session_id: str, pass_index: int, layer: int, *, tx: Transaction | None = None
+        self,
+        session_id: str,
+        pass_index: int,
+        layer: int,
+        *,
+        part: int = 0,
+        tx: Transaction | None = None,
     ) -> bytes | None:
         """None once discarded."""
         ...
@@ -97,9 +108,11 @@ class DatabasePayloads:
         sha256: bytes,
         body: bytes,
         *,
+        part: int = 0,
         tx: Transaction | None = None,
     ) -> None:
-        self._put(tx, session_id, pass_index, layer, client, sha256, body, durable=False)
+        slot = (session_id, pass_index, layer, part)
+        self._put(tx, slot, client, sha256, body, durable=False)
 
     def read_share(
         self,
@@ -109,12 +122,14 @@ class DatabasePayloads:
         client: int,
         sha256: bytes,
         *,
+        part: int = 0,
         tx: Transaction | None = None,
     ) -> bytes:
-        body = self._get(tx, session_id, pass_index, layer, client, sha256)
+        body = self._get(tx, (session_id, pass_index, layer, part), client, sha256)
         if body is None:
             raise PayloadMissing(
-                f"the share of client {client} (pass {pass_index}, layer {layer}) was discarded"
+                f"the share of client {client} (pass {pass_index}, layer {layer}, part {part})"
+                " was discarded"
             )
         return body
 
@@ -126,14 +141,22 @@ class DatabasePayloads:
         body: bytes,
         *,
         sync: bool,
+        part: int = 0,
         tx: Transaction | None = None,
     ) -> None:
-        self._put(tx, session_id, pass_index, layer, SUM_CLIENT, b"", body, durable=sync)
+        slot = (session_id, pass_index, layer, part)
+        self._put(tx, slot, SUM_CLIENT, b"", body, durable=sync)
 
     def read_sum(
-        self, session_id: str, pass_index: int, layer: int, *, tx: Transaction | None = None
+        self,
+        session_id: str,
+        pass_index: int,
+        layer: int,
+        *,
+        part: int = 0,
+        tx: Transaction | None = None,
     ) -> bytes | None:
-        return self._get(tx, session_id, pass_index, layer, SUM_CLIENT, b"")
+        return self._get(tx, (session_id, pass_index, layer, part), SUM_CLIENT, b"")
 
     def discard(self, session_id: str, *, before_pass: int | None = None) -> None:
         with self.store.transaction() as tx:
@@ -142,34 +165,26 @@ class DatabasePayloads:
     def _put(
         self,
         tx: Transaction | None,
-        session_id: str,
-        pass_index: int,
-        layer: int,
+        slot: _Slot,
         client: int,
         sha256: bytes,
         body: bytes,
         *,
         durable: bool,
     ) -> None:
+        session_id, pass_index, layer, part = slot
         if tx is not None:
-            tx.put_payload(session_id, pass_index, layer, client, sha256, body)
+            tx.put_payload(session_id, pass_index, layer, client, sha256, body, part)
             return
         with self.store.transaction(durable=durable) as own:
-            own.put_payload(session_id, pass_index, layer, client, sha256, body)
+            own.put_payload(session_id, pass_index, layer, client, sha256, body, part)
 
-    def _get(
-        self,
-        tx: Transaction | None,
-        session_id: str,
-        pass_index: int,
-        layer: int,
-        client: int,
-        sha256: bytes,
-    ) -> bytes | None:
+    def _get(self, tx: Transaction | None, slot: _Slot, client: int, sha256: bytes) -> bytes | None:
+        session_id, pass_index, layer, part = slot
         if tx is not None:
-            return tx.payload(session_id, pass_index, layer, client, sha256)
+            return tx.payload(session_id, pass_index, layer, client, sha256, part)
         with self.store.transaction() as own:
-            return own.payload(session_id, pass_index, layer, client, sha256)
+            return own.payload(session_id, pass_index, layer, client, sha256, part)
 
 
 def payload_store_for(store: Store) -> PayloadStore:

@@ -1,11 +1,14 @@
-"""Summing a layer's shares as they arrive, recording the pass's release in the privacy ledger,
-and advancing the session to the next pass.
+"""Summing a layer's shares as they arrive, part by part, recording the pass's release in the
+privacy ledger, and advancing the session to the next pass.
 
-Each share is validated and parsed once, when it is uploaded, and added into the running sum of
-its (pass, layer) under the slot's lock, together with the commit that acknowledges it (see
-:meth:`ShareSums.forming`); the upload that brings the M-th share stores the sum. A download that
-finds every share in but no sum never computes it while another request holds the slot: it waits
-for the notification that the sum is stored.
+A layer's shares travel in parts (``secure.protocol.part_span``) and each part is a slot of its
+own: its sum is formed and stored as soon as every expected client's part is in, so the service
+never holds more of a layer than the parts in flight. Each share's part is validated and parsed
+once, when it is uploaded, and added into the running sum of its (pass, layer, part) under the
+slot's lock, together with the commit that acknowledges it (see :meth:`ShareSums.forming`); the
+upload that brings the M-th part stores the part's sum. A download that finds every part in but
+no sum never computes it while another request holds the slot: it waits for the notification
+that the sum is stored. The pass advances once every part of its last layer is summed.
 
 Crash safety: acknowledged shares are durable, running sums are not. A share's file is written
 before the transaction that acknowledges it commits (service/rounds/payload_store.py). After a
@@ -16,6 +19,8 @@ stores the sum (:meth:`ShareSums.complete`).
 With DP on, storing the first aggregation layer's sum of a pass is its release: the sum's file is
 synced to disk, then the ledger row and the sum's row are written in one durable transaction (on
 disk before ``COMMIT`` returns, see service/store/); a sum is served only once its row exists.
+The first part of the layer stored appends the ledger row; its other parts belong to the same
+release (one row per pass) and are stored durably too.
 
 Replicas (a shared store, PostgreSQL): the shares of one slot arrive at different processes, so
 no running sum or slot lock in memory is trusted. The request that commits the last share, on
@@ -30,7 +35,6 @@ The recent-sums cache of each process holds only sums whose row is committed.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -38,21 +42,29 @@ from typing import Any
 
 from secure.aggregation import RunningSum
 from service.plan import SessionPlan
-from service.rounds.gate import layer_rows, leave_out, load_session, participants, slot_progress
+from service.rounds.gate import (
+    layer_summed,
+    leave_out,
+    load_session,
+    part_rows_of,
+    participants,
+    slot_progress,
+)
 from service.rounds.parts import RoundPart, RoundParts
+from service.rounds.recent_sums import RecentSums, SlotKey
 from service.session_state import SessionState
 from service.store import SessionRow, Transaction
 
-# Sums are served from memory while they fit (one sum is 0.1 to 10 MB; every client downloads
-# it); older ones are read from their files.
+# Sums are served from memory while they fit (one part's sum is 0.1 to 10 MB; every client
+# downloads it); older ones are read from their files.
 RECENT_SUM_BYTES = 256 * 2**20
 
-SlotKey = tuple[str, int, int]  # session, pass, layer
+_PartSlot = tuple[int, int, int]  # pass, layer, part
 
 
 @dataclass
 class _Slot:
-    """The sum of one (pass, layer) while its shares arrive."""
+    """The sum of one (pass, layer, part) while its shares arrive."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)
     running: RunningSum[Any] | None = None
@@ -63,11 +75,18 @@ class ShareSums(RoundPart):
         super().__init__(parts)
         self._slots: dict[SlotKey, _Slot] = {}
         self._slots_lock = threading.Lock()
-        self._recent = _RecentSums(RECENT_SUM_BYTES)
+        self._recent = RecentSums(RECENT_SUM_BYTES)
 
     @contextmanager
     def forming(
-        self, plan: SessionPlan, pass_index: int, layer: int, *, rows: int, cols: int
+        self,
+        plan: SessionPlan,
+        pass_index: int,
+        layer: int,
+        *,
+        part: int = 0,
+        rows: int,
+        cols: int,
     ) -> Iterator[RunningSum[Any] | None]:
         """The running sum of a slot, its lock held: commit a share's upload and add the share
         inside, so that nobody sees the share committed but not yet added. None with a shared
@@ -75,13 +94,15 @@ class ShareSums(RoundPart):
         if self.store.shared:
             yield None
             return
-        slot = self._slot((plan.session_id, pass_index, layer))
+        slot = self._slot((plan.session_id, pass_index, layer, part))
         with slot.lock:
             if slot.running is None:
                 slot.running = self.aggregators.for_session(plan).new_sum(rows=rows, cols=cols)
             yield slot.running
 
-    def complete(self, session_id: str, pass_index: int, layer: int, *, wait: bool) -> bool:
+    def complete(
+        self, session_id: str, pass_index: int, layer: int, *, part: int = 0, wait: bool
+    ) -> bool:
         """Store the slot's sum if it closes (all the pass's participants' shares are committed,
         or under stragglers "continue" the wait is over) and no sum is stored, adding first any
         committed share the running sum lacks (after a restart: all of them) from its file.
@@ -89,21 +110,21 @@ class ShareSums(RoundPart):
         store waits for the slot's database lock). Whether it changed the session (stored the
         sum, or stopped the session at its budget)."""
         if self.store.shared:
-            return self._complete_from_bodies(session_id, pass_index, layer)
-        key = (session_id, pass_index, layer)
+            return self._complete_from_bodies(session_id, pass_index, layer, part)
+        key = (session_id, pass_index, layer, part)
         slot = self._slot(key)
         if not slot.lock.acquire(blocking=wait):
             return False
         try:
             with self.store.transaction() as tx:
                 row, plan = load_session(tx, self.plans, session_id)
-                if not _sum_pending(tx, row, pass_index, layer):
+                if not _sum_pending(tx, row, pass_index, layer, part):
                     self._forget(key, slot)
                     return False
-                committed = tx.uploads(session_id, pass_index, layer, "embedding")
-                if not slot_progress(tx, plan, pass_index, layer, "embedding").closes:
+                committed = tx.uploads(session_id, pass_index, layer, "embedding", part)
+                if not slot_progress(tx, plan, pass_index, layer, "embedding", part).closes:
                     return False
-                rows = layer_rows(tx, plan, pass_index, layer)
+                rows = part_rows_of(tx, plan, pass_index, layer, part)
             aggregator = self.aggregators.for_session(plan)
             if slot.running is None:
                 slot.running = aggregator.new_sum(rows=rows, cols=plan.widths[layer])
@@ -111,24 +132,28 @@ class ShareSums(RoundPart):
                 if upload.client_index in slot.running.clients:
                     continue
                 body = self.files.read_share(
-                    session_id, pass_index, layer, upload.client_index, upload.sha256
+                    session_id, pass_index, layer, upload.client_index, upload.sha256, part=part
                 )
                 share = aggregator.read_share(body, rows=rows, cols=plan.widths[layer])
                 slot.running.add(upload.client_index, share)
             changed = self._store(
-                plan, pass_index, layer, rows, slot.running.payload(), sorted(slot.running.clients)
+                plan,
+                (pass_index, layer, part),
+                rows,
+                slot.running.payload(),
+                sorted(slot.running.clients),
             )
             self._forget(key, slot)
             return changed
         finally:
             slot.lock.release()
 
-    def sum_body(self, session_id: str, pass_index: int, layer: int) -> bytes | None:
-        """A stored sum's body; None once discarded."""
-        key = (session_id, pass_index, layer)
+    def sum_body(self, session_id: str, pass_index: int, layer: int, part: int = 0) -> bytes | None:
+        """A stored sum's body (of one part); None once discarded."""
+        key = (session_id, pass_index, layer, part)
         body = self._recent.get(key)
         if body is None:
-            body = self.files.read_sum(session_id, pass_index, layer)
+            body = self.files.read_sum(session_id, pass_index, layer, part=part)
             if body is not None:
                 self._recent.put(key, body)
         return body
@@ -142,74 +167,79 @@ class ShareSums(RoundPart):
         self._recent.drop(session_id, before_pass=limit)
         self.files.discard(session_id, before_pass=before_pass)
 
-    def _complete_from_bodies(self, session_id: str, pass_index: int, layer: int) -> bool:
+    def _complete_from_bodies(
+        self, session_id: str, pass_index: int, layer: int, part: int
+    ) -> bool:
         """:meth:`complete` on a shared store: sum every committed share's body and store the
         sum, in one transaction that holds the slot's database lock."""
-        plan = self._due_sum_plan(session_id, pass_index, layer)
+        plan = self._due_sum_plan(session_id, pass_index, layer, part)
         if plan is None:  # most calls end here, without taking the lock
             return False
         is_release = _is_release(plan, layer)
         with self.store.transaction(durable=is_release) as tx:
-            tx.lock_slot(session_id, pass_index, layer)
+            tx.lock_slot(session_id, pass_index, layer, part)
             row, plan = load_session(tx, self.plans, session_id)
-            if not _sum_closes(tx, row, plan, pass_index, layer):
+            if not _sum_closes(tx, row, plan, (pass_index, layer, part)):
                 return False  # another request stored it while we waited for the lock
-            rows = layer_rows(tx, plan, pass_index, layer)
+            rows = part_rows_of(tx, plan, pass_index, layer, part)
             aggregator = self.aggregators.for_session(plan)
             running = aggregator.new_sum(rows=rows, cols=plan.widths[layer])
-            for upload in tx.uploads(session_id, pass_index, layer, "embedding"):
+            for upload in tx.uploads(session_id, pass_index, layer, "embedding", part):
                 body = self.files.read_share(
-                    session_id, pass_index, layer, upload.client_index, upload.sha256, tx=tx
+                    session_id,
+                    pass_index,
+                    layer,
+                    upload.client_index,
+                    upload.sha256,
+                    part=part,
+                    tx=tx,
                 )
                 share = aggregator.read_share(body, rows=rows, cols=plan.widths[layer])
                 running.add(upload.client_index, share)
             body = running.payload()
-            self.files.write_sum(session_id, pass_index, layer, body, sync=is_release, tx=tx)
-            stored = self._insert_sum(tx, plan, pass_index, layer, rows, sorted(running.clients))
-        self._after_store(plan, pass_index, layer, body, stored)
+            self.files.write_sum(
+                session_id, pass_index, layer, body, sync=is_release, part=part, tx=tx
+            )
+            slot = (pass_index, layer, part)
+            stored = self._insert_sum(tx, plan, slot, rows, sorted(running.clients))
+        self._after_store(plan, slot, body, stored)
         return True
 
-    def _due_sum_plan(self, session_id: str, pass_index: int, layer: int) -> SessionPlan | None:
+    def _due_sum_plan(
+        self, session_id: str, pass_index: int, layer: int, part: int
+    ) -> SessionPlan | None:
         """The session's plan if the slot closes and has no sum yet (its own transaction)."""
         with self.store.transaction() as tx:
             row, plan = load_session(tx, self.plans, session_id)
-            return plan if _sum_closes(tx, row, plan, pass_index, layer) else None
+            return plan if _sum_closes(tx, row, plan, (pass_index, layer, part)) else None
 
     def _store(
-        self,
-        plan: SessionPlan,
-        pass_index: int,
-        layer: int,
-        rows: int,
-        body: bytes,
-        clients: list[int],
+        self, plan: SessionPlan, slot: _PartSlot, rows: int, body: bytes, clients: list[int]
     ) -> bool:
-        """Write the sum of ``clients``' shares to its file, then its row (with the ledger row
-        if it is a release); whether the session changed (False: another request stored it)."""
+        """Write the sum of ``clients``' shares of one part to its file, then its row (with the
+        ledger row if it is a release); whether the session changed (False: another request
+        stored it)."""
         # A release's ledger row must be on disk before its sum can be served, and the sum with
         # it: a durable transaction's COMMIT returns only once the WAL is synced
         # (service/store/database.py), and the sum's file is synced before.
+        pass_index, layer, part = slot
         is_release = _is_release(plan, layer)
-        self.files.write_sum(plan.session_id, pass_index, layer, body, sync=is_release)
+        self.files.write_sum(plan.session_id, pass_index, layer, body, sync=is_release, part=part)
         with self.store.transaction(durable=is_release) as tx:
             row, _ = load_session(tx, self.plans, plan.session_id)
-            if not _sum_pending(tx, row, pass_index, layer):
+            if not _sum_pending(tx, row, pass_index, layer, part):
                 return False
-            stored = self._insert_sum(tx, plan, pass_index, layer, rows, clients)
-        self._after_store(plan, pass_index, layer, body, stored)
+            stored = self._insert_sum(tx, plan, slot, rows, clients)
+        self._after_store(plan, slot, body, stored)
         return True
 
     def _insert_sum(
-        self,
-        tx: Transaction,
-        plan: SessionPlan,
-        pass_index: int,
-        layer: int,
-        rows: int,
-        clients: list[int],
+        self, tx: Transaction, plan: SessionPlan, slot: _PartSlot, rows: int, clients: list[int]
     ) -> _Stored:
-        """The rows of a pending sum of ``clients``' shares: the absences of the others, the
-        ledger row of a release, the sum's row and, with the pass's last sum, the next pass."""
+        """The rows of a pending sum of ``clients``' shares of one part: the absences of the
+        others, the ledger row of a release (with the layer's first part stored), the part's
+        sum's row and, with the last part of the pass's last layer, the next pass."""
+        pass_index, layer, part = slot
         leave_out(
             tx,
             plan,
@@ -231,20 +261,22 @@ class ShareSums(RoundPart):
             count=len(clients),
             body=None,
             released_at=released_at,
+            part=part,
         )
-        if layer != plan.last_layer(pass_index):
+        if layer != plan.last_layer(pass_index) or not layer_summed(tx, plan, pass_index, layer):
             return _Stored(sum_stored=True)
         _advance(tx, plan, pass_index)
         return _Stored(sum_stored=True, completed_kind=plan.passes[pass_index].kind)
 
     def _after_store(
-        self, plan: SessionPlan, pass_index: int, layer: int, body: bytes, stored: _Stored
+        self, plan: SessionPlan, slot: _PartSlot, body: bytes, stored: _Stored
     ) -> None:
         """Once the sum's transaction committed: cache the sum, count a completed pass and drop
         the payloads the store no longer keeps."""
         if not stored.sum_stored:
             return
-        self._recent.put((plan.session_id, pass_index, layer), body)
+        pass_index = slot[0]
+        self._recent.put((plan.session_id, *slot), body)
         if stored.completed_kind is not None:
             self.telemetry.passes_completed.labels(kind=stored.completed_kind).inc()
             # the store keeps the payloads of this pass and the one before (_advance)
@@ -271,54 +303,20 @@ class _Stored:
     completed_kind: str | None = None  # the kind of the pass the sum completed, if it did
 
 
-class _RecentSums:
-    """The bodies of the latest sums, newest first, within a byte budget."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self._max_bytes = max_bytes
-        self._bodies: OrderedDict[SlotKey, bytes] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def get(self, key: SlotKey) -> bytes | None:
-        with self._lock:
-            return self._bodies.get(key)
-
-    def put(self, key: SlotKey, body: bytes) -> None:
-        with self._lock:
-            self._pop(key)
-            self._bodies[key] = body
-            self._bytes += len(body)
-            while self._bytes > self._max_bytes and len(self._bodies) > 1:
-                self._pop(next(iter(self._bodies)))
-
-    def drop(self, session_id: str, *, before_pass: int) -> None:
-        with self._lock:
-            for key in [k for k in self._bodies if k[0] == session_id and k[1] < before_pass]:
-                self._pop(key)
-
-    def _pop(self, key: SlotKey) -> None:
-        body = self._bodies.pop(key, None)
-        if body is not None:
-            self._bytes -= len(body)
-
-
-def _sum_pending(tx: Transaction, row: SessionRow, pass_index: int, layer: int) -> bool:
-    """The session still runs this pass and the layer has no sum yet."""
+def _sum_pending(tx: Transaction, row: SessionRow, pass_index: int, layer: int, part: int) -> bool:
+    """The session still runs this pass and the layer's part has no sum yet."""
     return (
         row.state == SessionState.RUNNING
         and row.current_pass == pass_index
-        and tx.result(row.id, pass_index, layer, "aggregate") is None
+        and tx.result(row.id, pass_index, layer, "aggregate", part) is None
     )
 
 
-def _sum_closes(
-    tx: Transaction, row: SessionRow, plan: SessionPlan, pass_index: int, layer: int
-) -> bool:
-    """The sum is pending and its slot closes now."""
+def _sum_closes(tx: Transaction, row: SessionRow, plan: SessionPlan, slot: _PartSlot) -> bool:
+    """The part's sum is pending and its slot closes now."""
     return (
-        _sum_pending(tx, row, pass_index, layer)
-        and slot_progress(tx, plan, pass_index, layer, "embedding").closes
+        _sum_pending(tx, row, *slot)
+        and slot_progress(tx, plan, *slot[:2], "embedding", slot[2]).closes
     )
 
 
@@ -330,12 +328,16 @@ def _is_release(plan: SessionPlan, layer: int) -> bool:
 def _record_release(
     tx: Transaction, plan: SessionPlan, pass_index: int, clients: list[int]
 ) -> float | None:
-    """Append the ledger row of this pass's release of ``clients``' shares; None (and the
-    session stops) if it does not fit. Normally the check at the start of the pass already
-    stopped it."""
+    """Append the ledger row of this pass's release of ``clients``' shares (the time of the row
+    already there when another part of the layer appended it); None (and the session stops) if
+    it does not fit. Normally the check at the start of the pass already stopped it."""
     privacy = plan.privacy
     assert privacy is not None
-    releases = len(tx.ledger(plan.session_id))
+    ledger = tx.ledger(plan.session_id)
+    for entry in ledger:
+        if entry.pass_index == pass_index:
+            return entry.released_at
+    releases = len(ledger)
     if not privacy.release_allowed(releases):
         tx.set_session_state(plan.session_id, SessionState.BUDGET_EXHAUSTED)
         return None

@@ -1,6 +1,6 @@
 """Accepting uploads: node sets (the union is formed when the M-th arrives), embedding shares
-(each validated once and added into its layer's running sum; the M-th completes it) and per-pass
-metrics.
+(each part validated once and added into the running sum of its (layer, part); the M-th
+completes it) and per-pass metrics.
 
 Each upload is checked twice: once before the (possibly slow) payload validation and again,
 atomically, with the insert. A slot is written once; an identical re-upload is answered without
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from secure.aggregation import PayloadError
+from secure.protocol import part_count, part_span
 from secure.wire.passes import Metrics
 from service.domain_errors import (
     BadPayload,
@@ -22,6 +23,7 @@ from service.domain_errors import (
     MetricsRefused,
     NotReady,
     WrongEncoding,
+    WrongPart,
     WrongPass,
     WrongShape,
 )
@@ -38,6 +40,7 @@ from service.rounds.gate import (
     check_in_pass,
     check_pass_in_schedule,
     layer_rows,
+    layer_summed,
     leave_out,
     open_layer,
     open_session,
@@ -54,12 +57,15 @@ from service.store import Transaction, UploadKind
 
 @dataclass(frozen=True, slots=True)
 class _UploadTarget:
-    """An upload slot that passed its checks: the plan and, for embeddings, the shape."""
+    """An upload slot that passed its checks: the plan and, for embeddings, the part's shape
+    and its rows ``span`` of the layer's ``layer_rows``."""
 
     plan: SessionPlan
     duplicate: bool
     rows: int = 0
     cols: int = 0
+    layer_rows: int = 0
+    span: tuple[int, int] = (0, 0)
 
 
 class Uploads(RoundPart):
@@ -77,13 +83,16 @@ class Uploads(RoundPart):
         shape: str | None,
         encoding: str | None,
         body: bytes,
+        part: int = 0,
+        parts: int = 1,
     ) -> UploadOutcome:
-        """Store a node set or an embedding share; the headers are checked first."""
+        """Store a node set or part ``part`` of ``parts`` of an embedding share; the headers
+        are checked first."""
         if kind == "nodes":
             declared = parse_node_headers(shape, encoding)
             return self._accept_node_set(caller, pass_index, layer, declared, body)
         header = parse_matrix_headers(shape, encoding)
-        return self._accept_share(caller, pass_index, layer, header, body)
+        return self._accept_share(caller, _Slot(pass_index, layer, part, parts), header, body)
 
     def rejoin(self, caller: Caller) -> int:
         """The pass from which the caller takes part again after a pass went on without it
@@ -116,60 +125,58 @@ class Uploads(RoundPart):
         """Check, validate outside the lock (``declared``: the node count of its header), then
         check again, insert and (with the M-th) form the union atomically."""
         sha256 = hashlib.sha256(body).digest()
+        slot = _Slot(pass_index, layer)
         with self.store.transaction() as tx:
-            target = self._check_slot(tx, caller, pass_index, layer, "nodes", sha256)
+            target = self._check_slot(tx, caller, "nodes", sha256, slot)
         if not target.duplicate:
             validate_node_set(body, declared=declared, num_nodes=target.plan.config.num_nodes)
-        return self._record(caller, pass_index, layer, "nodes", sha256, body, keep_body=True)
+        return self._record(caller, "nodes", sha256, body, slot, keep_body=True)
 
     def _accept_share(
-        self, caller: Caller, pass_index: int, layer: int, header: MatrixHeader, body: bytes
+        self, caller: Caller, slot: _Slot, header: MatrixHeader, body: bytes
     ) -> UploadOutcome:
-        """Check; validate and parse the share once, outside the lock (CKKS parsing is slow);
-        write its file; then, holding the layer's running sum, check again, insert and add it.
-        The upload that completes the layer (or repeats one whose sum was not stored) stores the
-        sum."""
+        """Check; validate and parse the share's part once, outside the lock (CKKS parsing is
+        slow); write its file; then, holding the part's running sum, check again, insert and
+        add it. The upload that completes the part (or repeats one whose sum was not stored)
+        stores the part's sum."""
         sha256 = hashlib.sha256(body).digest()
+        pass_index, layer, part = slot.pass_index, slot.layer, slot.part
         with self.store.transaction() as tx:
-            target = self._check_slot(tx, caller, pass_index, layer, "embedding", sha256)
+            target = self._check_slot(tx, caller, "embedding", sha256, slot)
         if target.duplicate:
-            outcome = self._record(caller, pass_index, layer, "embedding", sha256, body)
+            outcome = self._record(caller, "embedding", sha256, body, slot)
         else:
-            share = self._read_share(target, header, pass_index, layer, body)
+            share = self._read_share(target, header, slot, body)
             self.files.write_share(
-                caller.session_id, pass_index, layer, caller.client_index, sha256, body
+                caller.session_id, pass_index, layer, caller.client_index, sha256, body, part=part
             )
             with self.sums.forming(
-                target.plan, pass_index, layer, rows=target.rows, cols=target.cols
+                target.plan, pass_index, layer, part=part, rows=target.rows, cols=target.cols
             ) as running:
-                outcome = self._record(caller, pass_index, layer, "embedding", sha256, body)
+                outcome = self._record(caller, "embedding", sha256, body, slot)
                 if outcome.created and running is not None:
                     running.add(caller.client_index, share)
         if not outcome.missing:
-            self.sums.complete(caller.session_id, pass_index, layer, wait=True)
+            self.sums.complete(caller.session_id, pass_index, layer, part=part, wait=True)
         return outcome
 
     def _read_share(
-        self,
-        target: _UploadTarget,
-        header: MatrixHeader,
-        pass_index: int,
-        layer: int,
-        body: bytes,
+        self, target: _UploadTarget, header: MatrixHeader, slot: _Slot, body: bytes
     ) -> Any:
-        """The share, validated against the slot and parsed by the session's aggregator."""
+        """The share's part, validated against the slot and parsed by the session's
+        aggregator."""
         plan = target.plan
         if header.encoding != plan.encoding:
             raise WrongEncoding(plan.encoding, header.encoding)
         if (header.rows, header.cols) != (target.rows, target.cols):
+            start, stop = target.span
             raise WrongShape.embedding(
-                pass_index,
-                layer,
+                slot.pass_index,
+                slot.layer,
                 expected=(target.rows, target.cols),
                 declared=(header.rows, header.cols),
-                rows_are="the pass's output nodes"
-                if layer >= plan.top_layer
-                else f"the node union of layer {layer}",
+                rows_are=f"rows {start}..{stop - 1} (part {slot.part}) of the layer's"
+                f" {target.layer_rows}, {_layer_nodes(plan, slot.pass_index, slot.layer)}",
             )
         try:
             return self.aggregators.for_session(plan).read_share(
@@ -181,18 +188,18 @@ class Uploads(RoundPart):
     def _record(
         self,
         caller: Caller,
-        pass_index: int,
-        layer: int,
         kind: UploadKind,
         sha256: bytes,
         body: bytes,
+        slot: _Slot,
         *,
         keep_body: bool = False,
     ) -> UploadOutcome:
         """Check the slot again and insert the upload (its body too if ``keep_body``), count the
         traffic and, with the M-th node set, store the union: one transaction."""
+        pass_index, layer, part = slot.pass_index, slot.layer, slot.part
         with self.store.transaction() as tx:
-            target = self._check_slot(tx, caller, pass_index, layer, kind, sha256)
+            target = self._check_slot(tx, caller, kind, sha256, slot)
             if not target.duplicate:
                 tx.insert_upload(
                     caller.session_id,
@@ -203,9 +210,10 @@ class Uploads(RoundPart):
                     sha256=sha256,
                     size=len(body),
                     body=body if keep_body else None,
+                    part=part,
                 )
             tx.add_traffic(caller.session_id, caller.client_index, up=len(body))
-            received, missing = uploaders(tx, target.plan, pass_index, layer, kind)
+            received, missing = uploaders(tx, target.plan, pass_index, layer, kind, part)
             outcome = UploadOutcome(
                 not target.duplicate,
                 received,
@@ -218,17 +226,12 @@ class Uploads(RoundPart):
         return outcome
 
     def _check_slot(
-        self,
-        tx: Transaction,
-        caller: Caller,
-        pass_index: int,
-        layer: int,
-        kind: UploadKind,
-        sha256: bytes,
+        self, tx: Transaction, caller: Caller, kind: UploadKind, sha256: bytes, slot: _Slot
     ) -> _UploadTarget:
         """Everything an upload must satisfy apart from its body."""
+        pass_index, layer, part = slot.pass_index, slot.layer, slot.part
         row, plan = open_layer(tx, self.plans, caller.session_id, pass_index, layer, kind)
-        existing = tx.upload(caller.session_id, pass_index, layer, kind, caller.client_index)
+        existing = tx.upload(caller.session_id, pass_index, layer, kind, caller.client_index, part)
         if existing is not None:
             if hmac.compare_digest(existing.sha256, sha256):
                 return _UploadTarget(plan, duplicate=True)
@@ -238,10 +241,38 @@ class Uploads(RoundPart):
         if kind == "nodes":
             return _UploadTarget(plan, duplicate=False)
         for lower in plan.agg_layers_below(layer):
-            if tx.result(caller.session_id, pass_index, lower, "aggregate") is None:
+            if not layer_summed(tx, plan, pass_index, lower):
                 raise NotReady.lower_sum(pass_index, lower)
-        rows = layer_rows(tx, plan, pass_index, layer)
-        return _UploadTarget(plan, duplicate=False, rows=rows, cols=plan.widths[layer])
+        rows, cols = layer_rows(tx, plan, pass_index, layer), plan.widths[layer]
+        parts = part_count(rows, cols)
+        if slot.parts != parts:
+            raise WrongPart.count(pass_index, layer, expected=parts, declared=slot.parts)
+        if not 0 <= part < parts:
+            raise WrongPart.out_of_range(pass_index, layer, part=part, parts=parts)
+        start, stop = part_span(part, rows=rows, cols=cols)
+        return _UploadTarget(
+            plan, duplicate=False, rows=stop - start, cols=cols, layer_rows=rows, span=(start, stop)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Slot:
+    """The slot an upload names: part ``part`` of ``parts`` of (pass, layer); node sets are
+    part 0 of 1."""
+
+    pass_index: int
+    layer: int
+    part: int = 0
+    parts: int = 1
+
+
+def _layer_nodes(plan: SessionPlan, pass_index: int, layer: int) -> str:
+    """What a layer's rows are (``gate.layer_rows``), in words."""
+    if plan.passes[pass_index].kind == "eval":
+        return "all num_nodes aligned nodes"
+    if layer >= plan.top_layer:
+        return "the pass's output nodes"
+    return f"the node union of layer {layer}"
 
 
 def close_union(tx: Transaction, plan: SessionPlan, pass_index: int, layer: int) -> bool:

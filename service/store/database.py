@@ -48,9 +48,9 @@ from service.clock import Clock, DatabaseClock, SystemClock
 from service.store.accounts import ACCOUNT_SCHEMA, AccountQueries
 from service.store.dialect import Backend, Connection
 from service.store.engines import PostgresEngine, SqliteEngine, is_database_url
-from service.store.migrations import Migration, added_columns, migrate
-from service.store.payload_rows import PAYLOAD_SCHEMA, PayloadQueries
-from service.store.rounds import ROUND_SCHEMA, RoundQueries
+from service.store.migrations import Migration, added_columns, added_key_column, migrate
+from service.store.payload_rows import PAYLOAD_SCHEMA, PAYLOAD_TABLE, PayloadQueries
+from service.store.rounds import PARTED_TABLES, ROUND_SCHEMA, RoundQueries
 from service.store.sessions import SESSION_SCHEMA, SessionQueries
 
 # the order of sessions (SQLite's implicit rowid; ``sessions_page``)
@@ -70,6 +70,13 @@ def _payload_table(connection: Connection) -> None:
         connection.run_schema(PAYLOAD_SCHEMA)
 
 
+def _parts(connection: Connection) -> None:
+    tables = dict(PARTED_TABLES)
+    if connection.backend == "postgresql":
+        tables["payloads"] = PAYLOAD_TABLE
+    added_key_column("part", "INTEGER NOT NULL DEFAULT 0", tables)(connection)
+
+
 STORE_MIGRATIONS = (
     Migration(1, "sessions, tokens, rounds, metrics, traffic, privacy ledger", _first_schema),
     Migration(
@@ -78,6 +85,9 @@ STORE_MIGRATIONS = (
         added_columns([("privacy_ledger", "clients", "TEXT")]),
     ),
     Migration(3, "share and sum bodies in the database (PostgreSQL)", _payload_table),
+    Migration(
+        4, "shares and sums in parts: part in the keys of uploads, results, payloads", _parts
+    ),
 )
 
 

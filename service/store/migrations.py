@@ -18,7 +18,7 @@ we do not have.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from service.store.dialect import Connection
@@ -53,6 +53,34 @@ def added_columns(columns: Sequence[tuple[str, str, str]]) -> Callable[[Connecti
     def apply(connection: Connection) -> None:
         for table, column, declaration in columns:
             connection.add_column(table, column, declaration)
+
+    return apply
+
+
+def added_key_column(
+    column: str, declaration: str, tables: Mapping[str, tuple[str, str]]
+) -> Callable[[Connection], None]:
+    """A migration adding ``column`` (``declaration``, with a default) to the primary key of
+    each table where it is missing. ``tables``: name -> (its ``CREATE TABLE IF NOT EXISTS``
+    statement with the column, the new primary key's columns). PostgreSQL alters the table in
+    place; SQLite cannot change a primary key, so it copies the rows into a new table."""
+
+    def apply(connection: Connection) -> None:
+        for table, (create, primary_key) in tables.items():
+            if column in connection.columns(table):
+                continue
+            if connection.backend == "postgresql":
+                connection.add_column(table, column, declaration)
+                connection.execute(f"ALTER TABLE {table} DROP CONSTRAINT {table}_pkey")
+                connection.execute(f"ALTER TABLE {table} ADD PRIMARY KEY ({primary_key})")
+                continue
+            kept = ", ".join(sorted(connection.columns(table)))
+            connection.execute(f"ALTER TABLE {table} RENAME TO {table}_before_{column}")
+            connection.run_schema(create)
+            connection.execute(
+                f"INSERT INTO {table} ({kept}) SELECT {kept} FROM {table}_before_{column}"
+            )
+            connection.execute(f"DROP TABLE {table}_before_{column}")
 
     return apply
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from service.store.queries import Queries
 
 # bodies are random floats or ciphertexts: EXTERNAL keeps them out of line and uncompressed
-PAYLOAD_SCHEMA = """
+_PAYLOAD_TABLE = """
 CREATE TABLE IF NOT EXISTS payloads (
     session_id TEXT NOT NULL REFERENCES sessions(id),
     pass_index INTEGER NOT NULL,
@@ -14,12 +14,15 @@ CREATE TABLE IF NOT EXISTS payloads (
     client_index INTEGER NOT NULL,
     sha256 BLOB NOT NULL,
     body BLOB NOT NULL,
-    PRIMARY KEY (session_id, pass_index, layer, client_index, sha256)
-);
-ALTER TABLE payloads ALTER COLUMN body SET STORAGE EXTERNAL
+    part INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (session_id, pass_index, layer, part, client_index, sha256)
+)
 """
+# the table and its primary key (store migration 4 adds ``part`` to a table without it)
+PAYLOAD_TABLE = (_PAYLOAD_TABLE, "session_id, pass_index, layer, part, client_index, sha256")
+PAYLOAD_SCHEMA = _PAYLOAD_TABLE + ";ALTER TABLE payloads ALTER COLUMN body SET STORAGE EXTERNAL"
 
-SUM_CLIENT = -1  # the client_index of a layer's sum (its sha256 is empty)
+SUM_CLIENT = -1  # the client_index of a layer part's sum (its sha256 is empty)
 
 
 class PayloadQueries(Queries):
@@ -31,24 +34,31 @@ class PayloadQueries(Queries):
         client_index: int,
         sha256: bytes,
         body: bytes,
+        part: int = 0,
     ) -> None:
         """Insert or replace a body. A share is named by its content (an identical re-upload
         replaces it by itself); a sum by its slot."""
         self._db.execute(
-            "INSERT INTO payloads (session_id, pass_index, layer, client_index, sha256, body)"
-            " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT"
-            " (session_id, pass_index, layer, client_index, sha256)"
+            "INSERT INTO payloads (session_id, pass_index, layer, part, client_index, sha256,"
+            " body) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT"
+            " (session_id, pass_index, layer, part, client_index, sha256)"
             " DO UPDATE SET body = excluded.body",
-            (session_id, pass_index, layer, client_index, sha256, body),
+            (session_id, pass_index, layer, part, client_index, sha256, body),
         )
 
     def payload(
-        self, session_id: str, pass_index: int, layer: int, client_index: int, sha256: bytes
+        self,
+        session_id: str,
+        pass_index: int,
+        layer: int,
+        client_index: int,
+        sha256: bytes,
+        part: int = 0,
     ) -> bytes | None:
         row = self._db.execute(
             "SELECT body FROM payloads WHERE session_id = ? AND pass_index = ? AND layer = ?"
-            " AND client_index = ? AND sha256 = ?",
-            (session_id, pass_index, layer, client_index, sha256),
+            " AND part = ? AND client_index = ? AND sha256 = ?",
+            (session_id, pass_index, layer, part, client_index, sha256),
         ).fetchone()
         return bytes(row[0]) if row else None
 

@@ -1,5 +1,9 @@
 """The rounds' rows: uploads (hashes, sizes and the bodies of node sets), results (unions with
-their bodies; sums' rows only) and the absences of stragglers."""
+their bodies; sums' rows only) and the absences of stragglers.
+
+A share and a sum are keyed by their part (``secure.protocol.part_span``): part k of (pass,
+layer) holds a slice of the layer's rows. Node sets and unions are always part 0.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from typing import Literal
 
 from service.store.queries import Queries
 
-ROUND_SCHEMA = """
+UPLOADS_TABLE = """
 CREATE TABLE IF NOT EXISTS uploads (
     session_id TEXT NOT NULL REFERENCES sessions(id),
     pass_index INTEGER NOT NULL,
@@ -19,8 +23,11 @@ CREATE TABLE IF NOT EXISTS uploads (
     size INTEGER NOT NULL,
     body BLOB,
     created_at REAL NOT NULL,
-    PRIMARY KEY (session_id, pass_index, layer, kind, client_index)
-);
+    part INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (session_id, pass_index, layer, kind, client_index, part)
+)
+"""
+RESULTS_TABLE = """
 CREATE TABLE IF NOT EXISTS results (
     session_id TEXT NOT NULL REFERENCES sessions(id),
     pass_index INTEGER NOT NULL,
@@ -32,16 +39,25 @@ CREATE TABLE IF NOT EXISTS results (
     body BLOB,
     created_at REAL NOT NULL,
     released_at REAL,
-    PRIMARY KEY (session_id, pass_index, layer, kind)
-);
+    part INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (session_id, pass_index, layer, kind, part)
+)
+"""
+ABSENCES_TABLE = """
 CREATE TABLE IF NOT EXISTS absences (
     session_id TEXT NOT NULL REFERENCES sessions(id),
     client_index INTEGER NOT NULL,
     from_pass INTEGER NOT NULL,
     back_at INTEGER,
     PRIMARY KEY (session_id, client_index)
-);
+)
 """
+ROUND_SCHEMA = "".join(f"{table};" for table in (UPLOADS_TABLE, RESULTS_TABLE, ABSENCES_TABLE))
+# the tables keyed by part since store migration 4, with their primary keys
+PARTED_TABLES = {
+    "uploads": (UPLOADS_TABLE, "session_id, pass_index, layer, kind, client_index, part"),
+    "results": (RESULTS_TABLE, "session_id, pass_index, layer, kind, part"),
+}
 
 UploadKind = Literal["nodes", "embedding"]
 ResultKind = Literal["union", "aggregate"]
@@ -64,69 +80,79 @@ class ResultRow:
 
 
 class RoundQueries(Queries):
-    def lock_slot(self, session_id: str, pass_index: int, layer: int) -> None:
-        """Hold the lock of one (pass, layer) of a session until the transaction ends (whoever
-        stores its sum). The session's lock is taken first, so that locks are always taken in
-        the same order (PostgreSQL; on SQLite both are no-ops)."""
+    def lock_slot(self, session_id: str, pass_index: int, layer: int, part: int = 0) -> None:
+        """Hold the lock of one (pass, layer, part) of a session until the transaction ends
+        (whoever stores its sum). The session's lock is taken first, so that locks are always
+        taken in the same order (PostgreSQL; on SQLite both are no-ops)."""
         self.lock("session", session_id)
-        self.lock("slot", f"{session_id}/{pass_index}/{layer}")
+        self.lock("slot", f"{session_id}/{pass_index}/{layer}/{part}")
 
     def upload(
-        self, session_id: str, pass_index: int, layer: int, kind: UploadKind, client_index: int
+        self,
+        session_id: str,
+        pass_index: int,
+        layer: int,
+        kind: UploadKind,
+        client_index: int,
+        part: int = 0,
     ) -> UploadRow | None:
         row = self._db.execute(
             "SELECT client_index, sha256, size FROM uploads WHERE session_id = ? AND pass_index = ?"
-            " AND layer = ? AND kind = ? AND client_index = ?",
-            (session_id, pass_index, layer, kind, client_index),
+            " AND layer = ? AND kind = ? AND client_index = ? AND part = ?",
+            (session_id, pass_index, layer, kind, client_index, part),
         ).fetchone()
         return UploadRow(int(row[0]), bytes(row[1]), int(row[2])) if row else None
 
     def uploaders(
-        self, session_id: str, pass_index: int, layer: int, kind: UploadKind
+        self, session_id: str, pass_index: int, layer: int, kind: UploadKind, part: int = 0
     ) -> list[int]:
-        rows = self._db.execute(
-            "SELECT client_index FROM uploads WHERE session_id = ? AND pass_index = ? AND layer = ?"
-            " AND kind = ? ORDER BY client_index",
-            (session_id, pass_index, layer, kind),
-        ).fetchall()
-        return [int(r[0]) for r in rows]
+        return [u.client_index for u in self.uploads(session_id, pass_index, layer, kind, part)]
 
     def uploads(
-        self, session_id: str, pass_index: int, layer: int, kind: UploadKind
+        self, session_id: str, pass_index: int, layer: int, kind: UploadKind, part: int = 0
     ) -> list[UploadRow]:
         """The slot's uploads in client index order."""
         rows = self._db.execute(
             "SELECT client_index, sha256, size FROM uploads WHERE session_id = ? AND pass_index = ?"
-            " AND layer = ? AND kind = ? ORDER BY client_index",
-            (session_id, pass_index, layer, kind),
+            " AND layer = ? AND kind = ? AND part = ? ORDER BY client_index",
+            (session_id, pass_index, layer, kind, part),
         ).fetchall()
         return [UploadRow(int(r[0]), bytes(r[1]), int(r[2])) for r in rows]
 
     def first_upload_at(
-        self, session_id: str, pass_index: int, layer: int, kind: UploadKind
+        self, session_id: str, pass_index: int, layer: int, kind: UploadKind, part: int = 0
     ) -> float | None:
         (at,) = self._db.execute(
             "SELECT MIN(created_at) FROM uploads WHERE session_id = ? AND pass_index = ?"
-            " AND layer = ? AND kind = ?",
-            (session_id, pass_index, layer, kind),
+            " AND layer = ? AND kind = ? AND part = ?",
+            (session_id, pass_index, layer, kind, part),
         ).fetchone()
         return at
 
-    def result_slots(self, session_id: str, pass_index: int) -> list[tuple[int, ResultKind]]:
-        """The (layer, kind) of every result of the pass stored so far."""
+    def result_slots(self, session_id: str, pass_index: int) -> list[tuple[int, ResultKind, int]]:
+        """The (layer, kind, part) of every result of the pass stored so far."""
         rows = self._db.execute(
-            "SELECT layer, kind FROM results WHERE session_id = ? AND pass_index = ?",
+            "SELECT layer, kind, part FROM results WHERE session_id = ? AND pass_index = ?",
             (session_id, pass_index),
         ).fetchall()
-        return [(int(layer), kind) for layer, kind in rows]
+        return [(int(layer), kind, int(part)) for layer, kind, part in rows]
+
+    def result_parts(self, session_id: str, pass_index: int, layer: int, kind: ResultKind) -> int:
+        """How many parts of the (pass, layer) result are stored."""
+        (count,) = self._db.execute(
+            "SELECT COUNT(*) FROM results WHERE session_id = ? AND pass_index = ? AND layer = ?"
+            " AND kind = ?",
+            (session_id, pass_index, layer, kind),
+        ).fetchone()
+        return int(count)
 
     def upload_bodies(
         self, session_id: str, pass_index: int, layer: int, kind: UploadKind
     ) -> list[bytes]:
-        """Bodies in client index order; raises if one was discarded."""
+        """Bodies of part 0 (node sets) in client index order; raises if one was discarded."""
         rows = self._db.execute(
             "SELECT body FROM uploads WHERE session_id = ? AND pass_index = ? AND layer = ?"
-            " AND kind = ? ORDER BY client_index",
+            " AND kind = ? AND part = 0 ORDER BY client_index",
             (session_id, pass_index, layer, kind),
         ).fetchall()
         if any(r[0] is None for r in rows):
@@ -144,17 +170,19 @@ class RoundQueries(Queries):
         sha256: bytes,
         size: int,
         body: bytes | None,
+        part: int = 0,
     ) -> None:
         """``body`` None: the body is kept outside SQLite (embedding shares)."""
         self._db.execute(
-            "INSERT INTO uploads (session_id, pass_index, layer, kind, client_index, sha256, size,"
-            " body, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO uploads (session_id, pass_index, layer, kind, client_index, part, sha256,"
+            " size, body, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 session_id,
                 pass_index,
                 layer,
                 kind,
                 client_index,
+                part,
                 sha256,
                 size,
                 body,
@@ -163,12 +191,12 @@ class RoundQueries(Queries):
         )
 
     def result(
-        self, session_id: str, pass_index: int, layer: int, kind: ResultKind
+        self, session_id: str, pass_index: int, layer: int, kind: ResultKind, part: int = 0
     ) -> ResultRow | None:
         row = self._db.execute(
             "SELECT rows, cols, count, body, released_at FROM results WHERE session_id = ?"
-            " AND pass_index = ? AND layer = ? AND kind = ?",
-            (session_id, pass_index, layer, kind),
+            " AND pass_index = ? AND layer = ? AND kind = ? AND part = ?",
+            (session_id, pass_index, layer, kind, part),
         ).fetchone()
         if not row:
             return None
@@ -187,16 +215,18 @@ class RoundQueries(Queries):
         count: int,
         body: bytes | None,
         released_at: float | None = None,
+        part: int = 0,
     ) -> None:
-        """``body`` None: the body is kept outside SQLite (sums)."""
+        """``body`` None: the body is kept outside SQLite (sums). ``rows``: the part's."""
         self._db.execute(
-            "INSERT INTO results (session_id, pass_index, layer, kind, rows, cols, count, body,"
-            " created_at, released_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO results (session_id, pass_index, layer, kind, part, rows, cols, count,"
+            " body, created_at, released_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 session_id,
                 pass_index,
                 layer,
                 kind,
+                part,
                 rows,
                 cols,
                 count,

@@ -21,7 +21,7 @@ from clients.checkpoint import (
     Fingerprint,
     WorkerProgress,
 )
-from clients.pass_driver import ResumedPass, exchange_share
+from clients.pass_driver import ResumedPass, admit_release, exchange_share
 from clients.service_http import ServiceError
 from models.config import TrainConfig
 from models.federated import GlasuClient
@@ -305,17 +305,32 @@ class FilledSlotService:
 
     def __init__(self) -> None:
         self.fetched: list[tuple[int, int]] = []
+        self.parts: list[int] = []
 
     def put_embedding(self, pass_index: int, layer: int, payload: bytes, **_: Any) -> None:
         problem = {"type": "https://glasu.dev/problems/conflict", "detail": "slot taken"}
         raise ServiceError(409, problem, "PUT", f"/passes/{pass_index}/layers/{layer}/embedding")
 
-    def fetch_aggregate(self, pass_index: int, layer: int) -> Aggregate:
+    def fetch_aggregate(self, pass_index: int, layer: int, *, part: int = 0) -> Aggregate:
         self.fetched.append((pass_index, layer))
+        self.parts.append(part)
         return Aggregate(payload=b"sum", count=3)
 
 
 REQUEST = EmbeddingRequest(layer=1, payload=b"re-encrypted", rows=2, cols=2)
+
+
+def test_a_resumed_pass_takes_over_a_part_by_its_own_journal_entry(tmp_path: Path) -> None:
+    """Each part of a share is journaled under its own key: part 1 of layer 1 is "1.1"."""
+    store = CheckpointStore(tmp_path, session_id="s", client=0)
+    service = FilledSlotService()
+    second = EmbeddingRequest(layer=1, payload=b"part 1", rows=2, cols=2, part=1, parts=2)
+    resume = ResumedPass(pass_index=4, shares={"1": "other", "1.1": "abc"})
+    answer = exchange_share(FakeClient("abc"), service, 4, second, store, resume)  # type: ignore[arg-type]
+    assert answer == Aggregate(payload=b"sum", count=3) and service.parts == [1]
+    assert store.uploads()["shares"] == {"1.1": "abc"}
+    with pytest.raises(CheckpointError, match="part 1 of 2"):
+        exchange_share(FakeClient("abc"), service, 4, second, store, ResumedPass(4, {"1": "abc"}))  # type: ignore[arg-type]
 
 
 def test_a_resumed_pass_takes_the_sum_when_its_share_is_the_journaled_one(tmp_path: Path) -> None:
@@ -390,3 +405,27 @@ def test_a_checkpoint_of_a_plain_client_does_not_fit_a_private_one(cora, tmp_pat
     store.save(plain, WorkerProgress(), fingerprint(plain, PLAIN))
     with pytest.raises(CheckpointError, match=r"glasu client, this one is private"):
         store.load(private, fingerprint(plain, PLAIN))
+
+
+class CountingGate:
+    """The owner's release gate, counting what it is asked to admit."""
+
+    def __init__(self) -> None:
+        self.admitted: list[tuple[int, int, str]] = []
+
+    def admit(self, pass_index: int, *, layer: int, release: str, pass_kind: str | None) -> bool:
+        self.admitted.append((pass_index, layer, release))
+        return True
+
+
+def test_the_parts_of_a_release_pass_the_gate_once(caplog: pytest.LogCaptureFixture) -> None:
+    """All parts carry the release's digest: the gate admits it at part 0, the others follow
+    without a second admission (and without a "not counted twice" line per part)."""
+    gate = CountingGate()
+    for part in range(3):
+        request = EmbeddingRequest(
+            layer=1, payload=b"", rows=2, cols=2, release="d", part=part, parts=3
+        )
+        admit_release(gate, 7, request, pass_kind="eval")  # type: ignore[arg-type]
+    assert gate.admitted == [(7, 1, "d")]
+    assert "not counted twice" not in caplog.text

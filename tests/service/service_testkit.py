@@ -19,6 +19,7 @@ from fastapi import FastAPI
 from clients.local.processes import ServedService as ServedProcess
 from clients.local.processes import glasu_command, without_glasu_settings
 from clients.local.processes import start_serve as start_glasu_serve
+from secure.protocol import part_count, part_span
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN_TOKEN = "admin-token-for-tests-0123456789"
@@ -173,7 +174,9 @@ class Federation:
         auth = bearer(self.tokens[m])
         output = np.asarray(record.info["output_nodes"], dtype=np.int64)
         rows: dict[int, int] = {self.request["layers"]: len(output)}
-        for layer in self.node_layers:
+        # an evaluation pass exchanges no node sets: every layer's rows are all the nodes
+        evaluation = record.info["kind"] == "eval"
+        for layer in [] if evaluation else self.node_layers:
             sampled = self.rng.choice(self.request["num_nodes"], size=6)
             nodes = np.unique(np.concatenate([output, sampled])).astype(np.int64)
             record.node_sets.setdefault(layer, {})[m] = nodes
@@ -191,24 +194,33 @@ class Federation:
             rows[layer] = len(ids)
         for agg in self.request["agg_layers"]:
             layer, width = agg["layer"], agg["width"]
-            share = self.rng.standard_normal((rows[layer], width)).astype(np.float32)
+            layer_rows = self.request["num_nodes"] if evaluation else rows[layer]
+            share = self.rng.standard_normal((layer_rows, width)).astype(np.float32)
             record.shares.setdefault(layer, {})[m] = share
-            put = await self.http.put(
-                f"{base}/{layer}/embedding",
-                content=share.astype(FLOAT32_LE).tobytes(),
-                headers={**auth, **matrix_headers(*share.shape)},
-            )
-            assert put.status_code == 201, put.text
-            total = await self.long_poll(f"{base}/{layer}/aggregate", auth)
-            assert total.headers["X-Glasu-Shape"] == f"{rows[layer]},{width}"
-            assert total.headers["X-Glasu-Encoding"] == "float32"
-            record.counts.setdefault(layer, set()).add(int(total.headers["X-Glasu-Count"]))
-            matrix = np.frombuffer(total.content, dtype=FLOAT32_LE).reshape(rows[layer], width)
-            record.sums.setdefault(layer, {})[m] = matrix
+            parts = part_count(layer_rows, width)
+            summed = []
+            for part in range(parts):  # upload part k, fetch its sum, then part k + 1
+                start, stop = part_span(part, rows=layer_rows, cols=width)
+                put = await self.http.put(
+                    f"{base}/{layer}/embedding",
+                    params={"part": part, "parts": parts},
+                    content=share[start:stop].astype(FLOAT32_LE).tobytes(),
+                    headers={**auth, **matrix_headers(stop - start, width)},
+                )
+                assert put.status_code == 201, put.text
+                total = await self.long_poll(f"{base}/{layer}/aggregate", auth, part=part)
+                assert total.headers["X-Glasu-Shape"] == f"{stop - start},{width}"
+                assert total.headers["X-Glasu-Encoding"] == "float32"
+                record.counts.setdefault(layer, set()).add(int(total.headers["X-Glasu-Count"]))
+                summed.append(
+                    np.frombuffer(total.content, dtype=FLOAT32_LE).reshape(stop - start, width)
+                )
+            record.sums.setdefault(layer, {})[m] = np.concatenate(summed)
 
-    async def long_poll(self, path: str, auth: dict[str, str]) -> httpx.Response:
+    async def long_poll(self, path: str, auth: dict[str, str], *, part: int = 0) -> httpx.Response:
+        params = {"wait": 5} if part == 0 else {"wait": 5, "part": part}
         for _ in range(100):
-            response = await self.http.get(path, params={"wait": 5}, headers=auth)
+            response = await self.http.get(path, params=params, headers=auth)
             if response.status_code == 200:
                 return response
             assert response.status_code == 202, response.text

@@ -13,7 +13,14 @@ from pathlib import Path
 import psycopg
 import pytest
 from fastapi import FastAPI
-from service_testkit import Federation, admin, create_session, http_client, session_request
+from service_testkit import (
+    Federation,
+    admin,
+    create_session,
+    database_sql,
+    http_client,
+    session_request,
+)
 
 from service.alignment.tables import ALIGNMENT_MIGRATIONS, create_alignment_tables
 from service.clock import DatabaseClock, ManualClock
@@ -237,3 +244,71 @@ def test_a_database_of_a_newer_release_is_refused(tmp_path: Path, url: str) -> N
         pg.execute("INSERT INTO schema_migrations VALUES ('store', 99, 'future', 0)")
     with pytest.raises(RuntimeError, match="newer than this release"):
         Store(url)
+
+
+# uploads and results as they were before shares travelled in parts (store migration 4)
+_UNPARTED_ROUNDS = """
+CREATE TABLE uploads (
+    session_id TEXT NOT NULL REFERENCES sessions(id), pass_index INTEGER NOT NULL,
+    layer INTEGER NOT NULL, kind TEXT NOT NULL, client_index INTEGER NOT NULL,
+    sha256 BLOB NOT NULL, size INTEGER NOT NULL, body BLOB, created_at REAL NOT NULL,
+    PRIMARY KEY (session_id, pass_index, layer, kind, client_index)
+);
+CREATE TABLE results (
+    session_id TEXT NOT NULL REFERENCES sessions(id), pass_index INTEGER NOT NULL,
+    layer INTEGER NOT NULL, kind TEXT NOT NULL, rows INTEGER NOT NULL, cols INTEGER NOT NULL,
+    count INTEGER NOT NULL, body BLOB, created_at REAL NOT NULL, released_at REAL,
+    PRIMARY KEY (session_id, pass_index, layer, kind)
+);
+"""
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_a_database_from_before_parts_keys_its_slots_by_part(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Migration 4 moves the rows of uploads and results (and on PostgreSQL the payloads) to
+    part 0 and makes the part a key: a slot's part 1 is a row of its own."""
+    database: str | Path = tmp_path / "before.sqlite3"
+    if backend == "postgresql":
+        database = request.getfixturevalue("url")
+    Store(database).close()
+    unparted = _UNPARTED_ROUNDS + (
+        "ALTER TABLE payloads DROP CONSTRAINT payloads_pkey; ALTER TABLE payloads DROP COLUMN"
+        " part; ALTER TABLE payloads ADD PRIMARY KEY"
+        " (session_id, pass_index, layer, client_index, sha256);"
+        if backend == "postgresql"
+        else ""
+    )
+    sha256 = "'\\xab'" if backend == "postgresql" else "X'ab'"  # a blob literal
+    statements = ["DROP TABLE uploads", "DROP TABLE results"]
+    if backend == "postgresql":
+        unparted = unparted.replace("BLOB", "BYTEA").replace("REAL", "DOUBLE PRECISION")
+    statements += [s for s in unparted.split(";") if s.strip()]
+    statements += [
+        "DELETE FROM schema_migrations WHERE version = 4",
+        "INSERT INTO sessions VALUES ('s', '{}', 'running', 0, 1.0, 1.0)",
+        f"INSERT INTO uploads VALUES ('s', 0, 1, 'embedding', 2, {sha256}, 3, NULL, 1.0)",
+        "INSERT INTO results VALUES ('s', 0, 1, 'aggregate', 5, 4, 3, NULL, 1.0, NULL)",
+    ]
+    if backend == "postgresql":
+        statements.append("INSERT INTO payloads VALUES ('s', 0, 1, -1, '', 'sum')")
+    else:
+        statements.append("PRAGMA user_version = 3")
+    database_sql(database, *statements)
+    store = Store(database)
+    try:
+        with store.transaction() as tx:
+            assert tx.uploads("s", 0, 1, "embedding", 0)[0].sha256 == b"\xab"
+            result = tx.result("s", 0, 1, "aggregate", 0)
+            assert result is not None and (result.rows, result.count) == (5, 3)
+            assert tx.result("s", 0, 1, "aggregate", 1) is None
+            tx.insert_upload("s", 0, 1, "embedding", 2, sha256=b"cd", size=3, body=None, part=1)
+            tx.insert_result("s", 0, 1, "aggregate", rows=2, cols=4, count=3, body=None, part=1)
+            assert tx.result_parts("s", 0, 1, "aggregate") == 2
+            if backend == "postgresql":
+                assert tx.payload("s", 0, 1, -1, b"", 0) == b"sum"
+                tx.put_payload("s", 0, 1, -1, b"", b"sum 1", 1)
+                assert tx.payload("s", 0, 1, -1, b"", 1) == b"sum 1"
+    finally:
+        store.close()

@@ -174,12 +174,14 @@ async def test_a_pass_goes_on_without_a_late_node_set_and_takes_the_client_back_
     # until it asks to rejoin: pass 1 has gone on without it, so from pass 2
     assert await rejoin(client, created, 2) == 2
     await finish_pass(client, created, 1, (0, 1))
+    # pass 2 evaluates: no node sets, its layer 1 shares have a row per node (num_nodes 60)
+    share = np.ones((60, 8))
     for m in (0, 1):
-        assert (await put(client, created, m, 2, 1, nodes)).status_code == 201
-    waiting = await get(client, created, 0, 2, 1, "nodes", wait=0)
+        assert (await put(client, created, m, 2, 1, share)).status_code == 201
+    waiting = await get(client, created, 0, 2, 1, "aggregate", wait=0)
     assert waiting.status_code == 202 and waiting.json()["missing"] == [2]
-    assert (await put(client, created, 2, 2, 1, nodes)).status_code == 201
-    assert (await get(client, created, 2, 2, 1, "nodes", wait=1)).status_code == 200
+    assert (await put(client, created, 2, 2, 1, share)).status_code == 201
+    assert (await get(client, created, 2, 2, 1, "aggregate", wait=1)).status_code == 200
     assert await rejoin(client, created, 0) == 2  # never left out: the current pass
 
 

@@ -2,17 +2,20 @@
 
 Uploads read the body here (:mod:`service.api.body`) and hand everything blocking to the engine
 in a worker thread; the downloads long-poll (see :mod:`service.notify`) and answer 202 with a
-waiting status on timeout. The node-set and embedding exchanges differ only in their kinds, so
-one function adds the PUT and the GET route of each. The URL keeps the protocol's names
-``{sid}``, ``{m}``, ``{p}``, ``{l}``; the Python parameters behind them are named in full.
+waiting status on timeout. The node-set and embedding exchanges differ in their kinds and in the
+part that a share and a sum name (query parameters ``part`` and ``parts``; a node set and a
+union are part 0 of 1), so each route is a few lines around one upload and one download. The
+URL keeps the protocol's names ``{sid}``, ``{m}``, ``{p}``, ``{l}``; the Python parameters behind
+them are named in full.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import Header, Path, Request, Response
+from fastapi import Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -22,11 +25,13 @@ from service.api.body import api_router, binary_body
 from service.api.deps import ClientDep, ContextDep
 from service.api.polling import WaitQuery, poll
 from service.api.routes.docs import BINARY_REQUEST_BODY, OCTET_STREAM, binary_response
+from service.context import ServiceContext
 from service.notify import Waiting
 from service.rounds import Caller, Payload, UploadOutcome
 from service.store import ResultKind, UploadKind
 
 router = api_router("/v1/sessions/{sid}/clients/{m}", "clients")
+_Route = Callable[..., Awaitable[Any]]
 
 PassPath = Annotated[int, Path(alias="p", ge=0, le=MAX_COUNT, description="Pass index (0-based).")]
 LayerPath = Annotated[
@@ -48,7 +53,10 @@ UPLOAD_RESPONSES: dict[int | str, dict[str, object]] = {
 def _payload_response(result: Payload | Waiting, pass_index: int, layer: int) -> Response:
     if isinstance(result, Waiting):
         status = WaitingStatus(
-            pass_index=pass_index, layer=layer, received=result.received, missing=result.missing
+            pass_index=pass_index,
+            layer=layer,
+            received=result.received,
+            missing=result.missing,
         )
         return JSONResponse(status.model_dump(mode="json", by_alias=True), status_code=202)
     headers = {"X-Glasu-Shape": result.shape, "X-Glasu-Encoding": result.encoding}
@@ -79,87 +87,155 @@ def get_pass(caller: ClientDep, context: ContextDep, pass_index: PassPath) -> Pa
     return context.engine.downloads.pass_info(caller.session_id, pass_index)
 
 
-def _add_layer_exchange(
-    upload_kind: UploadKind,
-    result_kind: ResultKind,
-    *,
-    result_path: str,
-    upload_summary: str,
-    download_summary: str,
-    result_description: str,
-    waiting_description: str,
-) -> None:
-    """The two routes of one exchange at a layer: PUT this client's upload, GET the result."""
+PartQuery = Annotated[
+    int,
+    Query(
+        ge=0,
+        le=MAX_COUNT,
+        description="Which part of the layer's rows this share or sum holds (0-based; rows"
+        " part_span(part) of the layer, docs/protocol.md).",
+    ),
+]
+PartsQuery = Annotated[
+    int,
+    Query(
+        ge=1,
+        le=MAX_COUNT,
+        description="How many parts the layer's shares travel in: part_count(rows, cols).",
+    ),
+]
 
-    async def upload(
-        caller: ClientDep,
-        context: ContextDep,
-        request: Request,
-        pass_index: PassPath,
-        layer: LayerPath,
-        shape: ShapeHeader = None,
-        encoding: EncodingHeader = None,
-    ) -> JSONResponse:
-        # Read the binary body (within the byte budget), store it off the event loop, wake the
-        # long-polls, answer with a receipt. (No docstring: the route's OpenAPI description.)
-        store = partial(context.engine.uploads.put, upload_kind, caller, pass_index, layer)
-        async with binary_body(request) as body:
-            outcome = await run_in_threadpool(store, shape=shape, encoding=encoding, body=body)
-        if outcome.wakes_waiters:
-            context.notifier.notify(caller.session_id)
-        return _receipt_response(caller, pass_index, layer, outcome)
 
-    async def download(
-        caller: ClientDep,
-        context: ContextDep,
-        pass_index: PassPath,
-        layer: LayerPath,
-        wait: WaitQuery = None,
-    ) -> Response:
-        # Long-poll until the result is complete or the wait runs out (202).
-        check = partial(context.engine.downloads.get, result_kind, caller, pass_index, layer)
-        result = await poll(context, caller.session_id, check, wait)
-        return _payload_response(result, pass_index, layer)
+async def _upload(
+    kind: UploadKind,
+    caller: Caller,
+    context: ServiceContext,
+    request: Request,
+    slot: tuple[int, int, int, int],
+    shape: str | None,
+    encoding: str | None,
+) -> JSONResponse:
+    """Read the binary body (within the byte budget), store it off the event loop, wake the
+    long-polls, answer with a receipt. ``slot``: pass, layer, part, parts."""
+    pass_index, layer, part, parts = slot
+    store = partial(context.engine.uploads.put, kind, caller, pass_index, layer)
+    async with binary_body(request) as body:
+        outcome = await run_in_threadpool(
+            store, shape=shape, encoding=encoding, body=body, part=part, parts=parts
+        )
+    if outcome.wakes_waiters:
+        context.notifier.notify(caller.session_id)
+    return _receipt_response(caller, pass_index, layer, outcome)
 
-    router.put(
-        f"/passes/{{p}}/layers/{{l}}/{upload_kind}",
-        name=f"put_{upload_kind}",
+
+async def _download(
+    kind: ResultKind,
+    caller: Caller,
+    context: ServiceContext,
+    slot: tuple[int, int, int],
+    wait: float | None,
+) -> Response:
+    """Long-poll until the result is complete or the wait runs out (202). ``slot``: pass,
+    layer, part."""
+    pass_index, layer, part = slot
+    check = partial(context.engine.downloads.get, kind, caller, pass_index, layer, part)
+    result = await poll(context, caller.session_id, check, wait)
+    return _payload_response(result, pass_index, layer)
+
+
+def _upload_route(kind: UploadKind, summary: str) -> Callable[[_Route], _Route]:
+    return router.put(
+        f"/passes/{{p}}/layers/{{l}}/{kind}",
+        name=f"put_{kind}",
         status_code=201,
         response_model=UploadReceipt,
         responses=UPLOAD_RESPONSES,
         openapi_extra=BINARY_REQUEST_BODY,
-        summary=upload_summary,
-    )(upload)
-    router.get(
-        f"/passes/{{p}}/layers/{{l}}/{result_path}",
-        name=f"get_{result_path}",
+        summary=summary,
+    )
+
+
+def _download_route(
+    path: str, summary: str, *, result: str, waiting: str, with_count: bool
+) -> Callable[[_Route], _Route]:
+    return router.get(
+        f"/passes/{{p}}/layers/{{l}}/{path}",
+        name=f"get_{path}",
         response_class=Response,
         responses={
-            200: binary_response(result_description, with_count=result_kind == "aggregate"),
-            202: {"model": WaitingStatus, "description": waiting_description},
+            200: binary_response(result, with_count=with_count),
+            202: {"model": WaitingStatus, "description": waiting},
         },
-        summary=download_summary,
-    )(download)
+        summary=summary,
+    )
 
 
-_add_layer_exchange(
+# The routes have no docstrings of their own: FastAPI would take them as OpenAPI descriptions.
+
+
+@_upload_route("nodes", "Upload this client's node set (training passes)")
+async def put_nodes(
+    caller: ClientDep,
+    context: ContextDep,
+    request: Request,
+    pass_index: PassPath,
+    layer: LayerPath,
+    shape: ShapeHeader = None,
+    encoding: EncodingHeader = None,
+) -> JSONResponse:
+    slot = (pass_index, layer, 0, 1)
+    return await _upload("nodes", caller, context, request, slot, shape, encoding)
+
+
+@_download_route(
     "nodes",
-    "union",
-    result_path="nodes",
-    upload_summary="Upload this client's node set",
-    download_summary="Download the node union (long poll)",
-    result_description="The sorted union (int64).",
-    waiting_description="Not all node sets are in yet.",
+    "Download the node union (long poll)",
+    result="The sorted union (int64).",
+    waiting="Not all node sets are in yet.",
+    with_count=False,
 )
-_add_layer_exchange(
-    "embedding",
+async def get_nodes(
+    caller: ClientDep,
+    context: ContextDep,
+    pass_index: PassPath,
+    layer: LayerPath,
+    wait: WaitQuery = None,
+) -> Response:
+    return await _download("union", caller, context, (pass_index, layer, 0), wait)
+
+
+@_upload_route("embedding", "Upload one part of this client's embedding share")
+async def put_embedding(
+    caller: ClientDep,
+    context: ContextDep,
+    request: Request,
+    pass_index: PassPath,
+    layer: LayerPath,
+    shape: ShapeHeader = None,
+    encoding: EncodingHeader = None,
+    part: PartQuery = 0,
+    parts: PartsQuery = 1,
+) -> JSONResponse:
+    slot = (pass_index, layer, part, parts)
+    return await _upload("embedding", caller, context, request, slot, shape, encoding)
+
+
+@_download_route(
     "aggregate",
-    result_path="aggregate",
-    upload_summary="Upload this client's embedding share",
-    download_summary="Download the sum (long poll)",
-    result_description="The sum of the M shares (session encoding).",
-    waiting_description="Not all shares are in yet.",
+    "Download the sum of one part (long poll)",
+    result="The sum of the M shares' part (session encoding).",
+    waiting="Not all shares of the part are in yet.",
+    with_count=True,
 )
+async def get_aggregate(
+    caller: ClientDep,
+    context: ContextDep,
+    pass_index: PassPath,
+    layer: LayerPath,
+    wait: WaitQuery = None,
+    part: PartQuery = 0,
+) -> Response:
+    return await _download("aggregate", caller, context, (pass_index, layer, part), wait)
 
 
 @router.post(
