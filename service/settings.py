@@ -42,8 +42,9 @@ class ServiceSettings(BaseSettings):
     max_json_bytes: int = Field(
         16 * 1024 * 1024,
         ge=1,
-        description="Largest JSON body of a session creation, whose node id lists grow with the"
-        " graph (16 MiB: about two million ids); the other JSON routes take at most 64 KiB.",
+        description="Largest JSON body of a session creation, whose encoded node lists grow with"
+        " the graph (about 1 bit per node each: 16 MiB holds two lists of about 50M nodes); the"
+        " other JSON routes take at most 64 KiB.",
     )
     max_inflight_body_bytes: int = Field(
         256 * 1024 * 1024,

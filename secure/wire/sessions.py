@@ -76,8 +76,8 @@ class SessionCreate(StrictModel):
     kind: SessionKind = Field(
         "training",
         description="'scoring': no training; the workers load their trained models and score "
-        "`eval_nodes` jointly, in consecutive chunks of `batch_size` nodes, one evaluation pass "
-        "each (every pass is a release like a training pass: encrypted, noised and counted). "
+        "`eval_nodes` jointly in ONE evaluation pass (a release like a training pass: encrypted, "
+        "noised and counted; its shares travel in parts, so no request grows with the nodes). "
         "`rounds`, `eval_every`, `stale` and `train_nodes` are ignored.",
     )
     model_session: str | None = Field(
