@@ -1,13 +1,16 @@
 """The GLASU client, written without I/O.
 
 :meth:`GlasuClient.run_pass` is a generator: it yields a :class:`NodesRequest` when it needs the
-union of the clients' node sets at an aggregation layer, and an :class:`EmbeddingRequest` when it
-uploads its share of an aggregation layer; it is resumed with the answer (the union, or the summed
-payload and how many shares it holds). These are the wire messages of ``secure/protocol.py``. The
-in-process trainer answers all clients' requests with function calls; the HTTP worker answers its
-one client's requests through the service. Both run exactly this code.
+union of the clients' node sets at an aggregation layer of a training pass, and an
+:class:`EmbeddingRequest` when it uploads a part of its share of an aggregation layer (a share
+travels in ``secure.protocol.part_count`` parts); it is resumed with the answer (the union, or the
+summed part and how many shares it holds). An evaluation pass asks for no node set: it computes
+every layer over all aligned nodes (``models/layerwise.py``). These are the wire messages of
+``secure/protocol.py``. The in-process trainer answers all clients' requests with function
+calls; the HTTP worker answers its one client's requests through the service. Both run exactly
+this code.
 
-One class, a little over 400 lines: the steps of a pass (sampling, the joint aggregation, the
+One class, about 480 lines: the steps of a pass (sampling, the joint aggregation, the
 local steps, GLASU B.2's gradient broadcast, evaluation) share the client's model, generators
 and workset. Its settings (``models/client_config.py``), its stale statistics
 (``models/workset.py``) and the scoring of an evaluation (``models/outcome.py``) live apart.
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,7 +30,8 @@ from models.backbone import ClientNetwork
 from models.client_config import ClientConfig
 from models.data.partition import ClientPartition
 from models.layers import Block
-from models.outcome import PassOutcome, score_evaluation
+from models.layerwise import EVAL_CHUNK_NODES, Stack, project_all, propagate_all
+from models.outcome import EvaluationScores, PassOutcome, score_evaluation
 from models.sampler import NeighbourSampler, SampledLayer, SamplingGraph, sampling_rng
 from models.workset import (
     CachedBatch,
@@ -47,13 +51,11 @@ from secure.protocol import (
     Response,
     check_node_set,
     check_union,
+    part_count,
+    part_span,
 )
 
 _GLOBAL_RNG_LOCK = threading.Lock()
-
-# Transforms a client's share of an aggregation layer before it is encoded (the DP release hook):
-# (layer, clean share) -> share to send.
-ShareTransform = Callable[[int, np.ndarray], np.ndarray]
 
 
 class GlasuClient:
@@ -65,15 +67,13 @@ class GlasuClient:
         config: ClientConfig,
         *,
         codec: EmbeddingCodec | None = None,
-        share_transform: ShareTransform | None = None,
         device: torch.device | str = "cpu",
     ) -> None:
         self.partition = partition
         self.config = config
         self.codec = codec or PlainCodec()
-        self.share_transform = share_transform
-        # The pass being run (index, output nodes), and the digest of the release the share
-        # transform just made (private clients): what the owner's gate records before it leaves.
+        # The pass being run (index, output nodes), and the digest of the release about to be
+        # sent (private clients): what the owner's gate records before it leaves.
         self.current_pass: tuple[int, np.ndarray] = (-1, np.empty(0, np.int64))
         self.pending_release: str | None = None
         self.device = torch.device(device)
@@ -156,14 +156,13 @@ class GlasuClient:
     def run_pass(
         self, *, pass_index: int, kind: str, output_nodes: np.ndarray
     ) -> Generator[Request, Response, PassOutcome]:
-        fanout = self.config.fanout if kind == "train" else self.config.eval_fanout
         output_nodes = check_node_set(
             output_nodes, num_nodes=self.partition.num_nodes, what=f"pass {pass_index}'s output"
         )
         self.current_pass = (pass_index, output_nodes)
-        sampled = yield from self._sample(
-            pass_index if kind == "train" else None, output_nodes, fanout
-        )
+        if kind == "eval":
+            return (yield from self._evaluate(output_nodes))
+        sampled = yield from self._sample(pass_index, output_nodes, self.config.fanout)
         blocks = [Block.from_sampled(layer, self.device) for layer in sampled]
         input_nodes = torch.from_numpy(sampled[0].sources).to(self.device)
         h0_rows = [
@@ -177,8 +176,6 @@ class GlasuClient:
             labels=self.labels[torch.from_numpy(output_nodes).to(self.device)],
             presence=self._presence(sampled),
         )
-        if kind == "eval":
-            return (yield from self._evaluate(batch, output_nodes))
         return (yield from self._train(batch))
 
     def _presence(self, sampled: Sequence[SampledLayer]) -> dict[int, torch.Tensor]:
@@ -193,12 +190,21 @@ class GlasuClient:
             for depth in self.config.agg_layers
         }
 
+    def _sampler(self, fanout: int, depth: int) -> NeighbourSampler:
+        """The sampler of graph layer ``depth``: capped up to the first aggregation layer."""
+        return self._samplers[(fanout, depth <= self.config.agg_layers[0])]
+
+    def _feature_rows(self, nodes: torch.Tensor | np.ndarray) -> torch.Tensor:
+        """The features of ``nodes`` (aligned ids) on the device."""
+        if isinstance(nodes, np.ndarray):
+            nodes = torch.from_numpy(nodes).to(self.device)
+        return self.features[nodes]
+
     def _sample(
-        self, pass_index: int | None, output_nodes: np.ndarray, fanout: int
+        self, pass_index: int, output_nodes: np.ndarray, fanout: int
     ) -> Generator[Request, Response, list[SampledLayer]]:
         """Top-down: sample each layer's sources from its targets; at an aggregation layer below
-        the top, replace the client's own set by the union agreed with the others.
-        ``pass_index`` None: an inference pass (its samples do not depend on the pass)."""
+        the top, replace the client's own set by the union agreed with the others."""
         sampled: list[SampledLayer] = []
         targets = output_nodes
         for depth in range(self.layers, 0, -1):
@@ -208,8 +214,7 @@ class GlasuClient:
                 pass_index=pass_index,
                 layer=depth,
             )
-            sampler = self._samplers[(fanout, depth <= self.config.agg_layers[0])]
-            layer = sampler.sample_layer(targets, rng=rng)
+            layer = self._sampler(fanout, depth).sample_layer(targets, rng=rng)
             if depth - 1 in self.config.agg_layers:
                 union = yield NodesRequest(layer=depth - 1, nodes=layer.sources)
                 union = check_union(
@@ -232,7 +237,9 @@ class GlasuClient:
         code runs while this generator is suspended."""
         others = batch.others
         with torch.set_grad_enabled(grad):
-            h0 = self.network.project(self.features[batch.input_nodes], generator=self.generator)
+            h0 = self.network.project(
+                self._feature_rows(batch.input_nodes), generator=self.generator
+            )
         h = h0
         for depth, block in enumerate(batch.blocks, start=1):
             with torch.set_grad_enabled(grad):
@@ -254,49 +261,107 @@ class GlasuClient:
     def _joint_aggregate(
         self, depth: int, own: torch.Tensor, *, presence: torch.Tensor | None = None
     ) -> Generator[Request, Response, Extracted]:
-        """Send this client's share of layer ``depth``; return H_{-m} = Extract(H, share) =
-        H - share / M, where ``share`` is what was actually sent (noise included).
+        """Send this client's share of layer ``depth``, part by part; return H_{-m} =
+        Extract(H, share) = H - share / M, where ``share`` is what was actually sent (noise
+        included).
 
         With ``presence`` (a count-aware session), rows of nodes this client lacks are sent as
         zeros, a last column carries the presence itself, and the sum's last column is the
         number of holders of each row, the divisor of the count-aware mean (Feras)."""
-        share = own.detach().cpu().numpy().astype(np.float32)
-        if self.share_transform is not None:
-            share = self.share_transform(depth, share).astype(np.float32)
-        share = self._within_bound(share)
-        if presence is not None:
-            column = presence.cpu().numpy().astype(np.float32)
-            share = np.concatenate([share * column, column], axis=1)
-        release, self.pending_release = self.pending_release, None
-        total, shares = yield from self._exchange(depth, share, release=release)
-        if presence is None:
-            others = total / shares - share / shares
-            return Extracted(torch.from_numpy(others).to(self.device), shares)
-        # the holder counts are small integers: round away the encryption's error; every node
-        # at an aggregation layer was sampled by a party that holds it, so count >= 1
-        count = np.clip(np.rint(total[:, -1:]), 1, shares)
-        others = (total[:, :-1] - share[:, :-1]) / count
+        clean = own.detach().cpu().numpy().astype(np.float32, copy=False)
+        column = None if presence is None else presence.cpu().numpy().astype(np.float32)
+        rows, width = clean.shape
+        self._begin_release(depth, clean)
+        release = self.pending_release
+        others = np.empty((rows, width), dtype=np.float32)
+        count = np.empty((rows, 1), dtype=np.float32)
+
+        def share_of(part: int, start: int, stop: int) -> np.ndarray:
+            share = self._within_bound(self._release_part(depth, part, clean[start:stop]))
+            if column is None:
+                return share
+            return np.concatenate([share * column[start:stop], column[start:stop]], axis=1)
+
+        def on_sum(
+            start: int, stop: int, share: np.ndarray, total: np.ndarray, shares: int
+        ) -> None:
+            if column is None:
+                others[start:stop] = total / shares - share / shares
+                count[start:stop] = shares
+                return
+            # the holder counts are small integers: round away the encryption's error; every
+            # node was sampled or is held by a party that holds it, so count >= 1
+            held = np.clip(np.rint(total[:, -1:]), 1, shares)
+            others[start:stop] = (total[:, :-1] - share[:, :-1]) / held
+            count[start:stop] = held
+
+        yield from self._exchange_parts(
+            depth, rows=rows, cols=width + (column is not None), share_of=share_of,
+            on_sum=on_sum, release=release,
+        )  # fmt: skip
+        self.pending_release = None
+        if column is None and (count == count[0, 0]).all():
+            return Extracted(torch.from_numpy(others).to(self.device), int(count[0, 0]))
         return Extracted(
             torch.from_numpy(others).to(self.device),
             torch.from_numpy(count).to(self.device),
             presence,
         )
 
+    def _begin_release(self, depth: int, clean: np.ndarray) -> None:
+        """Called with the whole clean share of layer ``depth`` before its first part is sent:
+        a private client sets :attr:`pending_release` (the digest all its parts carry)."""
+
+    def _release_part(self, depth: int, part: int, clean: np.ndarray) -> np.ndarray:
+        """Part ``part`` of the share of layer ``depth`` as it is sent (the DP release hook)."""
+        return clean
+
     def _within_bound(self, share: np.ndarray) -> np.ndarray:
         """``share`` clipped to what keeps the encrypted sum decodable (post-processing)."""
         bound = self.codec.value_bound(shares=self.partition.clients)
+        share = share.astype(np.float32, copy=False)
         return np.clip(share, -bound, bound) if math.isfinite(bound) else share
 
+    def _exchange_parts(
+        self,
+        layer: int,
+        *,
+        rows: int,
+        cols: int,
+        share_of: Callable[[int, int, int], np.ndarray],
+        on_sum: Callable[[int, int, np.ndarray, np.ndarray, int], None],
+        release: str | None = None,
+    ) -> Generator[Request, Response, None]:
+        """Send a share of ``rows`` x ``cols`` in its parts (``secure.protocol.part_span``), one
+        after the other: ``share_of(part, start, stop)`` makes a part as it is sent, and
+        ``on_sum(start, stop, sent, total, count)`` takes its sum, so no more than one part's
+        encoding is held at a time."""
+        parts = part_count(rows, cols)
+        for part in range(parts):
+            start, stop = part_span(part, rows=rows, cols=cols)
+            share = share_of(part, start, stop)
+            total, shares = yield from self._exchange(
+                layer, share, release=release, part=part, parts=parts
+            )
+            on_sum(start, stop, share, total, shares)
+
     def _exchange(
-        self, layer: int, share: np.ndarray, *, release: str | None = None
+        self,
+        layer: int,
+        share: np.ndarray,
+        *,
+        release: str | None = None,
+        part: int = 0,
+        parts: int = 1,
     ) -> Generator[Request, Response, tuple[np.ndarray, int]]:
-        """Upload ``share`` at wire layer ``layer``; return the decoded sum and how many shares
-        it holds: every client's, or (a pass that went on without a straggler)
-        ``MIN_CONTRIBUTORS`` at least."""
+        """Upload ``share`` (part ``part`` of ``parts`` of wire layer ``layer``); return the
+        decoded sum and how many shares it holds: every client's, or (a pass that went on
+        without a straggler) ``MIN_CONTRIBUTORS`` at least."""
         rows, cols = share.shape
         answer = yield EmbeddingRequest(
-            layer=layer, payload=self.codec.encode(share), rows=rows, cols=cols, release=release
-        )
+            layer=layer, payload=self.codec.encode(share), rows=rows, cols=cols, release=release,
+            part=part, parts=parts,
+        )  # fmt: skip
         if not isinstance(answer, Aggregate):
             raise TypeError(f"expected an Aggregate for layer {layer}, got {type(answer).__name__}")
         clients = self.partition.clients
@@ -384,25 +449,34 @@ class GlasuClient:
             share = (gradient.detach() * rows).cpu().numpy().astype(np.float32)
         else:
             share = np.zeros((rows, cols), dtype=np.float32)
-        total, _ = yield from self._exchange(self.layers + 1, self._within_bound(share))
+        share = self._within_bound(share)
+        total = np.empty_like(share)
+
+        def on_sum(start: int, stop: int, _: np.ndarray, part: np.ndarray, __: int) -> None:
+            total[start:stop] = part
+
+        yield from self._exchange_parts(
+            self.layers + 1, rows=rows, cols=cols,
+            share_of=lambda _, start, stop: share[start:stop], on_sum=on_sum,
+        )  # fmt: skip
         return torch.from_numpy(total / rows).to(self.device, torch.float32)
 
     def _after_step(self, batch: CachedBatch) -> None:
         """Called after every local step with the batch it used (the private client's reference
         model trains on the same batches)."""
 
-    def _evaluate(
-        self, batch: CachedBatch, output_nodes: np.ndarray
-    ) -> Generator[Request, Response, PassOutcome]:
-        """Joint inference on the evaluation nodes; this client's own head predicts (a client
-        without labels only takes part)."""
-        self.network.eval()
-        h = yield from self._forward(batch, grad=False)
+    def _evaluate(self, output_nodes: np.ndarray) -> Generator[Request, Response, PassOutcome]:
+        """Joint inference of every aligned node, layer by layer (:meth:`_infer_all`), scored at
+        the output nodes; this client's own head predicts (a client without labels only takes
+        part)."""
+        tops = yield from self._infer_all()
         if not self.holds_labels:
             return PassOutcome(kind="eval", loss=float("nan"))
-        with torch.no_grad():
-            logits = self.network.classify(h, generator=self.generator)
-        scores = score_evaluation(logits, batch.labels, output_nodes, self.partition)
+        return self._outcome(tops, output_nodes)
+
+    def _outcome(self, tops: Sequence[Stack], output_nodes: np.ndarray) -> PassOutcome:
+        """The outcome of an evaluation pass from the top layers :meth:`_infer_all` computed."""
+        scores = self._score(tops[0], output_nodes)
         return PassOutcome(
             kind="eval",
             loss=scores.loss,
@@ -411,3 +485,49 @@ class GlasuClient:
             probabilities=scores.probabilities,
             test_metrics=scores.test_metrics,
         )
+
+    def _score(self, top: Stack, output_nodes: np.ndarray) -> EvaluationScores:
+        """``top``'s network's predictions at the output nodes, scored."""
+        nodes = torch.from_numpy(output_nodes).to(self.device)
+        with torch.no_grad():
+            logits = top.network.classify(top.h[nodes], generator=top.generator)
+        return score_evaluation(logits, self.labels[nodes], output_nodes, self.partition)
+
+    def _all_nodes(self, network: ClientNetwork, generator: torch.Generator) -> Stack:
+        """The input projection of every node by ``network`` (put in inference mode)."""
+        network.eval()
+        return project_all(
+            network, generator, self._feature_rows,
+            num_nodes=self.partition.num_nodes, device=self.device,
+        )  # fmt: skip
+
+    def _layer_chunks(self, depth: int) -> Iterator[SampledLayer]:
+        """Graph layer ``depth`` of an inference pass sampled over all nodes, chunk by chunk:
+        the same sample in every inference pass of this model (``sampling_rng``)."""
+        rng = sampling_rng(
+            seed=self.config.seed, client=self.partition.client, pass_index=None, layer=depth
+        )
+        sampler = self._sampler(self.config.eval_fanout, depth)
+        return sampler.sample_all(chunk=EVAL_CHUNK_NODES, rng=rng)
+
+    def _all_presence(self) -> torch.Tensor | None:
+        """The presence column of every node (count-aware sessions only)."""
+        if not self.config.count_aware:
+            return None
+        return self.held.to(self.device, torch.float32).unsqueeze(1)
+
+    def _infer_all(self) -> Generator[Request, Response, list[Stack]]:
+        """Every layer of every aligned node, the aggregation layers' shares over all nodes
+        in order (rows 0..N-1, sent in parts): the top layer of this client's network."""
+        stack = self._all_nodes(self.network, self.generator)
+        presence = self._all_presence()
+        for depth in range(1, self.layers + 1):
+            propagate_all(depth, [stack], self._layer_chunks(depth), device=self.device)
+            if depth not in self.config.agg_layers:
+                continue
+            extracted = yield from self._joint_aggregate(depth, stack.h, presence=presence)
+            with torch.no_grad():
+                stack.h = combine(
+                    extracted.others, stack.h, count=extracted.count, presence=presence
+                )
+        return [stack]

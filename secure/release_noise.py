@@ -78,6 +78,16 @@ def release_digest(
     return digest.digest()
 
 
+def part_key(release: bytes, part: int) -> bytes:
+    """What the noise of part ``part`` of the release with digest ``release`` is drawn for
+    (``NoiseSource.for_release``): the digest itself for part 0, so a release of one part is
+    noised as it was before releases travelled in parts, and SHA-256 of the digest and the
+    part's index for the others (each part's noise independent of every other part's)."""
+    if part == 0:
+        return release
+    return hashlib.sha256(b"glasu-release-part" + release + part.to_bytes(8, "big")).digest()
+
+
 class _KeyedGaussian(GaussianNoise):
     """The noise of one release: the ChaCha20 keystream of one derived key."""
 
