@@ -41,7 +41,9 @@ def run_pass_inprocess(
     while any(r is not None for r in requests):
         if any(r is None for r in requests):
             raise RuntimeError("clients went out of step: some finished while others still ask")
-        answer = _answer(requests, aggregator, kind=kind)  # type: ignore[arg-type]
+        if kind == "eval" and any(isinstance(r, NodesRequest) for r in requests):
+            raise RuntimeError("an evaluation pass exchanges no node set")
+        answer = _answer(requests, aggregator)  # type: ignore[arg-type]
         requests = [_advance(g, answer, outcomes, i) for i, g in enumerate(passes)]
     return [o for o in outcomes if o is not None]
 
@@ -59,16 +61,12 @@ def _advance(
         return None
 
 
-def _answer(requests: Sequence[Request], aggregator: SumAggregator, *, kind: str) -> Response:
-    if (
-        len({(type(r), r.layer, getattr(r, "part", 0), getattr(r, "parts", 1)) for r in requests})
-        != 1
-    ):
+def _answer(requests: Sequence[Request], aggregator: SumAggregator) -> Response:
+    asked = {(type(r), r.layer, getattr(r, "part", 0), getattr(r, "parts", 1)) for r in requests}
+    if len(asked) != 1:  # the same layer and, of a share, the same part
         raise RuntimeError(f"clients went out of step: {requests}")
     first = requests[0]
     if isinstance(first, NodesRequest):
-        if kind == "eval":
-            raise RuntimeError(f"an evaluation pass exchanges no node set (layer {first.layer})")
         return sorted_union([r.nodes for r in requests])  # type: ignore[union-attr]
     assert isinstance(first, EmbeddingRequest)
     shares = [r.payload for r in requests]  # type: ignore[union-attr]
