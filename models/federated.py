@@ -97,7 +97,6 @@ class GlasuClient:
             self.network.parameters(), lr=config.lr, weight_decay=config.weight_decay
         )
         self.workset = Workset(config.cache_rounds)
-        self.features = partition.features.to(self.device)
         self.labels = partition.labels.to(self.device)
         self.holds_labels = config.label_holder in (None, partition.client)
         if self.gradient_layer is not None and self.layers not in config.agg_layers:
@@ -195,10 +194,11 @@ class GlasuClient:
         return self._samplers[(fanout, depth <= self.config.agg_layers[0])]
 
     def _feature_rows(self, nodes: torch.Tensor | np.ndarray) -> torch.Tensor:
-        """The features of ``nodes`` (aligned ids) on the device."""
-        if isinstance(nodes, np.ndarray):
-            nodes = torch.from_numpy(nodes).to(self.device)
-        return self.features[nodes]
+        """The features of ``nodes`` (aligned ids) on the device, read from the partition's
+        (memory-mapped) rows."""
+        if isinstance(nodes, torch.Tensor):
+            nodes = nodes.cpu().numpy()
+        return self.partition.feature_rows(nodes).to(self.device)
 
     def _sample(
         self, pass_index: int, output_nodes: np.ndarray, fanout: int

@@ -90,9 +90,6 @@ class PrivateGlasuClient(GlasuClient):
             / release.width**0.5
         )
         self.projection = projection.to(self.device)
-        # The norms only: each batch's rows are normalised as they are read (no normalised copy
-        # of the features; the same numbers as dividing the whole matrix).
-        self.feature_norms = self.features.norm(dim=1, keepdim=True).clamp_min(1e-12)
         receiver = self.network.receiver
         assert receiver is not None
         # Start as standalone training: the others' release enters only as far as it helps.
@@ -172,7 +169,9 @@ class PrivateGlasuClient(GlasuClient):
 
     def release_map(self, block: Block, input_nodes: torch.Tensor) -> torch.Tensor:
         """The fixed, weight-free function of the features that is released (before clipping)."""
-        rows = self._feature_rows(input_nodes) / self.feature_norms[input_nodes]
+        # normalised as they are read: no normalised copy of the features
+        rows = self._feature_rows(input_nodes)
+        rows = rows / rows.norm(dim=1, keepdim=True).clamp_min(1e-12)
         projected = rows @ self.projection
         return torch.sparse.mm(block.adjacency, projected)
 

@@ -110,7 +110,7 @@ def full_graph_probabilities(clients: Sequence[GlasuClient], nodes: np.ndarray) 
     graph, the clients' mean at each aggregation layer; the first client's head."""
     blocks = [Block.from_sampled(full_layer(c), torch.device("cpu")) for c in clients]
     with torch.no_grad():
-        h0 = [c.network.project(c.features, generator=c.generator) for c in clients]
+        h0 = [c.network.project(c.partition.features, generator=c.generator) for c in clients]
         h = list(h0)
         for depth in range(1, clients[0].layers + 1):
             h = [
