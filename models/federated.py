@@ -10,17 +10,17 @@ every layer over all aligned nodes (``models/layerwise.py``). These are the wire
 calls; the HTTP worker answers its one client's requests through the service. Both run exactly
 this code.
 
-One class, about 480 lines: the steps of a pass (sampling, the joint aggregation, the
-local steps, GLASU B.2's gradient broadcast, evaluation) share the client's model, generators
-and workset. Its settings (``models/client_config.py``), its stale statistics
-(``models/workset.py``) and the scoring of an evaluation (``models/outcome.py``) live apart.
+One class: the steps of a training pass (sampling, the joint
+aggregation in parts, the local steps, GLASU B.2's gradient broadcast) share the client's model,
+generators and workset. Its settings (``models/client_config.py``), its stale statistics
+(``models/workset.py``), its joint aggregation in parts (``models/joint.py``), its evaluation
+passes (``models/layerwise.py``) and their scoring (``models/outcome.py``) live apart.
 """
 
 from __future__ import annotations
 
-import math
 import threading
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -29,13 +29,13 @@ import torch
 from models.backbone import ClientNetwork
 from models.client_config import ClientConfig
 from models.data.partition import ClientPartition
+from models.joint import JointAggregation
 from models.layers import Block
-from models.layerwise import EVAL_CHUNK_NODES, Stack, project_all, propagate_all
-from models.outcome import EvaluationScores, PassOutcome, score_evaluation
+from models.layerwise import LayerwiseEvaluation
+from models.outcome import PassOutcome
 from models.sampler import NeighbourSampler, SampledLayer, SamplingGraph, sampling_rng
 from models.workset import (
     CachedBatch,
-    Extracted,
     Workset,
     combine,
     instance_weights,
@@ -43,22 +43,17 @@ from models.workset import (
 )
 from secure.aggregation import EmbeddingCodec, PlainCodec
 from secure.protocol import (
-    MIN_CONTRIBUTORS,
-    Aggregate,
-    EmbeddingRequest,
     NodesRequest,
     Request,
     Response,
     check_node_set,
     check_union,
-    part_count,
-    part_span,
 )
 
 _GLOBAL_RNG_LOCK = threading.Lock()
 
 
-class GlasuClient:
+class GlasuClient(LayerwiseEvaluation, JointAggregation):
     """Client ``partition.client``'s model, sampler, optimiser and GLASU pass logic."""
 
     def __init__(
@@ -258,120 +253,6 @@ class GlasuClient:
                 h = combine(stale.others, h, count=stale.count, presence=stale.presence)
         return h
 
-    def _joint_aggregate(
-        self, depth: int, own: torch.Tensor, *, presence: torch.Tensor | None = None
-    ) -> Generator[Request, Response, Extracted]:
-        """Send this client's share of layer ``depth``, part by part; return H_{-m} =
-        Extract(H, share) = H - share / M, where ``share`` is what was actually sent (noise
-        included).
-
-        With ``presence`` (a count-aware session), rows of nodes this client lacks are sent as
-        zeros, a last column carries the presence itself, and the sum's last column is the
-        number of holders of each row, the divisor of the count-aware mean (Feras)."""
-        clean = own.detach().cpu().numpy().astype(np.float32, copy=False)
-        column = None if presence is None else presence.cpu().numpy().astype(np.float32)
-        rows, width = clean.shape
-        self._begin_release(depth, clean)
-        release = self.pending_release
-        others = np.empty((rows, width), dtype=np.float32)
-        count = np.empty((rows, 1), dtype=np.float32)
-
-        def share_of(part: int, start: int, stop: int) -> np.ndarray:
-            share = self._within_bound(self._release_part(depth, part, clean[start:stop]))
-            if column is None:
-                return share
-            return np.concatenate([share * column[start:stop], column[start:stop]], axis=1)
-
-        def on_sum(
-            start: int, stop: int, share: np.ndarray, total: np.ndarray, shares: int
-        ) -> None:
-            if column is None:
-                others[start:stop] = total / shares - share / shares
-                count[start:stop] = shares
-                return
-            # the holder counts are small integers: round away the encryption's error; every
-            # node was sampled or is held by a party that holds it, so count >= 1
-            held = np.clip(np.rint(total[:, -1:]), 1, shares)
-            others[start:stop] = (total[:, :-1] - share[:, :-1]) / held
-            count[start:stop] = held
-
-        yield from self._exchange_parts(
-            depth, rows=rows, cols=width + (column is not None), share_of=share_of,
-            on_sum=on_sum, release=release,
-        )  # fmt: skip
-        self.pending_release = None
-        if column is None and (count == count[0, 0]).all():
-            return Extracted(torch.from_numpy(others).to(self.device), int(count[0, 0]))
-        return Extracted(
-            torch.from_numpy(others).to(self.device),
-            torch.from_numpy(count).to(self.device),
-            presence,
-        )
-
-    def _begin_release(self, depth: int, clean: np.ndarray) -> None:
-        """Called with the whole clean share of layer ``depth`` before its first part is sent:
-        a private client sets :attr:`pending_release` (the digest all its parts carry)."""
-
-    def _release_part(self, depth: int, part: int, clean: np.ndarray) -> np.ndarray:
-        """Part ``part`` of the share of layer ``depth`` as it is sent (the DP release hook)."""
-        return clean
-
-    def _within_bound(self, share: np.ndarray) -> np.ndarray:
-        """``share`` clipped to what keeps the encrypted sum decodable (post-processing)."""
-        bound = self.codec.value_bound(shares=self.partition.clients)
-        share = share.astype(np.float32, copy=False)
-        return np.clip(share, -bound, bound) if math.isfinite(bound) else share
-
-    def _exchange_parts(
-        self,
-        layer: int,
-        *,
-        rows: int,
-        cols: int,
-        share_of: Callable[[int, int, int], np.ndarray],
-        on_sum: Callable[[int, int, np.ndarray, np.ndarray, int], None],
-        release: str | None = None,
-    ) -> Generator[Request, Response, None]:
-        """Send a share of ``rows`` x ``cols`` in its parts (``secure.protocol.part_span``), one
-        after the other: ``share_of(part, start, stop)`` makes a part as it is sent, and
-        ``on_sum(start, stop, sent, total, count)`` takes its sum, so no more than one part's
-        encoding is held at a time."""
-        parts = part_count(rows, cols)
-        for part in range(parts):
-            start, stop = part_span(part, rows=rows, cols=cols)
-            share = share_of(part, start, stop)
-            total, shares = yield from self._exchange(
-                layer, share, release=release, part=part, parts=parts
-            )
-            on_sum(start, stop, share, total, shares)
-
-    def _exchange(
-        self,
-        layer: int,
-        share: np.ndarray,
-        *,
-        release: str | None = None,
-        part: int = 0,
-        parts: int = 1,
-    ) -> Generator[Request, Response, tuple[np.ndarray, int]]:
-        """Upload ``share`` (part ``part`` of ``parts`` of wire layer ``layer``); return the
-        decoded sum and how many shares it holds: every client's, or (a pass that went on
-        without a straggler) ``MIN_CONTRIBUTORS`` at least."""
-        rows, cols = share.shape
-        answer = yield EmbeddingRequest(
-            layer=layer, payload=self.codec.encode(share), rows=rows, cols=cols, release=release,
-            part=part, parts=parts,
-        )  # fmt: skip
-        if not isinstance(answer, Aggregate):
-            raise TypeError(f"expected an Aggregate for layer {layer}, got {type(answer).__name__}")
-        clients = self.partition.clients
-        if not min(MIN_CONTRIBUTORS, clients) <= answer.count <= clients:
-            raise ValueError(
-                f"layer {layer}: the sum holds {answer.count} shares, expected at most "
-                f"{clients} and at least {min(MIN_CONTRIBUTORS, clients)}"
-            )
-        return self.codec.decode_sum(answer.payload, rows=rows, cols=cols), answer.count
-
     @property
     def gradient_layer(self) -> int | None:
         """The wire layer L + 1 of GLASU B.2's broadcast gradient when one client holds the
@@ -464,70 +345,3 @@ class GlasuClient:
     def _after_step(self, batch: CachedBatch) -> None:
         """Called after every local step with the batch it used (the private client's reference
         model trains on the same batches)."""
-
-    def _evaluate(self, output_nodes: np.ndarray) -> Generator[Request, Response, PassOutcome]:
-        """Joint inference of every aligned node, layer by layer (:meth:`_infer_all`), scored at
-        the output nodes; this client's own head predicts (a client without labels only takes
-        part)."""
-        tops = yield from self._infer_all()
-        if not self.holds_labels:
-            return PassOutcome(kind="eval", loss=float("nan"))
-        return self._outcome(tops, output_nodes)
-
-    def _outcome(self, tops: Sequence[Stack], output_nodes: np.ndarray) -> PassOutcome:
-        """The outcome of an evaluation pass from the top layers :meth:`_infer_all` computed."""
-        scores = self._score(tops[0], output_nodes)
-        return PassOutcome(
-            kind="eval",
-            loss=scores.loss,
-            val_accuracy=scores.val_accuracy,
-            test_accuracy=scores.test_accuracy,
-            probabilities=scores.probabilities,
-            test_metrics=scores.test_metrics,
-        )
-
-    def _score(self, top: Stack, output_nodes: np.ndarray) -> EvaluationScores:
-        """``top``'s network's predictions at the output nodes, scored."""
-        nodes = torch.from_numpy(output_nodes).to(self.device)
-        with torch.no_grad():
-            logits = top.network.classify(top.h[nodes], generator=top.generator)
-        return score_evaluation(logits, self.labels[nodes], output_nodes, self.partition)
-
-    def _all_nodes(self, network: ClientNetwork, generator: torch.Generator) -> Stack:
-        """The input projection of every node by ``network`` (put in inference mode)."""
-        network.eval()
-        return project_all(
-            network, generator, self._feature_rows,
-            num_nodes=self.partition.num_nodes, device=self.device,
-        )  # fmt: skip
-
-    def _layer_chunks(self, depth: int) -> Iterator[SampledLayer]:
-        """Graph layer ``depth`` of an inference pass sampled over all nodes, chunk by chunk:
-        the same sample in every inference pass of this model (``sampling_rng``)."""
-        rng = sampling_rng(
-            seed=self.config.seed, client=self.partition.client, pass_index=None, layer=depth
-        )
-        sampler = self._sampler(self.config.eval_fanout, depth)
-        return sampler.sample_all(chunk=EVAL_CHUNK_NODES, rng=rng)
-
-    def _all_presence(self) -> torch.Tensor | None:
-        """The presence column of every node (count-aware sessions only)."""
-        if not self.config.count_aware:
-            return None
-        return self.held.to(self.device, torch.float32).unsqueeze(1)
-
-    def _infer_all(self) -> Generator[Request, Response, list[Stack]]:
-        """Every layer of every aligned node, the aggregation layers' shares over all nodes
-        in order (rows 0..N-1, sent in parts): the top layer of this client's network."""
-        stack = self._all_nodes(self.network, self.generator)
-        presence = self._all_presence()
-        for depth in range(1, self.layers + 1):
-            propagate_all(depth, [stack], self._layer_chunks(depth), device=self.device)
-            if depth not in self.config.agg_layers:
-                continue
-            extracted = yield from self._joint_aggregate(depth, stack.h, presence=presence)
-            with torch.no_grad():
-                stack.h = combine(
-                    extracted.others, stack.h, count=extracted.count, presence=presence
-                )
-        return [stack]

@@ -10,15 +10,21 @@ layer being computed, and at an aggregation layer the share and the others' part
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from models.backbone import ClientNetwork
+from models.client_config import ClientConfig
+from models.data.partition import ClientPartition
 from models.layers import Block
-from models.sampler import SampledLayer
+from models.outcome import EvaluationScores, PassOutcome, score_evaluation
+from models.sampler import NeighbourSampler, SampledLayer, sampling_rng
+from models.workset import Extracted, combine
+from secure.protocol import Request, Response
 
 #: Targets per chunk of a layer-wise layer: with fanout 10 a chunk gathers up to about 45,000
 #: source rows (23 MB at width 128).
@@ -84,3 +90,95 @@ def propagate_all(
                 on_chunk(block, layer)
     for stack, out in zip(stacks, computed, strict=True):
         stack.h = out
+
+
+class LayerwiseEvaluation:
+    """The evaluation pass of a client (``models.federated.GlasuClient``): every layer of every
+    aligned node, chunk by chunk, the aggregation layers' shares over all nodes in order."""
+
+    partition: ClientPartition
+    config: ClientConfig
+    network: ClientNetwork
+    generator: torch.Generator
+    labels: torch.Tensor
+    held: torch.Tensor
+    device: torch.device
+    layers: int
+    holds_labels: bool
+
+    if TYPE_CHECKING:  # the client's, not stubs that could shadow them in its bases
+
+        def _sampler(self, fanout: int, depth: int) -> NeighbourSampler: ...
+
+        def _feature_rows(self, nodes: torch.Tensor | np.ndarray) -> torch.Tensor: ...
+
+        def _joint_aggregate(
+            self, depth: int, own: torch.Tensor, *, presence: torch.Tensor | None = None
+        ) -> Generator[Request, Response, Extracted]: ...
+
+    def _evaluate(self, output_nodes: np.ndarray) -> Generator[Request, Response, PassOutcome]:
+        """Joint inference of every aligned node, layer by layer (:meth:`_infer_all`), scored at
+        the output nodes; this client's own head predicts (a client without labels only takes
+        part)."""
+        tops = yield from self._infer_all()
+        if not self.holds_labels:
+            return PassOutcome(kind="eval", loss=float("nan"))
+        return self._outcome(tops, output_nodes)
+
+    def _outcome(self, tops: Sequence[Stack], output_nodes: np.ndarray) -> PassOutcome:
+        """The outcome of an evaluation pass from the top layers :meth:`_infer_all` computed."""
+        scores = self._score(tops[0], output_nodes)
+        return PassOutcome(
+            kind="eval",
+            loss=scores.loss,
+            val_accuracy=scores.val_accuracy,
+            test_accuracy=scores.test_accuracy,
+            probabilities=scores.probabilities,
+            test_metrics=scores.test_metrics,
+        )
+
+    def _score(self, top: Stack, output_nodes: np.ndarray) -> EvaluationScores:
+        """``top``'s network's predictions at the output nodes, scored."""
+        nodes = torch.from_numpy(output_nodes).to(self.device)
+        with torch.no_grad():
+            logits = top.network.classify(top.h[nodes], generator=top.generator)
+        return score_evaluation(logits, self.labels[nodes], output_nodes, self.partition)
+
+    def _all_nodes(self, network: ClientNetwork, generator: torch.Generator) -> Stack:
+        """The input projection of every node by ``network`` (put in inference mode)."""
+        network.eval()
+        return project_all(
+            network, generator, self._feature_rows,
+            num_nodes=self.partition.num_nodes, device=self.device,
+        )  # fmt: skip
+
+    def _layer_chunks(self, depth: int) -> Iterator[SampledLayer]:
+        """Graph layer ``depth`` of an inference pass sampled over all nodes, chunk by chunk:
+        the same sample in every inference pass of this model (``sampling_rng``)."""
+        rng = sampling_rng(
+            seed=self.config.seed, client=self.partition.client, pass_index=None, layer=depth
+        )
+        sampler = self._sampler(self.config.eval_fanout, depth)
+        return sampler.sample_all(chunk=EVAL_CHUNK_NODES, rng=rng)
+
+    def _all_presence(self) -> torch.Tensor | None:
+        """The presence column of every node (count-aware sessions only)."""
+        if not self.config.count_aware:
+            return None
+        return self.held.to(self.device, torch.float32).unsqueeze(1)
+
+    def _infer_all(self) -> Generator[Request, Response, list[Stack]]:
+        """Every layer of every aligned node, the aggregation layers' shares over all nodes
+        in order (rows 0..N-1, sent in parts): the top layer of this client's network."""
+        stack = self._all_nodes(self.network, self.generator)
+        presence = self._all_presence()
+        for depth in range(1, self.layers + 1):
+            propagate_all(depth, [stack], self._layer_chunks(depth), device=self.device)
+            if depth not in self.config.agg_layers:
+                continue
+            extracted = yield from self._joint_aggregate(depth, stack.h, presence=presence)
+            with torch.no_grad():
+                stack.h = combine(
+                    extracted.others, stack.h, count=extracted.count, presence=presence
+                )
+        return [stack]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-import models.federated
+import models.layerwise
 import secure.protocol
 from models import inprocess
 from models.config import TrainConfig
@@ -291,7 +291,7 @@ def test_the_cap_holds_across_all_chunks_of_an_evaluation_pass(
     """A star: every leaf wants the hub. The release layer of a private evaluation pass, cut
     into many chunks, draws the hub at most c times over the whole pass."""
     dataset = star(200)
-    monkeypatch.setattr(models.federated, "EVAL_CHUNK_NODES", 7)
+    monkeypatch.setattr(models.layerwise, "EVAL_CHUNK_NODES", 7)
     seen: list[tuple[int | None, SampledLayer]] = []
     sample_all = NeighbourSampler.sample_all
 
