@@ -101,7 +101,7 @@ class ClientPartition:
         features = np.dtype(np.float32), (self.num_nodes, self.num_features)
         digest.update(f"{features[0]}{features[1]}".encode())
         for rows in self.aligned_chunks():  # the bytes of the aligned matrix, chunk by chunk
-            digest.update(memoryview(np.ascontiguousarray(rows.numpy())).cast("B"))
+            digest.update(np.ascontiguousarray(rows.numpy()).reshape(-1).view(np.uint8))
         for value in (self.edge_index, self.labels, self.held):
             if value is None:
                 continue
