@@ -7,6 +7,7 @@ exists is complete. CSV or Parquet by the file's extension."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -14,29 +15,53 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
-from models.data.party import NOT_SHARED, read_alignment, read_party
+from models.data.party import NOT_SHARED, local_rows, read_alignment, read_ids, read_meta
 from secure.files import move_into_place
 
 FORMATS = (".csv", ".parquet")
+#: Rows written at a time: a scoring session's one pass may score every node.
+WRITE_ROWS = 65_536
 
 
-def ids_by_aligned_node(folder: Path) -> tuple[np.ndarray, str | None]:
-    """The party's own id of each aligned node (None where it lacks the node), and its
-    alignment's digest, from its prepared and aligned folder."""
-    data = read_party(Path(folder))
-    alignment = read_alignment(Path(folder), rows=data.num_rows)
+@dataclass(frozen=True)
+class IdsByNode:
+    """A party's own id of each aligned node without a Python object per node: the party's
+    row of each aligned node (NOT_SHARED where it lacks the node) and its ids by row."""
+
+    rows_of_nodes: np.ndarray  # int64 (N,)
+    ids: pa.Array  # string, one per row of the party
+
+    def held(self, nodes: np.ndarray) -> tuple[np.ndarray, pa.Array]:
+        """Which of ``nodes`` the party holds (a mask) and their own ids."""
+        rows = self.rows_of_nodes[np.asarray(nodes, dtype=np.int64)]
+        held = rows != NOT_SHARED
+        return held, self.ids.take(pa.array(rows[held], pa.int64()))
+
+    def __getitem__(self, nodes: np.ndarray) -> np.ndarray:
+        """The own ids of ``nodes`` as objects (None where the party lacks a node)."""
+        held, ids = self.held(nodes)
+        own = np.full(len(held), None, dtype=object)
+        own[held] = np.asarray(ids.to_pylist(), dtype=object)
+        return own
+
+
+def ids_by_aligned_node(folder: Path) -> tuple[IdsByNode, str | None]:
+    """The party's own id of each aligned node, and its alignment's digest, from its prepared
+    and aligned folder."""
+    folder = Path(folder)
+    alignment = read_alignment(folder, rows=int(read_meta(folder)["num_rows"]))
     if alignment is None:
         raise ValueError(f"{folder} is not aligned: run `glasu align run` first")
-    return own_ids_by_node(alignment.rows, data.ids, alignment.aligned_nodes), alignment.digest
+    ids = read_ids(folder)
+    return own_ids_by_node(alignment.rows, ids, alignment.aligned_nodes), alignment.digest
 
 
-def own_ids_by_node(rows: np.ndarray, ids: Sequence[str], aligned_nodes: int) -> np.ndarray:
-    """A party's own id of each aligned node (None where it lacks the node), from the aligned
-    index of each of its rows."""
-    own = np.full(aligned_nodes, None, dtype=object)
-    shared = rows != NOT_SHARED
-    own[rows[shared]] = np.asarray(ids, dtype=object)[shared]
-    return own
+def own_ids_by_node(
+    rows: np.ndarray, ids: Sequence[str] | pa.Array, aligned_nodes: int
+) -> IdsByNode:
+    """A party's own id of each aligned node, from the aligned index of each of its rows."""
+    ids = ids if isinstance(ids, pa.Array) else pa.array(ids, pa.string())
+    return IdsByNode(local_rows(rows, aligned_nodes), ids)
 
 
 def check_predictions_path(path: Path) -> None:
@@ -47,7 +72,7 @@ def check_predictions_path(path: Path) -> None:
 class PredictionWriter:
     """``write(nodes, probabilities)`` per chunk; ``finish()`` makes the file appear."""
 
-    def __init__(self, path: Path, *, ids_of_node: np.ndarray, num_classes: int) -> None:
+    def __init__(self, path: Path, *, ids_of_node: IdsByNode, num_classes: int) -> None:
         check_predictions_path(path)
         self.path = Path(path)
         self.partial = self.path.with_name(self.path.name + ".partial")
@@ -66,12 +91,18 @@ class PredictionWriter:
             self._writer = pq.ParquetWriter(self.partial, self.schema)
 
     def write(self, nodes: np.ndarray, probabilities: np.ndarray) -> None:
-        ids = self.ids_of_node[np.asarray(nodes, dtype=np.int64)]
-        held = np.array([i is not None for i in ids], dtype=bool)  # the nodes this party holds
-        columns = [
-            pa.array(ids[held].tolist(), pa.string()),
-            pa.array(probabilities[held].argmax(axis=1), pa.int64()),
-        ] + [pa.array(probabilities[held, c], pa.float64()) for c in range(probabilities.shape[1])]
+        """The rows of ``nodes`` this party holds, ``WRITE_ROWS`` at a time."""
+        for start in range(0, len(nodes), WRITE_ROWS):
+            self._write(
+                nodes[start : start + WRITE_ROWS], probabilities[start : start + WRITE_ROWS]
+            )
+
+    def _write(self, nodes: np.ndarray, probabilities: np.ndarray) -> None:
+        held, ids = self.ids_of_node.held(nodes)
+        probabilities = probabilities[held]
+        columns = [ids, pa.array(probabilities.argmax(axis=1), pa.int64())] + [
+            pa.array(probabilities[:, c], pa.float64()) for c in range(probabilities.shape[1])
+        ]
         self._writer.write_table(pa.Table.from_arrays(columns, schema=self.schema))
         self.rows += int(held.sum())
 

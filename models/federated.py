@@ -1,23 +1,26 @@
 """The GLASU client, written without I/O.
 
 :meth:`GlasuClient.run_pass` is a generator: it yields a :class:`NodesRequest` when it needs the
-union of the clients' node sets at an aggregation layer, and an :class:`EmbeddingRequest` when it
-uploads its share of an aggregation layer; it is resumed with the answer (the union, or the summed
-payload and how many shares it holds). These are the wire messages of ``secure/protocol.py``. The
-in-process trainer answers all clients' requests with function calls; the HTTP worker answers its
-one client's requests through the service. Both run exactly this code.
+union of the clients' node sets at an aggregation layer of a training pass, and an
+:class:`EmbeddingRequest` when it uploads a part of its share of an aggregation layer (a share
+travels in ``secure.protocol.part_count`` parts); it is resumed with the answer (the union, or the
+summed part and how many shares it holds). An evaluation pass asks for no node set: it computes
+every layer over all aligned nodes (``models/layerwise.py``). These are the wire messages of
+``secure/protocol.py``. The in-process trainer answers all clients' requests with function
+calls; the HTTP worker answers its one client's requests through the service. Both run exactly
+this code.
 
-One class, a little over 400 lines: the steps of a pass (sampling, the joint aggregation, the
-local steps, GLASU B.2's gradient broadcast, evaluation) share the client's model, generators
-and workset. Its settings (``models/client_config.py``), its stale statistics
-(``models/workset.py``) and the scoring of an evaluation (``models/outcome.py``) live apart.
+One class: the steps of a training pass (sampling, the joint
+aggregation in parts, the local steps, GLASU B.2's gradient broadcast) share the client's model,
+generators and workset. Its settings (``models/client_config.py``), its stale statistics
+(``models/workset.py``), its joint aggregation in parts (``models/joint.py``), its evaluation
+passes (``models/layerwise.py``) and their scoring (``models/outcome.py``) live apart.
 """
 
 from __future__ import annotations
 
-import math
 import threading
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -26,12 +29,13 @@ import torch
 from models.backbone import ClientNetwork
 from models.client_config import ClientConfig
 from models.data.partition import ClientPartition
+from models.joint import JointAggregation
 from models.layers import Block
-from models.outcome import PassOutcome, score_evaluation
+from models.layerwise import LayerwiseEvaluation
+from models.outcome import PassOutcome
 from models.sampler import NeighbourSampler, SampledLayer, SamplingGraph, sampling_rng
 from models.workset import (
     CachedBatch,
-    Extracted,
     Workset,
     combine,
     instance_weights,
@@ -39,9 +43,6 @@ from models.workset import (
 )
 from secure.aggregation import EmbeddingCodec, PlainCodec
 from secure.protocol import (
-    MIN_CONTRIBUTORS,
-    Aggregate,
-    EmbeddingRequest,
     NodesRequest,
     Request,
     Response,
@@ -51,12 +52,8 @@ from secure.protocol import (
 
 _GLOBAL_RNG_LOCK = threading.Lock()
 
-# Transforms a client's share of an aggregation layer before it is encoded (the DP release hook):
-# (layer, clean share) -> share to send.
-ShareTransform = Callable[[int, np.ndarray], np.ndarray]
 
-
-class GlasuClient:
+class GlasuClient(LayerwiseEvaluation, JointAggregation):
     """Client ``partition.client``'s model, sampler, optimiser and GLASU pass logic."""
 
     def __init__(
@@ -65,15 +62,13 @@ class GlasuClient:
         config: ClientConfig,
         *,
         codec: EmbeddingCodec | None = None,
-        share_transform: ShareTransform | None = None,
         device: torch.device | str = "cpu",
     ) -> None:
         self.partition = partition
         self.config = config
         self.codec = codec or PlainCodec()
-        self.share_transform = share_transform
-        # The pass being run (index, output nodes), and the digest of the release the share
-        # transform just made (private clients): what the owner's gate records before it leaves.
+        # The pass being run (index, output nodes), and the digest of the release about to be
+        # sent (private clients): what the owner's gate records before it leaves.
         self.current_pass: tuple[int, np.ndarray] = (-1, np.empty(0, np.int64))
         self.pending_release: str | None = None
         self.device = torch.device(device)
@@ -97,7 +92,6 @@ class GlasuClient:
             self.network.parameters(), lr=config.lr, weight_decay=config.weight_decay
         )
         self.workset = Workset(config.cache_rounds)
-        self.features = partition.features.to(self.device)
         self.labels = partition.labels.to(self.device)
         self.holds_labels = config.label_holder in (None, partition.client)
         if self.gradient_layer is not None and self.layers not in config.agg_layers:
@@ -156,14 +150,13 @@ class GlasuClient:
     def run_pass(
         self, *, pass_index: int, kind: str, output_nodes: np.ndarray
     ) -> Generator[Request, Response, PassOutcome]:
-        fanout = self.config.fanout if kind == "train" else self.config.eval_fanout
         output_nodes = check_node_set(
             output_nodes, num_nodes=self.partition.num_nodes, what=f"pass {pass_index}'s output"
         )
         self.current_pass = (pass_index, output_nodes)
-        sampled = yield from self._sample(
-            pass_index if kind == "train" else None, output_nodes, fanout
-        )
+        if kind == "eval":
+            return (yield from self._evaluate(output_nodes))
+        sampled = yield from self._sample(pass_index, output_nodes, self.config.fanout)
         blocks = [Block.from_sampled(layer, self.device) for layer in sampled]
         input_nodes = torch.from_numpy(sampled[0].sources).to(self.device)
         h0_rows = [
@@ -177,8 +170,6 @@ class GlasuClient:
             labels=self.labels[torch.from_numpy(output_nodes).to(self.device)],
             presence=self._presence(sampled),
         )
-        if kind == "eval":
-            return (yield from self._evaluate(batch, output_nodes))
         return (yield from self._train(batch))
 
     def _presence(self, sampled: Sequence[SampledLayer]) -> dict[int, torch.Tensor]:
@@ -193,12 +184,22 @@ class GlasuClient:
             for depth in self.config.agg_layers
         }
 
+    def _sampler(self, fanout: int, depth: int) -> NeighbourSampler:
+        """The sampler of graph layer ``depth``: capped up to the first aggregation layer."""
+        return self._samplers[(fanout, depth <= self.config.agg_layers[0])]
+
+    def _feature_rows(self, nodes: torch.Tensor | np.ndarray) -> torch.Tensor:
+        """The features of ``nodes`` (aligned ids) on the device, read from the partition's
+        (memory-mapped) rows."""
+        if isinstance(nodes, torch.Tensor):
+            nodes = nodes.cpu().numpy()
+        return self.partition.feature_rows(nodes).to(self.device)
+
     def _sample(
-        self, pass_index: int | None, output_nodes: np.ndarray, fanout: int
+        self, pass_index: int, output_nodes: np.ndarray, fanout: int
     ) -> Generator[Request, Response, list[SampledLayer]]:
         """Top-down: sample each layer's sources from its targets; at an aggregation layer below
-        the top, replace the client's own set by the union agreed with the others.
-        ``pass_index`` None: an inference pass (its samples do not depend on the pass)."""
+        the top, replace the client's own set by the union agreed with the others."""
         sampled: list[SampledLayer] = []
         targets = output_nodes
         for depth in range(self.layers, 0, -1):
@@ -208,8 +209,7 @@ class GlasuClient:
                 pass_index=pass_index,
                 layer=depth,
             )
-            sampler = self._samplers[(fanout, depth <= self.config.agg_layers[0])]
-            layer = sampler.sample_layer(targets, rng=rng)
+            layer = self._sampler(fanout, depth).sample_layer(targets, rng=rng)
             if depth - 1 in self.config.agg_layers:
                 union = yield NodesRequest(layer=depth - 1, nodes=layer.sources)
                 union = check_union(
@@ -232,7 +232,9 @@ class GlasuClient:
         code runs while this generator is suspended."""
         others = batch.others
         with torch.set_grad_enabled(grad):
-            h0 = self.network.project(self.features[batch.input_nodes], generator=self.generator)
+            h0 = self.network.project(
+                self._feature_rows(batch.input_nodes), generator=self.generator
+            )
         h = h0
         for depth, block in enumerate(batch.blocks, start=1):
             with torch.set_grad_enabled(grad):
@@ -250,62 +252,6 @@ class GlasuClient:
                 stale = others[depth]
                 h = combine(stale.others, h, count=stale.count, presence=stale.presence)
         return h
-
-    def _joint_aggregate(
-        self, depth: int, own: torch.Tensor, *, presence: torch.Tensor | None = None
-    ) -> Generator[Request, Response, Extracted]:
-        """Send this client's share of layer ``depth``; return H_{-m} = Extract(H, share) =
-        H - share / M, where ``share`` is what was actually sent (noise included).
-
-        With ``presence`` (a count-aware session), rows of nodes this client lacks are sent as
-        zeros, a last column carries the presence itself, and the sum's last column is the
-        number of holders of each row, the divisor of the count-aware mean (Feras)."""
-        share = own.detach().cpu().numpy().astype(np.float32)
-        if self.share_transform is not None:
-            share = self.share_transform(depth, share).astype(np.float32)
-        share = self._within_bound(share)
-        if presence is not None:
-            column = presence.cpu().numpy().astype(np.float32)
-            share = np.concatenate([share * column, column], axis=1)
-        release, self.pending_release = self.pending_release, None
-        total, shares = yield from self._exchange(depth, share, release=release)
-        if presence is None:
-            others = total / shares - share / shares
-            return Extracted(torch.from_numpy(others).to(self.device), shares)
-        # the holder counts are small integers: round away the encryption's error; every node
-        # at an aggregation layer was sampled by a party that holds it, so count >= 1
-        count = np.clip(np.rint(total[:, -1:]), 1, shares)
-        others = (total[:, :-1] - share[:, :-1]) / count
-        return Extracted(
-            torch.from_numpy(others).to(self.device),
-            torch.from_numpy(count).to(self.device),
-            presence,
-        )
-
-    def _within_bound(self, share: np.ndarray) -> np.ndarray:
-        """``share`` clipped to what keeps the encrypted sum decodable (post-processing)."""
-        bound = self.codec.value_bound(shares=self.partition.clients)
-        return np.clip(share, -bound, bound) if math.isfinite(bound) else share
-
-    def _exchange(
-        self, layer: int, share: np.ndarray, *, release: str | None = None
-    ) -> Generator[Request, Response, tuple[np.ndarray, int]]:
-        """Upload ``share`` at wire layer ``layer``; return the decoded sum and how many shares
-        it holds: every client's, or (a pass that went on without a straggler)
-        ``MIN_CONTRIBUTORS`` at least."""
-        rows, cols = share.shape
-        answer = yield EmbeddingRequest(
-            layer=layer, payload=self.codec.encode(share), rows=rows, cols=cols, release=release
-        )
-        if not isinstance(answer, Aggregate):
-            raise TypeError(f"expected an Aggregate for layer {layer}, got {type(answer).__name__}")
-        clients = self.partition.clients
-        if not min(MIN_CONTRIBUTORS, clients) <= answer.count <= clients:
-            raise ValueError(
-                f"layer {layer}: the sum holds {answer.count} shares, expected at most "
-                f"{clients} and at least {min(MIN_CONTRIBUTORS, clients)}"
-            )
-        return self.codec.decode_sum(answer.payload, rows=rows, cols=cols), answer.count
 
     @property
     def gradient_layer(self) -> int | None:
@@ -384,30 +330,18 @@ class GlasuClient:
             share = (gradient.detach() * rows).cpu().numpy().astype(np.float32)
         else:
             share = np.zeros((rows, cols), dtype=np.float32)
-        total, _ = yield from self._exchange(self.layers + 1, self._within_bound(share))
+        share = self._within_bound(share)
+        total = np.empty_like(share)
+
+        def on_sum(start: int, stop: int, _: np.ndarray, part: np.ndarray, __: int) -> None:
+            total[start:stop] = part
+
+        yield from self._exchange_parts(
+            self.layers + 1, rows=rows, cols=cols,
+            share_of=lambda _, start, stop: share[start:stop], on_sum=on_sum,
+        )  # fmt: skip
         return torch.from_numpy(total / rows).to(self.device, torch.float32)
 
     def _after_step(self, batch: CachedBatch) -> None:
         """Called after every local step with the batch it used (the private client's reference
         model trains on the same batches)."""
-
-    def _evaluate(
-        self, batch: CachedBatch, output_nodes: np.ndarray
-    ) -> Generator[Request, Response, PassOutcome]:
-        """Joint inference on the evaluation nodes; this client's own head predicts (a client
-        without labels only takes part)."""
-        self.network.eval()
-        h = yield from self._forward(batch, grad=False)
-        if not self.holds_labels:
-            return PassOutcome(kind="eval", loss=float("nan"))
-        with torch.no_grad():
-            logits = self.network.classify(h, generator=self.generator)
-        scores = score_evaluation(logits, batch.labels, output_nodes, self.partition)
-        return PassOutcome(
-            kind="eval",
-            loss=scores.loss,
-            val_accuracy=scores.val_accuracy,
-            test_accuracy=scores.test_accuracy,
-            probabilities=scores.probabilities,
-            test_metrics=scores.test_metrics,
-        )

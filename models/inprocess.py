@@ -1,5 +1,6 @@
 """The in-process transport: all clients in one process, their requests answered by function calls
-through the same aggregation interface the service uses."""
+through the same aggregation interface the service uses: a node set's union (training passes
+only: an evaluation pass exchanges none), and the sum of one part of a layer's shares."""
 
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ def run_pass_inprocess(
     while any(r is not None for r in requests):
         if any(r is None for r in requests):
             raise RuntimeError("clients went out of step: some finished while others still ask")
+        if kind == "eval" and any(isinstance(r, NodesRequest) for r in requests):
+            raise RuntimeError("an evaluation pass exchanges no node set")
         answer = _answer(requests, aggregator)  # type: ignore[arg-type]
         requests = [_advance(g, answer, outcomes, i) for i, g in enumerate(passes)]
     return [o for o in outcomes if o is not None]
@@ -59,8 +62,8 @@ def _advance(
 
 
 def _answer(requests: Sequence[Request], aggregator: SumAggregator) -> Response:
-    layers = {r.layer for r in requests}
-    if len(layers) != 1 or len({type(r) for r in requests}) != 1:
+    asked = {(type(r), r.layer, getattr(r, "part", 0), getattr(r, "parts", 1)) for r in requests}
+    if len(asked) != 1:  # the same layer and, of a share, the same part
         raise RuntimeError(f"clients went out of step: {requests}")
     first = requests[0]
     if isinstance(first, NodesRequest):

@@ -34,14 +34,16 @@ from models.client_config import ClientConfig
 from models.data.partition import ClientPartition
 from models.federated import GlasuClient
 from models.layers import Block
-from models.outcome import PassOutcome, score_evaluation
+from models.layerwise import Stack, propagate_all
+from models.outcome import PassOutcome
+from models.sampler import SampledLayer
 from models.workset import CachedBatch
 from secure.aggregation import EmbeddingCodec
 from secure.dp import privatize
 from secure.noise import GaussianNoise, NoiseSource, require_private_noise
 from secure.privacy import RELEASE_LAYER, SessionPrivacy
 from secure.protocol import Request, Response
-from secure.release_noise import release_digest
+from secure.release_noise import part_key, release_digest
 
 
 @dataclass(frozen=True)
@@ -80,18 +82,14 @@ class PrivateGlasuClient(GlasuClient):
             raise ValueError("model.receiver_width must equal the release width")
         self.release = release
         self._release_rows = np.empty(0, np.int64)  # node ids of the release's rows
-        super().__init__(
-            partition, config, codec=codec, device=device, share_transform=self._privatize
-        )
+        self._release_key = b""  # the digest of the release being sent
+        super().__init__(partition, config, codec=codec, device=device)
         generator = torch.Generator().manual_seed(release.projection_seed)
         projection = (
             torch.randn(partition.features.shape[1], release.width, generator=generator)
             / release.width**0.5
         )
         self.projection = projection.to(self.device)
-        # The norms only: each batch's rows are normalised as they are read (no normalised copy
-        # of the features; the same numbers as dividing the whole matrix).
-        self.feature_norms = self.features.norm(dim=1, keepdim=True).clamp_min(1e-12)
         receiver = self.network.receiver
         assert receiver is not None
         # Start as standalone training: the others' release enters only as far as it helps.
@@ -145,28 +143,35 @@ class PrivateGlasuClient(GlasuClient):
         the other clients only release; the holder trains on their releases."""
         return None
 
-    def _privatize(self, layer: int, share: np.ndarray) -> np.ndarray:
-        """Clip and noise the release; its digest (what the noise of a release-keyed source
-        is derived from, and what the owner's gate records) goes with the upload."""
+    def _begin_release(self, depth: int, clean: np.ndarray) -> None:
+        """The digest of the whole clean release (what the noise of a release-keyed source is
+        derived from, and what the owner's gate records): every part of it carries it."""
         pass_index, output_nodes = self.current_pass
-        digest = release_digest(
+        self._release_key = release_digest(
             pass_index=pass_index,
-            layer=layer,
+            layer=depth,
             output_nodes=output_nodes,
             rows=self._release_rows,
-            clean=share,
+            clean=clean,
         )
-        self.pending_release = digest.hex()
+        self.pending_release = self._release_key.hex()
+
+    def _release_part(self, depth: int, part: int, clean: np.ndarray) -> np.ndarray:
+        """Clip and noise part ``part`` of the release, its noise keyed by the release's digest
+        and the part (``secure.release_noise.part_key``): a function of the release, so a
+        release computed again sends the identical parts."""
         return privatize(
-            share,
+            clean,
             clip=self.release.clip,
             noise_std=self.release.noise_std,
-            noise=self.release.noise.for_release(digest),
+            noise=self.release.noise.for_release(part_key(self._release_key, part)),
         )
 
     def release_map(self, block: Block, input_nodes: torch.Tensor) -> torch.Tensor:
         """The fixed, weight-free function of the features that is released (before clipping)."""
-        rows = self.features[input_nodes] / self.feature_norms[input_nodes]
+        # normalised as they are read: no normalised copy of the features
+        rows = self._feature_rows(input_nodes)
+        rows = rows / rows.norm(dim=1, keepdim=True).clamp_min(1e-12)
         projected = rows @ self.projection
         return torch.sparse.mm(block.adjacency, projected)
 
@@ -204,7 +209,7 @@ class PrivateGlasuClient(GlasuClient):
     ) -> torch.Tensor:
         """All L layers of ``network`` on this client's own features, the scaled release of the
         others (if any) entering at the release layer."""
-        h0 = network.project(self.features[input_nodes], generator=generator)
+        h0 = network.project(self._feature_rows(input_nodes), generator=generator)
         h = h0
         for depth, block in enumerate(blocks, start=1):
             initial = h0[h0_rows[depth - 1]] if network.uses_initial_residual else None
@@ -229,22 +234,41 @@ class PrivateGlasuClient(GlasuClient):
         loss.backward()
         self.reference_optimizer.step()
 
-    def _evaluate(
-        self, batch: CachedBatch, output_nodes: np.ndarray
-    ) -> Generator[Request, Response, PassOutcome]:
-        outcome = yield from super()._evaluate(batch, output_nodes)
-        if not self.holds_labels:
-            return outcome
-        self.reference.eval()
+    def _infer_all(self) -> Generator[Request, Response, list[Stack]]:
+        """Every layer of every aligned node: the release of all nodes (ONE capped sample of
+        layer 1 over all of them, so one evaluation pass is one release), then the layers
+        above it locally, for the network and (a client with labels) its party-alone
+        reference on the same samples."""
+        stacks = [self._all_nodes(self.network, self.generator)]
+        if self.holds_labels:
+            stacks.append(self._all_nodes(self.reference, self.reference_generator))
+        released = torch.empty(self.partition.num_nodes, self.release.width, device=self.device)
+
+        def release_chunk(block: Block, layer: SampledLayer) -> None:
+            sources = torch.from_numpy(layer.sources).to(self.device)
+            released[torch.from_numpy(layer.targets).to(self.device)] = self.release_map(
+                block, sources
+            )
+
+        chunks = self._layer_chunks(RELEASE_LAYER)
+        propagate_all(RELEASE_LAYER, stacks, chunks, device=self.device, on_chunk=release_chunk)
+        self._release_rows = np.arange(self.partition.num_nodes, dtype=np.int64)
+        extracted = yield from self._joint_aggregate(
+            RELEASE_LAYER, released, presence=self._all_presence()
+        )
+        receiver = self.network.receiver
+        assert receiver is not None
         with torch.no_grad():
-            h = self._local_forward(
-                self.reference, self.reference_generator, batch.blocks, batch.input_nodes,
-                batch.h0_rows, received=None,
-            )  # fmt: skip
-            logits = self.reference.classify(h, generator=self.reference_generator)
-        scores = score_evaluation(logits, batch.labels, output_nodes, self.partition)
+            stacks[0].h = stacks[0].h + receiver(extracted.others * self.receiver_scale)
+        for depth in range(RELEASE_LAYER + 1, self.layers + 1):
+            propagate_all(depth, stacks, self._layer_chunks(depth), device=self.device)
+        return stacks
+
+    def _outcome(self, tops: Sequence[Stack], output_nodes: np.ndarray) -> PassOutcome:
+        """The federated scores and the party-alone reference's."""
+        scores = self._score(tops[1], output_nodes)
         return dataclasses.replace(
-            outcome,
+            super()._outcome(tops, output_nodes),
             reference_val_accuracy=scores.val_accuracy,
             reference_test_accuracy=scores.test_accuracy,
             reference_test_metrics=scores.test_metrics,

@@ -19,7 +19,7 @@ the random visiting order, never on node ids.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -135,6 +135,38 @@ class NeighbourSampler:
             rows, entries = self._draw(targets, rng)
         else:
             rows, entries = self._draw_capped(targets, self.occurrence_cap, rng)
+        return self._layer(targets, rows, entries)
+
+    def sample_all(self, *, chunk: int, rng: np.random.Generator) -> Iterator[SampledLayer]:
+        """Every node of the graph as a target, in layers of at most ``chunk`` targets (an
+        evaluation pass's layer-wise inference). Without a cap: consecutive id ranges. With a
+        cap: ONE capped draw of all nodes, cut into chunks of one uniformly random visiting
+        order, the occurrences counted across the chunks: the serial draw of the module
+        docstring over all nodes, so the cap holds across the whole layer, and the extra memory
+        is two integers per node besides the chunk's."""
+        if chunk < 1:
+            raise ValueError(f"a chunk holds at least one target, got {chunk}")
+        if self.occurrence_cap is None:
+            for start in range(0, self.num_nodes, chunk):
+                targets = np.arange(start, min(start + chunk, self.num_nodes), dtype=np.int64)
+                yield self.sample_layer(targets, rng=rng)
+            return
+        visit = rng.permutation(self.num_nodes)
+        draw = _CappedDraw(self.num_nodes, self.occurrence_cap)
+        for start in range(0, self.num_nodes, chunk):
+            ordered = visit[start : start + chunk]
+            order = np.argsort(ordered)
+            position = np.empty_like(order)
+            position[order] = np.arange(len(order))
+            if self.fanout == 0 or self.occurrence_cap == 0:
+                rows, entries = np.empty(0, np.int64), np.empty(0, np.int64)
+            else:
+                rows, entries = self._draw_in_order(ordered, draw, rng)
+            yield self._layer(ordered[order], position[rows], entries)
+
+    def _layer(self, targets: np.ndarray, rows: np.ndarray, entries: np.ndarray) -> SampledLayer:
+        """The block of ``targets`` (sorted) with the drawn adjacency ``entries`` of the targets
+        at positions ``rows``, self-loops added."""
         drawn = self.graph.neighbours[entries].astype(np.int64)
         sources, column_of = _union_with_positions(targets, drawn, self.num_nodes)
         self_rows = np.arange(len(targets), dtype=np.int64)
@@ -174,32 +206,49 @@ class NeighbourSampler:
         if self.fanout == 0 or cap == 0 or not len(targets):
             return np.empty(0, np.int64), np.empty(0, np.int64)
         visit = rng.permutation(len(targets))  # visiting order: row positions
+        ranks, entries = self._draw_in_order(targets[visit], _CappedDraw(self.num_nodes, cap), rng)
+        return visit[ranks], entries
+
+    def _draw_in_order(
+        self, ordered: np.ndarray, draw: _CappedDraw, rng: np.random.Generator
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The serial capped draw of ``ordered`` (targets in visiting order), each neighbour
+        drawn at most ``draw.capacity`` more times (which it lowers): the visiting rank and the
+        adjacency entry of every drawn edge, in priority order."""
         # candidate edges in priority order: by visiting rank, then a random key in the target
-        owner, entries = self.graph.segments(targets[visit])
-        degrees = np.bincount(owner, minlength=len(visit))
+        owner, entries = self.graph.segments(ordered)
+        degrees = np.bincount(owner, minlength=len(ordered))
         shuffle = np.flatnonzero(degrees[owner] > self.fanout)  # others take all: no order
         if shuffle.size:
             keys = owner[shuffle] << 32 | rng.integers(0, 2**32, len(shuffle), dtype=np.int64)
             entries[shuffle] = entries[shuffle[np.argsort(keys)]]
         nodes = self.graph.neighbours[entries]
-        slots = np.full(len(visit), self.fanout, dtype=np.int64)  # per visiting rank
-        capacity = np.full(self.num_nodes, cap, dtype=np.int64)
-        best = np.full(self.num_nodes, np.iinfo(np.int64).max, dtype=np.int64)  # scratch
-        alive = np.arange(len(entries), dtype=np.int64)
+        slots = np.full(len(ordered), self.fanout, dtype=np.int64)  # per visiting rank
+        capacity = draw.capacity
+        alive = np.flatnonzero(capacity[nodes] > 0)
         accepted = []
         while alive.size:
             ranks, alive_nodes = owner[alive], nodes[alive]
             run_start = np.flatnonzero(np.diff(ranks, prepend=-1))  # alive edges of one target
             run = np.repeat(run_start, np.diff(np.append(run_start, len(ranks))))
             take = np.arange(len(ranks)) - run < slots[ranks]
-            take &= _first_per_node(alive_nodes, capacity, best)
+            take &= _first_per_node(alive_nodes, capacity, draw.best)
             accepted.append(alive[take])
             slots -= np.bincount(ranks[take], minlength=len(slots))
             np.subtract.at(capacity, alive_nodes[take], 1)
             alive = alive[~take & (slots[ranks] > 0) & (capacity[alive_nodes] > 0)]
-        kept = np.concatenate(accepted)
+        kept = np.concatenate(accepted) if accepted else np.empty(0, np.int64)
         kept.sort()  # priority order: the visiting order of the targets
-        return visit[owner[kept]], entries[kept]
+        return owner[kept], entries[kept]
+
+
+class _CappedDraw:
+    """What a capped draw carries from chunk to chunk: how many more times each node may be
+    drawn, and ``_first_per_node``'s scratch array."""
+
+    def __init__(self, num_nodes: int, cap: int) -> None:
+        self.capacity = np.full(num_nodes, cap, dtype=np.int64)
+        self.best = np.full(num_nodes, np.iinfo(np.int64).max, dtype=np.int64)
 
 
 def _first_per_node(nodes: np.ndarray, capacity: np.ndarray, best: np.ndarray) -> np.ndarray:

@@ -74,8 +74,18 @@ def release_digest(
     for part in (output_nodes, rows, clean):
         array = np.ascontiguousarray(part)
         digest.update(f"|{array.dtype.str}{array.shape}|".encode())
-        digest.update(array.tobytes())
+        digest.update(array.reshape(-1).view(np.uint8))  # the bytes in place: no copy
     return digest.digest()
+
+
+def part_key(release: bytes, part: int) -> bytes:
+    """What the noise of part ``part`` of the release with digest ``release`` is drawn for
+    (``NoiseSource.for_release``): the digest itself for part 0, so a release of one part is
+    noised as it was before releases travelled in parts, and SHA-256 of the digest and the
+    part's index for the others (each part's noise independent of every other part's)."""
+    if part == 0:
+        return release
+    return hashlib.sha256(b"glasu-release-part" + release + part.to_bytes(8, "big")).digest()
 
 
 class _KeyedGaussian(GaussianNoise):

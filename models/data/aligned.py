@@ -194,7 +194,7 @@ def aligned_federation(
     )
     dataset = GraphDataset(
         name="own data (" + ", ".join(names) + ")",
-        features=torch.cat([p.features for p in partitions], dim=1),
+        features=torch.cat([p.aligned_features() for p in partitions], dim=1),
         labels=torch.from_numpy(split.labels),
         edge_index=torch.from_numpy(
             np.ascontiguousarray(np.concatenate([pooled_edges, pooled_edges[:, ::-1]]).T)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import numpy as np
 import torch
 
 from models.data.party import (
+    ALIGNED_CHUNK_ROWS,
     NO_LABEL,
     NOT_SHARED,
     PartyAlignment,
@@ -35,7 +37,9 @@ class ClientPartition:
     clients: int
     dataset: str
     feature_columns: np.ndarray  # indices into the original feature matrix, sorted
-    features: torch.Tensor  # (N, d_m)
+    # (N, d_m) in aligned order, or with ``rows_of_nodes`` the party's own rows (d_m columns),
+    # memory-mapped from its folder: read them through :meth:`feature_rows`
+    features: torch.Tensor
     edge_index: torch.Tensor  # (2, 2*E_m): both directions of the client's undirected edges
     labels: torch.Tensor  # (N,)
     train_nodes: np.ndarray
@@ -48,10 +52,43 @@ class ClientPartition:
     # saved model records and checks new data against
     feature_names: tuple[str, ...] | None = None
     feature_summary: dict | None = dataclasses.field(default=None, compare=False)
+    # int64 (N,): the row of ``features`` of each aligned node (NOT_SHARED where the party lacks
+    # it); None: ``features`` is in aligned order already
+    rows_of_nodes: np.ndarray | None = dataclasses.field(default=None, compare=False)
 
     @property
     def num_nodes(self) -> int:
-        return int(self.features.shape[0])
+        return int(self.labels.shape[0])
+
+    @property
+    def num_features(self) -> int:
+        return int(self.features.shape[1])
+
+    def feature_rows(self, nodes: np.ndarray) -> torch.Tensor:
+        """The features of aligned ``nodes`` (zeros where the party lacks a node), read from
+        the party's rows: no aligned copy of the whole matrix exists."""
+        nodes = np.asarray(nodes, dtype=np.int64)
+        if self.rows_of_nodes is None:
+            return self.features[torch.from_numpy(nodes)]
+        rows = self.rows_of_nodes[nodes]
+        held = rows != NOT_SHARED
+        if held.all():
+            return self.features[torch.from_numpy(rows)]
+        out = torch.zeros(len(nodes), self.num_features, dtype=self.features.dtype)
+        out[torch.from_numpy(held)] = self.features[torch.from_numpy(rows[held])]
+        return out
+
+    def aligned_chunks(self, chunk: int = ALIGNED_CHUNK_ROWS) -> Iterator[torch.Tensor]:
+        """The features of every aligned node in order, ``chunk`` rows at a time."""
+        for start in range(0, self.num_nodes, chunk):
+            yield self.feature_rows(np.arange(start, min(start + chunk, self.num_nodes)))
+
+    def aligned_features(self) -> torch.Tensor:
+        """All features in aligned order (N, d_m): a copy where the party's rows are in
+        another order (the pooled view of ``glasu train --party``, a benchmark's folder)."""
+        if self.rows_of_nodes is None:
+            return self.features
+        return torch.cat(list(self.aligned_chunks())) if self.num_nodes else self.features[:0]
 
     @property
     def num_classes(self) -> int:
@@ -61,7 +98,11 @@ class ClientPartition:
         """SHA-256 of the features, edges and labels (the data a model is fit to) and of which
         aligned nodes this client holds, if not all: what tells a checkpoint of other data."""
         digest = hashlib.sha256()
-        for value in (self.features, self.edge_index, self.labels, self.held):
+        features = np.dtype(np.float32), (self.num_nodes, self.num_features)
+        digest.update(f"{features[0]}{features[1]}".encode())
+        for rows in self.aligned_chunks():  # the bytes of the aligned matrix, chunk by chunk
+            digest.update(np.ascontiguousarray(rows.numpy()).reshape(-1).view(np.uint8))
+        for value in (self.edge_index, self.labels, self.held):
             if value is None:
                 continue
             array = np.ascontiguousarray(
@@ -144,7 +185,7 @@ def save_partition(part: ClientPartition, directory: Path) -> Path:
     rows = np.arange(part.num_nodes, dtype=np.int64)
     data = PartyData(
         ids=[str(node) for node in range(part.num_nodes)],
-        features=part.features.numpy().astype(np.float32),
+        features=part.aligned_features().numpy().astype(np.float32),
         feature_names=list(part.feature_names)
         if part.feature_names is not None
         else [f"{part.dataset} feature {c}" for c in part.feature_columns.tolist()],
@@ -231,7 +272,7 @@ def aligned_partition(
     union, a node the party lacks has zero features, no label and no edge."""
     order = alignment.local_rows()
     held = order != NOT_SHARED
-    features = in_aligned_order(data.features, order, fill=0)
+    in_order = order.size == len(data.features) and np.array_equal(order, np.arange(order.size))
     if labels is None:
         own = in_aligned_order(data.labels, order, fill=NO_LABEL)
     else:
@@ -242,7 +283,7 @@ def aligned_partition(
         clients=alignment.parties,
         dataset=str(data.extra_meta.get("dataset", "own data")),
         feature_columns=np.asarray(columns, dtype=np.int64),
-        features=torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32)),
+        features=torch.from_numpy(np.ascontiguousarray(data.features, dtype=np.float32)),
         edge_index=torch.from_numpy(aligned_edges(data.edges, alignment.rows)),
         labels=torch.from_numpy(np.ascontiguousarray(own)),
         train_nodes=alignment.train_nodes,
@@ -251,4 +292,5 @@ def aligned_partition(
         held=None if held.all() else held,
         feature_names=tuple(data.feature_names),
         feature_summary=dict(data.summary),
+        rows_of_nodes=None if in_order else order,
     )

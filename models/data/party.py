@@ -243,6 +243,11 @@ def _array(
     )
 
 
+def read_ids(folder: Path) -> pa.Array:
+    """The organisation's own ids in row order (text), without a Python object per id."""
+    return pq.read_table(Path(folder) / IDS, columns=["id"]).column("id").combine_chunks()
+
+
 def read_party(folder: Path, *, with_ids: bool = True) -> PartyData:
     """The organisation's own files, checked against each other (every inconsistency names the
     file). ``with_ids=False`` leaves the ids on disk (a worker never needs them). The features
@@ -265,7 +270,7 @@ def read_party(folder: Path, *, with_ids: bool = True) -> PartyData:
         raise ValueError(f"{folder}/labels.npy has shape {labels.shape}, expected ({rows},)")
     ids: list[str] = []
     if with_ids:
-        ids = pq.read_table(folder / IDS, columns=["id"]).column("id").to_pylist()
+        ids = read_ids(folder).to_pylist()
         if len(ids) != rows:
             raise ValueError(f"{folder}/{IDS} has {len(ids)} ids, expected {rows}")
     extra = {k: v for k, v in meta.items() if k in ("dataset", "feature_columns", "client")}

@@ -39,7 +39,9 @@ def test_an_aligned_folder_loads_over_the_shared_index(tmp_path: Path) -> None:
     assert read_party(tmp_path).ids == ["d", "a", "x", "b"]
     part = load_partition(tmp_path)
     assert part.client == 1 and part.clients == 2 and part.num_nodes == 3
-    assert part.features[:, 0].tolist() == [1.0, 3.0, 0.0]  # rows a, b, d
+    assert part.aligned_features()[:, 0].tolist() == [1.0, 3.0, 0.0]  # rows a, b, d
+    assert part.feature_rows(np.array([2, 0]))[:, 0].tolist() == [0.0, 1.0]
+    assert part.features.shape[0] == 4  # the party's rows, read through the aligned order
     assert part.labels.tolist() == [0, 1, 1]
     # the chain d-a-x-b keeps the edges between shared nodes only: d-a
     assert sorted(map(tuple, part.edge_index.T.tolist())) == [(0, 2), (2, 0)]
@@ -86,7 +88,7 @@ def test_label_holders_are_merged_and_must_agree() -> None:
     assert merged_labels([bank, insurer, telco], index, names).tolist() == [0, 1, 3]
     federation = aligned_federation([bank, insurer, telco], index, names=names, seed=0)
     assert all(p.labels.tolist() == [0, 1, 3] for p in federation.partitions)
-    assert federation.partitions[1].features[:, 0].tolist() == [2.0, 1.0, 0.0]
-    assert federation.partitions[2].features[:, 0].tolist() == [10.0, 11.0, 12.0]
+    assert federation.partitions[1].aligned_features()[:, 0].tolist() == [2.0, 1.0, 0.0]
+    assert federation.partitions[2].aligned_features()[:, 0].tolist() == [10.0, 11.0, 12.0]
     assert federation.dataset.features.shape == (3, 3)
     assert "share 3 nodes, 3 of them labelled" in federation.summary

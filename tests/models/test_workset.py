@@ -25,7 +25,10 @@ def test_one_cached_round_reproduces_the_runs_before_the_cache(
     """W = 1 without weighting is GLASU's own stale updates. The histories were first recorded
     before the workset existed, and re-recorded with the same configs when the vectorised
     sampler changed the batches drawn (same seeds; the private one with a test-only fixed noise
-    seed): the test pins the path from sampling to the update against changes."""
+    seed): the test pins the path from sampling to the update against changes. The evaluation
+    columns were re-recorded when evaluation became layer-wise over all nodes (the training
+    losses stayed; the private case's after its first evaluation moved, since its test noise
+    is one seeded stream and an evaluation release of all nodes draws more of it)."""
     monkeypatch.setenv(REPRODUCIBLE_NOISE_ENV, "1")
     # recorded with one thread: torch's float sums depend on the thread count
     threads = torch.get_num_threads()

@@ -151,9 +151,11 @@ def test_three_parties_align_and_the_session_matches_their_folders(
         load_partition(folders[2])  # deployed, every party needs every shared node's label
     for part in partitions:
         assert part.num_nodes == 20 and part.clients == 3
-        assert part.features.shape == (20, 1)
+        assert part.aligned_features().shape == (20, 1)
     # the same node at the same index: feature m + len(id) is len(id) at both, shifted by m
-    np.testing.assert_array_equal(partitions[1].features - 1, partitions[0].features)
+    np.testing.assert_array_equal(
+        partitions[1].aligned_features() - 1, partitions[0].aligned_features()
+    )
     np.testing.assert_array_equal(partitions[0].labels, partitions[1].labels)
     token = Path(server["token_file"]).read_text().strip()
     with AdminClient(base_url=server["url"], token=token) as admin:
@@ -181,12 +183,15 @@ def test_an_alignment_over_the_union_indexes_every_partys_nodes(
     assert held.shape == (3, 50) and (held.sum(axis=1) == 30).all()
     assert (held.sum(axis=0) == 3).sum() == 20 and (held.sum(axis=0) >= 1).all()
     for m, part in enumerate(partitions):
-        assert not part.features[~part.held].any()  # nothing where the party lacks the node
+        features = part.aligned_features()
+        assert not features[~part.held].any()  # nothing where the party lacks the node
         np.testing.assert_array_equal(part.labels[~part.held], -1)
         assert part.held[part.edge_index.numpy()].all()
         if m:  # feature m + len(id): the same node at the same index at every party
             both = partitions[0].held & part.held
-            np.testing.assert_array_equal(part.features[both] - m, partitions[0].features[both])
+            np.testing.assert_array_equal(
+                features[both] - m, partitions[0].aligned_features()[both]
+            )
     token = Path(server["token_file"]).read_text().strip()
     with AdminClient(base_url=server["url"], token=token) as admin:
         status = admin.alignment(aid)

@@ -66,7 +66,7 @@ def test_the_alignment_puts_every_partys_row_of_a_node_at_one_index(
         assert np.array_equal(rows >= 0, np.isin(nodes, tables.shared))
         assert np.array_equal(node_at[rows[rows >= 0]], nodes[rows >= 0])
         features = cora.features.numpy()[node_at][:, tables.columns[m]]
-        np.testing.assert_array_equal(federation.partitions[m].features.numpy(), features)
+        np.testing.assert_array_equal(federation.partitions[m].aligned_features().numpy(), features)
         own = tables.edges[party][:, np.isin(tables.edges[party], tables.shared).all(axis=0)]
         aligned = node_at[federation.partitions[m].edge_index.numpy()]
         assert sorted(map(tuple, aligned.T.tolist())) == sorted(map(tuple, own.T.tolist()))
@@ -183,7 +183,7 @@ def test_an_alignment_over_the_union_keeps_the_nodes_some_party_lacks(
         held = np.isin(node_at, tables.nodes[party])
         assert part.held is not None and np.array_equal(part.held, held)
         features = cora.features.numpy()[node_at][:, tables.columns[m]] * held[:, None]
-        np.testing.assert_array_equal(part.features.numpy(), features)
+        np.testing.assert_array_equal(part.aligned_features().numpy(), features)
         assert held[part.edge_index.numpy()].all()
     assert (
         "the union" in federation.summary and f"{len(tables.shared)} of them" in federation.summary

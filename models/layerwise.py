@@ -1,0 +1,184 @@
+"""Layer-wise inference over every aligned node: what an evaluation pass computes.
+
+An evaluation pass exchanges no node sets (docs/protocol.md): every graph layer is computed for
+all N aligned nodes, one chunk of targets at a time (``models.sampler.NeighbourSampler.
+sample_all``), each chunk's sources read from the layer below, which is kept whole. What a pass
+holds is therefore per chunk (a sampled block, the rows it gathers) plus a few N x width float32
+arrays per network: the input projection h0 (GCNII's initial residual), the layer below and the
+layer being computed, and at an aggregation layer the share and the others' part.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from models.backbone import ClientNetwork
+from models.client_config import ClientConfig
+from models.data.partition import ClientPartition
+from models.layers import Block
+from models.outcome import EvaluationScores, PassOutcome, score_evaluation
+from models.sampler import NeighbourSampler, SampledLayer, sampling_rng
+from models.workset import Extracted, combine
+from secure.protocol import Request, Response
+
+#: Targets per chunk of a layer-wise layer: with fanout 10 a chunk gathers up to about 45,000
+#: source rows (23 MB at width 128).
+EVAL_CHUNK_NODES = 4096
+
+
+@dataclass
+class Stack:
+    """One network's representations of every node: the input projection and the current
+    layer (both N x hidden)."""
+
+    network: ClientNetwork
+    generator: torch.Generator
+    h0: torch.Tensor
+    h: torch.Tensor
+
+
+def project_all(
+    network: ClientNetwork,
+    generator: torch.Generator,
+    rows: Callable[[np.ndarray], torch.Tensor],
+    *,
+    num_nodes: int,
+    device: torch.device,
+) -> Stack:
+    """The input projection of every node, ``rows(nodes)`` reading the features of a chunk."""
+    h0 = torch.empty(num_nodes, network.config.hidden, device=device)
+    with torch.no_grad():
+        for start in range(0, num_nodes, EVAL_CHUNK_NODES):
+            nodes = np.arange(start, min(start + EVAL_CHUNK_NODES, num_nodes), dtype=np.int64)
+            h0[start : start + len(nodes)] = network.project(rows(nodes), generator=generator)
+    return Stack(network, generator, h0, h0)
+
+
+#: Called with every chunk of a layer (its block on the device and its sampled structure).
+ChunkHook = Callable[[Block, SampledLayer], None]
+
+
+def propagate_all(
+    depth: int,
+    stacks: Iterable[Stack],
+    chunks: Iterable[SampledLayer],
+    *,
+    device: torch.device,
+    on_chunk: ChunkHook | None = None,
+) -> None:
+    """Graph layer ``depth`` for every node of every stack, chunk by chunk of ``chunks`` (one
+    sample shared by the stacks); ``on_chunk`` sees every chunk too (the private release)."""
+    stacks = list(stacks)
+    computed = [torch.empty_like(stack.h) for stack in stacks]
+    with torch.no_grad():
+        for layer in chunks:
+            block = Block.from_sampled(layer, device)
+            sources = torch.from_numpy(layer.sources).to(device)
+            targets = torch.from_numpy(layer.targets).to(device)
+            for stack, out in zip(stacks, computed, strict=True):
+                network = stack.network
+                initial = stack.h0[targets] if network.uses_initial_residual else None
+                out[targets] = network.propagate(
+                    depth, stack.h[sources], block, initial, generator=stack.generator
+                )
+            if on_chunk is not None:
+                on_chunk(block, layer)
+    for stack, out in zip(stacks, computed, strict=True):
+        stack.h = out
+
+
+class LayerwiseEvaluation:
+    """The evaluation pass of a client (``models.federated.GlasuClient``): every layer of every
+    aligned node, chunk by chunk, the aggregation layers' shares over all nodes in order."""
+
+    partition: ClientPartition
+    config: ClientConfig
+    network: ClientNetwork
+    generator: torch.Generator
+    labels: torch.Tensor
+    held: torch.Tensor
+    device: torch.device
+    layers: int
+    holds_labels: bool
+
+    if TYPE_CHECKING:  # the client's, not stubs that could shadow them in its bases
+
+        def _sampler(self, fanout: int, depth: int) -> NeighbourSampler: ...
+
+        def _feature_rows(self, nodes: torch.Tensor | np.ndarray) -> torch.Tensor: ...
+
+        def _joint_aggregate(
+            self, depth: int, own: torch.Tensor, *, presence: torch.Tensor | None = None
+        ) -> Generator[Request, Response, Extracted]: ...
+
+    def _evaluate(self, output_nodes: np.ndarray) -> Generator[Request, Response, PassOutcome]:
+        """Joint inference of every aligned node, layer by layer (:meth:`_infer_all`), scored at
+        the output nodes; this client's own head predicts (a client without labels only takes
+        part)."""
+        tops = yield from self._infer_all()
+        if not self.holds_labels:
+            return PassOutcome(kind="eval", loss=float("nan"))
+        return self._outcome(tops, output_nodes)
+
+    def _outcome(self, tops: Sequence[Stack], output_nodes: np.ndarray) -> PassOutcome:
+        """The outcome of an evaluation pass from the top layers :meth:`_infer_all` computed."""
+        scores = self._score(tops[0], output_nodes)
+        return PassOutcome(
+            kind="eval",
+            loss=scores.loss,
+            val_accuracy=scores.val_accuracy,
+            test_accuracy=scores.test_accuracy,
+            probabilities=scores.probabilities,
+            test_metrics=scores.test_metrics,
+        )
+
+    def _score(self, top: Stack, output_nodes: np.ndarray) -> EvaluationScores:
+        """``top``'s network's predictions at the output nodes, scored."""
+        nodes = torch.from_numpy(output_nodes).to(self.device)
+        with torch.no_grad():
+            logits = top.network.classify(top.h[nodes], generator=top.generator)
+        return score_evaluation(logits, self.labels[nodes], output_nodes, self.partition)
+
+    def _all_nodes(self, network: ClientNetwork, generator: torch.Generator) -> Stack:
+        """The input projection of every node by ``network`` (put in inference mode)."""
+        network.eval()
+        return project_all(
+            network, generator, self._feature_rows,
+            num_nodes=self.partition.num_nodes, device=self.device,
+        )  # fmt: skip
+
+    def _layer_chunks(self, depth: int) -> Iterator[SampledLayer]:
+        """Graph layer ``depth`` of an inference pass sampled over all nodes, chunk by chunk:
+        the same sample in every inference pass of this model (``sampling_rng``)."""
+        rng = sampling_rng(
+            seed=self.config.seed, client=self.partition.client, pass_index=None, layer=depth
+        )
+        sampler = self._sampler(self.config.eval_fanout, depth)
+        return sampler.sample_all(chunk=EVAL_CHUNK_NODES, rng=rng)
+
+    def _all_presence(self) -> torch.Tensor | None:
+        """The presence column of every node (count-aware sessions only)."""
+        if not self.config.count_aware:
+            return None
+        return self.held.to(self.device, torch.float32).unsqueeze(1)
+
+    def _infer_all(self) -> Generator[Request, Response, list[Stack]]:
+        """Every layer of every aligned node, the aggregation layers' shares over all nodes
+        in order (rows 0..N-1, sent in parts): the top layer of this client's network."""
+        stack = self._all_nodes(self.network, self.generator)
+        presence = self._all_presence()
+        for depth in range(1, self.layers + 1):
+            propagate_all(depth, [stack], self._layer_chunks(depth), device=self.device)
+            if depth not in self.config.agg_layers:
+                continue
+            extracted = yield from self._joint_aggregate(depth, stack.h, presence=presence)
+            with torch.no_grad():
+                stack.h = combine(
+                    extracted.others, stack.h, count=extracted.count, presence=presence
+                )
+        return [stack]
