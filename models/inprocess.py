@@ -4,7 +4,7 @@ only: an evaluation pass exchanges none), and the sum of one part of a layer's s
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Sequence
 
 import numpy as np
 
@@ -79,16 +79,14 @@ def score_inprocess(
     aggregator: SumAggregator,
     *,
     nodes: np.ndarray,
-    chunk: int,
-) -> Iterator[tuple[np.ndarray, list[PassOutcome]]]:
+) -> tuple[np.ndarray, list[PassOutcome]]:
     """A scoring session in this process: the schedule of the service's scoring sessions
-    (``secure.schedule.SessionSchedule.scoring_passes``), one evaluation pass per chunk of
-    ``nodes``; yields each chunk's nodes and every client's outcome (its class probabilities
-    where it has a head)."""
-    schedule = SessionSchedule.scoring_passes(score_nodes=nodes, chunk=chunk, seed=0)
-    for spec in schedule.passes:
-        output_nodes = schedule.output_nodes(spec.index)
-        outcomes = run_pass_inprocess(
-            clients, aggregator, pass_index=spec.index, kind="eval", output_nodes=output_nodes
-        )
-        yield output_nodes, outcomes
+    (``secure.schedule.SessionSchedule.scoring_passes``, one evaluation pass); the scored
+    nodes (sorted) and every client's outcome (its class probabilities where it has a head)."""
+    schedule = SessionSchedule.scoring_passes(score_nodes=nodes, seed=0)
+    [spec] = schedule.passes
+    output_nodes = schedule.output_nodes(spec.index)
+    outcomes = run_pass_inprocess(
+        clients, aggregator, pass_index=spec.index, kind="eval", output_nodes=output_nodes
+    )
+    return output_nodes, outcomes

@@ -75,14 +75,12 @@ class SessionSchedule:
 
     @classmethod
     def scoring_passes(
-        cls, *, score_nodes: Sequence[int] | np.ndarray, chunk: int, seed: int
+        cls, *, score_nodes: Sequence[int] | np.ndarray, seed: int
     ) -> SessionSchedule:
         """A scoring session's schedule: ONE evaluation pass over all the sorted nodes (one
         release). An evaluation pass is computed layer by layer over all nodes, its shares
         travel in parts (``secure.protocol.part_span``), so no request grows with the number of
-        nodes scored; ``chunk`` is the worker's chunk of nodes (its ``batch_size``)."""
-        if chunk < 1:
-            raise ValueError(f"chunk must be >= 1, got {chunk}")
+        nodes scored."""
         nodes = np.sort(np.asarray(score_nodes, dtype=np.int64))
         if nodes.size == 0:
             raise ValueError("no nodes to score")
@@ -90,7 +88,7 @@ class SessionSchedule:
             passes=(PassSpec(index=0, kind="eval", round=0),),
             train_nodes=np.empty(0, dtype=np.int64),
             eval_nodes=nodes,
-            batch_size=chunk,
+            batch_size=1,  # no training batches
             seed=seed,
         )
 

@@ -74,7 +74,7 @@ class SessionPlan:
         """``config.privacy`` must hold the z in use (see ``secure.privacy.SessionPrivacy``)."""
         if config.kind == "scoring":
             schedule = SessionSchedule.scoring_passes(
-                score_nodes=config.eval_nodes, chunk=config.batch_size, seed=config.seed
+                score_nodes=config.eval_nodes, seed=config.seed
             )
         else:
             schedule = SessionSchedule.create(

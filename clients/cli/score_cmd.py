@@ -61,14 +61,6 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument(
         "--format", choices=["csv", "parquet"], default="csv", help="predictions file format"
     )
-    p.add_argument(
-        "--chunk",
-        type=positive_int,
-        default=1024,
-        metavar="N",
-        help="nodes per pass (memory and request sizes are bounded by it, not by the number of "
-        "nodes scored)",
-    )
     add_encryption_argument(p)
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads per worker")
     p.add_argument(
@@ -106,7 +98,6 @@ def run(args: argparse.Namespace) -> int:
                 args.model_dir,
                 args.out,
                 holder_ids=holder_ids,
-                chunk=args.chunk,
                 encrypted=args.encryption == "ckks",
                 output_format=args.format,
                 threads=args.threads,

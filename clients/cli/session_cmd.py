@@ -18,7 +18,6 @@ from clients.cli.options import (
     add_command,
     add_output_dir_argument,
     check_output_dir,
-    positive_int,
     write_private_file,
 )
 
@@ -63,13 +62,6 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--predictions FILE`), over every node of --alignment, or the evaluation nodes of "
         "--dataset; the model, noise and seed are that session's (the training options below "
         "are ignored)",
-    )
-    create.add_argument(
-        "--chunk",
-        type=positive_int,
-        default=1024,
-        metavar="N",
-        help="with --score-with: nodes per scoring pass",
     )
     train_options.add_federation_arguments(create, local=False)
     train_options.add_encryption_argument(create)
@@ -162,7 +154,7 @@ def _scoring_body(admin: AdminClient, args: argparse.Namespace, config: TrainCon
         from models.layout import eval_nodes
 
         nodes = eval_nodes(train_options.load_benchmark(config))
-    body = scoring_request(training, model_session=args.score_with, nodes=nodes, chunk=args.chunk)
+    body = scoring_request(training, model_session=args.score_with, nodes=nodes)
     body["label"] = args.label or body["label"]
     return body
 

@@ -28,8 +28,6 @@ from models.data.aligned import AlignedFederation
 from models.data.party import NOT_SHARED, read_party
 from models.metrics import classification_metrics
 
-DEFAULT_CHUNK = 1024
-
 
 @dataclass(frozen=True)
 class PartyPredictions:
@@ -129,7 +127,6 @@ def score_locally(
     out: Path,
     *,
     holder_ids: Sequence[str] | None = None,
-    chunk: int = DEFAULT_CHUNK,
     encrypted: bool = True,
     output_format: str = "csv",
     threads: int = 1,
@@ -161,9 +158,7 @@ def score_locally(
             "encryption": "ckks" if encrypted else "none",
         }
         created = fed.admin.create_session(
-            scoring_request(
-                training, model_session=manifests[0]["session_id"], nodes=nodes, chunk=chunk
-            )
+            scoring_request(training, model_session=manifests[0]["session_id"], nodes=nodes)
         )
         raw = {m: fed.root / f"predictions-{m}.parquet" for m in heads}
         fed.start_workers(

@@ -165,7 +165,7 @@ def session_view(
 
 
 def scoring_request(
-    training: dict[str, Any], *, model_session: str, nodes: np.ndarray, chunk: int
+    training: dict[str, Any], *, model_session: str, nodes: np.ndarray
 ) -> dict[str, Any]:
     """The ``POST /v1/sessions`` body of a scoring session with the models of ``model_session``
     (``training``: that session's configuration, as ``GET /v1/sessions/{id}`` shows it and the
@@ -182,7 +182,7 @@ def scoring_request(
         "agg_layers": training["agg_layers"],
         "stale": 1,
         "rounds": 1,
-        "batch_size": chunk,
+        "batch_size": training["batch_size"],
         "fanout": training["fanout"],
         "num_nodes": training["num_nodes"],
         "eval_nodes": encode_nodes(nodes),

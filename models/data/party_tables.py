@@ -98,9 +98,7 @@ def _write_nodes(tables: PartyTables, out: Path, progress: bool) -> tuple[pa.Arr
     return ids, names
 
 
-def _write_edges(
-    tables: PartyTables, ids: pa.Array, out: Path, progress: bool
-) -> dict[str, int]:
+def _write_edges(tables: PartyTables, ids: pa.Array, out: Path, progress: bool) -> dict[str, int]:
     """The edge table as row numbers, both directions of every undirected edge, to ``out``; the
     counts of what was kept and dropped."""
     path = tables.edges
@@ -180,8 +178,7 @@ def _read_labels(tables: PartyTables, ids: pa.Array, progress: bool) -> np.ndarr
             first = labelled_at[row] or first_row + int(np.flatnonzero(rows == row)[0])
             raise TableError(
                 path,
-                f"a second label for id {node_ids[offset].as_py()!r} (the first is at row "
-                f"{first})",
+                f"a second label for id {node_ids[offset].as_py()!r} (the first is at row {first})",
                 row=first_row + offset,
                 column=tables.id_column,
             )

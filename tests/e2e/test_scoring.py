@@ -53,7 +53,7 @@ def score(
     out = fed.root / "scoring"
     assert main(["session", "create", "--server", fed.admin.base_url, "--admin-token-file",
                  str(fed.root / "admin.token"), "--score-with", fed.session_id, "--dataset",
-                 "cora", "--data-dir", str(data_dir), "--chunk", "4096", "--out",
+                 "cora", "--data-dir", str(data_dir), "--out",
                  str(out)]) == 0  # fmt: skip
     session = (out / "session.id").read_text()
     workers = []
@@ -103,7 +103,7 @@ def test_private_scoring_is_in_both_ledgers_and_an_owner_s_cap_refuses_it(
     session, workers = score(fed, PRIVATE, data_dir, processes, extra=LIFETIME_16)
     for worker in workers:
         assert worker.process.wait(timeout=600) == 0, worker.tail()
-    assert fed.admin.privacy(session)["releases"] == 1  # one chunk: one release
+    assert fed.admin.privacy(session)["releases"] == 1  # one pass: one release
     for m in range(PRIVATE.clients):
         with OwnerLedger(tmp_path / "partitions" / f"client-{m}" / LEDGER_FILENAME) as ledger:
             assert ledger.releases(session_id=fed.session_id) == trained

@@ -47,9 +47,7 @@ def test_kept_models_score_the_evaluation_nodes_as_the_best_evaluation_pass(
         client.network.load_state_dict(saved.weights)
         clients.append(client)
     nodes, _ = read_evaluation(folders[0])
-    [(scored, outcomes)] = score_inprocess(
-        clients, PlainSumAggregator(), nodes=nodes, chunk=len(nodes)
-    )
+    scored, outcomes = score_inprocess(clients, PlainSumAggregator(), nodes=nodes)
     assert scored.tolist() == nodes.tolist()
     for folder, outcome in zip(folders, outcomes, strict=True):
         _, expected = read_evaluation(folder)

@@ -82,7 +82,7 @@ def test_train_keep_the_models_add_customers_and_score_exactly_them(
     given_now = [arg for folder in folders_now for arg in ("--party", str(folder))]
     out = tmp_path / "predictions"
     code = main(["score", *given_now, "--model-dir", str(models), "--ids", str(ids_file),
-                 "--out", str(out), "--chunk", "16", "--quiet"])  # fmt: skip
+                 "--out", str(out), "--quiet"])  # fmt: skip
     assert code == 0, capsys.readouterr().err
     printed = capsys.readouterr().out
     print(printed)
