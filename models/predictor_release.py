@@ -177,7 +177,9 @@ def propagated(values: torch.Tensor, edge_index: torch.Tensor, *, hops: int) -> 
     index = torch.cat([edge_index, loops], dim=1)
     degree = torch.bincount(index[1], minlength=n).float()
     weight = (degree[index[0]] * degree[index[1]]).rsqrt()
-    adjacency = torch.sparse_coo_tensor(index.flip(0), weight, (n, n)).coalesce()
+    adjacency = torch.sparse_coo_tensor(
+        index.flip(0), weight, (n, n), check_invariants=False
+    ).coalesce()
     out = [values]
     for _ in range(hops):
         out.append(torch.sparse.mm(adjacency, out[-1]))
