@@ -351,16 +351,19 @@ def main(args: argparse.Namespace) -> int:
     chart_path = args.chart or CHART
     epsilons = _floats(args.epsilons)
     if args.passes_per_node:
-        rows = [
-            passes_per_node(n, labelled=lab, degree=deg)
-            for n in _ints(args.nodes)
-            for lab in _floats(args.labelled)
-            for deg in _floats(args.degrees)
-        ]
-        for row in rows:
-            print(json.dumps(row), flush=True)
         path = out.with_name(out.stem + "_passes.json")
-        path.write_text(json.dumps(rows, indent=1) + "\n")
+        rows = json.loads(path.read_text()) if path.exists() else []
+        for n in _ints(args.nodes):
+            for lab in _floats(args.labelled):
+                for deg in _floats(args.degrees):
+                    started = time.process_time()
+                    row = passes_per_node(n, labelled=lab, degree=deg)
+                    row["cpu_seconds"] = round(time.process_time() - started, 1)
+                    print(json.dumps(row), flush=True)
+                    key = (n, lab, deg)
+                    rows = [r for r in rows if (r["nodes"], r["labelled"], r["degree"]) != key]
+                    rows.append(row)
+                    path.write_text(json.dumps(rows, indent=1) + "\n")
         return 0
     schedule = {"rounds": args.rounds, "eval_every": args.eval_every}
     settings = PredictorSettings(output=args.output)
