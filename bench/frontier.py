@@ -13,6 +13,12 @@ only the first private run of each graph reports it; the other private runs swit
 (tests/models/test_trainer.py), so it changes time, not accuracy.
 
     python -m bench.frontier [--quick] [--seeds 3] [--degrees 4,8,16,32,64] [--epsilons 1,2,4,8,16]
+
+``--map scale`` draws issue 29's map instead (bench/frontier_scale.py: nodes, labelled fraction,
+degree, signal, epsilon; design 1, design 2, the party alone and non-private GLASU in one run):
+
+    python -m bench.frontier --map scale --nodes 20000 --labelled 0.01,0.1 --degrees 4,16,64 \
+        --epsilons 1,4 --seeds 1 --rounds 40
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from unittest import mock
 import numpy as np
 import torch
 
+from bench import frontier_scale
 from models.config import TrainConfig
 from models.data.csbm import SIGNALS, csbm
 from models.data.planetoid import GraphDataset, load_dataset
@@ -249,13 +256,22 @@ def main() -> int:
     parser.add_argument("--families", default="", help="only these, e.g. csbm-strong,pubmed")
     parser.add_argument("--real-seeds", type=int, default=None, help="default: --seeds")
     parser.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "datasets/planetoid"))
-    parser.add_argument("--out", type=Path, default=OUT)
-    parser.add_argument("--chart", type=Path, default=CHART)
+    parser.add_argument("--out", type=Path, default=None, help=f"default {OUT} (scale: its own)")
+    parser.add_argument("--chart", type=Path, default=None, help=f"default {CHART}")
+    parser.add_argument(
+        "--map", choices=["degree", "scale"], default="degree",
+        help="degree: this map; scale: issue 29's (bench/frontier_scale.py)",
+    )  # fmt: skip
+    frontier_scale.add_arguments(parser)
     parser.add_argument(
         "--report-only", action="store_true", help="no new runs: table and chart from --out"
     )
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.map == "scale":
+        return frontier_scale.main(args)
+    args.out = args.out or OUT
+    args.chart = args.chart or CHART
     degrees = [float(d) for d in args.degrees.split(",")]
     seeds, rounds = args.seeds, args.rounds
     if args.quick:

@@ -1,0 +1,449 @@
+"""The scale map of issue 29 (``python -m bench.frontier --map scale``): CSBM graphs over nodes,
+labelled fraction, degree, signal and epsilon, and on each graph, in the same run:
+
+- **party alone (GNN)**: the party-alone reference of the product's private run (models/private.py:
+  the same sampled GCNII on the same batches without the others' release), mean over parties;
+- **design 1**: the product's private arrangement (TrainConfig defaults, fewer rounds) at each ε;
+- **non-private GLASU**;
+- **party alone (SGC)**: design 2's receiver without the block (a logistic regression on the
+  party's own features propagated K hops over its own graph), mean over parties;
+- **design 2**: a privately trained predictor released once (models/predictor_release.py) at each
+  ε, and without noise (its ceiling).
+
+The gain of each design is measured against the better of the two party-alone references of the
+same graph and seed (what a party could get by itself with either model). Encryption is off (CKKS
+reproduces plaintext sums). ``--passes-per-node`` answers design 3's question instead: in how many
+training passes' layer-1 releases a node's row is, over a default run (sampler and schedule
+only, no training).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.results_doc import write_section
+from models.config import TrainConfig
+from models.data.csbm import SIGNALS, csbm
+from models.data.partition import partition
+from models.data.planetoid import NUM_TEST, NUM_VAL, GraphDataset
+from models.predictor_release import PredictorRelease, PredictorSettings, split_budget
+from models.sampler import NeighbourSampler, SamplingGraph, sampling_rng
+from models.trainer import train_inprocess
+from secure.schedule import SessionSchedule
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "bench" / "results" / "frontier_scale.json"
+CHART = ROOT / "docs" / "frontier_scale.svg"
+DELTA = 1e-6
+CLASSES = 5
+ALONE = ("party alone (GNN)", "party alone (SGC)")
+
+
+@dataclass(frozen=True)
+class ScaleGraph:
+    nodes: int
+    labelled: float
+    signal: str
+    degree: float
+    seed: int
+
+    @property
+    def key(self) -> str:
+        return f"n{self.nodes}-l{self.labelled:g}-{self.signal}-d{self.degree:g}-s{self.seed}"
+
+    def load(self) -> GraphDataset:
+        per_class = max(1, round(self.labelled * self.nodes / CLASSES))
+        return csbm(
+            nodes=self.nodes,
+            degree=self.degree,
+            signal=SIGNALS[self.signal],
+            train_per_class=per_class,
+            seed=self.seed,
+        )
+
+
+def graphs(args: argparse.Namespace) -> list[ScaleGraph]:
+    """Seed-major, so that a run cut short still has whole maps for its first seeds."""
+    return [
+        ScaleGraph(n, lab, sig, deg, seed)
+        for seed in range(args.seeds)
+        for n in _ints(args.nodes)
+        for lab in _floats(args.labelled)
+        for sig in args.signals.split(",")
+        for deg in _floats(args.degrees)
+    ]
+
+
+def runs_of_graph(
+    graph: ScaleGraph,
+    *,
+    epsilons: list[float],
+    schedule: dict,
+    settings: PredictorSettings,
+    release_share: float,
+) -> list[dict[str, Any]]:
+    dataset = graph.load()
+    base = {"graph": graph.key, **{k: getattr(graph, k) for k in graph.__dataclass_fields__}}
+    out: list[dict[str, Any]] = []
+
+    def add(design: str, epsilon: float | None, test: float, started: float, **extra: Any) -> None:
+        cpu = round(time.process_time() - started, 1)
+        out.append(
+            {**base, "design": design, "epsilon": epsilon, "test": test, "cpu": cpu, **extra}
+        )
+        print(f"  {graph.key} {design} ε={epsilon}: {100 * test:.1f} ({cpu:.0f} s CPU)", flush=True)
+
+    for i, eps in enumerate(epsilons):
+        started = time.process_time()
+        report = _train(graph, dataset, schedule, epsilon=eps, reference=i == 0)
+        if i == 0:
+            add(ALONE[0], None, float(report.reference_test_accuracy or 0.0), started)
+        privacy = report.privacy or {}
+        add(
+            "design 1",
+            eps,
+            report.test_accuracy,
+            started,
+            noise_multiplier=privacy.get("noise_multiplier"),
+            releases=privacy.get("releases"),
+        )
+    started = time.process_time()
+    add(
+        "non-private GLASU", None, _train(graph, dataset, schedule, dp=False).test_accuracy, started
+    )
+    parts = partition(dataset, clients=3, edge_fraction=0.8, seed=graph.seed)
+    for eps in [None, *epsilons]:
+        started = time.process_time()
+        budget = None
+        if eps is not None:
+            budget = split_budget(
+                epsilon=eps, delta=DELTA, steps=settings.steps, release_share=release_share
+            )
+        scores = PredictorRelease(parts, budget=budget, settings=settings, seed=graph.seed)
+        mean = scores.mean_scores()
+        if eps is None:
+            add(ALONE[1], None, mean["alone"], started)
+        extra = (
+            {}
+            if budget is None
+            else {
+                "sgd_noise_multiplier": budget.sgd_noise_multiplier,
+                "release_noise_multiplier": budget.release_noise_multiplier,
+                "epsilon_spent": budget.spent(),
+            }
+        )
+        add(
+            "design 2" if eps is not None else "design 2 no noise",
+            eps,
+            mean["with release"],
+            started,
+            **extra,
+        )
+    return out
+
+
+def _train(graph: ScaleGraph, dataset: GraphDataset, schedule: dict, **settings: Any) -> Any:
+    """One in-process run; ``reference=False`` drops the party-alone reference (bench.frontier)."""
+    from contextlib import nullcontext
+
+    from bench.frontier import without_reference
+
+    reference = settings.pop("reference", True)
+    config = TrainConfig(
+        dataset=f"csbm-{graph.signal}",
+        seed=graph.seed,
+        delta=DELTA,
+        encryption="none",
+        **schedule,
+        **settings,
+    )
+    with nullcontext() if reference else without_reference():
+        return train_inprocess(config, dataset=dataset, progress=False)
+
+
+def summarize(runs: list[dict]) -> list[dict]:
+    """Per point and design: mean and std over seeds of the test accuracy and of the gain over
+    the better party-alone reference of the same graph and seed."""
+    alone: dict[str, float] = {}
+    for r in runs:
+        if r["design"] in ALONE:
+            alone[r["graph"]] = max(alone.get(r["graph"], 0.0), r["test"])
+    cells: dict[tuple, list[dict]] = {}
+    for r in runs:
+        point = (r["nodes"], r["labelled"], r["signal"], r["degree"], r["design"], r["epsilon"])
+        cells.setdefault(point, []).append(r)
+    out = []
+    for (nodes, labelled, signal, degree, design, eps), rows in sorted(
+        cells.items(), key=lambda kv: tuple(str(x) for x in kv[0])
+    ):
+        gains = [r["test"] - alone[r["graph"]] for r in rows if r["graph"] in alone]
+        out.append(
+            {
+                "nodes": nodes,
+                "labelled": labelled,
+                "signal": signal,
+                "degree": degree,
+                "design": design,
+                "epsilon": eps,
+                "seeds": len(rows),
+                "test": _stats([r["test"] for r in rows]),
+                "gain": _stats(gains),
+            }
+        )
+    return out
+
+
+def _stats(values: list[float]) -> list[float] | None:
+    if not values:
+        return None
+    return [round(100 * float(np.mean(values)), 2), round(100 * float(np.std(values)), 2)]
+
+
+def columns(epsilons: list[float]) -> list[tuple[str, float | None]]:
+    return [
+        (ALONE[0], None),
+        (ALONE[1], None),
+        *[("design 1", e) for e in epsilons],
+        ("design 2 no noise", None),
+        *[("design 2", e) for e in epsilons],
+        ("non-private GLASU", None),
+    ]
+
+
+def _column_label(design: str, eps: float | None) -> str:
+    return design if eps is None else f"{design} ε={eps:g}"
+
+
+def table(summary: list[dict], epsilons: list[float]) -> str:
+    """Markdown: one row per point; party-alone accuracies, then accuracy (gain) per design."""
+    cols = columns(epsilons)
+    lines = [
+        "| nodes | labelled | signal | degree | "
+        + " | ".join(_column_label(d, e) for d, e in cols)
+        + " |",
+        "|---|---|---|---|" + "---|" * len(cols),
+    ]
+    by_point: dict[tuple, dict[tuple, dict]] = {}
+    for s in summary:
+        point = (s["nodes"], s["labelled"], s["signal"], s["degree"])
+        by_point.setdefault(point, {})[(s["design"], s["epsilon"])] = s
+    for (nodes, labelled, signal, degree), cells in sorted(by_point.items()):
+        row = [f"{nodes:,}", f"{100 * labelled:g}%", signal, f"{degree:g}"]
+        for design, eps in cols:
+            s = cells.get((design, eps))
+            if s is None:
+                row.append("-")
+            elif design in ALONE:
+                row.append(f"{s['test'][0]:.1f}")
+            else:
+                spread = f" ± {s['gain'][1]:.1f}" if s["seeds"] > 1 else ""
+                row.append(f"{s['test'][0]:.1f} ({s['gain'][0]:+.1f}{spread})")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def chart(summary: list[dict], epsilons: list[float], path: Path) -> None:
+    """One panel per (nodes, labelled, signal): gain over the better party alone by degree."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted({(s["nodes"], s["labelled"], s["signal"]) for s in summary})
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(3.6 * len(panels), 3.8), sharey=True, squeeze=False
+    )
+    for ax, (nodes, labelled, signal) in zip(axes[0], panels, strict=True):
+        for design, eps in columns(epsilons):
+            if design in ALONE:
+                continue
+            points = sorted(
+                (s["degree"], s["gain"][0], s["gain"][1])
+                for s in summary
+                if (s["nodes"], s["labelled"], s["signal"], s["design"], s["epsilon"])
+                == (nodes, labelled, signal, design, eps)
+                and s["gain"]
+            )
+            if points:
+                x, y, e = zip(*points, strict=True)
+                style = ":" if eps is None else ("-" if design == "design 2" else "--")
+                ax.errorbar(
+                    x, y, yerr=e, fmt=style, marker="o", capsize=2, label=_column_label(design, eps)
+                )
+        ax.axhline(0, color="black", linewidth=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("average degree")
+        ax.set_title(f"{nodes:,} nodes, {100 * labelled:g}% labelled, {signal}", fontsize=9)
+    axes[0][0].set_ylabel("gain over the better party alone (points)")
+    axes[0][0].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def passes_per_node(nodes: int, *, labelled: float, degree: float, seed: int = 0) -> dict:
+    """Design 3's question: over a default run (TrainConfig: rounds, eval_every, batch, fanout,
+    L=4, occurrence cap at layer 1), in how many training passes' layer-1 releases each node's
+    row is at party 0 (the node is among S_0[0], the sources of the released layer; the private
+    arrangement's layer-1 targets are the union of the parties' S[1])."""
+    config = TrainConfig()
+    dataset = ScaleGraph(nodes, labelled, "weak", degree, seed).load()
+    parts = partition(
+        dataset, clients=config.clients, edge_fraction=config.edge_fraction, seed=seed
+    )
+    graphs_ = [SamplingGraph.from_edge_index(p.edge_index, num_nodes=nodes) for p in parts]
+    free = [NeighbourSampler(g, fanout=config.fanout) for g in graphs_]
+    capped = NeighbourSampler(
+        graphs_[0], fanout=config.fanout, occurrence_cap=config.occurrence_cap
+    )
+    schedule = SessionSchedule.create(
+        rounds=config.rounds,
+        eval_every=config.eval_every,
+        train_nodes=dataset.train_nodes,
+        eval_nodes=np.concatenate([dataset.val_nodes, dataset.test_nodes]),
+        batch_size=config.batch_size,
+        seed=config.seed,
+    )
+    count = np.zeros(nodes, dtype=np.int64)
+    train_passes = [p for p in schedule.passes if p.kind == "train"]
+    for spec in train_passes:
+        union: list[np.ndarray] = []
+        for client, sampler in enumerate(free):
+            targets = schedule.output_nodes(spec.index)
+            for depth in range(config.layers, 1, -1):
+                rng = sampling_rng(
+                    seed=config.seed, client=client, pass_index=spec.index, layer=depth
+                )
+                targets = sampler.sample_layer(targets, rng=rng).sources
+            union.append(targets)
+        layer1 = np.unique(np.concatenate(union))
+        rng = sampling_rng(seed=config.seed, client=0, pass_index=spec.index, layer=1)
+        count[capped.sample_layer(layer1, rng=rng).sources] += 1
+    touched = count[count > 0]
+    return {
+        "nodes": nodes,
+        "labelled": labelled,
+        "degree": degree,
+        "train_nodes": int(dataset.train_nodes.size),
+        "train_passes": len(train_passes),
+        "eval_passes": len(schedule.passes) - len(train_passes),
+        "batch_size": config.batch_size,
+        "fanout": config.fanout,
+        "layers": config.layers,
+        "nodes_in_any_pass": int(touched.size),
+        "mean_passes_per_node": float(count.mean()),
+        "mean_passes_per_touched_node": float(touched.mean()) if touched.size else 0.0,
+        "p99_passes": float(np.percentile(count, 99)),
+        "max_passes": int(count.max()),
+        "max_passes_train_node": int(count[dataset.train_nodes].max()),
+    }
+
+
+def main(args: argparse.Namespace) -> int:
+    out = args.out or OUT
+    chart_path = args.chart or CHART
+    epsilons = _floats(args.epsilons)
+    if args.passes_per_node:
+        path = out.with_name(out.stem + "_passes.json")
+        rows = json.loads(path.read_text()) if path.exists() else []
+        for n in _ints(args.nodes):
+            for lab in _floats(args.labelled):
+                for deg in _floats(args.degrees):
+                    started = time.process_time()
+                    row = passes_per_node(n, labelled=lab, degree=deg)
+                    row["cpu_seconds"] = round(time.process_time() - started, 1)
+                    print(json.dumps(row), flush=True)
+                    key = (n, lab, deg)
+                    rows = [r for r in rows if (r["nodes"], r["labelled"], r["degree"]) != key]
+                    rows.append(row)
+                    path.write_text(json.dumps(rows, indent=1) + "\n")
+        return 0
+    schedule = {"rounds": args.rounds, "eval_every": args.eval_every}
+    settings = PredictorSettings(output=args.output)
+    previous = json.loads(out.read_text()) if out.exists() else {}
+    done = previous.get("runs", []) if previous.get("schedule") == schedule else []
+    have = {r["graph"] for r in done}
+    runs = list(done)
+    wall = time.time()
+    for graph in graphs(args):
+        if graph.key in have or args.report_only:
+            continue
+        if round(graph.nodes * graph.labelled) + NUM_VAL + NUM_TEST > graph.nodes:
+            raise ValueError(f"{graph.key}: too few nodes for the split")
+        runs += runs_of_graph(
+            graph,
+            epsilons=epsilons,
+            schedule=schedule,
+            settings=settings,
+            release_share=args.release_share,
+        )
+        _write(out, schedule=schedule, runs=runs, args=args)
+    summary = summarize(runs)
+    _write(out, schedule=schedule, runs=runs, args=args, summary=summary)
+    markdown = table(summary, epsilons)
+    print(markdown)
+    chart(summary, epsilons, chart_path)
+    if args.write_doc:
+        write_section("frontier-scale-table", markdown)
+    print(f"wall {time.time() - wall:.0f} s; wrote {out} and {chart_path}")
+    return 0
+
+
+def _write(
+    path: Path, *, schedule: dict, runs: list[dict], args: argparse.Namespace, **extra: Any
+) -> None:
+    payload = {
+        "schedule": schedule,
+        "settings": "design 1: TrainConfig defaults (M=3, Q=4, width 16, clip 1, cap 1), RDP; "
+        f"design 2: {PredictorSettings(output=args.output)}, release share "
+        f"{args.release_share:g}, PRV; delta {DELTA:g}; encryption off; 500 val / 1000 test nodes",
+        "runs": runs,
+        **extra,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=1, default=str) + "\n")
+
+
+def _ints(text: str) -> list[int]:
+    return [int(float(x)) for x in text.split(",") if x]
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("--map scale (issue 29)")
+    group.add_argument("--nodes", default="20000", help="graph sizes, e.g. 20000,100000")
+    group.add_argument("--labelled", default="0.01,0.1", help="labelled fractions of the nodes")
+    group.add_argument("--signals", default="weak,strong")
+    group.add_argument("--eval-every", type=int, default=10)
+    group.add_argument(
+        "--release-share",
+        type=float,
+        default=0.5,
+        help="design 2: share of mu^2 given to the release",
+    )
+    group.add_argument(
+        "--output",
+        choices=["onehot", "probs"],
+        default="probs",
+        help="design 2: what each node's release carries",
+    )
+    group.add_argument(
+        "--passes-per-node",
+        action="store_true",
+        help="design 3: count the passes each node's row is released in",
+    )
+    group.add_argument(
+        "--write-doc",
+        action="store_true",
+        help="write the table into docs/results.md (frontier-scale-table)",
+    )
