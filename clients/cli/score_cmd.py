@@ -62,7 +62,12 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--format", choices=["csv", "parquet"], default="csv", help="predictions file format"
     )
     add_encryption_argument(p)
-    p.add_argument("--threads", type=positive_int, default=1, help="torch threads per worker")
+    p.add_argument(
+        "--threads",
+        type=positive_int,
+        default=1,
+        help="torch threads per worker (for graphs of 100k nodes and more, give cores / parties)",
+    )
     p.add_argument(
         "--device", choices=["auto", "cpu", "cuda"], default="auto", help="where workers compute"
     )

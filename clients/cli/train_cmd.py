@@ -77,7 +77,8 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         type=positive_int,
         default=1,
         metavar="N",
-        help="CPU threads per process (the matrices are small: 1 is fastest)",
+        help="CPU threads per process (1 is fastest on small graphs; with --party, every worker "
+        "on this machine takes N: for graphs of 100k nodes and more, give cores / parties)",
     )
     security = p.add_argument_group("encryption and differential privacy (both on by default)")
     train_options.add_encryption_argument(security)
