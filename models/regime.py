@@ -11,6 +11,7 @@ Pure functions on plain numbers; no torch.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -51,6 +52,12 @@ class PartyData:
             labelled=len(partition.train_nodes) / nodes,
             degree=int(partition.edge_index.shape[1]) / nodes,  # both directions of each edge
         )
+
+    def with_degree_of(self, meta: Mapping[str, Any]) -> PartyData:
+        """The mean degree of the party's own graph as ``glasu prepare`` recorded it
+        (``meta.json``), where the process holds none of its edges."""
+        degree = 2 * int(meta["undirected_edges"]) / max(int(meta["num_rows"]), 1)
+        return dataclasses.replace(self, degree=degree)
 
 
 @dataclass(frozen=True)
@@ -109,6 +116,27 @@ def nearest_regime(regime_map: Mapping[str, Any], *, party: PartyData, epsilon: 
         gains=tuple(_design_gain(name, d) for name, d in sorted(cell["designs"].items())),
         outside=outside,
     )
+
+
+def run_regime(
+    *,
+    party: PartyData,
+    epsilon: float,
+    whose: str,
+    regime_map: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """What a private run's report carries: the party's data, the nearest regime and the
+    sentence (``regime_map``: the shipped map by default)."""
+    regime_map = load_map() if regime_map is None else regime_map
+    nearest = nearest_regime(regime_map, party=party, epsilon=epsilon)
+    cell = {k: getattr(nearest, k) for k in ("nodes", "labelled", "degree", "party_degree")}
+    return {
+        "party": whose,
+        **dataclasses.asdict(party),
+        "epsilon": epsilon,
+        "nearest": {**cell, "epsilon": nearest.epsilon, "outside": list(nearest.outside)},
+        "sentence": describe_regime(regime_map, party=party, epsilon=epsilon, whose=whose),
+    }
 
 
 def describe_regime(
