@@ -205,13 +205,19 @@ def _design_gain(name: str, design: Mapping[str, Any]) -> DesignGain:
 
 
 def _describe_gain(gain: DesignGain) -> str:
-    name = DESIGN_NAMES.get(gain.design, gain.design)
-    if len(gain.signals) > 1:
-        spread = f"{gain.low:+.1f} to {gain.high:+.1f} over {' and '.join(gain.signals)} signal"
-    else:
+    name = (
+        f"{gain.design} ({DESIGN_NAMES[gain.design]})"
+        if gain.design in DESIGN_NAMES
+        else (gain.design)
+    )
+    if len(gain.signals) == 1:
         spread = f"{gain.signals[0]} signal only"
+    elif gain.low == gain.high:
+        spread = f"the same over {' and '.join(gain.signals)} signal"
+    else:
+        spread = f"{gain.low:+.1f} to {gain.high:+.1f} over {' and '.join(gain.signals)} signal"
     seeds = "1 seed" if gain.seeds == 1 else f"{gain.seeds} seeds, ± {gain.seed_std:.1f}"
-    return f"{gain.design} ({name}) {gain.mean:+.1f} points, {spread}, {seeds}"
+    return f"{name} {gain.mean:+.1f} points, {spread}, {seeds}"
 
 
 def _log_ratio(a: float, b: float) -> float:
