@@ -19,7 +19,7 @@ from clients.local.parties import federation_of_parties
 from models.config import TrainConfig
 from models.data.aligned import AlignedFederation, SharedIndex, aligned_federation
 from models.data.partition import load_partition, save_partition
-from models.data.party import read_party
+from models.data.party import read_meta, read_party
 from models.data.planetoid import GraphDataset
 from models.layout import layout_federation
 from models.trainer import train_inprocess
@@ -138,6 +138,11 @@ def test_a_secure_training_over_http_on_the_parties_folders(
     secure = json.loads(report.read_text())
     assert secure["config"]["encryption"] == "ckks" and secure["privacy"]["enabled"]
     assert secure["rounds"] == 2 and 0 <= secure["test_accuracy"] <= 1
+    # the workers read the folders: the regime's degree is the first party's own graph's, as
+    # `glasu prepare` recorded it
+    meta = read_meta(folders[0])
+    assert secure["regime"]["party"] == "bank, the first party"
+    assert secure["regime"]["degree"] == 2 * meta["undirected_edges"] / meta["num_rows"]
 
 
 @pytest.mark.parametrize("aligned", ["intersection", "union"])
