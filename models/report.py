@@ -54,6 +54,9 @@ class RunReport:
     # at the evaluation with the best validation accuracy, per client with a head
     test_metrics: list[dict[str, Any] | None] | None = None
     reference_test_metrics: list[dict[str, Any] | None] | None = None
+    # private runs: the party's own data, the scale map's nearest regime and the sentence the
+    # summary prints (models/regime.py); set by `glasu train`
+    regime: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -149,6 +149,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _train(config: TrainConfig, args: argparse.Namespace) -> RunReport:
+    report, partitions = _train_federation(config, args)
+    if report.gain is not None:  # a private run with its party-alone reference
+        from clients.cli.train_report import regime
+
+        report.regime = regime(report, partitions, config=config, folders=args.party)
+    return report
+
+
+def _train_federation(
+    config: TrainConfig, args: argparse.Namespace
+) -> tuple[RunReport, list[ClientPartition]]:
     from models.device import resolve_device
     from models.layout import layout_federation
     from models.trainer import train_inprocess
@@ -182,14 +193,15 @@ def _train(config: TrainConfig, args: argparse.Namespace) -> RunReport:
                 session_id=f"inprocess-{uuid.uuid4().hex}",
             )
         with failing_as(f"the options do not fit {config.dataset}", ValueError):
-            return train_inprocess(
+            report = train_inprocess(
                 config, dataset=dataset, layout=layout, progress=not args.quiet, keep=keep
             )
+        return report, layout.partitions
     from clients.local.federation import train_over_http
     from clients.local.processes import FederationFailed
 
     with failing_as("the federation failed", FederationFailed):
-        return train_over_http(
+        report = train_over_http(
             config,
             layout,
             dataset,
@@ -198,6 +210,7 @@ def _train(config: TrainConfig, args: argparse.Namespace) -> RunReport:
             model_dirs=model_folders(args),
             about=train_options.session_about(args),
         )
+    return report, layout.partitions
 
 
 def _workers_read_folders(args: argparse.Namespace, config: TrainConfig) -> bool:
@@ -206,7 +219,9 @@ def _workers_read_folders(args: argparse.Namespace, config: TrainConfig) -> bool
     return uses_service(args) and config.releases_anything and config.nodes == "intersection"
 
 
-def _train_party_folders(config: TrainConfig, args: argparse.Namespace) -> RunReport:
+def _train_party_folders(
+    config: TrainConfig, args: argparse.Namespace
+) -> tuple[RunReport, list[ClientPartition]]:
     import tempfile
 
     from clients.alignment import AlignmentFailed
@@ -234,7 +249,7 @@ def _train_party_folders(config: TrainConfig, args: argparse.Namespace) -> RunRe
         with failing_as(f"the options do not fit {config.dataset}", ValueError):
             layout = layout_federation(config, parties.dataset, partitions=parties.partitions)
         with failing_as("the federation failed", FederationFailed):
-            return train_over_http(
+            report = train_over_http(
                 config,
                 layout,
                 parties.dataset,
@@ -244,6 +259,7 @@ def _train_party_folders(config: TrainConfig, args: argparse.Namespace) -> RunRe
                 about=train_options.session_about(args),
                 folders=parties.folders,
             )
+        return report, layout.partitions
 
 
 def model_folders(args: argparse.Namespace) -> list[Path] | None:
@@ -330,8 +346,10 @@ def _sigterm_interrupts() -> Iterator[None]:
 def finish(report: RunReport, *, report_path: Path | None, plot_path: Path | None) -> None:
     """Print the summary, then write the files (checked before training; should writing still
     fail, the summary has been shown)."""
-    print(summary(report), flush=True)
+    from clients.cli.train_report import summary
     from models.report import plot_history
+
+    print(summary(report), flush=True)
 
     if report_path:
         with failing_as(f"cannot write the report {report_path}"):
@@ -339,55 +357,3 @@ def finish(report: RunReport, *, report_path: Path | None, plot_path: Path | Non
     if plot_path:
         with failing_as(f"cannot write the plot {plot_path}"):
             plot_history(report, plot_path)
-
-
-def summary(report: RunReport) -> str:
-    cfg = report.config
-    lines = [
-        f"{cfg['dataset']} ({cfg['split']} split), mode {cfg['mode']}, {cfg['backbone']}, "
-        f"M={cfg['clients']}, rounds {report.rounds}",
-        f"test accuracy {report.test_accuracy:.4f} (best validation {report.val_accuracy:.4f} "
-        f"at round {report.best_round}; final test {report.final_test_accuracy:.4f})",
-        f"wall time {report.wall_seconds:.1f} s, bytes up {report.bytes_up:,}, "
-        f"down {report.bytes_down:,}",
-    ]
-    lines += metric_lines("test", report.test_metrics)
-    lines += metric_lines("test, party alone", report.reference_test_metrics)
-    if report.reference_test_accuracy is not None and report.gain is not None:
-        lines.append(
-            f"party alone (same batches, without the others' release): test accuracy "
-            f"{report.reference_test_accuracy:.4f}; gain from federating "
-            f"{100 * report.gain:+.1f} points"
-        )
-        if report.gain <= 0:
-            lines.append(
-                "Private federation did not beat training alone in this run: the noise that "
-                "protects the others' features leaves too little signal here (docs/privacy.md, "
-                "section 1.4)."
-            )
-    if report.privacy:
-        from clients.cli.budget_cmd import describe
-
-        lines.append("privacy budget:\n" + describe(report.privacy))
-    elif cfg["mode"] in ("centralized", "standalone"):
-        lines.append("privacy: nothing leaves a client in this mode")
-    else:
-        lines.append("privacy: none (differential privacy off: no (epsilon, delta) guarantee)")
-    if report.stopped_early:
-        lines.append(f"stopped early: {report.stopped_early}")
-    return "\n".join(lines)
-
-
-def metric_lines(what: str, per_client: list[dict | None] | None) -> list[str]:
-    """Macro-F1 (and the AUCs of a two-class task) at the kept round, each client's head."""
-    from models.metrics import describe_scores
-
-    lines = []
-    for client, metrics in enumerate(per_client or []):
-        if not metrics or not metrics.get("count"):
-            continue
-        recall = ", ".join(f"{c['recall']:.2f}" for c in metrics["per_class"])
-        lines.append(
-            f"  client {client} {what}: {describe_scores(metrics)}; recall per class {recall}"
-        )
-    return lines

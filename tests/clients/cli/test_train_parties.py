@@ -19,7 +19,7 @@ from clients.local.parties import federation_of_parties
 from models.config import TrainConfig
 from models.data.aligned import AlignedFederation, SharedIndex, aligned_federation
 from models.data.partition import load_partition, save_partition
-from models.data.party import read_party
+from models.data.party import read_meta, read_party
 from models.data.planetoid import GraphDataset
 from models.layout import layout_federation
 from models.trainer import train_inprocess
@@ -138,6 +138,11 @@ def test_a_secure_training_over_http_on_the_parties_folders(
     secure = json.loads(report.read_text())
     assert secure["config"]["encryption"] == "ckks" and secure["privacy"]["enabled"]
     assert secure["rounds"] == 2 and 0 <= secure["test_accuracy"] <= 1
+    # the workers read the folders: the regime's degree is the first party's own graph's, as
+    # `glasu prepare` recorded it
+    meta = read_meta(folders[0])
+    assert secure["regime"]["party"] == "bank, the first party"
+    assert secure["regime"]["degree"] == 2 * meta["undirected_edges"] / meta["num_rows"]
 
 
 @pytest.mark.parametrize("aligned", ["intersection", "union"])
@@ -268,3 +273,35 @@ def test_the_workers_folders_hold_what_the_written_partitions_held(
             assert np.array_equal(getattr(read, name), getattr(written, name))
         assert read.feature_names == written.feature_names
         assert (passed.folders[m] / "features.npy").resolve() == folders[m] / "features.npy"
+
+
+def test_a_private_run_reports_the_party_alone_the_gain_and_the_regime_of_its_data(
+    prepared: tuple[CoraParties, list[Path]], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """DP on (encryption off, in process): the summary and the JSON report give the party-alone
+    reference, the gain and the scale map's regime of the label holder's own data."""
+    tables, folders = prepared
+    holder = PARTIES.index("insurer")
+    report = tmp_path / "private.json"
+    given = [arg for folder in folders for arg in ("--party", str(folder))]
+    code = main(["train", *given, "--label-holder", str(holder), "--transport", "inprocess",
+                 "--no-he", "--rounds", "2", "--eval-every", "2", "--batch-size", "64",
+                 "--hidden", "32", "--report", str(report), "--quiet"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0
+    written = json.loads(report.read_text())
+    assert written["privacy"]["enabled"]
+    alone, gain = written["reference_test_accuracy"], written["gain"]
+    assert f"test accuracy {alone:.4f}; gain from federating {100 * gain:+.1f} points" in out
+    regime = written["regime"]
+    assert regime["party"] == "insurer, the label holder"
+    assert regime["nodes"] == len(tables.shared)
+    assert regime["epsilon"] == pytest.approx(written["privacy"]["epsilon"])
+    assert 0 < regime["labelled"] < 1 and regime["degree"] > 0
+    assert regime["nearest"]["nodes"] == 20_000 and regime["nearest"]["outside"]
+    assert regime["sentence"] in out.splitlines()
+    assert regime["sentence"].startswith(
+        f"Scale map (docs/privacy.md, section 1.5): your data (insurer, the label holder: "
+        f"{len(tables.shared):,} nodes"
+    )
+    assert "lies outside the map" in regime["sentence"]
