@@ -790,8 +790,9 @@ def markdown(payload: dict[str, Any]) -> str:
         lines += [
             "",
             f"Projection (not measured): a straight line through {n1:,} and {n2:,} nodes, "
-            "per process, as the code is now; it says nothing of the limits that stop a run "
-            "before (a body over the service's 64 MiB limit, the machine's memory).",
+            "per process, as the code is now; it says nothing of the limits that would stop a "
+            "run before (the machine's memory; bodies travel in parts, so no body limit grows "
+            "with N).",
             "",
             "| projected | " + " | ".join(f"{n:,}" for n in PROJECTED) + " | slope per node |",
             "|---|" + "---|" * (len(PROJECTED) + 1),
