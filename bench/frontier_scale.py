@@ -58,6 +58,7 @@ CHART = ROOT / "docs" / "frontier_scale.svg"
 DELTA = 1e-6
 CLASSES = 5
 ALONE = ("party alone (GNN)", "party alone (SGC)")
+STAGES = ("design 2", "first", "rest")
 
 
 @dataclass(frozen=True)
@@ -111,9 +112,17 @@ def runs_of_graph(
     release_share: float,
     done: set[Key],
     save: Any,
+    stage: str,
+    priority: tuple[float, ...] = (1.0, 4.0),
+    counted: dict[str, NodeReleases] | None = None,
 ) -> None:
-    """Every design of the map on ``graph`` that is not in ``done``; each run is handed to
-    ``save`` as soon as it is measured."""
+    """The designs of one ``stage`` (:data:`STAGES`) on ``graph`` that are not in ``done``; each
+    run is handed to ``save`` as soon as it is measured. The cheapest and most telling first:
+    design 2 and the SGC party alone ("design 2"), then designs 1 and 3 at the ε of
+    ``priority`` and non-private GLASU ("first"), then the other ε ("rest"); the map runs stage
+    by stage over all graphs, so that a map cut short has the first stages everywhere.
+    ``counted``: design 3's counts per graph, kept from one stage to the next."""
+    counted = {} if counted is None else counted
     dataset: GraphDataset | None = None
     base = {
         "graph": graph.key,
@@ -131,54 +140,72 @@ def runs_of_graph(
 
     def add(design: str, epsilon: float | None, test: float, started: float, **extra: Any) -> None:
         cpu = round(time.process_time() - started, 1)
-        save({**base, "design": design, "epsilon": epsilon, "test": test, "cpu": cpu, **extra})
+        row = {**base, "design": design, "epsilon": epsilon, "test": test, "cpu": cpu, **extra}
+        save(row)
+        done.add(run_key(row))
         print(f"  {graph.key} {design} ε={epsilon}: {100 * test:.1f} ({cpu:.0f} s CPU)", flush=True)
 
-    for eps in epsilons:
-        if not todo("design 1", eps):
-            continue
-        reference = todo(ALONE[0], None)
-        started = time.process_time()
-        report = _train(graph, dataset, schedule, epsilon=eps, reference=reference)
-        if reference:
-            add(ALONE[0], None, float(report.reference_test_accuracy or 0.0), started)
-        privacy = report.privacy or {}
-        add(
-            "design 1",
-            eps,
-            report.test_accuracy,
-            started,
-            noise_multiplier=privacy.get("noise_multiplier"),
-            releases=privacy.get("releases"),
-        )
-    releases: NodeReleases | None = None
-    for eps in epsilons:
-        if not todo("design 3", eps):
-            continue
-        started = time.process_time()
-        assert dataset is not None
-        releases = releases or node_releases(_config(graph, schedule), dataset)
-        z = design3_noise_multiplier(releases, epsilon=eps)
-        report = _train(graph, dataset, schedule, epsilon=None, noise_multiplier=z, reference=False)
-        add(
-            "design 3",
-            eps,
-            report.test_accuracy,
-            started,
-            noise_multiplier=z,
-            releases=releases.total,
-            releases_of_worst_node=releases.worst,
-            train_releases_per_node=releases.train_stats(),
-            epsilon_if_all_passes=(report.privacy or {}).get("epsilon"),
-        )
-    if todo("non-private GLASU", None):
-        started = time.process_time()
-        add(
-            "non-private GLASU",
-            None,
-            _train(graph, dataset, schedule, dp=False).test_accuracy,
-            started,
-        )
+    def design1(epsilons_now: list[float]) -> None:
+        for eps in epsilons_now:
+            if not todo("design 1", eps):
+                continue
+            reference = todo(ALONE[0], None)
+            started = time.process_time()
+            report = _train(graph, dataset, schedule, epsilon=eps, reference=reference)
+            if reference:
+                add(ALONE[0], None, float(report.reference_test_accuracy or 0.0), started)
+            privacy = report.privacy or {}
+            add(
+                "design 1",
+                eps,
+                report.test_accuracy,
+                started,
+                noise_multiplier=privacy.get("noise_multiplier"),
+                releases=privacy.get("releases"),
+            )
+
+    def design3(epsilons_now: list[float]) -> None:
+        for eps in epsilons_now:
+            if not todo("design 3", eps):
+                continue
+            started = time.process_time()
+            assert dataset is not None
+            if graph.key not in counted:
+                counted[graph.key] = node_releases(_config(graph, schedule), dataset)
+            releases = counted[graph.key]
+            z = design3_noise_multiplier(releases, epsilon=eps)
+            report = _train(
+                graph, dataset, schedule, epsilon=None, noise_multiplier=z, reference=False
+            )
+            add(
+                "design 3",
+                eps,
+                report.test_accuracy,
+                started,
+                noise_multiplier=z,
+                releases=releases.total,
+                releases_of_worst_node=releases.worst,
+                train_releases_per_node=releases.train_stats(),
+                epsilon_if_all_passes=(report.privacy or {}).get("epsilon"),
+            )
+
+    first = [e for e in epsilons if e in priority] or epsilons[:1]
+    if stage == "rest":
+        design1([e for e in epsilons if e not in first])
+        design3([e for e in epsilons if e not in first])
+        return
+    if stage == "first":
+        design1(first)
+        design3(first)
+        if todo("non-private GLASU", None):
+            started = time.process_time()
+            add(
+                "non-private GLASU",
+                None,
+                _train(graph, dataset, schedule, dp=False).test_accuracy,
+                started,
+            )
+        return
     parts = None
     for eps in [None, *epsilons]:
         design = "design 2" if eps is not None else "design 2 no noise"
@@ -485,20 +512,25 @@ def main(args: argparse.Namespace) -> int:
     settings = PredictorSettings(output=args.output)
     store = RunStore(out, settings=_settings_note(args))
     wall = time.time()
-    for graph in graphs(args):
-        if args.report_only:
-            break
+    todo = [] if args.report_only else graphs(args)
+    for graph in todo:
         if round(graph.nodes * graph.labelled) + NUM_VAL + NUM_TEST > graph.nodes:
             raise ValueError(f"{graph.key}: too few nodes for the split")
-        runs_of_graph(
-            graph,
-            epsilons=epsilons,
-            schedule=schedule,
-            settings=settings,
-            release_share=args.release_share,
-            done={run_key(r) for r in store.runs()},
-            save=store.add,
-        )
+    counted: dict[str, NodeReleases] = {}
+    for stage in STAGES:
+        for graph in todo:
+            runs_of_graph(
+                graph,
+                epsilons=epsilons,
+                schedule=schedule,
+                settings=settings,
+                release_share=args.release_share,
+                done={run_key(r) for r in store.runs()},
+                save=store.add,
+                stage=stage,
+                priority=tuple(_floats(args.epsilons_first)),
+                counted=counted,
+            )
     runs = store.runs()
     summary = summarize(runs)
     store.set_summary(summary)
@@ -592,6 +624,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--labelled", default="0.01,0.1", help="labelled fractions of the nodes")
     group.add_argument("--signals", default="weak,strong")
     group.add_argument("--eval-every", type=int, default=10)
+    group.add_argument(
+        "--epsilons-first",
+        default="1,4",
+        help="designs 1 and 3 run at these ε on every graph before the other ε",
+    )
     group.add_argument(
         "--release-share",
         type=float,
