@@ -517,7 +517,7 @@ def main(args: argparse.Namespace) -> int:
         if round(graph.nodes * graph.labelled) + NUM_VAL + NUM_TEST > graph.nodes:
             raise ValueError(f"{graph.key}: too few nodes for the split")
     counted: dict[str, NodeReleases] = {}
-    for stage in STAGES:
+    for stage in [s for s in STAGES if s in args.stages.split(",")]:
         for graph in todo:
             runs_of_graph(
                 graph,
@@ -624,6 +624,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--labelled", default="0.01,0.1", help="labelled fractions of the nodes")
     group.add_argument("--signals", default="weak,strong")
     group.add_argument("--eval-every", type=int, default=10)
+    group.add_argument(
+        "--stages",
+        default=",".join(STAGES),
+        help=f"which stages to run, of {','.join(STAGES)} (each over all graphs, in that order)",
+    )
     group.add_argument(
         "--epsilons-first",
         default="1,4",
