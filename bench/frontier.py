@@ -15,10 +15,11 @@ only the first private run of each graph reports it; the other private runs swit
     python -m bench.frontier [--quick] [--seeds 3] [--degrees 4,8,16,32,64] [--epsilons 1,2,4,8,16]
 
 ``--map scale`` draws issue 29's map instead (bench/frontier_scale.py: nodes, labelled fraction,
-degree, signal, epsilon; design 1, design 2, the party alone and non-private GLASU in one run):
+degree, signal, epsilon; designs 1, 2 and 3, both party-alone references and non-private GLASU
+in one run; it resumes run by run from its JSON, and processes on other graphs may share it):
 
     python -m bench.frontier --map scale --nodes 20000 --labelled 0.01,0.1 --degrees 4,16,64 \
-        --epsilons 1,4 --seeds 1 --rounds 40
+        --epsilons 1,2,4,8 --seeds 1 --rounds 40
 """
 
 from __future__ import annotations

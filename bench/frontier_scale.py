@@ -8,20 +8,33 @@ labelled fraction, degree, signal and epsilon, and on each graph, in the same ru
 - **party alone (SGC)**: design 2's receiver without the block (a logistic regression on the
   party's own features propagated K hops over its own graph), mean over parties;
 - **design 2**: a privately trained predictor released once (models/predictor_release.py) at each
-  ε, and without noise (its ceiling).
+  ε, and without noise (its ceiling);
+- **design 3**: design 1 with per-node accounting (docs/privacy.md 4.4): its noise multiplier
+  calibrated for the k releases of the worst node (:func:`node_releases`: the most training
+  passes whose layer-1 release holds one node's row at one party, counted with the run's own
+  sampler, seeds and schedule, plus every evaluation pass) instead of all passes.
 
 The gain of each design is measured against the better of the two party-alone references of the
 same graph and seed (what a party could get by itself with either model). Encryption is off (CKKS
 reproduces plaintext sums). ``--passes-per-node`` answers design 3's question instead: in how many
 training passes' layer-1 releases a node's row is, over a default run (sampler and schedule
 only, no training).
+
+Every run is one row of the JSON, keyed by (graph, schedule, design, ε): a rerun with more
+graphs, designs or ε runs only the missing rows, and processes started side by side add their
+rows to the same file (under a lock).
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
+import importlib
+import importlib.util
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,10 +46,11 @@ from models.config import TrainConfig
 from models.data.csbm import SIGNALS, csbm
 from models.data.partition import partition
 from models.data.planetoid import NUM_TEST, NUM_VAL, GraphDataset
+from models.layout import layout_federation, session_schedule
 from models.predictor_release import PredictorRelease, PredictorSettings, split_budget
 from models.sampler import NeighbourSampler, SamplingGraph, sampling_rng
 from models.trainer import train_inprocess
-from secure.schedule import SessionSchedule
+from secure.accounting import calibrate_noise_multiplier
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "frontier_scale.json"
@@ -44,6 +58,7 @@ CHART = ROOT / "docs" / "frontier_scale.svg"
 DELTA = 1e-6
 CLASSES = 5
 ALONE = ("party alone (GNN)", "party alone (SGC)")
+STAGES = ("design 2", "first", "rest")
 
 
 @dataclass(frozen=True)
@@ -81,6 +96,13 @@ def graphs(args: argparse.Namespace) -> list[ScaleGraph]:
     ]
 
 
+Key = tuple[str, int, int, str, float | None]  # graph, rounds, eval_every, design, epsilon
+
+
+def run_key(row: dict[str, Any]) -> Key:
+    return (row["graph"], row["rounds"], row["eval_every"], row["design"], row["epsilon"])
+
+
 def runs_of_graph(
     graph: ScaleGraph,
     *,
@@ -88,38 +110,109 @@ def runs_of_graph(
     schedule: dict,
     settings: PredictorSettings,
     release_share: float,
-) -> list[dict[str, Any]]:
-    dataset = graph.load()
-    base = {"graph": graph.key, **{k: getattr(graph, k) for k in graph.__dataclass_fields__}}
-    out: list[dict[str, Any]] = []
+    done: set[Key],
+    save: Any,
+    stage: str,
+    priority: tuple[float, ...] = (1.0, 4.0),
+    counted: dict[str, NodeReleases] | None = None,
+) -> None:
+    """The designs of one ``stage`` (:data:`STAGES`) on ``graph`` that are not in ``done``; each
+    run is handed to ``save`` as soon as it is measured. The cheapest and most telling first:
+    design 2 and the SGC party alone ("design 2"), then designs 1 and 3 at the ε of
+    ``priority`` and non-private GLASU ("first"), then the other ε ("rest"); the map runs stage
+    by stage over all graphs, so that a map cut short has the first stages everywhere.
+    ``counted``: design 3's counts per graph, kept from one stage to the next."""
+    counted = {} if counted is None else counted
+    dataset: GraphDataset | None = None
+    base = {
+        "graph": graph.key,
+        **{k: getattr(graph, k) for k in graph.__dataclass_fields__},
+        **schedule,
+    }
+
+    def todo(design: str, epsilon: float | None) -> bool:
+        nonlocal dataset
+        missing = (graph.key, schedule["rounds"], schedule["eval_every"], design, epsilon)
+        if missing in done:
+            return False
+        dataset = dataset or graph.load()
+        return True
 
     def add(design: str, epsilon: float | None, test: float, started: float, **extra: Any) -> None:
         cpu = round(time.process_time() - started, 1)
-        out.append(
-            {**base, "design": design, "epsilon": epsilon, "test": test, "cpu": cpu, **extra}
-        )
+        row = {**base, "design": design, "epsilon": epsilon, "test": test, "cpu": cpu, **extra}
+        save(row)
+        done.add(run_key(row))
         print(f"  {graph.key} {design} ε={epsilon}: {100 * test:.1f} ({cpu:.0f} s CPU)", flush=True)
 
-    for i, eps in enumerate(epsilons):
-        started = time.process_time()
-        report = _train(graph, dataset, schedule, epsilon=eps, reference=i == 0)
-        if i == 0:
-            add(ALONE[0], None, float(report.reference_test_accuracy or 0.0), started)
-        privacy = report.privacy or {}
-        add(
-            "design 1",
-            eps,
-            report.test_accuracy,
-            started,
-            noise_multiplier=privacy.get("noise_multiplier"),
-            releases=privacy.get("releases"),
-        )
-    started = time.process_time()
-    add(
-        "non-private GLASU", None, _train(graph, dataset, schedule, dp=False).test_accuracy, started
-    )
-    parts = partition(dataset, clients=3, edge_fraction=0.8, seed=graph.seed)
+    def design1(epsilons_now: list[float]) -> None:
+        for eps in epsilons_now:
+            if not todo("design 1", eps):
+                continue
+            reference = todo(ALONE[0], None)
+            started = time.process_time()
+            report = _train(graph, dataset, schedule, epsilon=eps, reference=reference)
+            if reference:
+                add(ALONE[0], None, float(report.reference_test_accuracy or 0.0), started)
+            privacy = report.privacy or {}
+            add(
+                "design 1",
+                eps,
+                report.test_accuracy,
+                started,
+                noise_multiplier=privacy.get("noise_multiplier"),
+                releases=privacy.get("releases"),
+            )
+
+    def design3(epsilons_now: list[float]) -> None:
+        for eps in epsilons_now:
+            if not todo("design 3", eps):
+                continue
+            started = time.process_time()
+            assert dataset is not None
+            if graph.key not in counted:
+                counted[graph.key] = node_releases(_config(graph, schedule), dataset)
+            releases = counted[graph.key]
+            z = design3_noise_multiplier(releases, epsilon=eps)
+            report = _train(
+                graph, dataset, schedule, epsilon=None, noise_multiplier=z, reference=False
+            )
+            add(
+                "design 3",
+                eps,
+                report.test_accuracy,
+                started,
+                noise_multiplier=z,
+                releases=releases.total,
+                releases_of_worst_node=releases.worst,
+                train_releases_per_node=releases.train_stats(),
+                epsilon_if_all_passes=(report.privacy or {}).get("epsilon"),
+            )
+
+    first = [e for e in epsilons if e in priority] or epsilons[:1]
+    if stage == "rest":
+        design1([e for e in epsilons if e not in first])
+        design3([e for e in epsilons if e not in first])
+        return
+    if stage == "first":
+        design1(first)
+        design3(first)
+        if todo("non-private GLASU", None):
+            started = time.process_time()
+            add(
+                "non-private GLASU",
+                None,
+                _train(graph, dataset, schedule, dp=False).test_accuracy,
+                started,
+            )
+        return
+    parts = None
     for eps in [None, *epsilons]:
+        design = "design 2" if eps is not None else "design 2 no noise"
+        if not (todo(design, eps) or (eps is None and todo(ALONE[1], None))):
+            continue
+        assert dataset is not None
+        parts = parts or partition(dataset, clients=3, edge_fraction=0.8, seed=graph.seed)
         started = time.process_time()
         budget = None
         if eps is not None:
@@ -139,24 +232,11 @@ def runs_of_graph(
                 "epsilon_spent": budget.spent(),
             }
         )
-        add(
-            "design 2" if eps is not None else "design 2 no noise",
-            eps,
-            mean["with release"],
-            started,
-            **extra,
-        )
-    return out
+        add(design, eps, mean["with release"], started, **extra)
 
 
-def _train(graph: ScaleGraph, dataset: GraphDataset, schedule: dict, **settings: Any) -> Any:
-    """One in-process run; ``reference=False`` drops the party-alone reference (bench.frontier)."""
-    from contextlib import nullcontext
-
-    from bench.frontier import without_reference
-
-    reference = settings.pop("reference", True)
-    config = TrainConfig(
+def _config(graph: ScaleGraph, schedule: dict, **settings: Any) -> TrainConfig:
+    return TrainConfig(
         dataset=f"csbm-{graph.signal}",
         seed=graph.seed,
         delta=DELTA,
@@ -164,8 +244,20 @@ def _train(graph: ScaleGraph, dataset: GraphDataset, schedule: dict, **settings:
         **schedule,
         **settings,
     )
+
+
+def _train(graph: ScaleGraph, dataset: GraphDataset | None, schedule: dict, **settings: Any) -> Any:
+    """One in-process run; ``reference=False`` drops the party-alone reference (bench.frontier)."""
+    from contextlib import nullcontext
+
+    from bench.frontier import without_reference
+
+    assert dataset is not None
+    reference = settings.pop("reference", True)
     with nullcontext() if reference else without_reference():
-        return train_inprocess(config, dataset=dataset, progress=False)
+        return train_inprocess(
+            _config(graph, schedule, **settings), dataset=dataset, progress=False
+        )
 
 
 def summarize(runs: list[dict]) -> list[dict]:
@@ -213,6 +305,7 @@ def columns(epsilons: list[float]) -> list[tuple[str, float | None]]:
         *[("design 1", e) for e in epsilons],
         ("design 2 no noise", None),
         *[("design 2", e) for e in epsilons],
+        *[("design 3", e) for e in epsilons],
         ("non-private GLASU", None),
     ]
 
@@ -273,7 +366,9 @@ def chart(summary: list[dict], epsilons: list[float], path: Path) -> None:
             )
             if points:
                 x, y, e = zip(*points, strict=True)
-                style = ":" if eps is None else ("-" if design == "design 2" else "--")
+                style = (
+                    ":" if eps is None else {"design 2": "-", "design 3": "-."}.get(design, "--")
+                )
                 ax.errorbar(
                     x, y, yerr=e, fmt=style, marker="o", capsize=2, label=_column_label(design, eps)
                 )
@@ -288,52 +383,99 @@ def chart(summary: list[dict], epsilons: list[float], path: Path) -> None:
     plt.close(fig)
 
 
-def passes_per_node(nodes: int, *, labelled: float, degree: float, seed: int = 0) -> dict:
-    """Design 3's question: over a default run (TrainConfig: rounds, eval_every, batch, fanout,
-    L=4, occurrence cap at layer 1), in how many training passes' layer-1 releases each node's
-    row is at party 0 (the node is among S_0[0], the sources of the released layer; the private
-    arrangement's layer-1 targets are the union of the parties' S[1])."""
-    config = TrainConfig()
-    dataset = ScaleGraph(nodes, labelled, "weak", degree, seed).load()
-    parts = partition(
-        dataset, clients=config.clients, edge_fraction=config.edge_fraction, seed=seed
-    )
-    graphs_ = [SamplingGraph.from_edge_index(p.edge_index, num_nodes=nodes) for p in parts]
+@dataclass(frozen=True)
+class NodeReleases:
+    """Design 3's count: per party and node, the training passes whose layer-1 release holds the
+    node's row; every evaluation pass holds every node (layer-wise evaluation over all N)."""
+
+    train: np.ndarray  # (parties, nodes), int64
+    train_passes: int
+    eval_passes: int
+
+    @property
+    def total(self) -> int:
+        """Releases of the run: what design 1 calibrates for."""
+        return self.train_passes + self.eval_passes
+
+    @property
+    def worst(self) -> int:
+        """Releases that hold the worst node at the worst party: what design 3 calibrates for."""
+        return int(self.train.max()) + self.eval_passes
+
+    def train_stats(self) -> dict[str, float]:
+        return {
+            "mean": round(float(self.train.mean()), 2),
+            "p99": float(np.percentile(self.train, 99)),
+            "max": int(self.train.max()),
+        }
+
+
+def node_releases(config: TrainConfig, dataset: GraphDataset) -> NodeReleases:
+    """The releases that hold each node's row in a run of ``config`` on ``dataset``, from the
+    run's own partitions, schedule, samplers and sampling seeds (``GlasuClient._sample``'s walk
+    down the layers without the model): at each training pass, every party samples from the
+    pass's output nodes down to layer 1, the parties' layer-1 sets are joined (the union the
+    service returns), and party m's capped layer-1 draw from that union gives the rows S_m[0]
+    whose features enter its release. Nothing here reads a feature value."""
+    layout = layout_federation(config, dataset)
+    release_layer = layout.client_config.agg_layers[0]
+    if layout.client_config.agg_layers != (release_layer,) or release_layer != 1:
+        raise ValueError("per-node accounting is for the private arrangement (one release at 1)")
+    schedule = session_schedule(config, dataset)
+    parts = layout.partitions
+    graphs_ = [SamplingGraph.from_edge_index(p.edge_index, num_nodes=p.num_nodes) for p in parts]
     free = [NeighbourSampler(g, fanout=config.fanout) for g in graphs_]
-    capped = NeighbourSampler(
-        graphs_[0], fanout=config.fanout, occurrence_cap=config.occurrence_cap
-    )
-    schedule = SessionSchedule.create(
-        rounds=config.rounds,
-        eval_every=config.eval_every,
-        train_nodes=dataset.train_nodes,
-        eval_nodes=np.concatenate([dataset.val_nodes, dataset.test_nodes]),
-        batch_size=config.batch_size,
-        seed=config.seed,
-    )
-    count = np.zeros(nodes, dtype=np.int64)
+    capped = [
+        NeighbourSampler(g, fanout=config.fanout, occurrence_cap=config.occurrence_cap)
+        for g in graphs_
+    ]
+    count = np.zeros((len(parts), dataset.num_nodes), dtype=np.int64)
     train_passes = [p for p in schedule.passes if p.kind == "train"]
     for spec in train_passes:
-        union: list[np.ndarray] = []
-        for client, sampler in enumerate(free):
+        layer1: list[np.ndarray] = []
+        for part, sampler in zip(parts, free, strict=True):
             targets = schedule.output_nodes(spec.index)
             for depth in range(config.layers, 1, -1):
                 rng = sampling_rng(
-                    seed=config.seed, client=client, pass_index=spec.index, layer=depth
+                    seed=config.seed, client=part.client, pass_index=spec.index, layer=depth
                 )
                 targets = sampler.sample_layer(targets, rng=rng).sources
-            union.append(targets)
-        layer1 = np.unique(np.concatenate(union))
-        rng = sampling_rng(seed=config.seed, client=0, pass_index=spec.index, layer=1)
-        count[capped.sample_layer(layer1, rng=rng).sources] += 1
+            layer1.append(targets)
+        union = np.unique(np.concatenate(layer1))
+        for part, sampler in zip(parts, capped, strict=True):
+            rng = sampling_rng(seed=config.seed, client=part.client, pass_index=spec.index, layer=1)
+            count[part.client, sampler.sample_layer(union, rng=rng).sources] += 1
+    return NodeReleases(
+        train=count,
+        train_passes=len(train_passes),
+        eval_passes=len(schedule.passes) - len(train_passes),
+    )
+
+
+def design3_noise_multiplier(releases: NodeReleases, *, epsilon: float) -> float:
+    """Design 3's z: the noise that keeps the worst node's k releases within ``epsilon`` (RDP,
+    as design 1), each release of the same sensitivity as in design 1."""
+    return calibrate_noise_multiplier(
+        epsilon=epsilon, delta=DELTA, releases=releases.worst, accountant=TrainConfig.accountant
+    )
+
+
+def passes_per_node(nodes: int, *, labelled: float, degree: float, seed: int = 0) -> dict:
+    """Design 3's question over a default run (TrainConfig: rounds, eval_every, batch, fanout,
+    L=4, occurrence cap at layer 1): in how many training passes' layer-1 releases each node's
+    row is, at the worst party (:func:`node_releases`)."""
+    config = TrainConfig(seed=seed)
+    dataset = ScaleGraph(nodes, labelled, "weak", degree, seed).load()
+    releases = node_releases(config, dataset)
+    count = releases.train.max(axis=0)  # per node, its worst party
     touched = count[count > 0]
     return {
         "nodes": nodes,
         "labelled": labelled,
         "degree": degree,
         "train_nodes": int(dataset.train_nodes.size),
-        "train_passes": len(train_passes),
-        "eval_passes": len(schedule.passes) - len(train_passes),
+        "train_passes": releases.train_passes,
+        "eval_passes": releases.eval_passes,
         "batch_size": config.batch_size,
         "fanout": config.fanout,
         "layers": config.layers,
@@ -343,6 +485,7 @@ def passes_per_node(nodes: int, *, labelled: float, degree: float, seed: int = 0
         "p99_passes": float(np.percentile(count, 99)),
         "max_passes": int(count.max()),
         "max_passes_train_node": int(count[dataset.train_nodes].max()),
+        "releases_of_worst_node": releases.worst,
     }
 
 
@@ -367,48 +510,104 @@ def main(args: argparse.Namespace) -> int:
         return 0
     schedule = {"rounds": args.rounds, "eval_every": args.eval_every}
     settings = PredictorSettings(output=args.output)
-    previous = json.loads(out.read_text()) if out.exists() else {}
-    done = previous.get("runs", []) if previous.get("schedule") == schedule else []
-    have = {r["graph"] for r in done}
-    runs = list(done)
+    store = RunStore(out, settings=_settings_note(args))
     wall = time.time()
-    for graph in graphs(args):
-        if graph.key in have or args.report_only:
-            continue
+    todo = [] if args.report_only else graphs(args)
+    for graph in todo:
         if round(graph.nodes * graph.labelled) + NUM_VAL + NUM_TEST > graph.nodes:
             raise ValueError(f"{graph.key}: too few nodes for the split")
-        runs += runs_of_graph(
-            graph,
-            epsilons=epsilons,
-            schedule=schedule,
-            settings=settings,
-            release_share=args.release_share,
-        )
-        _write(out, schedule=schedule, runs=runs, args=args)
+    counted: dict[str, NodeReleases] = {}
+    for stage in [s for s in STAGES if s in args.stages.split(",")]:
+        for graph in todo:
+            runs_of_graph(
+                graph,
+                epsilons=epsilons,
+                schedule=schedule,
+                settings=settings,
+                release_share=args.release_share,
+                done={run_key(r) for r in store.runs()},
+                save=store.add,
+                stage=stage,
+                priority=tuple(_floats(args.epsilons_first)),
+                counted=counted,
+            )
+    runs = store.runs()
     summary = summarize(runs)
-    _write(out, schedule=schedule, runs=runs, args=args, summary=summary)
-    markdown = table(summary, epsilons)
+    store.set_summary(summary)
+    shown = sorted({r["epsilon"] for r in runs if r["epsilon"] is not None} | set(epsilons))
+    markdown = table(summary, shown)
     print(markdown)
-    chart(summary, epsilons, chart_path)
+    chart(summary, shown, chart_path)
     if args.write_doc:
         write_section("frontier-scale-table", markdown)
+    write_regime_map(summary)
     print(f"wall {time.time() - wall:.0f} s; wrote {out} and {chart_path}")
     return 0
 
 
-def _write(
-    path: Path, *, schedule: dict, runs: list[dict], args: argparse.Namespace, **extra: Any
-) -> None:
-    payload = {
-        "schedule": schedule,
-        "settings": "design 1: TrainConfig defaults (M=3, Q=4, width 16, clip 1, cap 1), RDP; "
+def write_regime_map(summary: list[dict]) -> None:
+    """The scale map as the product reads it (``bench.regime_map.write``: models/regime_map.json
+    for the run report's regime sentence), where that module is on this branch."""
+    if importlib.util.find_spec("bench.regime_map") is None:
+        print("bench.regime_map is not on this branch: models/regime_map.json not rewritten")
+        return
+    regime_map = importlib.import_module("bench.regime_map")
+    regime_map.write(summary)
+
+
+class RunStore:
+    """The map's JSON: one row per run, written after every run. Processes running side by side
+    on other graphs share the file: each add re-reads it under a lock and keeps every row."""
+
+    def __init__(self, path: Path, *, settings: str) -> None:
+        self.path = path
+        self.settings = settings
+        self._lock = path.with_name(path.name + ".lock")
+
+    @contextmanager
+    def _locked(self) -> Iterator[dict[str, Any]]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._lock.open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            payload = json.loads(self.path.read_text()) if self.path.exists() else {}
+            yield payload
+            payload["settings"] = self.settings
+            payload.pop("schedule", None)  # per run since runs of several schedules share it
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            tmp.write_text(json.dumps(payload, indent=1, default=str) + "\n")
+            tmp.replace(self.path)
+
+    def runs(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        payload = json.loads(self.path.read_text())
+        return [_with_schedule(r, payload.get("schedule")) for r in payload.get("runs", [])]
+
+    def add(self, row: dict[str, Any]) -> None:
+        with self._locked() as payload:
+            runs = [_with_schedule(r, payload.get("schedule")) for r in payload.get("runs", [])]
+            payload["runs"] = [r for r in runs if run_key(r) != run_key(row)] + [row]
+
+    def set_summary(self, summary: list[dict]) -> None:
+        with self._locked() as payload:
+            payload["runs"] = [
+                _with_schedule(r, payload.get("schedule")) for r in payload.get("runs", [])
+            ]
+            payload["summary"] = summary
+
+
+def _with_schedule(row: dict[str, Any], schedule: dict | None) -> dict[str, Any]:
+    """A row of a file written before rows carried their schedule gets the file's."""
+    return {**(schedule or {}), **row}
+
+
+def _settings_note(args: argparse.Namespace) -> str:
+    return (
+        "design 1: TrainConfig defaults (M=3, Q=4, width 16, clip 1, cap 1), RDP over all passes; "
+        "design 3: the same, RDP over the releases of the worst node; "
         f"design 2: {PredictorSettings(output=args.output)}, release share "
-        f"{args.release_share:g}, PRV; delta {DELTA:g}; encryption off; 500 val / 1000 test nodes",
-        "runs": runs,
-        **extra,
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=1, default=str) + "\n")
+        f"{args.release_share:g}, PRV; delta {DELTA:g}; encryption off; 500 val / 1000 test nodes"
+    )
 
 
 def _ints(text: str) -> list[int]:
@@ -425,6 +624,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--labelled", default="0.01,0.1", help="labelled fractions of the nodes")
     group.add_argument("--signals", default="weak,strong")
     group.add_argument("--eval-every", type=int, default=10)
+    group.add_argument(
+        "--stages",
+        default=",".join(STAGES),
+        help=f"which stages to run, of {','.join(STAGES)} (each over all graphs, in that order)",
+    )
+    group.add_argument(
+        "--epsilons-first",
+        default="1,4",
+        help="designs 1 and 3 run at these ε on every graph before the other ε",
+    )
     group.add_argument(
         "--release-share",
         type=float,
