@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import argparse
 import fcntl
-import importlib
-import importlib.util
 import json
 import time
 from collections.abc import Iterator
@@ -41,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from bench import regime_map
 from bench.results_doc import write_section
 from models.config import TrainConfig
 from models.data.csbm import SIGNALS, csbm
@@ -540,19 +539,9 @@ def main(args: argparse.Namespace) -> int:
     chart(summary, shown, chart_path)
     if args.write_doc:
         write_section("frontier-scale-table", markdown)
-    write_regime_map(summary)
+    regime_map.write(summary)
     print(f"wall {time.time() - wall:.0f} s; wrote {out} and {chart_path}")
     return 0
-
-
-def write_regime_map(summary: list[dict]) -> None:
-    """The scale map as the product reads it (``bench.regime_map.write``: models/regime_map.json
-    for the run report's regime sentence), where that module is on this branch."""
-    if importlib.util.find_spec("bench.regime_map") is None:
-        print("bench.regime_map is not on this branch: models/regime_map.json not rewritten")
-        return
-    regime_map = importlib.import_module("bench.regime_map")
-    regime_map.write(summary)
 
 
 class RunStore:
