@@ -7,7 +7,7 @@ labelled fraction, degree, signal and epsilon, and on each graph, in the same ru
 - **non-private GLASU**;
 - **party alone (SGC)**: design 2's receiver without the block (a logistic regression on the
   party's own features propagated K hops over its own graph), mean over parties;
-- **design 2**: a privately trained predictor released once (models/predictor_release.py) at each
+- **design 2**: a privately trained predictor released once (bench/predictor_release.py) at each
   ε, and without noise (its ceiling);
 - **design 3**: design 1 with per-node accounting (docs/privacy.md 4.4): its noise multiplier
   calibrated for the k releases of the worst node (:func:`node_releases`: the most training
@@ -40,13 +40,13 @@ from typing import Any
 import numpy as np
 
 from bench import regime_map
+from bench.predictor_release import PredictorRelease, PredictorSettings, split_budget
 from bench.results_doc import write_section
 from models.config import TrainConfig
 from models.data.csbm import SIGNALS, csbm
 from models.data.partition import partition
 from models.data.planetoid import NUM_TEST, NUM_VAL, GraphDataset
 from models.layout import layout_federation, session_schedule
-from models.predictor_release import PredictorRelease, PredictorSettings, split_budget
 from models.sampler import NeighbourSampler, SamplingGraph, sampling_rng
 from models.trainer import train_inprocess
 from secure.accounting import calibrate_noise_multiplier

@@ -86,7 +86,10 @@ def decode_nodes(encoded: EncodedNodes) -> np.ndarray:
 
 
 def _from_list(ids: list[int] | np.ndarray) -> np.ndarray:
-    nodes = np.sort(np.asarray(ids, dtype=np.int64))
+    try:
+        nodes = np.sort(np.asarray(ids, dtype=np.int64))
+    except OverflowError:
+        raise ValueError("node ids must fit in int64 (0 <= id < num_nodes)") from None
     if nodes.size > 1 and np.any(nodes[1:] == nodes[:-1]):
         raise ValueError("node ids must be distinct")
     return nodes

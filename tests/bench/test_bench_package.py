@@ -16,7 +16,11 @@ MODULES = sorted(
 )
 
 # the in-process federation and the throwaway PostgreSQL cluster
-HARNESSES = {"asgi_federation": "run_in_process", "postgres": "PostgresCluster"}
+HARNESSES = {
+    "asgi_federation": "run_in_process",
+    "postgres": "PostgresCluster",
+    "predictor_release": "PredictorRelease",  # design 2 of the scale map (bench/frontier_scale.py)
+}
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -102,9 +102,9 @@ def die():
 record = uploads.Uploads._record
 
 
-def record_then_die(self, caller, pass_index, layer, kind, *args, **kwargs):
-    outcome = record(self, caller, pass_index, layer, kind, *args, **kwargs)
-    if kind == "embedding" and pass_index == upload_pass and caller.client_index == 1:
+def record_then_die(self, caller, kind, sha256, body, slot, **kwargs):
+    outcome = record(self, caller, kind, sha256, body, slot, **kwargs)
+    if kind == "embedding" and slot.pass_index == upload_pass and caller.client_index == 1:
         if once("upload"):
             die()  # the share is committed; its answer is never sent
     return outcome
@@ -123,8 +123,8 @@ def put_late(self, kind, caller, pass_index, layer, **kwargs):
 get = downloads.Downloads.get
 
 
-def get_then_die_in_the_poll(self, kind, caller, pass_index, layer):
-    answer = get(self, kind, caller, pass_index, layer)
+def get_then_die_in_the_poll(self, kind, caller, pass_index, layer, part=0):
+    answer = get(self, kind, caller, pass_index, layer, part)
     if kind == "aggregate" and pass_index == poll_pass and isinstance(answer, Waiting):
         if once("poll"):
             time.sleep(0.2)  # the long poll of this request (and of others) is under way
@@ -135,8 +135,9 @@ def get_then_die_in_the_poll(self, kind, caller, pass_index, layer):
 store = sums.ShareSums._store
 
 
-def store_then_die(self, plan, pass_index, layer, *args, **kwargs):
-    store(self, plan, pass_index, layer, *args, **kwargs)
+def store_then_die(self, plan, slot, *args, **kwargs):
+    store(self, plan, slot, *args, **kwargs)
+    pass_index, layer, _ = slot
     if pass_index == between_pass and layer == max(plan.widths) and once("between"):
         die()  # the pass is complete, nobody has its sum yet
 

@@ -1,4 +1,4 @@
-"""Design 2 of issue 29 (models/predictor_release.py): its privacy arithmetic, checked against
+"""Design 2 of issue 29 (bench/predictor_release.py): its privacy arithmetic, checked against
 accountants that compose the DP-SGD steps and the release one by one, and its one release per
 party."""
 
@@ -10,9 +10,7 @@ import pytest
 import torch
 from scipy.stats import norm
 
-from models.data.csbm import csbm
-from models.data.partition import partition
-from models.predictor_release import (
+from bench.predictor_release import (
     RELEASE_SENSITIVITY,
     PredictorRelease,
     PredictorSettings,
@@ -20,6 +18,8 @@ from models.predictor_release import (
     release_once,
     split_budget,
 )
+from models.data.csbm import csbm
+from models.data.partition import partition
 
 DELTA = 1e-6
 
