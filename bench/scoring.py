@@ -3,12 +3,13 @@ off, Cora and PubMed (docs/data.md, "Using the model").
 
 Per dataset: a short private training (3 clients, DP on) keeps each client's model
 (`--model-out`), then two scoring sessions (`kind: scoring`, the training's noise) score every
-node with those models in chunks, one with CKKS and one with plaintext shares, interleaved
-`--repeats` times, each in real processes over loopback (the service and three `glasu worker`s).
+node with those models (one evaluation pass each), one with CKKS and one with plaintext shares,
+interleaved `--repeats` times, each in real processes over loopback (the service and three
+`glasu worker`s).
 The wall time runs from the session's creation to the last worker's exit; bytes are the
 workers' request and response bodies. Ratios (CKKS / plaintext) are taken within a repeat.
 
-    python -m bench.scoring [--datasets cora pubmed] [--chunk 1024] [--repeats 2]
+    python -m bench.scoring [--datasets cora pubmed] [--repeats 2]
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def train_models(config, layout, dataset, root: Path) -> list[Path]:
     return models
 
 
-def score_once(config, layout, models: list[Path], *, encrypted: bool, chunk: int) -> dict:
+def score_once(config, layout, models: list[Path], *, encrypted: bool) -> dict:
     import dataclasses
 
     from clients.local.federation import follow, local_federation
@@ -54,9 +55,7 @@ def score_once(config, layout, models: list[Path], *, encrypted: bool, chunk: in
     with local_federation(encrypted=encrypted) as fed:
         started = time.perf_counter()
         created = fed.admin.create_session(
-            scoring_request(
-                training, model_session=manifest["session_id"], nodes=nodes, chunk=chunk
-            )
+            scoring_request(training, model_session=manifest["session_id"], nodes=nodes)
         )
         fed.start_workers(
             run,
@@ -83,7 +82,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_data_dir_argument(parser)
     parser.add_argument("--datasets", nargs="+", default=["cora", "pubmed"])
-    parser.add_argument("--chunk", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--render-only", action="store_true")
@@ -106,20 +104,22 @@ def main() -> None:
             models = train_models(config, layout, dataset, Path(tmp) / name)
             for repeat in range(args.repeats):
                 for encrypted in (True, False) if repeat % 2 == 0 else (False, True):
-                    row = score_once(config, layout, models, encrypted=encrypted, chunk=args.chunk)
+                    row = score_once(config, layout, models, encrypted=encrypted)
                     row.update(dataset=name, repeat=repeat)
                     print(json.dumps(row), flush=True)
                     rows.append(row)
     OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps({"chunk": args.chunk, "rows": rows}, indent=2) + "\n")
-    render({"chunk": args.chunk, "rows": rows}, args)
+    OUT.write_text(json.dumps({"rows": rows}, indent=2) + "\n")
+    render({"rows": rows}, args)
 
 
 def render(result: dict, args: argparse.Namespace) -> None:
     rows = result["rows"]
+    # results from before scoring became one pass name their chunk of nodes per pass
+    passes = f"chunks of {result['chunk']} nodes" if "chunk" in result else "one pass"
     lines = [
         f"Every node of the dataset scored by 3 workers with the models of a 20-round private "
-        f"training (DP on, the training's z), chunks of {result['chunk']} nodes, real processes "
+        f"training (DP on, the training's z), {passes}, real processes "
         "over loopback, 2 shared cores; CKKS / plaintext ratios within each repeat.",
         "",
         "| dataset | nodes | passes | CKKS nodes/s | plaintext nodes/s | CKKS bytes/node | "
