@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from models.data.partition import ClientPartition
+from models.node_arrays import host_rows, node_array
 from models.workset import Extracted
 from secure.aggregation import EmbeddingCodec
 from secure.protocol import (
@@ -26,6 +27,7 @@ from secure.protocol import (
     Request,
     Response,
     part_count,
+    part_rows,
     part_span,
 )
 
@@ -48,12 +50,12 @@ class JointAggregation:
         With ``presence`` (a count-aware session), rows of nodes this client lacks are sent as
         zeros, a last column carries the presence itself, and the sum's last column is the
         number of holders of each row, the divisor of the count-aware mean (Feras)."""
-        clean = own.detach().cpu().numpy().astype(np.float32, copy=False)
+        rows, width = own.shape
+        clean = host_rows(own, chunk=part_rows(width))
         column = None if presence is None else presence.cpu().numpy().astype(np.float32)
-        rows, width = clean.shape
         self._begin_release(depth, clean)
         release = self.pending_release
-        others = np.empty((rows, width), dtype=np.float32)
+        others = node_array(rows, width, device=torch.device("cpu")).numpy()
         count = np.empty((rows, 1), dtype=np.float32)
 
         def share_of(part: int, start: int, stop: int) -> np.ndarray:

@@ -3,9 +3,11 @@
 An evaluation pass exchanges no node sets (docs/protocol.md): every graph layer is computed for
 all N aligned nodes, one chunk of targets at a time (``models.sampler.NeighbourSampler.
 sample_all``), each chunk's sources read from the layer below, which is kept whole. What a pass
-holds is therefore per chunk (a sampled block, the rows it gathers) plus a few N x width float32
-arrays per network: the input projection h0 (GCNII's initial residual), the layer below and the
-layer being computed, and at an aggregation layer the share and the others' part.
+holds in memory is therefore per chunk (a sampled block, the rows it gathers): the few N x width
+float32 arrays per network (the input projection h0, GCNII's initial residual; the layer below
+and the layer being computed; at an aggregation layer the others' part) are
+``models.node_arrays.node_array``s, mapped from a temporary file on the CPU, and every
+operation over all nodes runs chunk by chunk.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from models.backbone import ClientNetwork
 from models.client_config import ClientConfig
 from models.data.partition import ClientPartition
 from models.layers import Block
+from models.node_arrays import chunk_rows, node_array
 from models.outcome import EvaluationScores, PassOutcome, score_evaluation
 from models.sampler import NeighbourSampler, SampledLayer, sampling_rng
 from models.workset import Extracted, combine
@@ -51,11 +54,11 @@ def project_all(
     device: torch.device,
 ) -> Stack:
     """The input projection of every node, ``rows(nodes)`` reading the features of a chunk."""
-    h0 = torch.empty(num_nodes, network.config.hidden, device=device)
+    h0 = node_array(num_nodes, network.config.hidden, device=device)
     with torch.no_grad():
-        for start in range(0, num_nodes, EVAL_CHUNK_NODES):
-            nodes = np.arange(start, min(start + EVAL_CHUNK_NODES, num_nodes), dtype=np.int64)
-            h0[start : start + len(nodes)] = network.project(rows(nodes), generator=generator)
+        for span in chunk_rows(num_nodes, chunk=EVAL_CHUNK_NODES):
+            nodes = np.arange(span.start, span.stop, dtype=np.int64)
+            h0[span] = network.project(rows(nodes), generator=generator)
     return Stack(network, generator, h0, h0)
 
 
@@ -74,7 +77,7 @@ def propagate_all(
     """Graph layer ``depth`` for every node of every stack, chunk by chunk of ``chunks`` (one
     sample shared by the stacks); ``on_chunk`` sees every chunk too (the private release)."""
     stacks = list(stacks)
-    computed = [torch.empty_like(stack.h) for stack in stacks]
+    computed = [node_array(*stack.h.shape, device=device) for stack in stacks]
     with torch.no_grad():
         for layer in chunks:
             block = Block.from_sampled(layer, device)
@@ -141,7 +144,10 @@ class LayerwiseEvaluation:
         """``top``'s network's predictions at the output nodes, scored."""
         nodes = torch.from_numpy(output_nodes).to(self.device)
         with torch.no_grad():
-            logits = top.network.classify(top.h[nodes], generator=top.generator)
+            logits = torch.cat([
+                top.network.classify(top.h[nodes[span]], generator=top.generator)
+                for span in chunk_rows(len(nodes), chunk=EVAL_CHUNK_NODES)
+            ])  # fmt: skip
         return score_evaluation(logits, self.labels[nodes], output_nodes, self.partition)
 
     def _all_nodes(self, network: ClientNetwork, generator: torch.Generator) -> Stack:
@@ -177,8 +183,21 @@ class LayerwiseEvaluation:
             if depth not in self.config.agg_layers:
                 continue
             extracted = yield from self._joint_aggregate(depth, stack.h, presence=presence)
-            with torch.no_grad():
-                stack.h = combine(
-                    extracted.others, stack.h, count=extracted.count, presence=presence
-                )
+            stack.h = combine_all(extracted, stack.h)
         return [stack]
+
+
+def combine_all(extracted: Extracted, own: torch.Tensor) -> torch.Tensor:
+    """:func:`models.workset.combine` of every node, chunk by chunk, written over the others'
+    part (which it returns): no temporary over all nodes."""
+    combined = extracted.others
+    count = extracted.count
+    with torch.no_grad():
+        for span in chunk_rows(len(own), chunk=EVAL_CHUNK_NODES):
+            combined[span] = combine(
+                combined[span],
+                own[span],
+                count=count[span] if isinstance(count, torch.Tensor) else count,
+                presence=None if extracted.presence is None else extracted.presence[span],
+            )
+    return combined

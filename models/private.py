@@ -34,7 +34,8 @@ from models.client_config import ClientConfig
 from models.data.partition import ClientPartition
 from models.federated import GlasuClient
 from models.layers import Block
-from models.layerwise import Stack, propagate_all
+from models.layerwise import EVAL_CHUNK_NODES, Stack, propagate_all
+from models.node_arrays import chunk_rows, node_array
 from models.outcome import PassOutcome
 from models.sampler import SampledLayer
 from models.workset import CachedBatch
@@ -242,7 +243,7 @@ class PrivateGlasuClient(GlasuClient):
         stacks = [self._all_nodes(self.network, self.generator)]
         if self.holds_labels:
             stacks.append(self._all_nodes(self.reference, self.reference_generator))
-        released = torch.empty(self.partition.num_nodes, self.release.width, device=self.device)
+        released = node_array(self.partition.num_nodes, self.release.width, device=self.device)
 
         def release_chunk(block: Block, layer: SampledLayer) -> None:
             sources = torch.from_numpy(layer.sources).to(self.device)
@@ -259,7 +260,8 @@ class PrivateGlasuClient(GlasuClient):
         receiver = self.network.receiver
         assert receiver is not None
         with torch.no_grad():
-            stacks[0].h = stacks[0].h + receiver(extracted.others * self.receiver_scale)
+            for span in chunk_rows(self.partition.num_nodes, chunk=EVAL_CHUNK_NODES):
+                stacks[0].h[span] += receiver(extracted.others[span] * self.receiver_scale)
         for depth in range(RELEASE_LAYER + 1, self.layers + 1):
             propagate_all(depth, stacks, self._layer_chunks(depth), device=self.device)
         return stacks
