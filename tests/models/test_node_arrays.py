@@ -151,9 +151,14 @@ def test_a_pass_over_file_backed_arrays_equals_one_in_memory(
         security = prepare_security(config, passes_total=2, clients=3)
         clients = [
             make_client(
-                part, layout.client_config, codec=security.codec_factory(), device="cpu",
-                privacy=security.privacy, seed=1, noise_seed=config.noise_seed,
-            )  # fmt: skip
+                part,
+                layout.client_config,
+                codec=security.codec_factory(),
+                device="cpu",
+                privacy=security.privacy,
+                seed=1,
+                noise_seed=config.noise_seed,
+            )
             for part in layout.partitions
         ]
         return run_pass_inprocess(
