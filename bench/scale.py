@@ -248,8 +248,11 @@ def tail(log: Path, lines: int = 12) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])[-3000:]
 
 
-def proc_status(pid: int) -> tuple[float, float] | None:
-    """(CPU seconds, VmHWM in MB) of ``pid``, None once it is gone."""
+def proc_status(pid: int) -> tuple[float, float, float] | None:
+    """(CPU seconds, VmHWM in MB, RssAnon in MB) of ``pid``, None once it is gone. VmHWM counts
+    file pages too (the memory-mapped features, an evaluation pass's arrays in files:
+    models/node_arrays.py), which the kernel drops under pressure; RssAnon is what must stay
+    in memory."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
         status = Path(f"/proc/{pid}/status").read_text()
@@ -258,7 +261,8 @@ def proc_status(pid: int) -> tuple[float, float] | None:
     fields = stat[stat.rindex(")") + 2 :].split()
     cpu = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
     hwm = re.search(r"^VmHWM:\s+(\d+)", status, re.MULTILINE)
-    return cpu, (int(hwm.group(1)) / 1024 if hwm else 0.0)
+    anon = re.search(r"^RssAnon:\s+(\d+)", status, re.MULTILINE)
+    return cpu, *(int(m.group(1)) / 1024 if m else 0.0 for m in (hwm, anon))
 
 
 def descendants(root: int) -> dict[int, str]:
@@ -322,6 +326,7 @@ class TreeSampler:
                 # a zombie (exited, not yet reaped) keeps its CPU times but has no VmHWM
                 info["cpu_s"] = found[0]
                 info["peak_rss_mb"] = max(info.get("peak_rss_mb", 0.0), found[1])
+                info["peak_anon_mb"] = max(info.get("peak_anon_mb", 0.0), found[2])
                 cpu[pid] = found[0]
             else:
                 info["gone"] = True
@@ -363,8 +368,11 @@ class TreeSampler:
         for info in self.processes.values():
             if "cpu_s" not in info:
                 continue
-            entry = roles.setdefault(info["role"], {"peak_rss_mb": 0.0, "cpu_s": 0.0})
-            entry["peak_rss_mb"] = round(max(entry["peak_rss_mb"], info["peak_rss_mb"]), 1)
+            entry = roles.setdefault(
+                info["role"], {"peak_rss_mb": 0.0, "peak_anon_mb": 0.0, "cpu_s": 0.0}
+            )
+            for peak in ("peak_rss_mb", "peak_anon_mb"):
+                entry[peak] = round(max(entry[peak], info.get(peak, 0.0)), 1)
             entry["cpu_s"] = round(entry["cpu_s"] + info["cpu_s"], 2)
         return dict(sorted(roles.items()))
 
@@ -459,7 +467,7 @@ def align(folder: Path, *, timeout: float) -> dict[str, Any]:
         service_cpu = cpu_seconds(served.process.pid)
         measured = run_measured(runs, folder / "logs", timeout=timeout)
         wall = time.perf_counter() - started
-        service = proc_status(served.process.pid) or (0.0, 0.0)
+        service = proc_status(served.process.pid) or (0.0, 0.0, 0.0)
     finally:
         served.stop()
     result: dict[str, Any] = {
@@ -640,6 +648,9 @@ def metrics(row: dict[str, Any]) -> dict[str, float | None]:
         "align run: peak RSS (MB)": max((p["peak_rss_mb"] for p in parties), default=None),
         "align: wall (s)": align.get("wall_s"),
         "train: worker peak RSS (MB)": max(_workers(row, "peak_rss_mb"), default=None),
+        "train: worker peak anonymous RSS, sampled (MB)": max(
+            _workers(row, "peak_anon_mb"), default=None
+        ),
         "train: service peak RSS (MB)": _processes(row).get("service", {}).get("peak_rss_mb"),
         "train: `glasu train` process peak RSS (MB)": (
             _processes(row).get("glasu train", {}).get("peak_rss_mb")
@@ -671,6 +682,9 @@ def metrics(row: dict[str, Any]) -> dict[str, float | None]:
         ),
         "score: worker peak RSS (MB)": max(
             _workers(row, "peak_rss_mb", step="score"), default=None
+        ),
+        "score: worker peak anonymous RSS, sampled (MB)": max(
+            _workers(row, "peak_anon_mb", step="score"), default=None
         ),
         "score: worker CPU (s)": _mean(_workers(row, "cpu_s", step="score")),
         "score: wall, its alignment included (s)": row.get("score", {}).get("wall_s"),
@@ -713,7 +727,7 @@ def markdown(payload: dict[str, Any]) -> str:
         "scored on the 40% validation and test nodes), then `glasu score` of every shared node "
         "with the kept models (it aligns the tables again: that is in its wall time). "
         "Each command a process of its own; peak RSS and CPU from GNU time for the commands and "
-        "from /proc (VmHWM, utime + stime, sampled every 0.2 s) for each process of the "
+        "from /proc (VmHWM, RssAnon, utime + stime, sampled every 0.2 s) for each process of the "
         "training; the CPU of a round is that of rounds 2..R (round 1 holds the start-up); "
         f"bytes are the workers' bodies. Machine: {about['cpus']} CPUs ({about['cpu_model']}), "
         f"{about['memory_gib']} GiB, shared with the benchmark's own process; Python "
