@@ -10,21 +10,28 @@ gives median seconds and the ratios. PyG's operator
 (``torch.ops.pyg.neighbor_sample`` from pyg-lib, else torch-sparse's) samples the same layers
 without the cap (its semantics have none); where neither is installed the report says so.
 
-    PYTHONPATH=. python -m bench.sampler [--nodes 200000] [--degree 10] [--repeats 2]
+    python -m bench.sampler [--nodes 200000] [--degree 10] [--repeats 2] [--docs-only]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
+from bench.results_doc import add_results_arguments, rewrote_docs_only, write_json, write_section
 from models.sampler import NeighbourSampler, SamplingGraph, sampling_rng
+
+SECTION = "sampler"
+OUT = Path(__file__).resolve().parent / "results" / "sampler.json"
 
 LAYERS = 4
 CAPPED_LAYERS = 2  # depth <= the first aggregation layer (TrainConfig's default K = 2)
@@ -127,20 +134,13 @@ def time_into(times: list[float], run: Callable[[np.ndarray, int], int], output:
     times.append(time.perf_counter() - start)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, default=200_000)
-    parser.add_argument("--degree", type=int, default=10)
-    parser.add_argument("--batch", type=int, default=2_000)
-    parser.add_argument("--repeats", type=int, default=2)
-    args = parser.parse_args()
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Every batch sampled by every sampler ``args.repeats`` times, interleaved: the median
+    seconds of each, with the graph's size and its CSR's bytes per node."""
     edge_index = synthetic_graph(args.nodes, args.degree, seed=0)
     start = time.perf_counter()
     graph = SamplingGraph.from_edge_index(edge_index, num_nodes=args.nodes)
-    print(f"graph: {args.nodes:,} nodes, {len(graph.neighbours):,} adjacency entries, "
-          f"CSR built in {time.perf_counter() - start:.2f} s, "
-          f"{(graph.indptr.nbytes + graph.neighbours.nbytes) / args.nodes:.0f} bytes per node "
-          f"(shared by all samplers)")  # fmt: skip
+    built = time.perf_counter() - start
     fanouts, caps = (3, 10), {False: None, True: CAP}
     vectorised = {(fanout, capped): NeighbourSampler(graph, fanout=fanout, occurrence_cap=cap)
                   for fanout in fanouts for capped, cap in caps.items()}  # fmt: skip
@@ -152,32 +152,89 @@ def main() -> None:
         "vectorised": lambda output, fanout: vectorised_pass(vectorised, output, fanout),
         "loop": lambda output, fanout: loop_pass(loop, output, fanout),
     }
-    if pyg is None:
-        print("PyG's operator: not installed (neither pyg-lib nor torch-sparse), not compared")
-    else:
+    if pyg is not None:
         runners["pyg"] = pyg
     generator = np.random.default_rng(1)
     training = np.sort(generator.choice(args.nodes, args.batch, replace=False))
     evaluation = np.sort(generator.choice(args.nodes, args.nodes // 10, replace=False))
-    batches = [
+    batches = []
+    for name, output, fanout in [
         ("training", training, 3),
         ("training", training, 10),
         ("evaluation", evaluation, 10),
-    ]
-    for name, output, fanout in batches:
+    ]:
         layer_zero = vectorised_pass(vectorised, output, fanout)
         times: dict[str, list[float]] = {runner: [] for runner in runners}
         for _ in range(args.repeats):
             for runner, run in runners.items():
                 time_into(times[runner], run, output, fanout)
         seconds = {runner: statistics.median(values) for runner, values in times.items()}
-        line = ", ".join(f"{runner} {value:.3f} s" for runner, value in seconds.items())
-        print(f"{name} batch ({len(output):,} output nodes, fanout {fanout}, "
-              f"{layer_zero:,} layer-0 nodes): {line}")  # fmt: skip
-        print(f"  loop / vectorised = {seconds['loop'] / seconds['vectorised']:.1f}x")
-        if "pyg" in seconds:
-            print(f"  vectorised / pyg = {seconds['vectorised'] / seconds['pyg']:.2f}x")
+        batches.append({"batch": name, "output_nodes": len(output), "fanout": fanout,
+                        "layer_zero_nodes": layer_zero, "seconds": seconds})  # fmt: skip
+        timings = ", ".join(f"{runner} {value:.3f} s" for runner, value in seconds.items())
+        print(f"{name} batch, fanout {fanout}: {timings}", flush=True)
+    return {
+        "nodes": args.nodes, "degree": args.degree, "repeats": args.repeats,
+        "adjacency_entries": len(graph.neighbours), "csr_seconds": round(built, 2),
+        "csr_bytes_per_node": (graph.indptr.nbytes + graph.neighbours.nbytes) / args.nodes,
+        "pyg": "not installed (neither pyg-lib nor torch-sparse)" if pyg is None else "compared",
+        "machine": f"{os.cpu_count()} CPUs, torch {torch.__version__}, "
+                   f"load average {os.getloadavg()[0]:.1f} at the start",
+        "batches": batches,
+    }  # fmt: skip
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [
+        "## The neighbour sampler: vectorised, the loop it replaced, PyG's operator "
+        "(`bench/sampler.py`)",
+        "",
+        f"One synthetic graph of {result['nodes']:,} nodes (average degree {result['degree']}, "
+        f"{result['adjacency_entries']:,} adjacency entries), the batches of a worker with the "
+        f"default 4 layers and the occurrence cap {CAP} on layers 1-{CAPPED_LAYERS}, each "
+        f"sampled top-down by every sampler in turn, {result['repeats']} times interleaved "
+        f"(median seconds; {result['machine']}). One CSR with 32-bit indices is shared by all "
+        f"of a worker's samplers: {result['csr_bytes_per_node']:.0f} bytes per node, built in "
+        f"{result['csr_seconds']} s. PyG's operator: {result['pyg']}.",
+        "",
+        "```",
+        f"python -m bench.sampler --nodes {result['nodes']} --repeats {result['repeats']}",
+        "```",
+        "",
+        "| batch | output nodes | fanout | layer-0 nodes | vectorised (s) | loop (s) "
+        "| loop / vectorised | PyG (s) | vectorised / PyG |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for batch in result["batches"]:
+        seconds = batch["seconds"]
+        pyg = seconds.get("pyg")
+        against_pyg = "-" if pyg is None else f"{seconds['vectorised'] / pyg:.2f}x"
+        lines.append(
+            f"| {batch['batch']} | {batch['output_nodes']:,} | {batch['fanout']} "
+            f"| {batch['layer_zero_nodes']:,} | {seconds['vectorised']:.3f} "
+            f"| {seconds['loop']:.3f} | {seconds['loop'] / seconds['vectorised']:.1f}x "
+            f"| {'-' if pyg is None else f'{pyg:.3f}'} "
+            f"| {against_pyg} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=200_000)
+    parser.add_argument("--degree", type=int, default=10)
+    parser.add_argument("--batch", type=int, default=2_000)
+    parser.add_argument("--repeats", type=int, default=2)
+    add_results_arguments(parser, OUT)
+    args = parser.parse_args(argv)
+    if rewrote_docs_only(args, SECTION, markdown):
+        return 0
+    result = measure(args)
+    write_json(args.out, result)
+    write_section(SECTION, markdown(result))
+    print(markdown(result))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
