@@ -85,15 +85,8 @@ def migrate_to(source: Path, url: str) -> int:
         copied = copy_rows(sqlite, tx)
         bodies = 0
         for stored in PayloadFiles.beside(source).stored():
-            tx.put_payload(
-                stored.session_id,
-                stored.pass_index,
-                stored.layer,
-                SUM_CLIENT if stored.client is None else stored.client,
-                stored.sha256 or b"",
-                stored.path.read_bytes(),
-                stored.part,
-            )
+            client = SUM_CLIENT if stored.client is None else stored.client
+            tx.put_payload(stored.slot, client, stored.sha256 or b"", stored.path.read_bytes())
             bodies += 1
     rows = ", ".join(f"{table} {count}" for table, count in copied.items() if count)
     print(f"copied {source} into PostgreSQL: {rows or 'no rows'}; {bodies} payload bodies")

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from secure.files import atomic_write, sync_folder
+from service.store.payload_rows import BodySlot
 
 if TYPE_CHECKING:
     from service.store import Transaction
@@ -40,10 +41,7 @@ _NAME = re.compile(
 class StoredBody:
     """A body kept in a file: a share (``client`` and ``sha256``) or a sum (both None)."""
 
-    session_id: str
-    pass_index: int
-    layer: int
-    part: int
+    slot: BodySlot
     client: int | None
     sha256: bytes | None
     path: Path
@@ -62,59 +60,31 @@ class PayloadFiles:
 
     def write_share(
         self,
-        session_id: str,
-        pass_index: int,
-        layer: int,
+        slot: BodySlot,
         client: int,
         sha256: bytes,
         body: bytes,
         *,
-        part: int = 0,
         tx: Transaction | None = None,
     ) -> None:
-        path = self._share_path(session_id, pass_index, layer, part, client, sha256)
-        _write(path, body, sync=False)
+        _write(self._share_path(slot, client, sha256), body, sync=False)
 
     def read_share(
-        self,
-        session_id: str,
-        pass_index: int,
-        layer: int,
-        client: int,
-        sha256: bytes,
-        *,
-        part: int = 0,
-        tx: Transaction | None = None,
+        self, slot: BodySlot, client: int, sha256: bytes, *, tx: Transaction | None = None
     ) -> bytes:
         """Raises ``FileNotFoundError`` if the share was discarded (or lost in a power loss)."""
-        return self._share_path(session_id, pass_index, layer, part, client, sha256).read_bytes()
+        return self._share_path(slot, client, sha256).read_bytes()
 
     def write_sum(
-        self,
-        session_id: str,
-        pass_index: int,
-        layer: int,
-        body: bytes,
-        *,
-        sync: bool,
-        part: int = 0,
-        tx: Transaction | None = None,
+        self, slot: BodySlot, body: bytes, *, sync: bool, tx: Transaction | None = None
     ) -> None:
         """``sync``: on disk (file and directory entry) before this returns."""
-        _write(self._sum_path(session_id, pass_index, layer, part), body, sync=sync)
+        _write(self._sum_path(slot), body, sync=sync)
 
-    def read_sum(
-        self,
-        session_id: str,
-        pass_index: int,
-        layer: int,
-        *,
-        part: int = 0,
-        tx: Transaction | None = None,
-    ) -> bytes | None:
+    def read_sum(self, slot: BodySlot, *, tx: Transaction | None = None) -> bytes | None:
         """None once discarded."""
         try:
-            return self._sum_path(session_id, pass_index, layer, part).read_bytes()
+            return self._sum_path(slot).read_bytes()
         except FileNotFoundError:
             return None
 
@@ -137,31 +107,31 @@ class PayloadFiles:
             if name is None or path.suffix not in (".sum", ".share"):
                 continue
             client, sha256 = name["client"], name["sha256"]
-            yield StoredBody(
+            slot = BodySlot(
                 session_id=path.parent.parent.name,
                 pass_index=int(path.parent.name),
                 layer=int(name["layer"]),
                 part=int(name["part"] or 0),
+            )
+            yield StoredBody(
+                slot=slot,
                 client=None if client is None else int(client),
                 sha256=None if sha256 is None else bytes.fromhex(sha256),
                 path=path,
             )
 
-    def _pass_dir(self, session_id: str, pass_index: int) -> Path:
-        return self.root / session_id / str(pass_index)
+    def _share_path(self, slot: BodySlot, client: int, sha256: bytes) -> Path:
+        return self._pass_dir(slot) / f"{_slot_name(slot)}-c{client}-{sha256.hex()}.share"
 
-    def _share_path(
-        self, session_id: str, pass_index: int, layer: int, part: int, client: int, sha256: bytes
-    ) -> Path:
-        name = f"{_slot_name(layer, part)}-c{client}-{sha256.hex()}.share"
-        return self._pass_dir(session_id, pass_index) / name
+    def _sum_path(self, slot: BodySlot) -> Path:
+        return self._pass_dir(slot) / f"{_slot_name(slot)}.sum"
 
-    def _sum_path(self, session_id: str, pass_index: int, layer: int, part: int) -> Path:
-        return self._pass_dir(session_id, pass_index) / f"{_slot_name(layer, part)}.sum"
+    def _pass_dir(self, slot: BodySlot) -> Path:
+        return self.root / slot.session_id / str(slot.pass_index)
 
 
-def _slot_name(layer: int, part: int) -> str:
-    return f"l{layer}" if part == 0 else f"l{layer}p{part}"
+def _slot_name(slot: BodySlot) -> str:
+    return f"l{slot.layer}" if slot.part == 0 else f"l{slot.layer}p{slot.part}"
 
 
 def _write(path: Path, data: bytes, *, sync: bool) -> None:

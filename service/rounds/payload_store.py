@@ -25,9 +25,7 @@ from typing import Protocol
 
 from service.rounds.payload_files import PayloadFiles
 from service.store import Store, Transaction
-from service.store.payload_rows import SUM_CLIENT
-
-_Slot = tuple[str, int, int, int]  # session, pass, layer, part
+from service.store.payload_rows import SUM_CLIENT, BodySlot
 
 
 class PayloadMissing(FileNotFoundError):
@@ -37,54 +35,27 @@ class PayloadMissing(FileNotFoundError):
 class PayloadStore(Protocol):
     def write_share(
         self,
-        session_id: str,
-        pass_index: int,
-        layer: int,
+        slot: BodySlot,
         client: int,
         sha256: bytes,
         body: bytes,
         *,
-        part: int = 0,
         tx: Transaction | None = None,
     ) -> None: ...
 
     def read_share(
-        self,
-        session_id: str,
-        pass_index: int,
-        layer: int,
-        client: int,
-        sha256: bytes,
-        *,
-        part: int = 0,
-        tx: Transaction | None = None,
+        self, slot: BodySlot, client: int, sha256: bytes, *, tx: Transaction | None = None
     ) -> bytes:
         """Raises ``FileNotFoundError`` if the share was discarded."""
         ...
 
     def write_sum(
-        self,
-        session_id: str,
-        pass_index: int,
-        layer: int,
-        body: bytes,
-        *,
-        sync: bool,
-        part: int = 0,
-        tx: Transaction | None = None,
+        self, slot: BodySlot, body: bytes, *, sync: bool, tx: Transaction | None = None
     ) -> None:
         """``sync``: on disk before this returns (or with ``tx``'s durable commit)."""
         ...
 
-    def read_sum(
-        self,
-        session_id: str,
-        pass_index: int,
-        layer: int,
-        *,
-        part: int = 0,
-        tx: Transaction | None = None,
-    ) -> bytes | None:
+    def read_sum(self, slot: BodySlot, *, tx: Transaction | None = None) -> bytes | None:
         """None once discarded."""
         ...
 
@@ -101,62 +72,33 @@ class DatabasePayloads:
 
     def write_share(
         self,
-        session_id: str,
-        pass_index: int,
-        layer: int,
+        slot: BodySlot,
         client: int,
         sha256: bytes,
         body: bytes,
         *,
-        part: int = 0,
         tx: Transaction | None = None,
     ) -> None:
-        slot = (session_id, pass_index, layer, part)
         self._put(tx, slot, client, sha256, body, durable=False)
 
     def read_share(
-        self,
-        session_id: str,
-        pass_index: int,
-        layer: int,
-        client: int,
-        sha256: bytes,
-        *,
-        part: int = 0,
-        tx: Transaction | None = None,
+        self, slot: BodySlot, client: int, sha256: bytes, *, tx: Transaction | None = None
     ) -> bytes:
-        body = self._get(tx, (session_id, pass_index, layer, part), client, sha256)
+        body = self._get(tx, slot, client, sha256)
         if body is None:
             raise PayloadMissing(
-                f"the share of client {client} (pass {pass_index}, layer {layer}, part {part})"
-                " was discarded"
+                f"the share of client {client} (pass {slot.pass_index}, layer {slot.layer},"
+                f" part {slot.part}) was discarded"
             )
         return body
 
     def write_sum(
-        self,
-        session_id: str,
-        pass_index: int,
-        layer: int,
-        body: bytes,
-        *,
-        sync: bool,
-        part: int = 0,
-        tx: Transaction | None = None,
+        self, slot: BodySlot, body: bytes, *, sync: bool, tx: Transaction | None = None
     ) -> None:
-        slot = (session_id, pass_index, layer, part)
         self._put(tx, slot, SUM_CLIENT, b"", body, durable=sync)
 
-    def read_sum(
-        self,
-        session_id: str,
-        pass_index: int,
-        layer: int,
-        *,
-        part: int = 0,
-        tx: Transaction | None = None,
-    ) -> bytes | None:
-        return self._get(tx, (session_id, pass_index, layer, part), SUM_CLIENT, b"")
+    def read_sum(self, slot: BodySlot, *, tx: Transaction | None = None) -> bytes | None:
+        return self._get(tx, slot, SUM_CLIENT, b"")
 
     def discard(self, session_id: str, *, before_pass: int | None = None) -> None:
         with self.store.transaction() as tx:
@@ -165,26 +107,26 @@ class DatabasePayloads:
     def _put(
         self,
         tx: Transaction | None,
-        slot: _Slot,
+        slot: BodySlot,
         client: int,
         sha256: bytes,
         body: bytes,
         *,
         durable: bool,
     ) -> None:
-        session_id, pass_index, layer, part = slot
         if tx is not None:
-            tx.put_payload(session_id, pass_index, layer, client, sha256, body, part)
+            tx.put_payload(slot, client, sha256, body)
             return
         with self.store.transaction(durable=durable) as own:
-            own.put_payload(session_id, pass_index, layer, client, sha256, body, part)
+            own.put_payload(slot, client, sha256, body)
 
-    def _get(self, tx: Transaction | None, slot: _Slot, client: int, sha256: bytes) -> bytes | None:
-        session_id, pass_index, layer, part = slot
+    def _get(
+        self, tx: Transaction | None, slot: BodySlot, client: int, sha256: bytes
+    ) -> bytes | None:
         if tx is not None:
-            return tx.payload(session_id, pass_index, layer, client, sha256, part)
+            return tx.payload(slot, client, sha256)
         with self.store.transaction() as own:
-            return own.payload(session_id, pass_index, layer, client, sha256, part)
+            return own.payload(slot, client, sha256)
 
 
 def payload_store_for(store: Store) -> PayloadStore:

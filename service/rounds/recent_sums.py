@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-SlotKey = tuple[str, int, int, int]  # session, pass, layer, part
+from service.store.payload_rows import BodySlot
 
 
 class RecentSums:
@@ -14,15 +14,15 @@ class RecentSums:
 
     def __init__(self, max_bytes: int) -> None:
         self._max_bytes = max_bytes
-        self._bodies: OrderedDict[SlotKey, bytes] = OrderedDict()
+        self._bodies: OrderedDict[BodySlot, bytes] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def get(self, key: SlotKey) -> bytes | None:
+    def get(self, key: BodySlot) -> bytes | None:
         with self._lock:
             return self._bodies.get(key)
 
-    def put(self, key: SlotKey, body: bytes) -> None:
+    def put(self, key: BodySlot, body: bytes) -> None:
         with self._lock:
             self._pop(key)
             self._bodies[key] = body
@@ -35,7 +35,7 @@ class RecentSums:
             for key in [k for k in self._bodies if k[0] == session_id and k[1] < before_pass]:
                 self._pop(key)
 
-    def _pop(self, key: SlotKey) -> None:
+    def _pop(self, key: BodySlot) -> None:
         body = self._bodies.pop(key, None)
         if body is not None:
             self._bytes -= len(body)

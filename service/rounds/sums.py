@@ -51,9 +51,10 @@ from service.rounds.gate import (
     slot_progress,
 )
 from service.rounds.parts import RoundPart, RoundParts
-from service.rounds.recent_sums import RecentSums, SlotKey
+from service.rounds.recent_sums import RecentSums
 from service.session_state import SessionState
 from service.store import SessionRow, Transaction
+from service.store.payload_rows import BodySlot
 
 # Sums are served from memory while they fit (one part's sum is 0.1 to 10 MB; every client
 # downloads it); older ones are read from their files.
@@ -73,7 +74,7 @@ class _Slot:
 class ShareSums(RoundPart):
     def __init__(self, parts: RoundParts) -> None:
         super().__init__(parts)
-        self._slots: dict[SlotKey, _Slot] = {}
+        self._slots: dict[BodySlot, _Slot] = {}
         self._slots_lock = threading.Lock()
         self._recent = RecentSums(RECENT_SUM_BYTES)
 
@@ -94,7 +95,7 @@ class ShareSums(RoundPart):
         if self.store.shared:
             yield None
             return
-        slot = self._slot((plan.session_id, pass_index, layer, part))
+        slot = self._slot(BodySlot(plan.session_id, pass_index, layer, part))
         with slot.lock:
             if slot.running is None:
                 slot.running = self.aggregators.for_session(plan).new_sum(rows=rows, cols=cols)
@@ -111,7 +112,7 @@ class ShareSums(RoundPart):
         sum, or stopped the session at its budget)."""
         if self.store.shared:
             return self._complete_from_bodies(session_id, pass_index, layer, part)
-        key = (session_id, pass_index, layer, part)
+        key = BodySlot(session_id, pass_index, layer, part)
         slot = self._slot(key)
         if not slot.lock.acquire(blocking=wait):
             return False
@@ -131,9 +132,7 @@ class ShareSums(RoundPart):
             for upload in committed:
                 if upload.client_index in slot.running.clients:
                     continue
-                body = self.files.read_share(
-                    session_id, pass_index, layer, upload.client_index, upload.sha256, part=part
-                )
+                body = self.files.read_share(key, upload.client_index, upload.sha256)
                 share = aggregator.read_share(body, rows=rows, cols=plan.widths[layer])
                 slot.running.add(upload.client_index, share)
             changed = self._store(
@@ -150,10 +149,10 @@ class ShareSums(RoundPart):
 
     def sum_body(self, session_id: str, pass_index: int, layer: int, part: int = 0) -> bytes | None:
         """A stored sum's body (of one part); None once discarded."""
-        key = (session_id, pass_index, layer, part)
+        key = BodySlot(session_id, pass_index, layer, part)
         body = self._recent.get(key)
         if body is None:
-            body = self.files.read_sum(session_id, pass_index, layer, part=part)
+            body = self.files.read_sum(key)
             if body is not None:
                 self._recent.put(key, body)
         return body
@@ -176,6 +175,7 @@ class ShareSums(RoundPart):
         if plan is None:  # most calls end here, without taking the lock
             return False
         is_release = _is_release(plan, layer)
+        body_slot = BodySlot(session_id, pass_index, layer, part)
         with self.store.transaction(durable=is_release) as tx:
             tx.lock_slot(session_id, pass_index, layer, part)
             row, plan = load_session(tx, self.plans, session_id)
@@ -185,21 +185,11 @@ class ShareSums(RoundPart):
             aggregator = self.aggregators.for_session(plan)
             running = aggregator.new_sum(rows=rows, cols=plan.widths[layer])
             for upload in tx.uploads(session_id, pass_index, layer, "embedding", part):
-                body = self.files.read_share(
-                    session_id,
-                    pass_index,
-                    layer,
-                    upload.client_index,
-                    upload.sha256,
-                    part=part,
-                    tx=tx,
-                )
+                body = self.files.read_share(body_slot, upload.client_index, upload.sha256, tx=tx)
                 share = aggregator.read_share(body, rows=rows, cols=plan.widths[layer])
                 running.add(upload.client_index, share)
             body = running.payload()
-            self.files.write_sum(
-                session_id, pass_index, layer, body, sync=is_release, part=part, tx=tx
-            )
+            self.files.write_sum(body_slot, body, sync=is_release, tx=tx)
             slot = (pass_index, layer, part)
             stored = self._insert_sum(tx, plan, slot, rows, sorted(running.clients))
         self._after_store(plan, slot, body, stored)
@@ -224,7 +214,8 @@ class ShareSums(RoundPart):
         # (service/store/database.py), and the sum's file is synced before.
         pass_index, layer, part = slot
         is_release = _is_release(plan, layer)
-        self.files.write_sum(plan.session_id, pass_index, layer, body, sync=is_release, part=part)
+        body_slot = BodySlot(plan.session_id, pass_index, layer, part)
+        self.files.write_sum(body_slot, body, sync=is_release)
         with self.store.transaction(durable=is_release) as tx:
             row, _ = load_session(tx, self.plans, plan.session_id)
             if not _sum_pending(tx, row, pass_index, layer, part):
@@ -276,20 +267,20 @@ class ShareSums(RoundPart):
         if not stored.sum_stored:
             return
         pass_index = slot[0]
-        self._recent.put((plan.session_id, *slot), body)
+        self._recent.put(BodySlot(plan.session_id, *slot), body)
         if stored.completed_kind is not None:
             self.telemetry.passes_completed.labels(kind=stored.completed_kind).inc()
             # the store keeps the payloads of this pass and the one before (_advance)
             self.discard(plan.session_id, before_pass=pass_index)
 
-    def _slot(self, key: SlotKey) -> _Slot:
+    def _slot(self, key: BodySlot) -> _Slot:
         with self._slots_lock:
             slot = self._slots.get(key)
             if slot is None:
                 slot = self._slots[key] = _Slot()
             return slot
 
-    def _forget(self, key: SlotKey, slot: _Slot) -> None:
+    def _forget(self, key: BodySlot, slot: _Slot) -> None:
         with self._slots_lock:
             if self._slots.get(key) is slot:
                 del self._slots[key]

@@ -53,6 +53,7 @@ from service.rounds.sums import ShareSums
 from service.rounds.types import Caller, UploadOutcome
 from service.session_state import SessionState
 from service.store import Transaction, UploadKind
+from service.store.payload_rows import BodySlot
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,9 +148,8 @@ class Uploads(RoundPart):
             outcome = self._record(caller, "embedding", sha256, body, slot)
         else:
             share = self._read_share(target, header, slot, body)
-            self.files.write_share(
-                caller.session_id, pass_index, layer, caller.client_index, sha256, body, part=part
-            )
+            body_slot = BodySlot(caller.session_id, pass_index, layer, part)
+            self.files.write_share(body_slot, caller.client_index, sha256, body)
             with self.sums.forming(
                 target.plan, pass_index, layer, part=part, rows=target.rows, cols=target.cols
             ) as running:

@@ -3,6 +3,8 @@ SQLite keeps them as files beside the database and never creates this table."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from service.store.queries import Queries
 
 # bodies are random floats or ciphertexts: EXTERNAL keeps them out of line and uncompressed
@@ -25,17 +27,18 @@ PAYLOAD_SCHEMA = _PAYLOAD_TABLE + ";ALTER TABLE payloads ALTER COLUMN body SET S
 SUM_CLIENT = -1  # the client_index of a layer part's sum (its sha256 is empty)
 
 
+class BodySlot(NamedTuple):
+    """Where a body belongs: one part of one layer of one pass of a session (in the order of
+    the table's key)."""
+
+    session_id: str
+    pass_index: int
+    layer: int
+    part: int = 0
+
+
 class PayloadQueries(Queries):
-    def put_payload(
-        self,
-        session_id: str,
-        pass_index: int,
-        layer: int,
-        client_index: int,
-        sha256: bytes,
-        body: bytes,
-        part: int = 0,
-    ) -> None:
+    def put_payload(self, slot: BodySlot, client_index: int, sha256: bytes, body: bytes) -> None:
         """Insert or replace a body. A share is named by its content (an identical re-upload
         replaces it by itself); a sum by its slot."""
         self._db.execute(
@@ -43,22 +46,14 @@ class PayloadQueries(Queries):
             " body) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT"
             " (session_id, pass_index, layer, part, client_index, sha256)"
             " DO UPDATE SET body = excluded.body",
-            (session_id, pass_index, layer, part, client_index, sha256, body),
+            (*slot, client_index, sha256, body),
         )
 
-    def payload(
-        self,
-        session_id: str,
-        pass_index: int,
-        layer: int,
-        client_index: int,
-        sha256: bytes,
-        part: int = 0,
-    ) -> bytes | None:
+    def payload(self, slot: BodySlot, client_index: int, sha256: bytes) -> bytes | None:
         row = self._db.execute(
             "SELECT body FROM payloads WHERE session_id = ? AND pass_index = ? AND layer = ?"
             " AND part = ? AND client_index = ? AND sha256 = ?",
-            (session_id, pass_index, layer, part, client_index, sha256),
+            (*slot, client_index, sha256),
         ).fetchone()
         return bytes(row[0]) if row else None
 

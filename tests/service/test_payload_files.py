@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from service_testkit import Federation, admin, create_session, http_client, session_request
 
 from service.rounds.payload_files import PayloadFiles
+from service.store.payload_rows import BodySlot
 
 pytestmark = pytest.mark.anyio
 
@@ -43,15 +44,15 @@ async def test_files_follow_the_kept_passes_and_go_with_the_session(
 
 def test_write_and_read_back(tmp_path: Path) -> None:
     files = PayloadFiles.beside(tmp_path / "service.sqlite3")
-    sha = bytes(range(32))
-    files.write_share("s", 3, 1, 2, sha, b"share")
-    files.write_sum("s", 3, 1, b"sum", sync=True)
-    assert files.read_share("s", 3, 1, 2, sha) == b"share"
-    assert files.read_sum("s", 3, 1) == b"sum"
+    sha, slot = bytes(range(32)), BodySlot("s", 3, 1)
+    files.write_share(slot, 2, sha, b"share")
+    files.write_sum(slot, b"sum", sync=True)
+    assert files.read_share(slot, 2, sha) == b"share"
+    assert files.read_sum(slot) == b"sum"
     assert not [p for p in (tmp_path / "service.sqlite3-payloads").rglob(".*")]  # no temporaries
     files.discard("s", before_pass=3)
-    assert files.read_sum("s", 3, 1) == b"sum"
+    assert files.read_sum(slot) == b"sum"
     files.discard("s", before_pass=4)
-    assert files.read_sum("s", 3, 1) is None
+    assert files.read_sum(slot) is None
     with pytest.raises(FileNotFoundError):
-        files.read_share("s", 3, 1, 2, sha)
+        files.read_share(slot, 2, sha)

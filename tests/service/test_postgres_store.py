@@ -28,6 +28,7 @@ from service.rounds.payload_store import DatabasePayloads, PayloadMissing
 from service.store import Store
 from service.store.accounts import ACCOUNT_SCHEMA
 from service.store.database import STORE_MIGRATIONS
+from service.store.payload_rows import BodySlot
 from service.store.rounds import ROUND_SCHEMA
 from service.store.sessions import SESSION_SCHEMA
 
@@ -113,21 +114,21 @@ def test_a_session_and_a_slot_are_locked_across_replicas(replicas: tuple[Store, 
 def test_payload_bodies_live_in_the_database(replicas: tuple[Store, Store]) -> None:
     first, second = replicas
     payloads, other = DatabasePayloads(first), DatabasePayloads(second)
-    sha = bytes(range(32))
-    payloads.write_share("s", 3, 1, 0, sha, b"share")
-    payloads.write_share("s", 3, 1, 0, sha, b"share")  # an identical re-upload
-    payloads.write_sum("s", 3, 1, b"sum", sync=True)
+    sha, three, four = bytes(range(32)), BodySlot("s", 3, 1), BodySlot("s", 4, 1)
+    payloads.write_share(three, 0, sha, b"share")
+    payloads.write_share(three, 0, sha, b"share")  # an identical re-upload
+    payloads.write_sum(three, b"sum", sync=True)
     with first.transaction() as tx:  # or in the caller's transaction
-        payloads.write_sum("s", 4, 1, b"next", sync=False, tx=tx)
-    assert other.read_share("s", 3, 1, 0, sha) == b"share"
-    assert other.read_sum("s", 3, 1) == b"sum"
+        payloads.write_sum(four, b"next", sync=False, tx=tx)
+    assert other.read_share(three, 0, sha) == b"share"
+    assert other.read_sum(three) == b"sum"
     other.discard("s", before_pass=4)
-    assert payloads.read_sum("s", 3, 1) is None
-    assert payloads.read_sum("s", 4, 1) == b"next"
+    assert payloads.read_sum(three) is None
+    assert payloads.read_sum(four) == b"next"
     with pytest.raises(PayloadMissing):
-        payloads.read_share("s", 3, 1, 0, sha)
+        payloads.read_share(three, 0, sha)
     payloads.discard("s")
-    assert payloads.read_sum("s", 4, 1) is None
+    assert payloads.read_sum(four) is None
 
 
 @pytest.mark.anyio
@@ -307,8 +308,8 @@ def test_a_database_from_before_parts_keys_its_slots_by_part(
             tx.insert_result("s", 0, 1, "aggregate", rows=2, cols=4, count=3, body=None, part=1)
             assert tx.result_parts("s", 0, 1, "aggregate") == 2
             if backend == "postgresql":
-                assert tx.payload("s", 0, 1, -1, b"", 0) == b"sum"
-                tx.put_payload("s", 0, 1, -1, b"", b"sum 1", 1)
-                assert tx.payload("s", 0, 1, -1, b"", 1) == b"sum 1"
+                assert tx.payload(BodySlot("s", 0, 1, 0), -1, b"") == b"sum"
+                tx.put_payload(BodySlot("s", 0, 1, 1), -1, b"", b"sum 1")
+                assert tx.payload(BodySlot("s", 0, 1, 1), -1, b"") == b"sum 1"
     finally:
         store.close()
