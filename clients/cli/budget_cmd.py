@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 from clients.cli.connection import add_server_arguments, admin_client, read_token
-from clients.cli.errors import CliError, UsageError
-from clients.cli.options import add_command, probability
+from clients.cli.errors import UsageError
+from clients.cli.options import add_command, ledger_in, probability
 from clients.policy import PrivacyPolicy
 from secure.accounting import ACCOUNTANTS, composed_epsilon
 
@@ -69,12 +69,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _local(args: argparse.Namespace) -> int:
-    from clients.owner_ledger import LEDGER_FILENAME, OwnerLedger
+    from clients.owner_ledger import OwnerLedger
     from secure.report import iso_utc
 
-    path = args.local / LEDGER_FILENAME
-    if not path.is_file():
-        raise CliError(f"no privacy ledger at {path}: this data has released nothing yet")
+    path = ledger_in(args.local)
     with OwnerLedger(path) as ledger:
         # One read: a worker writing meanwhile must not make a session's figure count rows the
         # lifetime figure does not (a session above the lifetime spend of the same releases).

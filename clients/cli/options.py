@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from clients.cli.errors import UsageError
+from clients.cli.errors import CliError, UsageError
 
 # -- help -------------------------------------------------------------------------------------
 
@@ -249,6 +249,16 @@ def check_party_folders(folders: Sequence[Path]) -> None:
     for folder in folders:
         if not folder.is_dir():
             raise UsageError(f"--party {folder} is not a directory (a folder of glasu prepare)")
+
+
+def ledger_in(folder: Path) -> Path:
+    """The privacy ledger beside the data in ``folder``; :class:`CliError` if it has none."""
+    from clients.owner_ledger import LEDGER_FILENAME
+
+    path = folder / LEDGER_FILENAME
+    if not path.is_file():
+        raise CliError(f"no privacy ledger at {path}: this data has released nothing yet")
+    return path
 
 
 def add_output_dir_argument(

@@ -16,6 +16,7 @@ from clients.cli.options import (
     add_command,
     add_output_dir_argument,
     check_output_file,
+    ledger_in,
     positive_float,
     probability,
 )
@@ -160,7 +161,7 @@ def _write(args: argparse.Namespace) -> int:
     from nacl.signing import SigningKey
 
     from clients.cli.keyfiles import read_key_bytes
-    from clients.owner_ledger import LEDGER_FILENAME, OwnerLedger
+    from clients.owner_ledger import OwnerLedger
     from clients.privacy_report import organisation_content
     from clients.report_signing import fingerprint, signed_html, signed_json
 
@@ -169,10 +170,7 @@ def _write(args: argparse.Namespace) -> int:
     )
     snapshots = []
     for folder in args.local:
-        path = folder / LEDGER_FILENAME
-        if not path.is_file():
-            raise CliError(f"no privacy ledger at {path}: this data has released nothing yet")
-        with OwnerLedger(path) as ledger:
+        with OwnerLedger(ledger_in(folder)) as ledger:
             snapshots.append(ledger.snapshot())
     try:
         policy = PrivacyPolicy(
