@@ -17,10 +17,10 @@ import torch
 import models.node_arrays
 from models.config import TrainConfig
 from models.inprocess import run_pass_inprocess
-from models.layout import eval_nodes, layout_federation
+from models.layout import eval_nodes
 from models.node_arrays import chunk_rows, host_rows, node_array
-from models.private import REPRODUCIBLE_NOISE_ENV, make_client
-from models.trainer import prepare_security
+from models.private import REPRODUCIBLE_NOISE_ENV
+from tests.models.test_layerwise import federation
 
 CPU = torch.device("cpu")
 
@@ -71,7 +71,7 @@ PASS_UNDER_A_DATA_LIMIT = textwrap.dedent(
     from models.config import TrainConfig
     from models.data.csbm import csbm
     from models.inprocess import run_pass_inprocess
-    from models.layout import eval_nodes, layout_federation
+    from models.layout import eval_nodes
     from models.private import make_client
     from models.trainer import prepare_security
 
@@ -147,24 +147,10 @@ def test_a_pass_over_file_backed_arrays_equals_one_in_memory(
     )  # fmt: skip
 
     def evaluate() -> list:
-        layout = layout_federation(config, cora)
-        security = prepare_security(config, passes_total=2, clients=3)
-        clients = [
-            make_client(
-                part,
-                layout.client_config,
-                codec=security.codec_factory(),
-                device="cpu",
-                privacy=security.privacy,
-                seed=1,
-                noise_seed=config.noise_seed,
-            )
-            for part in layout.partitions
-        ]
+        clients, aggregator = federation(config, cora)
         return run_pass_inprocess(
-            clients, security.aggregator, pass_index=0, kind="eval",
-            output_nodes=eval_nodes(cora),
-        )  # fmt: skip
+            clients, aggregator, pass_index=0, kind="eval", output_nodes=eval_nodes(cora)
+        )
 
     in_memory = evaluate()
     monkeypatch.setattr(models.node_arrays, "SPILL_BYTES", 0)
