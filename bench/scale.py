@@ -59,6 +59,7 @@ import numpy as np
 
 from bench.results_doc import add_results_arguments, rewrote_docs_only, write_json, write_section
 from clients.local.processes import glasu_command, start_serve, without_glasu_settings
+from models.node_arrays import SPILL_BYTES
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "scale.json"
@@ -730,8 +731,10 @@ def markdown(payload: dict[str, Any]) -> str:
         "from /proc (VmHWM, RssAnon, utime + stime, sampled every 0.2 s) for each process of the "
         "training and scoring. A worker's VmHWM counts the file pages it maps (the features, "
         "and the evaluation pass's node arrays, in unlinked temporary files: "
-        "models/node_arrays.py), which the kernel writes out and drops when memory runs short; "
-        "its anonymous RSS is what must stay in memory. "
+        f"models/node_arrays.py, for arrays over {SPILL_BYTES >> 20} MiB: from about "
+        f"{SPILL_BYTES // (128 * 4):,} nodes at width 128), "
+        "which the kernel writes out and drops when memory runs short; its anonymous RSS is "
+        "what must stay in memory. "
         "The CPU of a round is that of rounds 2..R (round 1 holds the start-up); "
         f"bytes are the workers' bodies. Machine: {about['cpus']} CPUs ({about['cpu_model']}), "
         f"{about['memory_gib']} GiB, shared with the benchmark's own process; Python "
