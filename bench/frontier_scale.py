@@ -15,10 +15,13 @@ labelled fraction, degree, signal and epsilon, and on each graph, in the same ru
   sampler, seeds and schedule, plus every evaluation pass) instead of all passes.
 
 The gain of each design is measured against the better of the two party-alone references of the
-same graph and seed (what a party could get by itself with either model). Encryption is off (CKKS
-reproduces plaintext sums). ``--passes-per-node`` answers design 3's question instead: in how many
-training passes' layer-1 releases a node's row is, over a default run (sampler and schedule
-only, no training).
+same graph and seed (what a party could get by itself with either model). ``--classes 2`` draws
+the two-class graphs instead (their keys end in ``-c2``; 5-class keys are unchanged): every run
+of those also records its test ROC-AUC (class 1's probability, sklearn through
+``models.metrics``), gained over the party alone with the better ROC-AUC, in a table of its
+own. Encryption is off (CKKS reproduces plaintext sums). ``--passes-per-node`` answers design
+3's question instead: in how many training passes' layer-1 releases a node's row is, over a
+default run (sampler and schedule only, no training).
 
 Every run is one row of the JSON, keyed by (graph, schedule, design, ε): a rerun with more
 graphs, designs or ε runs only the missing rows, and processes started side by side add their
@@ -751,5 +754,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--write-doc",
         action="store_true",
-        help="write the table into docs/results.md (frontier-scale-table)",
+        help="write the tables into docs/results.md (frontier-scale-table, and with two-class "
+        "points frontier-scale-two-class)",
     )
