@@ -442,8 +442,14 @@ def two_class_table(summary: list[dict], epsilons: list[float]) -> str:
     return "\n".join(lines)
 
 
+#: the gain a design needs beyond its seed spread for the product to adopt it (issue 29)
+ADOPTION_BAR = 2.0
+
+
 def chart(summary: list[dict], epsilons: list[float], path: Path) -> None:
-    """One panel per (nodes, labelled, signal): gain over the better party alone by degree."""
+    """One column of panels per (nodes, labelled, signal), gain over the better party alone by
+    degree (mean ± std over seeds): every design above, design 2 at each ε below, on a scale
+    where its seed spread and the adoption bar show."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -452,33 +458,46 @@ def chart(summary: list[dict], epsilons: list[float], path: Path) -> None:
     summary = five_class(summary)
     panels = sorted({(s["nodes"], s["labelled"], s["signal"]) for s in summary})
     fig, axes = plt.subplots(
-        1, len(panels), figsize=(3.6 * len(panels), 3.8), sharey=True, squeeze=False
+        2, len(panels), figsize=(3.6 * len(panels), 7.0), sharey="row", squeeze=False
     )
-    for ax, (nodes, labelled, signal) in zip(axes[0], panels, strict=True):
-        for design, eps in columns(epsilons):
-            if design in ALONE:
-                continue
-            points = sorted(
-                (s["degree"], s["gain"][0], s["gain"][1])
-                for s in summary
-                if (s["nodes"], s["labelled"], s["signal"], s["design"], s["epsilon"])
-                == (nodes, labelled, signal, design, eps)
-                and s["gain"]
-            )
-            if points:
+    shades = {e: 0.45 + 0.5 * i / max(1, len(epsilons) - 1) for i, e in enumerate(epsilons)}
+    colours = {"design 1": plt.cm.Blues, "design 2": plt.cm.Greens, "design 3": plt.cm.Reds}
+    for column, (nodes, labelled, signal) in enumerate(panels):
+        for row, designs in enumerate((None, {"design 2"})):
+            ax = axes[row][column]
+            for design, eps in columns(epsilons):
+                if design in ALONE or (designs is not None and design not in designs):
+                    continue
+                points = sorted(
+                    (s["degree"], s["gain"][0], s["gain"][1])
+                    for s in summary
+                    if (s["nodes"], s["labelled"], s["signal"], s["design"], s["epsilon"])
+                    == (nodes, labelled, signal, design, eps)
+                    and s["gain"]
+                )
+                if not points:
+                    continue
                 x, y, e = zip(*points, strict=True)
-                style = (
-                    ":" if eps is None else {"design 2": "-", "design 3": "-."}.get(design, "--")
-                )
+                if eps is None:
+                    style, colour = ":", "purple" if design.startswith("design 2") else "black"
+                else:
+                    style = {"design 2": "-", "design 3": "-."}.get(design, "--")
+                    colour = colours[design](shades[eps])
                 ax.errorbar(
-                    x, y, yerr=e, fmt=style, marker="o", capsize=2, label=_column_label(design, eps)
-                )
-        ax.axhline(0, color="black", linewidth=0.8)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("average degree")
-        ax.set_title(f"{nodes:,} nodes, {100 * labelled:g}% labelled, {signal}", fontsize=9)
+                    x, y, yerr=e, fmt=style, marker="o", capsize=2, color=colour,
+                    label=_column_label(design, eps),
+                )  # fmt: skip
+            ax.axhline(0, color="black", linewidth=0.8)
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("average degree")
+        axes[1][column].axhline(ADOPTION_BAR, color="grey", linestyle="--", linewidth=0.8)
+        axes[0][column].set_title(
+            f"{nodes:,} nodes, {100 * labelled:g}% labelled, {signal}", fontsize=9
+        )
     axes[0][0].set_ylabel("gain over the better party alone (points)")
-    axes[0][0].legend(fontsize=6)
+    axes[1][0].set_ylabel(f"design 2 only (dashed: the {ADOPTION_BAR:g}-point bar)")
+    for row in axes:  # the last column has the fewest points
+        row[-1].legend(fontsize=6, loc="lower left")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
