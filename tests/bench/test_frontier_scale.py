@@ -17,6 +17,7 @@ from scipy.stats import norm
 from bench.frontier_scale import (
     DELTA,
     ScaleGraph,
+    chart,
     design3_noise_multiplier,
     five_class,
     node_releases,
@@ -174,3 +175,17 @@ def test_every_design_of_a_two_class_graph_records_its_roc_auc(tmp_path: Any) ->
     for r in rows:
         assert r["classes"] == 2 and r["graph"].endswith("-c2")
         assert 0.0 <= r["roc_auc"] <= 1.0, r
+
+
+def test_the_chart_draws_the_five_class_points_with_their_spread(tmp_path: Any) -> None:
+    runs = [
+        _row(g, d, t, seed=seed, classes=c)
+        for c in (5, 2)
+        for seed, g in enumerate(("x0", "x1") if c == 5 else ("y0",))
+        for d, t in (("party alone (SGC)", 0.7), ("design 2", 0.71 + 0.01 * seed))
+    ]
+    path = tmp_path / "chart.svg"
+    chart(summarize(runs), [4.0], path)
+    svg = path.read_text()
+    assert "design 2 ε=4" in svg and "20,000 nodes, 1% labelled, weak" in svg
+    assert svg.count("20,000 nodes") == 1  # one panel: the two-class point is not drawn
