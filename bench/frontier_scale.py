@@ -426,7 +426,7 @@ def two_class_table(summary: list[dict], epsilons: list[float]) -> str:
     if not rows:
         return ""
     lines = [
-        "| nodes | labelled | signal | degree | design | seeds | accuracy | gain | ROC-AUC "
+        "| nodes | labelled | signal | degree | design | seeds | accuracy | gain | ROC-AUC x100 "
         "| ROC-AUC gain |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
