@@ -496,8 +496,14 @@ def chart(summary: list[dict], epsilons: list[float], path: Path) -> None:
         )
     axes[0][0].set_ylabel("gain over the better party alone (points)")
     axes[1][0].set_ylabel(f"design 2 only (dashed: the {ADOPTION_BAR:g}-point bar)")
-    for row in axes:  # the last column has the fewest points
-        row[-1].legend(fontsize=6, loc="lower left")
+    order = [_column_label(d, e) for d, e in columns(epsilons)]
+    for row in axes:  # one legend per row, of every panel's lines, in the last (emptiest) panel
+        handles: dict[str, Any] = {}
+        for ax in row:
+            for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+                handles.setdefault(label, handle)
+        labels = sorted(handles, key=order.index)
+        row[-1].legend([handles[k] for k in labels], labels, fontsize=6, loc="lower left")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
