@@ -15,10 +15,13 @@ labelled fraction, degree, signal and epsilon, and on each graph, in the same ru
   sampler, seeds and schedule, plus every evaluation pass) instead of all passes.
 
 The gain of each design is measured against the better of the two party-alone references of the
-same graph and seed (what a party could get by itself with either model). Encryption is off (CKKS
-reproduces plaintext sums). ``--passes-per-node`` answers design 3's question instead: in how many
-training passes' layer-1 releases a node's row is, over a default run (sampler and schedule
-only, no training).
+same graph and seed (what a party could get by itself with either model). ``--classes 2`` draws
+the two-class graphs instead (their keys end in ``-c2``; 5-class keys are unchanged): every run
+of those also records its test ROC-AUC (class 1's probability, sklearn through
+``models.metrics``), gained over the party alone with the better ROC-AUC, in a table of its
+own. Encryption is off (CKKS reproduces plaintext sums). ``--passes-per-node`` answers design
+3's question instead: in how many training passes' layer-1 releases a node's row is, over a
+default run (sampler and schedule only, no training).
 
 Every run is one row of the JSON, keyed by (graph, schedule, design, ε): a rerun with more
 graphs, designs or ε runs only the missing rows, and processes started side by side add their
@@ -67,15 +70,19 @@ class ScaleGraph:
     signal: str
     degree: float
     seed: int
+    classes: int = CLASSES
 
     @property
     def key(self) -> str:
-        return f"n{self.nodes}-l{self.labelled:g}-{self.signal}-d{self.degree:g}-s{self.seed}"
+        """The 5-class graphs keep the keys they had before the classes axis (the JSON resumes)."""
+        tail = "" if self.classes == CLASSES else f"-c{self.classes}"
+        return f"n{self.nodes}-l{self.labelled:g}-{self.signal}-d{self.degree:g}-s{self.seed}{tail}"
 
     def load(self) -> GraphDataset:
-        per_class = max(1, round(self.labelled * self.nodes / CLASSES))
+        per_class = max(1, round(self.labelled * self.nodes / self.classes))
         return csbm(
             nodes=self.nodes,
+            classes=self.classes,
             degree=self.degree,
             signal=SIGNALS[self.signal],
             train_per_class=per_class,
@@ -86,8 +93,9 @@ class ScaleGraph:
 def graphs(args: argparse.Namespace) -> list[ScaleGraph]:
     """Seed-major, so that a run cut short still has whole maps for its first seeds."""
     return [
-        ScaleGraph(n, lab, sig, deg, seed)
+        ScaleGraph(n, lab, sig, deg, seed, classes)
         for seed in range(args.seeds)
+        for classes in _ints(args.classes)
         for n in _ints(args.nodes)
         for lab in _floats(args.labelled)
         for sig in args.signals.split(",")
@@ -152,13 +160,20 @@ def runs_of_graph(
             started = time.process_time()
             report = _train(graph, dataset, schedule, epsilon=eps, reference=reference)
             if reference:
-                add(ALONE[0], None, float(report.reference_test_accuracy or 0.0), started)
+                add(
+                    ALONE[0],
+                    None,
+                    float(report.reference_test_accuracy or 0.0),
+                    started,
+                    **_roc_auc(_reference_metrics(report)),
+                )
             privacy = report.privacy or {}
             add(
                 "design 1",
                 eps,
                 report.test_accuracy,
                 started,
+                **_roc_auc(report.test_metrics),
                 noise_multiplier=privacy.get("noise_multiplier"),
                 releases=privacy.get("releases"),
             )
@@ -181,6 +196,7 @@ def runs_of_graph(
                 eps,
                 report.test_accuracy,
                 started,
+                **_roc_auc(report.test_metrics),
                 noise_multiplier=z,
                 releases=releases.total,
                 releases_of_worst_node=releases.worst,
@@ -198,11 +214,13 @@ def runs_of_graph(
         design3(first)
         if todo("non-private GLASU", None):
             started = time.process_time()
+            report = _train(graph, dataset, schedule, dp=False)
             add(
                 "non-private GLASU",
                 None,
-                _train(graph, dataset, schedule, dp=False).test_accuracy,
+                report.test_accuracy,
                 started,
+                **_roc_auc(report.test_metrics),
             )
         return
     parts = None
@@ -219,13 +237,14 @@ def runs_of_graph(
                 epsilon=eps, delta=DELTA, steps=settings.steps, release_share=release_share
             )
         scores = PredictorRelease(parts, budget=budget, settings=settings, seed=graph.seed)
-        mean = scores.mean_scores()
+        mean, auc = scores.mean_scores(), scores.mean_roc_auc()
         if eps is None:
-            add(ALONE[1], None, mean["alone"], started)
+            add(ALONE[1], None, mean["alone"], started, **_roc_auc_field(auc["alone"]))
         extra = (
-            {}
+            _roc_auc_field(auc["with release"])
             if budget is None
             else {
+                **_roc_auc_field(auc["with release"]),
                 "sgd_noise_multiplier": budget.sgd_noise_multiplier,
                 "release_noise_multiplier": budget.release_noise_multiplier,
                 "epsilon_spent": budget.spent(),
@@ -259,35 +278,74 @@ def _train(graph: ScaleGraph, dataset: GraphDataset | None, schedule: dict, **se
         )
 
 
+def _roc_auc_field(value: float | None) -> dict[str, float]:
+    """A run row's ``roc_auc`` (a two-class task only: 5-class rows stay as they were)."""
+    return {} if value is None else {"roc_auc": value}
+
+
+def _roc_auc(metrics: list[dict[str, Any] | None] | None) -> dict[str, float]:
+    """The mean over clients of the test ROC-AUC in a run report's per-client metrics."""
+    values = [m["roc_auc"] for m in metrics or [] if m and "roc_auc" in m]
+    return _roc_auc_field(float(np.mean(values)) if values else None)
+
+
+def _reference_metrics(report: Any) -> list[dict[str, Any] | None] | None:
+    """The party-alone reference's per-client test metrics at its own best validation (the
+    evaluation ``models.report.select_reference`` takes its accuracy from)."""
+    rows = [h for h in report.history if h.reference_val_accuracy is not None]
+    if not rows:
+        return None
+    return max(rows, key=lambda h: (h.reference_val_accuracy, -h.round)).reference_test_metrics
+
+
 def summarize(runs: list[dict]) -> list[dict]:
-    """Per point and design: mean and std over seeds of the test accuracy and of the gain over
-    the better party-alone reference of the same graph and seed."""
+    """Per point (classes included) and design: mean and std over seeds of the test accuracy and
+    of the gain over the better party-alone reference of the same graph and seed; where the runs
+    carry a ROC-AUC (a two-class task), the same for it, its gain taken over the party alone with
+    the better ROC-AUC."""
     alone: dict[str, float] = {}
+    alone_auc: dict[str, float] = {}
     for r in runs:
         if r["design"] in ALONE:
             alone[r["graph"]] = max(alone.get(r["graph"], 0.0), r["test"])
+            if "roc_auc" in r:
+                alone_auc[r["graph"]] = max(alone_auc.get(r["graph"], 0.0), r["roc_auc"])
     cells: dict[tuple, list[dict]] = {}
     for r in runs:
-        point = (r["nodes"], r["labelled"], r["signal"], r["degree"], r["design"], r["epsilon"])
+        point = (
+            r["nodes"],
+            r["labelled"],
+            r["signal"],
+            r["degree"],
+            r.get("classes", CLASSES),
+            r["design"],
+            r["epsilon"],
+        )
         cells.setdefault(point, []).append(r)
     out = []
-    for (nodes, labelled, signal, degree, design, eps), rows in sorted(
+    for (nodes, labelled, signal, degree, classes, design, eps), rows in sorted(
         cells.items(), key=lambda kv: tuple(str(x) for x in kv[0])
     ):
         gains = [r["test"] - alone[r["graph"]] for r in rows if r["graph"] in alone]
-        out.append(
-            {
-                "nodes": nodes,
-                "labelled": labelled,
-                "signal": signal,
-                "degree": degree,
-                "design": design,
-                "epsilon": eps,
-                "seeds": len(rows),
-                "test": _stats([r["test"] for r in rows]),
-                "gain": _stats(gains),
-            }
-        )
+        cell = {
+            "nodes": nodes,
+            "labelled": labelled,
+            "signal": signal,
+            "degree": degree,
+            "classes": classes,
+            "design": design,
+            "epsilon": eps,
+            "seeds": len(rows),
+            "test": _stats([r["test"] for r in rows]),
+            "gain": _stats(gains),
+        }
+        aucs = [r for r in rows if "roc_auc" in r]
+        if aucs:
+            cell["roc_auc"] = _stats([r["roc_auc"] for r in aucs])
+            cell["roc_auc_gain"] = _stats(
+                [r["roc_auc"] - alone_auc[r["graph"]] for r in aucs if r["graph"] in alone_auc]
+            )
+        out.append(cell)
     return out
 
 
@@ -316,6 +374,7 @@ def _column_label(design: str, eps: float | None) -> str:
 def table(summary: list[dict], epsilons: list[float]) -> str:
     """Markdown: one row per point; party-alone accuracies, then accuracy (gain) per design."""
     cols = columns(epsilons)
+    summary = five_class(summary)
     lines = [
         "| nodes | labelled | signal | degree | "
         + " | ".join(_column_label(d, e) for d, e in cols)
@@ -335,48 +394,116 @@ def table(summary: list[dict], epsilons: list[float]) -> str:
             elif design in ALONE:
                 row.append(f"{s['test'][0]:.1f}")
             else:
-                spread = f" ± {s['gain'][1]:.1f}" if s["seeds"] > 1 else ""
-                row.append(f"{s['test'][0]:.1f} ({s['gain'][0]:+.1f}{spread})")
+                row.append(f"{s['test'][0]:.1f} ({_gain(s['gain'], s['seeds'])})")
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
+def _gain(stats: list[float] | None, seeds: int) -> str:
+    """A gain's mean, with its std over seeds where there are several."""
+    if not stats:
+        return "-"
+    return f"{stats[0]:+.1f}" + (f" ± {stats[1]:.1f}" if seeds > 1 else "")
+
+
+def five_class(summary: list[dict]) -> list[dict]:
+    """The map's own points: the 5-class task (the two-class slice has its own table)."""
+    return [s for s in summary if s.get("classes", CLASSES) == CLASSES]
+
+
+def two_class_table(summary: list[dict], epsilons: list[float]) -> str:
+    """Markdown: the two-class points, one row per (point, design): accuracy and ROC-AUC (x100,
+    mean over parties and seeds) with their gains over the better party alone of the same graph
+    and seed (for ROC-AUC: the party alone with the better ROC-AUC); "" when there are none."""
+    order = {column: i for i, column in enumerate(columns(epsilons))}
+    rows = sorted(
+        (s for s in summary if s.get("classes", CLASSES) == 2),
+        key=lambda s: (
+            s["nodes"], s["labelled"], s["signal"], s["degree"],
+            order.get((s["design"], s["epsilon"]), len(order)),
+        ),
+    )  # fmt: skip
+    if not rows:
+        return ""
+    lines = [
+        "| nodes | labelled | signal | degree | design | seeds | accuracy | gain | ROC-AUC x100 "
+        "| ROC-AUC gain |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in rows:
+        auc = s.get("roc_auc")
+        lines.append(
+            f"| {s['nodes']:,} | {100 * s['labelled']:g}% | {s['signal']} | {s['degree']:g} "
+            f"| {_column_label(s['design'], s['epsilon'])} | {s['seeds']} | {s['test'][0]:.1f} "
+            f"| {'' if s['design'] in ALONE else _gain(s['gain'], s['seeds'])} "
+            f"| {'-' if auc is None else f'{auc[0]:.1f}'} "
+            f"| {'' if s['design'] in ALONE else _gain(s.get('roc_auc_gain'), s['seeds'])} |"
+        )
+    return "\n".join(lines)
+
+
+#: the gain a design needs beyond its seed spread for the product to adopt it (issue 29)
+ADOPTION_BAR = 2.0
+
+
 def chart(summary: list[dict], epsilons: list[float], path: Path) -> None:
-    """One panel per (nodes, labelled, signal): gain over the better party alone by degree."""
+    """One column of panels per (nodes, labelled, signal), gain over the better party alone by
+    degree (mean ± std over seeds): every design above, design 2 at each ε below, on a scale
+    where its seed spread and the adoption bar show."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    summary = five_class(summary)
     panels = sorted({(s["nodes"], s["labelled"], s["signal"]) for s in summary})
     fig, axes = plt.subplots(
-        1, len(panels), figsize=(3.6 * len(panels), 3.8), sharey=True, squeeze=False
+        2, len(panels), figsize=(3.6 * len(panels), 7.0), sharey="row", squeeze=False
     )
-    for ax, (nodes, labelled, signal) in zip(axes[0], panels, strict=True):
-        for design, eps in columns(epsilons):
-            if design in ALONE:
-                continue
-            points = sorted(
-                (s["degree"], s["gain"][0], s["gain"][1])
-                for s in summary
-                if (s["nodes"], s["labelled"], s["signal"], s["design"], s["epsilon"])
-                == (nodes, labelled, signal, design, eps)
-                and s["gain"]
-            )
-            if points:
+    shades = {e: 0.45 + 0.5 * i / max(1, len(epsilons) - 1) for i, e in enumerate(epsilons)}
+    colours = {"design 1": plt.cm.Blues, "design 2": plt.cm.Greens, "design 3": plt.cm.Reds}
+    for column, (nodes, labelled, signal) in enumerate(panels):
+        for row, designs in enumerate((None, {"design 2"})):
+            ax = axes[row][column]
+            for design, eps in columns(epsilons):
+                if design in ALONE or (designs is not None and design not in designs):
+                    continue
+                points = sorted(
+                    (s["degree"], s["gain"][0], s["gain"][1])
+                    for s in summary
+                    if (s["nodes"], s["labelled"], s["signal"], s["design"], s["epsilon"])
+                    == (nodes, labelled, signal, design, eps)
+                    and s["gain"]
+                )
+                if not points:
+                    continue
                 x, y, e = zip(*points, strict=True)
-                style = (
-                    ":" if eps is None else {"design 2": "-", "design 3": "-."}.get(design, "--")
-                )
+                if eps is None:
+                    style, colour = ":", "purple" if design.startswith("design 2") else "black"
+                else:
+                    style = {"design 2": "-", "design 3": "-."}.get(design, "--")
+                    colour = colours[design](shades[eps])
                 ax.errorbar(
-                    x, y, yerr=e, fmt=style, marker="o", capsize=2, label=_column_label(design, eps)
-                )
-        ax.axhline(0, color="black", linewidth=0.8)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("average degree")
-        ax.set_title(f"{nodes:,} nodes, {100 * labelled:g}% labelled, {signal}", fontsize=9)
+                    x, y, yerr=e, fmt=style, marker="o", capsize=2, color=colour,
+                    label=_column_label(design, eps),
+                )  # fmt: skip
+            ax.axhline(0, color="black", linewidth=0.8)
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("average degree")
+        axes[1][column].axhline(ADOPTION_BAR, color="grey", linestyle="--", linewidth=0.8)
+        axes[0][column].set_title(
+            f"{nodes:,} nodes, {100 * labelled:g}% labelled, {signal}", fontsize=9
+        )
     axes[0][0].set_ylabel("gain over the better party alone (points)")
-    axes[0][0].legend(fontsize=6)
+    axes[1][0].set_ylabel(f"design 2 only (dashed: the {ADOPTION_BAR:g}-point bar)")
+    order = [_column_label(d, e) for d, e in columns(epsilons)]
+    for row in axes:  # one legend per row, of every panel's lines, in the last (emptiest) panel
+        handles: dict[str, Any] = {}
+        for ax in row:
+            for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+                handles.setdefault(label, handle)
+        labels = sorted(handles, key=order.index)
+        row[-1].legend([handles[k] for k in labels], labels, fontsize=6, loc="lower left")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -537,9 +664,13 @@ def main(args: argparse.Namespace) -> int:
     markdown = table(summary, shown)
     print(markdown)
     chart(summary, shown, chart_path)
+    two_class = two_class_table(summary, shown)
+    print(two_class)
     if args.write_doc:
         write_section("frontier-scale-table", markdown)
-    regime_map.write(summary)
+        if two_class:
+            write_section("frontier-scale-two-class", two_class)
+    regime_map.write(five_class(summary))
     print(f"wall {time.time() - wall:.0f} s; wrote {out} and {chart_path}")
     return 0
 
@@ -612,6 +743,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--nodes", default="20000", help="graph sizes, e.g. 20000,100000")
     group.add_argument("--labelled", default="0.01,0.1", help="labelled fractions of the nodes")
     group.add_argument("--signals", default="weak,strong")
+    group.add_argument(
+        "--classes",
+        default=str(CLASSES),
+        help="CSBM classes, e.g. 2 for the two-class slice (ROC-AUC recorded next to accuracy)",
+    )
     group.add_argument("--eval-every", type=int, default=10)
     group.add_argument(
         "--stages",
@@ -643,5 +779,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--write-doc",
         action="store_true",
-        help="write the table into docs/results.md (frontier-scale-table)",
+        help="write the tables into docs/results.md (frontier-scale-table, and with two-class "
+        "points frontier-scale-two-class)",
     )

@@ -37,15 +37,16 @@ unsupervised random-projection map released once was measured in notes/dp-fronti
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from torch import nn
 
 from models.data.partition import ClientPartition
+from models.metrics import classification_metrics
 from secure.accounting import calibrate_noise_multiplier, composed_epsilon
 
 Output = Literal["onehot", "probs"]
@@ -186,22 +187,39 @@ def propagated(values: torch.Tensor, edge_index: torch.Tensor, *, hops: int) -> 
     return torch.cat(out, dim=1)
 
 
-def fit_receiver(inputs: torch.Tensor, part: ClientPartition, *, seed: int) -> tuple[float, float]:
-    """(validation, test) accuracy of a logistic regression on standardised ``inputs``, its
-    regularisation chosen on the validation nodes."""
+@dataclass(frozen=True)
+class ReceiverScore:
+    """A receiver's fit, at its best validation accuracy."""
+
+    val: float
+    test: float
+    # a two-class task: ROC-AUC of the class-1 probability on the test nodes (else None)
+    test_roc_auc: float | None
+
+
+def fit_receiver(inputs: torch.Tensor, part: ClientPartition, *, seed: int) -> ReceiverScore:
+    """A logistic regression on standardised ``inputs``, its regularisation chosen on the
+    validation nodes."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import StandardScaler
 
     x = StandardScaler().fit(inputs[part.train_nodes].numpy()).transform(inputs.numpy())
     y = part.labels.numpy()
-    best = (-1.0, 0.0)
+    best: tuple[float, LogisticRegression | None] = (-1.0, None)
     for strength in (0.001, 0.01, 0.1, 1.0):
         clf = LogisticRegression(C=strength, max_iter=300, random_state=seed)
         clf.fit(x[part.train_nodes], y[part.train_nodes])
         val = float(clf.score(x[part.val_nodes], y[part.val_nodes]))
         if val > best[0]:
-            best = (val, float(clf.score(x[part.test_nodes], y[part.test_nodes])))
-    return best
+            best = (val, clf)
+    val, clf = best
+    assert clf is not None
+    probabilities = np.zeros((part.test_nodes.size, part.num_classes))
+    probabilities[:, clf.classes_] = clf.predict_proba(x[part.test_nodes])
+    metrics = classification_metrics(
+        y[part.test_nodes], probabilities, num_classes=part.num_classes
+    )
+    return ReceiverScore(val=val, test=metrics["accuracy"], test_roc_auc=metrics.get("roc_auc"))
 
 
 class PredictorRelease:
@@ -222,6 +240,7 @@ class PredictorRelease:
         self.seed = seed
         self._released: dict[int, torch.Tensor] = {}
         self.release_count = [0] * len(self.parts)
+        self._scores: dict[int, dict[str, ReceiverScore]] = {}
 
     def release(self, party: int) -> torch.Tensor:
         if party not in self._released:
@@ -242,20 +261,30 @@ class PredictorRelease:
         total = torch.stack([self.release(m) for m in range(len(self.parts))]).sum(0)
         return total - self.release(receiver)
 
-    def receiver_scores(self, receiver: int) -> dict[str, tuple[float, float]]:
-        """(validation, test) accuracy of ``receiver`` alone and with the propagated block."""
-        part, hops = self.parts[receiver], self.settings.hops
-        own = propagated(part.features, part.edge_index, hops=hops)
-        block = propagated(self.received(receiver), part.edge_index, hops=hops)
-        return {
-            "alone": fit_receiver(own, part, seed=self.seed),
-            "with release": fit_receiver(torch.cat([own, block], 1), part, seed=self.seed),
-        }
+    def receiver_scores(self, receiver: int) -> dict[str, ReceiverScore]:
+        """``receiver``'s fit alone and with the propagated block (computed once)."""
+        if receiver not in self._scores:
+            part, hops = self.parts[receiver], self.settings.hops
+            own = propagated(part.features, part.edge_index, hops=hops)
+            block = propagated(self.received(receiver), part.edge_index, hops=hops)
+            self._scores[receiver] = {
+                "alone": fit_receiver(own, part, seed=self.seed),
+                "with release": fit_receiver(torch.cat([own, block], 1), part, seed=self.seed),
+            }
+        return self._scores[receiver]
 
     def mean_scores(self) -> dict[str, float]:
         """Mean over receivers of the test accuracy (each at its own best validation)."""
+        return self._mean(lambda score: score.test)
+
+    def mean_roc_auc(self) -> dict[str, float | None]:
+        """Mean over receivers of the test ROC-AUC (a two-class task; else None)."""
+        return self._mean(lambda score: score.test_roc_auc)
+
+    def _mean(self, figure: Callable[[ReceiverScore], float | None]) -> dict[str, Any]:
         per_receiver = [self.receiver_scores(m) for m in range(len(self.parts))]
-        return {
-            key: float(np.mean([s[key][1] for s in per_receiver]))
-            for key in ("alone", "with release")
-        }
+        out: dict[str, Any] = {}
+        for key in ("alone", "with release"):
+            values = [figure(s[key]) for s in per_receiver]
+            out[key] = None if None in values else float(np.mean(values))
+        return out

@@ -101,3 +101,47 @@ def test_each_party_releases_once_and_every_receiver_reads_the_same_release() ->
     assert session.release_count == [1, 1, 1]
     torch.testing.assert_close(session.received(0), releases[1] + releases[2])
     torch.testing.assert_close(session.received(2), releases[0] + releases[1])
+
+
+def test_a_two_class_receiver_reports_the_roc_auc_of_its_class1_probability() -> None:
+    """The receiver's ROC-AUC is sklearn's on the test nodes' class-1 probability of the
+    regression chosen on the validation nodes (refitted here by hand); a 5-class task has none."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import roc_auc_score
+    from sklearn.preprocessing import StandardScaler
+
+    from bench.predictor_release import fit_receiver, propagated
+
+    two = csbm(nodes=2000, classes=2, degree=8, signal=2.0, train_per_class=30, seed=1)
+    parts = partition(two, clients=3, edge_fraction=0.8, seed=1)
+    part = parts[0]
+    inputs = propagated(part.features, part.edge_index, hops=2)
+    score = fit_receiver(inputs, part, seed=0)
+    x = StandardScaler().fit(inputs[part.train_nodes].numpy()).transform(inputs.numpy())
+    y = part.labels.numpy()
+    fits = [
+        LogisticRegression(C=c, max_iter=300, random_state=0).fit(
+            x[part.train_nodes], y[part.train_nodes]
+        )
+        for c in (0.001, 0.01, 0.1, 1.0)
+    ]
+    vals = [f.score(x[part.val_nodes], y[part.val_nodes]) for f in fits]
+    chosen = fits[vals.index(max(vals))]
+    assert score.val == max(vals)
+    assert score.test == chosen.score(x[part.test_nodes], y[part.test_nodes])
+    expected = roc_auc_score(y[part.test_nodes], chosen.predict_proba(x[part.test_nodes])[:, 1])
+    assert score.test_roc_auc == pytest.approx(expected)
+    assert 0.7 < expected <= 1.0
+
+    settings = PredictorSettings(steps=5, hops=1)
+    session = PredictorRelease(parts, budget=None, settings=settings, seed=0)
+    auc = session.mean_roc_auc()
+    assert set(auc) == {"alone", "with release"}
+    assert all(v is not None and 0.5 < v <= 1.0 for v in auc.values())
+    assert session.mean_roc_auc() == auc  # each receiver fitted once
+    five = csbm(nodes=2000, degree=8, signal=2.0, train_per_class=30, seed=1)
+    session = PredictorRelease(
+        partition(five, clients=3, edge_fraction=0.8, seed=1), budget=None, settings=settings,
+        seed=0,
+    )  # fmt: skip
+    assert session.mean_roc_auc() == {"alone": None, "with release": None}
