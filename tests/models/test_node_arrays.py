@@ -71,7 +71,7 @@ PASS_UNDER_A_DATA_LIMIT = textwrap.dedent(
     from models.config import TrainConfig
     from models.data.csbm import csbm
     from models.inprocess import run_pass_inprocess
-    from models.layout import eval_nodes
+    from models.layout import eval_nodes, layout_federation
     from models.private import make_client
     from models.trainer import prepare_security
 
