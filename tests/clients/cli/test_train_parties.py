@@ -226,7 +226,10 @@ def test_the_union_trains_at_least_as_well_as_the_intersection(
         assert code == 0
         accuracy[nodes] = json.loads(report.read_text())["test_accuracy"]
     assert accuracy["union"] > 0.75
-    assert accuracy["union"] >= accuracy["intersection"] - 0.05
+    # each run's split is drawn over an alignment order that the PSI's fresh keys set, so one
+    # run's test accuracy moves by a few points (measured 0.81-0.86 over the intersection,
+    # 0.79-0.86 over the union): the margin covers that spread of a difference of two runs
+    assert accuracy["union"] >= accuracy["intersection"] - 0.08
 
 
 def test_with_a_label_holder_only_its_labels_make_the_split(
