@@ -240,16 +240,13 @@ def runs_of_graph(
         mean, auc = scores.mean_scores(), scores.mean_roc_auc()
         if eps is None:
             add(ALONE[1], None, mean["alone"], started, **_roc_auc_field(auc["alone"]))
-        extra = (
-            _roc_auc_field(auc["with release"])
-            if budget is None
-            else {
-                **_roc_auc_field(auc["with release"]),
+        extra = _roc_auc_field(auc["with release"])
+        if budget is not None:
+            extra |= {
                 "sgd_noise_multiplier": budget.sgd_noise_multiplier,
                 "release_noise_multiplier": budget.release_noise_multiplier,
                 "epsilon_spent": budget.spent(),
             }
-        )
         add(design, eps, mean["with release"], started, **extra)
 
 
@@ -406,9 +403,14 @@ def _gain(stats: list[float] | None, seeds: int) -> str:
     return f"{stats[0]:+.1f}" + (f" ± {stats[1]:.1f}" if seeds > 1 else "")
 
 
+def of_classes(summary: list[dict], classes: int) -> list[dict]:
+    """The points of the task with ``classes`` classes (rows from before the axis: 5)."""
+    return [s for s in summary if s.get("classes", CLASSES) == classes]
+
+
 def five_class(summary: list[dict]) -> list[dict]:
     """The map's own points: the 5-class task (the two-class slice has its own table)."""
-    return [s for s in summary if s.get("classes", CLASSES) == CLASSES]
+    return of_classes(summary, CLASSES)
 
 
 def two_class_table(summary: list[dict], epsilons: list[float]) -> str:
@@ -417,7 +419,7 @@ def two_class_table(summary: list[dict], epsilons: list[float]) -> str:
     and seed (for ROC-AUC: the party alone with the better ROC-AUC); "" when there are none."""
     order = {column: i for i, column in enumerate(columns(epsilons))}
     rows = sorted(
-        (s for s in summary if s.get("classes", CLASSES) == 2),
+        of_classes(summary, 2),
         key=lambda s: (
             s["nodes"], s["labelled"], s["signal"], s["degree"],
             order.get((s["design"], s["epsilon"]), len(order)),
