@@ -36,6 +36,16 @@ class SessionRow:
 class SessionQueries(Queries):
     def insert_session(self, session_id: str, config_json: str, token_hashes: list[bytes]) -> None:
         """A new session, running."""
+        # The listing's order (``sessions_page``) must be the order in which sessions become
+        # visible, or a follower paging with ``after`` skips for good a session that takes a
+        # smaller rowid but commits after a larger one. PostgreSQL draws the identity at the
+        # INSERT, so every creating transaction takes one lock before drawing it and holds it to
+        # its end: PostgreSQL makes a commit visible before it releases the committing
+        # transaction's locks, so the next rowid is drawn only after every smaller one is
+        # visible (or rolled back, leaving a harmless gap). The cost: session creations commit
+        # one at a time, each a two-statement transaction. SQLite's BEGIN IMMEDIATE already
+        # runs every transaction alone.
+        self.lock("listing-order", "sessions")
         now = self.now()
         self._db.execute(
             "INSERT INTO sessions (id, config, state, current_pass, created_at, updated_at)"

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from fastapi import FastAPI
 from service_testkit import (
+    admin,
     bearer,
     client_path,
     create_session,
@@ -35,6 +36,7 @@ from service.clock import ManualClock
 from service.context import database_url
 from service.rounds import Caller, Payload
 from service.settings import ServiceSettings
+from service.store.sessions import SessionQueries
 
 pytestmark = pytest.mark.anyio
 
@@ -262,3 +264,67 @@ async def test_a_replica_killed_mid_sum_leaves_no_sum_and_the_next_request_store
     with second.store.transaction() as tx:
         session = tx.session(sid)
     assert session is not None and session.current_pass == 1  # the pass's last sum
+
+
+async def test_a_follower_of_the_session_list_misses_no_session_committed_out_of_order(
+    postgres_replicas: tuple[FastAPI, FastAPI],
+    make_settings: Callable[..., ServiceSettings],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Creator A (replica 1) inserts its session and holds its transaction open; creator B
+    (replica 2) creates one meanwhile; a follower pages with ``after`` in between and after
+    both commit. Every session must reach the follower: B may not be listed before A is."""
+    first, second = postgres_replicas
+    url = database_url(make_settings())
+    assert url is not None
+    a_inserted, release_a = threading.Event(), threading.Event()
+    insert_session = SessionQueries.insert_session
+
+    def held_insert(self: SessionQueries, session_id: str, *args: Any) -> None:
+        insert_session(self, session_id, *args)
+        if not a_inserted.is_set():  # creator A: the first insert
+            a_inserted.set()
+            assert release_a.wait(FAIL_AFTER)
+
+    monkeypatch.setattr(SessionQueries, "insert_session", held_insert)
+    async with http_client(first) as http_a, http_client(second) as http_b:
+        creating_a = asyncio.create_task(create_session(http_a))
+        assert await asyncio.to_thread(a_inserted.wait, FAIL_AFTER)
+        creating_b = asyncio.create_task(create_session(http_b))
+        # B either commits (the follower then sees it before A) or waits on A's lock
+        async with asyncio.timeout(FAIL_AFTER):
+            while not creating_b.done() and not await asyncio.to_thread(waits_on_a_lock, url):
+                await asyncio.sleep(0.01)
+        seen, last = await follow_sessions(http_a, after=None)
+        release_a.set()
+        created = {(await creating_a)["session_id"], (await creating_b)["session_id"]}
+        later, _ = await follow_sessions(http_a, after=last)
+    assert set(seen + later) == created, f"the follower missed {created - set(seen + later)}"
+
+
+def waits_on_a_lock(url: str) -> bool:
+    """Whether a transaction of the service waits for a lock another one holds."""
+    import psycopg
+
+    with psycopg.connect(url) as pg:
+        (waiting,) = pg.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE application_name = 'glasu' AND wait_event_type = 'Lock'"
+        ).fetchone()  # type: ignore[misc]
+    return bool(waiting)
+
+
+async def follow_sessions(
+    http: httpx.AsyncClient, *, after: str | None
+) -> tuple[list[str], str | None]:
+    """The ids a follower reads from ``after`` on, four a page, and the last one it saw."""
+    seen: list[str] = []
+    while True:
+        params: dict[str, Any] = {"limit": 4} if after is None else {"limit": 4, "after": after}
+        page = await http.get("/v1/sessions", params=params, headers=admin())
+        assert page.status_code == 200, page.text
+        ids = [s["session_id"] for s in page.json()]
+        seen += ids
+        after = ids[-1] if ids else after
+        if "Link" not in page.headers:
+            return seen, after
