@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import Field
 
 from secure.protocol import AlignedNodes
-from secure.wire.common import MAX_CLIENTS, MAX_LABEL, ResponseModel, StrictModel, Waiting
+from secure.wire.common import MAX_CLIENTS, Label, ResponseModel, StrictModel, Waiting
 
 AlignmentState = Literal["running", "done"]
 MAX_SEED = 2**63 - 1
@@ -46,9 +46,7 @@ class AlignmentCreate(StrictModel):
         le=MAX_SEED,
         description="Seeds the train/validation/test split drawn over the aligned node index.",
     )
-    label: str | None = Field(
-        None, max_length=MAX_LABEL, description="Free text shown in the status."
-    )
+    label: Label | None = Field(None, description="Free text shown in the status.")
     nodes: AlignedNodes = Field(
         "intersection",
         description="Which ids the aligned index covers: those every party holds "

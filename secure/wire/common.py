@@ -3,9 +3,9 @@ bodies, the base of response bodies, and the health answer."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 MAX_CLIENTS = 64
 MAX_LAYERS = 16
@@ -14,6 +14,17 @@ MAX_ROUNDS = 100_000
 MAX_NODE_ID = 2**62
 MAX_COUNT = 2**31 - 1  # bound for counts that have no natural limit (Q, fanout, batch size)
 MAX_LABEL = 200  # characters of a session's or an alignment's free-text label
+
+
+def _without_nul(label: str) -> str:
+    # PostgreSQL's text cannot hold NUL; refused on every database alike
+    if "\x00" in label:
+        raise ValueError("a label cannot hold NUL (U+0000)")
+    return label
+
+
+#: A session's or an alignment's free-text label: any text of up to MAX_LABEL characters but NUL.
+Label = Annotated[str, Field(max_length=MAX_LABEL), AfterValidator(_without_nul)]
 
 
 class StrictModel(BaseModel):

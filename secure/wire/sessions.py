@@ -14,11 +14,11 @@ from secure.protocol import AlignedNodes, StragglerPolicy
 from secure.wire.common import (
     MAX_CLIENTS,
     MAX_COUNT,
-    MAX_LABEL,
     MAX_LAYERS,
     MAX_NODE_ID,
     MAX_ROUNDS,
     MAX_WIDTH,
+    Label,
     ResponseModel,
     StrictModel,
 )
@@ -143,7 +143,7 @@ class SessionCreate(StrictModel):
         le=86400,
         description="With stragglers 'continue': how long a layer waits after its first upload.",
     )
-    label: str | None = Field(None, max_length=MAX_LABEL)
+    label: Label | None = None
     partners: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
         None,
         max_length=MAX_CLIENTS,

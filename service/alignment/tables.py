@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from service.store import Store, Transaction
 from service.store.dialect import Connection
 from service.store.migrations import Migration, added_columns, schema
+from service.store.queries import can_be_an_id
 
 # as first released; migration 2 adds the columns of ADDED_COLUMNS
 ALIGNMENT_SCHEMA = """
@@ -180,6 +181,8 @@ class AlignmentTables:
     def alignment(self, alignment_id: str) -> AlignmentRow | None:
         """The alignment's row; no other transaction of the alignment runs from here to the end
         of this one."""
+        if not can_be_an_id(alignment_id):
+            return None
         self._lock("alignment", alignment_id)
         row = self._db.execute(
             "SELECT id, parties, seed, label, state, aligned_nodes, digest, created_at, nodes,"

@@ -19,6 +19,13 @@ LOCK_SCOPES: dict[LockScope, int] = {
 }
 
 
+def can_be_an_id(text: str) -> bool:
+    """Whether ``text`` could name a row. The service makes its ids itself and none holds NUL,
+    which PostgreSQL's text cannot hold at all (a query with one fails instead of finding
+    nothing); asked for such an id, both databases answer "no such row" without a query."""
+    return "\x00" not in text
+
+
 class Queries:
     """Base of the query groups a :class:`~service.store.Transaction` is made of."""
 

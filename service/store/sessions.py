@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from service.session_state import SessionState, transition
-from service.store.queries import Queries
+from service.store.queries import Queries, can_be_an_id
 
 SESSION_SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -60,6 +60,8 @@ class SessionQueries(Queries):
     def session(self, session_id: str) -> SessionRow | None:
         """The session's row; from here to the end of the transaction, no other transaction of
         the session runs (see :meth:`Queries.lock`)."""
+        if not can_be_an_id(session_id):
+            return None
         self.lock("session", session_id)
         row = self._db.execute(
             "SELECT id, state, current_pass, created_at FROM sessions WHERE id = ?",

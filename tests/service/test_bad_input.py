@@ -289,3 +289,42 @@ async def test_last_resort_handler_still_answers_problem_json(
         response = await http.get("/boom")
     assert_problem(response, 500, "internal-error", mentions="logged")
     assert "bug" not in response.text
+
+
+async def test_a_nul_in_an_id_or_a_label_gets_the_same_answer_on_both_databases(
+    client: httpx.AsyncClient,
+) -> None:
+    """PostgreSQL's text cannot hold NUL: an id holding one names nothing (404, as on SQLite),
+    and a label holding one is refused (422), on both databases."""
+    session = await create_session(client)
+    sid, token = session["session_id"], session["client_tokens"][0]
+    aligned = await client.post("/v1/alignments", json={"parties": 2}, headers=admin())
+    aid, party_token = aligned.json()["alignment_id"], aligned.json()["party_tokens"][0]
+    sid_nul, aid_nul = f"{sid}%00", f"{aid[:8]}%00{aid[8:]}"
+    session_missing = [
+        await client.get(f"/v1/sessions/{sid_nul}", headers=admin()),
+        await client.get(f"/v1/sessions/{sid_nul}/privacy", headers=bearer(token)),
+        await client.delete(f"/v1/sessions/{sid_nul}", headers=admin()),
+        await client.get(f"/v1/sessions?after={sid_nul}", headers=admin()),
+        await client.get("/v1/sessions?after=%00", headers=admin()),
+        await client.get(f"{client_path(sid_nul, 0)}/passes/0", headers=bearer(token)),
+    ]
+    for response in session_missing:
+        assert_problem(response, 404, "session-not-found")
+    alignment_missing = [
+        await client.get(f"/v1/alignments/{aid_nul}", headers=admin()),
+        await client.get(f"/v1/alignments/{aid_nul}", headers=bearer(party_token)),
+        await client.get(
+            f"/v1/alignments/{aid_nul}/parties/0/positions", headers=bearer(party_token)
+        ),
+    ]
+    for response in alignment_missing:
+        assert_problem(response, 404, "alignment-not-found")
+    labelled_alignment = await client.post(
+        "/v1/alignments", json={"parties": 2, "label": "bank\x00insurer"}, headers=admin()
+    )
+    assert_problem(labelled_alignment, 422, "validation-error", mentions="label")
+    labelled_session = await client.post(
+        "/v1/sessions", json=session_request(label="cora\x00demo"), headers=admin()
+    )
+    assert_problem(labelled_session, 422, "validation-error", mentions="label")
