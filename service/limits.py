@@ -3,8 +3,11 @@
 - :class:`BodySizeLimitMiddleware`, for every route: the declared Content-Length is checked
   before the app runs, and the bytes actually received are counted while the body streams in
   (chunked uploads and lying Content-Length headers). A response that starts before the body
-  has been received (a 401 before any byte is read, a 413, a 503) closes the connection, so
-  the rest of the body is never read either.
+  has been received (a 401 before any byte is read, a 413, a 503) closes the connection, and
+  the rest of the body is read and discarded first (up to :data:`DRAIN_LIMITS` times the body
+  limit, see :meth:`BodySizeLimitMiddleware.drain`): closing a socket with unread bytes in it
+  resets the connection, and a proxy in front (HAProxy) then drops the answer it had not yet
+  forwarded, so that the client sees a broken connection instead of the refusal.
 - :class:`ByteBudget`: the bytes of large bodies held at once across requests.
 """
 
@@ -25,6 +28,11 @@ from service.errors import ProblemError, problem_response
 #: against the byte budget: they cannot exhaust memory, and must not wait behind large ones.
 SMALL_BODY_BYTES = 64 * 1024
 MAX_BODY_SETTING = "GLASU_MAX_BODY_BYTES"
+#: After answering before the body was read, at most this many times the body limit is read and
+#: discarded; a longer body is cut off (its connection reset).
+DRAIN_LIMITS = 2
+#: ... and the discarding stops once the client sends nothing for this long.
+DRAIN_IDLE_SECONDS = 5.0
 
 
 def too_large(limit: int, setting: str = MAX_BODY_SETTING) -> str:
@@ -41,6 +49,8 @@ class BodySizeLimitMiddleware:
             await self.app(scope, receive, send)
             return
         declared = content_length(scope)
+        received = 0
+        unread = bool(declared and declared > 0) or _is_chunked(scope)
         if declared == -1 or (declared is not None and declared > self.limit):
             bad = declared == -1
             response = problem_response(
@@ -52,11 +62,12 @@ class BodySizeLimitMiddleware:
                 instance=scope.get("path", ""),
                 headers={"Connection": "close"},
             )
-            await response(scope, receive, send)
-            return
 
-        received = 0
-        unread = bool(declared) or _is_chunked(scope)
+            async def draining_send(message: Message) -> None:
+                await self._send_then_drain(message, send, receive, scope, declared, 0, unread)
+
+            await response(scope, receive, draining_send)
+            return
 
         async def counting_receive() -> Message:
             nonlocal received, unread
@@ -74,9 +85,58 @@ class BodySizeLimitMiddleware:
             if message["type"] == "http.response.start" and unread:
                 headers = [(k, v) for k, v in message.get("headers", []) if k != b"connection"]
                 message = {**message, "headers": [*headers, (b"connection", b"close")]}
-            await send(message)
+            await self._send_then_drain(message, send, receive, scope, declared, received, unread)
 
         await self.app(scope, counting_receive, closing_send)
+
+    async def _send_then_drain(
+        self,
+        message: Message,
+        send: Send,
+        receive: Receive,
+        scope: Scope,
+        declared: int | None,
+        received: int,
+        unread: bool,
+    ) -> None:
+        """Send ``message``; if it ends a response while the request's body is unread, end the
+        response only once the rest of the body is discarded (:meth:`drain`). The answer is
+        out before: the response's last bytes are sent, only its end (which lets the server
+        close the connection) waits."""
+        ends = message["type"] == "http.response.body" and not message.get("more_body", False)
+        if not (ends and unread):
+            await send(message)
+            return
+        if self._no_drain(scope, declared):
+            await send(message)
+            return
+        await send({**message, "more_body": True})
+        await self.drain(receive, already=received)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    def _no_drain(self, scope: Scope, declared: int | None) -> bool:
+        # a body longer than the drain's bound is cut off anyway: not worth reading; a client
+        # that waits for "100 Continue" sends no body after an answer
+        too_long = declared is not None and declared > DRAIN_LIMITS * self.limit
+        return too_long or _expects_continue(scope)
+
+    async def drain(self, receive: Receive, *, already: int) -> None:
+        """Read and discard the rest of the request's body (up to :data:`DRAIN_LIMITS` times
+        the limit, ``already`` bytes of it read; until the client pauses for
+        :data:`DRAIN_IDLE_SECONDS`), so that closing the connection afterwards sends a FIN
+        rather than a reset. The chunks are dropped as they come: nothing accumulates."""
+        drained = already
+        while drained <= DRAIN_LIMITS * self.limit:
+            try:
+                async with asyncio.timeout(DRAIN_IDLE_SECONDS):
+                    message = await receive()
+            except TimeoutError:
+                return
+            if message["type"] != "http.request":  # http.disconnect
+                return
+            drained += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                return
 
 
 def content_length(scope: Scope) -> int | None:
@@ -86,6 +146,13 @@ def content_length(scope: Scope) -> int | None:
             text = value.decode("latin-1").strip()
             return int(text) if text.isdigit() else -1
     return None
+
+
+def _expects_continue(scope: Scope) -> bool:
+    return any(
+        name == b"expect" and value.lower().startswith(b"100")
+        for name, value in scope.get("headers", [])
+    )
 
 
 def _is_chunked(scope: Scope) -> bool:

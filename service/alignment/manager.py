@@ -153,6 +153,31 @@ class AlignmentManager:
 
     # -- parties ---------------------------------------------------------------------------------
 
+    def check_set_head(
+        self,
+        caller: PartyCaller,
+        owner: int,
+        hop: int,
+        part: int,
+        *,
+        shape: str | None,
+        encoding: str | None,
+        signature: str | None,
+    ) -> tuple[int, bytes | None, range, int]:
+        """The checks of :meth:`put_set` that need no body (headers, part, who posts the
+        slot), run before the body is read so that a refused upload is answered on its head;
+        the set's size, its signature's bytes, the part's span and the set's part count."""
+        size = _declared_size(shape, encoding)
+        signed = _declared_signature(signature)
+        with self.store.transaction() as tx:
+            row = _alignment(AlignmentTables(tx), caller.alignment_id)
+        try:
+            span = set_part_span(part, size=size, part_elements=row.part_elements)
+        except ValueError as exc:
+            raise WrongShape(str(exc)) from None
+        _check_poster(row, caller, owner, hop)
+        return size, signed, span, set_parts(size, row.part_elements)
+
     def put_set(
         self,
         caller: PartyCaller,
@@ -168,27 +193,15 @@ class AlignmentManager:
         """Store part ``part`` of the set of ``owner`` at ``hop`` (``shape``: the whole set's
         element count), posted by ``caller`` (with its signature of the whole set, hex, if
         any); complete the alignment when it was the last part of the last fully blinded set."""
-        size = _declared_size(shape, encoding)
-        signed = _declared_signature(signature)
-        with self.store.transaction() as tx:
-            part_elements = _alignment(AlignmentTables(tx), caller.alignment_id).part_elements
-        parts = set_parts(size, part_elements)
-        try:
-            span = set_part_span(part, size=size, part_elements=part_elements)
-        except ValueError as exc:
-            raise WrongShape(str(exc)) from None
+        size, signed, span, parts = self.check_set_head(
+            caller, owner, hop, part, shape=shape, encoding=encoding, signature=signature
+        )
         _check_body(body, len(span))  # before the store's lock: it costs ~10 us an element
         digest = hashlib.sha256(body).digest()
         with self.store.transaction() as tx:
             tables = AlignmentTables(tx)
             row = _alignment(tables, caller.alignment_id)
-            _check_slot(row, owner, hop)
-            expected = poster(owner, hop, row.parties)
-            if caller.party != expected:
-                raise AlignmentSlotForbidden(
-                    f"party {caller.party} cannot post hop {hop} of the set of party {owner}: "
-                    f"party {expected} blinds it there"
-                )
+            _check_poster(row, caller, owner, hop)
             posted = tables.parts(row.id, owner, hop)
             same = next((p for p in posted if p.part == part), None)
             if same is not None:
@@ -328,6 +341,16 @@ def _check_slot(row: AlignmentRow, owner: int, hop: int) -> None:
         raise AlignmentSlotForbidden(
             f"alignment {row.id!r} has {row.parties} parties: owners and hops run from 0 to "
             f"{row.parties - 1}, got owner {owner}, hop {hop}"
+        )
+
+
+def _check_poster(row: AlignmentRow, caller: PartyCaller, owner: int, hop: int) -> None:
+    _check_slot(row, owner, hop)
+    expected = poster(owner, hop, row.parties)
+    if caller.party != expected:
+        raise AlignmentSlotForbidden(
+            f"party {caller.party} cannot post hop {hop} of the set of party {owner}: "
+            f"party {expected} blinds it there"
         )
 
 

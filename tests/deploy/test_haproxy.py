@@ -9,6 +9,7 @@ import secrets
 import signal
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -22,6 +23,14 @@ REQUESTS = 20
 
 @pytest.fixture
 def two_replicas(tmp_path: Path) -> Iterator[tuple[Replicas, HAProxy]]:
+    with replicas_behind_haproxy(tmp_path) as replicas_and_proxy:
+        yield replicas_and_proxy
+
+
+@contextmanager
+def replicas_behind_haproxy(tmp_path: Path, *serve_args: str) -> Iterator[tuple[Replicas, HAProxy]]:
+    """Two ``glasu serve`` (with ``serve_args``) behind HAProxy, with the config of
+    docs/deploy.md (``haproxy_config``)."""
     if haproxy_binary() is None:
         pytest.skip("HAProxy is not installed (Debian: apt-get install haproxy; .ci/run does)")
     token = secrets.token_urlsafe(24)
@@ -30,7 +39,7 @@ def two_replicas(tmp_path: Path) -> Iterator[tuple[Replicas, HAProxy]]:
         for i in range(2):
             served = start_serve(
                 tmp_path, admin_token=token, database=tmp_path / f"replica-{i}.sqlite3",
-                name=f"replica-{i}",
+                name=f"replica-{i}", extra_args=serve_args,
             )  # fmt: skip
             replicas.services.append(served)
         for served in replicas.services:
@@ -82,3 +91,36 @@ def wait_for_lines(proxy: HAProxy, before: dict[str, int], count: int) -> dict[s
         if sum(new.values()) >= count or time.monotonic() > deadline:
             return new
         time.sleep(0.05)
+
+
+BODY_LIMIT = 8 * 1024 * 1024
+REFUSALS = 20
+
+
+def test_refusals_on_the_head_of_large_bodies_reach_the_client_through_haproxy(
+    tmp_path: Path,
+) -> None:
+    """A replica that answers 401 or 413 before reading a large body must not reset the
+    connection with the body unread: HAProxy would then drop the answer, and the client (a
+    worker) would see a broken connection, which it retries as transient."""
+    with replicas_behind_haproxy(tmp_path, "--max-body-bytes", str(BODY_LIMIT)) as (
+        replicas,
+        proxy,
+    ):
+        unauthenticated = bytes(BODY_LIMIT)  # within the limit: refused for its token
+        over_the_limit = b" " * (2 * BODY_LIMIT)  # JSON whitespace, never parsed
+        admin = {"Authorization": f"Bearer {replicas.admin_token}"}
+        answers: list[int | str] = []
+        with httpx.Client(base_url=proxy.url, timeout=30) as http:
+            for _ in range(REFUSALS):
+                for content, headers in ((unauthenticated, {}), (over_the_limit, admin)):
+                    try:
+                        response = http.post(
+                            "/v1/sessions",
+                            content=content,
+                            headers={**headers, "Content-Type": "application/json"},
+                        )
+                        answers.append(response.status_code)
+                    except httpx.TransportError as exc:
+                        answers.append(type(exc).__name__)
+        assert answers == [401, 413] * REFUSALS, proxy.tail()

@@ -150,11 +150,12 @@ async def put_set(
     # The set of party o blinded by parties o..o+h (mod M): party o posts hop 0 (its own set,
     # blinded and shuffled), party o+h posts hop h; each in parts of part_elements elements,
     # every part with the whole set's size and signature. (No docstring: OpenAPI description.)
+    head = {"shape": shape, "encoding": encoding, "signature": signature}
+    # refused on its head when it can be: before the body is read
+    await run_in_threadpool(partial(alignments.check_set_head, caller, owner, hop, part, **head))
     store = partial(alignments.put_set, caller, owner, hop, part)
     async with binary_body(request) as body:
-        upload: SetUpload = await run_in_threadpool(
-            store, shape=shape, encoding=encoding, body=body, signature=signature
-        )
+        upload: SetUpload = await run_in_threadpool(store, body=body, **head)
     context.notifier.notify(_notify_key(caller.alignment_id))
     receipt = SetReceipt(
         owner=owner,
