@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
+import sys
 
 import uvicorn
 
@@ -16,12 +19,36 @@ logger = logging.getLogger("glasu.service")
 TLS12_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
 
 
+#: glibc's mallopt parameter, and the size from which a block is mapped on its own.
+M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD_BYTES = 1 << 20
+
+
+def return_large_blocks_to_the_system() -> bool:
+    """Have glibc map every block of 1 MiB or more on its own, so that freeing it gives it back
+    to the system. By default glibc raises that threshold to the size of the largest block freed
+    so far (up to 32 MiB): after the first large request body, bodies, shares and sums of up to
+    32 MiB are carved from the heaps of the threads that handled them, and a heap gives back
+    only its top, so each of the server's threads kept tens of MiB after the requests were
+    gone (bench/replica_memory.py, docs/results.md). Setting the threshold fixes it. Whether
+    it could be set (glibc only)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+        return False
+
+
 def serve(settings: ServiceSettings) -> None:
     """Blocks until the server stops. One process per ``glasu serve``: on SQLite (the embedded
     default) it is the database's only writer, and its long polls are woken in memory. To scale
     out, run several ``glasu serve`` replicas on one PostgreSQL database behind a load balancer
     (no stickiness needed: no state that matters lives in a process; long polls are woken across
     replicas by LISTEN/NOTIFY), not uvicorn workers in one replica."""
+    return_large_blocks_to_the_system()
     app = create_app(settings)
     tls = settings.tls_certfile is not None
     if not tls and not is_loopback_host(settings.host):

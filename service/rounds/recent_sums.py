@@ -1,5 +1,6 @@
 """The bodies of the latest sums in memory, within a byte budget (older ones are read from the
-payload store)."""
+payload store). The budget is a bound, never passed: a body larger than the whole budget is not
+kept at all."""
 
 from __future__ import annotations
 
@@ -22,12 +23,24 @@ class RecentSums:
         with self._lock:
             return self._bodies.get(key)
 
+    @property
+    def budget(self) -> int:
+        return self._max_bytes
+
+    @property
+    def held_bytes(self) -> int:
+        """The bytes of the bodies kept now (at most the budget)."""
+        with self._lock:
+            return self._bytes
+
     def put(self, key: BodySlot, body: bytes) -> None:
         with self._lock:
             self._pop(key)
+            if len(body) > self._max_bytes:
+                return
             self._bodies[key] = body
             self._bytes += len(body)
-            while self._bytes > self._max_bytes and len(self._bodies) > 1:
+            while self._bytes > self._max_bytes:
                 self._pop(next(iter(self._bodies)))
 
     def drop(self, session_id: str, *, before_pass: int) -> None:

@@ -57,8 +57,12 @@ from service.store import SessionRow, Transaction
 from service.store.payload_rows import BodySlot
 
 # Sums are served from memory while they fit (one part's sum is 0.1 to 10 MB; every client
-# downloads it); older ones are read from their files.
+# downloads it); older ones are read from their files. Replicas (a shared store) each keep a
+# smaller cache: every replica would otherwise hold its own copy of the same sums, and a replica
+# keeps those of a session that another replica closed until newer ones push them out; a sum
+# not in the cache is read from the database, in pieces.
 RECENT_SUM_BYTES = 256 * 2**20
+RECENT_SUM_BYTES_PER_REPLICA = 64 * 2**20
 
 _PartSlot = tuple[int, int, int]  # pass, layer, part
 
@@ -76,7 +80,9 @@ class ShareSums(RoundPart):
         super().__init__(parts)
         self._slots: dict[BodySlot, _Slot] = {}
         self._slots_lock = threading.Lock()
-        self._recent = RecentSums(RECENT_SUM_BYTES)
+        self._recent = RecentSums(
+            RECENT_SUM_BYTES_PER_REPLICA if self.store.shared else RECENT_SUM_BYTES
+        )
 
     @contextmanager
     def forming(
@@ -156,6 +162,11 @@ class ShareSums(RoundPart):
             if body is not None:
                 self._recent.put(key, body)
         return body
+
+    @property
+    def recent(self) -> RecentSums:
+        """The sums kept in memory."""
+        return self._recent
 
     def discard(self, session_id: str, *, before_pass: int | None = None) -> None:
         """Forget the running sums, sums and files of passes < ``before_pass`` (all if None)."""

@@ -73,6 +73,15 @@ class Connection:
         with self._raw.cursor() as cursor:
             cursor.executemany(self.dialect.query(sql), [tuple(r) for r in rows])
 
+    def copy_in(self, sql: str, data: Iterable[bytes]) -> None:
+        """PostgreSQL: run ``COPY ... FROM STDIN`` with ``data``, sent block by block as it is
+        produced (psycopg hands libpq at most 128 KiB at a time and waits for it to be sent)."""
+        if self.backend != "postgresql":
+            raise NotImplementedError("COPY is PostgreSQL's")
+        with self._raw.cursor() as cursor, cursor.copy(sql) as copy:
+            for block in data:
+                copy.write(block)
+
     def run_schema(self, ddl: str) -> None:
         for statement in self.dialect.schema(ddl):
             self._raw.execute(statement)

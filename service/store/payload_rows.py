@@ -3,7 +3,9 @@ SQLite keeps them as files beside the database and never creates this table."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import binascii
+from collections.abc import Iterator
+from typing import Any, NamedTuple
 
 from service.store.queries import Queries
 
@@ -37,25 +39,50 @@ class BodySlot(NamedTuple):
     part: int = 0
 
 
+#: A body crosses the connection in pieces of at most this many bytes. libpq keeps each
+#: connection's input and output buffers at the size of the largest message they carried, for
+#: the connection's life, and the pool keeps its connections: one 16 MiB body sent as a
+#: parameter or read as a value would pin 16 MiB per buffer per pooled connection (measured:
+#: bench/replica_memory.py). In pieces, a buffer stays near this size.
+BODY_PIECE_BYTES = 1 << 20
+
+_COLUMNS = "session_id, pass_index, layer, part, client_index, sha256"
+_KEY = (
+    "session_id = ? AND pass_index = ? AND layer = ? AND part = ? AND client_index = ?"
+    " AND sha256 = ?"
+)
+
+
 class PayloadQueries(Queries):
     def put_payload(self, slot: BodySlot, client_index: int, sha256: bytes, body: bytes) -> None:
         """Insert or replace a body. A share is named by its content (an identical re-upload
-        replaces it by itself); a sum by its slot."""
-        self._db.execute(
-            "INSERT INTO payloads (session_id, pass_index, layer, part, client_index, sha256,"
-            " body) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT"
-            " (session_id, pass_index, layer, part, client_index, sha256)"
-            " DO UPDATE SET body = excluded.body",
-            (*slot, client_index, sha256, body),
-        )
+        replaces it by itself); a sum by its slot. Streamed in with COPY, a piece at a time;
+        COPY has no ON CONFLICT, so the row is deleted first, under the body's own lock (two
+        replicas storing one body, a retried upload, replace it one after the other)."""
+        key = (*slot, client_index, sha256)
+        self.lock("payload", repr(key))
+        self._db.execute(f"DELETE FROM payloads WHERE {_KEY}", key)
+        self._db.copy_in(f"COPY payloads ({_COLUMNS}, body) FROM STDIN", _copy_row(key, body))
 
     def payload(self, slot: BodySlot, client_index: int, sha256: bytes) -> bytes | None:
-        row = self._db.execute(
-            "SELECT body FROM payloads WHERE session_id = ? AND pass_index = ? AND layer = ?"
-            " AND part = ? AND client_index = ? AND sha256 = ?",
-            (*slot, client_index, sha256),
-        ).fetchone()
-        return bytes(row[0]) if row else None
+        """The body, read a piece at a time (``substring`` of an uncompressed, out-of-line
+        value reads only the piece's TOAST chunks); None if there is none (or it is deleted
+        while it is read)."""
+        key = (*slot, client_index, sha256)
+        row = self._db.execute(f"SELECT length(body) FROM payloads WHERE {_KEY}", key).fetchone()
+        if row is None:
+            return None
+        body = bytearray(int(row[0]))
+        for start in range(0, len(body), BODY_PIECE_BYTES):
+            piece = self._db.execute(
+                "SELECT substring(body FROM CAST(? AS INTEGER) FOR CAST(? AS INTEGER))"
+                f" FROM payloads WHERE {_KEY}",
+                (start + 1, BODY_PIECE_BYTES, *key),
+            ).fetchone()
+            if piece is None:
+                return None
+            body[start : start + BODY_PIECE_BYTES] = piece[0]
+        return bytes(body)
 
     def delete_payloads(self, session_id: str, before_pass: int | None = None) -> None:
         """Delete the bodies of passes < ``before_pass`` (all passes if None)."""
@@ -63,3 +90,22 @@ class PayloadQueries(Queries):
             "DELETE FROM payloads WHERE session_id = ? AND pass_index < ?",
             (session_id, before_pass if before_pass is not None else 2**62),
         )
+
+
+def _copy_row(key: tuple[Any, ...], body: bytes) -> Iterator[bytes]:
+    r"""One row of COPY's text format: the key's columns, then the body as bytea hex, a piece at
+    a time (``\\x``: COPY's escape of the ``\x`` that starts a hex bytea)."""
+    *text_columns, sha256 = key
+    head = [_copy_text(str(value)) for value in text_columns]
+    yield ("\t".join([*head, "\\\\x" + sha256.hex(), "\\\\x"])).encode()
+    view = memoryview(body)
+    for start in range(0, len(body), BODY_PIECE_BYTES):
+        yield binascii.hexlify(view[start : start + BODY_PIECE_BYTES])
+    yield b"\n"
+
+
+def _copy_text(value: str) -> str:
+    """A text value in COPY's text format."""
+    for raw, escaped in (("\\", "\\\\"), ("\t", "\\t"), ("\n", "\\n"), ("\r", "\\r")):
+        value = value.replace(raw, escaped)
+    return value

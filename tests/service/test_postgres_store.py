@@ -4,12 +4,15 @@ the schema's migrations (both backends)."""
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import psycopg
 import pytest
 from fastapi import FastAPI
@@ -25,9 +28,10 @@ from service_testkit import (
 from service.alignment.tables import ALIGNMENT_MIGRATIONS, create_alignment_tables
 from service.clock import DatabaseClock, ManualClock
 from service.rounds.payload_store import DatabasePayloads, PayloadMissing
-from service.store import Store
+from service.store import Store, payload_rows
 from service.store.accounts import ACCOUNT_SCHEMA
 from service.store.database import STORE_MIGRATIONS
+from service.store.dialect import Connection
 from service.store.payload_rows import BodySlot
 from service.store.rounds import ROUND_SCHEMA
 from service.store.sessions import SESSION_SCHEMA
@@ -129,6 +133,58 @@ def test_payload_bodies_live_in_the_database(replicas: tuple[Store, Store]) -> N
         payloads.read_share(three, 0, sha)
     payloads.discard("s")
     assert payloads.read_sum(four) is None
+
+
+def test_payload_bodies_cross_the_connection_in_bounded_pieces(
+    replicas: tuple[Store, Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A body is written and read a piece at a time, never as one message: libpq keeps each
+    pooled connection's buffers at the size of the largest message it carried, so whole
+    bodies would pin their size per connection for good (bench/replica_memory.py)."""
+    piece = 1000
+    monkeypatch.setattr(payload_rows, "BODY_PIECE_BYTES", piece, raising=False)
+    largest: list[int] = []
+    execute, copy_in = Connection.execute, getattr(Connection, "copy_in", None)
+
+    def measured_execute(self: Connection, sql: str, params: Any = ()) -> Any:
+        largest.append(max((len(p) for p in params if isinstance(p, bytes)), default=0))
+        cursor = execute(self, sql, params)
+        rows = cursor.fetchall() if getattr(cursor, "description", None) else []
+        for row in rows:
+            largest.append(max((len(v) for v in row if isinstance(v, bytes)), default=0))
+        return _Fetched(rows)
+
+    def measured_copy_in(self: Connection, sql: str, data: Iterable[bytes]) -> None:
+        def measured() -> Iterator[bytes]:
+            for block in data:
+                largest.append(len(block) // 2)  # hex: two characters a byte
+                yield block
+
+        copy_in(self, sql, measured())
+
+    monkeypatch.setattr(Connection, "execute", measured_execute)
+    monkeypatch.setattr(Connection, "copy_in", measured_copy_in, raising=False)
+    first, second = replicas
+    payloads, other = DatabasePayloads(first), DatabasePayloads(second)
+    body = np.random.default_rng(0).bytes(3 * piece + 123)  # three pieces and a remainder
+    sha, slot = hashlib.sha256(body).digest(), BodySlot("s", 0, 1)
+    payloads.write_share(slot, 0, sha, body)
+    other.write_share(slot, 0, sha, body)  # an identical re-upload, on another replica
+    payloads.write_sum(slot, body[::-1], sync=True)
+    assert other.read_share(slot, 0, sha) == body
+    assert other.read_sum(slot) == body[::-1]
+    assert 0 < max(largest) <= piece + 64, max(largest)
+
+
+class _Fetched:
+    def __init__(self, rows: list[Any]) -> None:
+        self.rows = rows
+
+    def fetchone(self) -> Any:
+        return self.rows[0] if self.rows else None
+
+    def fetchall(self) -> list[Any]:
+        return self.rows
 
 
 @pytest.mark.anyio

@@ -35,7 +35,10 @@ from service.app import service_context
 from service.clock import ManualClock
 from service.context import database_url
 from service.rounds import Caller, Payload
+from service.rounds.recent_sums import RecentSums
+from service.rounds.sums import RECENT_SUM_BYTES_PER_REPLICA
 from service.settings import ServiceSettings
+from service.store.payload_rows import BodySlot
 from service.store.sessions import SessionQueries
 
 pytestmark = pytest.mark.anyio
@@ -328,3 +331,20 @@ async def follow_sessions(
         after = ids[-1] if ids else after
         if "Link" not in page.headers:
             return seen, after
+
+
+async def test_each_replica_keeps_a_bounded_cache_of_sums(
+    postgres_replicas: tuple[FastAPI, FastAPI],
+) -> None:
+    """Every replica caches the sums it serves: a budget per replica, smaller than one
+    process's, that no body passes (one larger than the whole budget is not kept)."""
+    for app in postgres_replicas:
+        assert service_context(app).engine.sums.recent.budget == RECENT_SUM_BYTES_PER_REPLICA
+    recent = RecentSums(100)
+    for pass_index in range(5):
+        recent.put(BodySlot("s", pass_index, 1), bytes(60))
+        assert recent.held_bytes <= 100
+    assert recent.get(BodySlot("s", 4, 1)) == bytes(60)
+    recent.put(BodySlot("s", 9, 1), bytes(150))
+    assert recent.get(BodySlot("s", 9, 1)) is None
+    assert recent.held_bytes == 60
