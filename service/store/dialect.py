@@ -73,7 +73,7 @@ class Connection:
         with self._raw.cursor() as cursor:
             cursor.executemany(self.dialect.query(sql), [tuple(r) for r in rows])
 
-    def copy_in(self, sql: str, data: Iterable[bytes]) -> None:
+    def copy_in(self, sql: str, data: Iterable[bytes | memoryview]) -> None:
         """PostgreSQL: run ``COPY ... FROM STDIN`` with ``data``, sent block by block as it is
         produced (psycopg hands libpq at most 128 KiB at a time and waits for it to be sent)."""
         if self.backend != "postgresql":

@@ -3,7 +3,7 @@ SQLite keeps them as files beside the database and never creates this table."""
 
 from __future__ import annotations
 
-import binascii
+import struct
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -46,6 +46,10 @@ class BodySlot(NamedTuple):
 #: bench/replica_memory.py). In pieces, a buffer stays near this size.
 BODY_PIECE_BYTES = 1 << 20
 
+# COPY's binary format: its signature, flags and header extension length; field sizes
+_COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
+_INT8, _INT16, _INT32 = struct.Struct(">q"), struct.Struct(">h"), struct.Struct(">i")
+
 _COLUMNS = "session_id, pass_index, layer, part, client_index, sha256"
 _KEY = (
     "session_id = ? AND pass_index = ? AND layer = ? AND part = ? AND client_index = ?"
@@ -62,7 +66,9 @@ class PayloadQueries(Queries):
         key = (*slot, client_index, sha256)
         self.lock("payload", repr(key))
         self._db.execute(f"DELETE FROM payloads WHERE {_KEY}", key)
-        self._db.copy_in(f"COPY payloads ({_COLUMNS}, body) FROM STDIN", _copy_row(key, body))
+        self._db.copy_in(
+            f"COPY payloads ({_COLUMNS}, body) FROM STDIN (FORMAT BINARY)", _copy_row(key, body)
+        )
 
     def payload(self, slot: BodySlot, client_index: int, sha256: bytes) -> bytes | None:
         """The body, read a piece at a time (``substring`` of an uncompressed, out-of-line
@@ -92,20 +98,21 @@ class PayloadQueries(Queries):
         )
 
 
-def _copy_row(key: tuple[Any, ...], body: bytes) -> Iterator[bytes]:
-    r"""One row of COPY's text format: the key's columns, then the body as bytea hex, a piece at
-    a time (``\\x``: COPY's escape of the ``\x`` that starts a hex bytea)."""
-    *text_columns, sha256 = key
-    head = [_copy_text(str(value)) for value in text_columns]
-    yield ("\t".join([*head, "\\\\x" + sha256.hex(), "\\\\x"])).encode()
+def _copy_row(key: tuple[Any, ...], body: bytes) -> Iterator[bytes | memoryview]:
+    """One row of COPY's binary format (its header, the row, its trailer): the key's columns,
+    then the body a piece at a time. Every integer column of the store is a BIGINT
+    (:mod:`.dialect`); a column of another type would make COPY fail, not store a wrong value."""
+    session_id, pass_index, layer, part, client_index, sha256 = key
+    fields = [str(session_id).encode()]
+    fields += [_INT8.pack(int(n)) for n in (pass_index, layer, part, client_index)]
+    fields.append(bytes(sha256))
+    row = bytearray(_COPY_SIGNATURE)
+    row += _INT16.pack(len(fields) + 1)
+    for value in fields:
+        row += _INT32.pack(len(value)) + value
+    row += _INT32.pack(len(body))
+    yield bytes(row)
     view = memoryview(body)
     for start in range(0, len(body), BODY_PIECE_BYTES):
-        yield binascii.hexlify(view[start : start + BODY_PIECE_BYTES])
-    yield b"\n"
-
-
-def _copy_text(value: str) -> str:
-    """A text value in COPY's text format."""
-    for raw, escaped in (("\\", "\\\\"), ("\t", "\\t"), ("\n", "\\n"), ("\r", "\\r")):
-        value = value.replace(raw, escaped)
-    return value
+        yield view[start : start + BODY_PIECE_BYTES]
+    yield _INT16.pack(-1)
