@@ -74,8 +74,10 @@ def build_context(settings: ServiceSettings, clock: Clock | None = None) -> Serv
         telemetry=telemetry,
         notifier=notifier,
         engine=engine,
-        sessions=SessionManager(store, plans, aggregators, engine),
-        alignments=AlignmentManager(store),
+        sessions=SessionManager(
+            store, plans, aggregators, engine, max_body_bytes=settings.max_body_bytes
+        ),
+        alignments=AlignmentManager(store, max_body_bytes=settings.max_body_bytes),
         clock=clock,
         admin_token_sha256=token_sha256(admin_token),
         body_budget=ByteBudget(settings.max_inflight_body_bytes, settings.body_queue_seconds),

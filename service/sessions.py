@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 
+from secure.body_limits import BodyLimitTooSmall, share_part_bytes, share_part_values
 from secure.privacy import PrivacyPlanError, SessionPrivacy, check_private_arrangement
 from secure.protocol import part_count
 from secure.schedule import passes_total
@@ -29,12 +30,19 @@ from service.tokens import new_tokens, token_sha256
 
 class SessionManager:
     def __init__(
-        self, store: Store, plans: PlanCache, aggregators: Aggregators, engine: RoundEngine
+        self,
+        store: Store,
+        plans: PlanCache,
+        aggregators: Aggregators,
+        engine: RoundEngine,
+        *,
+        max_body_bytes: int | None = None,
     ) -> None:
         self.store = store
         self.plans = plans
         self.aggregators = aggregators
         self.engine = engine
+        self.max_body_bytes = max_body_bytes  # what share parts are sized to (None: not sized)
 
     def create(self, request: SessionCreate) -> SessionCreated:
         total = passes_total(
@@ -43,7 +51,7 @@ class SessionManager:
         context_sha256 = None
         if request.encryption == "ckks":
             context_sha256 = self.aggregators.check_ckks_session(request.clients).sha256
-        config, source = request, "given"
+        config, source = self._with_part_values(request), "given"
         if request.privacy is not None:
             try:
                 # The one place the service refuses a DP session the workers could not run
@@ -60,7 +68,7 @@ class SessionManager:
             settings = request.privacy.model_copy(
                 update={"noise_multiplier": privacy.noise_multiplier}
             )
-            config = request.model_copy(update={"privacy": settings})
+            config = config.model_copy(update={"privacy": settings})
             source = privacy.noise_multiplier_source
         session_id = uuid.uuid4().hex
         plan = SessionPlan.build(
@@ -79,6 +87,36 @@ class SessionManager:
             passes_total=plan.passes_total,
             noise_multiplier=plan.privacy.noise_multiplier if plan.privacy else None,
         )
+
+    def _with_part_values(self, request: SessionCreate) -> SessionCreate:
+        """The request with the ``part_values`` its shares travel in: the most whose upload
+        fits the body limit (up to ``PART_VALUES``), or the request's own if it fits."""
+        if self.max_body_bytes is None:
+            return request
+        widest = max(
+            a.width + (request.nodes == "union") for a in request.agg_layers
+        )  # the presence column of a count-aware share
+        try:
+            fitting = share_part_values(
+                self.max_body_bytes, encoding=request.encoding, widest=widest
+            )
+        except BodyLimitTooSmall as exc:
+            raise InvalidSessionRequest(str(exc)) from None
+        if request.part_values is None:
+            return request.model_copy(update={"part_values": fitting})
+        largest = share_part_bytes(request.part_values, encoding=request.encoding)
+        if request.part_values > fitting:
+            raise InvalidSessionRequest(
+                f"part_values {request.part_values} makes {request.encoding} parts of up to"
+                f" {largest} bytes, over this service's body limit of {self.max_body_bytes}"
+                f" (GLASU_MAX_BODY_BYTES): at most {fitting}"
+            )
+        if request.part_values < widest:
+            raise InvalidSessionRequest(
+                f"part_values {request.part_values} is less than one row of the widest layer"
+                f" ({widest} values)"
+            )
+        return request
 
     def client_of_token(self, token_hash: bytes) -> tuple[str, int] | None:
         """The (session, client index) a client token's hash belongs to."""
@@ -132,6 +170,7 @@ class SessionManager:
             state=row.state,  # type: ignore[arg-type]
             created_at=row.created_at,
             config=plan.config_view(),
+            max_body_bytes=self.max_body_bytes,
             passes_total=plan.passes_total,
             current_pass=row.current_pass,
             progress=progress,
@@ -247,7 +286,7 @@ def _shares_received(
     if rows is None:
         return []
     received: set[int] | None = None
-    for part in range(part_count(rows, plan.widths[layer])):
+    for part in range(part_count(rows, plan.widths[layer], plan.part_values)):
         clients = set(tx.uploaders(plan.session_id, pass_index, layer, "embedding", part))
         received = clients if received is None else received & clients
     return sorted(received or ())
