@@ -75,7 +75,12 @@ def build_context(settings: ServiceSettings, clock: Clock | None = None) -> Serv
         notifier=notifier,
         engine=engine,
         sessions=SessionManager(
-            store, plans, aggregators, engine, max_body_bytes=settings.max_body_bytes
+            store,
+            plans,
+            aggregators,
+            engine,
+            max_body_bytes=settings.max_body_bytes,
+            score_foreign_models=settings.score_foreign_models,
         ),
         alignments=AlignmentManager(store, max_body_bytes=settings.max_body_bytes),
         clock=clock,

@@ -37,17 +37,20 @@ class SessionManager:
         engine: RoundEngine,
         *,
         max_body_bytes: int | None = None,
+        score_foreign_models: bool = False,
     ) -> None:
         self.store = store
         self.plans = plans
         self.aggregators = aggregators
         self.engine = engine
         self.max_body_bytes = max_body_bytes  # what share parts are sized to (None: not sized)
+        self.score_foreign_models = score_foreign_models
 
     def create(self, request: SessionCreate) -> SessionCreated:
         total = passes_total(
             scoring=request.kind == "scoring", rounds=request.rounds, eval_every=request.eval_every
         )
+        self._check_model_session(request)
         context_sha256 = None
         if request.encryption == "ckks":
             context_sha256 = self.aggregators.check_ckks_session(request.clients).sha256
@@ -87,6 +90,44 @@ class SessionManager:
             passes_total=plan.passes_total,
             noise_multiplier=plan.privacy.noise_multiplier if plan.privacy else None,
         )
+
+    def _check_model_session(self, request: SessionCreate) -> None:
+        """A scoring session names the training session whose models score: one of this
+        service's (unless it scores foreign models), over, with the same clients and layers."""
+        named = request.model_session
+        if request.kind != "scoring":
+            if named is not None:
+                raise InvalidSessionRequest("model_session is for scoring sessions only")
+            return
+        if named is None:
+            raise InvalidSessionRequest(
+                "a scoring session names the training session whose models score (model_session)"
+            )
+        with self.store.transaction() as tx:
+            row = tx.session(named)
+            if row is None:
+                if self.score_foreign_models:
+                    return
+                raise InvalidSessionRequest(
+                    f"model_session {named!r} is not a session of this service (models trained"
+                    " on another are scored where GLASU_SCORE_FOREIGN_MODELS is on)"
+                )
+            _, trained = self.engine.session(tx, named)
+        if trained.config.kind != "training":
+            raise InvalidSessionRequest(
+                f"model_session {named!r} is a {trained.config.kind} session, not a training"
+            )
+        if row.state == SessionState.RUNNING:
+            raise InvalidSessionRequest(
+                f"model_session {named!r} is still training: score once it is over"
+            )
+        for field in ("clients", "layers", "agg_layers", "nodes", "label_holder"):
+            given, kept = getattr(request, field), getattr(trained.config, field)
+            if given != kept:
+                raise InvalidSessionRequest(
+                    f"{field} differs from model_session {named!r}'s, whose models score:"
+                    f" {_shown(given)} here, {_shown(kept)} there"
+                )
 
     def _with_part_values(self, request: SessionCreate) -> SessionCreate:
         """The request with the ``part_values`` its shares travel in: the most whose upload
@@ -276,6 +317,14 @@ class SessionManager:
         return PrivacyReport.model_validate(
             plan.privacy.report(releases=len(entries), ledger=entries)
         )
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(_shown(item) for item in value) + "]"
+    if hasattr(value, "model_dump"):
+        return str(value.model_dump())
+    return repr(value)
 
 
 def _shares_received(
