@@ -12,17 +12,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from secure.ckks_context import VALUES_PER_CIPHERTEXT
-from secure.ckks_frame import CHUNK_PREFIX_BYTES, FRAME_HEADER_BYTES, SHARE_CHUNK_BOUND_BYTES
 from secure.protocol import PART_VALUES
 from secure.psi import ELEMENT_BYTES
 from secure.wire.alignment import SET_PART_ELEMENTS
 
-#: Bytes of a limit left unused: a body carries nothing but its values and their framing, but a
-#: proxy that counts a little more than the body (or rounds its limit) must not refuse a part.
+#: Bytes of a limit left unused (a sixteenth of a smaller limit): a body carries nothing but its
+#: values and their framing, but a proxy that counts a little more than the body (or rounds its
+#: limit) must not refuse a part.
 BODY_HEADROOM_BYTES = 1024
 FLOAT32_BYTES = 4
-_CIPHERTEXT_BYTES = CHUNK_PREFIX_BYTES + SHARE_CHUNK_BOUND_BYTES  # a chunk and its length
 
 
 class BodyLimitTooSmall(ValueError):
@@ -30,7 +28,8 @@ class BodyLimitTooSmall(ValueError):
 
 
 def usable_bytes(max_body_bytes: int) -> int:
-    return max_body_bytes - BODY_HEADROOM_BYTES
+    """What a part may take of the limit ``max_body_bytes``: all but the headroom."""
+    return max_body_bytes - min(BODY_HEADROOM_BYTES, max_body_bytes // 16)
 
 
 def share_part_values(
@@ -42,8 +41,8 @@ def share_part_values(
     fit."""
     usable = usable_bytes(max_body_bytes)
     if encoding == "ckks":
-        ciphertexts = (usable - FRAME_HEADER_BYTES) // _CIPHERTEXT_BYTES
-        fitting = max(0, ciphertexts) * VALUES_PER_CIPHERTEXT
+        header, ciphertext, values = _ckks_sizes()
+        fitting = max(0, (usable - header) // ciphertext) * values
         needed = share_part_bytes(widest, encoding=encoding)
     else:
         fitting = max(0, usable) // FLOAT32_BYTES
@@ -51,9 +50,8 @@ def share_part_values(
     if fitting < widest:
         raise BodyLimitTooSmall(
             f"a body limit of {max_body_bytes} bytes cannot carry one row of a {widest}-column"
-            f" {encoding} share ({needed + BODY_HEADROOM_BYTES} bytes with"
-            f" {BODY_HEADROOM_BYTES} of headroom): raise GLASU_MAX_BODY_BYTES (and the proxy's"
-            " limit in front of the service)"
+            f" {encoding} share ({needed} bytes, and a little headroom): raise"
+            " GLASU_MAX_BODY_BYTES (and the proxy's limit in front of the service)"
         )
     return min(PART_VALUES, fitting)
 
@@ -61,8 +59,8 @@ def share_part_values(
 def share_part_bytes(part_values: int, *, encoding: Literal["ckks", "float32"]) -> int:
     """The largest upload of a part of ``part_values`` values (the bound the sizing uses)."""
     if encoding == "ckks":
-        ciphertexts = -(-part_values // VALUES_PER_CIPHERTEXT)
-        return FRAME_HEADER_BYTES + ciphertexts * _CIPHERTEXT_BYTES
+        header, ciphertext, values = _ckks_sizes()
+        return header + -(-part_values // values) * ciphertext
     return part_values * FLOAT32_BYTES
 
 
@@ -73,7 +71,16 @@ def set_part_elements(max_body_bytes: int) -> int:
     if fitting < 1:
         raise BodyLimitTooSmall(
             f"a body limit of {max_body_bytes} bytes cannot carry one {ELEMENT_BYTES}-byte set"
-            f" element ({ELEMENT_BYTES + BODY_HEADROOM_BYTES} bytes with {BODY_HEADROOM_BYTES}"
-            " of headroom): raise GLASU_MAX_BODY_BYTES"
+            " element and a little headroom: raise GLASU_MAX_BODY_BYTES"
         )
     return min(SET_PART_ELEMENTS, fitting)
+
+
+def _ckks_sizes() -> tuple[int, int, int]:
+    """A CKKS frame's header, the most one ciphertext takes in it (its length prefix included),
+    and the values it holds. Imported here: the CKKS modules load TenSEAL, which the service
+    loads only for its first CKKS session."""
+    from secure.ckks_context import VALUES_PER_CIPHERTEXT
+    from secure.ckks_frame import CHUNK_PREFIX_BYTES, FRAME_HEADER_BYTES, SHARE_CHUNK_BOUND_BYTES
+
+    return FRAME_HEADER_BYTES, CHUNK_PREFIX_BYTES + SHARE_CHUNK_BOUND_BYTES, VALUES_PER_CIPHERTEXT

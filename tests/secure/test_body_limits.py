@@ -49,4 +49,4 @@ def test_a_limit_too_small_for_one_row_is_refused_naming_the_setting() -> None:
     with pytest.raises(BodyLimitTooSmall, match="cannot carry one row"):
         share_part_values(4096, encoding="float32", widest=1024)
     with pytest.raises(BodyLimitTooSmall, match="one 32-byte set element"):
-        set_part_elements(1024)
+        set_part_elements(32)

@@ -19,7 +19,7 @@ from service_testkit import ADMIN_TOKEN, ServedProcess, admin, session_request, 
 from clients.admin import AdminClient
 from clients.alignment import AlignmentClient, AlignmentOutcome, align
 from clients.service_http import ConnectionOptions
-from secure.body_limits import BODY_HEADROOM_BYTES
+from secure.body_limits import usable_bytes
 from secure.wire.node_lists import encode_nodes
 from secure.wire.sessions import SessionCreate
 
@@ -135,7 +135,8 @@ def test_the_service_states_its_limit_and_sizes_every_part_to_it(served: ServedP
     """/healthz and the descriptions state the limit; a session's shares (4 bytes a float32
     value) and an alignment's sets (32 bytes an element) are cut in parts under it, less the
     headroom; a layer whose one row would not fit is refused at creation, saying why."""
-    usable = BODY_LIMIT - BODY_HEADROOM_BYTES
+    usable = usable_bytes(BODY_LIMIT)
+    assert usable > BODY_LIMIT * 0.9
     assert httpx.get(f"{served.url}/healthz", timeout=30).json()["max_body_bytes"] == BODY_LIMIT
     created = httpx.post(f"{served.url}/v1/sessions", json=session_request(), headers=admin())
     sid = created.json()["session_id"]
