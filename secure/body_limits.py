@@ -33,12 +33,15 @@ def usable_bytes(max_body_bytes: int) -> int:
 
 
 def share_part_values(
-    max_body_bytes: int, *, encoding: Literal["ckks", "float32"], widest: int
+    max_body_bytes: int,
+    *,
+    encoding: Literal["ckks", "float32"],
+    widest: int,
+    most: int = PART_VALUES,
 ) -> int:
-    """Values per part of a session's shares: the most (at most :data:`PART_VALUES`) whose
-    upload fits ``max_body_bytes``, whole CKKS ciphertexts under ``ckks``; a part carries one
-    row at least, so :class:`BodyLimitTooSmall` if one row of the ``widest`` layer does not
-    fit."""
+    """Values per part of a session's shares: the most (at most ``most``) whose upload fits
+    ``max_body_bytes``, whole CKKS ciphertexts under ``ckks``; a part carries one row at least,
+    so :class:`BodyLimitTooSmall` if one row of the ``widest`` layer does not fit."""
     usable = usable_bytes(max_body_bytes)
     if encoding == "ckks":
         header, ciphertext, values = _ckks_sizes()
@@ -53,7 +56,7 @@ def share_part_values(
             f" {encoding} share ({needed} bytes, and a little headroom): raise"
             " GLASU_MAX_BODY_BYTES (and the proxy's limit in front of the service)"
         )
-    return min(PART_VALUES, fitting)
+    return min(most, fitting)
 
 
 def share_part_bytes(part_values: int, *, encoding: Literal["ckks", "float32"]) -> int:

@@ -6,9 +6,9 @@ import uuid
 
 from secure.body_limits import BodyLimitTooSmall, share_part_bytes, share_part_values
 from secure.privacy import PrivacyPlanError, SessionPrivacy, check_private_arrangement
-from secure.protocol import part_count
+from secure.protocol import PART_VALUES, part_count
 from secure.schedule import passes_total
-from secure.wire.sessions import SessionCreate, SessionCreated, SessionSummary
+from secure.wire.sessions import MAX_PART_VALUES, SessionCreate, SessionCreated, SessionSummary
 from secure.wire.status import (
     ClientTraffic,
     LayerProgress,
@@ -137,25 +137,28 @@ class SessionManager:
         widest = max(
             a.width + (request.nodes == "union") for a in request.agg_layers
         )  # the presence column of a count-aware share
+        given = request.part_values
         try:
             fitting = share_part_values(
-                self.max_body_bytes, encoding=request.encoding, widest=widest
+                self.max_body_bytes,
+                encoding=request.encoding,
+                widest=widest,
+                most=MAX_PART_VALUES if given is not None else PART_VALUES,
             )
         except BodyLimitTooSmall as exc:
             raise InvalidSessionRequest(str(exc)) from None
-        if request.part_values is None:
+        if given is None:
             return request.model_copy(update={"part_values": fitting})
-        largest = share_part_bytes(request.part_values, encoding=request.encoding)
-        if request.part_values > fitting:
+        largest = share_part_bytes(given, encoding=request.encoding)
+        if given > fitting:
             raise InvalidSessionRequest(
-                f"part_values {request.part_values} makes {request.encoding} parts of up to"
+                f"part_values {given} makes {request.encoding} parts of up to"
                 f" {largest} bytes, over this service's body limit of {self.max_body_bytes}"
                 f" (GLASU_MAX_BODY_BYTES): at most {fitting}"
             )
-        if request.part_values < widest:
+        if given < widest:
             raise InvalidSessionRequest(
-                f"part_values {request.part_values} is less than one row of the widest layer"
-                f" ({widest} values)"
+                f"part_values {given} is less than one row of the widest layer ({widest} values)"
             )
         return request
 
