@@ -10,9 +10,11 @@ not a request whose end can be found. The protocol is the one uvicorn's ``auto``
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.server import ServerState
 
 from service.errors import PROBLEM_MEDIA_TYPE, PROBLEM_TYPE_BASE, TITLES
 
@@ -47,20 +49,19 @@ def malformed_request_answer(default_headers: list[tuple[bytes, bytes]]) -> byte
 class _ProblemAnswer:
     """Replaces uvicorn's ``send_400_response`` (both protocols call it, then return)."""
 
-    server_state: object
-    transport: object
+    server_state: ServerState
+    transport: asyncio.Transport
 
     def send_400_response(self, msg: str) -> None:  # msg: uvicorn's plain-text sentence
-        default_headers = list(getattr(self.server_state, "default_headers", []))
-        self.transport.write(malformed_request_answer(default_headers))  # type: ignore[attr-defined]
-        self.transport.close()  # type: ignore[attr-defined]
+        self.transport.write(malformed_request_answer(self.server_state.default_headers))
+        self.transport.close()
 
 
 class ProblemH11Protocol(_ProblemAnswer, H11Protocol):
     pass
 
 
-def http_protocol() -> type[H11Protocol] | type:
+def http_protocol() -> type[asyncio.Protocol]:
     """The protocol class for ``uvicorn.run(http=...)``: httptools' if it is installed (as
     uvicorn's ``auto`` would choose), else h11's, answering a malformed head with a problem."""
     try:
