@@ -85,6 +85,7 @@ def client_config_from_session(
         lr=options.lr,
         weight_decay=options.weight_decay,
         seed=session_config["seed"] if options.seed is None else options.seed,
+        part_values=session_config.get("part_values"),
     )
 
 

@@ -32,6 +32,9 @@ class ClientConfig:
     seed: int = 0
     # the head's width when it must match a saved model (scoring); default: the labels'
     num_classes: int | None = None
+    # values per part of a share (secure.protocol.part_rows): the session's, sized by the
+    # service to its body limit (None: the protocol's default)
+    part_values: int | None = None
 
     def __post_init__(self) -> None:
         layers = self.model.layers
@@ -43,6 +46,8 @@ class ClientConfig:
             raise ValueError(f"stale (Q) must be >= 1, got {self.stale}")
         if self.cache_rounds < 1:
             raise ValueError(f"cache rounds (W) must be >= 1, got {self.cache_rounds}")
+        if self.part_values is not None and self.part_values < 1:
+            raise ValueError(f"a part holds one value at least, got {self.part_values}")
         if not -1.0 <= self.weight_threshold <= 1.0:
             raise ValueError(f"the weight threshold is a cosine, got {self.weight_threshold}")
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Generator
 import numpy as np
 import torch
 
+from models.client_config import ClientConfig
 from models.data.partition import ClientPartition
 from models.node_arrays import host_rows, node_array
 from models.workset import Extracted
@@ -36,6 +37,7 @@ class JointAggregation:
     """The joint aggregation of a client (``models.federated.GlasuClient``)."""
 
     partition: ClientPartition
+    config: ClientConfig
     codec: EmbeddingCodec
     device: torch.device
     pending_release: str | None
@@ -51,9 +53,13 @@ class JointAggregation:
         zeros, a last column carries the presence itself, and the sum's last column is the
         number of holders of each row, the divisor of the count-aware mean (Feras)."""
         rows, width = own.shape
-        clean = host_rows(own, chunk=part_rows(width))
+        clean = host_rows(own, chunk=part_rows(width, self.config.part_values))
         column = None if presence is None else presence.cpu().numpy().astype(np.float32)
-        self._begin_release(depth, clean)
+        cols = width + (column is not None)
+        rows_per_part = min(rows, part_rows(cols, self.config.part_values))
+        default_rows_per_part = min(rows, part_rows(cols))
+        custom = rows_per_part != default_rows_per_part
+        self._begin_release(depth, clean, part_rows=rows_per_part if custom else None)
         release = self.pending_release
         others = node_array(rows, width, device=torch.device("cpu")).numpy()
         count = np.empty((rows, 1), dtype=np.float32)
@@ -78,7 +84,7 @@ class JointAggregation:
             count[start:stop] = held
 
         yield from self._exchange_parts(
-            depth, rows=rows, cols=width + (column is not None), share_of=share_of,
+            depth, rows=rows, cols=cols, share_of=share_of,
             on_sum=on_sum, release=release,
         )  # fmt: skip
         self.pending_release = None
@@ -90,9 +96,11 @@ class JointAggregation:
             presence,
         )
 
-    def _begin_release(self, depth: int, clean: np.ndarray) -> None:
+    def _begin_release(self, depth: int, clean: np.ndarray, *, part_rows: int | None) -> None:
         """Called with the whole clean share of layer ``depth`` before its first part is sent:
-        a private client sets :attr:`pending_release` (the digest all its parts carry)."""
+        a private client sets :attr:`pending_release` (the digest all its parts carry).
+        ``part_rows``: the rows per part where the session cuts it otherwise than the
+        protocol's default (None: as the default)."""
 
     def _release_part(self, depth: int, part: int, clean: np.ndarray) -> np.ndarray:
         """Part ``part`` of the share of layer ``depth`` as it is sent (the DP release hook)."""
@@ -118,9 +126,10 @@ class JointAggregation:
         after the other: ``share_of(part, start, stop)`` makes a part as it is sent, and
         ``on_sum(start, stop, sent, total, count)`` takes its sum, so no more than one part's
         encoding is held at a time."""
-        parts = part_count(rows, cols)
+        part_values = self.config.part_values
+        parts = part_count(rows, cols, part_values)
         for part in range(parts):
-            start, stop = part_span(part, rows=rows, cols=cols)
+            start, stop = part_span(part, rows=rows, cols=cols, part_values=part_values)
             share = share_of(part, start, stop)
             total, shares = yield from self._exchange(
                 layer, share, release=release, part=part, parts=parts

@@ -44,7 +44,7 @@ from secure.dp import privatize
 from secure.noise import GaussianNoise, NoiseSource, require_private_noise
 from secure.privacy import RELEASE_LAYER, SessionPrivacy
 from secure.protocol import Request, Response
-from secure.release_noise import part_key, release_digest
+from secure.release_noise import part_key, release_digest, with_part_rows
 
 
 @dataclass(frozen=True)
@@ -144,9 +144,11 @@ class PrivateGlasuClient(GlasuClient):
         the other clients only release; the holder trains on their releases."""
         return None
 
-    def _begin_release(self, depth: int, clean: np.ndarray) -> None:
+    def _begin_release(self, depth: int, clean: np.ndarray, *, part_rows: int | None) -> None:
         """The digest of the whole clean release (what the noise of a release-keyed source is
-        derived from, and what the owner's gate records): every part of it carries it."""
+        derived from, and what the owner's gate records): every part of it carries it. It
+        covers how the parts cut it (``part_rows``), as each part's noise is keyed by its
+        index."""
         pass_index, output_nodes = self.current_pass
         self._release_key = release_digest(
             pass_index=pass_index,
@@ -155,6 +157,8 @@ class PrivateGlasuClient(GlasuClient):
             rows=self._release_rows,
             clean=clean,
         )
+        if part_rows is not None:
+            self._release_key = with_part_rows(self._release_key, part_rows)
         self.pending_release = self._release_key.hex()
 
     def _release_part(self, depth: int, part: int, clean: np.ndarray) -> np.ndarray:

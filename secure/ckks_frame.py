@@ -30,6 +30,13 @@ MAGIC = b"GLCK"
 FORMAT_VERSION = 2  # 1: one value per slot, unseeded shares
 _HEADER = struct.Struct(f">4sB{KEY_ID_BYTES}sI")
 _CHUNK_LENGTH = struct.Struct(">I")
+FRAME_HEADER_BYTES = _HEADER.size
+CHUNK_PREFIX_BYTES = _CHUNK_LENGTH.size
+#: The most a worker's chunk takes (secure/ckks_packing.py): a seeded ciphertext is one
+#: polynomial at the data prime (N 64-bit words) and a 64-byte seed, zstd-compressed (~25 KiB
+#: for N = 4096; zstd grows incompressible input by well under 1 KiB), with SEAL's header and
+#: TenSEAL's wrapper. What a body limit's parts are sized by (``secure.body_limits``).
+SHARE_CHUNK_BOUND_BYTES = POLY_MODULUS_DEGREE * 8 + 1024
 # Twice an uncompressed 2-polynomial ciphertext at one 64-bit-word prime: 128 KiB for N = 4096
 # (a seeded share's chunk is ~25 KiB, a sum's ~51 KiB, both zstd-compressed).
 MAX_CHUNK_BYTES = 2 * (2 * POLY_MODULUS_DEGREE * 8)

@@ -66,29 +66,34 @@ class EmbeddingRequest:
     parts: int = 1
 
 
-#: Values (rows x columns) in one part of a share: a layer's rows travel in parts of
-#: ``part_rows(cols)`` consecutive rows, so no body grows with the number of nodes.
+#: Values (rows x columns) in one part of a share unless the session says otherwise (its
+#: ``part_values``, which the service sizes to its body limit: ``secure.body_limits``): a layer's
+#: rows travel in parts of ``part_rows(cols)`` consecutive rows, so no body grows with the number
+#: of nodes.
 PART_VALUES = 2**20
 
 
-def part_rows(cols: int) -> int:
-    """Rows in every part of a layer with ``cols`` columns but the last."""
+def part_rows(cols: int, part_values: int | None = None) -> int:
+    """Rows in every part of a layer with ``cols`` columns but the last, in parts of
+    ``part_values`` values (None: :data:`PART_VALUES`)."""
     if cols < 1:
         raise ValueError(f"a share has at least one column, got {cols}")
-    return max(1, PART_VALUES // cols)
+    return max(1, (PART_VALUES if part_values is None else part_values) // cols)
 
 
-def part_count(rows: int, cols: int) -> int:
+def part_count(rows: int, cols: int, part_values: int | None = None) -> int:
     """How many parts a layer of ``rows`` x ``cols`` travels in (at least one)."""
-    return max(1, -(-rows // part_rows(cols)))
+    return max(1, -(-rows // part_rows(cols, part_values)))
 
 
-def part_span(part: int, *, rows: int, cols: int) -> tuple[int, int]:
+def part_span(
+    part: int, *, rows: int, cols: int, part_values: int | None = None
+) -> tuple[int, int]:
     """The rows ``[start, stop)`` of part ``part`` of a layer of ``rows`` x ``cols``."""
-    count = part_count(rows, cols)
+    count = part_count(rows, cols, part_values)
     if not 0 <= part < count:
         raise ValueError(f"part {part} of a {rows} x {cols} layer: it has {count} parts")
-    size = part_rows(cols)
+    size = part_rows(cols, part_values)
     return part * size, min(rows, (part + 1) * size)
 
 

@@ -88,6 +88,16 @@ def part_key(release: bytes, part: int) -> bytes:
     return hashlib.sha256(b"glasu-release-part" + release + part.to_bytes(8, "big")).digest()
 
 
+def with_part_rows(release: bytes, part_rows: int) -> bytes:
+    """The digest of a release sent in parts of ``part_rows`` rows where the protocol's default
+    layout (``secure.protocol.PART_VALUES``) would cut it otherwise: each part's noise is keyed
+    by the release and the part's index (:func:`part_key`), so the same rows cut another way
+    carry other noise, and must be another release, never "already recorded"."""
+    return hashlib.sha256(
+        b"glasu-release-part-rows" + release + part_rows.to_bytes(8, "big")
+    ).digest()
+
+
 class _KeyedGaussian(GaussianNoise):
     """The noise of one release: the ChaCha20 keystream of one derived key."""
 

@@ -42,10 +42,16 @@ def _esc(value: Any) -> str:
     return html.escape("not recorded" if value is None else str(value), quote=True)
 
 
+#: Outside strings JSON has none of these characters, so escaping them everywhere keeps the JSON
+#: valid (``\u003c`` is ``<`` to a JSON parser) and leaves nothing that could end a ``<script>``
+#: element or open a comment in it (``</script>``, ``<!--``).
+_SCRIPT_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
+
+
 def embedded_json(content: Mapping[str, Any]) -> str:
-    """JSON that cannot end its ``<script>`` element early."""
+    """JSON that cannot end its ``<script>`` element early, and parses back to ``content``."""
     text = json.dumps(content, sort_keys=True, indent=1, ensure_ascii=True, allow_nan=False)
-    return text.replace("</", "<\\/").replace("<!--", "<\\!--")
+    return text.translate(_SCRIPT_SAFE)
 
 
 def _table(header: str, rows: Iterable[str]) -> list[str]:

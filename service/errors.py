@@ -26,6 +26,7 @@ TITLES: dict[str, str] = {
     "alignment-not-found": "Alignment not found",
     "bad-header": "Missing or malformed header",
     "bad-payload": "Invalid payload",
+    "bad-request": "Malformed request",
     "conflict": "Slot already holds a different body",
     "encryption-unavailable": "Encryption unavailable",
     "excluded": "The pass went on without this client",

@@ -15,6 +15,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from secure.privacy import NoiseMultiplierSource, SessionPrivacy
+from secure.protocol import PART_VALUES
 from secure.schedule import PassSpec, SessionSchedule, passes_total
 from secure.wire.sessions import SessionConfigView, SessionCreate
 
@@ -178,10 +179,17 @@ class SessionPlan:
     def output_rows(self, pass_index: int) -> int:
         return self.schedule.output_rows(pass_index)
 
+    @property
+    def part_values(self) -> int | None:
+        """Values per part of a share (None, the protocol's default: sessions stored before the
+        service sized them)."""
+        return self.config.part_values
+
     def config_view(self) -> SessionConfigView:
-        fields = self.config.model_dump(exclude={"train_nodes", "eval_nodes"})
+        fields = self.config.model_dump(exclude={"train_nodes", "eval_nodes", "part_values"})
         return SessionConfigView(
             **fields,
+            part_values=self.part_values or PART_VALUES,
             train_nodes_count=len(self.config.train_nodes),
             eval_nodes_count=len(self.config.eval_nodes),
             encoding=self.encoding,

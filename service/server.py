@@ -11,6 +11,7 @@ import uvicorn
 
 from secure.protocol import is_loopback_host
 from service.app import create_app
+from service.http_protocol import http_protocol
 from service.settings import ServiceSettings
 
 logger = logging.getLogger("glasu.service")
@@ -66,6 +67,7 @@ def serve(settings: ServiceSettings) -> None:
         ssl_keyfile=str(settings.tls_keyfile) if settings.tls_keyfile else None,
         ssl_ciphers=TLS12_CIPHERS,
         server_header=False,
+        http=http_protocol(),  # a head its parser refuses is answered with a problem too
         workers=1,
         timeout_graceful_shutdown=5,  # a worker behind a dead link must not hold a stop
     )

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import uuid
 
+from secure.body_limits import BodyLimitTooSmall, share_part_bytes, share_part_values
 from secure.privacy import PrivacyPlanError, SessionPrivacy, check_private_arrangement
-from secure.protocol import part_count
+from secure.protocol import PART_VALUES, part_count
 from secure.schedule import passes_total
-from secure.wire.sessions import SessionCreate, SessionCreated, SessionSummary
+from secure.wire.sessions import MAX_PART_VALUES, SessionCreate, SessionCreated, SessionSummary
 from secure.wire.status import (
     ClientTraffic,
     LayerProgress,
@@ -29,21 +30,31 @@ from service.tokens import new_tokens, token_sha256
 
 class SessionManager:
     def __init__(
-        self, store: Store, plans: PlanCache, aggregators: Aggregators, engine: RoundEngine
+        self,
+        store: Store,
+        plans: PlanCache,
+        aggregators: Aggregators,
+        engine: RoundEngine,
+        *,
+        max_body_bytes: int | None = None,
+        score_foreign_models: bool = False,
     ) -> None:
         self.store = store
         self.plans = plans
         self.aggregators = aggregators
         self.engine = engine
+        self.max_body_bytes = max_body_bytes  # what share parts are sized to (None: not sized)
+        self.score_foreign_models = score_foreign_models
 
     def create(self, request: SessionCreate) -> SessionCreated:
         total = passes_total(
             scoring=request.kind == "scoring", rounds=request.rounds, eval_every=request.eval_every
         )
+        self._check_model_session(request)
         context_sha256 = None
         if request.encryption == "ckks":
             context_sha256 = self.aggregators.check_ckks_session(request.clients).sha256
-        config, source = request, "given"
+        config, source = self._with_part_values(request), "given"
         if request.privacy is not None:
             try:
                 # The one place the service refuses a DP session the workers could not run
@@ -60,7 +71,7 @@ class SessionManager:
             settings = request.privacy.model_copy(
                 update={"noise_multiplier": privacy.noise_multiplier}
             )
-            config = request.model_copy(update={"privacy": settings})
+            config = config.model_copy(update={"privacy": settings})
             source = privacy.noise_multiplier_source
         session_id = uuid.uuid4().hex
         plan = SessionPlan.build(
@@ -79,6 +90,77 @@ class SessionManager:
             passes_total=plan.passes_total,
             noise_multiplier=plan.privacy.noise_multiplier if plan.privacy else None,
         )
+
+    def _check_model_session(self, request: SessionCreate) -> None:
+        """A scoring session names the training session whose models score: one of this
+        service's (unless it scores foreign models), over, with the same clients and layers."""
+        named = request.model_session
+        if request.kind != "scoring":
+            if named is not None:
+                raise InvalidSessionRequest("model_session is for scoring sessions only")
+            return
+        if named is None:
+            raise InvalidSessionRequest(
+                "a scoring session names the training session whose models score (model_session)"
+            )
+        with self.store.transaction() as tx:
+            row = tx.session(named)
+            if row is None:
+                if self.score_foreign_models:
+                    return
+                raise InvalidSessionRequest(
+                    f"model_session {named!r} is not a session of this service (models trained"
+                    " on another are scored where GLASU_SCORE_FOREIGN_MODELS is on)"
+                )
+            _, trained = self.engine.session(tx, named)
+        if trained.config.kind != "training":
+            raise InvalidSessionRequest(
+                f"model_session {named!r} is a {trained.config.kind} session, not a training"
+            )
+        if row.state == SessionState.RUNNING:
+            raise InvalidSessionRequest(
+                f"model_session {named!r} is still training: score once it is over"
+            )
+        for field in ("clients", "layers", "agg_layers", "nodes", "label_holder"):
+            given, kept = getattr(request, field), getattr(trained.config, field)
+            if given != kept:
+                raise InvalidSessionRequest(
+                    f"{field} differs from model_session {named!r}'s, whose models score:"
+                    f" {_shown(given)} here, {_shown(kept)} there"
+                )
+
+    def _with_part_values(self, request: SessionCreate) -> SessionCreate:
+        """The request with the ``part_values`` its shares travel in: the most whose upload
+        fits the body limit (up to ``PART_VALUES``), or the request's own if it fits."""
+        if self.max_body_bytes is None:
+            return request
+        widest = max(
+            a.width + (request.nodes == "union") for a in request.agg_layers
+        )  # the presence column of a count-aware share
+        given = request.part_values
+        try:
+            fitting = share_part_values(
+                self.max_body_bytes,
+                encoding=request.encoding,
+                widest=widest,
+                most=MAX_PART_VALUES if given is not None else PART_VALUES,
+            )
+        except BodyLimitTooSmall as exc:
+            raise InvalidSessionRequest(str(exc)) from None
+        if given is None:
+            return request.model_copy(update={"part_values": fitting})
+        largest = share_part_bytes(given, encoding=request.encoding)
+        if given > fitting:
+            raise InvalidSessionRequest(
+                f"part_values {given} makes {request.encoding} parts of up to"
+                f" {largest} bytes, over this service's body limit of {self.max_body_bytes}"
+                f" (GLASU_MAX_BODY_BYTES): at most {fitting}"
+            )
+        if given < widest:
+            raise InvalidSessionRequest(
+                f"part_values {given} is less than one row of the widest layer ({widest} values)"
+            )
+        return request
 
     def client_of_token(self, token_hash: bytes) -> tuple[str, int] | None:
         """The (session, client index) a client token's hash belongs to."""
@@ -132,6 +214,7 @@ class SessionManager:
             state=row.state,  # type: ignore[arg-type]
             created_at=row.created_at,
             config=plan.config_view(),
+            max_body_bytes=self.max_body_bytes,
             passes_total=plan.passes_total,
             current_pass=row.current_pass,
             progress=progress,
@@ -239,6 +322,14 @@ class SessionManager:
         )
 
 
+def _shown(value: object) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(_shown(item) for item in value) + "]"
+    if hasattr(value, "model_dump"):
+        return str(value.model_dump())
+    return repr(value)
+
+
 def _shares_received(
     tx: Transaction, plan: SessionPlan, pass_index: int, layer: int, rows: int | None
 ) -> list[int]:
@@ -247,7 +338,7 @@ def _shares_received(
     if rows is None:
         return []
     received: set[int] | None = None
-    for part in range(part_count(rows, plan.widths[layer])):
+    for part in range(part_count(rows, plan.widths[layer], plan.part_values)):
         clients = set(tx.uploaders(plan.session_id, pass_index, layer, "embedding", part))
         received = clients if received is None else received & clients
     return sorted(received or ())

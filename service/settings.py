@@ -66,6 +66,13 @@ class ServiceSettings(BaseSettings):
         le=MAX_LONG_POLL_SECONDS,
         description="Default and maximum wait of the long-poll downloads.",
     )
+    score_foreign_models: bool = Field(
+        False,
+        description="Accept a scoring session whose model_session this service never ran (the"
+        " one-machine `glasu score` starts a fresh service for models trained on another); each"
+        " worker still refuses a model of another session. Off: the model_session must be a"
+        " training session of this service that is over, of the same clients and layers.",
+    )
     host: str = Field("127.0.0.1", description="Interface to bind (0.0.0.0 in a container).")
     port: int = Field(8000, ge=0, le=65535)
     tls_certfile: FilePath | None = Field(None, description="PEM certificate; enables HTTPS.")

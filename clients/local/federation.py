@@ -96,10 +96,12 @@ class LocalFederation:
 
 
 @contextmanager
-def local_federation(*, encrypted: bool, work_dir: Path | None = None) -> Iterator[LocalFederation]:
-    """Start ``glasu serve`` on loopback (with a fresh CKKS key pair when ``encrypted``) in
-    ``work_dir`` (default: a temporary folder); every process started is stopped on the way
-    out, whatever happens."""
+def local_federation(
+    *, encrypted: bool, work_dir: Path | None = None, serve_args: Sequence[str] = ()
+) -> Iterator[LocalFederation]:
+    """Start ``glasu serve`` on loopback (with a fresh CKKS key pair when ``encrypted``, and
+    ``serve_args`` as more options) in ``work_dir`` (default: a temporary folder); every process
+    started is stopped on the way out, whatever happens."""
     with ExitStack() as stack:
         # A process that is still writing its log while the directory goes must not turn an
         # interrupted run into an OSError.
@@ -110,7 +112,7 @@ def local_federation(*, encrypted: bool, work_dir: Path | None = None) -> Iterat
         )
         processes: list[ManagedProcess] = []
         stack.callback(stop_all, processes)
-        extra_args: list[str] = []
+        extra_args: list[str] = list(serve_args)
         secret_context = None
         if encrypted:
             from secure.ckks import generate_keys

@@ -151,7 +151,8 @@ def score_locally(
     )
     heads = [m for m, manifest in enumerate(manifests) if manifest["party"]["holds_head"]]
     out.mkdir(parents=True, exist_ok=True)
-    with local_federation(encrypted=encrypted) as fed:
+    # a fresh service, which never ran the training whose models score (the workers check them)
+    with local_federation(encrypted=encrypted, serve_args=("--score-foreign-models",)) as fed:
         training = {
             **manifests[0]["session_config"],
             "num_nodes": federation.index.aligned_nodes,

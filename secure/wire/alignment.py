@@ -53,13 +53,14 @@ class AlignmentCreate(StrictModel):
         "(`intersection`), or those any party holds (`union`: partly shared nodes, trained with "
         "the count-aware mean; each party then also learns, per node, how many parties hold it).",
     )
-    part_elements: int = Field(
-        SET_PART_ELEMENTS,
+    part_elements: int | None = Field(
+        None,
         ge=1,
         le=MAX_PART_ELEMENTS,
         description="Elements per part of every blinded set and of the positions: a set of n "
-        "elements travels in ceil(n / part_elements) parts (32 bytes an element: the service "
-        "refuses parts that would pass its body limit).",
+        "elements travels in ceil(n / part_elements) parts (32 bytes an element). Null: the "
+        f"service picks the most (up to {SET_PART_ELEMENTS}) whose parts fit its body limit "
+        "(`max_body_bytes`, in the alignment's status); it refuses a given value over it.",
     )
 
 
@@ -88,6 +89,11 @@ class AlignmentStatus(ResponseModel):
     sets: list[SetProgress]
     nodes: AlignedNodes
     part_elements: int = Field(description="Elements per part of the sets and positions.")
+    max_body_bytes: int | None = Field(
+        None,
+        description="The service's body limit: no part it sized passes it (null: an older "
+        "service).",
+    )
     aligned_nodes: int | None = Field(
         description="Size of the aligned index (the intersection or the union), once done."
     )

@@ -44,6 +44,11 @@ class ResponseModel(BaseModel):
 class Health(ResponseModel):
     status: Literal["ok"]
     encryption: bool = Field(description="Whether a CKKS public context is loaded.")
+    max_body_bytes: int | None = Field(
+        None,
+        description="The largest request body the service takes (GLASU_MAX_BODY_BYTES): it "
+        "sizes the parts of its sessions and alignments to it (null: an older service).",
+    )
 
 
 class Waiting(ResponseModel):

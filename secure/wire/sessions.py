@@ -10,7 +10,7 @@ import numpy as np
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from secure.accounting import AccountantName
-from secure.protocol import AlignedNodes, StragglerPolicy
+from secure.protocol import PART_VALUES, AlignedNodes, StragglerPolicy
 from secure.wire.common import (
     MAX_CLIENTS,
     MAX_COUNT,
@@ -25,6 +25,7 @@ from secure.wire.common import (
 from secure.wire.node_lists import NodeList
 
 SessionState = Literal["running", "finished", "budget_exhausted", "closed"]
+MAX_PART_VALUES = 2**26
 
 
 class AggLayer(StrictModel):
@@ -143,6 +144,15 @@ class SessionCreate(StrictModel):
         le=86400,
         description="With stragglers 'continue': how long a layer waits after its first upload.",
     )
+    part_values: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_PART_VALUES,
+        description="Values (rows x columns) per part of a share: a layer of r rows and c "
+        "columns travels in parts of max(1, part_values // c) rows. Null: the service picks the "
+        f"most (up to {PART_VALUES}) whose upload fits its body limit (`max_body_bytes`, in the "
+        "session's description), which is what it refuses a given value over.",
+    )
     label: Label | None = None
     partners: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
         None,
@@ -256,6 +266,11 @@ class SessionConfigView(ResponseModel):
     label_holder: int | None
     stragglers: StragglerPolicy
     straggler_wait_seconds: float
+    part_values: int = Field(
+        PART_VALUES,
+        description="Values per part of a share (rows per part: max(1, part_values // columns)),"
+        " sized by the service to its body limit.",
+    )
     label: str | None
     partners: list[str] | None = None
     operator: str | None = None

@@ -132,6 +132,11 @@ class SessionStatus(ResponseModel):
     state: SessionState
     created_at: float
     config: SessionConfigView
+    max_body_bytes: int | None = Field(
+        None,
+        description="The service's body limit (GLASU_MAX_BODY_BYTES): `config.part_values` fits"
+        " it (null: an older service).",
+    )
     passes_total: int
     current_pass: int
     progress: PassProgress | None = Field(description="The current pass (null once over).")

@@ -90,13 +90,16 @@ def poster(owner: int, hop: int, parties: int) -> int:
 
 
 class AlignmentManager:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, max_body_bytes: int | None = None) -> None:
         self.store = store
+        self.max_body_bytes = max_body_bytes  # stated in every status
         create_alignment_tables(store)
 
     # -- admin -----------------------------------------------------------------------------------
 
     def create(self, request: AlignmentCreate) -> AlignmentCreated:
+        """``request.part_elements`` set (the route fills in the service's choice)."""
+        assert request.part_elements is not None
         alignment_id = uuid.uuid4().hex
         tokens = new_tokens(request.parties)
         with self.store.transaction() as tx:
@@ -138,6 +141,7 @@ class AlignmentManager:
             sets=progress,
             nodes=row.nodes,  # type: ignore[arg-type]
             part_elements=row.part_elements,
+            max_body_bytes=self.max_body_bytes,
             aligned_nodes=row.aligned_nodes,
             shared_nodes=row.shared_nodes,
             digest=row.digest.hex() if row.digest is not None else None,

@@ -116,6 +116,8 @@ class Membership:
         """Only the token of member ``index`` of ``group_id``."""
         token_hash = token_hash_of(credentials)
         if is_admin(context, token_hash):
+            if not self.exists(context, group_id):  # 404 before 403, as for any known token
+                raise self.not_found(group_id)
             raise ProblemError(
                 403,
                 "forbidden",

@@ -216,7 +216,7 @@ def layer_rows(tx: Transaction, plan: SessionPlan, pass_index: int, layer: int) 
 
 def layer_parts(tx: Transaction, plan: SessionPlan, pass_index: int, layer: int) -> int:
     """How many parts the layer's shares and sum travel in (its rows must be known)."""
-    return part_count(layer_rows(tx, plan, pass_index, layer), plan.widths[layer])
+    return part_count(layer_rows(tx, plan, pass_index, layer), plan.widths[layer], plan.part_values)
 
 
 def layer_summed(tx: Transaction, plan: SessionPlan, pass_index: int, layer: int) -> bool:
@@ -228,6 +228,9 @@ def layer_summed(tx: Transaction, plan: SessionPlan, pass_index: int, layer: int
 def part_rows_of(tx: Transaction, plan: SessionPlan, pass_index: int, layer: int, part: int) -> int:
     """Rows of part ``part`` of the layer's shares and sum."""
     start, stop = part_span(
-        part, rows=layer_rows(tx, plan, pass_index, layer), cols=plan.widths[layer]
+        part,
+        rows=layer_rows(tx, plan, pass_index, layer),
+        cols=plan.widths[layer],
+        part_values=plan.part_values,
     )
     return stop - start

@@ -14,6 +14,10 @@ transaction, cannot replace the acknowledged one) and ``<slot>.sum``, where ``<s
 ``l<layer>`` for part 0 of a layer (the name of a whole layer's files before shares travelled in
 parts, so a pass in flight during the upgrade keeps its files) and ``l<layer>p<part>`` for the
 others. A pass's directory goes when the store discards the pass's payloads.
+
+The files are the owner's alone (0600, like the database); so are the folders (0700), which
+name the sessions and passes: made so, and made so again when the service starts over folders
+an earlier version left open.
 """
 
 from __future__ import annotations
@@ -47,9 +51,27 @@ class StoredBody:
     path: Path
 
 
+#: The folders' mode: the service's user alone lists and enters them.
+FOLDER_MODE = 0o700
+
+
 class PayloadFiles:
     def __init__(self, root: Path) -> None:
         self.root = root
+        self._make_private()
+
+    def _make_private(self) -> None:
+        """The root made (0700), and it and the session and pass folders already below it made
+        0700 if they are not (a folder made by an earlier version, or by hand)."""
+        self.root.mkdir(mode=FOLDER_MODE, parents=True, exist_ok=True)
+        folders = [self.root]
+        for session_dir in self.root.iterdir():
+            if session_dir.is_dir() and not session_dir.is_symlink():
+                folders.append(session_dir)
+                folders += [p for p in session_dir.iterdir() if p.is_dir() and not p.is_symlink()]
+        for folder in folders:
+            if folder.stat().st_mode & 0o777 != FOLDER_MODE:
+                folder.chmod(FOLDER_MODE)
 
     @classmethod
     def beside(cls, database: Path) -> PayloadFiles:
@@ -135,6 +157,8 @@ def _slot_name(slot: BodySlot) -> str:
 
 
 def _write(path: Path, data: bytes, *, sync: bool) -> None:
+    path.parent.parent.mkdir(mode=FOLDER_MODE, exist_ok=True)  # the session's, the pass's
+    path.parent.mkdir(mode=FOLDER_MODE, exist_ok=True)
     atomic_write(path, data, durable=sync)
     if sync:  # the entries of the folders made for it (the pass's and the session's)
         for directory in (path.parent.parent, path.parent.parent.parent):

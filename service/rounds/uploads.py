@@ -244,12 +244,12 @@ class Uploads(RoundPart):
             if not layer_summed(tx, plan, pass_index, lower):
                 raise NotReady.lower_sum(pass_index, lower)
         rows, cols = layer_rows(tx, plan, pass_index, layer), plan.widths[layer]
-        parts = part_count(rows, cols)
+        parts = part_count(rows, cols, plan.part_values)
         if slot.parts != parts:
             raise WrongPart.count(pass_index, layer, expected=parts, declared=slot.parts)
         if not 0 <= part < parts:
             raise WrongPart.out_of_range(pass_index, layer, part=part, parts=parts)
-        start, stop = part_span(part, rows=rows, cols=cols)
+        start, stop = part_span(part, rows=rows, cols=cols, part_values=plan.part_values)
         return _UploadTarget(
             plan, duplicate=False, rows=stop - start, cols=cols, layer_rows=rows, span=(start, stop)
         )

@@ -52,14 +52,20 @@ class NoNoise(NoiseSource):
 
 
 def federation(
-    config: TrainConfig, dataset: GraphDataset, *, keyed: bool = False, noiseless: bool = False
+    config: TrainConfig,
+    dataset: GraphDataset,
+    *,
+    keyed: bool = False,
+    noiseless: bool = False,
+    part_values: int | None = None,
 ):
     layout = layout_federation(config, dataset)
     security = prepare_security(config, passes_total=8, clients=config.clients)
+    client_config = dataclasses.replace(layout.client_config, part_values=part_values)
     clients = [
         make_client(
             part,
-            layout.client_config,
+            client_config,
             codec=security.codec_factory(),
             device="cpu",
             privacy=security.privacy,
@@ -236,6 +242,26 @@ def test_a_share_split_into_parts_equals_the_unsplit_share(
             for a, b in zip(joined, alone, strict=True):
                 np.testing.assert_array_equal(a, b)
             assert [d for c, d in by_release if c == m] == [rnd[m].release for rnd in whole]
+
+
+def test_a_release_cut_into_other_parts_is_another_release(
+    cora, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session's part_values (the service sizes them to its body limit) that cut a release
+    otherwise than the default give it another digest: each part's noise is keyed by the part's
+    index, so the same rows cut another way carry other noise and are another release, never
+    "already recorded"."""
+    config = TrainConfig(**PRIVATE)
+    sent = []
+    for part_values in (secure.protocol.PART_VALUES, 20000):  # what a session states
+        asked = record(monkeypatch)
+        clients, aggregator = federation(config, cora, keyed=True, part_values=part_values)
+        run_pass_inprocess(
+            clients, aggregator, pass_index=5, kind="eval", output_nodes=cora.test_nodes
+        )
+        sent.append([(r.release, r.parts) for rnd in asked for r in rnd])
+    assert sent[0][0][1] == 1 and sent[1][0][1] > 1
+    assert {release for release, _ in sent[0]}.isdisjoint(release for release, _ in sent[1])
 
 
 def test_a_release_in_parts_is_sent_identically_when_computed_again(

@@ -19,6 +19,7 @@ from service_testkit import ADMIN_TOKEN, ServedProcess, admin, session_request, 
 from clients.admin import AdminClient
 from clients.alignment import AlignmentClient, AlignmentOutcome, align
 from clients.service_http import ConnectionOptions
+from secure.body_limits import usable_bytes
 from secure.wire.node_lists import encode_nodes
 from secure.wire.sessions import SessionCreate
 
@@ -128,3 +129,32 @@ def test_the_session_examples_of_the_api_guide_parse_as_written() -> None:
     assert training.train_nodes.tolist() == list(range(140))  # what the guide says they hold
     assert training.eval_nodes.tolist() == list(range(140, 1140))
     assert scoring.eval_nodes.tolist() == list(range(2708))
+
+
+def test_the_service_states_its_limit_and_sizes_every_part_to_it(served: ServedProcess) -> None:
+    """/healthz and the descriptions state the limit; a session's shares (4 bytes a float32
+    value) and an alignment's sets (32 bytes an element) are cut in parts under it, less the
+    headroom; a layer whose one row would not fit is refused at creation, saying why."""
+    usable = usable_bytes(BODY_LIMIT)
+    assert usable > BODY_LIMIT * 0.9
+    assert httpx.get(f"{served.url}/healthz", timeout=30).json()["max_body_bytes"] == BODY_LIMIT
+    created = httpx.post(f"{served.url}/v1/sessions", json=session_request(), headers=admin())
+    sid = created.json()["session_id"]
+    status = httpx.get(f"{served.url}/v1/sessions/{sid}", headers=admin(), timeout=30).json()
+    assert status["max_body_bytes"] == BODY_LIMIT
+    assert status["config"]["part_values"] == usable // 4
+    with AdminClient(base_url=served.url, token=ADMIN_TOKEN) as admin_client:
+        alignment = admin_client.create_alignment({"parties": 2})
+        assert alignment["part_elements"] == usable // 32
+        described = admin_client.alignment(alignment["alignment_id"])
+        assert (described["part_elements"], described["max_body_bytes"]) == (
+            usable // 32,
+            BODY_LIMIT,
+        )
+    wide = session_request(agg_layers=[{"layer": 1, "width": usable // 4 + 1}])
+    refused = httpx.post(f"{served.url}/v1/sessions", json=wide, headers=admin(), timeout=30)
+    assert refused.status_code == 422
+    assert "cannot carry one row" in refused.json()["detail"]
+    too_many = session_request(part_values=usable // 4 + 1)
+    refused = httpx.post(f"{served.url}/v1/sessions", json=too_many, headers=admin(), timeout=30)
+    assert refused.status_code == 422 and "at most" in refused.json()["detail"]

@@ -13,7 +13,7 @@ from service.errors import DOMAIN_PROBLEMS, TITLES, domain_problem
 
 SERVICE = Path(__file__).resolve().parents[2] / "service"
 # Only the HTTP layer may raise ProblemError (see service/domain_errors.py).
-HTTP_LAYER = {"app.py", "errors.py", "limits.py", "api"}
+HTTP_LAYER = {"app.py", "errors.py", "limits.py", "http_protocol.py", "api"}
 
 
 def _subclasses(cls: type) -> list[type]:

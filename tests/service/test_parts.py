@@ -197,14 +197,19 @@ async def test_an_encrypted_layer_larger_than_the_body_limit_travels_in_parts(
     make_app: Callable[..., FastAPI], keys: tuple[Path, Path]
 ) -> None:
     """Real CKKS: each client's layer (300 x 4096 values, 7.3 MiB encrypted) is more than the
-    service takes in one body here (7 MiB); its two parts are not, and their sums decrypt to
-    the sum of the shares."""
+    service takes in one body here (7 MiB); the session's parts, which the service sized to
+    that limit and states in its description, are not, and their sums decrypt to the sum of
+    the shares."""
     secret, public = keys
     limit = 7 * 2**20
     app = make_app(public_context=public, max_body_bytes=limit)
     codec = ckks.CkksCodec.from_file(secret)
     async with http_client(app) as http:
         created = await create_session(http, clients=2, encryption="ckks", **WIDE)
+        described = await http.get(f"/v1/sessions/{created['session_id']}", headers=admin())
+        assert described.json()["max_body_bytes"] == limit
+        part_values = described.json()["config"]["part_values"]
+        assert part_count(NUM_NODES, WIDTH, part_values) == 2
         small = codec.encode(np.zeros((4, WIDTH)))
         await train_first_pass(http, created, small, encoding="ckks")
         rng = np.random.default_rng(3)
@@ -217,7 +222,7 @@ async def test_an_encrypted_layer_larger_than_the_body_limit_travels_in_parts(
         assert_problem(too_large, 413, "payload-too-large")
         summed = []
         for part in range(2):
-            start, stop = part_span(part, rows=NUM_NODES, cols=WIDTH)
+            start, stop = part_span(part, rows=NUM_NODES, cols=WIDTH, part_values=part_values)
             for m, share in enumerate(shares):
                 body = codec.encode(share[start:stop])
                 assert len(body) < limit

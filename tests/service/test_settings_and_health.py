@@ -96,7 +96,7 @@ def test_serve_passes_tls_and_address_to_uvicorn(
 async def test_health_and_metrics_need_no_token(client: httpx.AsyncClient) -> None:
     health = await client.get("/healthz")
     assert health.status_code == 200
-    assert health.json() == {"status": "ok", "encryption": False}
+    assert health.json() == {"status": "ok", "encryption": False, "max_body_bytes": 64 * 2**20}
 
     request = session_request(rounds=1, eval_every=0)
     created = await create_session(client, rounds=1, eval_every=0)

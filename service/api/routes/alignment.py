@@ -17,6 +17,7 @@ from fastapi import Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from secure.body_limits import BodyLimitTooSmall, set_part_elements
 from secure.psi import ELEMENT_BYTES
 from secure.wire.alignment import (
     SET_ENCODING,
@@ -104,14 +105,20 @@ def create_alignment(
     response: Response,
 ) -> AlignmentCreated:
     """Admin only. Returns the party tokens once: the service keeps only their hashes."""
+    limit = context.settings.max_body_bytes
+    if request.part_elements is None:  # the most that fit this service's limit
+        try:
+            request = request.model_copy(update={"part_elements": set_part_elements(limit)})
+        except BodyLimitTooSmall as exc:
+            raise ProblemError(422, "validation-error", str(exc)) from None
     part_bytes = request.part_elements * ELEMENT_BYTES
-    if part_bytes > context.settings.max_body_bytes:
+    if part_bytes > limit:
         raise ProblemError(
             422,
             "validation-error",
             f"part_elements {request.part_elements} makes parts of {part_bytes} bytes, over "
-            f"this service's body limit of {context.settings.max_body_bytes} (GLASU_MAX_BODY_BYTES)"
-            f": at most {context.settings.max_body_bytes // ELEMENT_BYTES}",
+            f"this service's body limit of {limit} (GLASU_MAX_BODY_BYTES)"
+            f": at most {limit // ELEMENT_BYTES}",
         )
     created = alignments.create(request)
     response.headers["Location"] = f"/v1/alignments/{created.alignment_id}"

@@ -20,7 +20,11 @@ def healthz(context: ContextDep) -> Health:
         context.store.ping()
     except sqlite3.Error as exc:
         raise ProblemError(503, "unavailable", f"database unavailable: {exc}") from exc
-    return Health(status="ok", encryption=context.aggregators.context is not None)
+    return Health(
+        status="ok",
+        encryption=context.aggregators.context is not None,
+        max_body_bytes=context.settings.max_body_bytes,
+    )
 
 
 @router.get("/metrics", response_class=Response, summary="Prometheus metrics")
