@@ -63,6 +63,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "node any party holds (union: a party's share is zero where it lacks a node and each "
         "row is averaged over the parties that hold it; docs/data.md)",
     )
+    train_options.add_owner_ledger_arguments(data)
     federation = p.add_argument_group("federation and training")
     train_options.add_federation_arguments(federation, local=True)
     federation.add_argument(
@@ -122,6 +123,7 @@ def check(args: argparse.Namespace) -> None:
     if args.party is not None:
         check_parties(args)
     check_nodes(args)
+    train_options.check_ledger_arguments(args)
     train_config.check_federation(args, through_service=uses_service(args))
     check_output_file(args.report, "--report", overwrite=args.overwrite)
     check_output_file(args.plot, "--plot", formats=PLOT_FORMATS, overwrite=args.overwrite)
@@ -200,6 +202,7 @@ def _train_federation(
     from clients.local.federation import train_over_http
     from clients.local.processes import FederationFailed
 
+    ledgers = None if args.party is None else train_options.owner_ledgers(args)
     with failing_as("the federation failed", FederationFailed):
         report = train_over_http(
             config,
@@ -209,6 +212,7 @@ def _train_federation(
             progress=not args.quiet,
             model_dirs=model_folders(args),
             about=train_options.session_about(args),
+            ledgers=ledgers,
         )
     return report, layout.partitions
 
@@ -230,6 +234,7 @@ def _train_party_folders(
     from clients.local.processes import FederationFailed
     from models.layout import layout_federation
 
+    ledgers = train_options.owner_ledgers(args)  # before the alignment: a refusal costs nothing
     holder = config.label_holder
     passive = [m for m in range(len(args.party)) if holder is not None and m != holder]
     with tempfile.TemporaryDirectory(prefix="glasu-parties-") as out:
@@ -258,6 +263,7 @@ def _train_party_folders(
                 model_dirs=model_folders(args),
                 about=train_options.session_about(args),
                 folders=parties.folders,
+                ledgers=ledgers,
             )
         return report, layout.partitions
 

@@ -19,6 +19,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from clients.admin import AdminClient, ServiceUnavailable
+from clients.local.parties import PartyLedgers
 from clients.local.processes import (
     MAX_WORKER_RESTARTS,
     ManagedProcess,
@@ -60,9 +61,12 @@ class LocalFederation:
         threads: int,
         extra: Callable[[int], list[str]] = lambda client: [],
         folders: Sequence[Path] | None = None,
+        ledgers: PartyLedgers | None = None,
     ) -> None:
         """One ``glasu worker`` per partition, ``extra(m)`` appended to client m's arguments;
-        each reads its folder in ``folders`` or, by default, its partition written here."""
+        each reads its folder in ``folders`` or, by default, its partition written here, and
+        writes its organisation's ledger in ``ledgers`` or, by default (synthetic parties of a
+        benchmark dataset), one beside that partition, the run's own."""
         for part, token in zip(partitions, created["client_tokens"], strict=True):
             if folders is not None:
                 data = folders[part.client]
@@ -79,7 +83,10 @@ class LocalFederation:
                 secret_context=self.secret_context,
                 threads=threads,
                 passes_total=created["passes_total"],
+                max_lifetime_epsilon=None if ledgers is None else ledgers.max_lifetime_epsilon,
             )
+            if ledgers is not None:
+                args += ["--ledger", str(ledgers.paths[part.client])]
             self.processes.append(
                 start_process(
                     f"worker {part.client}",
@@ -135,11 +142,13 @@ def train_over_http(
     model_dirs: Sequence[Path] | None = None,
     about: Mapping[str, Any] | None = None,
     folders: Sequence[Path] | None = None,
+    ledgers: PartyLedgers | None = None,
 ) -> RunReport:
     """``model_dirs``: one folder per client, where its worker keeps its trained model;
     ``about``: the session body's ``partners`` and ``operator``; ``folders``: the workers'
     data folders (``clients.local.parties.worker_folders``), instead of the layout's partitions
-    written to the work folder."""
+    written to the work folder; ``ledgers``: each organisation's own privacy ledger (default:
+    the run's own, for the synthetic parties of a benchmark dataset)."""
     if len(layout.groups) != 1:
         raise ValueError(
             "this mode trains clients independently; run it with "
@@ -156,6 +165,7 @@ def train_over_http(
             threads=threads,
             extra=lambda m: [] if model_dirs is None else ["--model-out", str(model_dirs[m])],
             folders=folders,
+            ledgers=ledgers,
         )
         follow(fed.admin, created["session_id"], fed.processes, created["passes_total"], progress)
         results = fed.results(len(layout.partitions))
