@@ -110,7 +110,7 @@ def test_training_and_scoring_of_copies_count_in_one_ledger_under_one_lifetime_c
     assert scored["ledger"] == trained["ledger"]  # the copy counts in the organisation's ledger
     assert budget(glasu, "--local", str(prepared[0])) == scored
     assert budget(glasu, "--ledger", str(bank_ledger)) == scored
-    assert [s["session"] for s in scored["sessions"]][0] == trained["sessions"][0]["session"]
+    assert scored["sessions"][0]["session"] == trained["sessions"][0]["session"]
     assert len(scored["sessions"]) == 2 and scored["releases"] > trained["releases"]
     assert scored["epsilon"] > trained["epsilon"]
     insurer = budget(glasu, "--local", str(current[1]))
@@ -142,9 +142,9 @@ def test_prepare_names_the_organisation_and_its_ledger(tmp_path: Path, glasu: Gl
     source = tmp_path / "tables" / "bank"
     done = glasu("prepare", "--nodes", str(source / "nodes.csv"), "--edges",
                  str(source / "edges.csv"), "--id-column", "customer", "--quiet",
-                 "--organisation", "First-Bank", "--out", str(tmp_path / "current" / "x"))  # fmt: skip
+                 "--organisation", "First-Bank", "--out", str(tmp_path / "x"))  # fmt: skip
     assert done.returncode == 0, done.stderr
-    meta = json.loads((tmp_path / "current" / "x" / "meta.json").read_text())
+    meta = json.loads((tmp_path / "x" / "meta.json").read_text())
     assert meta["organisation"] == "First-Bank"
     assert str(ledgers_folder() / "First-Bank.sqlite3") in done.stdout
     done = glasu("prepare", "--nodes", str(source / "nodes.csv"), "--edges",
