@@ -439,6 +439,41 @@ def ledger_location(data: Path | None, *, ledger: Path | None = None) -> Path:
     return chosen
 
 
+@dataclass(frozen=True)
+class PartyLedgers:
+    """Each party's privacy ledger, its organisation's own (it outlives the run: every run on
+    any copy of the organisation's data counts in it), and the lifetime cap every worker of the
+    run applies to its ledger (the run's per-session cap is the run's own budget)."""
+
+    paths: list[Path]
+    max_lifetime_epsilon: float
+
+
+def party_ledgers(folders: Sequence[Path], chosen: Sequence[Path] | None = None) -> list[Path]:
+    """The ledger of each party's organisation (``clients.owner_ledger.ledger_location``), or
+    ``chosen`` (``--ledger``, once per party); ValueError when two parties would write one
+    ledger (two folders of one organisation are one party, not two)."""
+    if chosen is not None and len(chosen) != len(folders):
+        raise ValueError(
+            f"--ledger is given {len(chosen)} times for {len(folders)} parties: give it once per "
+            "--party, in the same order, or not at all"
+        )
+    paths = [
+        ledger_location(Path(folder), ledger=None if chosen is None else chosen[m])
+        for m, folder in enumerate(folders)
+    ]
+    seen: dict[Path, int] = {}
+    for m, path in enumerate(paths):
+        first = seen.setdefault(path.resolve(), m)
+        if first != m:
+            raise ValueError(
+                f"--party {folders[first]} and --party {folders[m]} would count their releases "
+                f"in one privacy ledger ({path}): they are folders of one organisation; give "
+                "each organisation's `glasu prepare` its own --organisation"
+            )
+    return paths
+
+
 def _same_file(a: Path, b: Path) -> bool:
     try:
         return a.resolve() == b.resolve() or (b.exists() and a.samefile(b))

@@ -90,6 +90,7 @@ def check(args: argparse.Namespace) -> None:
         raise UsageError(f"--ids {args.ids} is not a file")
     check_output_dir(args.out, "--out")
     check_ledger_arguments(args)
+    args.owner_ledgers = owner_ledgers(args)  # an older ledger beside the data: refused now
 
 
 def run(args: argparse.Namespace) -> int:
@@ -104,7 +105,6 @@ def run(args: argparse.Namespace) -> int:
         with failing_as("--ids"):
             holder_ids = [line.strip() for line in args.ids.read_text().splitlines()]
             holder_ids = [i for i in holder_ids if i]
-    ledgers = owner_ledgers(args)
     with failing_as("glasu score", ModelError, ValueError, OSError, FederationFailed):
         try:
             summary = score_locally(
@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
                 threads=args.threads,
                 device=args.device,
                 progress=not args.quiet,
-                ledgers=ledgers,
+                ledgers=args.owner_ledgers,
             )
         except AlignmentFailed as exc:
             raise CliError(f"the alignment failed: {exc}") from exc

@@ -124,6 +124,10 @@ def check(args: argparse.Namespace) -> None:
         check_parties(args)
     check_nodes(args)
     train_options.check_ledger_arguments(args)
+    # each organisation's ledger, before anything starts (an older ledger beside the data is
+    # refused here, in one sentence, not after the alignment)
+    through_service = args.party is not None and uses_service(args)
+    args.owner_ledgers = train_options.owner_ledgers(args) if through_service else None
     train_config.check_federation(args, through_service=uses_service(args))
     check_output_file(args.report, "--report", overwrite=args.overwrite)
     check_output_file(args.plot, "--plot", formats=PLOT_FORMATS, overwrite=args.overwrite)
@@ -202,7 +206,6 @@ def _train_federation(
     from clients.local.federation import train_over_http
     from clients.local.processes import FederationFailed
 
-    ledgers = None if args.party is None else train_options.owner_ledgers(args)
     with failing_as("the federation failed", FederationFailed):
         report = train_over_http(
             config,
@@ -212,7 +215,7 @@ def _train_federation(
             progress=not args.quiet,
             model_dirs=model_folders(args),
             about=train_options.session_about(args),
-            ledgers=ledgers,
+            ledgers=args.owner_ledgers,
         )
     return report, layout.partitions
 
@@ -234,7 +237,6 @@ def _train_party_folders(
     from clients.local.processes import FederationFailed
     from models.layout import layout_federation
 
-    ledgers = train_options.owner_ledgers(args)  # before the alignment: a refusal costs nothing
     holder = config.label_holder
     passive = [m for m in range(len(args.party)) if holder is not None and m != holder]
     with tempfile.TemporaryDirectory(prefix="glasu-parties-") as out:
@@ -263,7 +265,7 @@ def _train_party_folders(
                 model_dirs=model_folders(args),
                 about=train_options.session_about(args),
                 folders=parties.folders,
-                ledgers=ledgers,
+                ledgers=args.owner_ledgers,
             )
         return report, layout.partitions
 

@@ -33,7 +33,7 @@ from secure.protocol import StragglerPolicy
 from secure.wire.common import MAX_CLIENTS, MAX_LAYERS, MAX_ROUNDS, MAX_WIDTH
 
 if TYPE_CHECKING:
-    from clients.local.parties import PartyLedgers
+    from clients.owner_ledger import PartyLedgers
     from models.data.planetoid import GraphDataset
 
 DEFAULTS = TrainConfig()
@@ -388,12 +388,12 @@ def add_owner_ledger_arguments(p: argparse._ActionsContainer) -> None:
 def owner_ledgers(args: argparse.Namespace) -> PartyLedgers:
     """Each ``--party``'s organisation's ledger, with the run's lifetime cap; :class:`CliError`
     naming the problem (an older ledger beside the data, two folders of one organisation)."""
-    from clients.local.parties import PartyLedgers, party_ledgers
+    from clients.owner_ledger import PartyLedgers, party_ledgers
 
     try:
         paths = party_ledgers(args.party, args.ledger)
     except ValueError as exc:
-        raise CliError(f"--ledger: {exc}") from None
+        raise CliError(f"privacy ledger: {exc}") from None
     return PartyLedgers(paths=paths, max_lifetime_epsilon=args.max_lifetime_epsilon)
 
 

@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     except (DataFolderBusy, OSError) as exc:
         raise CliError(f"--data: {exc}") from exc
     with folder_lock:
-        return _run(settings, quiet=args.quiet)
+        return _run(settings, ledger_path(settings), quiet=args.quiet)
 
 
 def ledger_path(settings: WorkerSettings) -> Path:
@@ -96,10 +96,10 @@ def ledger_path(settings: WorkerSettings) -> Path:
     try:
         return ledger_location(settings.data, ledger=settings.ledger)
     except ValueError as exc:  # LedgerLocationError, or a bad organisation name
-        raise CliError(f"--ledger: {exc}") from exc
+        raise CliError(f"privacy ledger: {exc}") from exc
 
 
-def _run(settings: WorkerSettings, *, quiet: bool) -> int:
+def _run(settings: WorkerSettings, ledger_file: Path, *, quiet: bool) -> int:
     import torch
 
     from clients.checkpoint import CheckpointError, CheckpointStore
@@ -123,7 +123,6 @@ def _run(settings: WorkerSettings, *, quiet: bool) -> int:
     from secure.noise import NotPrivateNoiseError
     from secure.protocol import ProtocolViolation
 
-    ledger_file = ledger_path(settings)  # before anything else: a refusal costs nothing
     torch.set_num_threads(settings.torch_threads())
     token = read_token(settings.token_file, flag="--token-file")
     with failing_as(f"cannot load the partition {settings.data}"):

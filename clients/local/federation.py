@@ -19,7 +19,6 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from clients.admin import AdminClient, ServiceUnavailable
-from clients.local.parties import PartyLedgers
 from clients.local.processes import (
     MAX_WORKER_RESTARTS,
     ManagedProcess,
@@ -34,6 +33,7 @@ from clients.local.processes import (
 )
 from clients.local.report import report_from_workers
 from clients.local.session import session_request, worker_arguments
+from clients.owner_ledger import PartyLedgers
 from models.config import TrainConfig
 from models.data.partition import ClientPartition, save_partition
 from models.data.planetoid import GraphDataset

@@ -19,14 +19,9 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from clients.local.federation import follow, local_federation
-from clients.local.parties import (
-    PartyLedgers,
-    federation_of_parties,
-    model_folders,
-    party_ledgers,
-    party_names,
-)
+from clients.local.parties import federation_of_parties, model_folders, party_names
 from clients.local.session import scoring_request
+from clients.owner_ledger import PartyLedgers, party_ledgers
 from clients.policy import PrivacyPolicy
 from clients.predictions import own_ids_by_node
 from models.artefact import ModelError, read_manifest

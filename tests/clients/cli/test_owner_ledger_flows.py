@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import sqlite3
 import subprocess
 from collections.abc import Callable
@@ -17,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clients.owner_ledger import LEDGER_FILENAME, OwnerLedger, ledgers_folder
+from clients.cli.main import main
+from clients.owner_ledger import LEDGER_FILENAME, OwnerLedger
 
 Glasu = Callable[..., subprocess.CompletedProcess[str]]
 PARTIES = ("bank", "insurer")
@@ -27,6 +29,11 @@ TRAINING = (
     "--rounds", "2", "--eval-every", "2", "--batch-size", "16", "--hidden", "8",
     "--epsilon", "2", "--no-he", "--quiet",
 )  # fmt: skip
+
+
+def ledgers_folder() -> Path:
+    """Where the organisations' ledgers go by default (tests/conftest.py sets XDG_DATA_HOME)."""
+    return Path(os.environ["XDG_DATA_HOME"]) / "glasu" / "ledgers"
 
 
 def write_tables(root: Path, *, new_customers: int = 0) -> None:
@@ -59,7 +66,9 @@ def write_tables(root: Path, *, new_customers: int = 0) -> None:
                     writer.writerow([shared[row], int(classes[row])])
 
 
-def prepare(glasu: Glasu, tables: Path, out: Path) -> list[Path]:
+def prepare(glasu: Glasu | None, tables: Path, out: Path) -> list[Path]:
+    """``glasu prepare`` of every party's tables, in a process of its own (``glasu``) or, where
+    it only sets a test up, in this one."""
     folders = []
     for party in PARTIES:
         args = ["prepare", "--nodes", str(tables / party / "nodes.csv"), "--edges",
@@ -67,8 +76,11 @@ def prepare(glasu: Glasu, tables: Path, out: Path) -> list[Path]:
                 "--out", str(out / party)]  # fmt: skip
         if (tables / party / "labels.csv").exists():
             args += ["--labels", str(tables / party / "labels.csv")]
-        done = glasu(*args)
-        assert done.returncode == 0, done.stderr
+        if glasu is None:
+            assert main(args) == 0
+        else:
+            done = glasu(*args)
+            assert done.returncode == 0, done.stderr
         folders.append(out / party)
     return folders
 
@@ -164,14 +176,15 @@ def test_an_older_ledger_beside_the_data_is_used_or_refused_by_name(
     tmp_path: Path, glasu: Glasu
 ) -> None:
     write_tables(tmp_path / "tables")
-    folders = prepare(glasu, tmp_path / "tables", tmp_path / "prepared")
+    folders = prepare(None, tmp_path / "tables", tmp_path / "prepared")
     bank = folders[0]
     _old_ledger(bank)
     # a folder of this glasu names its organisation: the older ledger would stop counting
-    for argv in (
-        ("budget", "--local", str(bank)),
-        ("train", *parties(folders), *TRAINING),
-    ):
+    token = tmp_path / "client-0.token"
+    token.write_text("t" * 32)
+    worker = ("worker", "--server", "http://127.0.0.1:9", "--session", "s-new", "--client", "0",
+              "--token-file", str(token), "--data", str(bank), "--device", "cpu")  # fmt: skip
+    for argv in (("budget", "--local", str(bank)), ("train", *parties(folders), *TRAINING), worker):
         done = glasu(*argv, timeout=120)
         assert done.returncode == 1, done.stderr
         assert f"mv {bank / LEDGER_FILENAME} {ledgers_folder() / 'bank.sqlite3'}" in done.stderr
@@ -191,8 +204,8 @@ def test_an_older_ledger_beside_the_data_is_used_or_refused_by_name(
 
 def test_two_folders_of_one_organisation_are_one_party(tmp_path: Path, glasu: Glasu) -> None:
     write_tables(tmp_path / "tables")
-    first = prepare(glasu, tmp_path / "tables", tmp_path / "a")
-    second = prepare(glasu, tmp_path / "tables", tmp_path / "b")
+    first = prepare(None, tmp_path / "tables", tmp_path / "a")
+    second = prepare(None, tmp_path / "tables", tmp_path / "b")
     done = glasu("train", "--party", str(first[0]), "--party", str(second[0]), *TRAINING)
     assert done.returncode == 1
     assert "one privacy ledger" in done.stderr and "--organisation" in done.stderr
@@ -200,7 +213,7 @@ def test_two_folders_of_one_organisation_are_one_party(tmp_path: Path, glasu: Gl
 
 def test_a_party_ledger_is_given_once_per_party(tmp_path: Path, glasu: Glasu) -> None:
     write_tables(tmp_path / "tables")
-    folders = prepare(glasu, tmp_path / "tables", tmp_path / "prepared")
+    folders = prepare(None, tmp_path / "tables", tmp_path / "prepared")
     done = glasu("train", *parties(folders), "--ledger", str(tmp_path / "l.sqlite3"), *TRAINING)
     assert done.returncode == 2 and "once per --party" in done.stderr
     done = glasu("train", "--dataset", "cora", "--ledger", str(tmp_path / "l.sqlite3"))
