@@ -370,8 +370,8 @@ def add_owner_ledger_arguments(p: argparse._ActionsContainer) -> None:
         action="append",
         default=None,
         metavar="PATH",
-        help="with --party, once per --party in the same order: the organisation's privacy "
-        "ledger, where every release of its data is counted across runs (default: the "
+        help="once per --party, in the same order: the organisation's privacy ledger, where "
+        "every release of its data is counted across runs and flows (default: the "
         "organisation's own, $XDG_DATA_HOME/glasu/ledgers/<organisation>.sqlite3, the name "
         "glasu prepare wrote into its folder; docs/data.md)",
     )
@@ -380,8 +380,8 @@ def add_owner_ledger_arguments(p: argparse._ActionsContainer) -> None:
         type=positive_float,
         default=PrivacyPolicy.max_lifetime_epsilon,
         metavar="EPSILON",
-        help="with --party: the most epsilon all runs together may spend of each "
-        "organisation's data, counted in its ledger; a worker refuses a run past it",
+        help="the most epsilon all runs together may spend of each --party organisation's "
+        "data, counted in its ledger; its worker refuses a run past it",
     )
 
 
