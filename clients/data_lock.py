@@ -1,6 +1,8 @@
-"""One worker per data folder: the folder holds the owner's ledger and checkpoints, and a second
-worker on it would "resume" from the live one's checkpoint. An advisory ``flock`` on a file in
-the folder, released by the kernel when the process ends, however it ends."""
+"""One worker per data folder: the folder holds the worker's checkpoints, and a second worker on
+it would "resume" from the live one's checkpoint. (The owner's ledger is the organisation's and
+may be shared by workers on several folders at once: ``clients/owner_ledger.py`` makes that
+safe.) An advisory ``flock`` on a file in the folder, released by the kernel when the process
+ends, however it ends."""
 
 from __future__ import annotations
 

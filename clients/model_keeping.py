@@ -57,5 +57,5 @@ def ledger_spent(
         delta=policy.delta,
         accountant=policy.accountant,
         releases=ledger.releases(session_id=session_id),
-        source="this party's own privacy ledger",
+        source=f"this party's own privacy ledger, {ledger.path.resolve()}",
     )

@@ -2,8 +2,8 @@
 its own worker (the service keeps its own privacy ledger of each session's releases, in
 ``service.store``; neither is ``secure.accounting.PrivacyBudget``, a session's count in memory).
 
-One SQLite file per dataset, beside the worker's data (``<data>/privacy-ledger.sqlite3``, mode
-0600). A row is written, and synced to disk, *before* the release it records leaves the worker,
+One SQLite file per organisation, wherever its data is (mode 0600; :func:`ledger_location`).
+A row is written, and synced to disk, *before* the release it records leaves the worker,
 so a crash can only over-count. A release is identified by (session, pass, layer, digest of its
 inputs): the session id is the one the owner configured, and the digest
 (``secure.release_noise.release_digest``) changes with anything the release depends on, so a
@@ -17,6 +17,16 @@ exactly as one Gaussian release with ``z = 1 / sqrt(sum 1 / z_i^2)`` (at sample 
 Gaussian mechanisms' privacy loss distributions compose to a Gaussian one: RDP alpha / (2 z_i^2)
 adds up, and so does mu^2 = 1 / z_i^2 in Gaussian DP), so sessions with
 different noise add up without approximation (``secure.accounting.composed_epsilon``).
+
+Where it lives: the file ``--ledger`` names, or by default
+``$XDG_DATA_HOME/glasu/ledgers/<organisation>.sqlite3``, the organisation being the name
+``glasu prepare`` wrote into the data folder, so that every copy of its data (its tables
+prepared again) counts in one ledger; a folder without one (a benchmark partition's synthetic
+party, a folder of an older ``glasu prepare``) keeps it beside the data
+(``<data>/privacy-ledger.sqlite3``), as before. Several workers of one organisation may write
+it at once: every write is one ``BEGIN IMMEDIATE`` transaction (waiting out the others within
+the busy timeout), and :meth:`OwnerLedger.exclusive` makes a release's budget check and its
+row one transaction.
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import sqlite3
 import time
 from collections.abc import Iterator, Sequence
@@ -182,7 +193,18 @@ class OwnerLedger:
         self.close()
 
     @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the ledger's write lock: what is read and written inside (a release's budget
+        check and its row) is one transaction, which no other worker of this organisation can
+        interleave with (it waits up to the busy timeout)."""
+        with self._transaction():
+            yield
+
+    @contextmanager
     def _transaction(self, mode: str = "IMMEDIATE") -> Iterator[sqlite3.Connection]:
+        if self._connection.in_transaction:  # inside exclusive(): part of its transaction
+            yield self._connection
+            return
         self._connection.execute(f"BEGIN {mode}")
         try:
             yield self._connection
@@ -335,3 +357,125 @@ class OwnerLedger:
             releases=[dict(zip(RELEASE_FIELDS, row, strict=True)) for row in releases],
             sessions=records,
         )
+
+
+# -- where an organisation's ledger lives -------------------------------------------------------
+
+#: The key of ``meta.json`` under which ``glasu prepare`` writes whose data the folder holds.
+ORGANISATION_KEY = "organisation"
+_ORGANISATION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+class LedgerLocationError(ValueError):
+    """The ledger a flow would write is not the one this data's earlier releases are in."""
+
+
+def check_organisation_name(name: str) -> str:
+    """``name`` if it can name an organisation (and its ledger file); ValueError otherwise."""
+    if not _ORGANISATION_NAME.fullmatch(name):
+        raise ValueError(
+            f"{name!r} cannot name an organisation: use 1 to 100 letters, digits, '.', '_' or "
+            "'-', starting with a letter or a digit"
+        )
+    return name
+
+
+def ledgers_folder() -> Path:
+    """Where the organisations' ledgers live by default: ``$XDG_DATA_HOME/glasu/ledgers``
+    (``~/.local/share/glasu/ledgers`` where ``XDG_DATA_HOME`` is unset)."""
+    base = os.environ.get("XDG_DATA_HOME", "")
+    root = Path(base) if os.path.isabs(base) else Path.home() / ".local" / "share"
+    return root / "glasu" / "ledgers"
+
+
+def organisation_ledger(organisation: str) -> Path:
+    """The default ledger of ``organisation``."""
+    return ledgers_folder() / f"{check_organisation_name(organisation)}.sqlite3"
+
+
+def folder_organisation(folder: Path) -> str | None:
+    """The organisation ``glasu prepare`` wrote into ``folder``, or None (a benchmark
+    partition's folder, a folder of an older ``glasu prepare``, no folder at all)."""
+    from models.data.party import META
+
+    try:
+        meta = json.loads((Path(folder) / META).read_text())
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    name = meta.get(ORGANISATION_KEY) if isinstance(meta, dict) else None
+    return None if name is None else check_organisation_name(str(name))
+
+
+def ledger_location(data: Path | None, *, ledger: Path | None = None) -> Path:
+    """The owner's ledger of a flow on the data folder ``data``: ``ledger`` (``--ledger``) when
+    given; else the default ledger of the organisation the folder names, whichever copy of the
+    organisation's data it is (``prepared/bank`` and ``current/bank`` alike); else, in a folder
+    without an organisation, ``<data>/privacy-ledger.sqlite3``.
+
+    :class:`LedgerLocationError` when ``data`` holds a ledger beside it (written there by an
+    older glasu) that is not the chosen one: its releases would silently stop counting. The
+    message says how to move it."""
+    beside = None if data is None else Path(data) / LEDGER_FILENAME
+    organisation = None if data is None else folder_organisation(Path(data))
+    if ledger is None and organisation is None:
+        if beside is None:
+            raise ValueError("give a data folder or a ledger")
+        return beside
+    chosen = Path(ledger) if ledger is not None else organisation_ledger(str(organisation))
+    if beside is not None and beside.exists() and not _same_file(beside, chosen):
+        whose = f"organisation {organisation!r}" if ledger is None else "--ledger"
+        if chosen.exists():
+            raise LedgerLocationError(
+                f"{beside} holds earlier releases of this data (an older glasu kept the ledger "
+                f"beside the data), and {chosen}, the ledger of {whose}, holds others: glasu "
+                f"does not merge two ledgers; give --ledger {beside} to go on with the first"
+            )
+        raise LedgerLocationError(
+            f"{beside} holds earlier releases of this data (an older glasu kept the ledger "
+            f"beside the data); the ledger of {whose} is now {chosen}: with no worker running, "
+            f"move it there (mkdir -p {chosen.parent} && mv {beside} {chosen}) so that they "
+            f"keep counting, or give --ledger {beside}"
+        )
+    return chosen
+
+
+@dataclass(frozen=True)
+class PartyLedgers:
+    """Each party's privacy ledger, its organisation's own (it outlives the run: every run on
+    any copy of the organisation's data counts in it), and the lifetime cap every worker of the
+    run applies to its ledger (the run's per-session cap is the run's own budget)."""
+
+    paths: list[Path]
+    max_lifetime_epsilon: float
+
+
+def party_ledgers(folders: Sequence[Path], chosen: Sequence[Path] | None = None) -> list[Path]:
+    """The ledger of each party's organisation (``clients.owner_ledger.ledger_location``), or
+    ``chosen`` (``--ledger``, once per party); ValueError when two parties would write one
+    ledger (two folders of one organisation are one party, not two)."""
+    if chosen is not None and len(chosen) != len(folders):
+        raise ValueError(
+            f"--ledger is given {len(chosen)} times for {len(folders)} parties: give it once per "
+            "--party, in the same order, or not at all"
+        )
+    paths = [
+        ledger_location(Path(folder), ledger=None if chosen is None else chosen[m])
+        for m, folder in enumerate(folders)
+    ]
+    seen: dict[Path, int] = {}
+    for m, path in enumerate(paths):
+        first = seen.setdefault(path.resolve(), m)
+        if first != m:
+            raise ValueError(
+                f"--party {folders[first]} and --party {folders[m]} would count their releases "
+                f"in one privacy ledger ({path}): they are folders of one organisation; give "
+                "each organisation's `glasu prepare` its own --organisation"
+            )
+    return paths
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or (b.exists() and a.samefile(b))
+    except OSError:
+        return False

@@ -109,11 +109,19 @@ class WorkerSettings(BaseSettings):
         "giving up (exit code 5); raise it for graphs of millions of nodes, whose evaluation "
         "pass can take longer (docs/deploy.md).",
     )
+    ledger: Path | None = Field(
+        None,
+        description="This organisation's privacy ledger (SQLite), where every release of its "
+        "data is counted, in every session and flow. Default: the ledger of the organisation "
+        "the --data folder names (glasu prepare), $XDG_DATA_HOME/glasu/ledgers/<organisation>"
+        ".sqlite3, whichever copy of its data the folder is; in a folder without one (glasu "
+        "partition), privacy-ledger.sqlite3 in it.",
+    )
     checkpoint: Path | None = Field(
         None,
         description="Folder of this worker's checkpoints, written after every pass; a worker "
         "started again (after a crash) resumes from its checkpoint there. Default: "
-        "checkpoints/ in the --data folder, beside the local privacy ledger.",
+        "checkpoints/ in the --data folder.",
     )
     no_checkpoint: bool = Field(
         False,
@@ -149,8 +157,8 @@ class WorkerSettings(BaseSettings):
     max_lifetime_epsilon: float = Field(
         PrivacyPolicy.max_lifetime_epsilon,
         gt=0,
-        description="The most epsilon all sessions together may spend of this data (the local "
-        "ledger beside the data counts them).",
+        description="The most epsilon all sessions together may spend of this data (the "
+        "organisation's ledger, --ledger, counts them all).",
     )
     policy_delta: float = Field(
         PrivacyPolicy.delta,

@@ -16,6 +16,16 @@ from bench.postgres import PostgresCluster, postgres_binaries
 SHARED_DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "planetoid"
 
 
+@pytest.fixture(autouse=True)
+def _own_ledgers_folder(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each test's organisations' default privacy ledgers ($XDG_DATA_HOME/glasu/ledgers) in a
+    folder of its own, never the user's: a ledger outlives its runs, and a test's releases
+    must count against no other test's caps (the processes a test starts inherit it)."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path_factory.mktemp("xdg-data")))
+
+
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not SHARED_DATASETS.is_dir():

@@ -21,15 +21,24 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="show a session's privacy budget, or this organisation's own ledger",
         description="Show a session's (epsilon, delta): spent, target, mechanism and against "
         "whom it holds (GET /v1/sessions/{id}/privacy, with the admin token or a client token). "
-        "With --local DIR: what this organisation's worker has released of the data in DIR, "
-        "across all sessions (its own ledger; no service needed).",
+        "With --local DIR (or --ledger PATH): what this organisation has released of its data, "
+        "across all sessions and flows (its own ledger; no service needed).",
     )
     p.add_argument(
         "--local",
         type=Path,
         default=None,
         metavar="DIR",
-        help="a worker's data folder: print its local privacy ledger instead",
+        help="a data folder: print its organisation's privacy ledger instead (the one the "
+        "workers on DIR write: $XDG_DATA_HOME/glasu/ledgers/<organisation>.sqlite3 for a "
+        "folder of glasu prepare)",
+    )
+    p.add_argument(
+        "--ledger",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="print this privacy ledger (a worker's --ledger) instead",
     )
     add_server_arguments(p, required=False)
     p.add_argument("--session", default=None, metavar="ID", help="session id (with --server)")
@@ -57,10 +66,12 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.local is not None:
+    if args.local is not None or args.ledger is not None:
         return _local(args)
     if args.server is None or args.session is None:
-        raise UsageError("give --server and --session (a session's budget) or --local DIR")
+        raise UsageError(
+            "give --server and --session (a session's budget), or --local DIR or --ledger PATH"
+        )
     token = read_token(args.token_file, env="GLASU_ADMIN_TOKEN", flag="--token-file")
     with admin_client(args, token) as admin:
         report = admin.privacy(args.session)
@@ -72,7 +83,7 @@ def _local(args: argparse.Namespace) -> int:
     from clients.owner_ledger import OwnerLedger
     from secure.report import iso_utc
 
-    path = ledger_in(args.local)
+    path = ledger_in(args.local, ledger=args.ledger)
     with OwnerLedger(path) as ledger:
         # One read: a worker writing meanwhile must not make a session's figure count rows the
         # lifetime figure does not (a session above the lifetime spend of the same releases).

@@ -251,11 +251,16 @@ def check_party_folders(folders: Sequence[Path]) -> None:
             raise UsageError(f"--party {folder} is not a directory (a folder of glasu prepare)")
 
 
-def ledger_in(folder: Path) -> Path:
-    """The privacy ledger beside the data in ``folder``; :class:`CliError` if it has none."""
-    from clients.owner_ledger import LEDGER_FILENAME
+def ledger_in(folder: Path | None, *, ledger: Path | None = None) -> Path:
+    """The organisation's privacy ledger: ``ledger`` (``--ledger``), or the one the flows on the
+    data in ``folder`` write (``clients.owner_ledger.ledger_location``); :class:`CliError` if it
+    does not exist (yet)."""
+    from clients.owner_ledger import ledger_location
 
-    path = folder / LEDGER_FILENAME
+    try:
+        path = ledger_location(folder, ledger=ledger)
+    except ValueError as exc:  # an older ledger beside the data, a bad organisation name
+        raise CliError(str(exc)) from None
     if not path.is_file():
         raise CliError(f"no privacy ledger at {path}: this data has released nothing yet")
     return path

@@ -68,6 +68,15 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         metavar="NAME",
         help="the label table's class column (default: its column besides the id)",
     )
+    p.add_argument(
+        "--organisation",
+        default=None,
+        metavar="NAME",
+        help="whose data this is: every flow on the folder (glasu train --party, glasu score, "
+        "glasu worker) counts its releases in this organisation's privacy ledger, "
+        "$XDG_DATA_HOME/glasu/ledgers/NAME.sqlite3, shared by every folder prepared under the "
+        "same name (letters, digits, '.', '_', '-') (default: --out's folder name)",
+    )
     add_output_dir_argument(p, "a new output folder (required)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p
@@ -84,6 +93,17 @@ def check(args: argparse.Namespace) -> None:
     if args.out.exists():
         raise UsageError(f"--out {args.out} exists; give a new folder (nothing is overwritten)")
     check_output_dir(args.out, "--out")
+    from clients.owner_ledger import check_organisation_name
+
+    if args.organisation is None:
+        args.organisation = Path(os.path.abspath(args.out)).name
+        flag = "--out's folder name (the default --organisation)"
+    else:
+        flag = "--organisation"
+    try:
+        check_organisation_name(args.organisation)
+    except ValueError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -104,7 +124,9 @@ def run(args: argparse.Namespace) -> int:
         pending = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
         try:
             try:
-                meta = write_party_tables(tables, pending, progress=not args.quiet)
+                meta = write_party_tables(
+                    tables, pending, progress=not args.quiet, organisation=args.organisation
+                )
             except TableError as exc:
                 raise CliError(str(exc)) from exc
             pending.rename(out)  # refuses to replace a folder that appeared meanwhile
@@ -117,5 +139,11 @@ def run(args: argparse.Namespace) -> int:
         f"{counts['undirected_edges']} undirected edges ({counts['self_loops_dropped']} "
         f"self-loops and {counts['duplicate_edges_dropped']} duplicate edges dropped), "
         f"{meta['labeled_rows']} labelled nodes"
+    )
+    from clients.owner_ledger import organisation_ledger
+
+    print(
+        f"organisation {args.organisation}: its releases are counted in "
+        f"{organisation_ledger(args.organisation)} (every folder prepared for it shares it)"
     )
     return 0

@@ -35,9 +35,10 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "report",
         help="this organisation's signed privacy report, from its own ledgers",
         description="Write one self-contained, signed file (HTML, or JSON) from the privacy "
-        "ledgers beside this organisation's data: with whom and when its data was used, what "
-        "was released, the epsilon spent per session and in total against each adversary, in "
-        "plain words, the budget left under the caps, and what is not protected. "
+        "ledgers of this organisation (every flow on its data writes them): with whom and when "
+        "its data was used, what was released, the epsilon spent per session and in total "
+        "against each adversary, in plain words, the budget left under the caps, and what is "
+        "not protected. "
         "`glasu report verify FILE` checks that a report was not altered; `glasu report keygen "
         "--out DIR` writes the key pair that signs them.",
     )
@@ -47,7 +48,16 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         nargs="+",
         default=None,
         metavar="DIR",
-        help="the data folders whose ledgers (privacy-ledger.sqlite3) the report covers",
+        help="data folders: the report covers their organisations' privacy ledgers (each "
+        "ledger once, however many copies of the data name it)",
+    )
+    p.add_argument(
+        "--ledger",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="PATH",
+        help="privacy ledgers (a worker's --ledger) the report covers, besides --local's",
     )
     p.add_argument("--out", type=Path, default=None, metavar="FILE", help="the report file")
     p.add_argument(
@@ -130,8 +140,11 @@ def check(args: argparse.Namespace) -> None:
         if args.action == "keygen" and (args.out / SIGNING_KEY_FILE).exists():
             raise UsageError(f"--out {args.out} already holds a report key; keep it or move it")
         return
-    if not args.local:
-        raise UsageError("give --local DIR [DIR ...] (the data folders whose ledgers to report)")
+    if not args.local and not args.ledger:
+        raise UsageError(
+            "give --local DIR [DIR ...] (data folders whose organisations' ledgers to report) "
+            "or --ledger PATH [PATH ...]"
+        )
     if args.out is None:
         raise UsageError("give --out FILE (the report)")
     if args.signing_key is None:
@@ -168,9 +181,11 @@ def _write(args: argparse.Namespace) -> int:
     key = SigningKey(
         read_key_bytes(args.signing_key, "--signing-key", made_by="glasu report keygen")
     )
+    paths = [ledger_in(folder) for folder in args.local or ()]
+    paths += [ledger_in(None, ledger=path) for path in args.ledger or ()]
     snapshots = []
-    for folder in args.local:
-        with OwnerLedger(ledger_in(folder)) as ledger:
+    for path in dict.fromkeys(path.resolve() for path in paths):  # each ledger once
+        with OwnerLedger(path) as ledger:
             snapshots.append(ledger.snapshot())
     try:
         policy = PrivacyPolicy(

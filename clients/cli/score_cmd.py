@@ -17,7 +17,12 @@ from clients.cli.options import (
     check_party_folders,
     positive_int,
 )
-from clients.cli.train_options import add_encryption_argument
+from clients.cli.train_options import (
+    add_encryption_argument,
+    add_owner_ledger_arguments,
+    check_ledger_arguments,
+    owner_ledgers,
+)
 
 
 def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -31,7 +36,8 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "pass is an evaluation pass with the training's protections: its layer-1 releases are "
         "encrypted, noised and counted (scoring spends privacy budget). Every party with a "
         "classification head gets OUT/<party>.csv (or .parquet): id, predicted class, class "
-        "probabilities.",
+        "probabilities. Each party's releases are counted in its organisation's privacy "
+        "ledger, the one its training counted in (--ledger), under its lifetime cap.",
     )
     p.add_argument(
         "--party",
@@ -61,6 +67,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument(
         "--format", choices=["csv", "parquet"], default="csv", help="predictions file format"
     )
+    add_owner_ledger_arguments(p)
     add_encryption_argument(p)
     p.add_argument(
         "--threads",
@@ -82,6 +89,8 @@ def check(args: argparse.Namespace) -> None:
     if args.ids is not None and not args.ids.is_file():
         raise UsageError(f"--ids {args.ids} is not a file")
     check_output_dir(args.out, "--out")
+    check_ledger_arguments(args)
+    args.owner_ledgers = owner_ledgers(args)  # an older ledger beside the data: refused now
 
 
 def run(args: argparse.Namespace) -> int:
@@ -108,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
                 threads=args.threads,
                 device=args.device,
                 progress=not args.quiet,
+                ledgers=args.owner_ledgers,
             )
         except AlignmentFailed as exc:
             raise CliError(f"the alignment failed: {exc}") from exc

@@ -63,6 +63,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "node any party holds (union: a party's share is zero where it lacks a node and each "
         "row is averaged over the parties that hold it; docs/data.md)",
     )
+    train_options.add_owner_ledger_arguments(data)
     federation = p.add_argument_group("federation and training")
     train_options.add_federation_arguments(federation, local=True)
     federation.add_argument(
@@ -122,6 +123,11 @@ def check(args: argparse.Namespace) -> None:
     if args.party is not None:
         check_parties(args)
     check_nodes(args)
+    train_options.check_ledger_arguments(args)
+    # each organisation's ledger, before anything starts (an older ledger beside the data is
+    # refused here, in one sentence, not after the alignment)
+    through_service = args.party is not None and uses_service(args)
+    args.owner_ledgers = train_options.owner_ledgers(args) if through_service else None
     train_config.check_federation(args, through_service=uses_service(args))
     check_output_file(args.report, "--report", overwrite=args.overwrite)
     check_output_file(args.plot, "--plot", formats=PLOT_FORMATS, overwrite=args.overwrite)
@@ -209,6 +215,7 @@ def _train_federation(
             progress=not args.quiet,
             model_dirs=model_folders(args),
             about=train_options.session_about(args),
+            ledgers=args.owner_ledgers,
         )
     return report, layout.partitions
 
@@ -258,6 +265,7 @@ def _train_party_folders(
                 model_dirs=model_folders(args),
                 about=train_options.session_about(args),
                 folders=parties.folders,
+                ledgers=args.owner_ledgers,
             )
         return report, layout.partitions
 

@@ -12,7 +12,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
-from clients.cli.errors import failing_as
+from clients.cli.errors import CliError, UsageError, failing_as
 from clients.cli.options import (
     BooleanGiven,
     StoreGiven,
@@ -26,12 +26,14 @@ from clients.cli.options import (
     rate,
     switch_note,
 )
+from clients.policy import PrivacyPolicy
 from models.config import DEVICE_NAMES, BackboneName, Mode, TrainConfig
 from secure.accounting import ACCOUNTANTS
 from secure.protocol import StragglerPolicy
 from secure.wire.common import MAX_CLIENTS, MAX_LAYERS, MAX_ROUNDS, MAX_WIDTH
 
 if TYPE_CHECKING:
+    from clients.owner_ledger import PartyLedgers
     from models.data.planetoid import GraphDataset
 
 DEFAULTS = TrainConfig()
@@ -357,3 +359,52 @@ def add_privacy_arguments(p: argparse._ActionsContainer, *, noise_seed: bool = T
         type=non_negative_int,
         metavar="SEED",
     )
+
+
+def add_owner_ledger_arguments(p: argparse._ActionsContainer) -> None:
+    """``--ledger`` (once per ``--party``) and ``--max-lifetime-epsilon``: where each
+    organisation's releases are counted, across runs, and how much they may add up to."""
+    p.add_argument(
+        "--ledger",
+        type=Path,
+        action="append",
+        default=None,
+        metavar="PATH",
+        help="once per --party, in the same order: the organisation's privacy ledger, where "
+        "every release of its data is counted across runs and flows (default: the "
+        "organisation's own, $XDG_DATA_HOME/glasu/ledgers/<organisation>.sqlite3, the name "
+        "glasu prepare wrote into its folder; docs/data.md)",
+    )
+    p.add_argument(
+        "--max-lifetime-epsilon",
+        type=positive_float,
+        default=PrivacyPolicy.max_lifetime_epsilon,
+        metavar="EPSILON",
+        help="the most epsilon all runs together may spend of each --party organisation's "
+        "data, counted in its ledger; its worker refuses a run past it",
+    )
+
+
+def owner_ledgers(args: argparse.Namespace) -> PartyLedgers:
+    """Each ``--party``'s organisation's ledger, with the run's lifetime cap; :class:`CliError`
+    naming the problem (an older ledger beside the data, two folders of one organisation)."""
+    from clients.owner_ledger import PartyLedgers, party_ledgers
+
+    try:
+        paths = party_ledgers(args.party, args.ledger)
+    except ValueError as exc:
+        raise CliError(f"privacy ledger: {exc}") from None
+    return PartyLedgers(paths=paths, max_lifetime_epsilon=args.max_lifetime_epsilon)
+
+
+def check_ledger_arguments(args: argparse.Namespace) -> None:
+    if args.ledger is not None and args.party is None:
+        raise UsageError(
+            "--ledger names each --party's ledger; a benchmark dataset's synthetic parties "
+            "keep theirs in the run's own folder"
+        )
+    if args.ledger is not None and len(args.ledger) != len(args.party):
+        raise UsageError(
+            f"--ledger is given {len(args.ledger)} times for {len(args.party)} --party folders: "
+            "give it once per --party, in the same order"
+        )

@@ -6,7 +6,7 @@ answer that breaks the protocol, 3 the service refused a call (the problem detai
 sentence), 4 the service stayed unreachable after bounded retries, 5 other clients did not
 deliver their part of a step within --peer-wait-seconds, 6 this organisation's privacy policy
 refused the session, or its budget
-(per session or lifetime, counted in the local ledger beside the data) is spent. After every
+(per session or lifetime, counted in the organisation's ledger: --ledger) is spent. After every
 pass the worker writes a checkpoint (--checkpoint DIR, default checkpoints/ in the data folder);
 the same command run again after a crash resumes from it (docs/deploy.md, "Crashes and
 resuming"). The parser needs only the settings model; torch and the models are imported when
@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import json
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from clients.cli.connection import read_token
@@ -58,7 +59,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="folder of this worker's checkpoints, written after every pass; started again "
         "with the same command after a crash, the worker resumes from its checkpoint and "
         "rejoins the session [env GLASU_CHECKPOINT] (default: checkpoints/ in the --data "
-        "folder, beside the local privacy ledger)",
+        "folder)",
     )
     p.add_argument(
         "--no-checkpoint",
@@ -85,10 +86,20 @@ def run(args: argparse.Namespace) -> int:
     except (DataFolderBusy, OSError) as exc:
         raise CliError(f"--data: {exc}") from exc
     with folder_lock:
-        return _run(settings, quiet=args.quiet)
+        return _run(settings, ledger_path(settings), quiet=args.quiet)
 
 
-def _run(settings: WorkerSettings, *, quiet: bool) -> int:
+def ledger_path(settings: WorkerSettings) -> Path:
+    """The organisation's ledger this worker writes (``--ledger``, or the data's default)."""
+    from clients.owner_ledger import ledger_location
+
+    try:
+        return ledger_location(settings.data, ledger=settings.ledger)
+    except ValueError as exc:  # LedgerLocationError, or a bad organisation name
+        raise CliError(f"privacy ledger: {exc}") from exc
+
+
+def _run(settings: WorkerSettings, ledger_file: Path, *, quiet: bool) -> int:
     import torch
 
     from clients.checkpoint import CheckpointError, CheckpointStore
@@ -173,7 +184,7 @@ def _run(settings: WorkerSettings, *, quiet: bool) -> int:
                 poll_seconds=settings.poll_seconds,
             ),
         ) as service,
-        OwnerLedger.beside(settings.data) as ledger,
+        OwnerLedger(ledger_file) as ledger,
     ):
         try:
             result = WorkerRun(

@@ -33,6 +33,7 @@ from clients.local.processes import (
 )
 from clients.local.report import report_from_workers
 from clients.local.session import session_request, worker_arguments
+from clients.owner_ledger import PartyLedgers
 from models.config import TrainConfig
 from models.data.partition import ClientPartition, save_partition
 from models.data.planetoid import GraphDataset
@@ -60,9 +61,12 @@ class LocalFederation:
         threads: int,
         extra: Callable[[int], list[str]] = lambda client: [],
         folders: Sequence[Path] | None = None,
+        ledgers: PartyLedgers | None = None,
     ) -> None:
         """One ``glasu worker`` per partition, ``extra(m)`` appended to client m's arguments;
-        each reads its folder in ``folders`` or, by default, its partition written here."""
+        each reads its folder in ``folders`` or, by default, its partition written here, and
+        writes its organisation's ledger in ``ledgers`` or, by default (synthetic parties of a
+        benchmark dataset), one beside that partition, the run's own."""
         for part, token in zip(partitions, created["client_tokens"], strict=True):
             if folders is not None:
                 data = folders[part.client]
@@ -79,7 +83,10 @@ class LocalFederation:
                 secret_context=self.secret_context,
                 threads=threads,
                 passes_total=created["passes_total"],
+                max_lifetime_epsilon=None if ledgers is None else ledgers.max_lifetime_epsilon,
             )
+            if ledgers is not None:
+                args += ["--ledger", str(ledgers.paths[part.client])]
             self.processes.append(
                 start_process(
                     f"worker {part.client}",
@@ -137,11 +144,13 @@ def train_over_http(
     model_dirs: Sequence[Path] | None = None,
     about: Mapping[str, Any] | None = None,
     folders: Sequence[Path] | None = None,
+    ledgers: PartyLedgers | None = None,
 ) -> RunReport:
     """``model_dirs``: one folder per client, where its worker keeps its trained model;
     ``about``: the session body's ``partners`` and ``operator``; ``folders``: the workers'
     data folders (``clients.local.parties.worker_folders``), instead of the layout's partitions
-    written to the work folder."""
+    written to the work folder; ``ledgers``: each organisation's own privacy ledger (default:
+    the run's own, for the synthetic parties of a benchmark dataset)."""
     if len(layout.groups) != 1:
         raise ValueError(
             "this mode trains clients independently; run it with "
@@ -158,6 +167,7 @@ def train_over_http(
             threads=threads,
             extra=lambda m: [] if model_dirs is None else ["--model-out", str(model_dirs[m])],
             folders=folders,
+            ledgers=ledgers,
         )
         follow(fed.admin, created["session_id"], fed.processes, created["passes_total"], progress)
         results = fed.results(len(layout.partitions))

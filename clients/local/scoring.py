@@ -21,6 +21,8 @@ import pyarrow.parquet as pq
 from clients.local.federation import follow, local_federation
 from clients.local.parties import federation_of_parties, model_folders, party_names
 from clients.local.session import scoring_request
+from clients.owner_ledger import PartyLedgers, party_ledgers
+from clients.policy import PrivacyPolicy
 from clients.predictions import own_ids_by_node
 from models.artefact import ModelError, read_manifest
 from models.config import TrainConfig
@@ -132,7 +134,14 @@ def score_locally(
     threads: int = 1,
     device: str = "auto",
     progress: bool = True,
+    ledgers: PartyLedgers | None = None,
 ) -> ScoringSummary:
+    """``ledgers``: each party's organisation's privacy ledger (default: the organisations'
+    own, ``clients.local.parties.party_ledgers``, under the owner's default lifetime cap)."""
+    if ledgers is None:
+        ledgers = PartyLedgers(
+            paths=party_ledgers(folders), max_lifetime_epsilon=PrivacyPolicy.max_lifetime_epsilon
+        )
     names = party_names(folders)
     models = model_folders(model_dir, names)
     manifests = read_models(models)
@@ -170,6 +179,7 @@ def score_locally(
             extra=lambda m: (
                 ["--model", str(models[m])] + (["--predictions", str(raw[m])] if m in raw else [])
             ),
+            ledgers=ledgers,
         )
         follow(fed.admin, created["session_id"], fed.processes, created["passes_total"], progress)
         privacy = fed.admin.privacy(created["session_id"]) if config.private else None

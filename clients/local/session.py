@@ -103,9 +103,12 @@ def worker_arguments(
     secret_context: Path | None,
     threads: int,
     passes_total: int,
+    max_lifetime_epsilon: float | None = None,
 ) -> list[str]:
     """``glasu worker`` arguments for one client of ``config``. Its privacy policy is the run's
-    own: the user owns every client's data here, so each worker allows what the run asks for."""
+    own: the user owns every client's data here, so each worker allows what the run asks for,
+    and over its ledger's lifetime ``max_lifetime_epsilon`` (default: the run's budget, where
+    the ledger is the run's own)."""
     args = [
         "worker",
         "--server", server,
@@ -138,9 +141,10 @@ def worker_arguments(
     # the worker states its spend at the run's delta with the run's accountant: the same numbers
     budget = privacy.epsilon if privacy.epsilon is not None else privacy.epsilon_planned
     budget = repr(budget * (1 + 1e-9))  # recomputed in another process: allow the last bit
+    lifetime = budget if max_lifetime_epsilon is None else repr(max_lifetime_epsilon)
     args += [
         "--max-session-epsilon", budget,
-        "--max-lifetime-epsilon", budget,
+        "--max-lifetime-epsilon", lifetime,
         "--policy-delta", repr(config.delta),
         "--policy-accountant", config.accountant,
     ]  # fmt: skip

@@ -41,12 +41,13 @@ class PartyTables:
 
 
 def write_party_tables(
-    tables: PartyTables, folder: Path, *, progress: bool = False
+    tables: PartyTables, folder: Path, *, progress: bool = False, organisation: str | None = None
 ) -> dict[str, Any]:
     """Read and check the tables and write them to ``folder`` in the worker's format
     (``models.data.party``), streaming: features go to ``features.npy`` batch by batch, so the
     memory held is one batch plus the id index and the edges' keys. Self-loops and duplicate
-    edges are dropped and counted. The folder's ``meta.json`` (returned) is written last."""
+    edges are dropped and counted. The folder's ``meta.json`` (returned) is written last, with
+    ``organisation``: whose data it is (the name its owner's privacy ledger goes by)."""
     folder.mkdir(parents=True, exist_ok=True)
     ids, feature_names = _write_nodes(tables, folder / "features.npy", progress)
     edge_counts = _write_edges(tables, ids, folder / "edges.npy", progress)
@@ -71,6 +72,7 @@ def write_party_tables(
         labeled=labeled,
         undirected_edges=edge_counts["undirected_edges"],
         summary=summary,
+        extra=None if organisation is None else {"organisation": organisation},
     )
 
 

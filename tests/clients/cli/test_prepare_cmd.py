@@ -240,7 +240,7 @@ def test_a_failure_while_writing_leaves_nothing_behind(
 ) -> None:
     import models.data.party_tables
 
-    def write_half(tables: object, folder: Path, *, progress: bool) -> dict:
+    def write_half(tables: object, folder: Path, **options: object) -> dict:
         (folder / "features.npy").write_bytes(b"half")
         raise OSError(28, "No space left on device", str(folder / "edges.npy"))
 
