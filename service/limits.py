@@ -79,6 +79,8 @@ class BodySizeLimitMiddleware:
                     # Raised inside the route's body read; ProblemError is an HTTPException, which
                     # FastAPI passes through to the problem-details handler.
                     raise ProblemError(413, "payload-too-large", too_large(self.limit))
+            elif message["type"] == "http.disconnect":
+                unread = False  # nothing more will come: nothing to discard
             return message
 
         async def closing_send(message: Message) -> None:
