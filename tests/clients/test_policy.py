@@ -12,6 +12,7 @@ from clients.owner_ledger import LEDGER_FILENAME, OwnerLedger
 from clients.policy import BudgetSpent, PolicyRefusal, PrivacyPolicy, ReleaseGate, admit_session
 from secure.accounting import epsilon_after
 from secure.privacy import SessionPrivacy
+from secure.release_noise import ReleaseMechanism
 
 PASSES = 40
 
@@ -33,6 +34,13 @@ def session(**privacy_overrides: Any) -> dict[str, Any]:
         },
         "privacy": planned.report(releases=0),
     }
+
+
+def gate_of(
+    policy: PrivacyPolicy, privacy: SessionPrivacy, ledger: OwnerLedger, session_id: str
+) -> ReleaseGate:
+    mechanism = ReleaseMechanism.of(privacy, width=16, encoding="ckks")
+    return ReleaseGate(policy, privacy, ledger, session_id, mechanism)
 
 
 @pytest.fixture
@@ -115,7 +123,7 @@ def test_sessions_compose_in_the_local_ledger_until_the_lifetime_budget(
     policy = PrivacyPolicy(max_session_epsilon=4.0, max_lifetime_epsilon=5.0)
     first = admit_session(policy, session(), session_id="s1", encrypted=True, ledger=ledger)
     assert first is not None
-    gate = ReleaseGate(policy, first, ledger, "s1")
+    gate = gate_of(policy, first, ledger, "s1")
     for pass_index in range(PASSES):
         gate.admit(pass_index, release=f"r{pass_index}")
     assert ledger.releases() == PASSES
@@ -134,7 +142,7 @@ def test_sessions_compose_in_the_local_ledger_until_the_lifetime_budget(
     )
     assert second is not None
     # (together they would spend about 4.17; a lifetime budget of 4.1 stops it partway)
-    gate = ReleaseGate(PrivacyPolicy(max_lifetime_epsilon=4.1), second, ledger, "s2")
+    gate = gate_of(PrivacyPolicy(max_lifetime_epsilon=4.1), second, ledger, "s2")
     with pytest.raises(BudgetSpent, match="lifetime"):
         for pass_index in range(PASSES):
             gate.admit(pass_index, release=f"r{pass_index}")
@@ -165,7 +173,7 @@ def test_a_resumed_session_counts_its_own_rows_once_in_the_lifetime_check(
     policy = PrivacyPolicy(max_session_epsilon=4.0, max_lifetime_epsilon=4.0)
     privacy = admit_session(policy, session(), session_id="s1", encrypted=True, ledger=ledger)
     assert privacy is not None
-    gate = ReleaseGate(policy, privacy, ledger, "s1")
+    gate = gate_of(policy, privacy, ledger, "s1")
     for pass_index in range(PASSES // 2):
         gate.admit(pass_index, release=f"r{pass_index}")
     assert admit_session(policy, session(), session_id="s1", encrypted=True, ledger=ledger)
@@ -193,13 +201,18 @@ def test_the_gate_counts_each_distinct_release_and_an_identical_one_once(
     policy = PrivacyPolicy(max_session_epsilon=100.0, max_lifetime_epsilon=100.0)
     privacy = admit_session(policy, session(), session_id="s1", encrypted=True, ledger=ledger)
     assert privacy is not None
-    gate = ReleaseGate(policy, privacy, ledger, "s1")
+    gate = gate_of(policy, privacy, ledger, "s1")
     assert gate.admit(3, release="aa") is True
     assert gate.admit(3, release="aa") is False  # the identical release again: one row
     assert gate.admit(3, release="bb") is True  # pass 3 with other inputs: another release
     assert ledger.releases(session_id="s1") == 2
     assert not ledger.record(
-        session_id="s1", pass_index=3, layer=1, release_digest="aa", noise_multiplier=2.0
+        session_id="s1",
+        pass_index=3,
+        layer=1,
+        release_digest="aa",
+        mechanism=gate.mechanism.digest,
+        noise_multiplier=2.0,
     )  # a unique constraint, not a convention
     assert ledger.releases(session_id="s1") == 2
 
