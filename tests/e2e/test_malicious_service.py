@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from e2e_kit import start_federation
+from e2e_kit import Federation, start_federation
 from lying_service import Exchange, lying_service, problem
 
 from clients.cli.errors import EXIT_POLICY, EXIT_REFUSED
@@ -30,6 +30,7 @@ from models.config import TrainConfig
 from models.layout import layout_federation
 from secure.privacy import SessionPrivacy
 from secure.protocol import decode_nodes, encode_nodes
+from secure.release_noise import ReleaseKeyedNoise
 
 pytestmark = pytest.mark.e2e
 
@@ -181,21 +182,35 @@ class Uploads:
     def distinct(self) -> int:
         return len({(p, body) for p, body, _ in self.bodies})
 
-    def clean_rows_recovered(self, clip: float) -> float | None:
-        """For the first pass sent twice: the share of rows of 2 r1 - r2 whose norm is within the
-        clip, as a clean (clipped, noise-free) release's rows are (about 0 when the two draws
-        are independent: their noise is then sqrt(5) s per coordinate); None if no pass was
-        sent twice with the same rows."""
+    def reconstruction(self, root: Path, session_id: str, noise_std: float) -> str:
+        """For the first pass the victim sent twice with the same rows: the RMSE of 2 r1 - r2
+        against the clean release x = r1 - (r1's noise), the noise regenerated from the victim's
+        own secret and the release digest in its ledger (what only the owner can do), beside the
+        clean release's std; "none sent twice" when no pass was."""
         by_pass: dict[int, list[np.ndarray]] = {}
         for p, body, shape in self.bodies:
             rows, cols = (int(v) for v in shape.split(","))
             by_pass.setdefault(p, []).append(np.frombuffer(body, "<f4").reshape(rows, cols))
-        for first, *again in by_pass.values():
+        for pass_index, (first, *again) in by_pass.items():
             for second in again:
-                if second.shape == first.shape and not np.array_equal(first, second):
-                    recovered = 2.0 * first.astype(np.float64) - second
-                    return float((np.linalg.norm(recovered, axis=1) <= clip * (1 + 1e-4)).mean())
-        return None
+                if second.shape != first.shape or np.array_equal(first, second):
+                    continue
+                with OwnerLedger(root / "partitions" / f"client-{VICTIM}" / LEDGER_FILENAME) as led:
+                    digest = next(
+                        r["release_digest"]
+                        for r in led.snapshot().releases
+                        if (r["session_id"], r["pass_index"]) == (session_id, pass_index)
+                    )
+                    keyed = ReleaseKeyedNoise(led.noise_secret(), scope=f"{session_id}/client1")
+                noise = keyed.for_release(bytes.fromhex(digest)).sample(first.shape, std=noise_std)
+                clean = first - noise
+                recovered = 2.0 * first.astype(np.float64) - second
+                rmse = float(np.sqrt(np.mean((recovered - clean) ** 2)))
+                return (
+                    f"pass {pass_index}: RMSE of 2 r1 - r2 against the clean release {rmse:.2e},"
+                    f" clean std {clean.std():.3f}, noise std {noise_std:.3f}"
+                )
+        return "none sent twice"
 
 
 def rescaled(answer: httpx.Response, factor: float, *, current_pass: int | None) -> httpx.Response:
@@ -223,6 +238,7 @@ class RescaleAttack:
     then describe the session with z x 2 at pass 0: a restarted worker that recomputes pass 0
     sends the same inputs at twice the noise."""
 
+    factor: float = 2.0  # of z
     uploads: Uploads = field(default_factory=Uploads)
     refused_sum: bool = False
 
@@ -238,7 +254,7 @@ class RescaleAttack:
         answer = exchange.forward()
         described = exchange.method == "GET" and SESSION_PATH.fullmatch(exchange.path)
         if self.refused_sum and described and answer.status_code == 200:
-            return rescaled(answer, 2.0, current_pass=0)
+            return rescaled(answer, self.factor, current_pass=0)
         return answer
 
 
@@ -256,23 +272,42 @@ def ledger_figures(root: Path, session_id: str | None = None) -> LedgerFigures:
         )
 
 
-def report_attack(name: str, before: LedgerFigures, after: LedgerFigures, uploads: Uploads) -> None:
-    recovered = uploads.clean_rows_recovered(CONFIG.clip)
+def report_attack(
+    name: str,
+    before: LedgerFigures,
+    after: LedgerFigures,
+    uploads: Uploads,
+    *,
+    fed: Federation,
+    session_id: str | None = None,
+) -> None:
+    session_id = session_id or fed.session_id
+    noise_std = fed.admin.privacy(session_id)["noise_std"]
     print(
         f"{name}: ledger rows {before.rows} -> {after.rows}, epsilon {before.epsilon:.4f} ->"
-        f" {after.epsilon:.4f}, distinct bodies uploaded {uploads.distinct()}, rows of"
-        f" 2 r1 - r2 within the clip: {'n/a' if recovered is None else f'{recovered:.3f}'}"
+        f" {after.epsilon:.4f}, distinct bodies uploaded {uploads.distinct()};"
+        f" {uploads.reconstruction(fed.root, session_id, noise_std)}"
     )
 
 
 @pytest.mark.slow  # two runs of the victim, over 15 s on 2 cores
+@pytest.mark.parametrize(
+    ("factor", "says"),
+    [
+        (2.0, "another release mechanism (ledger_noise_multiplier"),
+        (1.0, "already released this data 1 times"),
+    ],
+    ids=["z x 2", "same z"],
+)
 def test_a_rescaled_session_is_refused_to_a_worker_restarted_without_a_checkpoint(
-    tmp_path: Path, cora, processes: list[ManagedProcess]
+    tmp_path: Path, cora, processes: list[ManagedProcess], factor: float, says: str
 ) -> None:
-    """rescale: the service refuses a sum, then describes the session with z x 2; a plain
-    supervisor restart (``--no-checkpoint``) must not send the pass again under its old row."""
+    """rescale: the service refuses a sum, then describes the session with z x 2 at pass 0; a
+    plain supervisor restart (``--no-checkpoint``) must not send the pass again under its old
+    row. With the same z too, the session released this data and the worker has no checkpoint
+    of it: refused (a session id comes back only with its checkpoint)."""
     port = free_port()
-    attack = RescaleAttack()
+    attack = RescaleAttack(factor=factor)
     with lying_service(f"http://127.0.0.1:{port}", attack) as proxy:
         fed = start_federation(
             CONFIG, cora, tmp_path, processes, port=port,
@@ -285,10 +320,8 @@ def test_a_rescaled_session_is_refused_to_a_worker_restarted_without_a_checkpoin
         restart_process(victim)
         code = wait_exit(victim)
     after = ledger_figures(tmp_path, fed.session_id)
-    report_attack("rescale", before, after, attack.uploads)
-    assert code == EXIT_POLICY and "already released this data 1 times" in victim.tail(), (
-        victim.tail()
-    )
+    report_attack(f"rescale (z x {factor:g})", before, after, attack.uploads, fed=fed)
+    assert code == EXIT_POLICY and says in victim.tail(), victim.tail()
     assert attack.uploads.distinct() == after.rows == before.rows == 1
 
 
@@ -316,7 +349,7 @@ def test_a_rescaled_session_is_refused_with_the_checkpoint_and_with_a_fresh_fold
         restart_process(victim)
         on_fresh_folder = wait_exit(victim)
     after = ledger_figures(tmp_path, fed.session_id)
-    report_attack("rescale with a checkpoint", before, after, attack.uploads)
+    report_attack("rescale with a checkpoint", before, after, attack.uploads, fed=fed)
     assert on_checkpoint == EXIT_POLICY and "another release mechanism" in said, said
     assert "noise_multiplier" in said
     assert on_fresh_folder == EXIT_POLICY and "another release mechanism" in victim.tail()
@@ -386,7 +419,7 @@ def test_a_new_session_joined_under_an_old_session_id_is_refused(
             workers.append(worker)
         code = wait_exit(workers[VICTIM])
     after = ledger_figures(tmp_path)
-    report_attack("alias", before, after, attack.uploads)
+    report_attack("alias", before, after, attack.uploads, fed=fed)
     tail = workers[VICTIM].tail()
     assert code == EXIT_POLICY and "another release mechanism" in tail, tail
     # no body beyond the first session's 4 releases, each its own row
