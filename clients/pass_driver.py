@@ -78,13 +78,9 @@ def admit_release(
         raise RuntimeError("a share of a private session without the digest of its release")
     if request.part != 0:
         return
-    # one transaction: another worker of this organisation (on another copy of its data, in
-    # another session) cannot spend between this budget check and this release's row
-    with gate.ledger.exclusive():
-        admitted = gate.admit(
-            pass_index, layer=request.layer, release=request.release, pass_kind=pass_kind
-        )
-    if not admitted:
+    if not gate.admit(
+        pass_index, layer=request.layer, release=request.release, pass_kind=pass_kind
+    ):
         log.info(
             "pass %d, layer %d: the same release as before (the same inputs, hence the same "
             "noise): not counted twice",
