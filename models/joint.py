@@ -57,7 +57,9 @@ class JointAggregation:
         clean = host_rows(own, chunk=part_rows(width, self.config.part_values))
         column = None if presence is None else presence.cpu().numpy().astype(np.float32)
         cols = width + (column is not None)
-        self._begin_release(depth, clean, part_rows=part_rows(cols, self.config.part_values), presence=column)
+        self._begin_release(
+            depth, clean, part_rows=part_rows(cols, self.config.part_values), presence=column
+        )
         release = self.pending_release
         others = node_array(rows, width, device=torch.device("cpu")).numpy()
         count = np.empty((rows, 1), dtype=np.float32)
