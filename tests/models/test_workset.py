@@ -42,8 +42,11 @@ def test_one_cached_round_reproduces_the_runs_before_the_cache(
         torch.set_num_threads(threads)
     history = [[h.round, h.loss, h.val_accuracy, h.test_accuracy] for h in report.history]
     assert len(history) == len(golden["history"])
+    # torch picks its CPU kernels by the processor's vector width (AVX2, AVX-512): the same path
+    # differs in the last float32 bits from one machine to another (4e-9 seen), a changed path
+    # by far more
     for row, expected in zip(history, golden["history"], strict=True):
-        assert row == pytest.approx(expected, abs=1e-12)
+        assert row == pytest.approx(expected, abs=1e-6)
 
 
 def test_instance_weights_are_the_paper_s_cosines_cut_at_the_threshold() -> None:
