@@ -15,6 +15,7 @@ from clients.pass_driver import admit_release
 from clients.policy import BudgetSpent, PrivacyPolicy, ReleaseGate
 from secure.privacy import SessionPrivacy
 from secure.protocol import EmbeddingRequest
+from secure.release_noise import ReleaseMechanism
 
 PASSES = 40
 
@@ -46,8 +47,9 @@ def test_no_worker_spends_between_another_workers_check_and_its_row(tmp_path: Pa
     policy = cap_for(1, privacy)
     training, scoring = OwnerLedger(path), OwnerLedger(path)
     scoring._connection.execute("PRAGMA busy_timeout = 200")  # it cannot get in: fail fast
-    training_gate = ReleaseGate(policy, privacy, training, "training")
-    scoring_gate = ReleaseGate(policy, privacy, scoring, "scoring", scoring=True)
+    mechanism = ReleaseMechanism.of(privacy, width=1, encoding="ckks")
+    training_gate = ReleaseGate(policy, privacy, training, "training", mechanism)
+    scoring_gate = ReleaseGate(policy, privacy, scoring, "scoring", mechanism, scoring=True)
     blocked: list[str] = []
     record = training.record
 
