@@ -1,0 +1,143 @@
+"""A lying service, fuzzed (tests/e2e/fuzz_kit.py): seeded scenarios of lies told by a proxy in
+front of the real ``glasu serve`` to a real ``glasu worker``, and the owner's guarantee checked
+from what crossed the wire and the owner's ledger file (docs/protocol.md, "How the owner's
+guarantee is tested: the fuzzer").
+
+By default a handful of scenarios run; the slow suite runs ``GLASU_FUZZ_SCENARIOS`` more
+(default 24, about 8 minutes on 2 idle cores); ``python tests/e2e/fuzz_kit.py --scenarios N``
+runs any number outside pytest."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fuzz_kit import (
+    DELTA,
+    Capture,
+    FuzzService,
+    Lie,
+    Outcome,
+    Scenario,
+    Told,
+    Upload,
+    check,
+    fuzz_service,
+    independent_epsilon,
+    scenario_for,
+)
+
+from clients.owner_ledger import OwnerLedger
+
+pytestmark = pytest.mark.e2e
+
+# Seeds whose scenario found "two noise levels, one noise draw, one ledger row" (issue 35) on
+# the code before the release identity covered the mechanism's parameters: a regression list.
+KNOWN_HOLE_SEEDS: list[int] = []
+# A handful by default (under a minute on 2 idle cores with the seeds above)
+DEFAULT_SEEDS = [3]
+SLOW_SCENARIOS = int(os.environ.get("GLASU_FUZZ_SCENARIOS", "24"))
+SLOW_FIRST_SEED = 1000
+
+
+@pytest.fixture(scope="module")
+def fuzzing(cora, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzService]:
+    """One real service and one lying proxy for every scenario of the module."""
+    with fuzz_service(cora, tmp_path_factory.mktemp("fuzz")) as service:
+        yield service
+
+
+def play(service: FuzzService, seed: int) -> None:
+    scenario = scenario_for(seed)
+    outcome = service.run(scenario)
+    findings = check(outcome)
+    print(scenario.describe())
+    print(f"  -> victim exits {outcome.exit_codes}, {len(outcome.capture.uploads)} uploads,"
+          f" {outcome.seconds:.1f} s")  # fmt: skip
+    assert not findings, "\n".join(
+        [scenario.describe(), *map(str, findings), outcome.log_tail[-3000:]]
+    )
+
+
+@pytest.mark.parametrize("seed", KNOWN_HOLE_SEEDS)
+def test_scenarios_that_found_one_noise_draw_under_two_noise_levels(
+    fuzzing: FuzzService, seed: int
+) -> None:
+    play(fuzzing, seed)
+
+
+@pytest.mark.parametrize("seed", DEFAULT_SEEDS)
+def test_a_fuzzed_lying_service(fuzzing: FuzzService, seed: int) -> None:
+    play(fuzzing, seed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(SLOW_FIRST_SEED, SLOW_FIRST_SEED + SLOW_SCENARIOS))
+def test_many_fuzzed_lying_services(fuzzing: FuzzService, seed: int) -> None:
+    play(fuzzing, seed)
+
+
+def test_a_sum_cut_short_is_refused_as_a_protocol_violation(fuzzing: FuzzService) -> None:
+    """Found by seed 6: a plaintext sum of half its length killed the worker with a traceback
+    (an unchecked ``PayloadError``) instead of the protocol refusal (exit 1, one sentence)."""
+    scenario = Scenario(
+        seed=900_001, encryption="none", rounds=1, hidden=8, restarts=0, checkpoint="none",
+        accept_conflicts=False, alias_z_factor=None,
+        lies=(Lie("aggregate", None, 0, "body", "truncate"),),
+    )  # fmt: skip
+    outcome = fuzzing.run(scenario)
+    assert outcome.exit_codes == [1], outcome.log_tail[-3000:]
+    assert "Traceback" not in outcome.log_tail, outcome.log_tail[-3000:]
+    assert "breaks the protocol: expected" in outcome.log_tail
+    assert check(outcome) == []
+
+
+# -- the checks themselves, on a made-up capture (no processes) ------------------------------
+
+
+def made_up_outcome(tmp_path: Path, *, same_draw: bool, rows_recorded: int) -> Outcome:
+    """Two uploads of one pass at z and 2z: with one noise draw (the hole) or two; and a
+    ledger with ``rows_recorded`` rows of it."""
+    rng = np.random.default_rng(0)
+    nodes = np.arange(40)
+    clean = rng.normal(0, 0.2, size=(40, 8))
+    clip, cap, z = 1.0, 2, 1.2
+    sigma = z * 2 * clip * np.sqrt(cap + 1)
+    first_draw = rng.normal(size=clean.shape)
+    second_draw = first_draw if same_draw else rng.normal(size=clean.shape)
+    bodies = [clean + sigma * first_draw, clean + 2 * sigma * second_draw]
+    capture = Capture()
+    for factor in (1, 2):
+        privacy = {"noise_multiplier": z * factor, "clip": clip, "occurrence_cap": cap}
+        capture.told.append(Told(factor - 1, "s", privacy, 2))
+    for attempt, body in enumerate(bodies):
+        capture.uploads.append(
+            Upload(attempt, "new", "s", 0, 1, 0, 40, 8, "float32",
+                   body.astype("<f4").tobytes(), nodes)
+        )  # fmt: skip
+    path = tmp_path / "ledger.sqlite3"
+    with OwnerLedger(path) as ledger:
+        for i in range(rows_recorded):
+            ledger.record(session_id="s", pass_index=0, noise_multiplier=z * (i + 1), layer=1,
+                          release_digest=f"d{i}")  # fmt: skip
+    return Outcome(Scenario.draw(0), capture, [0], path, ["s"], "", 0.0)
+
+
+def test_the_checks_find_one_noise_draw_counted_once(tmp_path: Path) -> None:
+    findings = check(made_up_outcome(tmp_path, same_draw=True, rows_recorded=1))
+    assert {f.invariant for f in findings} == {"a", "b", "c"}, findings
+
+
+def test_the_checks_pass_two_draws_counted_twice(tmp_path: Path) -> None:
+    assert check(made_up_outcome(tmp_path, same_draw=False, rows_recorded=2)) == []
+
+
+def test_the_independent_accountant_matches_the_gaussian_composition() -> None:
+    # two releases at z compose as one at z / sqrt(2): the same epsilon
+    assert independent_epsilon([2.0, 2.0], DELTA) == pytest.approx(
+        independent_epsilon([2.0 / np.sqrt(2)], DELTA), rel=1e-9
+    )
+    assert independent_epsilon([], DELTA) == 0.0
