@@ -256,6 +256,7 @@ class Told:
     """A session description the victim was served (after the lies): its privacy settings."""
 
     attempt: int
+    phase: str
     session_id: str
     privacy: dict[str, Any] | None
     clients: int
@@ -364,7 +365,13 @@ class LyingHandler:
         config = body["config"]
         with self._lock:
             self.capture.told.append(
-                Told(self.attempt, self.configured, config.get("privacy"), config["clients"])
+                Told(
+                    self.attempt,
+                    self.phase,
+                    self.configured,
+                    config.get("privacy"),
+                    config["clients"],
+                )
             )
         return self._json(answer, body)
 
@@ -589,32 +596,42 @@ class Release:
 
 
 def distinct_releases(capture: Capture, encryption: str) -> list[Release]:
-    """Each distinct release the victim sent: per (session, pass, layer), every distinct body of
-    part 0 (plaintext), or the slot itself (CKKS: a fresh encryption of one plaintext has other
-    bytes, so a slot counts once: a lower bound). Each with the z of the description it was
-    told whose noise its spread matches (CKKS: the largest z told, a lower bound)."""
+    """Each distinct release the victim sent. Plaintext: per (session, pass, layer), every
+    distinct body of part 0, with the z of the description it was told whose noise its spread
+    matches. CKKS (a fresh encryption of one plaintext has other bytes): per (session, pass,
+    layer) and mechanism the run was told (z, clip, cap, shared noise: another mechanism is
+    another release), with that z; a lower bound, since two releases of one slot under one
+    mechanism look alike."""
     candidates = [(t, n) for t in capture.told if (n := told_noise(t)) is not None]
     releases: list[Release] = []
     seen: set[Any] = set()
     for upload in capture.uploads:
         if upload.part != 0:
             continue
-        told = [n for t, n in candidates if t.session_id == upload.session_id]
+        told = [(t, n) for t, n in candidates if t.session_id == upload.session_id]
+        z = None
         if encryption == "ckks":
-            key: Any = (upload.session_id, upload.pass_index, upload.layer)
-            z = max((n[1] for n in told), default=None)
+            run = [t for t, _ in told if (t.phase, t.attempt) == (upload.phase, upload.attempt)]
+            mechanism = None if not run else mechanism_of(run[-1])
+            key: Any = (upload.session_id, upload.pass_index, upload.layer, mechanism)
+            z = None if not run else told_noise(run[-1])[1]  # type: ignore[index]
         else:
             key = (upload.session_id, upload.pass_index, upload.layer, upload.body)
-            z = None
             if upload.rows * upload.cols >= 16 and told:
                 spread = float(upload.matrix().std())
-                sigma, z_told = min(told, key=lambda n: abs(math.log(spread / n[0])))
+                noises = [n for _, n in told]
+                sigma, z_told = min(noises, key=lambda n: abs(math.log(spread / n[0])))
                 if abs(math.log(spread / sigma)) <= math.log(1 + SPREAD_TOLERANCE):
                     z = z_told
         if key not in seen:
             seen.add(key)
             releases.append(Release(upload, z))
     return releases
+
+
+def mechanism_of(told: Told) -> tuple[Any, ...]:
+    p = told.privacy or {}
+    return tuple(p.get(k) for k in ("noise_multiplier", "clip", "occurrence_cap", "shared_noise"))
 
 
 def ledger_rows(path: Path) -> list[dict[str, Any]]:
