@@ -19,10 +19,11 @@ seeded per pass, dropout masks come from the restored generator, and the DP nois
 
 - cryptographic noise (``secure.release_noise.ReleaseKeyedNoise``) is derived from the worker's
   secret (kept in its privacy ledger, never in a checkpoint) and the digest of everything the
-  release depends on. A recomputed pass with the same inputs therefore sends the identical
-  release (the local ledger counts it once), and its Extract ``H - share / M`` uses the noise the
-  service's sum holds; a pass the service answers differently this time is another release,
-  with independent noise, and the ledger counts it. Nothing about the noise is saved;
+  release depends on and of every parameter of its noise mechanism. A recomputed pass with the
+  same inputs therefore sends the identical release (the local ledger counts it once), and its
+  Extract ``H - share / M`` uses the noise the service's sum holds; a pass the service answers
+  differently this time is another release, with independent noise, and the ledger counts it.
+  Nothing about the noise is saved;
 - reproducible test noise (``--noise-seed``): the generator's state
   (``secure.noise.NoiseSource.state_dict``).
 
@@ -32,6 +33,10 @@ finds its slot already filled (the service refuses a different body for an occup
 CKKS ciphertexts of the same plaintext differ in bytes), it takes the sum only if the share it
 recomputed has the journaled plaintext: then the sum holds exactly that share and the Extract is
 correct; otherwise it stops with a message instead of training on a wrong Extract.
+
+A worker without a checkpoint of its session may not come back to a session that already
+released its data (``clients.policy.admit_session_id``): the checkpoint is what makes a restart
+a resume of the same session with the same parameters.
 
 The checkpoint holds the model trained on this organisation's data: keep the folder as private
 as the data itself (it lives beside it by default).

@@ -4,11 +4,20 @@ its own worker (the service keeps its own privacy ledger of each session's relea
 
 One SQLite file per dataset, beside the worker's data (``<data>/privacy-ledger.sqlite3``, mode
 0600). A row is written, and synced to disk, *before* the release it records leaves the worker,
-so a crash can only over-count. A release is identified by (session, pass, layer, digest of its
-inputs): the session id is the one the owner configured, and the digest
-(``secure.release_noise.release_digest``) changes with anything the release depends on, so a
-recomputed pass is either the identical release (its noise, derived from the same digest, is
-the same: one row) or another release (another row), never a second release under one row.
+so a crash can only over-count. A release is identified by (session, pass, layer, release
+digest, mechanism digest): the session id is the one the owner configured; the release digest
+(``secure.release_noise.release_digest``) changes with anything the release depends on and with
+every parameter of the mechanism that noised it (``secure.release_noise.ReleaseMechanism``: z,
+noise std, clip, sensitivity, occurrence cap, shared noise, M, layer, width, encoding), whose
+own digest the row keeps too. The noise is derived from the release digest, so a recomputed
+pass is either the byte-identical release (same inputs, same mechanism, same noise: one row,
+:meth:`OwnerLedger.recorded` says so only when both digests match) or another release (another
+row), never a second release under one row. Rows of ledgers from before the mechanism was part
+of a release's identity (no mechanism digest) never match a new release.
+
+Each session record keeps the mechanism the worker admitted the session with
+(:meth:`OwnerLedger.session_mechanism`): a session id comes back only with the same mechanism,
+and only to a worker that resumes it from its checkpoint (``clients.policy.admit_session_id``).
 The ledger also keeps the worker's noise secret (``secure.release_noise.ReleaseSecret``), so
 that the noise and the record of the releases it masked live and die together.
 
@@ -64,10 +73,16 @@ CREATE TABLE IF NOT EXISTS noise_secret (
     secret BLOB NOT NULL
 );
 """
-# Ledgers from before release digests (and release kinds) gain the columns (their rows keep
-# NULL, and read as before); the unique index makes "one row per release" a constraint, not a
-# convention.
-_RELEASE_COLUMNS = {"layer": "INTEGER", "release_digest": "TEXT", "kind": "TEXT"}
+# Ledgers from before release digests (and release kinds, and mechanisms) gain the columns
+# (their rows keep NULL, and read as before); the unique index makes "one row per release" a
+# constraint, not a convention.
+_RELEASE_COLUMNS = {
+    "layer": "INTEGER",
+    "release_digest": "TEXT",
+    "kind": "TEXT",
+    "mechanism": "TEXT",
+}
+_SESSION_COLUMNS = {"mechanism": "TEXT"}
 #: What a release was for: a training pass, an evaluation pass, or a scoring session's pass.
 ReleaseKind = Literal["training", "evaluation", "scoring"]
 #: The columns of a release as reports and the ledger digest see them (never the noise secret).
@@ -79,6 +94,7 @@ RELEASE_FIELDS = (
     "noise_multiplier",
     "released_at",
     "kind",
+    "mechanism",
 )
 SESSION_FIELDS = (
     "session_id",
@@ -92,10 +108,13 @@ SESSION_FIELDS = (
     "adversaries",
     "test_accuracy",
     "reference_test_accuracy",
+    "mechanism",
 )
+# the index of ledgers from before the mechanism was part of a release's identity is replaced
+_OLD_RELEASE_INDEX = "DROP INDEX IF EXISTS one_row_per_release"
 _RELEASE_INDEX = (
-    "CREATE UNIQUE INDEX IF NOT EXISTS one_row_per_release"
-    " ON releases (session_id, pass_index, layer, release_digest)"
+    "CREATE UNIQUE INDEX IF NOT EXISTS one_row_per_release_v2"
+    " ON releases (session_id, pass_index, layer, release_digest, mechanism)"
 )
 
 
@@ -162,10 +181,12 @@ class OwnerLedger:
         # FULL: a committed row survives power loss before the release it records is sent.
         self._connection.execute("PRAGMA synchronous=FULL")
         self._connection.executescript(_SCHEMA)
-        columns = {row[1] for row in self._connection.execute("PRAGMA table_info(releases)")}
-        for name, kind in _RELEASE_COLUMNS.items():
-            if name not in columns:
-                self._connection.execute(f"ALTER TABLE releases ADD COLUMN {name} {kind}")
+        for table, added in (("releases", _RELEASE_COLUMNS), ("sessions", _SESSION_COLUMNS)):
+            columns = {row[1] for row in self._connection.execute(f"PRAGMA table_info({table})")}
+            for name, kind in added.items():
+                if name not in columns:
+                    self._connection.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
+        self._connection.execute(_OLD_RELEASE_INDEX)
         self._connection.execute(_RELEASE_INDEX)
 
     @classmethod
@@ -212,16 +233,18 @@ class OwnerLedger:
         layer: int | None = None,
         release_digest: str | None = None,
         kind: ReleaseKind | None = None,
+        mechanism: str | None = None,
     ) -> bool:
         """Record one release; False (and nothing written) if this very release, the same
-        (session, pass, layer, digest), is already recorded: sending it again reveals nothing
-        new. Any other release counts, even of a pass seen before."""
+        (session, pass, layer, release digest, ``mechanism`` digest), is already recorded:
+        sending it again reveals nothing new. Any other release counts, even of a pass seen
+        before."""
         if not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
             raise ValueError(f"noise_multiplier must be > 0, got {noise_multiplier}")
         with self._transaction() as tx:
             inserted = tx.execute(
                 "INSERT INTO releases (session_id, pass_index, layer, release_digest,"
-                " noise_multiplier, released_at, kind) VALUES (?, ?, ?, ?, ?, ?, ?)"
+                " noise_multiplier, released_at, kind, mechanism) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT DO NOTHING",
                 (
                     session_id,
@@ -231,18 +254,21 @@ class OwnerLedger:
                     float(noise_multiplier),
                     time.time(),
                     kind,
+                    mechanism,
                 ),
             ).rowcount
         return inserted == 1
 
     def recorded(
-        self, *, session_id: str, pass_index: int, layer: int, release_digest: str
+        self, *, session_id: str, pass_index: int, layer: int, release_digest: str, mechanism: str
     ) -> bool:
-        """Whether this very release is in the ledger."""
+        """Whether this very release is in the ledger: the same session, pass, layer, release
+        digest and mechanism digest (a row without a mechanism, from an earlier version, never
+        matches), so that only a byte-identical upload is "already recorded"."""
         row = self._connection.execute(
             "SELECT 1 FROM releases WHERE session_id = ? AND pass_index = ? AND layer = ?"
-            " AND release_digest = ?",
-            (session_id, pass_index, layer, release_digest),
+            " AND release_digest = ? AND mechanism = ?",
+            (session_id, pass_index, layer, release_digest, mechanism),
         ).fetchone()
         return row is not None
 
@@ -278,16 +304,20 @@ class OwnerLedger:
             accountant=accountant,
         )
 
-    def note_session(self, session_id: str, about: SessionAbout) -> None:
-        """Keep what the worker learnt of the session when it admitted it; a session admitted
-        again (a resumed worker) keeps its first record."""
+    def note_session(
+        self, session_id: str, about: SessionAbout, *, mechanism: str | None = None
+    ) -> None:
+        """Keep what the worker learnt of the session when it admitted it, and the canonical
+        description of its release ``mechanism`` (``ReleaseMechanism.canonical``); a session
+        admitted again (a resumed worker) keeps its first record (a record from an earlier
+        version, without a mechanism, gains this one)."""
         partners = None if about.partners is None else json.dumps(list(about.partners))
         adversaries = None if about.adversaries is None else json.dumps(list(about.adversaries))
         with self._transaction() as tx:
             tx.execute(
                 "INSERT INTO sessions (session_id, label, partners, operator, kind, created_at,"
-                " admitted_at, clients, adversaries) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT DO NOTHING",
+                " admitted_at, clients, adversaries, mechanism)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                 (
                     session_id,
                     about.label,
@@ -298,8 +328,22 @@ class OwnerLedger:
                     time.time(),
                     about.clients,
                     adversaries,
+                    mechanism,
                 ),
             )
+            if mechanism is not None:
+                tx.execute(
+                    "UPDATE sessions SET mechanism = ? WHERE session_id = ? AND mechanism IS NULL",
+                    (mechanism, session_id),
+                )
+
+    def session_mechanism(self, session_id: str) -> str | None:
+        """The release mechanism the session was admitted with (None: never admitted, or
+        admitted by an earlier version)."""
+        row = self._connection.execute(
+            "SELECT mechanism FROM sessions WHERE session_id = ?", (session_id,)
+        ).fetchone()
+        return None if row is None else row[0]
 
     def note_accuracy(
         self, session_id: str, *, test_accuracy: float, reference_test_accuracy: float | None

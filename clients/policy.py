@@ -4,11 +4,16 @@ Differential privacy protects an organisation's data against the operator and th
 so neither may choose how much of it is spent. Before a worker sends anything it recomputes the
 session's privacy from the session's public parameters with the same plan the service uses
 (``secure.privacy.SessionPrivacy``) and refuses a session that is not private, whose numbers
-differ from its own, or that would take it past its policy; then, before each release leaves,
-it writes the release to the owner's ledger (``clients/owner_ledger.py``) and stops when the next
-one would exceed the per-session or the lifetime budget, by the release decision the service
-makes too (``secure.accounting.decide_release``). Epsilon is computed at the policy's delta with
-the policy's accountant, whatever the session reports.
+differ from its own, or that would take it past its policy. It also refuses a session id that
+already released this data, unless it resumes that very session from its own checkpoint, and
+always when the session's release mechanism differs from the one it was admitted with
+(:func:`admit_session_id`): a session id is never a way to put a new plan, or the same inputs at
+another noise level, under old ledger rows. Then, before each release leaves, it writes the
+release to the owner's ledger (``clients/owner_ledger.py``) and stops when the next one would
+exceed the per-session or the lifetime budget, by the release decision the service makes too
+(``secure.accounting.decide_release``). Only a byte-identical upload, the same release digest
+under the same mechanism (``secure.release_noise``), passes as already recorded. Epsilon is
+computed at the policy's delta with the policy's accountant, whatever the session reports.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from clients.owner_ledger import OwnerLedger, ReleaseKind, SessionAbout
@@ -28,6 +34,7 @@ from secure.accounting import (
     max_releases,
 )
 from secure.privacy import RELEASE_LAYER, PrivacyPlanError, SessionPrivacy
+from secure.release_noise import ReleaseMechanism
 
 #: Relative tolerance when comparing the service's numbers with the worker's own.
 AGREEMENT = 1e-6
@@ -125,6 +132,12 @@ def admit_session(
             " service, and only if the service serves nothing but true sums); this"
             " organisation's policy does not allow it (--allow-shared-noise)"
         )
+    if privacy.shared_noise and config.get("stragglers") == "continue":
+        raise PolicyRefusal(
+            "the session combines shared noise with stragglers 'continue': a pass that goes on"
+            " without a client sums fewer shares than M, so the sum holds less noise than"
+            " accounted; a worker takes part in neither with shared noise"
+        )
     if privacy.shared_noise and config.get("nodes") == "union":
         raise PolicyRefusal(
             "the session combines shared noise with an alignment over the union: rows a party"
@@ -169,6 +182,44 @@ def admit_session(
     return privacy
 
 
+def admit_session_id(
+    ledger: OwnerLedger,
+    *,
+    session_id: str,
+    mechanism: ReleaseMechanism,
+    checkpoint: Path | None,
+) -> None:
+    """Refuse (:class:`PolicyRefusal`) to take part in the configured session ``session_id``
+    when it would put other releases under the ledger's rows of that id:
+
+    - the ledger recorded the session with another release mechanism (another z, clip, M, ...):
+      refused whatever the worker holds (the same inputs at another noise level would be a
+      second release that a row of the first claims, and with the first's noise);
+    - the session already released this data and the worker has no checkpoint of it
+      (``checkpoint``: the file this worker resumes from, or None): only a worker that resumes
+      the session from its own checkpoint (whose fingerprint covers the session's whole
+      description) may come back to it; anything else is a new session, under a new id.
+
+    Call it before anything is sent; :meth:`OwnerLedger.note_session` then keeps the mechanism."""
+    recorded = ledger.session_mechanism(session_id)
+    if recorded is not None and recorded != mechanism.canonical():
+        differences = ReleaseMechanism.from_canonical(recorded).differences(mechanism)
+        raise PolicyRefusal(
+            f"session {session_id} was admitted from this data with another release mechanism"
+            f" ({'; '.join(differences) or 'its description differs'}; recorded != now):"
+            " the same id with other noise parameters would release this data again under its"
+            " old ledger rows; refusing (a new session needs a new id)"
+        )
+    released = ledger.releases(session_id=session_id)
+    if released and checkpoint is None:
+        raise PolicyRefusal(
+            f"session {session_id} already released this data {released} times (the owner's"
+            f" ledger {ledger.path}) and this worker has no checkpoint of it to resume from: a"
+            " session id comes back only with the checkpoint of its first run (the same"
+            " --checkpoint folder, without --no-checkpoint); to train again, join a new session"
+        )
+
+
 def releases_within_target(privacy: SessionPrivacy) -> int:
     """How many releases the session can make: all planned ones, or fewer when its epsilon
     target stops it first (z given with a smaller target). The worker's own gate enforces the
@@ -192,13 +243,14 @@ def releases_within_target(privacy: SessionPrivacy) -> int:
 class ReleaseGate:
     """Records each release in the local ledger before it leaves; refuses the one that would go
     past the per-session or the lifetime budget. It is never skipped: a release already in the
-    ledger (the same session, pass, layer and input digest) passes without a second row, any
-    other is a new release."""
+    ledger (the same session, pass, layer, release digest and ``mechanism``: a byte-identical
+    upload) passes without a second row, any other is a new release."""
 
     policy: PrivacyPolicy
     privacy: SessionPrivacy
     ledger: OwnerLedger
     session_id: str
+    mechanism: ReleaseMechanism  # the release mechanism of this worker's shares
     scoring: bool = False  # a scoring session: its (evaluation) passes are recorded as scoring
 
     def admit(
@@ -210,10 +262,15 @@ class ReleaseGate:
         pass_kind: str | None = None,
     ) -> bool:
         """Admit the release with digest ``release``; True if it is new (recorded now), False
-        if this very release was recorded before (sending it again reveals nothing new).
+        if this very release, under this mechanism, was recorded before (sending the identical
+        bytes again reveals nothing new).
         ``pass_kind`` ("train" or "eval", the pass info's) is recorded as the release's kind."""
         known = dict(
-            session_id=self.session_id, pass_index=pass_index, layer=layer, release_digest=release
+            session_id=self.session_id,
+            pass_index=pass_index,
+            layer=layer,
+            release_digest=release,
+            mechanism=self.mechanism.digest,
         )
         if self.ledger.recorded(**known):
             return False

@@ -24,7 +24,13 @@ from clients.checkpoint import (
 from clients.model_keeping import ledger_spent, reported_val_accuracy
 from clients.owner_ledger import OwnerLedger
 from clients.pass_driver import ResumedPass, drive_pass
-from clients.policy import PrivacyPolicy, ReleaseGate, admit_session, session_about
+from clients.policy import (
+    PrivacyPolicy,
+    ReleaseGate,
+    admit_session,
+    admit_session_id,
+    session_about,
+)
 from clients.rejoin import next_pass_after, rejoin_pass
 from clients.service_http import ServiceError
 from clients.session_client import ServiceClient
@@ -39,7 +45,7 @@ from models.data.partition import ClientPartition
 from models.federated import GlasuClient
 from models.keeper import ModelKeeper
 from models.outcome import PassOutcome
-from models.private import make_client
+from models.private import PrivateGlasuClient, make_client
 from models.report import recent_training_loss
 from secure.aggregation import EmbeddingCodec
 from secure.protocol import ProtocolViolation
@@ -127,7 +133,7 @@ class WorkerRun:
             encrypted=codec.encoding == "ckks",
             ledger=ledger,
         )
-        self.gate, noise = self._gate_and_noise(options)
+        noise = self._noise(options)
         if model is not None:
             options = options_of_model(model, options)
         self.options = options
@@ -148,6 +154,7 @@ class WorkerRun:
         )
         if model is not None:
             self.client.network.load_state_dict(model.weights)
+        self.gate = self._gate()
         self.keeper = (
             ModelKeeper(self.client, private=self.privacy is not None)
             if model_out is not None and not self.scoring
@@ -167,22 +174,43 @@ class WorkerRun:
         self.resumed: ResumedPass | None = None
         self.skipped: list[int] = []
 
-    def _gate_and_noise(
-        self, options: LocalModelOptions
-    ) -> tuple[ReleaseGate | None, ReleaseKeyedNoise | None]:
-        """A private session's release gate (the owner's ledger) and, unless the noise is seeded
-        for an experiment, the release-keyed noise of its shares."""
+    def _noise(self, options: LocalModelOptions) -> ReleaseKeyedNoise | None:
+        """A private session's release-keyed noise, unless the noise is seeded for an
+        experiment."""
         if self.privacy is None:
-            return None, None
+            return None
         if self.ledger is None:
             raise ValueError("a private session needs the worker's local privacy ledger")
-        session_id = self.service.session_id
-        gate = ReleaseGate(self.policy, self.privacy, self.ledger, session_id, scoring=self.scoring)
-        self.ledger.note_session(session_id, session_about(self.session_json, self.privacy))
         if options.noise_seed is not None:
-            return gate, None
-        scope = f"{session_id}/client{self.service.client_index}"
-        return gate, ReleaseKeyedNoise(self.ledger.noise_secret(), scope=scope)
+            return None
+        scope = f"{self.service.session_id}/client{self.service.client_index}"
+        return ReleaseKeyedNoise(self.ledger.noise_secret(), scope=scope)
+
+    def _gate(self) -> ReleaseGate | None:
+        """A private session's release gate (the owner's ledger), once the session id passed
+        the owner's rule (``clients.policy.admit_session_id``: :class:`PolicyRefusal` for an id
+        that released this data before, unless resumed from this worker's checkpoint, or with
+        another mechanism); the ledger then keeps the session and its mechanism."""
+        if self.privacy is None:
+            return None
+        assert self.ledger is not None and isinstance(self.client, PrivateGlasuClient)
+        mechanism = self.client.release.mechanism
+        session_id = self.service.session_id
+        checkpoints = self.checkpoints
+        admit_session_id(
+            self.ledger,
+            session_id=session_id,
+            mechanism=mechanism,
+            checkpoint=checkpoints.path if checkpoints and checkpoints.exists() else None,
+        )
+        self.ledger.note_session(
+            session_id,
+            session_about(self.session_json, self.privacy),
+            mechanism=mechanism.canonical(),
+        )
+        return ReleaseGate(
+            self.policy, self.privacy, self.ledger, session_id, mechanism, scoring=self.scoring
+        )
 
     def run(self) -> WorkerResult:
         result = self.loop(self.resume())

@@ -24,6 +24,7 @@ from secure.protocol import (
     MIN_CONTRIBUTORS,
     Aggregate,
     EmbeddingRequest,
+    ProtocolViolation,
     Request,
     Response,
     part_count,
@@ -53,7 +54,8 @@ class JointAggregation:
         rows, width = own.shape
         clean = host_rows(own, chunk=part_rows(width))
         column = None if presence is None else presence.cpu().numpy().astype(np.float32)
-        self._begin_release(depth, clean)
+        cols = width + (column is not None)
+        self._begin_release(depth, clean, part_rows=part_rows(cols), presence=column)
         release = self.pending_release
         others = node_array(rows, width, device=torch.device("cpu")).numpy()
         count = np.empty((rows, 1), dtype=np.float32)
@@ -78,7 +80,7 @@ class JointAggregation:
             count[start:stop] = held
 
         yield from self._exchange_parts(
-            depth, rows=rows, cols=width + (column is not None), share_of=share_of,
+            depth, rows=rows, cols=cols, share_of=share_of,
             on_sum=on_sum, release=release,
         )  # fmt: skip
         self.pending_release = None
@@ -90,13 +92,21 @@ class JointAggregation:
             presence,
         )
 
-    def _begin_release(self, depth: int, clean: np.ndarray) -> None:
-        """Called with the whole clean share of layer ``depth`` before its first part is sent:
+    def _begin_release(
+        self, depth: int, clean: np.ndarray, *, part_rows: int, presence: np.ndarray | None
+    ) -> None:
+        """Called with the whole clean share of layer ``depth`` before its first part is sent
+        (in parts of ``part_rows`` rows, with the ``presence`` column of a count-aware session):
         a private client sets :attr:`pending_release` (the digest all its parts carry)."""
 
     def _release_part(self, depth: int, part: int, clean: np.ndarray) -> np.ndarray:
         """Part ``part`` of the share of layer ``depth`` as it is sent (the DP release hook)."""
         return clean
+
+    def _fewest_shares(self) -> int:
+        """The fewest shares a sum may hold: ``MIN_CONTRIBUTORS`` (a pass that went on without
+        a straggler), or every client's where that matters (a private client's shared noise)."""
+        return min(MIN_CONTRIBUTORS, self.partition.clients)
 
     def _within_bound(self, share: np.ndarray) -> np.ndarray:
         """``share`` clipped to what keeps the encrypted sum decodable (post-processing)."""
@@ -147,9 +157,10 @@ class JointAggregation:
         if not isinstance(answer, Aggregate):
             raise TypeError(f"expected an Aggregate for layer {layer}, got {type(answer).__name__}")
         clients = self.partition.clients
-        if not min(MIN_CONTRIBUTORS, clients) <= answer.count <= clients:
-            raise ValueError(
+        fewest = self._fewest_shares()
+        if not fewest <= answer.count <= clients:
+            raise ProtocolViolation(
                 f"layer {layer}: the sum holds {answer.count} shares, expected at most "
-                f"{clients} and at least {min(MIN_CONTRIBUTORS, clients)}"
+                f"{clients} and at least {fewest}"
             )
         return self.codec.decode_sum(answer.payload, rows=rows, cols=cols), answer.count

@@ -44,7 +44,7 @@ from secure.dp import privatize
 from secure.noise import GaussianNoise, NoiseSource, require_private_noise
 from secure.privacy import RELEASE_LAYER, SessionPrivacy
 from secure.protocol import Request, Response
-from secure.release_noise import part_key, release_digest
+from secure.release_noise import ReleaseMechanism, part_key, release_digest
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,7 @@ class ReleaseSettings:
     noise_std: float  # this client's standard deviation per coordinate
     noise: NoiseSource
     projection_seed: int  # public: the same for both runs of a neighbouring-dataset pair
+    mechanism: ReleaseMechanism  # every parameter of the noise: part of each release's identity
 
 
 class PrivateGlasuClient(GlasuClient):
@@ -144,9 +145,12 @@ class PrivateGlasuClient(GlasuClient):
         the other clients only release; the holder trains on their releases."""
         return None
 
-    def _begin_release(self, depth: int, clean: np.ndarray) -> None:
-        """The digest of the whole clean release (what the noise of a release-keyed source is
-        derived from, and what the owner's gate records): every part of it carries it."""
+    def _begin_release(
+        self, depth: int, clean: np.ndarray, *, part_rows: int, presence: np.ndarray | None
+    ) -> None:
+        """The digest of the whole clean release and of its mechanism (what the noise of a
+        release-keyed source is derived from, and what the owner's gate records): every part of
+        it carries it."""
         pass_index, output_nodes = self.current_pass
         self._release_key = release_digest(
             pass_index=pass_index,
@@ -154,6 +158,9 @@ class PrivateGlasuClient(GlasuClient):
             output_nodes=output_nodes,
             rows=self._release_rows,
             clean=clean,
+            mechanism=self.release.mechanism,
+            part_rows=part_rows,
+            presence=presence,
         )
         self.pending_release = self._release_key.hex()
 
@@ -167,6 +174,13 @@ class PrivateGlasuClient(GlasuClient):
             noise_std=self.release.noise_std,
             noise=self.release.noise.for_release(part_key(self._release_key, part)),
         )
+
+    def _fewest_shares(self) -> int:
+        """With shared noise every client adds 1/M of the variance, so a sum of fewer than M
+        shares carries less noise than accounted: only a sum of all M is taken."""
+        if self.release.mechanism.shared_noise:
+            return self.partition.clients
+        return super()._fewest_shares()
 
     def release_map(self, block: Block, input_nodes: torch.Tensor) -> torch.Tensor:
         """The fixed, weight-free function of the features that is released (before clipping)."""
@@ -320,5 +334,8 @@ def make_client(
         noise_std=privacy.client_noise_std,
         noise=noise or noise_source(noise_seed=noise_seed, client=partition.client),
         projection_seed=release_projection_seed(seed=seed, client=partition.client),
+        mechanism=ReleaseMechanism.of(
+            privacy, width=config.model.receiver_width, encoding=codec.encoding
+        ),
     )
     return PrivateGlasuClient(partition, config, release=release, codec=codec, device=device)

@@ -1,38 +1,50 @@
 """Noise that is a function of the release it masks (docs/privacy.md, section 2.2).
 
 A worker's noise must never be drawn twice for two different releases: if a service got two
-releases with the same noise, their difference would be noise-free. So the worker does not
-store per-pass keys (a service that answers a pass differently after a crash would get the same
-key applied to another input); it derives each release's ChaCha20 key from
+releases with the same noise, their difference would be noise-free, and two releases of the
+same inputs at two noise levels (r1 = x + sZ, r2 = x + 2sZ) would give the clean x = 2 r1 - r2.
+So the worker does not store per-pass keys (a service that answers a pass differently after a
+crash would get the same key applied to another input); it derives each release's ChaCha20 key
+from
 
 - a secret of 256 bits that never leaves the worker (:class:`ReleaseSecret`, kept in the owner's
   local privacy ledger, so that the noise and the record of what it masked live and die
   together),
 - a scope naming the owner's session and client (the session id the owner configured, never the
   one a service echoes),
-- and the digest of everything the release depends on (:func:`release_digest`: pass, layer,
-  the pass's output nodes, the release's rows and the clean matrix itself).
+- and the release's identity (:func:`release_digest`): everything the release depends on, its
+  inputs (pass, layer, the pass's output nodes, the release's rows, the clean matrix, the part
+  layout and, in a count-aware session, the presence column) *and* every parameter of the
+  mechanism that noises and sends it (:class:`ReleaseMechanism`: z, the noise std, clip,
+  sensitivity, occurrence cap, shared noise or not, M, the release layer and width, the share
+  encoding).
 
 The derivation is BLAKE2b in its keyed mode (RFC 7693, a PRF), with a personalisation string
-of this protocol. The same input gives the same noise, so recomputing a release after a crash
-sends back the identical release (an idempotent retry, counted once); any other input gives
-independent noise and is another release, which the owner's gate accounts as such.
+of this protocol (``glasu-noise-v2``: keys of the earlier derivation, whose digest left the
+mechanism out, never equal these). The same inputs under the same mechanism give the same noise,
+so recomputing a release after a crash sends back the byte-identical release (an idempotent
+retry, counted once); any other input or any other parameter gives independent noise and is
+another release, which the owner's gate accounts as such.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import math
 import secrets
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from typing import Any, Final
 
 import numpy as np
 from randomgen import ChaCha
 
 from secure.noise import GaussianNoise, NoiseSource
+from secure.privacy import RELEASE_LAYER, SessionPrivacy
 
 SECRET_BYTES: Final = 32
-_PERSON: Final = b"glasu-noise-v1"  # BLAKE2b personalisation: at most 16 bytes
+_PERSON: Final = b"glasu-noise-v2"  # BLAKE2b personalisation: at most 16 bytes
 
 
 class ReleaseSecret:
@@ -64,14 +76,96 @@ class ReleaseSecret:
         return "ReleaseSecret(<hidden>)"
 
 
+@dataclass(frozen=True, kw_only=True)
+class ReleaseMechanism:
+    """Every parameter of the mechanism that turns a clean release into the bytes a worker
+    uploads: one canonical description, hashed into each release's identity
+    (:func:`release_digest`, hence its noise key) and kept in the owner's ledger (each release
+    row and the session's record). Two releases of the same inputs under mechanisms that differ
+    in any field are two releases with independent noise."""
+
+    layer: int  # the graph layer released (``secure.privacy.RELEASE_LAYER``)
+    width: int  # columns of the release
+    clients: int  # M: the shares in a sum
+    noise_multiplier: float  # z
+    ledger_noise_multiplier: float  # the z the ledger composes (shared noise: a peer's)
+    noise_std: float  # this client's standard deviation per coordinate
+    clip: float  # C
+    sensitivity: float  # Delta
+    occurrence_cap: int  # c
+    shared_noise: bool
+    encoding: str  # the share encoding ("none", "ckks")
+
+    def __post_init__(self) -> None:
+        for name in ("noise_multiplier", "ledger_noise_multiplier", "noise_std", "clip"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"a release mechanism's {name} is a finite number, got {value}")
+
+    @classmethod
+    def of(cls, privacy: SessionPrivacy, *, width: int, encoding: str) -> ReleaseMechanism:
+        """The mechanism of ``privacy``'s releases, ``width`` columns wide, sent as
+        ``encoding``."""
+        return cls(
+            layer=RELEASE_LAYER,
+            width=int(width),
+            clients=privacy.clients,
+            noise_multiplier=float(privacy.noise_multiplier),
+            ledger_noise_multiplier=float(privacy.ledger_noise_multiplier),
+            noise_std=float(privacy.client_noise_std),
+            clip=float(privacy.clip),
+            sensitivity=float(privacy.sensitivity),
+            occurrence_cap=int(privacy.occurrence_cap),
+            shared_noise=bool(privacy.shared_noise),
+            encoding=str(encoding),
+        )
+
+    @classmethod
+    def from_canonical(cls, text: str) -> ReleaseMechanism:
+        return cls(**json.loads(text))
+
+    def canonical(self) -> str:
+        """Sorted-key JSON, floats in their shortest round-trip form (what the ledger keeps)."""
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+    @property
+    def digest(self) -> str:
+        """SHA-256 (hex) of the canonical description, under this protocol's label."""
+        return hashlib.sha256(
+            b"glasu-release-mechanism-v1|" + self.canonical().encode()
+        ).hexdigest()
+
+    def differences(self, other: ReleaseMechanism) -> list[str]:
+        """``"name: ours != theirs"`` for each field that differs."""
+        ours, theirs = asdict(self), asdict(other)
+        return [f"{k}: {ours[k]!r} != {theirs[k]!r}" for k in sorted(ours) if ours[k] != theirs[k]]
+
+
 def release_digest(
-    *, pass_index: int, layer: int, output_nodes: np.ndarray, rows: np.ndarray, clean: np.ndarray
+    *,
+    pass_index: int,
+    layer: int,
+    output_nodes: np.ndarray,
+    rows: np.ndarray,
+    clean: np.ndarray,
+    mechanism: ReleaseMechanism,
+    part_rows: int,
+    presence: np.ndarray | None = None,
 ) -> bytes:
-    """SHA-256 of everything a release depends on: the pass and layer, the pass's output nodes,
-    the node ids of the release's rows (the union the service returned) and the clean matrix
-    before noise (so another model, feature table or sample is another release)."""
-    digest = hashlib.sha256(f"glasu-release pass={pass_index} layer={layer}".encode())
-    for part in (output_nodes, rows, clean):
+    """SHA-256 of a release's identity: everything the release depends on (the pass and layer,
+    the pass's output nodes, the node ids of the release's rows, the union the service returned,
+    the clean matrix before noise, so another model, feature table or sample is another
+    release; the rows per part it travels in and a count-aware session's presence column) and
+    every parameter of the ``mechanism`` that noises it. Changing any one of them changes the
+    digest, hence the noise key."""
+    digest = hashlib.sha256(
+        f"glasu-release-v2 pass={pass_index} layer={layer} part_rows={part_rows}"
+        f" mechanism={mechanism.digest}".encode()
+    )
+    parts = [output_nodes, rows, clean]
+    if presence is not None:
+        parts.append(presence)
+    for part in parts:
         array = np.ascontiguousarray(part)
         digest.update(f"|{array.dtype.str}{array.shape}|".encode())
         digest.update(array.reshape(-1).view(np.uint8))  # the bytes in place: no copy

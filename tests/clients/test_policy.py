@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from clients.owner_ledger import LEDGER_FILENAME, OwnerLedger
-from clients.policy import BudgetSpent, PolicyRefusal, PrivacyPolicy, ReleaseGate, admit_session
+from clients.owner_ledger import LEDGER_FILENAME, OwnerLedger, SessionAbout
+from clients.policy import (
+    BudgetSpent,
+    PolicyRefusal,
+    PrivacyPolicy,
+    ReleaseGate,
+    admit_session,
+    admit_session_id,
+)
 from secure.accounting import epsilon_after
 from secure.privacy import SessionPrivacy
+from secure.release_noise import ReleaseMechanism
 
 PASSES = 40
 
@@ -33,6 +43,13 @@ def session(**privacy_overrides: Any) -> dict[str, Any]:
         },
         "privacy": planned.report(releases=0),
     }
+
+
+def gate_of(
+    policy: PrivacyPolicy, privacy: SessionPrivacy, ledger: OwnerLedger, session_id: str
+) -> ReleaseGate:
+    mechanism = ReleaseMechanism.of(privacy, width=16, encoding="ckks")
+    return ReleaseGate(policy, privacy, ledger, session_id, mechanism)
 
 
 @pytest.fixture
@@ -115,7 +132,7 @@ def test_sessions_compose_in_the_local_ledger_until_the_lifetime_budget(
     policy = PrivacyPolicy(max_session_epsilon=4.0, max_lifetime_epsilon=5.0)
     first = admit_session(policy, session(), session_id="s1", encrypted=True, ledger=ledger)
     assert first is not None
-    gate = ReleaseGate(policy, first, ledger, "s1")
+    gate = gate_of(policy, first, ledger, "s1")
     for pass_index in range(PASSES):
         gate.admit(pass_index, release=f"r{pass_index}")
     assert ledger.releases() == PASSES
@@ -134,7 +151,7 @@ def test_sessions_compose_in_the_local_ledger_until_the_lifetime_budget(
     )
     assert second is not None
     # (together they would spend about 4.17; a lifetime budget of 4.1 stops it partway)
-    gate = ReleaseGate(PrivacyPolicy(max_lifetime_epsilon=4.1), second, ledger, "s2")
+    gate = gate_of(PrivacyPolicy(max_lifetime_epsilon=4.1), second, ledger, "s2")
     with pytest.raises(BudgetSpent, match="lifetime"):
         for pass_index in range(PASSES):
             gate.admit(pass_index, release=f"r{pass_index}")
@@ -165,7 +182,7 @@ def test_a_resumed_session_counts_its_own_rows_once_in_the_lifetime_check(
     policy = PrivacyPolicy(max_session_epsilon=4.0, max_lifetime_epsilon=4.0)
     privacy = admit_session(policy, session(), session_id="s1", encrypted=True, ledger=ledger)
     assert privacy is not None
-    gate = ReleaseGate(policy, privacy, ledger, "s1")
+    gate = gate_of(policy, privacy, ledger, "s1")
     for pass_index in range(PASSES // 2):
         gate.admit(pass_index, release=f"r{pass_index}")
     assert admit_session(policy, session(), session_id="s1", encrypted=True, ledger=ledger)
@@ -193,13 +210,18 @@ def test_the_gate_counts_each_distinct_release_and_an_identical_one_once(
     policy = PrivacyPolicy(max_session_epsilon=100.0, max_lifetime_epsilon=100.0)
     privacy = admit_session(policy, session(), session_id="s1", encrypted=True, ledger=ledger)
     assert privacy is not None
-    gate = ReleaseGate(policy, privacy, ledger, "s1")
+    gate = gate_of(policy, privacy, ledger, "s1")
     assert gate.admit(3, release="aa") is True
     assert gate.admit(3, release="aa") is False  # the identical release again: one row
     assert gate.admit(3, release="bb") is True  # pass 3 with other inputs: another release
     assert ledger.releases(session_id="s1") == 2
     assert not ledger.record(
-        session_id="s1", pass_index=3, layer=1, release_digest="aa", noise_multiplier=2.0
+        session_id="s1",
+        pass_index=3,
+        layer=1,
+        release_digest="aa",
+        mechanism=gate.mechanism.digest,
+        noise_multiplier=2.0,
     )  # a unique constraint, not a convention
     assert ledger.releases(session_id="s1") == 2
 
@@ -211,3 +233,146 @@ def test_the_ledger_is_private_and_keeps_one_noise_secret(tmp_path: Path) -> Non
         assert reopened.noise_secret().to_bytes() == secret.to_bytes()
         assert "hidden" in repr(secret)
     assert (tmp_path / LEDGER_FILENAME).stat().st_mode & 0o777 == 0o600
+
+
+def test_shared_noise_with_stragglers_continue_is_refused(ledger: OwnerLedger) -> None:
+    """A pass that goes on without a client sums fewer shares than M: with shared noise, less
+    noise than accounted. The worker's own policy refuses it (not only the service)."""
+    going_on = session(shared_noise=True)
+    going_on["config"]["stragglers"] = "continue"
+    with pytest.raises(PolicyRefusal, match="stragglers 'continue'"):
+        admit_session(
+            PrivacyPolicy(allow_shared_noise=True),
+            going_on,
+            session_id="s1",
+            encrypted=True,
+            ledger=ledger,
+        )
+    waiting = session(shared_noise=True)
+    waiting["config"]["stragglers"] = "wait"
+    assert admit_session(
+        PrivacyPolicy(allow_shared_noise=True),
+        waiting,
+        session_id="s1",
+        encrypted=True,
+        ledger=ledger,
+    )
+
+
+def admitted(ledger: OwnerLedger, **privacy_overrides: Any) -> ReleaseGate:
+    policy = PrivacyPolicy(max_session_epsilon=100.0, max_lifetime_epsilon=100.0)
+    privacy = admit_session(
+        policy, session(**privacy_overrides), session_id="s1", encrypted=True, ledger=ledger
+    )
+    assert privacy is not None
+    return gate_of(policy, privacy, ledger, "s1")
+
+
+def test_only_a_byte_identical_upload_is_already_recorded(ledger: OwnerLedger) -> None:
+    """The same release digest under another mechanism (z x 2) is another release: its own row,
+    counted before it leaves, not "already recorded"."""
+    gate = admitted(ledger, epsilon=None, noise_multiplier=2.0)
+    doubled = admitted(ledger, epsilon=None, noise_multiplier=4.0)
+    assert gate.admit(0, release="aa") is True
+    assert gate.admit(0, release="aa") is False
+    assert doubled.admit(0, release="aa") is True
+    assert ledger.releases(session_id="s1") == 2
+    assert ledger.inverse_square_sum(session_id="s1") == pytest.approx(1 / 4 + 1 / 16)
+    assert ledger.recorded(
+        session_id="s1", pass_index=0, layer=1, release_digest="aa", mechanism=gate.mechanism.digest
+    )
+    assert not ledger.recorded(
+        session_id="s1", pass_index=0, layer=1, release_digest="aa", mechanism="another"
+    )
+    kept = {row["mechanism"] for row in ledger.snapshot().releases}
+    assert kept == {gate.mechanism.digest, doubled.mechanism.digest}
+
+
+def test_a_session_id_that_released_comes_back_only_with_its_checkpoint(
+    ledger: OwnerLedger, tmp_path: Path
+) -> None:
+    gate = admitted(ledger)
+    mechanism = gate.mechanism
+    # nothing released yet: a worker may start (again) without a checkpoint
+    admit_session_id(ledger, session_id="s1", mechanism=mechanism, checkpoint=None)
+    ledger.note_session("s1", SessionAbout(), mechanism=mechanism.canonical())
+    gate.admit(0, release="aa")
+    with pytest.raises(PolicyRefusal, match=r"already released this data 1 times.*checkpoint"):
+        admit_session_id(ledger, session_id="s1", mechanism=mechanism, checkpoint=None)
+    admit_session_id(ledger, session_id="s1", mechanism=mechanism, checkpoint=tmp_path / "s1.pt")
+    # another session id is another session
+    admit_session_id(ledger, session_id="s2", mechanism=mechanism, checkpoint=None)
+
+
+def test_a_session_id_is_refused_with_another_mechanism_even_with_a_checkpoint(
+    ledger: OwnerLedger, tmp_path: Path
+) -> None:
+    gate = admitted(ledger)
+    ledger.note_session("s1", SessionAbout(), mechanism=gate.mechanism.canonical())
+    doubled = dataclasses.replace(
+        gate.mechanism, noise_multiplier=2 * gate.mechanism.noise_multiplier
+    )
+    for checkpoint in (None, tmp_path / "s1.pt"):
+        with pytest.raises(PolicyRefusal, match=r"another release mechanism.*noise_multiplier"):
+            admit_session_id(ledger, session_id="s1", mechanism=doubled, checkpoint=checkpoint)
+    # the session's record keeps its first mechanism
+    ledger.note_session("s1", SessionAbout(), mechanism=doubled.canonical())
+    assert ledger.session_mechanism("s1") == gate.mechanism.canonical()
+
+
+OLD_LEDGER = """
+CREATE TABLE releases (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL, pass_index INTEGER NOT NULL,
+    noise_multiplier REAL NOT NULL CHECK (noise_multiplier > 0), released_at REAL NOT NULL,
+    layer INTEGER, release_digest TEXT, kind TEXT
+);
+CREATE TABLE sessions (
+    session_id TEXT PRIMARY KEY, label TEXT, partners TEXT, operator TEXT, kind TEXT,
+    created_at REAL, admitted_at REAL NOT NULL, clients INTEGER, adversaries TEXT,
+    test_accuracy REAL, reference_test_accuracy REAL
+);
+CREATE TABLE noise_secret (id INTEGER PRIMARY KEY CHECK (id = 1), secret BLOB NOT NULL);
+CREATE UNIQUE INDEX one_row_per_release ON releases (session_id, pass_index, layer, release_digest);
+INSERT INTO releases (session_id, pass_index, noise_multiplier, released_at, layer, release_digest,
+    kind) VALUES ('old', 0, 2.0, 1.0, 1, 'aa', 'training'),
+    ('old', 1, 2.0, 2.0, 1, 'bb', 'training');
+INSERT INTO sessions (session_id, admitted_at, clients) VALUES ('old', 0.5, 3);
+"""
+
+
+def test_a_ledger_of_the_earlier_schema_opens_reads_and_never_matches_a_new_release(
+    tmp_path: Path,
+) -> None:
+    connection = sqlite3.connect(tmp_path / LEDGER_FILENAME)
+    connection.executescript(OLD_LEDGER)
+    connection.close()
+    with OwnerLedger.beside(tmp_path) as ledger:
+        assert ledger.releases() == 2
+        assert ledger.inverse_square_sum() == pytest.approx(0.5)
+        snapshot = ledger.snapshot()
+        assert [r["mechanism"] for r in snapshot.releases] == [None, None]
+        assert snapshot.sessions["old"]["mechanism"] is None
+        assert ledger.session_mechanism("old") is None
+        # the old rows count, but a new release with the same digest is not "already recorded"
+        assert not ledger.recorded(
+            session_id="old", pass_index=0, layer=1, release_digest="aa", mechanism="m"
+        )
+        assert ledger.record(
+            session_id="old",
+            pass_index=0,
+            layer=1,
+            release_digest="aa",
+            mechanism="m",
+            noise_multiplier=2.0,
+        )
+        assert not ledger.record(
+            session_id="old",
+            pass_index=0,
+            layer=1,
+            release_digest="aa",
+            mechanism="m",
+            noise_multiplier=2.0,
+        )
+        assert ledger.releases(session_id="old") == 3
+        ledger.note_session("old", SessionAbout(), mechanism="{}")
+        assert ledger.session_mechanism("old") == "{}"  # an old record gains the mechanism

@@ -14,9 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
+from clients.checkpoint import CheckpointStore
 from clients.local.asgi import InProcessTransport
 from clients.local.session import session_request
-from clients.owner_ledger import OwnerLedger
+from clients.owner_ledger import OwnerLedger, SessionAbout
 from clients.policy import PolicyRefusal, PrivacyPolicy
 from clients.service_http import ConnectionOptions
 from clients.session_client import ServiceClient
@@ -26,6 +27,7 @@ from clients.worker import WorkerRun
 from models.config import TrainConfig
 from models.layout import layout_federation
 from secure.aggregation import PlainCodec
+from secure.release_noise import ReleaseMechanism
 from service.app import create_app
 from service.settings import ServiceSettings
 
@@ -58,6 +60,7 @@ def join(
     *,
     policy: PrivacyPolicy,
     ledger: OwnerLedger,
+    checkpoints: CheckpointStore | None = None,
 ) -> ServiceClient:
     """Client 0 tries to take part; returns its client (traffic counted) after the attempt."""
     partition = layout_federation(config, cora).partitions[0]
@@ -76,6 +79,7 @@ def join(
             codec=PlainCodec(),
             policy=policy,
             ledger=ledger,
+            checkpoints=checkpoints,
         ).run()
     client.refusal = str(refused.value)  # type: ignore[attr-defined]
     return client
@@ -113,6 +117,49 @@ def test_a_second_session_continues_the_local_ledger(service, cora, tmp_path: Pa
             ledger=ledger,
         )
         assert "lifetime" in client.refusal and client.traffic.up == 0  # type: ignore[attr-defined]
+
+
+def test_a_session_id_that_released_is_refused_without_its_checkpoint(
+    service, cora, tmp_path: Path
+) -> None:
+    """The session already released this data (a first run, its checkpoints gone): a worker
+    without a checkpoint of it is refused before it sends a byte."""
+    created = create(service, PRIVATE, cora)
+    sid = created["session_id"]
+    with OwnerLedger.beside(tmp_path / "data") as ledger:
+        ledger.record(session_id=sid, pass_index=0, noise_multiplier=5.0)
+        policy = PrivacyPolicy(max_session_epsilon=100.0, max_lifetime_epsilon=100.0)
+        client = join(service, created, PRIVATE, cora, policy=policy, ledger=ledger)
+        assert "already released this data 1 times" in client.refusal  # type: ignore[attr-defined]
+        assert client.traffic.up == 0 and ledger.releases() == 1
+
+
+def test_a_session_id_admitted_with_another_mechanism_is_refused_even_with_a_checkpoint(
+    service, cora, tmp_path: Path
+) -> None:
+    created = create(service, PRIVATE, cora)
+    sid = created["session_id"]
+    store = CheckpointStore(tmp_path / "checkpoints", session_id=sid, client=0)
+    store.path.parent.mkdir()
+    store.path.write_bytes(b"")  # there is one (it is refused before it is read)
+    with OwnerLedger.beside(tmp_path / "data") as ledger:
+        plan = PRIVATE.session_privacy(
+            clients=PRIVATE.clients, passes_total=created["passes_total"]
+        )
+        assert plan is not None
+        earlier = ReleaseMechanism.of(
+            dataclasses.replace(plan, noise_multiplier=plan.noise_multiplier / 2),
+            width=PRIVATE.release_width,
+            encoding="none",
+        )
+        ledger.note_session(sid, SessionAbout(), mechanism=earlier.canonical())
+        policy = PrivacyPolicy(max_session_epsilon=100.0, max_lifetime_epsilon=100.0)
+        client = join(
+            service, created, PRIVATE, cora, policy=policy, ledger=ledger, checkpoints=store
+        )
+        refusal = client.refusal  # type: ignore[attr-defined]
+        assert "another release mechanism" in refusal and "noise_multiplier" in refusal
+        assert client.traffic.up == 0 and ledger.releases() == 0
 
 
 def test_plain_http_to_a_network_address_needs_an_explicit_flag(tmp_path: Path) -> None:

@@ -9,10 +9,11 @@ import torch
 import models.inprocess as inprocess
 from models.config import TrainConfig
 from models.data.partition import feature_blocks
-from models.private import REPRODUCIBLE_NOISE_ENV
-from models.trainer import train_inprocess
+from models.layout import layout_federation
+from models.private import REPRODUCIBLE_NOISE_ENV, make_client
+from models.trainer import prepare_security, train_inprocess
 from secure.privacy import SessionPrivacy, release_sensitivity
-from secure.protocol import EmbeddingRequest, NodesRequest
+from secure.protocol import Aggregate, EmbeddingRequest, NodesRequest, ProtocolViolation
 
 PRIVATE = dict(
     encryption="none",
@@ -176,3 +177,36 @@ def test_the_party_alone_reference_trains_on_the_federated_batches(
     assert report.reference_test_accuracy is not None and report.gain is not None
     assert report.gain == pytest.approx(report.test_accuracy - report.reference_test_accuracy)
     assert all(h.reference_test_accuracy is not None for h in report.history)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_sum_of_fewer_shares_than_clients_is_refused_under_shared_noise(
+    cora, shared: bool
+) -> None:
+    """With shared noise every client adds 1/M of the variance: a sum of 2 of 3 shares carries
+    less noise than accounted, so the client refuses it (without shared noise a pass that went on
+    without a straggler may hold 2)."""
+    config = TrainConfig(**{**PRIVATE, "clients": 3})
+    layout = layout_federation(config, cora)
+    security = prepare_security(config, passes_total=4, clients=3)
+    assert security.privacy is not None
+    client = make_client(
+        layout.partitions[0],
+        layout.client_config,
+        codec=security.codec_factory(),
+        device="cpu",
+        privacy=dataclasses.replace(security.privacy, shared_noise=shared),
+        seed=config.seed,
+        noise_seed=config.noise_seed,
+    )
+    steps = client.run_pass(pass_index=0, kind="eval", output_nodes=cora.test_nodes)
+    request = next(steps)
+    assert isinstance(request, EmbeddingRequest)
+    two_of_three = Aggregate(payload=request.payload, count=2)
+    if shared:
+        with pytest.raises(ProtocolViolation, match="holds 2 shares, expected at most 3 and at "
+                           "least 3"):  # fmt: skip
+            steps.send(two_of_three)
+    else:
+        with pytest.raises(StopIteration):  # the pass ends on this sum
+            steps.send(two_of_three)
