@@ -922,9 +922,8 @@ class FuzzService:
 
 
 @contextmanager
-def fuzz_service(dataset: Any, root: Path | None = None) -> Iterator[FuzzService]:
-    if root is None:
-        root = Path(tempfile.mkdtemp(prefix="glasu-fuzz-"))
+def fuzz_service(dataset: Any, root: Path) -> Iterator[FuzzService]:
+    """A :class:`FuzzService` under ``root`` (its logs, keys, database and scenarios' folders)."""
     with FuzzService(root, dataset) as service:
         yield service
 
@@ -934,17 +933,10 @@ def scenario_for(seed: int) -> Scenario:
     return Scenario.draw(seed, encryption="ckks" if seed % 10 == 9 else "none")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scenarios", type=int, default=20)
-    parser.add_argument("--first-seed", type=int, default=0)
-    shared = Path(__file__).resolve().parents[3] / "shared" / "datasets" / "planetoid"
-    parser.add_argument("--data-dir", type=Path, default=shared)
-    parser.add_argument("--json", type=Path, default=None, help="write every outcome here")
-    args = parser.parse_args(argv)
+def run_seeds(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
+    """The driver's scenarios, one after the other on one service, each printed as it ends."""
     from models.data.planetoid import load_dataset
 
-    work = Path(tempfile.mkdtemp(prefix="glasu-fuzz-"))
     shutil.copytree(args.data_dir / "Cora", work / "data" / "Cora")
     dataset = load_dataset("cora", data_dir=work / "data", split="paper", seed=0)
     results = []
@@ -962,6 +954,26 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "exit_codes": outcome.exit_codes,
                             "uploads": len(outcome.capture.uploads),
                             "findings": [dataclasses.asdict(f) for f in findings]})  # fmt: skip
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scenarios", type=int, default=20)
+    parser.add_argument("--first-seed", type=int, default=0)
+    shared = Path(__file__).resolve().parents[3] / "shared" / "datasets" / "planetoid"
+    parser.add_argument("--data-dir", type=Path, default=shared)
+    parser.add_argument("--json", type=Path, default=None, help="write every outcome here")
+    parser.add_argument("--keep", action="store_true", help="keep the processes' logs")
+    args = parser.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="glasu-fuzz-"))
+    try:
+        results = run_seeds(args, work)
+    finally:
+        if args.keep:
+            print(f"logs kept in {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
     found = [r for r in results if any(f["invariant"] in "abcd" for f in r["findings"])]
     total = sum(r["seconds"] for r in results)
     print(f"{len(results)} scenarios in {total:.0f} s ({total / max(len(results), 1):.1f} s each);"
