@@ -4,7 +4,7 @@ from what crossed the wire and the owner's ledger file (docs/protocol.md, "How t
 guarantee is tested: the fuzzer").
 
 By default a handful of scenarios run (under a minute); the slow suite runs seeds 0 to
-``GLASU_FUZZ_SCENARIOS`` - 1 (default 24, about 7 minutes on 2 cores) and the regression list;
+``GLASU_FUZZ_SCENARIOS`` - 1 (default 24, about 8 minutes on 2 cores) and the regression list;
 ``PYTHONPATH=. python tests/e2e/fuzz_kit.py --scenarios N`` runs any number outside pytest."""
 
 from __future__ import annotations
