@@ -44,6 +44,7 @@ from models.workset import (
 from secure.aggregation import EmbeddingCodec, PlainCodec
 from secure.protocol import (
     NodesRequest,
+    ProtocolViolation,
     Request,
     Response,
     check_node_set,
@@ -153,6 +154,8 @@ class GlasuClient(LayerwiseEvaluation, JointAggregation):
         output_nodes = check_node_set(
             output_nodes, num_nodes=self.partition.num_nodes, what=f"pass {pass_index}'s output"
         )
+        if not output_nodes.size:  # the service never plans an empty pass
+            raise ProtocolViolation(f"pass {pass_index} has no output nodes")
         self.current_pass = (pass_index, output_nodes)
         if kind == "eval":
             return (yield from self._evaluate(output_nodes))

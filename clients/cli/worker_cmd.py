@@ -101,6 +101,7 @@ def ledger_path(settings: WorkerSettings) -> Path:
 
 def _run(settings: WorkerSettings, ledger_file: Path, *, quiet: bool) -> int:
     import torch
+    from pydantic import ValidationError
 
     from clients.checkpoint import CheckpointError, CheckpointStore
     from clients.owner_ledger import OwnerLedger
@@ -119,6 +120,7 @@ def _run(settings: WorkerSettings, ledger_file: Path, *, quiet: bool) -> int:
     from models.artefact import ModelError, load_model
     from models.data.partition import load_partition
     from models.device import resolve_device
+    from secure.aggregation import PayloadError
     from secure.ckks import make_codec
     from secure.noise import NotPrivateNoiseError
     from secure.protocol import ProtocolViolation
@@ -211,7 +213,9 @@ def _run(settings: WorkerSettings, ledger_file: Path, *, quiet: bool) -> int:
         except (PolicyRefusal, NotPrivateNoiseError) as exc:
             print(f"glasu worker {settings.client}: privacy policy: {exc}", file=sys.stderr)
             return EXIT_POLICY
-        except ProtocolViolation as exc:
+        except (ProtocolViolation, PayloadError, ValidationError) as exc:
+            # a sum whose body does not fit its slot, an answer that is not the wire model: the
+            # service's answers are the only input parsed while the worker runs
             raise CliError(f"the service's answer breaks the protocol: {exc}") from exc
         except ServiceError as exc:
             print(f"glasu worker {settings.client}: {exc.describe()}", file=sys.stderr)
