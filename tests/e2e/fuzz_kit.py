@@ -66,7 +66,6 @@ from clients.local.processes import (
 )
 from clients.local.session import session_request, worker_arguments
 from clients.owner_ledger import LEDGER_FILENAME, OwnerLedger
-from clients.settings import WorkerSettings
 from models.config import TrainConfig
 from models.data.partition import save_partition
 from models.layout import layout_federation
@@ -791,10 +790,7 @@ class FuzzService:
         config = train_config(scenario)
         layout = layout_federation(config, self.dataset)
         data = {p.client: save_partition(p, root / "partitions") for p in layout.partitions}
-        # the owner's ledger: named by the owner where the worker lets it, else beside its data
-        ledger_path = data[VICTIM] / LEDGER_FILENAME
-        if "ledger" in WorkerSettings.model_fields:
-            ledger_path = root / "owner" / LEDGER_FILENAME
+        ledger_path = root / "owner" / LEDGER_FILENAME  # the one the owner names (--ledger)
         sessions: list[str] = []
         codes: list[int | None] = []
         capture = Capture()
@@ -881,7 +877,7 @@ class FuzzService:
                 threads=1, passes_total=created["passes_total"],
             )  # fmt: skip
             args += ["--peer-wait-seconds", str(PEER_WAIT_SECONDS), "--poll-seconds", "10"]
-            if client == VICTIM and "ledger" in WorkerSettings.model_fields:
+            if client == VICTIM:
                 args += ["--ledger", str(ledger_path)]
             if client != VICTIM or scenario.checkpoint == "none":
                 args.append("--no-checkpoint")
