@@ -394,10 +394,8 @@ def federation(lab: Lab, tmp_path: Path, data_dir: Path) -> Federation:
             raise AssertionError(f"the service exited ({service.poll()}):\n{service.tail()}")
         try:
             with fed.admin() as admin:
-                return admin.get("/healthz", timeout=2).json() == {
-                    "status": "ok",
-                    "encryption": True,
-                }
+                health = admin.get("/healthz", timeout=2).json()
+                return health["status"] == "ok" and health["encryption"] is True
         except httpx.TransportError:
             return False
 
