@@ -233,8 +233,10 @@ class CheckpointStore:
             raise CheckpointError(
                 f"the checkpoint {self.path} was written by another run and is refused: "
                 + "; ".join(differences or ["its fingerprint differs"])
-                + " (checkpoint != this worker). Resume with the settings of that run, or give "
-                "another --checkpoint folder"
+                + " (checkpoint != this worker). Resume with the settings of that run; a"
+                " session that already released this data comes back only from its own"
+                " checkpoint with the same privacy parameters, so another --checkpoint folder"
+                " helps only a session that has released nothing yet (docs/privacy.md 1.3)"
             )
         try:
             client.load_state_dict(payload["client"])

@@ -192,13 +192,15 @@ class OwnerLedger:
         # FULL: a committed row survives power loss before the release it records is sent.
         self._connection.execute("PRAGMA synchronous=FULL")
         self._connection.executescript(_SCHEMA)
-        for table, added in (("releases", _RELEASE_COLUMNS), ("sessions", _SESSION_COLUMNS)):
-            columns = {row[1] for row in self._connection.execute(f"PRAGMA table_info({table})")}
-            for name, kind in added.items():
-                if name not in columns:
-                    self._connection.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
-        self._connection.execute(_OLD_RELEASE_INDEX)
-        self._connection.execute(_RELEASE_INDEX)
+        # one writer at a time: two workers of the organisation may open an older ledger at once
+        with self._transaction() as tx:
+            for table, added in (("releases", _RELEASE_COLUMNS), ("sessions", _SESSION_COLUMNS)):
+                columns = {row[1] for row in tx.execute(f"PRAGMA table_info({table})")}
+                for name, kind in added.items():
+                    if name not in columns:
+                        tx.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
+            tx.execute(_OLD_RELEASE_INDEX)
+            tx.execute(_RELEASE_INDEX)
 
     @classmethod
     def beside(cls, data_dir: Path) -> OwnerLedger:

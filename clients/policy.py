@@ -203,7 +203,10 @@ def admit_session_id(
     Call it before anything is sent; :meth:`OwnerLedger.note_session` then keeps the mechanism."""
     recorded = ledger.session_mechanism(session_id)
     if recorded is not None and recorded != mechanism.canonical():
-        differences = ReleaseMechanism.from_canonical(recorded).differences(mechanism)
+        try:
+            differences = ReleaseMechanism.from_canonical(recorded).differences(mechanism)
+        except (TypeError, ValueError):  # recorded by another version of glasu
+            differences = []
         raise PolicyRefusal(
             f"session {session_id} was admitted from this data with another release mechanism"
             f" ({'; '.join(differences) or 'its description differs'}; recorded != now):"

@@ -94,7 +94,7 @@ class ReleaseMechanism:
     sensitivity: float  # Delta
     occurrence_cap: int  # c
     shared_noise: bool
-    encoding: str  # the share encoding ("none", "ckks")
+    encoding: str  # the share encoding ("float32", "ckks")
 
     def __post_init__(self) -> None:
         for name in ("noise_multiplier", "ledger_noise_multiplier", "noise_std", "clip"):

@@ -31,8 +31,10 @@ MAX_BODY_SETTING = "GLASU_MAX_BODY_BYTES"
 #: After answering before the body was read, at most this many times the body limit is read and
 #: discarded; a longer body is cut off (its connection reset).
 DRAIN_LIMITS = 2
-#: ... and the discarding stops once the client sends nothing for this long.
+#: ... and the discarding stops once the client sends nothing for this long, or after this long
+#: in all (a client trickling bytes holds no connection open past it).
 DRAIN_IDLE_SECONDS = 5.0
+DRAIN_TOTAL_SECONDS = 30.0
 
 
 def too_large(limit: int, setting: str = MAX_BODY_SETTING) -> str:
@@ -125,20 +127,22 @@ class BodySizeLimitMiddleware:
     async def drain(self, receive: Receive, *, already: int) -> None:
         """Read and discard the rest of the request's body (up to :data:`DRAIN_LIMITS` times
         the limit, ``already`` bytes of it read; until the client pauses for
-        :data:`DRAIN_IDLE_SECONDS`), so that closing the connection afterwards sends a FIN
-        rather than a reset. The chunks are dropped as they come: nothing accumulates."""
+        :data:`DRAIN_IDLE_SECONDS`, for :data:`DRAIN_TOTAL_SECONDS` at most), so that closing
+        the connection afterwards sends a FIN rather than a reset. The chunks are dropped as
+        they come: nothing accumulates."""
         drained = already
-        while drained <= DRAIN_LIMITS * self.limit:
-            try:
-                async with asyncio.timeout(DRAIN_IDLE_SECONDS):
-                    message = await receive()
-            except TimeoutError:
-                return
-            if message["type"] != "http.request":  # http.disconnect
-                return
-            drained += len(message.get("body", b""))
-            if not message.get("more_body", False):
-                return
+        try:
+            async with asyncio.timeout(DRAIN_TOTAL_SECONDS):
+                while drained <= DRAIN_LIMITS * self.limit:
+                    async with asyncio.timeout(DRAIN_IDLE_SECONDS):
+                        message = await receive()
+                    if message["type"] != "http.request":  # http.disconnect
+                        return
+                    drained += len(message.get("body", b""))
+                    if not message.get("more_body", False):
+                        return
+        except TimeoutError:
+            return
 
 
 def content_length(scope: Scope) -> int | None:

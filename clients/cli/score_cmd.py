@@ -133,8 +133,8 @@ def run(args: argparse.Namespace) -> int:
     if summary.privacy is not None:
         print(
             f"privacy spent by this scoring: epsilon {summary.privacy['epsilon']:.4g} at delta "
-            f"{summary.privacy['delta']:g} ({summary.privacy['releases']} releases), on top of "
-            "each party's training (glasu model show)",
+            f"{summary.privacy['delta']:g} ({summary.privacy['releases']} releases), counted with "
+            "everything else in each organisation's ledger (glasu budget --local DIR)",
         )
     else:
         print("privacy: none (the models were trained without differential privacy)")

@@ -127,6 +127,17 @@ def check(args: argparse.Namespace) -> None:
     # each organisation's ledger, before anything starts (an older ledger beside the data is
     # refused here, in one sentence, not after the alignment)
     through_service = args.party is not None and uses_service(args)
+    if args.party is not None and not through_service and args.ledger is not None:
+        raise UsageError(
+            "--ledger: this run releases nothing to a service (--transport inprocess or --mode"
+            " standalone), so it writes no ledger; leave --ledger out"
+        )
+    epsilon = args.epsilon if through_service and args.dp else None
+    if epsilon is not None and epsilon > args.max_lifetime_epsilon:
+        raise UsageError(
+            f"--epsilon {epsilon:g} is over --max-lifetime-epsilon"
+            f" {args.max_lifetime_epsilon:g}: every party's worker would refuse the run"
+        )
     args.owner_ledgers = train_options.owner_ledgers(args) if through_service else None
     train_config.check_federation(args, through_service=uses_service(args))
     check_output_file(args.report, "--report", overwrite=args.overwrite)

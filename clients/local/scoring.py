@@ -137,7 +137,7 @@ def score_locally(
     ledgers: PartyLedgers | None = None,
 ) -> ScoringSummary:
     """``ledgers``: each party's organisation's privacy ledger (default: the organisations'
-    own, ``clients.local.parties.party_ledgers``, under the owner's default lifetime cap)."""
+    own, ``clients.owner_ledger.party_ledgers``, under the owner's default lifetime cap)."""
     if ledgers is None:
         ledgers = PartyLedgers(
             paths=party_ledgers(folders), max_lifetime_epsilon=PrivacyPolicy.max_lifetime_epsilon

@@ -88,7 +88,9 @@ class AlignmentStatus(ResponseModel):
     created_at: float
     sets: list[SetProgress]
     nodes: AlignedNodes
-    part_elements: int = Field(description="Elements per part of the sets and positions.")
+    part_elements: int = Field(
+        ge=1, le=MAX_PART_ELEMENTS, description="Elements per part of the sets and positions."
+    )
     max_body_bytes: int | None = Field(
         None,
         description="The service's body limit: no part it sized passes it (null: an older "

@@ -268,6 +268,8 @@ class SessionConfigView(ResponseModel):
     straggler_wait_seconds: float
     part_values: int = Field(
         PART_VALUES,
+        ge=1,
+        le=MAX_PART_VALUES,
         description="Values per part of a share (rows per part: max(1, part_values // columns)),"
         " sized by the service to its body limit.",
     )

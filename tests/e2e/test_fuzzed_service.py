@@ -71,7 +71,7 @@ def test_a_fuzzed_lying_service(fuzzing: FuzzService, seed: int) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "seed", sorted(set(range(SLOW_SCENARIOS)) | set(KNOWN_HOLE_SEEDS) - set(DEFAULT_SEEDS))
+    "seed", sorted((set(range(SLOW_SCENARIOS)) | set(KNOWN_HOLE_SEEDS)) - set(DEFAULT_SEEDS))
 )
 def test_many_fuzzed_lying_services(fuzzing: FuzzService, seed: int) -> None:
     play(fuzzing, seed)
@@ -82,6 +82,7 @@ def test_many_fuzzed_lying_services(fuzzing: FuzzService, seed: int) -> None:
 MALFORMED = {
     "a sum cut short": (Lie("aggregate", None, 0, "body", "truncate"), "expected"),
     "a field no model has": (Lie("session", None, None, "unknown_field", "privacy"), "surprise"),
+    "a part size of zero": (Lie("session", None, None, "part_values", 0), "part_values"),
     "a pass with no output nodes": (
         Lie("pass", None, 0, "output_nodes", "empty"),
         "pass 0 has no output nodes",

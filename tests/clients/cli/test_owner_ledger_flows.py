@@ -233,3 +233,15 @@ def test_an_explicit_ledger_is_the_one_written(tmp_path: Path, glasu: Glasu) -> 
         with sqlite3.connect(path) as connection:
             assert connection.execute("SELECT COUNT(*) FROM releases").fetchone()[0] > 0
     assert not ledgers_folder().exists()
+
+
+def test_a_run_past_the_lifetime_cap_or_with_no_ledger_to_write_is_refused_at_once(
+    tmp_path: Path, glasu: Glasu
+) -> None:
+    write_tables(tmp_path / "tables")
+    folders = prepare(None, tmp_path / "tables", tmp_path / "prepared")
+    done = glasu("train", *parties(folders), "--epsilon", "20", "--no-he", "--quiet")
+    assert done.returncode == 2 and "over --max-lifetime-epsilon 16" in done.stderr
+    ledgers = [a for folder in folders for a in ("--ledger", str(folder / "l.sqlite3"))]
+    done = glasu("train", *parties(folders), "--transport", "inprocess", *ledgers, "--quiet")
+    assert done.returncode == 2 and "writes no ledger" in done.stderr
