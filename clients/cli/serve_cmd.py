@@ -9,17 +9,12 @@ from __future__ import annotations
 
 import argparse
 import os
-from contextlib import closing
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from clients.cli.errors import failing_as
 from clients.cli.options import add_command
 from clients.cli.settings_args import add_settings_arguments, settings_from_args
 from service.settings import POSTGRES_SCHEMES, ServiceSettings
-
-if TYPE_CHECKING:
-    from service.store import Store
 
 
 def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -68,28 +63,11 @@ def run(args: argparse.Namespace) -> int:
 def migrate_to(source: Path, url: str) -> int:
     """Copy the SQLite database ``source`` and its payload files into the empty PostgreSQL
     database ``url``, in one transaction."""
-    from service.rounds.payload_files import PayloadFiles
-    from service.store.payload_rows import SUM_CLIENT
-    from service.store.transfer import check_empty, copy_rows
+    from service.store.transfer import copy_into_postgres
 
-    if not url.startswith(POSTGRES_SCHEMES):
-        raise ValueError(f"--migrate-to takes a postgresql:// URL, not {url!r}")
-    if not source.is_file():
-        raise FileNotFoundError(f"no SQLite database at {source}")
-    check_empty(url)
-    with (
-        closing(_open_store(source)) as sqlite,
-        closing(_open_store(url)) as postgres,
-        postgres.transaction() as tx,
-    ):
-        copied = copy_rows(sqlite, tx)
-        bodies = 0
-        for stored in PayloadFiles.beside(source).stored():
-            client = SUM_CLIENT if stored.client is None else stored.client
-            tx.put_payload(stored.slot, client, stored.sha256 or b"", stored.path.read_bytes())
-            bodies += 1
-    rows = ", ".join(f"{table} {count}" for table, count in copied.items() if count)
-    print(f"copied {source} into PostgreSQL: {rows or 'no rows'}; {bodies} payload bodies")
+    copied = copy_into_postgres(source, url)
+    rows = ", ".join(f"{table} {count}" for table, count in copied.rows.items() if count)
+    print(f"copied {source} into PostgreSQL: {rows or 'no rows'}; {copied.bodies} payload bodies")
     return 0
 
 
@@ -100,13 +78,3 @@ def _sqlite_database(args: argparse.Namespace) -> Path:
     if str(database).startswith(POSTGRES_SCHEMES):
         raise ValueError("--migrate-to copies from an SQLite --database, not from PostgreSQL")
     return Path(database)
-
-
-def _open_store(database: Path | str) -> Store:
-    """A store with its alignment tables, both migrated to this release's schema."""
-    from service.alignment.tables import create_alignment_tables
-    from service.store import Store
-
-    store = Store(database)
-    create_alignment_tables(store)
-    return store

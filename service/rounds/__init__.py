@@ -13,13 +13,12 @@ Every method is blocking (SQLite, CKKS); call them from a worker thread. Refusal
 :mod:`service.domain_errors`; the app turns them into problem details.
 
 - :mod:`.engine`: :class:`RoundEngine`, the facade the routes and the session manager use;
-- :mod:`.parts`: what every part works with (store, plans, aggregators, telemetry, files);
+- :mod:`.parts`: what every part works with (store, plans, aggregators, telemetry, bodies);
 - :mod:`.gate`: the checks shared by every route (session, pass, layer, current pass);
 - :mod:`.uploads`: accepting node sets (and forming their union), shares and metrics;
 - :mod:`.sums`: running sums (per part of a layer), recording the release in the ledger,
-  advancing the pass (:mod:`.recent_sums`: the latest sums kept in memory);
-- :mod:`.payload_store`: where share and sum bodies live (:mod:`.payload_files`: files beside
-  an SQLite database; a table of a PostgreSQL one);
+  advancing the pass (:mod:`.recent_sums`: the latest sums kept in memory; the shares' and
+  sums' bodies: :mod:`service.store.bodies`);
 - :mod:`.downloads`: the pass descriptor, unions and sums for the clients;
 - :mod:`.types`: the values crossing the engine's boundary.
 """

@@ -11,10 +11,10 @@ from service.plan import PlanCache, SessionPlan
 from service.rounds.downloads import Downloads
 from service.rounds.gate import load_session
 from service.rounds.parts import RoundParts
-from service.rounds.payload_store import payload_store_for
 from service.rounds.sums import ShareSums
 from service.rounds.uploads import Uploads
 from service.store import SessionRow, Store, Transaction
+from service.store.bodies import bodies_for
 from service.telemetry import Telemetry
 
 
@@ -30,7 +30,7 @@ class RoundEngine:
         """``on_change(session_id)``: see :class:`Downloads` (uploads say it in their
         outcome)."""
         self.plans = plans
-        parts = RoundParts(store, plans, aggregators, telemetry, payload_store_for(store))
+        parts = RoundParts(store, plans, aggregators, telemetry, bodies_for(store))
         self.sums = ShareSums(parts)
         self.uploads = Uploads(parts, self.sums)
         self.downloads = Downloads(parts, self.sums, on_change)

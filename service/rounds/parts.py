@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from service.aggregators import Aggregators
 from service.plan import PlanCache
-from service.rounds.payload_store import PayloadStore
 from service.store import Store
+from service.store.bodies import Bodies
 from service.telemetry import Telemetry
 
 
@@ -17,7 +17,7 @@ class RoundParts:
     plans: PlanCache
     aggregators: Aggregators
     telemetry: Telemetry
-    files: PayloadStore  # share and sum bodies
+    bodies: Bodies  # share and sum bodies
 
 
 class RoundPart:
@@ -28,4 +28,4 @@ class RoundPart:
         self.plans = parts.plans
         self.aggregators = parts.aggregators
         self.telemetry = parts.telemetry
-        self.files = parts.files
+        self.bodies = parts.bodies

@@ -1,17 +1,18 @@
-"""The bodies of the latest sums in memory, within a byte budget (older ones are read from the
-payload store). The budget is a bound, never passed: a body larger than the whole budget is not
-kept at all."""
+"""The bodies of the latest sums in memory, within a byte budget (older ones are read from where
+the bodies are kept, :mod:`service.store.bodies`). The budget is a bound, never passed: a body
+larger than the whole budget is not kept at all."""
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
 
-from service.store.payload_rows import BodySlot
+from service.store.bodies import BodySlot
 
 
 class RecentSums:
-    """The bodies of the latest sums, newest first, within a byte budget."""
+    """The bodies of the latest sums stored, oldest first: storing one past the budget evicts
+    the oldest stored (first in, first out: reading a sum does not keep it longer)."""
 
     def __init__(self, max_bytes: int) -> None:
         self._max_bytes = max_bytes

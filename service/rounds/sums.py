@@ -11,7 +11,7 @@ no sum never computes it while another request holds the slot: it waits for the 
 that the sum is stored. The pass advances once every part of its last layer is summed.
 
 Crash safety: acknowledged shares are durable, running sums are not. A share's file is written
-before the transaction that acknowledges it commits (service/rounds/payload_store.py). After a
+before the transaction that acknowledges it commits (service/store/bodies/). After a
 restart (or if storing a sum failed) the first download or repeated upload that finds all M
 shares committed and no sum adds the shares missing from the running sum from their files and
 stores the sum (:meth:`ShareSums.complete`).
@@ -54,7 +54,7 @@ from service.rounds.parts import RoundPart, RoundParts
 from service.rounds.recent_sums import RecentSums
 from service.session_state import SessionState
 from service.store import SessionRow, Transaction
-from service.store.payload_rows import BodySlot
+from service.store.bodies import BodySlot
 
 # Sums are served from memory while they fit (one part's sum is 0.1 to 10 MB; every client
 # downloads it); older ones are read from their files. Replicas (a shared store) each keep a
@@ -138,7 +138,7 @@ class ShareSums(RoundPart):
             for upload in committed:
                 if upload.client_index in slot.running.clients:
                     continue
-                body = self.files.read_share(key, upload.client_index, upload.sha256)
+                body = self.bodies.read_share(key, upload.client_index, upload.sha256)
                 share = aggregator.read_share(body, rows=rows, cols=plan.widths[layer])
                 slot.running.add(upload.client_index, share)
             changed = self._store(
@@ -158,7 +158,7 @@ class ShareSums(RoundPart):
         key = BodySlot(session_id, pass_index, layer, part)
         body = self._recent.get(key)
         if body is None:
-            body = self.files.read_sum(key)
+            body = self.bodies.read_sum(key)
             if body is not None:
                 self._recent.put(key, body)
         return body
@@ -175,7 +175,7 @@ class ShareSums(RoundPart):
             for key in [k for k in self._slots if k[0] == session_id and k[1] < limit]:
                 del self._slots[key]
         self._recent.drop(session_id, before_pass=limit)
-        self.files.discard(session_id, before_pass=before_pass)
+        self.bodies.discard(session_id, before_pass=before_pass)
 
     def _complete_from_bodies(
         self, session_id: str, pass_index: int, layer: int, part: int
@@ -196,11 +196,11 @@ class ShareSums(RoundPart):
             aggregator = self.aggregators.for_session(plan)
             running = aggregator.new_sum(rows=rows, cols=plan.widths[layer])
             for upload in tx.uploads(session_id, pass_index, layer, "embedding", part):
-                body = self.files.read_share(body_slot, upload.client_index, upload.sha256, tx=tx)
+                body = self.bodies.read_share(body_slot, upload.client_index, upload.sha256, tx=tx)
                 share = aggregator.read_share(body, rows=rows, cols=plan.widths[layer])
                 running.add(upload.client_index, share)
             body = running.payload()
-            self.files.write_sum(body_slot, body, sync=is_release, tx=tx)
+            self.bodies.write_sum(body_slot, body, sync=is_release, tx=tx)
             slot = (pass_index, layer, part)
             stored = self._insert_sum(tx, plan, slot, rows, sorted(running.clients))
         self._after_store(plan, slot, body, stored)
@@ -226,7 +226,7 @@ class ShareSums(RoundPart):
         pass_index, layer, part = slot
         is_release = _is_release(plan, layer)
         body_slot = BodySlot(plan.session_id, pass_index, layer, part)
-        self.files.write_sum(body_slot, body, sync=is_release)
+        self.bodies.write_sum(body_slot, body, sync=is_release)
         with self.store.transaction(durable=is_release) as tx:
             row, _ = load_session(tx, self.plans, plan.session_id)
             if not _sum_pending(tx, row, pass_index, layer, part):

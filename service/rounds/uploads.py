@@ -53,7 +53,7 @@ from service.rounds.sums import ShareSums
 from service.rounds.types import Caller, UploadOutcome
 from service.session_state import SessionState
 from service.store import Transaction, UploadKind
-from service.store.payload_rows import BodySlot
+from service.store.bodies import BodySlot
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +149,7 @@ class Uploads(RoundPart):
         else:
             share = self._read_share(target, header, slot, body)
             body_slot = BodySlot(caller.session_id, pass_index, layer, part)
-            self.files.write_share(body_slot, caller.client_index, sha256, body)
+            self.bodies.write_share(body_slot, caller.client_index, sha256, body)
             with self.sums.forming(
                 target.plan, pass_index, layer, part=part, rows=target.rows, cols=target.cols
             ) as running:

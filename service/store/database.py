@@ -3,7 +3,7 @@
 The queries come in four groups, one module each, that :class:`Transaction` puts together:
 sessions and their tokens (:mod:`.sessions`), the rounds' uploads, results and absences
 (:mod:`.rounds`), the metrics, traffic and privacy ledger (:mod:`.accounts`), and on PostgreSQL
-the share and sum bodies (:mod:`.payload_rows`). Each is written once for both databases
+the share and sum bodies (:mod:`.bodies.table`). Each is written once for both databases
 (:mod:`.dialect`).
 
 Two backends (:mod:`.engines` says how each runs its transactions and why): **SQLite**, the
@@ -33,8 +33,8 @@ replica reads one time for rows, straggler deadlines and session clocks.
 Payload bodies are kept for the current and the previous pass only (see
 :meth:`Transaction.discard_payloads`); their SHA-256 stays so identical re-uploads remain harmless.
 Only node sets and their unions (kilobytes) keep their bodies in the rows. Embedding shares and
-sums (0.1 to 10 MB each) go to the payload store (``service/rounds/payload_store.py``): files
-beside an SQLite database, table ``payloads`` in PostgreSQL.
+sums (0.1 to 10 MB each) go to the bodies (:mod:`.bodies`): files beside an SQLite database,
+table ``payloads`` in PostgreSQL.
 """
 
 from __future__ import annotations
@@ -46,10 +46,10 @@ from pathlib import Path
 
 from service.clock import Clock, DatabaseClock, SystemClock
 from service.store.accounts import ACCOUNT_SCHEMA, AccountQueries
+from service.store.bodies.table import BODY_SCHEMA, BODY_TABLE, BodyQueries
 from service.store.dialect import Backend, Connection
 from service.store.engines import PostgresEngine, SqliteEngine, is_database_url
 from service.store.migrations import Migration, added_columns, added_key_column, migrate
-from service.store.payload_rows import PAYLOAD_SCHEMA, PAYLOAD_TABLE, PayloadQueries
 from service.store.rounds import PARTED_TABLES, ROUND_SCHEMA, RoundQueries
 from service.store.sessions import SESSION_SCHEMA, SessionQueries
 
@@ -65,15 +65,15 @@ def _first_schema(connection: Connection) -> None:
         connection.execute(_POSTGRES_ROWID)
 
 
-def _payload_table(connection: Connection) -> None:
+def _body_table(connection: Connection) -> None:
     if connection.backend == "postgresql":  # SQLite keeps the bodies in files
-        connection.run_schema(PAYLOAD_SCHEMA)
+        connection.run_schema(BODY_SCHEMA)
 
 
 def _parts(connection: Connection) -> None:
     tables = dict(PARTED_TABLES)
     if connection.backend == "postgresql":
-        tables["payloads"] = PAYLOAD_TABLE
+        tables["payloads"] = BODY_TABLE
     added_key_column("part", "INTEGER NOT NULL DEFAULT 0", tables)(connection)
 
 
@@ -84,14 +84,14 @@ STORE_MIGRATIONS = (
         "columns added after the first release",
         added_columns([("privacy_ledger", "clients", "TEXT")]),
     ),
-    Migration(3, "share and sum bodies in the database (PostgreSQL)", _payload_table),
+    Migration(3, "share and sum bodies in the database (PostgreSQL)", _body_table),
     Migration(
         4, "shares and sums in parts: part in the keys of uploads, results, payloads", _parts
     ),
 )
 
 
-class Transaction(SessionQueries, RoundQueries, AccountQueries, PayloadQueries):
+class Transaction(SessionQueries, RoundQueries, AccountQueries, BodyQueries):
     """The queries, valid only inside :meth:`Store.transaction`."""
 
     def __init__(self, connection: Connection, clock: Clock, *, durable: bool = False) -> None:

@@ -9,14 +9,14 @@ from service.clock import Clock
 from service.store.dialect import Backend, Connection
 
 # The first key of PostgreSQL's two-key advisory locks: what the second (a hash) names.
-LockScope = Literal["session", "slot", "alignment", "migrations", "listing-order", "payload"]
+LockScope = Literal["session", "slot", "alignment", "migrations", "listing-order", "body"]
 LOCK_SCOPES: dict[LockScope, int] = {
     "session": 1,
     "slot": 2,
     "alignment": 3,
     "migrations": 4,
     "listing-order": 5,
-    "payload": 6,
+    "body": 6,
 }
 
 

@@ -1,4 +1,4 @@
-"""Share and sum bodies live in files beside the database (service/rounds/payload_files.py), kept
+"""Share and sum bodies live in files beside the database (service/store/bodies/files.py), kept
 for the current and the previous pass like the bodies SQLite holds, and dropped with the session
 when it is closed."""
 
@@ -11,8 +11,7 @@ import pytest
 from fastapi import FastAPI
 from service_testkit import Federation, admin, create_session, http_client, session_request
 
-from service.rounds.payload_files import PayloadFiles
-from service.store.payload_rows import BodySlot
+from service.store.bodies import BodyMissing, BodySlot, FileBodies
 
 pytestmark = pytest.mark.anyio
 
@@ -43,7 +42,7 @@ async def test_files_follow_the_kept_passes_and_go_with_the_session(
 
 
 def test_write_and_read_back(tmp_path: Path) -> None:
-    files = PayloadFiles.beside(tmp_path / "service.sqlite3")
+    files = FileBodies.beside(tmp_path / "service.sqlite3")
     sha, slot = bytes(range(32)), BodySlot("s", 3, 1)
     files.write_share(slot, 2, sha, b"share")
     files.write_sum(slot, b"sum", sync=True)
@@ -54,5 +53,5 @@ def test_write_and_read_back(tmp_path: Path) -> None:
     assert files.read_sum(slot) == b"sum"
     files.discard("s", before_pass=4)
     assert files.read_sum(slot) is None
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(BodyMissing):
         files.read_share(slot, 2, sha)

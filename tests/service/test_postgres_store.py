@@ -27,12 +27,12 @@ from service_testkit import (
 
 from service.alignment.tables import ALIGNMENT_MIGRATIONS, create_alignment_tables
 from service.clock import DatabaseClock, ManualClock
-from service.rounds.payload_store import DatabasePayloads, PayloadMissing
-from service.store import Store, payload_rows
+from service.store import Store
 from service.store.accounts import ACCOUNT_SCHEMA
+from service.store.bodies import BodyKey, BodyMissing, BodySlot, TableBodies
+from service.store.bodies import table as body_table
 from service.store.database import STORE_MIGRATIONS
 from service.store.dialect import Connection
-from service.store.payload_rows import BodySlot
 from service.store.rounds import ROUND_SCHEMA
 from service.store.sessions import SESSION_SCHEMA
 
@@ -117,7 +117,7 @@ def test_a_session_and_a_slot_are_locked_across_replicas(replicas: tuple[Store, 
 
 def test_payload_bodies_live_in_the_database(replicas: tuple[Store, Store]) -> None:
     first, second = replicas
-    payloads, other = DatabasePayloads(first), DatabasePayloads(second)
+    payloads, other = TableBodies(first), TableBodies(second)
     sha, three, four = bytes(range(32)), BodySlot("s", 3, 1), BodySlot("s", 4, 1)
     payloads.write_share(three, 0, sha, b"share")
     payloads.write_share(three, 0, sha, b"share")  # an identical re-upload
@@ -129,7 +129,7 @@ def test_payload_bodies_live_in_the_database(replicas: tuple[Store, Store]) -> N
     other.discard("s", before_pass=4)
     assert payloads.read_sum(three) is None
     assert payloads.read_sum(four) == b"next"
-    with pytest.raises(PayloadMissing):
+    with pytest.raises(BodyMissing):
         payloads.read_share(three, 0, sha)
     payloads.discard("s")
     assert payloads.read_sum(four) is None
@@ -142,7 +142,7 @@ def test_payload_bodies_cross_the_connection_in_bounded_pieces(
     pooled connection's buffers at the size of the largest message it carried, so whole
     bodies would pin their size per connection for good (bench/replica_memory.py)."""
     piece = 1000
-    monkeypatch.setattr(payload_rows, "BODY_PIECE_BYTES", piece, raising=False)
+    monkeypatch.setattr(body_table, "BODY_PIECE_BYTES", piece, raising=False)
     largest: list[int] = []
     execute, copy_in = Connection.execute, getattr(Connection, "copy_in", None)
 
@@ -165,7 +165,7 @@ def test_payload_bodies_cross_the_connection_in_bounded_pieces(
     monkeypatch.setattr(Connection, "execute", measured_execute)
     monkeypatch.setattr(Connection, "copy_in", measured_copy_in, raising=False)
     first, second = replicas
-    payloads, other = DatabasePayloads(first), DatabasePayloads(second)
+    payloads, other = TableBodies(first), TableBodies(second)
     body = np.random.default_rng(0).bytes(3 * piece + 123)  # three pieces and a remainder
     sha, slot = hashlib.sha256(body).digest(), BodySlot("s", 0, 1)
     payloads.write_share(slot, 0, sha, body)
@@ -364,8 +364,8 @@ def test_a_database_from_before_parts_keys_its_slots_by_part(
             tx.insert_result("s", 0, 1, "aggregate", rows=2, cols=4, count=3, body=None, part=1)
             assert tx.result_parts("s", 0, 1, "aggregate") == 2
             if backend == "postgresql":
-                assert tx.payload(BodySlot("s", 0, 1, 0), -1, b"") == b"sum"
-                tx.put_payload(BodySlot("s", 0, 1, 1), -1, b"", b"sum 1")
-                assert tx.payload(BodySlot("s", 0, 1, 1), -1, b"") == b"sum 1"
+                assert tx.read_body(BodyKey.sum_of(BodySlot("s", 0, 1, 0))) == b"sum"
+                tx.put_body(BodyKey.sum_of(BodySlot("s", 0, 1, 1)), b"sum 1")
+                assert tx.read_body(BodyKey.sum_of(BodySlot("s", 0, 1, 1))) == b"sum 1"
     finally:
         store.close()

@@ -38,7 +38,7 @@ from service.rounds import Caller, Payload
 from service.rounds.recent_sums import RecentSums
 from service.rounds.sums import RECENT_SUM_BYTES_PER_REPLICA
 from service.settings import ServiceSettings
-from service.store.payload_rows import BodySlot
+from service.store.bodies import BodySlot
 from service.store.sessions import SessionQueries
 
 pytestmark = pytest.mark.anyio
@@ -208,9 +208,9 @@ async def test_a_sum_both_replicas_find_due_is_stored_once(
         monkeypatch.setattr(
             sums, "_due_sum_plan", _found_due(sums._due_sum_plan, order, name, other)
         )
-        read_share = sums.files.read_share
+        read_share = sums.bodies.read_share
         monkeypatch.setattr(
-            sums.files,
+            sums.bodies,
             "read_share",
             lambda *a, _read=read_share, _name=name, **k: (reads.append(_name), _read(*a, **k))[1],
         )
@@ -252,13 +252,13 @@ async def test_a_replica_killed_mid_sum_leaves_no_sum_and_the_next_request_store
 ) -> None:
     sid = await shares_in_no_sum(replicas, monkeypatch)
     first, second = service_context(replicas[0]), service_context(replicas[1])
-    write_sum = first.engine.sums.files.write_sum
+    write_sum = first.engine.sums.bodies.write_sum
 
     def dies_after_writing(*args: Any, **kwargs: Any) -> None:
         write_sum(*args, **kwargs)
         raise SystemExit("replica A killed mid-sum")
 
-    monkeypatch.setattr(first.engine.sums.files, "write_sum", dies_after_writing)
+    monkeypatch.setattr(first.engine.sums.bodies, "write_sum", dies_after_writing)
     with pytest.raises(SystemExit):
         first.engine.sums.complete(sid, *SLOT, wait=True)
     assert stored_sum(replicas[1], sid) is None

@@ -2,7 +2,7 @@
 acknowledged is lost.
 
 Running sums live in memory; what makes an acknowledged share durable is its file, written before
-the transaction that acknowledges it commits (service/rounds/payload_files.py). After a restart
+the transaction that acknowledges it commits (service/store/bodies/files.py). After a restart
 the running sum is rebuilt from those files. Two kills, on a CKKS session (the rebuild parses
 ciphertexts):
 

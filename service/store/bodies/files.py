@@ -1,5 +1,4 @@
-"""Embedding bodies (shares and sums) as files beside the database, out of SQLite: the
-:class:`~.payload_store.PayloadStore` of an SQLite store (PostgreSQL keeps them in a table).
+"""Share and sum bodies as files beside an SQLite database: :class:`FileBodies`.
 
 A share is written before the transaction that acknowledges it commits, so an acknowledged share
 survives a crash of the process as the row does (neither is synced to disk: the WAL under
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from secure.files import atomic_write, sync_folder
-from service.store.payload_rows import BodySlot
+from service.store.bodies.interface import SUM_CLIENT, Bodies, BodyKey, BodySlot
 
 if TYPE_CHECKING:
     from service.store import Transaction
@@ -43,11 +42,9 @@ _NAME = re.compile(
 
 @dataclass(frozen=True, slots=True)
 class StoredBody:
-    """A body kept in a file: a share (``client`` and ``sha256``) or a sum (both None)."""
+    """A body kept in a file."""
 
-    slot: BodySlot
-    client: int | None
-    sha256: bytes | None
+    key: BodyKey
     path: Path
 
 
@@ -55,7 +52,7 @@ class StoredBody:
 FOLDER_MODE = 0o700
 
 
-class PayloadFiles:
+class FileBodies(Bodies):
     def __init__(self, root: Path) -> None:
         self.root = root
         self._make_private()
@@ -74,41 +71,9 @@ class PayloadFiles:
                 folder.chmod(FOLDER_MODE)
 
     @classmethod
-    def beside(cls, database: Path) -> PayloadFiles:
+    def beside(cls, database: Path) -> FileBodies:
         """The directory next to ``database``, named like SQLite's own ``-wal`` and ``-shm``."""
         return cls(database.with_name(f"{database.name}-payloads"))
-
-    # ``tx``: the PayloadStore interface's; files are written outside any transaction
-
-    def write_share(
-        self,
-        slot: BodySlot,
-        client: int,
-        sha256: bytes,
-        body: bytes,
-        *,
-        tx: Transaction | None = None,
-    ) -> None:
-        _write(self._share_path(slot, client, sha256), body, sync=False)
-
-    def read_share(
-        self, slot: BodySlot, client: int, sha256: bytes, *, tx: Transaction | None = None
-    ) -> bytes:
-        """Raises ``FileNotFoundError`` if the share was discarded (or lost in a power loss)."""
-        return self._share_path(slot, client, sha256).read_bytes()
-
-    def write_sum(
-        self, slot: BodySlot, body: bytes, *, sync: bool, tx: Transaction | None = None
-    ) -> None:
-        """``sync``: on disk (file and directory entry) before this returns."""
-        _write(self._sum_path(slot), body, sync=sync)
-
-    def read_sum(self, slot: BodySlot, *, tx: Transaction | None = None) -> bytes | None:
-        """None once discarded."""
-        try:
-            return self._sum_path(slot).read_bytes()
-        except FileNotFoundError:
-            return None
 
     def discard(self, session_id: str, *, before_pass: int | None = None) -> None:
         """Delete the files of passes < ``before_pass`` (all passes if None)."""
@@ -128,38 +93,41 @@ class PayloadFiles:
             name = _NAME.fullmatch(path.stem)
             if name is None or path.suffix not in (".sum", ".share"):
                 continue
-            client, sha256 = name["client"], name["sha256"]
             slot = BodySlot(
                 session_id=path.parent.parent.name,
                 pass_index=int(path.parent.name),
                 layer=int(name["layer"]),
                 part=int(name["part"] or 0),
             )
-            yield StoredBody(
-                slot=slot,
-                client=None if client is None else int(client),
-                sha256=None if sha256 is None else bytes.fromhex(sha256),
-                path=path,
-            )
+            client, sha256 = name["client"], name["sha256"]
+            if client is None or sha256 is None:
+                yield StoredBody(BodyKey.sum_of(slot), path)
+            else:
+                yield StoredBody(BodyKey(slot, int(client), bytes.fromhex(sha256)), path)
 
-    def _share_path(self, slot: BodySlot, client: int, sha256: bytes) -> Path:
-        return self._pass_dir(slot) / f"{_slot_name(slot)}-c{client}-{sha256.hex()}.share"
+    # files are written outside any transaction: ``tx`` is the interface's
 
-    def _sum_path(self, slot: BodySlot) -> Path:
-        return self._pass_dir(slot) / f"{_slot_name(slot)}.sum"
+    def _write(self, key: BodyKey, body: bytes, *, durable: bool, tx: Transaction | None) -> None:
+        """``durable``: on disk (file and directory entries) before this returns."""
+        path = self._path(key)
+        path.parent.parent.mkdir(mode=FOLDER_MODE, exist_ok=True)  # the session's, the pass's
+        path.parent.mkdir(mode=FOLDER_MODE, exist_ok=True)
+        atomic_write(path, body, durable=durable)
+        if durable:  # the entries of the folders made for it (the pass's and the session's)
+            for directory in (path.parent.parent, path.parent.parent.parent):
+                sync_folder(directory)
 
-    def _pass_dir(self, slot: BodySlot) -> Path:
-        return self.root / slot.session_id / str(slot.pass_index)
+    def _read(self, key: BodyKey, *, tx: Transaction | None) -> bytes | None:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            return None
 
-
-def _slot_name(slot: BodySlot) -> str:
-    return f"l{slot.layer}" if slot.part == 0 else f"l{slot.layer}p{slot.part}"
-
-
-def _write(path: Path, data: bytes, *, sync: bool) -> None:
-    path.parent.parent.mkdir(mode=FOLDER_MODE, exist_ok=True)  # the session's, the pass's
-    path.parent.mkdir(mode=FOLDER_MODE, exist_ok=True)
-    atomic_write(path, data, durable=sync)
-    if sync:  # the entries of the folders made for it (the pass's and the session's)
-        for directory in (path.parent.parent, path.parent.parent.parent):
-            sync_folder(directory)
+    def _path(self, key: BodyKey) -> Path:
+        slot = key.slot
+        name = f"l{slot.layer}" if slot.part == 0 else f"l{slot.layer}p{slot.part}"
+        if key.client != SUM_CLIENT:
+            name += f"-c{key.client}-{key.sha256.hex()}.share"
+        else:
+            name += ".sum"
+        return self.root / slot.session_id / str(slot.pass_index) / name

@@ -1,16 +1,21 @@
-"""Share and sum bodies as rows, on PostgreSQL (``service/rounds/payload_store.py`` says why);
-SQLite keeps them as files beside the database and never creates this table."""
+"""Share and sum bodies as rows of table ``payloads``, on PostgreSQL: :class:`TableBodies`, and
+the queries of the store's transactions that it runs (:class:`BodyQueries`). SQLite keeps the
+bodies as files beside the database (:mod:`.files`) and never creates this table."""
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING
 
+from service.store.bodies.interface import Bodies, BodyKey
 from service.store.queries import Queries
 
+if TYPE_CHECKING:
+    from service.store import Store, Transaction
+
 # bodies are random floats or ciphertexts: EXTERNAL keeps them out of line and uncompressed
-_PAYLOAD_TABLE = """
+_BODY_TABLE = """
 CREATE TABLE IF NOT EXISTS payloads (
     session_id TEXT NOT NULL REFERENCES sessions(id),
     pass_index INTEGER NOT NULL,
@@ -23,21 +28,8 @@ CREATE TABLE IF NOT EXISTS payloads (
 )
 """
 # the table and its primary key (store migration 4 adds ``part`` to a table without it)
-PAYLOAD_TABLE = (_PAYLOAD_TABLE, "session_id, pass_index, layer, part, client_index, sha256")
-PAYLOAD_SCHEMA = _PAYLOAD_TABLE + ";ALTER TABLE payloads ALTER COLUMN body SET STORAGE EXTERNAL"
-
-SUM_CLIENT = -1  # the client_index of a layer part's sum (its sha256 is empty)
-
-
-class BodySlot(NamedTuple):
-    """Where a body belongs: one part of one layer of one pass of a session (in the order of
-    the table's key)."""
-
-    session_id: str
-    pass_index: int
-    layer: int
-    part: int = 0
-
+BODY_TABLE = (_BODY_TABLE, "session_id, pass_index, layer, part, client_index, sha256")
+BODY_SCHEMA = _BODY_TABLE + ";ALTER TABLE payloads ALTER COLUMN body SET STORAGE EXTERNAL"
 
 #: A body crosses the connection in pieces of at most this many bytes. libpq keeps each
 #: connection's input and output buffers at the size of the largest message they carried, for
@@ -57,25 +49,27 @@ _KEY = (
 )
 
 
-class PayloadQueries(Queries):
-    def put_payload(self, slot: BodySlot, client_index: int, sha256: bytes, body: bytes) -> None:
-        """Insert or replace a body. A share is named by its content (an identical re-upload
-        replaces it by itself); a sum by its slot. Streamed in with COPY, a piece at a time;
-        COPY has no ON CONFLICT, so the row is deleted first, under the body's own lock (two
-        replicas storing one body, a retried upload, replace it one after the other)."""
-        key = (*slot, client_index, sha256)
-        self.lock("payload", repr(key))
-        self._db.execute(f"DELETE FROM payloads WHERE {_KEY}", key)
+class BodyQueries(Queries):
+    def put_body(self, key: BodyKey, body: bytes) -> None:
+        """Insert or replace a body. Streamed in with COPY, a piece at a time; COPY has no ON
+        CONFLICT, so the row is deleted first, under the body's own lock (two replicas storing
+        one body, a retried upload, replace it one after the other)."""
+        columns = _key_columns(key)
+        self.lock("body", repr(columns))
+        self._db.execute(f"DELETE FROM payloads WHERE {_KEY}", columns)
         self._db.copy_in(
-            f"COPY payloads ({_COLUMNS}, body) FROM STDIN (FORMAT BINARY)", _copy_row(key, body)
+            f"COPY payloads ({_COLUMNS}, body) FROM STDIN (FORMAT BINARY)",
+            _copy_row(columns, body),
         )
 
-    def payload(self, slot: BodySlot, client_index: int, sha256: bytes) -> bytes | None:
+    def read_body(self, key: BodyKey) -> bytes | None:
         """The body, read a piece at a time (``substring`` of an uncompressed, out-of-line
         value reads only the piece's TOAST chunks); None if there is none (or it is deleted
         while it is read)."""
-        key = (*slot, client_index, sha256)
-        row = self._db.execute(f"SELECT length(body) FROM payloads WHERE {_KEY}", key).fetchone()
+        columns = _key_columns(key)
+        row = self._db.execute(
+            f"SELECT length(body) FROM payloads WHERE {_KEY}", columns
+        ).fetchone()
         if row is None:
             return None
         body = bytearray(int(row[0]))
@@ -83,14 +77,14 @@ class PayloadQueries(Queries):
             piece = self._db.execute(
                 "SELECT substring(body FROM CAST(? AS INTEGER) FOR CAST(? AS INTEGER))"
                 f" FROM payloads WHERE {_KEY}",
-                (start + 1, BODY_PIECE_BYTES, *key),
+                (start + 1, BODY_PIECE_BYTES, *columns),
             ).fetchone()
             if piece is None:
                 return None
             body[start : start + BODY_PIECE_BYTES] = piece[0]
         return bytes(body)
 
-    def delete_payloads(self, session_id: str, before_pass: int | None = None) -> None:
+    def delete_bodies(self, session_id: str, before_pass: int | None = None) -> None:
         """Delete the bodies of passes < ``before_pass`` (all passes if None)."""
         self._db.execute(
             "DELETE FROM payloads WHERE session_id = ? AND pass_index < ?",
@@ -98,11 +92,46 @@ class PayloadQueries(Queries):
         )
 
 
-def _copy_row(key: tuple[Any, ...], body: bytes) -> Iterator[bytes | memoryview]:
+class TableBodies(Bodies):
+    """Bodies as rows of the store's PostgreSQL database. A body is written in its own
+    committed transaction before the row that acknowledges it (as a file is), or, when the
+    caller passes its transaction (``tx=``), in that transaction: either way a committed row
+    always has its body."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def discard(self, session_id: str, *, before_pass: int | None = None) -> None:
+        with self.store.transaction() as tx:
+            tx.delete_bodies(session_id, before_pass)
+
+    def _write(self, key: BodyKey, body: bytes, *, durable: bool, tx: Transaction | None) -> None:
+        if tx is not None:
+            tx.put_body(key, body)
+            return
+        with self.store.transaction(durable=durable) as own:
+            own.put_body(key, body)
+
+    def _read(self, key: BodyKey, *, tx: Transaction | None) -> bytes | None:
+        if tx is not None:
+            return tx.read_body(key)
+        with self.store.transaction() as own:
+            return own.read_body(key)
+
+
+def _key_columns(key: BodyKey) -> tuple[str, int, int, int, int, bytes]:
+    """The key's values in the order of the table's key."""
+    return (*key.slot, key.client, key.sha256)
+
+
+def _copy_row(
+    columns: tuple[str, int, int, int, int, bytes], body: bytes
+) -> Iterator[bytes | memoryview]:
     """One row of COPY's binary format (its header, the row, its trailer): the key's columns,
     then the body a piece at a time. Every integer column of the store is a BIGINT
-    (:mod:`.dialect`); a column of another type would make COPY fail, not store a wrong value."""
-    session_id, pass_index, layer, part, client_index, sha256 = key
+    (:mod:`service.store.dialect`); a column of another type would make COPY fail, not store a
+    wrong value."""
+    session_id, pass_index, layer, part, client_index, sha256 = columns
     fields = [str(session_id).encode()]
     fields += [_INT8.pack(int(n)) for n in (pass_index, layer, part, client_index)]
     fields.append(bytes(sha256))
