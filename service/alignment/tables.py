@@ -21,8 +21,11 @@ from service.store.dialect import Connection
 from service.store.migrations import Migration, added_columns, schema
 from service.store.queries import can_be_an_id
 
+#: The column that ties a row to its alignment, first in the tables of an alignment's rows.
+ALIGNMENT_ID_COLUMN = "alignment_id TEXT NOT NULL REFERENCES alignments(id)"
+
 # as first released; migration 2 adds the columns of ADDED_COLUMNS
-ALIGNMENT_SCHEMA = """
+ALIGNMENT_SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS alignments (
     id TEXT PRIMARY KEY,
     parties INTEGER NOT NULL,
@@ -35,13 +38,13 @@ CREATE TABLE IF NOT EXISTS alignments (
     updated_at REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS alignment_tokens (
-    alignment_id TEXT NOT NULL REFERENCES alignments(id),
+    {ALIGNMENT_ID_COLUMN},
     party INTEGER NOT NULL,
     token_sha256 BLOB NOT NULL UNIQUE,
     PRIMARY KEY (alignment_id, party)
 );
 CREATE TABLE IF NOT EXISTS alignment_sets (
-    alignment_id TEXT NOT NULL REFERENCES alignments(id),
+    {ALIGNMENT_ID_COLUMN},
     owner INTEGER NOT NULL,
     hop INTEGER NOT NULL,
     size INTEGER NOT NULL,
@@ -51,7 +54,7 @@ CREATE TABLE IF NOT EXISTS alignment_sets (
     PRIMARY KEY (alignment_id, owner, hop)
 );
 CREATE TABLE IF NOT EXISTS alignment_positions (
-    alignment_id TEXT NOT NULL REFERENCES alignments(id),
+    {ALIGNMENT_ID_COLUMN},
     owner INTEGER NOT NULL,
     body BLOB NOT NULL,
     PRIMARY KEY (alignment_id, owner)
@@ -72,9 +75,9 @@ ADDED_COLUMNS = (
 
 # sets travel in parts: each part's body (alignment_sets keeps a set's size and signature once
 # all its parts are in); an alignment's part_elements is NULL when created before (one part)
-SET_PARTS_SCHEMA = """
+SET_PARTS_SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS alignment_set_parts (
-    alignment_id TEXT NOT NULL REFERENCES alignments(id),
+    {ALIGNMENT_ID_COLUMN},
     owner INTEGER NOT NULL,
     hop INTEGER NOT NULL,
     part INTEGER NOT NULL,

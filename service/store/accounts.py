@@ -6,11 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from service.store.queries import Queries
+from service.store.sessions import SESSION_ID_COLUMN
 
 # as first released; migration 2 adds privacy_ledger.clients (ADDED_COLUMNS)
-ACCOUNT_SCHEMA = """
+ACCOUNT_SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS pass_metrics (
-    session_id TEXT NOT NULL REFERENCES sessions(id),
+    {SESSION_ID_COLUMN},
     pass_index INTEGER NOT NULL,
     client_index INTEGER NOT NULL,
     loss REAL,
@@ -21,14 +22,14 @@ CREATE TABLE IF NOT EXISTS pass_metrics (
     PRIMARY KEY (session_id, pass_index, client_index)
 );
 CREATE TABLE IF NOT EXISTS traffic (
-    session_id TEXT NOT NULL REFERENCES sessions(id),
+    {SESSION_ID_COLUMN},
     client_index INTEGER NOT NULL,
     bytes_up INTEGER NOT NULL DEFAULT 0,
     bytes_down INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (session_id, client_index)
 );
 CREATE TABLE IF NOT EXISTS privacy_ledger (
-    session_id TEXT NOT NULL REFERENCES sessions(id),
+    {SESSION_ID_COLUMN},
     release_index INTEGER NOT NULL,
     pass_index INTEGER NOT NULL,
     epsilon REAL NOT NULL,

@@ -11,12 +11,16 @@ from dataclasses import dataclass
 from typing import Literal
 
 from service.store.queries import Queries
+from service.store.sessions import SESSION_ID_COLUMN
 
-UPLOADS_TABLE = """
-CREATE TABLE IF NOT EXISTS uploads (
-    session_id TEXT NOT NULL REFERENCES sessions(id),
+# the columns that name a slot of a round (a pass and layer of a session), first in its tables
+SLOT_COLUMNS = f"""{SESSION_ID_COLUMN},
     pass_index INTEGER NOT NULL,
-    layer INTEGER NOT NULL,
+    layer INTEGER NOT NULL"""
+
+UPLOADS_TABLE = f"""
+CREATE TABLE IF NOT EXISTS uploads (
+    {SLOT_COLUMNS},
     kind TEXT NOT NULL CHECK (kind IN ('nodes', 'embedding')),
     client_index INTEGER NOT NULL,
     sha256 BLOB NOT NULL,
@@ -27,11 +31,9 @@ CREATE TABLE IF NOT EXISTS uploads (
     PRIMARY KEY (session_id, pass_index, layer, kind, client_index, part)
 )
 """
-RESULTS_TABLE = """
+RESULTS_TABLE = f"""
 CREATE TABLE IF NOT EXISTS results (
-    session_id TEXT NOT NULL REFERENCES sessions(id),
-    pass_index INTEGER NOT NULL,
-    layer INTEGER NOT NULL,
+    {SLOT_COLUMNS},
     kind TEXT NOT NULL CHECK (kind IN ('union', 'aggregate')),
     rows INTEGER NOT NULL,
     cols INTEGER NOT NULL,
@@ -43,9 +45,9 @@ CREATE TABLE IF NOT EXISTS results (
     PRIMARY KEY (session_id, pass_index, layer, kind, part)
 )
 """
-ABSENCES_TABLE = """
+ABSENCES_TABLE = f"""
 CREATE TABLE IF NOT EXISTS absences (
-    session_id TEXT NOT NULL REFERENCES sessions(id),
+    {SESSION_ID_COLUMN},
     client_index INTEGER NOT NULL,
     from_pass INTEGER NOT NULL,
     back_at INTEGER,

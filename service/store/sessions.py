@@ -7,7 +7,10 @@ from dataclasses import dataclass
 from service.session_state import SessionState, transition
 from service.store.queries import Queries, can_be_an_id
 
-SESSION_SCHEMA = """
+#: The column that ties a row to its session, first in the tables of a session's rows.
+SESSION_ID_COLUMN = "session_id TEXT NOT NULL REFERENCES sessions(id)"
+
+SESSION_SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS sessions (
     id TEXT PRIMARY KEY,
     config TEXT NOT NULL,
@@ -17,7 +20,7 @@ CREATE TABLE IF NOT EXISTS sessions (
     updated_at REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS client_tokens (
-    session_id TEXT NOT NULL REFERENCES sessions(id),
+    {SESSION_ID_COLUMN},
     client_index INTEGER NOT NULL,
     token_sha256 BLOB NOT NULL UNIQUE,
     PRIMARY KEY (session_id, client_index)

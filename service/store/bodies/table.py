@@ -10,16 +10,15 @@ from typing import TYPE_CHECKING
 
 from service.store.bodies.interface import Bodies, BodyKey
 from service.store.queries import Queries
+from service.store.rounds import SLOT_COLUMNS
 
 if TYPE_CHECKING:
     from service.store import Store, Transaction
 
 # bodies are random floats or ciphertexts: EXTERNAL keeps them out of line and uncompressed
-_BODY_TABLE = """
+_BODY_TABLE = f"""
 CREATE TABLE IF NOT EXISTS payloads (
-    session_id TEXT NOT NULL REFERENCES sessions(id),
-    pass_index INTEGER NOT NULL,
-    layer INTEGER NOT NULL,
+    {SLOT_COLUMNS},
     client_index INTEGER NOT NULL,
     sha256 BLOB NOT NULL,
     body BLOB NOT NULL,
