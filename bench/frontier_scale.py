@@ -288,7 +288,7 @@ def _roc_auc(metrics: list[dict[str, Any] | None] | None) -> dict[str, float]:
 
 def _reference_metrics(report: Any) -> list[dict[str, Any] | None] | None:
     """The party-alone reference's per-client test metrics at its own best validation (the
-    evaluation ``models.report.select_reference`` takes its accuracy from)."""
+    evaluation ``models.run_summary.select_reference`` takes its accuracy from)."""
     rows = [h for h in report.history if h.reference_val_accuracy is not None]
     if not rows:
         return None

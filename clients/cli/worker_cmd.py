@@ -114,7 +114,7 @@ def _run(settings: WorkerSettings, ledger_file: Path, *, quiet: bool) -> int:
         ServiceUnavailable,
         tls_verification,
     )
-    from clients.session_client import ServiceClient
+    from clients.session_client import SessionClient
     from clients.session_fit import LocalModelOptions, SessionMismatch
     from clients.worker import WorkerRun
     from models.artefact import ModelError, load_model
@@ -175,7 +175,7 @@ def _run(settings: WorkerSettings, ledger_file: Path, *, quiet: bool) -> int:
         else CheckpointStore(directory, session_id=settings.session, client=settings.client)
     )
     with (
-        ServiceClient(
+        SessionClient(
             base_url=settings.server,
             session_id=settings.session,
             client_index=settings.client,

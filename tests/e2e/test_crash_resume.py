@@ -30,7 +30,7 @@ from clients.local.federation import train_over_http
 from clients.local.processes import ManagedProcess, restart_process
 from models.config import TrainConfig
 from models.layout import layout_federation
-from models.report import RunReport
+from models.run_summary import RunSummary
 from models.trainer import train_inprocess
 
 pytestmark = pytest.mark.e2e
@@ -59,9 +59,9 @@ argv = sys.argv[1:]
 client, crash_pass = (int(v) for v in os.environ["CRASHTEST_WORKER"].split(","))
 marker = Path(os.environ["CRASHTEST_DIR"]) / "worker"
 if argv[:1] == ["worker"] and int(argv[argv.index("--client") + 1]) == client:
-    from clients.session_client import ServiceClient
+    from clients.session_client import SessionClient
 
-    put = ServiceClient.put_embedding
+    put = SessionClient.put_embedding
 
     def put_then_die(self, pass_index, layer, payload, **kwargs):
         put(self, pass_index, layer, payload, **kwargs)
@@ -69,7 +69,7 @@ if argv[:1] == ["worker"] and int(argv[argv.index("--client") + 1]) == client:
             marker.write_text(f"pass {pass_index} layer {layer}")
             os.kill(os.getpid(), signal.SIGKILL)  # the share is in; the sum never fetched
 
-    ServiceClient.put_embedding = put_then_die
+    SessionClient.put_embedding = put_then_die
 
 from clients.cli.main import main
 
@@ -158,7 +158,7 @@ def bootstrap_command(code: str, *args: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(cora) -> RunReport:
+def uninterrupted(cora) -> RunSummary:
     """The reference: the same run in process (over HTTP it equals it, test_local_http.py)."""
     return train_inprocess(CONFIG, dataset=cora, progress=False)
 
@@ -173,7 +173,7 @@ def test_a_killed_worker_resumes_and_the_run_is_unchanged(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
-    uninterrupted: RunReport,
+    uninterrupted: RunSummary,
 ) -> None:
     monkeypatch.setenv("CRASHTEST_DIR", str(tmp_path))
     monkeypatch.setenv("CRASHTEST_WORKER", ",".join(map(str, WORKER_CRASH)))
@@ -225,7 +225,7 @@ def test_workers_ride_through_service_crashes(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     processes: list[ManagedProcess],
-    uninterrupted: RunReport,
+    uninterrupted: RunSummary,
 ) -> None:
     monkeypatch.setenv("CRASHTEST_DIR", str(tmp_path))
     monkeypatch.setenv("CRASHTEST_SERVICE", ",".join(map(str, SERVICE_CRASHES.values())))
