@@ -12,12 +12,13 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
-from clients.cli.errors import CliError, UsageError, failing_as
+from clients.cli.errors import UsageError, failing_as
 from clients.cli.options import (
     BooleanGiven,
     StoreGiven,
     fraction,
     int_range,
+    ledger_errors,
     non_negative_float,
     non_negative_int,
     positive_float,
@@ -390,10 +391,8 @@ def owner_ledgers(args: argparse.Namespace) -> PartyLedgers:
     naming the problem (an older ledger beside the data, two folders of one organisation)."""
     from clients.owner_ledger import PartyLedgers, party_ledgers
 
-    try:
+    with ledger_errors():
         paths = party_ledgers(args.party, args.ledger)
-    except ValueError as exc:
-        raise CliError(f"privacy ledger: {exc}") from None
     return PartyLedgers(paths=paths, max_lifetime_epsilon=args.max_lifetime_epsilon)
 
 

@@ -30,7 +30,7 @@ from clients.cli.errors import (
     CliError,
     failing_as,
 )
-from clients.cli.options import add_command, check_device
+from clients.cli.options import add_command, check_device, ledger_errors
 from clients.cli.settings_args import add_settings_arguments, settings_from_args
 from clients.settings import WorkerSettings
 
@@ -93,10 +93,8 @@ def ledger_path(settings: WorkerSettings) -> Path:
     """The organisation's ledger this worker writes (``--ledger``, or the data's default)."""
     from clients.owner_ledger import ledger_location
 
-    try:
+    with ledger_errors():
         return ledger_location(settings.data, ledger=settings.ledger)
-    except ValueError as exc:  # LedgerLocationError, or a bad organisation name
-        raise CliError(f"privacy ledger: {exc}") from exc
 
 
 def _run(settings: WorkerSettings, ledger_file: Path, *, quiet: bool) -> int:
