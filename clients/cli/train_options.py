@@ -79,6 +79,15 @@ def add_data_arguments(p: argparse._ActionsContainer) -> None:
     )
 
 
+def add_edge_fraction_argument(p: argparse._ActionsContainer, note: str | None = None) -> None:
+    """``--edge-fraction`` of a benchmark dataset's partition (``glasu train``, ``glasu
+    partition``); ``note``: when it applies."""
+    help = "share of the graph's edges each client holds"
+    add_setting(
+        p, "--edge-fraction", f"{help} {note}" if note else help, type=fraction, metavar="F"
+    )
+
+
 def load_benchmark(choice: argparse.Namespace | TrainConfig) -> GraphDataset:
     """The dataset that ``--dataset``, ``--data-dir``, ``--split`` and ``--seed`` name (torch is
     imported here); a dataset that cannot be loaded fails the command in one sentence."""
@@ -215,13 +224,7 @@ def add_federation_arguments(p: argparse._ActionsContainer, *, local: bool) -> N
             type=non_negative_float,
             metavar="W",
         )
-        add_setting(
-            p,
-            "--edge-fraction",
-            "share of the graph's edges each client holds (glasu and standalone modes)",
-            type=fraction,
-            metavar="F",
-        )
+        add_edge_fraction_argument(p, "(glasu and standalone modes)")
     add_setting(
         p,
         "--seed",
