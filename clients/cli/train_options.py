@@ -82,9 +82,9 @@ def add_data_arguments(p: argparse._ActionsContainer) -> None:
 def add_edge_fraction_argument(p: argparse._ActionsContainer, note: str | None = None) -> None:
     """``--edge-fraction`` of a benchmark dataset's partition (``glasu train``, ``glasu
     partition``); ``note``: when it applies."""
-    help = "share of the graph's edges each client holds"
+    text = "share of the graph's edges each client holds"
     add_setting(
-        p, "--edge-fraction", f"{help} {note}" if note else help, type=fraction, metavar="F"
+        p, "--edge-fraction", f"{text} {note}" if note else text, type=fraction, metavar="F"
     )
 
 
