@@ -1,6 +1,6 @@
-"""Design 2 of issue 29 (bench/predictor_release.py): its privacy arithmetic, checked against
-accountants that compose the DP-SGD steps and the release one by one, and its one release per
-party."""
+"""The privately trained predictor released once (models/predictor_release.py): its privacy
+arithmetic, checked against accountants that compose the DP-SGD steps and the release one by
+one, and its one release per party."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import pytest
 import torch
 from scipy.stats import norm
 
-from bench.predictor_release import (
+from models.data.csbm import csbm
+from models.data.partition import partition
+from models.predictor_release import (
     RELEASE_SENSITIVITY,
     PredictorRelease,
     PredictorSettings,
@@ -18,8 +20,6 @@ from bench.predictor_release import (
     release_once,
     split_budget,
 )
-from models.data.csbm import csbm
-from models.data.partition import partition
 
 DELTA = 1e-6
 
@@ -110,7 +110,7 @@ def test_a_two_class_receiver_reports_the_roc_auc_of_its_class1_probability() ->
     from sklearn.metrics import roc_auc_score
     from sklearn.preprocessing import StandardScaler
 
-    from bench.predictor_release import fit_receiver, propagated
+    from models.predictor_release import fit_receiver, propagated
 
     two = csbm(nodes=2000, classes=2, degree=8, signal=2.0, train_per_class=30, seed=1)
     parts = partition(two, clients=3, edge_fraction=0.8, seed=1)

@@ -1,4 +1,7 @@
-"""Design 2 of issue 29: a privately trained predictor, released once (measured in process).
+"""A privately trained predictor released once: a private design of issue 29, run in process
+(not by `glasu train`). The scale map measures it (bench/frontier_scale.py, its "design 2") and
+the run report's regime sentence names it (models/regime.py). Training needs Opacus (the test
+extra).
 
 Privacy unit: one node's feature row at one party, replace-one (docs/privacy.md section 1).
 
@@ -30,7 +33,7 @@ to one Gaussian release with ``1 / sqrt(T / z_sgd^2 + 1 / z_release^2)``
 ``release_share`` of ``mu^2`` to the release, the rest spread evenly over the T steps.
 
 Label-holder mode (one party holds the labels): the other parties have no labels to train a
-predictor on, so they release nothing and design 2 reduces to the label holder alone. (The
+predictor on, so they release nothing and the design reduces to the label holder alone. (The
 unsupervised random-projection map released once was measured in notes/dp-frontier.md: no gain.)
 """
 
@@ -223,8 +226,8 @@ def fit_receiver(inputs: torch.Tensor, part: ClientPartition, *, seed: int) -> R
 
 
 class PredictorRelease:
-    """One session of design 2 over the parties' partitions: each party's release is computed at
-    most once (:meth:`release`) and every receiver reads the same released tensors."""
+    """One session of the design over the parties' partitions: each party's release is computed
+    at most once (:meth:`release`) and every receiver reads the same released tensors."""
 
     def __init__(
         self,
