@@ -19,9 +19,9 @@ HELPERS = {"results_doc"}
 # each one's name and whether it has a callable main.
 LIST_ENTRY_POINTS = """
 import importlib, json, pkgutil, sys
-import bench
+package = importlib.import_module("bench")
 found = {}
-for info in pkgutil.iter_modules(bench.__path__):
+for info in pkgutil.iter_modules(package.__path__):
     if info.name in set(sys.argv[1:]):
         continue
     module = importlib.import_module(f"bench.{info.name}")
