@@ -47,6 +47,9 @@ from secure.aggregation import PlainCodec
 from tests.support.replicas import HAProxy, start_replicas
 
 ROOT = Path(__file__).resolve().parents[1]
+#: the command-line arguments that are :func:`run`'s settings
+RUN_ARGUMENTS = ("sessions", "clients", "rows", "cols", "rounds", "backend", "replicas",
+                 "stage_seconds")  # fmt: skip
 
 OUT = ROOT / "bench" / "results" / "load.json"
 BACKENDS_OUT = ROOT / "bench" / "results" / "load_backends.json"
@@ -508,16 +511,7 @@ def main() -> int:
         write_section(SECTION, backends_markdown(payload))
         print(backends_markdown(payload))
         return 1 if any(r["error_count"] for r in payload["runs"]) else 0
-    settings = dict(
-        sessions=args.sessions,
-        clients=args.clients,
-        rows=args.rows,
-        cols=args.cols,
-        rounds=args.rounds,
-        backend=args.backend,
-        replicas=args.replicas,
-        stage_seconds=args.stage_seconds,
-    )
+    settings = {name: getattr(args, name) for name in RUN_ARGUMENTS}
     modes = (False, True) if args.both else (args.ckks,)
     results = [run(**settings, ckks=ckks) for ckks in modes]
     print(json.dumps(results, indent=2))
