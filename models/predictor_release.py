@@ -1,7 +1,7 @@
 """A privately trained predictor released once: a private design of issue 29, run in process
-(not by `glasu train`). The scale map measures it (bench/frontier_scale.py, its "design 2") and
-the run report's regime sentence names it (models/regime.py). Training needs Opacus (the test
-extra).
+(not by `glasu train`): its privacy budget, its one release and the receivers' fit. The scale map
+measures it (bench/frontier_scale.py, its "design 2", each predictor trained with Opacus in
+bench/predictor_release.py) and the run report's regime sentence names it (models/regime.py).
 
 Privacy unit: one node's feature row at one party, replace-one (docs/privacy.md section 1).
 
@@ -40,9 +40,9 @@ unsupervised random-projection map released once was measured in notes/dp-fronti
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import torch
@@ -106,50 +106,6 @@ class PredictorSettings:
     lr: float = 0.1
     output: Output = "onehot"
     hops: int = 3  # K: propagation steps at the receiver (own features and the block)
-
-
-def _mlp(features: int, classes: int, hidden: int) -> nn.Module:
-    if hidden == 0:
-        return nn.Linear(features, classes)
-    return nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, classes))
-
-
-def train_predictor(
-    part: ClientPartition,
-    *,
-    budget: ReleaseBudget | None,
-    settings: PredictorSettings,
-    seed: int,
-) -> nn.Module:
-    """Full-batch DP-SGD (Opacus) on the party's labelled rows; ``budget`` None: no clipping and
-    no noise (the non-private ceiling of the design)."""
-    from opacus import GradSampleModule
-    from opacus.optimizers import DPOptimizer
-
-    torch.manual_seed(seed)
-    x = part.features[torch.from_numpy(part.train_nodes)]
-    y = part.labels[torch.from_numpy(part.train_nodes)]
-    model = _mlp(x.shape[1], part.num_classes, settings.hidden)
-    optimizer: torch.optim.Optimizer = torch.optim.SGD(
-        model.parameters(), lr=settings.lr, momentum=0.9
-    )
-    module: nn.Module = model
-    if budget is not None:
-        module = GradSampleModule(model)
-        optimizer = DPOptimizer(
-            torch.optim.SGD(module.parameters(), lr=settings.lr, momentum=0.9),
-            # Opacus adds std noise_multiplier * max_grad_norm: 2 z C, replace-one
-            noise_multiplier=2.0 * budget.sgd_noise_multiplier,
-            max_grad_norm=settings.clip,
-            expected_batch_size=len(y),
-            generator=torch.Generator().manual_seed(seed),
-        )
-    loss_fn = nn.CrossEntropyLoss()
-    for _ in range(settings.steps if budget is None else budget.steps):
-        optimizer.zero_grad()
-        loss_fn(module(x), y).backward()
-        optimizer.step()
-    return model
 
 
 def release_once(
@@ -225,9 +181,11 @@ def fit_receiver(inputs: torch.Tensor, part: ClientPartition, *, seed: int) -> R
     return ReceiverScore(val=val, test=metrics["accuracy"], test_roc_auc=metrics.get("roc_auc"))
 
 
-class PredictorRelease:
+class ReleaseSession:
     """One session of the design over the parties' partitions: each party's release is computed
-    at most once (:meth:`release`) and every receiver reads the same released tensors."""
+    at most once (:meth:`release`) and every receiver reads the same released tensors.
+    :meth:`train` is each party's predictor (DP-SGD with ``budget``, or without noise when it is
+    None): bench/predictor_release.py trains it with Opacus."""
 
     def __init__(
         self,
@@ -245,12 +203,14 @@ class PredictorRelease:
         self.release_count = [0] * len(self.parts)
         self._scores: dict[int, dict[str, ReceiverScore]] = {}
 
+    def train(self, part: ClientPartition, *, seed: int) -> nn.Module:
+        """Party ``part``'s predictor of its labels from its own feature rows."""
+        raise NotImplementedError
+
     def release(self, party: int) -> torch.Tensor:
         if party not in self._released:
             part = self.parts[party]
-            model = train_predictor(
-                part, budget=self.budget, settings=self.settings, seed=self.seed * 101 + party
-            )
+            model = self.train(part, seed=self.seed * 101 + party)
             generator = torch.Generator().manual_seed(self.seed * 7919 + party)
             self._released[party] = release_once(
                 model, part.features, budget=self.budget, output=self.settings.output,
@@ -275,19 +235,3 @@ class PredictorRelease:
                 "with release": fit_receiver(torch.cat([own, block], 1), part, seed=self.seed),
             }
         return self._scores[receiver]
-
-    def mean_scores(self) -> dict[str, float]:
-        """Mean over receivers of the test accuracy (each at its own best validation)."""
-        return self._mean(lambda score: score.test)
-
-    def mean_roc_auc(self) -> dict[str, float | None]:
-        """Mean over receivers of the test ROC-AUC (a two-class task; else None)."""
-        return self._mean(lambda score: score.test_roc_auc)
-
-    def _mean(self, figure: Callable[[ReceiverScore], float | None]) -> dict[str, Any]:
-        per_receiver = [self.receiver_scores(m) for m in range(len(self.parts))]
-        out: dict[str, Any] = {}
-        for key in ("alone", "with release"):
-            values = [figure(s[key]) for s in per_receiver]
-            out[key] = None if None in values else float(np.mean(values))
-        return out

@@ -12,8 +12,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
-#: helpers the benchmarks share, not benchmarks
-HELPERS = {"results_doc"}
+#: helpers of the benchmarks, not benchmarks: the docs sections and results files, and the
+#: predictors the scale map trains (bench/frontier_scale.py)
+HELPERS = {"results_doc", "predictor_release"}
 
 # Imports every module of bench/ (a package's __main__ for a subpackage) and prints, as JSON,
 # each one's name and whether it has a callable main.
