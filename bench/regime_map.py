@@ -14,11 +14,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from models.regime import PARTY_EDGE_FRACTION, write_map
+from models.regime import write_map
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "bench" / "results" / "frontier_scale.json"
 OUT = ROOT / "models" / "regime_map.json"
+#: the share of the graph's edges each party of the scale map keeps (bench/frontier_scale.py)
+PARTY_EDGE_FRACTION = 0.8
 #: bench/frontier_scale.py's private designs, by the names the run report says
 DESIGNS = {
     "design 1": "this run's private arrangement",

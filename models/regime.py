@@ -29,8 +29,6 @@ GUIDE = "docs/privacy.md, section 1.5"
 PAYS = 2.0
 #: a measured value more than this factor away from the party's on an axis: outside the map
 OUTSIDE_FACTOR = 2.0
-#: the share of the graph's edges each party of the scale map keeps (bench/frontier_scale.py)
-PARTY_EDGE_FRACTION = 0.8
 
 
 @dataclass(frozen=True)
@@ -93,7 +91,7 @@ def write_map(
     *,
     path: Path,
     source: str,
-    party_edge_fraction: float = PARTY_EDGE_FRACTION,
+    party_edge_fraction: float,
 ) -> dict[str, Any]:
     """Write the regime map (one cell a line) and return it.
 

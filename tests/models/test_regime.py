@@ -54,7 +54,9 @@ def regime_map(tmp_path: Path) -> dict[str, Any]:
                     row(nodes, degree, signal, "party alone (SGC)", None, 0.0),
                     row(nodes, degree, signal, "a design without noise", None, 9.0),
                 ]
-    return write_map(summary, path=tmp_path / "map.json", source="synthetic")
+    return write_map(
+        summary, path=tmp_path / "map.json", source="synthetic", party_edge_fraction=0.8
+    )
 
 
 def test_the_map_keeps_every_private_design_and_only_those(
