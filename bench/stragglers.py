@@ -24,7 +24,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from bench.asgi_federation import run_in_process
 from bench.results_doc import (
     add_results_arguments,
     load_copied,
@@ -36,6 +35,7 @@ from bench.results_doc import (
 from clients.session_client import SessionClient
 from models.config import TrainConfig
 from models.data.planetoid import GraphDataset
+from tests.support.asgi_federation import run_in_process
 
 RESULTS = Path(__file__).resolve().parent / "results" / "stragglers.json"
 LATE = 2  # the client that stalls

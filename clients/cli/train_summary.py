@@ -22,11 +22,11 @@ def regime(
     """The scale map's regime of one party's own data (models/regime.py): the label holder's,
     else the first party's (with a benchmark dataset every party holds the same nodes and
     labels, and its own share of the edges)."""
-    from models.regime import PartyData, run_regime
+    from models.regime import PartyScale, run_regime
 
     m = config.label_holder if config.label_holder is not None else 0
     role = "the label holder" if config.label_holder is not None else "the first party"
-    party = PartyData.of_partition(partitions[m])
+    party = PartyScale.of_partition(partitions[m])
     whose = f"client {m}, {role}"
     if folders:
         from clients.local.parties import party_names

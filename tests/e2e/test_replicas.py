@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from bench.replicas import HAProxy, haproxy_binary, start_replicas
 from clients.admin import AdminClient
 from clients.local.federation import LocalFederation, train_over_http
 from clients.local.processes import stop_all
@@ -25,6 +24,7 @@ from models.config import TrainConfig
 from models.layout import layout_federation
 from models.private import REPRODUCIBLE_NOISE_ENV
 from models.run_summary import RunSummary
+from tests.support.replicas import HAProxy, haproxy_binary, start_replicas
 
 pytestmark = [
     pytest.mark.e2e,
