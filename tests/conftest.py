@@ -45,8 +45,9 @@ def cora(data_dir: Path):
 
 @pytest.fixture(scope="session")
 def postgres_cluster() -> Iterator[PostgresCluster]:
-    """One PostgreSQL server for the whole run (each test makes its own database with
-    ``new_database``); skips where PostgreSQL is not installed (CI installs it: .ci/run)."""
+    """One PostgreSQL server for the whole run (each test borrows an empty database with
+    ``scratch_database``, or makes one with ``new_database``); skips where PostgreSQL is not
+    installed (CI installs it: .ci/run)."""
     if postgres_binaries() is None:
         pytest.skip("PostgreSQL is not installed (apt-get install postgresql): skipping its tests")
     # not under pytest's temporary folder: as root the server runs as user postgres, who

@@ -8,7 +8,6 @@ installed). A test about SQLite's files (WAL, file modes, payload files) is mark
 
 from __future__ import annotations
 
-import itertools
 import os
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -41,9 +40,6 @@ def _no_glasu_environment(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(name)
 
 
-_databases = itertools.count()
-
-
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "sqlite_only: about SQLite's files; not run on PostgreSQL")
 
@@ -65,12 +61,13 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def database(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Path | str:
-    """An SQLite file's path, or the URL of a new PostgreSQL database."""
+def database(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Path | str]:
+    """An SQLite file's path, or the URL of an empty PostgreSQL database (lent for the test)."""
     if backend == "sqlite":
-        return tmp_path / "service.sqlite3"
-    cluster = request.getfixturevalue("postgres_cluster")
-    return str(cluster.new_database(f"test_{os.getpid()}_{next(_databases)}"))
+        yield tmp_path / "service.sqlite3"
+        return
+    with request.getfixturevalue("postgres_cluster").scratch_database() as url:
+        yield url
 
 
 @pytest.fixture

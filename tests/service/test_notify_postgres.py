@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-import uuid
 from collections.abc import Callable, Iterator
 
 import psycopg
@@ -27,11 +26,11 @@ SESSION = "session-a"
 
 
 @pytest.fixture
-def database_url(postgres_cluster: PostgresCluster) -> str:
-    url = postgres_cluster.new_database(f"notify_{uuid.uuid4().hex[:12]}")
-    with psycopg.connect(url, autocommit=True) as connection:
-        connection.execute("CREATE TABLE flags (session_id TEXT PRIMARY KEY, value INTEGER)")
-    return url
+def database_url(postgres_cluster: PostgresCluster) -> Iterator[str]:
+    with postgres_cluster.scratch_database() as url:
+        with psycopg.connect(url, autocommit=True) as connection:
+            connection.execute("CREATE TABLE flags (session_id TEXT PRIMARY KEY, value INTEGER)")
+        yield url
 
 
 @pytest.fixture

@@ -38,9 +38,9 @@ from service.store.sessions import SESSION_SCHEMA
 
 
 @pytest.fixture
-def url(postgres_cluster, request: pytest.FixtureRequest) -> str:
-    name = request.node.name.lower().replace("[", "_").replace("]", "").replace("-", "_")
-    return str(postgres_cluster.new_database(name[:60]))
+def url(postgres_cluster) -> Iterator[str]:
+    with postgres_cluster.scratch_database() as url:
+        yield url
 
 
 @pytest.fixture

@@ -2,8 +2,9 @@
 
 :meth:`PostgresCluster.start` runs ``initdb`` in a folder, starts the server on a free loopback
 port with trust authentication (loopback only, nothing else listens) and creates a database
-``glasu``; :meth:`PostgresCluster.new_database` gives each test its own database; ``stop``
-(or leaving the ``with`` block) stops the server. The binaries come from PATH or Debian's
+``glasu``; :meth:`PostgresCluster.new_database` makes a database, and
+:meth:`PostgresCluster.scratch_database` lends each test an empty one; ``stop`` (or leaving the
+``with`` block) stops the server. The binaries come from PATH or Debian's
 ``postgresql`` package (``/usr/lib/postgresql/<version>/bin``). ``initdb`` refuses to run as
 root, so as root the server runs as the ``postgres`` user on a folder chowned to it.
 
@@ -17,6 +18,8 @@ import os
 import pwd
 import shutil
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 
@@ -47,6 +50,8 @@ class PostgresCluster:
         self.binaries = binaries
         self.port = port
         self.data = root / "data"
+        self._spare: list[str] = []  # emptied scratch databases, to lend again
+        self._scratch_made = 0
 
     @classmethod
     def start(cls, root: Path) -> PostgresCluster:
@@ -76,6 +81,22 @@ class PostgresCluster:
             raise ValueError(f"not a plain database name: {name!r}")
         self._psql("postgres", f"CREATE DATABASE {name}")
         return self.url_of(name)
+
+    @contextmanager
+    def scratch_database(self) -> Iterator[str]:
+        """The URL of an empty database for the block: emptied again afterwards (its schema
+        ``public`` dropped and made anew) and lent to the next block. Not a new database each
+        time: every one holds ~7.5 MB in 300 files, and removing a cluster of 120 of them took
+        a minute on the development VM (emptying one takes milliseconds)."""
+        if self._spare:
+            name = self._spare.pop()
+        else:
+            self._scratch_made += 1
+            name = f"scratch_{self._scratch_made}"
+            self.new_database(name)
+        yield self.url_of(name)
+        if self._emptied(name):
+            self._spare.append(name)
 
     def stop(self) -> None:
         if (self.data / "postmaster.pid").exists():
@@ -135,6 +156,20 @@ class PostgresCluster:
                 "start",
             ]
         )
+
+    def _emptied(self, database: str) -> bool:
+        """Whether ``database`` was emptied; one that a connection still locks is not lent
+        again."""
+        import psycopg
+
+        try:
+            with psycopg.connect(self.url_of(database), autocommit=True) as connection:
+                connection.execute("SET lock_timeout = '10s'")
+                connection.execute("DROP SCHEMA public CASCADE")
+                connection.execute("CREATE SCHEMA public")
+        except psycopg.Error:
+            return False
+        return True
 
     def _psql(self, database: str, statement: str) -> None:
         import psycopg
