@@ -26,7 +26,7 @@ Replicas (a shared store, PostgreSQL): the shares of one slot arrive at differen
 no running sum or slot lock in memory is trusted. The request that commits the last share, on
 whichever replica, or a later download that finds all shares in and no sum, takes the slot's
 database lock (``tx.lock_slot``) and, in that one transaction, checks that no sum is stored,
-reads every share's body from the payload store, sums them and stores the sum's body and row: a
+reads every share's body from the payload table, sums them and stores the sum's body and row: a
 replica that gets the lock after finds the row and does nothing. A replica that dies mid-sum
 leaves nothing (its transaction rolls back); the next download or repeated upload redoes it.
 The recent-sums cache of each process holds only sums whose row is committed.
