@@ -2,7 +2,7 @@
 
 from service.store.accounts import LedgerRow, MetricsRow
 from service.store.database import Store, Transaction
-from service.store.rounds import ResultKind, ResultRow, UploadKind, UploadRow
+from service.store.rounds import ResultKind, ResultRow, Slot, UploadKind, UploadRow
 from service.store.sessions import SessionRow
 
 __all__ = [
@@ -11,6 +11,7 @@ __all__ = [
     "ResultKind",
     "ResultRow",
     "SessionRow",
+    "Slot",
     "Store",
     "Transaction",
     "UploadKind",

@@ -8,7 +8,7 @@ layer) holds a slice of the layer's rows. Node sets and unions are always part 0
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from service.store.queries import Queries
 
@@ -61,6 +61,17 @@ PARTED_TABLES = {
 
 UploadKind = Literal["nodes", "embedding"]
 ResultKind = Literal["union", "aggregate"]
+
+
+class Slot(NamedTuple):
+    """One slot of a session's rounds: part ``part`` of layer ``layer`` of pass ``pass_index``
+    (node sets and unions are part 0). It keys uploads, results and their bodies (in the order
+    of the tables' keys)."""
+
+    session_id: str
+    pass_index: int
+    layer: int
+    part: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -137,8 +137,7 @@ store = sums.ShareSums._store
 
 def store_then_die(self, plan, slot, *args, **kwargs):
     store(self, plan, slot, *args, **kwargs)
-    pass_index, layer, _ = slot
-    if pass_index == between_pass and layer == max(plan.widths) and once("between"):
+    if slot.pass_index == between_pass and slot.layer == max(plan.widths) and once("between"):
         die()  # the pass is complete, nobody has its sum yet
 
 
