@@ -339,6 +339,6 @@ def _shares_received(
         return []
     received: set[int] | None = None
     for part in range(part_count(rows, plan.widths[layer], plan.part_values)):
-        clients = set(tx.uploaders(plan.session_id, pass_index, layer, "embedding", part))
+        clients = set(tx.uploaders(plan.session_id, pass_index, layer, "share", part))
         received = clients if received is None else received & clients
     return sorted(received or ())

@@ -22,7 +22,7 @@ from service.rounds.sums import ShareSums
 from service.rounds.types import Caller, Payload
 from service.rounds.uploads import close_union
 from service.session_state import pass_is_done
-from service.store import ResultKind, ResultRow, Slot, Transaction
+from service.store import KIND_NAME, ResultKind, ResultRow, Slot, Transaction
 
 
 class Downloads(RoundComponent):
@@ -67,7 +67,7 @@ class Downloads(RoundComponent):
         if not isinstance(answer, Waiting):
             return answer
         closes_now = answer.closes_at is not None and answer.closes_at <= self.store.clock.now()
-        if kind == "aggregate" and (not answer.missing or closes_now):
+        if kind == "sum" and (not answer.missing or closes_now):
             # All shares are in but no sum: the upload of the last one is storing it (then this
             # returns at once and the long poll waits to be notified), or it never did (a
             # restart, a failure), and the sum is stored here from the running sum or the
@@ -101,7 +101,7 @@ class Downloads(RoundComponent):
             raise WrongPass("discarded", pass_index, row.current_pass)
         with self.store.transaction() as tx:
             tx.add_traffic(caller.session_id, caller.client_index, down=len(body))
-        self.telemetry.bytes_sent.labels(kind=kind).inc(len(body))
+        self.telemetry.bytes_sent.labels(kind=KIND_NAME[kind]).inc(len(body))
         return _payload(kind, plan, result, body)
 
 

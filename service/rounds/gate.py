@@ -19,7 +19,7 @@ from service.rounds.slots import participants
 from service.session_state import SessionState
 from service.store import SessionRow, Transaction, UploadKind
 
-_WHAT: dict[UploadKind, str] = {"nodes": "node sets", "embedding": "shares"}
+_WHAT: dict[UploadKind, str] = {"nodes": "node sets", "share": "shares"}
 
 
 def load_session(

@@ -17,7 +17,7 @@ from service.session_state import SlotProgress
 from service.store import ResultKind, SessionRow, Slot, Transaction, UploadKind
 
 # Each result is formed from one kind of upload.
-UPLOAD_KIND: dict[ResultKind, UploadKind] = {"union": "nodes", "aggregate": "embedding"}
+UPLOAD_KIND: dict[ResultKind, UploadKind] = {"union": "nodes", "sum": "share"}
 
 
 def participants(tx: Transaction, plan: SessionPlan, pass_index: int) -> list[int]:
@@ -55,7 +55,7 @@ def slot_progress(tx: Transaction, plan: SessionPlan, slot: Slot, kind: UploadKi
 
 def sum_pending(tx: Transaction, row: SessionRow, slot: Slot) -> bool:
     """The session still runs the slot's pass and the slot has no sum yet."""
-    stored = tx.result(row.id, slot.pass_index, slot.layer, "aggregate", slot.part) is not None
+    stored = tx.result(row.id, slot.pass_index, slot.layer, "sum", slot.part) is not None
     return session_state.sum_pending(
         row.state, row.current_pass, slot.pass_index, sum_stored=stored
     )
@@ -108,7 +108,7 @@ def layer_parts(tx: Transaction, plan: SessionPlan, pass_index: int, layer: int)
 
 def layer_summed(tx: Transaction, plan: SessionPlan, pass_index: int, layer: int) -> bool:
     """Whether the sum of every part of the layer is stored."""
-    summed = tx.result_parts(plan.session_id, pass_index, layer, "aggregate")
+    summed = tx.result_parts(plan.session_id, pass_index, layer, "sum")
     return summed > 0 and session_state.layer_summed(
         summed, layer_parts(tx, plan, pass_index, layer)
     )

@@ -119,8 +119,8 @@ class ShareSums(RoundComponent):
                 if not sum_pending(tx, row, slot):
                     self._forget(slot, in_memory)
                     return False
-                committed = tx.uploads(*slot[:3], "embedding", slot.part)
-                if not slot_progress(tx, plan, slot, "embedding").closes:
+                committed = tx.uploads(*slot[:3], "share", slot.part)
+                if not slot_progress(tx, plan, slot, "share").closes:
                     return False
                 rows = part_rows_of(tx, plan, slot)
             aggregator = self.aggregators.for_session(plan)
@@ -179,7 +179,7 @@ class ShareSums(RoundComponent):
             rows = part_rows_of(tx, plan, slot)
             aggregator = self.aggregators.for_session(plan)
             running = aggregator.new_sum(rows=rows, cols=plan.widths[slot.layer])
-            for upload in tx.uploads(*slot[:3], "embedding", slot.part):
+            for upload in tx.uploads(*slot[:3], "share", slot.part):
                 body = self.bodies.read_share(slot, upload.client_index, upload.sha256, tx=tx)
                 share = aggregator.read_share(body, rows=rows, cols=plan.widths[slot.layer])
                 running.add(upload.client_index, share)
@@ -237,7 +237,7 @@ class ShareSums(RoundComponent):
             plan.session_id,
             pass_index,
             layer,
-            "aggregate",
+            "sum",
             rows=rows,
             cols=plan.widths[layer],
             count=len(clients),
@@ -284,7 +284,7 @@ class _Stored:
 
 def _sum_closes(tx: Transaction, row: SessionRow, plan: SessionPlan, slot: Slot) -> bool:
     """The slot's sum is pending and the slot closes now."""
-    return sum_pending(tx, row, slot) and slot_progress(tx, plan, slot, "embedding").closes
+    return sum_pending(tx, row, slot) and slot_progress(tx, plan, slot, "share").closes
 
 
 def _is_release(plan: SessionPlan, layer: int) -> bool:

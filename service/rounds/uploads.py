@@ -52,7 +52,7 @@ from service.rounds.slots import (
 )
 from service.rounds.sums import ShareSums
 from service.rounds.types import Caller, UploadOutcome
-from service.store import Slot, Transaction, UploadKind
+from service.store import KIND_NAME, Slot, Transaction, UploadKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,18 +139,16 @@ class Uploads(RoundComponent):
         stores the part's sum."""
         sha256 = hashlib.sha256(body).digest()
         with self.store.transaction() as tx:
-            target = self._check_slot(tx, caller, "embedding", sha256, slot, parts)
+            target = self._check_slot(tx, caller, "share", sha256, slot, parts)
         if target.duplicate:
-            outcome = self._record(caller, "embedding", sha256, body, slot, declared_parts=parts)
+            outcome = self._record(caller, "share", sha256, body, slot, declared_parts=parts)
         else:
             share = self._read_share(target, header, slot, body)
             self.bodies.write_share(slot, caller.client_index, sha256, body)
             with self.sums.forming(
                 target.plan, slot, rows=target.rows, cols=target.cols
             ) as running:
-                outcome = self._record(
-                    caller, "embedding", sha256, body, slot, declared_parts=parts
-                )
+                outcome = self._record(caller, "share", sha256, body, slot, declared_parts=parts)
                 if outcome.created and running is not None:
                     running.add(caller.client_index, share)
         if not outcome.missing:
@@ -219,7 +217,7 @@ class Uploads(RoundComponent):
             )
             if kind == "nodes" and outcome.created:
                 close_union(tx, target.plan, slot)
-        self.telemetry.bytes_received.labels(kind=kind).inc(len(body))
+        self.telemetry.bytes_received.labels(kind=KIND_NAME[kind]).inc(len(body))
         return outcome
 
     def _check_slot(
@@ -239,7 +237,7 @@ class Uploads(RoundComponent):
         if existing is not None:
             if hmac.compare_digest(existing.sha256, sha256):
                 return _UploadTarget(plan, duplicate=True)
-            raise Conflict(caller.client_index, kind, pass_index, layer)
+            raise Conflict(caller.client_index, KIND_NAME[kind], pass_index, layer)
         check_current_pass(row, pass_index)
         check_in_pass(tx, plan, caller.client_index, pass_index, layer, kind)
         if kind == "nodes":

@@ -2,10 +2,11 @@
 
 from service.store.accounts import LedgerRow, MetricsRow
 from service.store.database import Store, Transaction
-from service.store.rounds import ResultKind, ResultRow, Slot, UploadKind, UploadRow
+from service.store.rounds import KIND_NAME, ResultKind, ResultRow, Slot, UploadKind, UploadRow
 from service.store.sessions import SessionRow
 
 __all__ = [
+    "KIND_NAME",
     "LedgerRow",
     "MetricsRow",
     "ResultKind",

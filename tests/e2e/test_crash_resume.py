@@ -104,7 +104,7 @@ record = uploads.Uploads._record
 
 def record_then_die(self, caller, kind, sha256, body, slot, **kwargs):
     outcome = record(self, caller, kind, sha256, body, slot, **kwargs)
-    if kind == "embedding" and slot.pass_index == upload_pass and caller.client_index == 1:
+    if kind == "share" and slot.pass_index == upload_pass and caller.client_index == 1:
         if once("upload"):
             die()  # the share is committed; its answer is never sent
     return outcome
@@ -114,7 +114,7 @@ put = uploads.Uploads.put
 
 
 def put_late(self, kind, caller, pass_index, layer, **kwargs):
-    if kind == "embedding" and pass_index == poll_pass and caller.client_index == 2:
+    if kind == "share" and pass_index == poll_pass and caller.client_index == 2:
         if not (markers / "service-poll").exists():
             time.sleep(1.0)  # the others wait for this share in their long polls
     return put(self, kind, caller, pass_index, layer, **kwargs)
@@ -125,7 +125,7 @@ get = downloads.Downloads.get
 
 def get_then_die_in_the_poll(self, kind, caller, pass_index, layer, part=0):
     answer = get(self, kind, caller, pass_index, layer, part)
-    if kind == "aggregate" and pass_index == poll_pass and isinstance(answer, Waiting):
+    if kind == "sum" and pass_index == poll_pass and isinstance(answer, Waiting):
         if once("poll"):
             time.sleep(0.2)  # the long poll of this request (and of others) is under way
             die()

@@ -355,13 +355,13 @@ def test_a_database_from_before_parts_keys_its_slots_by_part(
     store = Store(database)
     try:
         with store.transaction() as tx:
-            assert tx.uploads("s", 0, 1, "embedding", 0)[0].sha256 == b"\xab"
-            result = tx.result("s", 0, 1, "aggregate", 0)
+            assert tx.uploads("s", 0, 1, "share", 0)[0].sha256 == b"\xab"
+            result = tx.result("s", 0, 1, "sum", 0)
             assert result is not None and (result.rows, result.count) == (5, 3)
-            assert tx.result("s", 0, 1, "aggregate", 1) is None
-            tx.insert_upload("s", 0, 1, "embedding", 2, sha256=b"cd", size=3, body=None, part=1)
-            tx.insert_result("s", 0, 1, "aggregate", rows=2, cols=4, count=3, body=None, part=1)
-            assert tx.result_parts("s", 0, 1, "aggregate") == 2
+            assert tx.result("s", 0, 1, "sum", 1) is None
+            tx.insert_upload("s", 0, 1, "share", 2, sha256=b"cd", size=3, body=None, part=1)
+            tx.insert_result("s", 0, 1, "sum", rows=2, cols=4, count=3, body=None, part=1)
+            assert tx.result_parts("s", 0, 1, "sum") == 2
             if backend == "postgresql":
                 assert tx.payload(Slot("s", 0, 1, 0), -1, b"") == b"sum"
                 tx.put_payload(Slot("s", 0, 1, 1), -1, b"", b"sum 1")

@@ -147,11 +147,11 @@ async def shares_in_no_sum(
 
 def stored_sum(app: FastAPI, sid: str) -> Any:
     with service_context(app).store.transaction() as tx:
-        return tx.result(sid, *SLOT, "aggregate")
+        return tx.result(sid, *SLOT, "sum")
 
 
 def served_sum(app: FastAPI, sid: str) -> np.ndarray:
-    total = service_context(app).engine.downloads.get("aggregate", Caller(sid, 0), *SLOT)
+    total = service_context(app).engine.downloads.get("sum", Caller(sid, 0), *SLOT)
     assert isinstance(total, Payload) and total.count == 2
     return np.frombuffer(total.body, dtype="<f4").reshape(ROWS, COLS)
 

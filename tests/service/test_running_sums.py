@@ -57,9 +57,9 @@ async def test_a_download_leaves_a_sum_in_progress_alone(
         _, plan = engine.session(tx, sid)
     # another request holds the slot
     with engine.sums.forming(plan, Slot(sid, 0, 3), rows=5, cols=2):
-        waiting = engine.downloads.get("aggregate", caller, 0, 3)
+        waiting = engine.downloads.get("sum", caller, 0, 3)
     assert isinstance(waiting, Waiting) and waiting.missing == []
-    total = engine.downloads.get("aggregate", caller, 0, 3)
+    total = engine.downloads.get("sum", caller, 0, 3)
     assert isinstance(total, Payload) and total.count == 2
     np.testing.assert_array_equal(
         np.frombuffer(total.body, dtype="<f4").reshape(5, 2), expected_sum(shares)
