@@ -134,9 +134,9 @@ class Uploads(RoundComponent):
         self, caller: Caller, slot: Slot, parts: int, header: MatrixHeader, body: bytes
     ) -> UploadOutcome:
         """Check; validate and parse the share's part once, outside the lock (CKKS parsing is
-        slow); write its file; then, holding the part's running sum, check again, insert and
-        add it. The upload that completes the part (or repeats one whose sum was not stored)
-        stores the part's sum."""
+        slow); write its body to the payload store; then, holding the part's running sum, check
+        again, insert and add it. The upload that completes the part (or repeats one whose sum
+        was not stored) stores the part's sum."""
         sha256 = hashlib.sha256(body).digest()
         with self.store.transaction() as tx:
             target = self._check_slot(tx, caller, "share", sha256, slot, parts)

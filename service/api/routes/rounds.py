@@ -231,9 +231,7 @@ async def put_share(
     waiting="Not all shares of the part are in yet.",
     with_count=True,
 )
-async def get_sum(
-    exchange: ExchangeDep, wait: WaitQuery = None, part: PartQuery = 0
-) -> Response:
+async def get_sum(exchange: ExchangeDep, wait: WaitQuery = None, part: PartQuery = 0) -> Response:
     return await _download("sum", exchange, wait, part=part)
 
 
