@@ -11,7 +11,8 @@ import pytest
 from fastapi import FastAPI
 from service_testkit import Federation, admin, create_session, http_client, session_request
 
-from service.store.bodies import BodyKey, BodyMissing, BodySlot, FileBodies
+from service.store import Slot
+from service.store.bodies import BodyKey, BodyMissing, FileBodies
 from service.store.bodies.interface import SUM_CLIENT
 
 pytestmark = pytest.mark.anyio
@@ -44,7 +45,7 @@ async def test_files_follow_the_kept_passes_and_go_with_the_session(
 
 def test_write_and_read_back(tmp_path: Path) -> None:
     files = FileBodies.beside(tmp_path / "service.sqlite3")
-    sha, slot = bytes(range(32)), BodySlot("s", 3, 1)
+    sha, slot = bytes(range(32)), Slot("s", 3, 1)
     files.write_share(slot, 2, sha, b"share")
     files.write_sum(slot, b"sum", sync=True)
     assert files.read_share(slot, 2, sha) == b"share"
@@ -62,7 +63,7 @@ def test_the_bodies_kept_are_listed_by_key(tmp_path: Path) -> None:
     """What ``glasu serve --migrate-to`` copies: each file's body under its key, a sum's with
     the sum's client and an empty SHA-256, part 0's named as a whole layer's was."""
     files = FileBodies.beside(tmp_path / "service.sqlite3")
-    sha, slot, part = bytes(range(32)), BodySlot("s", 3, 1), BodySlot("s", 3, 1, 2)
+    sha, slot, part = bytes(range(32)), Slot("s", 3, 1), Slot("s", 3, 1, 2)
     files.write_share(slot, 2, sha, b"share")
     files.write_sum(part, b"sum", sync=False)
     stored = {body.key: body.path for body in files.stored()}

@@ -38,7 +38,7 @@ from service.rounds import Caller, Payload
 from service.rounds.recent_sums import RecentSums
 from service.rounds.sums import RECENT_SUM_BYTES_PER_REPLICA
 from service.settings import ServiceSettings
-from service.store.bodies import BodySlot
+from service.store import Slot
 from service.store.sessions import SessionQueries
 
 pytestmark = pytest.mark.anyio
@@ -147,11 +147,11 @@ async def shares_in_no_sum(
 
 def stored_sum(app: FastAPI, sid: str) -> Any:
     with service_context(app).store.transaction() as tx:
-        return tx.result(sid, *SLOT, "aggregate")
+        return tx.result(sid, *SLOT, "sum")
 
 
 def served_sum(app: FastAPI, sid: str) -> np.ndarray:
-    total = service_context(app).engine.downloads.get("aggregate", Caller(sid, 0), *SLOT)
+    total = service_context(app).engine.downloads.get("sum", Caller(sid, 0), *SLOT)
     assert isinstance(total, Payload) and total.count == 2
     return np.frombuffer(total.body, dtype="<f4").reshape(ROWS, COLS)
 
@@ -216,12 +216,12 @@ async def test_a_sum_both_replicas_find_due_is_stored_once(
         )
 
     def complete_on_a() -> bool:
-        stored = service_context(replicas[0]).engine.sums.complete(sid, *SLOT, wait=False)
+        stored = service_context(replicas[0]).engine.sums.complete(Slot(sid, *SLOT), wait=False)
         order.set("A stored it")
         return stored
 
     def complete_on_b() -> bool:
-        return service_context(replicas[1]).engine.sums.complete(sid, *SLOT, wait=False)
+        return service_context(replicas[1]).engine.sums.complete(Slot(sid, *SLOT), wait=False)
 
     assert run_threads(complete_on_a, complete_on_b) == [True, False]
     assert reads == ["A", "A"]
@@ -260,7 +260,7 @@ async def test_a_replica_killed_mid_sum_leaves_no_sum_and_the_next_request_store
 
     monkeypatch.setattr(first.engine.sums.bodies, "write_sum", dies_after_writing)
     with pytest.raises(SystemExit):
-        first.engine.sums.complete(sid, *SLOT, wait=True)
+        first.engine.sums.complete(Slot(sid, *SLOT), wait=True)
     assert stored_sum(replicas[1], sid) is None
     # The next download, on the other replica, finds every share in and no sum: it stores it.
     np.testing.assert_array_equal(served_sum(replicas[1], sid), expected_sum(SHARES))
@@ -342,9 +342,9 @@ async def test_each_replica_keeps_a_bounded_cache_of_sums(
         assert service_context(app).engine.sums.recent.budget == RECENT_SUM_BYTES_PER_REPLICA
     recent = RecentSums(100)
     for pass_index in range(5):
-        recent.put(BodySlot("s", pass_index, 1), bytes(60))
+        recent.put(Slot("s", pass_index, 1), bytes(60))
         assert recent.held_bytes <= 100
-    assert recent.get(BodySlot("s", 4, 1)) == bytes(60)
-    recent.put(BodySlot("s", 9, 1), bytes(150))
-    assert recent.get(BodySlot("s", 9, 1)) is None
+    assert recent.get(Slot("s", 4, 1)) == bytes(60)
+    recent.put(Slot("s", 9, 1), bytes(150))
+    assert recent.get(Slot("s", 9, 1)) is None
     assert recent.held_bytes == 60

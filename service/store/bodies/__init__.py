@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from service.store.bodies.files import FileBodies
-from service.store.bodies.interface import Bodies, BodyKey, BodyMissing, BodySlot
+from service.store.bodies.interface import Bodies, BodyKey, BodyMissing
 from service.store.bodies.table import TableBodies
 
 if TYPE_CHECKING:
@@ -42,7 +42,6 @@ __all__ = [
     "Bodies",
     "BodyKey",
     "BodyMissing",
-    "BodySlot",
     "FileBodies",
     "TableBodies",
     "bodies_for",

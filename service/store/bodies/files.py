@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from secure.files import atomic_write, sync_folder
-from service.store.bodies.interface import SUM_CLIENT, Bodies, BodyKey, BodySlot
+from service.store.bodies.interface import SUM_CLIENT, Bodies, BodyKey
+from service.store.rounds import Slot
 
 if TYPE_CHECKING:
     from service.store import Transaction
@@ -93,7 +94,7 @@ class FileBodies(Bodies):
             name = _NAME.fullmatch(path.stem)
             if name is None or path.suffix not in (".sum", ".share"):
                 continue
-            slot = BodySlot(
+            slot = Slot(
                 session_id=path.parent.parent.name,
                 pass_index=int(path.parent.name),
                 layer=int(name["layer"]),

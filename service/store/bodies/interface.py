@@ -1,10 +1,12 @@
-"""What every place that keeps share and sum bodies offers: :class:`Bodies`, and the names of a
-body (:class:`BodySlot`, :class:`BodyKey`)."""
+"""What every place that keeps share and sum bodies offers: :class:`Bodies`, and the name of a
+body (:class:`BodyKey`)."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, NamedTuple
+
+from service.store.rounds import Slot
 
 if TYPE_CHECKING:
     from service.store import Transaction
@@ -12,26 +14,16 @@ if TYPE_CHECKING:
 SUM_CLIENT = -1  # the client of a slot's sum (its SHA-256 is empty)
 
 
-class BodySlot(NamedTuple):
-    """Where a body belongs: one part of one layer of one pass of a session (in the order of
-    the payload table's key)."""
-
-    session_id: str
-    pass_index: int
-    layer: int
-    part: int = 0
-
-
 class BodyKey(NamedTuple):
     """One body: a share (named by its client and its content's SHA-256: an identical
     re-upload replaces it by itself) or a slot's sum (:meth:`sum_of`)."""
 
-    slot: BodySlot
+    slot: Slot
     client: int
     sha256: bytes
 
     @classmethod
-    def sum_of(cls, slot: BodySlot) -> BodyKey:
+    def sum_of(cls, slot: Slot) -> BodyKey:
         return cls(slot, SUM_CLIENT, b"")
 
 
@@ -46,7 +38,7 @@ class Bodies(ABC):
 
     def write_share(
         self,
-        slot: BodySlot,
+        slot: Slot,
         client: int,
         sha256: bytes,
         body: bytes,
@@ -57,7 +49,7 @@ class Bodies(ABC):
         self._write(BodyKey(slot, client, sha256), body, durable=False, tx=tx)
 
     def read_share(
-        self, slot: BodySlot, client: int, sha256: bytes, *, tx: Transaction | None = None
+        self, slot: Slot, client: int, sha256: bytes, *, tx: Transaction | None = None
     ) -> bytes:
         """Raises :class:`BodyMissing` if the share is no longer kept."""
         body = self._read(BodyKey(slot, client, sha256), tx=tx)
@@ -69,12 +61,12 @@ class Bodies(ABC):
         return body
 
     def write_sum(
-        self, slot: BodySlot, body: bytes, *, sync: bool, tx: Transaction | None = None
+        self, slot: Slot, body: bytes, *, sync: bool, tx: Transaction | None = None
     ) -> None:
         """``sync``: on disk before this returns (or with ``tx``'s durable commit)."""
         self._write(BodyKey.sum_of(slot), body, durable=sync, tx=tx)
 
-    def read_sum(self, slot: BodySlot, *, tx: Transaction | None = None) -> bytes | None:
+    def read_sum(self, slot: Slot, *, tx: Transaction | None = None) -> bytes | None:
         """None once discarded."""
         return self._read(BodyKey.sum_of(slot), tx=tx)
 
