@@ -1,7 +1,7 @@
 """Fixtures for the service tests: apps on a temporary database and an in-process client.
 
 Every test that uses ``database`` (directly, or through ``make_settings``, ``make_app`` or
-``client``) runs twice: on an SQLite file and on a fresh PostgreSQL database of the session's
+``client``) runs twice: on an SQLite file and on an empty PostgreSQL database of the session's
 throwaway cluster (``postgres_cluster``, tests/conftest.py; skipped where PostgreSQL is not
 installed). A test about SQLite's files (WAL, file modes, payload files) is marked
 ``sqlite_only`` and runs once."""
