@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.store.queries import Queries
-from service.store.sessions import SESSION_ID_COLUMN
+from service.store.queries import SESSION_ID_COLUMN, Queries
 
 # as first released; migration 2 adds privacy_ledger.clients (ADDED_COLUMNS)
 ACCOUNT_SCHEMA = f"""

@@ -1,5 +1,6 @@
 """The part of a store transaction that every group of queries shares: the connection, the
-clock and the locks that serialise one session's transactions on PostgreSQL."""
+clock and the locks that serialise one session's transactions on PostgreSQL; and the column that
+ties a row to its session, which every group's tables declare."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ LOCK_SCOPES: dict[LockScope, int] = {
     "listing-order": 5,
     "body": 6,
 }
+
+#: The column that ties a row to its session, first in the tables of a session's rows.
+SESSION_ID_COLUMN = "session_id TEXT NOT NULL REFERENCES sessions(id)"
 
 
 def can_be_an_id(text: str) -> bool:

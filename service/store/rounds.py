@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
-from service.store.queries import Queries
-from service.store.sessions import SESSION_ID_COLUMN
+from service.store.queries import SESSION_ID_COLUMN, Queries
 
 # the columns that name a slot of a round (a pass and layer of a session), first in its tables
 SLOT_COLUMNS = f"""{SESSION_ID_COLUMN},

@@ -5,10 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from service.session_state import SessionState, transition
-from service.store.queries import Queries, can_be_an_id
-
-#: The column that ties a row to its session, first in the tables of a session's rows.
-SESSION_ID_COLUMN = "session_id TEXT NOT NULL REFERENCES sessions(id)"
+from service.store.queries import SESSION_ID_COLUMN, Queries, can_be_an_id
 
 SESSION_SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS sessions (
