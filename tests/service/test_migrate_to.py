@@ -22,6 +22,9 @@ from service_testkit import (
 
 from clients.cli.main import main
 from service.app import service_context
+from service.store import Slot, Store
+from service.store.bodies import FileBodies, TableBodies
+from service.store.transfer import copy_into_postgres
 
 pytestmark = pytest.mark.anyio
 
@@ -83,3 +86,27 @@ def test_only_an_sqlite_database_is_copied(
     assert main([*missing, "--migrate-to", "postgresql://nobody@127.0.0.1:1/x"]) != 0
     assert "no SQLite database" in capsys.readouterr().err
     assert ADMIN_TOKEN  # no admin token is needed to migrate
+
+
+def test_the_copy_moves_every_row_and_every_body_kept_beside_the_database(
+    tmp_path: Path, postgres_cluster
+) -> None:
+    source = tmp_path / "service.sqlite3"
+    store = Store(source)
+    with store.transaction() as tx:
+        tx.insert_session("s", "{}", [b"a" * 32, b"b" * 32])
+    store.close()
+    files, sha = FileBodies.beside(source), bytes(range(32))
+    files.write_share(Slot("s", 0, 1), 1, sha, b"share")
+    files.write_sum(Slot("s", 0, 1, 2), b"sum of part 2", sync=False)
+    with postgres_cluster.scratch_database() as url:
+        copied = copy_into_postgres(source, url)
+        assert (copied.rows["sessions"], copied.rows["client_tokens"]) == (1, 2)
+        assert copied.bodies == 2
+        target = Store(url)
+        try:
+            bodies = TableBodies(target)
+            assert bodies.read_share(Slot("s", 0, 1), 1, sha) == b"share"
+            assert bodies.read_sum(Slot("s", 0, 1, 2)) == b"sum of part 2"
+        finally:
+            target.close()
