@@ -8,13 +8,7 @@ client in ``models/federated.py`` yields these requests, the in-process driver a
 function calls, the HTTP worker (``clients/session_client.py``) carries them to the service, and
 the service (``service/``) parses them with the same names. Like h11's events, these are plain data.
 
-Binary bodies carry their shape and their encoding in headers:
-
-- ``X-Glasu-Shape``: ``n`` for a node set, ``rows,cols`` for a matrix;
-- ``X-Glasu-Encoding``: how the body's bytes encode the values: ``int64`` (node ids,
-  little-endian), ``float32`` (a plaintext share, little-endian, row-major) or ``ckks`` (framed
-  CKKS ciphertexts, ``secure/ckks.py``);
-- ``X-Glasu-Count`` (on an aggregate): how many shares the sum holds.
+Binary bodies carry their shape and their encoding in headers (``secure/wire/headers.py``).
 """
 
 from __future__ import annotations
@@ -25,10 +19,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-
-SHAPE_HEADER = "X-Glasu-Shape"
-ENCODING_HEADER = "X-Glasu-Encoding"
-COUNT_HEADER = "X-Glasu-Count"
 
 Encoding = Literal["int64", "float32", "ckks"]
 # which node ids an alignment indexes, and a session averages over: those every party holds, or

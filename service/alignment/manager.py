@@ -33,6 +33,7 @@ from secure.wire.alignment import (
     set_part_span,
     set_parts,
 )
+from secure.wire.headers import ENCODING_HEADER, SHAPE_HEADER, SIGNATURE_HEADER
 from service.alignment.tables import (
     AlignmentRow,
     AlignmentTables,
@@ -226,7 +227,7 @@ class AlignmentManager:
                 if previous.size != size:
                     raise WrongShape(
                         f"the set of party {owner} has {previous.size} elements, "
-                        f"X-Glasu-Shape says {size}"
+                        f"{SHAPE_HEADER} says {size}"
                     )
             tables.insert_part(
                 row.id, owner, hop, part, size=size, sha256=digest, body=body, signature=signed
@@ -324,11 +325,11 @@ def _check_like_the_other_parts(
     if first.size != size:
         raise WrongShape(
             f"part {first.part} of this set declared {first.size} elements in all, "
-            f"X-Glasu-Shape says {size}"
+            f"{SHAPE_HEADER} says {size}"
         )
     if first.signature != signature:
         raise AlignmentConflict(
-            f"part {first.part} of this set came with a different X-Glasu-Signature: a set's "
+            f"part {first.part} of this set came with a different {SIGNATURE_HEADER}: a set's "
             "signature covers the whole set and travels with each of its parts"
         )
 
@@ -360,12 +361,12 @@ def _check_poster(row: AlignmentRow, caller: PartyCaller, owner: int, hop: int) 
 
 def _declared_size(shape: str | None, encoding: str | None) -> int:
     if encoding is None or shape is None:
-        missing = "X-Glasu-Encoding" if encoding is None else "X-Glasu-Shape"
+        missing = ENCODING_HEADER if encoding is None else SHAPE_HEADER
         raise BadHeader(f"a blinded set needs the header {missing}")
     if encoding != SET_ENCODING:
-        raise BadHeader(f"a blinded set's X-Glasu-Encoding is {SET_ENCODING!r}, not {encoding!r}")
+        raise BadHeader(f"a blinded set's {ENCODING_HEADER} is {SET_ENCODING!r}, not {encoding!r}")
     if not shape.isdigit() or int(shape) < 1:
-        raise BadHeader(f"X-Glasu-Shape of a blinded set is its element count >= 1, not {shape!r}")
+        raise BadHeader(f"{SHAPE_HEADER} of a blinded set is its element count >= 1, not {shape!r}")
     return int(shape)
 
 
@@ -379,7 +380,7 @@ def _declared_signature(header: str | None) -> bytes | None:
         signature = b""
     if len(signature) != SIGNATURE_BYTES:
         raise BadHeader(
-            f"X-Glasu-Signature is an Ed25519 signature, {SIGNATURE_BYTES} bytes in hex, not "
+            f"{SIGNATURE_HEADER} is an Ed25519 signature, {SIGNATURE_BYTES} bytes in hex, not "
             f"{header[:140]!r}"
         )
     return signature

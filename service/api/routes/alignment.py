@@ -28,6 +28,7 @@ from secure.wire.alignment import (
     SetReceipt,
 )
 from secure.wire.common import MAX_CLIENTS
+from secure.wire.headers import ENCODING_HEADER, SHAPE_HEADER, SIGNATURE_HEADER
 from service.alignment.manager import POSITIONS_ENCODING, SetPart, SetUpload
 from service.api.body import api_router, binary_body
 from service.api.deps import (
@@ -62,15 +63,15 @@ PartQuery = Annotated[
 ]
 ShapeHeader = Annotated[
     str | None,
-    Header(alias="X-Glasu-Shape", description="Element count of the whole set (all its parts)."),
+    Header(alias=SHAPE_HEADER, description="Element count of the whole set (all its parts)."),
 ]
 EncodingHeader = Annotated[
-    str | None, Header(alias="X-Glasu-Encoding", description=f"'{SET_ENCODING}'.")
+    str | None, Header(alias=ENCODING_HEADER, description=f"'{SET_ENCODING}'.")
 ]
 SignatureHeader = Annotated[
     str | None,
     Header(
-        alias="X-Glasu-Signature",
+        alias=SIGNATURE_HEADER,
         description="Optional: the poster's Ed25519 signature of the set (hex), relayed to the "
         "next party unchecked.",
     ),
@@ -90,9 +91,9 @@ def _binary(result: SetPart | Waiting, *, encoding: str) -> Response:
     if isinstance(result, Waiting):
         waiting = AlignmentWaiting(missing=result.missing)
         return JSONResponse(waiting.model_dump(mode="json"), status_code=202)
-    headers = {"X-Glasu-Shape": str(result.size), "X-Glasu-Encoding": encoding}
+    headers = {SHAPE_HEADER: str(result.size), ENCODING_HEADER: encoding}
     if result.signature is not None:
-        headers["X-Glasu-Signature"] = result.signature.hex()
+        headers[SIGNATURE_HEADER] = result.signature.hex()
     return Response(result.body, media_type=OCTET_STREAM, headers=headers)
 
 
