@@ -305,7 +305,7 @@ class WrongEncoding(DomainError):
         self.declared = declared
 
 
-# Alignments (service/alignment.py)
+# Alignments (service/alignment/)
 
 
 class AlignmentNotFound(DomainError):

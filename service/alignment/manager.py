@@ -50,7 +50,7 @@ from service.domain_errors import (
     BadPayload,
     WrongShape,
 )
-from service.notify import Waiting
+from service.notify import Pending
 from service.store import Store
 from service.tokens import new_tokens, token_sha256
 
@@ -249,7 +249,7 @@ class AlignmentManager:
                     _complete_if_ready(tables, row)
         return SetUpload(created=True, size=size, parts=parts)
 
-    def get_set(self, caller: PartyCaller, owner: int, hop: int, part: int) -> SetPart | Waiting:
+    def get_set(self, caller: PartyCaller, owner: int, hop: int, part: int) -> SetPart | Pending:
         """Part ``part`` of the set of ``owner`` at ``hop``, once all its parts are in."""
         with self.store.transaction() as tx:
             tables = AlignmentTables(tx)
@@ -266,7 +266,7 @@ class AlignmentManager:
                 )
             found = tables.set(row.id, owner, hop)
             if found is None:
-                return Waiting(missing=[poster(owner, hop, row.parties)])
+                return Pending(missing=[poster(owner, hop, row.parties)])
             if row.state == "done":
                 raise AlignmentConflict(
                     f"alignment {row.id!r} is complete and its blinded sets are discarded; "
@@ -278,7 +278,7 @@ class AlignmentManager:
             raise LookupError(f"part {part} of a complete set of alignment {row.id} is missing")
         return SetPart(body, found.size, found.signature)
 
-    def positions(self, caller: PartyCaller, part: int) -> SetPart | Waiting:
+    def positions(self, caller: PartyCaller, part: int) -> SetPart | Pending:
         """For each position of part ``part`` of the set ``caller`` posted, its aligned index
         (-1: not shared), as little-endian int64."""
         with self.store.transaction() as tx:
@@ -294,7 +294,7 @@ class AlignmentManager:
                     raise LookupError(f"alignment {row.id} is done without positions")
                 return SetPart(body, own.size)
             sets = tables.sets(row.id)
-        return Waiting(missing=_owing(sets, row.parties))
+        return Pending(missing=_owing(sets, row.parties))
 
 
 def _part_index(row: PartRow) -> int:

@@ -1,6 +1,6 @@
 """What clients read: the pass descriptor, a layer's node union and the sum of a layer's part.
 
-A download answers :class:`Waiting` until its result is complete. Unions are read from the store,
+A download answers :class:`Pending` until its result is complete. Unions are read from the store,
 sums from :class:`ShareSums` (memory, else their files). A download never sums shares while
 another request is adding one or storing the sum; after a restart it stores a sum whose shares
 were all acknowledged before (:meth:`ShareSums.complete`).
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from secure.protocol import NODE_ENCODING
 from secure.wire.passes import PassInfo
 from service.domain_errors import NotReady, UnknownPass, WrongPart, WrongPass
-from service.notify import Waiting
+from service.notify import Pending
 from service.plan import SessionPlan
 from service.rounds.gate import (
     UPLOAD_KIND,
@@ -70,11 +70,11 @@ class Downloads(RoundPart):
 
     def get(
         self, kind: ResultKind, caller: Caller, pass_index: int, layer: int, part: int = 0
-    ) -> Payload | Waiting:
+    ) -> Payload | Pending:
         """The node union or the sum of one layer's part (a union is part 0), or who is still
         missing."""
         answer = self._fetch(kind, caller, pass_index, layer, part)
-        if not isinstance(answer, Waiting):
+        if not isinstance(answer, Pending):
             return answer
         closes_now = answer.closes_at is not None and answer.closes_at <= self.store.clock.now()
         if kind == "aggregate" and (not answer.missing or closes_now):
@@ -97,7 +97,7 @@ class Downloads(RoundPart):
 
     def _fetch(
         self, kind: ResultKind, caller: Caller, pass_index: int, layer: int, part: int
-    ) -> Payload | Waiting:
+    ) -> Payload | Pending:
         upload_kind = UPLOAD_KIND[kind]
         with self.store.transaction() as tx:
             row, plan = open_layer(
@@ -109,7 +109,7 @@ class Downloads(RoundPart):
             if result is None:
                 _check_part(tx, plan, pass_index, layer, part)
                 progress = slot_progress(tx, plan, pass_index, layer, upload_kind, part)
-                return Waiting(progress.missing, progress.received, progress.closes_at)
+                return Pending(progress.missing, progress.received, progress.closes_at)
         if kind == "union":
             body = result.body
         else:

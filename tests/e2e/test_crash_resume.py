@@ -81,7 +81,7 @@ import os, signal, sys, time
 from pathlib import Path
 
 from service.rounds import downloads, sums, uploads
-from service.notify import Waiting
+from service.notify import Pending
 
 markers = Path(os.environ["CRASHTEST_DIR"])
 upload_pass, between_pass, poll_pass = (int(v) for v in os.environ["CRASHTEST_SERVICE"].split(","))
@@ -125,7 +125,7 @@ get = downloads.Downloads.get
 
 def get_then_die_in_the_poll(self, kind, caller, pass_index, layer, part=0):
     answer = get(self, kind, caller, pass_index, layer, part)
-    if kind == "aggregate" and pass_index == poll_pass and isinstance(answer, Waiting):
+    if kind == "aggregate" and pass_index == poll_pass and isinstance(answer, Pending):
         if once("poll"):
             time.sleep(0.2)  # the long poll of this request (and of others) is under way
             die()

@@ -42,7 +42,7 @@ from service.api.deps import (
 from service.api.polling import WaitQuery, poll
 from service.api.routes.docs import BINARY_REQUEST_BODY, OCTET_STREAM, binary_response
 from service.errors import ProblemError
-from service.notify import Waiting
+from service.notify import Pending
 
 router = api_router("/v1/alignments", "alignments")
 
@@ -86,9 +86,9 @@ def _notify_key(alignment_id: str) -> str:
     return f"alignment:{alignment_id}"
 
 
-def _binary(result: SetPart | Waiting, *, encoding: str) -> Response:
+def _binary(result: SetPart | Pending, *, encoding: str) -> Response:
     """A part (X-Glasu-Shape: the whole set's element count), or the 202 of a long poll."""
-    if isinstance(result, Waiting):
+    if isinstance(result, Pending):
         waiting = AlignmentWaiting(missing=result.missing)
         return JSONResponse(waiting.model_dump(mode="json"), status_code=202)
     headers = {SHAPE_HEADER: str(result.size), ENCODING_HEADER: encoding}

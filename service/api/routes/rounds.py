@@ -27,7 +27,7 @@ from service.api.deps import ClientDep, ContextDep
 from service.api.polling import WaitQuery, poll
 from service.api.routes.docs import BINARY_REQUEST_BODY, OCTET_STREAM, binary_response
 from service.context import ServiceContext
-from service.notify import Waiting
+from service.notify import Pending
 from service.rounds import Caller, Payload, UploadOutcome
 from service.store import ResultKind, UploadKind
 
@@ -51,8 +51,8 @@ UPLOAD_RESPONSES: dict[int | str, dict[str, object]] = {
 }
 
 
-def _payload_response(result: Payload | Waiting, pass_index: int, layer: int) -> Response:
-    if isinstance(result, Waiting):
+def _payload_response(result: Payload | Pending, pass_index: int, layer: int) -> Response:
+    if isinstance(result, Pending):
         status = WaitingStatus(
             pass_index=pass_index,
             layer=layer,
