@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -310,3 +311,23 @@ def database_sql(database: Path | str, *statements: str) -> list[list[tuple[Any,
 
 def _rows(cursor: Any) -> list[tuple[Any, ...]]:
     return [tuple(row) for row in cursor.fetchall()] if cursor.description else []
+
+
+def waits_on_a_lock(url: str) -> bool:
+    """Whether a transaction of the service waits for a lock another one holds."""
+    import psycopg
+
+    with psycopg.connect(url) as pg:
+        (waiting,) = pg.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE application_name = 'glasu' AND wait_event_type = 'Lock'"
+        ).fetchone()  # type: ignore[misc]
+    return bool(waiting)
+
+
+def until_a_transaction_waits_on_a_lock(url: str) -> None:
+    """Return once a transaction of the service waits for a lock another one holds: the order
+    a test wants, seen in PostgreSQL rather than hoped for after a sleep."""
+    deadline = time.monotonic() + WOKEN_WITHIN
+    while not waits_on_a_lock(url):
+        assert time.monotonic() < deadline, "no transaction waited on a lock"

@@ -23,6 +23,7 @@ from service_testkit import (
     database_sql,
     http_client,
     session_request,
+    until_a_transaction_waits_on_a_lock,
 )
 
 from service.alignment.tables import ALIGNMENT_MIGRATIONS, create_alignment_tables
@@ -89,7 +90,9 @@ def test_the_durable_transaction_commits_synchronously(replicas: tuple[Store, St
         assert tx.connection.execute("SHOW synchronous_commit").fetchone() == ("off",)
 
 
-def test_a_session_and_a_slot_are_locked_across_replicas(replicas: tuple[Store, Store]) -> None:
+def test_a_session_and_a_slot_are_locked_across_replicas(
+    replicas: tuple[Store, Store], url: str
+) -> None:
     """A transaction holds its session's lock from its first read of the session: the other
     replica's transaction of that session waits for its commit and then sees its writes."""
     first, second = replicas
@@ -108,7 +111,7 @@ def test_a_session_and_a_slot_are_locked_across_replicas(replicas: tuple[Store, 
     with first.transaction() as tx:
         assert tx.session("s") is not None
         locked.set()
-        time.sleep(0.3)
+        until_a_transaction_waits_on_a_lock(url)
         assert seen == []  # still waiting
         tx.set_current_pass("s", 1)
     thread.join(10)
