@@ -74,6 +74,16 @@ class SetPart:
 
 
 @dataclass(frozen=True)
+class SetHead:
+    """The headers of a posted part of a blinded set, as they came (None: absent): the whole
+    set's element count, the encoding and the poster's signature of the whole set (hex)."""
+
+    shape: str | None
+    encoding: str | None
+    signature: str | None = None
+
+
+@dataclass(frozen=True)
 class SetUpload:
     created: bool
     size: int
@@ -159,48 +169,25 @@ class AlignmentManager:
     # -- parties ---------------------------------------------------------------------------------
 
     def check_set_head(
-        self,
-        caller: PartyCaller,
-        owner: int,
-        hop: int,
-        part: int,
-        *,
-        shape: str | None,
-        encoding: str | None,
-        signature: str | None,
+        self, caller: PartyCaller, owner: int, hop: int, part: int, head: SetHead
     ) -> tuple[int, bytes | None, range, int]:
         """The checks of :meth:`put_set` that need no body (headers, part, who posts the
         slot), run before the body is read so that a refused upload is answered on its head;
         the set's size, its signature's bytes, the part's span and the set's part count."""
-        size = _declared_size(shape, encoding)
-        signed = _declared_signature(signature)
+        size = _declared_size(head.shape, head.encoding)
+        signed = _declared_signature(head.signature)
         with self.store.transaction() as tx:
             row = _alignment(AlignmentTables(tx), caller.alignment_id)
-        try:
-            span = set_part_span(part, size=size, part_elements=row.part_elements)
-        except ValueError as exc:
-            raise WrongShape(str(exc)) from None
+        span = _span(part, size, row.part_elements)
         _check_poster(row, caller, owner, hop)
         return size, signed, span, set_parts(size, row.part_elements)
 
     def put_set(
-        self,
-        caller: PartyCaller,
-        owner: int,
-        hop: int,
-        part: int,
-        *,
-        shape: str | None,
-        encoding: str | None,
-        body: bytes,
-        signature: str | None = None,
+        self, caller: PartyCaller, owner: int, hop: int, part: int, head: SetHead, body: bytes
     ) -> SetUpload:
-        """Store part ``part`` of the set of ``owner`` at ``hop`` (``shape``: the whole set's
-        element count), posted by ``caller`` (with its signature of the whole set, hex, if
-        any); complete the alignment when it was the last part of the last fully blinded set."""
-        size, signed, span, parts = self.check_set_head(
-            caller, owner, hop, part, shape=shape, encoding=encoding, signature=signature
-        )
+        """Store part ``part`` of the set of ``owner`` at ``hop``, posted by ``caller``;
+        complete the alignment when it was the last part of the last fully blinded set."""
+        size, signed, span, parts = self.check_set_head(caller, owner, hop, part, head)
         _check_body(body, len(span))  # before the store's lock: it costs ~10 us an element
         digest = hashlib.sha256(body).digest()
         with self.store.transaction() as tx:
