@@ -14,7 +14,7 @@ import numpy as np
 from clients.checkpoint import CheckpointError, CheckpointStore, journal_key
 from clients.policy import ReleaseGate
 from clients.service_http import ServiceError
-from clients.session_client import ServiceClient
+from clients.session_client import SessionClient
 from models.federated import GlasuClient
 from models.outcome import PassOutcome
 from secure.protocol import Aggregate, EmbeddingRequest, NodesRequest
@@ -35,7 +35,7 @@ class ResumedPass:
 
 def drive_pass(
     client: GlasuClient,
-    service: ServiceClient,
+    service: SessionClient,
     info: PassInfo,
     *,
     gate: ReleaseGate | None = None,
@@ -91,7 +91,7 @@ def admit_release(
 
 def exchange_share(
     client: GlasuClient,
-    service: ServiceClient,
+    service: SessionClient,
     pass_index: int,
     request: EmbeddingRequest,
     checkpoints: CheckpointStore | None,

@@ -26,11 +26,11 @@ from bench.frontier_scale import (
     table,
     two_class_table,
 )
-from bench.predictor_release import PredictorSettings
 from models.config import TrainConfig
 from models.data.csbm import csbm
 from models.data.planetoid import GraphDataset
 from models.federated import GlasuClient
+from models.predictor_release import PredictorSettings
 from models.trainer import train_inprocess
 from secure.accounting import calibrate_noise_multiplier, epsilon_after
 
