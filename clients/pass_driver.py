@@ -63,7 +63,10 @@ def drive_pass(
         elif isinstance(request, EmbeddingRequest):
             if gate is not None:
                 admit_release(gate, pass_index, request, pass_kind=info.kind)
-            answer = exchange_share(client, service, pass_index, request, checkpoints, resume)
+            answer = exchange_share(
+                service, pass_index, request, checkpoints, resume,
+                encoding=client.joint.codec.encoding,
+            )  # fmt: skip
         else:
             raise TypeError(f"unexpected request {request!r}")
 
@@ -90,23 +93,24 @@ def admit_release(
 
 
 def exchange_share(
-    client: GlasuClient,
     service: ServiceClient,
     pass_index: int,
     request: EmbeddingRequest,
     checkpoints: CheckpointStore | None,
     resume: ResumedPass | None,
+    *,
+    encoding: str,
 ) -> Aggregate:
-    """Upload a share's part (with ``checkpoints``, its plaintext digest journaled first) and
-    fetch the part's sum. In the pass a resumed worker recomputes, a slot (a layer's part) that
+    """Upload a share's part, encoded as ``encoding`` (with ``checkpoints``, the digest of its
+    plaintext that the request carries journaled first), and fetch the part's sum. In the pass
+    a resumed worker recomputes, a slot (a layer's part) that
     already holds this worker's share from before the crash (409 ``conflict``: CKKS encrypts
     the same plaintext to other bytes) is taken over when the recomputed plaintext is the
     journaled one: the sum then holds exactly this share, and Extract(sum, share) is what the
     uninterrupted run computed."""
-    digest = getattr(client.codec, "last_digest", None)
+    digest = request.plaintext_digest
     if checkpoints is not None and digest is not None:
         checkpoints.record_upload(pass_index, request.layer, digest, part=request.part)
-        client.codec.last_digest = None  # type: ignore[attr-defined]  # this payload's, once
     where = f"pass {pass_index}, layer {request.layer}" + (
         f", part {request.part} of {request.parts}" if request.parts > 1 else ""
     )
@@ -117,7 +121,7 @@ def exchange_share(
             request.payload,
             rows=request.rows,
             cols=request.cols,
-            encoding=client.codec.encoding,
+            encoding=encoding,
             part=request.part,
             parts=request.parts,
         )
