@@ -94,29 +94,19 @@ def propagate_all(
         stack.h = out
 
 
+@dataclass
 class LayerwiseEvaluation:
     """A client's evaluation passes (``models.federated.GlasuClient``): every layer of every
     aligned node, chunk by chunk, with the samplers of ``sampling`` and the features
     ``feature_rows`` reads; scored at the output nodes against ``labels``."""
 
-    def __init__(
-        self,
-        partition: ClientPartition,
-        config: ClientConfig,
-        sampling: PassSampling,
-        feature_rows: Callable[[np.ndarray], torch.Tensor],
-        *,
-        labels: torch.Tensor,
-        held: torch.Tensor,
-        device: torch.device,
-    ) -> None:
-        self.partition = partition
-        self.config = config
-        self.sampling = sampling
-        self.feature_rows = feature_rows
-        self.labels = labels
-        self.held = held
-        self.device = device
+    partition: ClientPartition
+    config: ClientConfig
+    sampling: PassSampling
+    feature_rows: Callable[[np.ndarray], torch.Tensor]
+    labels: torch.Tensor
+    held: torch.Tensor  # 1 where this client holds the node (count-aware sessions)
+    device: torch.device
 
     def outcome(self, top: Stack, output_nodes: np.ndarray) -> PassOutcome:
         """The outcome of an evaluation pass from ``top``, a network's top layer of every node."""
