@@ -14,6 +14,11 @@ never leaves the client. So:
 
 GLASU's trainable aggregation layers would send functions of weights trained on clean features;
 their sensitivity is the whole matrix, which no useful noise level covers (notes/calibration.md).
+
+Here: the arrangement (:class:`PrivateArrangement`: the released map, the receiver, the
+party-alone reference) and :func:`make_client`, the one factory of a run's clients, which gives
+a private client this arrangement and the clipping and noising release policy
+(``models.release.DpRelease``).
 """
 
 from __future__ import annotations
