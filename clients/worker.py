@@ -18,7 +18,7 @@ import torch
 from clients.checkpoint import CheckpointStore, Fingerprint, WorkerProgress
 from clients.model_keeping import ledger_spent, reported_val_accuracy
 from clients.owner_ledger import OwnerLedger
-from clients.pass_driver import ResumedPass, drive_pass
+from clients.pass_driver import PassDriver, ResumedPass
 from clients.policy import (
     PrivacyPolicy,
     ReleaseGate,
@@ -250,14 +250,10 @@ class WorkerRun:
                 break
             exchanged_before = service.traffic.up + service.traffic.down
             try:
-                outcome = drive_pass(
-                    self.client,
-                    service,
-                    info,
-                    gate=self.gate,
-                    checkpoints=self.checkpoints,
-                    resume=self.resumed,
+                driver = PassDriver(
+                    service, gate=self.gate, checkpoints=self.checkpoints, resume=self.resumed
                 )
+                outcome = driver.drive(self.client, info)
             except ServiceError as exc:
                 if not self._went_on_without(exc):
                     raise

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from clients.checkpoint import CheckpointError, CheckpointStore, Fingerprint, WorkerProgress
-from clients.pass_driver import ResumedPass, admit_release, exchange_share
+from clients.pass_driver import PassDriver, ResumedPass, admit_release
 from clients.service_http import ServiceError
 from models.config import TrainConfig
 from models.federated import GlasuClient
@@ -304,54 +304,47 @@ class FilledSlotService:
 REQUEST = EmbeddingRequest(layer=1, payload=b"re-encrypted", rows=2, cols=2, plaintext_digest="abc")
 
 
+def driver(store: CheckpointStore, resume: ResumedPass | None) -> PassDriver:
+    """A worker's driver over a service whose slot is filled, with checkpoints in ``store``."""
+    return PassDriver(FilledSlotService(), checkpoints=store, resume=resume)  # type: ignore[arg-type]
+
+
 def test_a_resumed_pass_takes_over_a_part_by_its_own_journal_entry(tmp_path: Path) -> None:
     """Each part of a share is journaled under its own key: part 1 of layer 1 is "1.1"."""
     store = CheckpointStore(tmp_path, session_id="s", client=0)
-    service = FilledSlotService()
     second = EmbeddingRequest(
         layer=1, payload=b"part 1", rows=2, cols=2, part=1, parts=2, plaintext_digest="abc"
     )
-    resume = ResumedPass(pass_index=4, shares={"1": "other", "1.1": "abc"})
-    answer = exchange_share(service, 4, second, store, resume, encoding="ckks")  # type: ignore[arg-type]
-    assert answer == Aggregate(payload=b"sum", count=3) and service.parts == [1]
+    resumed = driver(store, ResumedPass(pass_index=4, shares={"1": "other", "1.1": "abc"}))
+    answer = resumed.exchange_share(4, second, encoding="ckks")
+    assert answer == Aggregate(payload=b"sum", count=3) and resumed.service.parts == [1]  # type: ignore[attr-defined]
     assert store.uploads()["shares"] == {"1.1": "abc"}
     with pytest.raises(CheckpointError, match="part 1 of 2"):
-        exchange_share(service, 4, second, store, ResumedPass(4, {"1": "abc"}), encoding="ckks")  # type: ignore[arg-type]
+        driver(store, ResumedPass(4, {"1": "abc"})).exchange_share(4, second, encoding="ckks")
 
 
 def test_a_resumed_pass_takes_the_sum_when_its_share_is_the_journaled_one(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path, session_id="s", client=0)
-    service = FilledSlotService()
-    resume = ResumedPass(pass_index=4, shares={"1": "abc"})
-    answer = exchange_share(service, 4, REQUEST, store, resume, encoding="ckks")  # type: ignore[arg-type]
-    assert answer == Aggregate(payload=b"sum", count=3) and service.fetched == [(4, 1)]
+    resumed = driver(store, ResumedPass(pass_index=4, shares={"1": "abc"}))
+    answer = resumed.exchange_share(4, REQUEST, encoding="ckks")
+    assert answer == Aggregate(payload=b"sum", count=3) and resumed.service.fetched == [(4, 1)]  # type: ignore[attr-defined]
     assert store.uploads() == {"session_id": "s", "client": 0, "pass": 4, "shares": {"1": "abc"}}
 
 
 def test_a_resumed_pass_refuses_a_filled_slot_with_another_plaintext(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path, session_id="s", client=0)
-    service = FilledSlotService()
+    other = replace(REQUEST, plaintext_digest="xyz")
+    resumed = driver(store, ResumedPass(pass_index=4, shares={"1": "abc"}))
     with pytest.raises(CheckpointError, match=r"pass 4, layer 1: .* differs from it"):
-        exchange_share(
-            service,  # type: ignore[arg-type]
-            4,
-            replace(REQUEST, plaintext_digest="xyz"),
-            store,
-            ResumedPass(pass_index=4, shares={"1": "abc"}),
-            encoding="ckks",
-        )
+        resumed.exchange_share(4, other, encoding="ckks")
+    unjournaled = driver(store, ResumedPass(pass_index=4, shares={}))
     with pytest.raises(CheckpointError, match="is not in its upload journal"):
-        exchange_share(
-            service,  # type: ignore[arg-type]
-            4,
-            REQUEST,
-            store,
-            ResumedPass(pass_index=4, shares={}),
-            encoding="ckks",
-        )
+        unjournaled.exchange_share(4, REQUEST, encoding="ckks")
+    fresh = driver(store, None)
     with pytest.raises(ServiceError, match="conflict"):  # not resuming: a real conflict
-        exchange_share(service, 4, REQUEST, store, None, encoding="ckks")  # type: ignore[arg-type]
-    assert service.fetched == []
+        fresh.exchange_share(4, REQUEST, encoding="ckks")
+    for each in (resumed, unjournaled, fresh):
+        assert each.service.fetched == []  # type: ignore[attr-defined]
 
 
 def test_every_part_carries_the_digest_of_its_plaintext() -> None:
