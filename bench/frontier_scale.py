@@ -43,13 +43,14 @@ from typing import Any
 import numpy as np
 
 from bench import regime_map
-from bench.predictor_release import PredictorRelease, PredictorSettings, split_budget
+from bench.predictor_release import PredictorRelease
 from bench.results_doc import write_section
 from models.config import TrainConfig
 from models.data.csbm import SIGNALS, csbm
 from models.data.partition import partition
 from models.data.planetoid import NUM_TEST, NUM_VAL, GraphDataset
 from models.node_releases import NodeReleases, node_releases
+from models.predictor_release import PredictorSettings, split_budget
 from models.trainer import train_inprocess
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -288,7 +289,7 @@ def _roc_auc(metrics: list[dict[str, Any] | None] | None) -> dict[str, float]:
 
 def _reference_metrics(report: Any) -> list[dict[str, Any] | None] | None:
     """The party-alone reference's per-client test metrics at its own best validation (the
-    evaluation ``models.report.select_reference`` takes its accuracy from)."""
+    evaluation ``models.run_summary.select_reference`` takes its accuracy from)."""
     rows = [h for h in report.history if h.reference_val_accuracy is not None]
     if not rows:
         return None

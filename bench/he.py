@@ -40,10 +40,10 @@ from secure.ckks_context import (
     HE_STANDARD_128_QUANTUM,
     KEY_ID_BYTES,
     POLY_MODULUS_DEGREE,
-    SUM_ERROR_FAILURE_BITS,
     new_context,
     public_context_bytes,
     secret_context_bytes,
+    sum_error_bound,
 )
 from secure.ckks_frame import frame_chunks, parse_frame
 from secure.ckks_packing import SecretKeyCipher
@@ -106,12 +106,6 @@ def security(poly_modulus_degree: int, bits: Sequence[int]) -> dict[str, object]
     }
 
 
-def predicted_error_bound(poly_modulus_degree: int, scale_bits: int, *, shares: int) -> float:
-    """The 2^-40-per-value tail bound of secure.ckks_context.decoding_error_scale, for any N."""
-    laplace_scale = poly_modulus_degree * math.sqrt(shares / 18) / (2 * 2.0**scale_bits)
-    return laplace_scale * SUM_ERROR_FAILURE_BITS * math.log(2)
-
-
 # ---------------------------------------------------------------------------------------------
 # Parameter sweep
 
@@ -145,8 +139,10 @@ def sweep_candidate(candidate: Candidate) -> dict[str, object]:
         bytes_per_float=total_bytes / shares.size,
         vs_float32=total_bytes / shares.size / FLOAT32_BYTES,
         max_abs_error_sum16=worst_error,
-        predicted_error_bound_sum16=predicted_error_bound(
-            candidate.poly_modulus_degree, candidate.scale_bits, shares=SWEEP_SHARES
+        predicted_error_bound_sum16=sum_error_bound(
+            shares=SWEEP_SHARES,
+            poly_modulus_degree=candidate.poly_modulus_degree,
+            scale=2.0**candidate.scale_bits,
         ),
         headroom_abs_sum=2.0 ** (data_bits - 1 - candidate.scale_bits),
         public_context_bytes=len(public_context_bytes(context)),

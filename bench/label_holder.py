@@ -20,14 +20,16 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from bench.results_doc import (
     add_results_arguments,
+    federation_settings,
+    grouped,
     load_copied,
     rewrote_docs_only,
-    write_json,
+    rounded_mean_std,
+    write_results,
     write_section,
 )
 from models.config import TrainConfig
@@ -36,6 +38,7 @@ from models.trainer import train_inprocess
 
 RESULTS = Path(__file__).resolve().parent / "results" / "label_holder.json"
 HOLDER = 0
+METHODS = ("label holder", "holder alone", "all labels")
 
 
 def runs(base: TrainConfig, *, private: bool) -> dict[str, TrainConfig]:
@@ -77,20 +80,23 @@ def one_seed(dataset: GraphDataset, base: TrainConfig, *, private: bool) -> dict
 
 def summary(records: list[dict]) -> list[dict]:
     rows = []
-    for name in dict.fromkeys(r["dataset"] for r in records):
-        for private in (False, True):
-            group = [r for r in records if r["dataset"] == name and r["private"] == private]
-            if not group:
-                continue
-            row: dict = {"dataset": name, "dp": private, "seeds": len(group)}
-            for method in ("label holder", "holder alone", "all labels"):
-                values = [r["results"][method]["test_accuracy"] for r in group]
-                row[method] = {
-                    "mean": round(float(np.mean(values)), 4),
-                    "std": round(float(np.std(values)), 4),
-                }
-            rows.append(row)
+    datasets = dict.fromkeys(r["dataset"] for r in records)
+    for where, group in grouped(records, {"dataset": datasets, "private": (False, True)}):
+        row: dict = {"dataset": where["dataset"], "dp": where["private"], "seeds": len(group)}
+        for method in METHODS:
+            mean, std = rounded_mean_std([r["results"][method]["test_accuracy"] for r in group])
+            row[method] = {"mean": mean, "std": std}
+        rows.append(row)
     return rows
+
+
+def settings(base: TrainConfig) -> dict:
+    return {
+        **federation_settings(base),
+        "label_holder": HOLDER,
+        "epsilon_target": base.epsilon,
+        "split": "paper",
+    }
 
 
 def markdown(out: dict) -> str:
@@ -114,10 +120,7 @@ def markdown(out: dict) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for row in out["summary"]:
-        cells = [
-            f"{100 * row[m]['mean']:.1f} ± {100 * row[m]['std']:.1f}"
-            for m in ("label holder", "holder alone", "all labels")
-        ]
+        cells = [f"{100 * row[m]['mean']:.1f} ± {100 * row[m]['std']:.1f}" for m in METHODS]
         gain = 100 * (row["label holder"]["mean"] - row["holder alone"]["mean"])
         lines.append(
             f"| {row['dataset']} | {'yes' if row['dp'] else 'no'} | {row['seeds']} | "
@@ -165,26 +168,11 @@ def main() -> None:
                             "results": one_seed(dataset, base, private=private),
                         }
                     )
-                    out = {
-                        "config": {
-                            "clients": base.clients,
-                            "rounds": base.rounds,
-                            "hidden": base.hidden,
-                            "agg_layers": base.agg_layers,
-                            "stale": base.stale,
-                            "label_holder": HOLDER,
-                            "epsilon_target": base.epsilon,
-                            "split": "paper",
-                        },
-                        "summary": summary(records),
-                        "runs": records,
-                    }
-                    write_json(args.out, out)
+                    write_results(
+                        args.out, config=settings(base), summary=summary(records), runs=records
+                    )
     for row in summary(records):
-        cells = ", ".join(
-            f"{m} {row[m]['mean']:.3f}+-{row[m]['std']:.3f}"
-            for m in ("label holder", "holder alone", "all labels")
-        )
+        cells = ", ".join(f"{m} {row[m]['mean']:.3f}+-{row[m]['std']:.3f}" for m in METHODS)
         print(f"{row['dataset']} {'DP' if row['dp'] else 'no DP'}: {cells}")
     write_section("label-holder", markdown(json.loads(args.out.read_text())))
     print(f"wrote {args.out} and docs/results.md")

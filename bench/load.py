@@ -1,9 +1,9 @@
 """Load on the aggregation service: many concurrent sessions over real HTTP on loopback.
 
 Real ``glasu serve`` processes: one on SQLite (the default), or ``--replicas N`` on one
-PostgreSQL database (``--backend postgresql``: a throwaway cluster, bench/postgres.py) behind
-HAProxy (bench/replicas.py). S sessions of M clients each (default 20 x 3), every client a
-thread that follows its session's passes: ``GET /passes/{p}``, ``PUT`` its share of the top
+PostgreSQL database (``--backend postgresql``: a throwaway cluster, tests/support/postgres.py)
+behind HAProxy (tests/support/replicas.py). S sessions of M clients each (default 20 x 3), every
+client a thread that follows its session's passes: ``GET /passes/{p}``, ``PUT`` its share of the top
 layer (rows x cols, default 200 x 128), long-poll ``GET`` the aggregate. Shares are encoded once
 per client before the clock starts (the load is the service's, not the encoder's): float32 in
 plaintext, CKKS ciphertexts with ``--ckks``. Reports passes per second over all sessions, p50 and
@@ -40,13 +40,16 @@ from typing import Any, Literal
 import httpx
 import numpy as np
 
-from bench.replicas import HAProxy, start_replicas
 from bench.results_doc import add_results_arguments, rewrote_docs_only, write_json, write_section
 from bench.startup import cpu_seconds, rss_mb
 from clients.local.processes import start_serve
 from secure.aggregation import PlainCodec
+from tests.support.replicas import HAProxy, start_replicas
 
 ROOT = Path(__file__).resolve().parents[1]
+#: the command-line arguments that are :func:`run`'s settings
+RUN_ARGUMENTS = ("sessions", "clients", "rows", "cols", "rounds", "backend", "replicas",
+                 "stage_seconds")  # fmt: skip
 
 OUT = ROOT / "bench" / "results" / "load.json"
 BACKENDS_OUT = ROOT / "bench" / "results" / "load_backends.json"
@@ -162,9 +165,9 @@ def follow(
 
 @contextmanager
 def throwaway_postgres() -> Iterator[Any]:
-    """A PostgreSQL cluster (bench/postgres.py) in a folder of its own: as root the server
+    """A PostgreSQL cluster (tests/support/postgres.py) in a folder of its own: as root the server
     runs as ``postgres``, which must reach its folder."""
-    from bench.postgres import PostgresCluster
+    from tests.support.postgres import PostgresCluster
 
     with (
         tempfile.TemporaryDirectory(prefix="glasu-load-pg-") as tmp,
@@ -437,9 +440,9 @@ def backends_markdown(payload: dict[str, Any]) -> str:
         f"follows its session ({STAGE_ROUNDS + 1} passes: `PUT` a 200 x 128 float32 share, "
         "long-poll the sum); a request over 60 s is a time-out and ends its client. Against it, "
         "three `glasu serve` replicas on one PostgreSQL database (a local cluster) behind "
-        "HAProxy (round robin per request, bench/replicas.py). The two setups interleaved, "
-        f"{repeats} time(s); ratios are PostgreSQL x3 over SQLite x1 per pair of stages, "
-        f"median (min-max). {machine['cpus']} CPUs on one machine for the load generator, "
+        "HAProxy (round robin per request, tests/support/replicas.py). The two setups "
+        f"interleaved, {repeats} time(s); ratios are PostgreSQL x3 over SQLite x1 per pair of "
+        f"stages, median (min-max). {machine['cpus']} CPUs on one machine for the load generator, "
         f"the services, PostgreSQL and HAProxy; load average {machine['loadavg_start']} at the "
         f"start, {machine['loadavg_end']} at the end; run {machine['started']}.",
         "",
@@ -508,16 +511,7 @@ def main() -> int:
         write_section(SECTION, backends_markdown(payload))
         print(backends_markdown(payload))
         return 1 if any(r["error_count"] for r in payload["runs"]) else 0
-    settings = dict(
-        sessions=args.sessions,
-        clients=args.clients,
-        rows=args.rows,
-        cols=args.cols,
-        rounds=args.rounds,
-        backend=args.backend,
-        replicas=args.replicas,
-        stage_seconds=args.stage_seconds,
-    )
+    settings = {name: getattr(args, name) for name in RUN_ARGUMENTS}
     modes = (False, True) if args.both else (args.ckks,)
     results = [run(**settings, ckks=ckks) for ckks in modes]
     print(json.dumps(results, indent=2))

@@ -28,9 +28,12 @@ import torch
 
 from bench.results_doc import (
     add_results_arguments,
+    federation_settings,
+    grouped,
     load_copied,
     rewrote_docs_only,
-    write_json,
+    rounded_mean_std,
+    write_results,
     write_section,
 )
 from models.config import TrainConfig
@@ -147,43 +150,32 @@ def one_setting(
 
 def summary(records: list[dict]) -> list[dict]:
     rows = []
-    for name in sorted({r["dataset"] for r in records}):
-        for missing in sorted({r["missing"] for r in records}):
-            group = [r for r in records if r["dataset"] == name and r["missing"] == missing]
-            if not group:
-                continue
-            row: dict = {"dataset": name, "missing": missing, "seeds": len(group)}
-            for method in METHODS:
-                accuracy = [r["results"][method]["test_accuracy"] for r in group]
-                product = [r["results"][method]["accuracy_x_coverage"] for r in group]
-                coverage = [r["results"][method]["coverage"] for r in group]
-                row[method] = {
-                    "test_accuracy": round(float(np.mean(accuracy)), 4),
-                    "test_accuracy_std": round(float(np.std(accuracy)), 4),
-                    "coverage": round(float(np.mean(coverage)), 3),
-                    "accuracy_x_coverage": round(float(np.mean(product)), 4),
-                }
-            rows.append(row)
+    axes = {"dataset": sorted({r["dataset"] for r in records}),
+            "missing": sorted({r["missing"] for r in records})}  # fmt: skip
+    for where, group in grouped(records, axes):
+        row: dict = {**where, "seeds": len(group)}
+        for method in METHODS:
+            accuracy = [r["results"][method]["test_accuracy"] for r in group]
+            product = [r["results"][method]["accuracy_x_coverage"] for r in group]
+            coverage = [r["results"][method]["coverage"] for r in group]
+            mean, std = rounded_mean_std(accuracy)
+            row[method] = {
+                "test_accuracy": mean,
+                "test_accuracy_std": std,
+                "coverage": round(float(np.mean(coverage)), 3),
+                "accuracy_x_coverage": round(float(np.mean(product)), 4),
+            }
+        rows.append(row)
     return rows
 
 
-def write(path: Path, base: TrainConfig, records: list[dict]) -> dict:
-    out = {
-        "config": {
-            "clients": base.clients,
-            "rounds": base.rounds,
-            "hidden": base.hidden,
-            "agg_layers": base.agg_layers,
-            "stale": base.stale,
-            "split": "paper",
-            "encryption": "none (CKKS sums equal plaintext sums on the share grid)",
-            "dp": False,
-        },
-        "summary": summary(records),
-        "runs": records,
+def settings(base: TrainConfig) -> dict:
+    return {
+        **federation_settings(base),
+        "split": "paper",
+        "encryption": "none (CKKS sums equal plaintext sums on the share grid)",
+        "dp": False,
     }
-    write_json(path, out)
-    return out
 
 
 def markdown(out: dict) -> str:
@@ -264,7 +256,9 @@ def main() -> None:
                             ),
                         }
                     )
-                    out = write(args.out, base, records)  # after every setting: nothing lost
+                    out = write_results(
+                        args.out, config=settings(base), summary=summary(records), runs=records
+                    )
     for row in out["summary"]:
         cells = ", ".join(
             f"{m} {row[m]['test_accuracy']:.3f} (x cov {row[m]['accuracy_x_coverage']:.3f})"

@@ -22,8 +22,8 @@ from bench.results_doc import (
     add_data_dir_argument,
     cached,
     mean_std,
+    publish,
     train_one_thread,
-    write_section,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -172,8 +172,7 @@ def main() -> None:
     ]
     for dataset in ("cora", "citeseer"):
         doc += [f"### {dataset}", "", table(results, dataset), ""]
-    write_section("privacy-utility", "\n".join(doc))
-    print("\n".join(doc))
+    publish("privacy-utility", doc)
 
 
 if __name__ == "__main__":

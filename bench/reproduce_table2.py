@@ -19,8 +19,8 @@ from bench.results_doc import (
     add_data_dir_argument,
     cached,
     mean_std,
+    publish,
     train_one_thread,
-    write_section,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,8 +134,7 @@ def main() -> None:
         "",
         table(results, "public"),
     ]
-    write_section("table2", "\n".join(doc))
-    print("\n".join(doc))
+    publish("table2", doc)
 
 
 if __name__ == "__main__":

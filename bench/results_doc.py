@@ -4,13 +4,17 @@ are left alone), the results files, the dataset root, and one CPU thread per run
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from models.config import TrainConfig
 
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results.md"
 HEADER = (
@@ -35,6 +39,35 @@ def mean_std(values: list[float]) -> str:
     if not values:
         return "-"
     return f"{100 * np.mean(values):.1f} ± {100 * np.std(values):.1f}"
+
+
+def rounded_mean_std(values: Sequence[float], digits: int = 4) -> tuple[float, float]:
+    import numpy as np
+
+    return round(float(np.mean(values)), digits), round(float(np.std(values)), digits)
+
+
+def grouped(
+    records: Sequence[Mapping[str, Any]], axes: Mapping[str, Iterable[Any]]
+) -> Iterator[tuple[dict[str, Any], list[Mapping[str, Any]]]]:
+    """Every combination of the axes' values (in their order, the first axis outermost) that
+    some records have, with those records."""
+    for values in itertools.product(*axes.values()):
+        where = dict(zip(axes, values, strict=True))
+        group = [r for r in records if all(r[k] == v for k, v in where.items())]
+        if group:
+            yield where, group
+
+
+def federation_settings(config: TrainConfig) -> dict[str, Any]:
+    """What a results file records of a run's federation: M, rounds, width, K and Q."""
+    return {
+        "clients": config.clients,
+        "rounds": config.rounds,
+        "hidden": config.hidden,
+        "agg_layers": config.agg_layers,
+        "stale": config.stale,
+    }
 
 
 def add_data_dir_argument(parser: argparse.ArgumentParser) -> None:
@@ -89,6 +122,15 @@ def rewrote_docs_only(
     if args.docs_only:
         write_section(section, markdown(json.loads(args.out.read_text())))
     return bool(args.docs_only)
+
+
+def write_results(
+    path: Path, *, config: dict[str, Any], summary: list[dict], runs: list[dict]
+) -> dict[str, Any]:
+    """Write a results file of the runs so far (after every run: nothing lost) and return it."""
+    out = {"config": config, "summary": summary, "runs": runs}
+    write_json(path, out)
+    return out
 
 
 def write_json(path: Path, payload: Any, *, indent: int | None = 2) -> None:

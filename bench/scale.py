@@ -58,7 +58,12 @@ import httpx
 import numpy as np
 
 from bench.results_doc import add_results_arguments, rewrote_docs_only, write_json, write_section
-from clients.local.processes import glasu_command, start_serve, without_glasu_settings
+from clients.local.processes import (
+    glasu_command,
+    log_tail,
+    start_serve,
+    without_glasu_settings,
+)
 from models.node_arrays import SPILL_BYTES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -210,7 +215,7 @@ def run_measured(
             except (OSError, ValueError, IndexError):
                 pass
             if measured.returncode != 0:
-                measured.error = tail(log)
+                measured.error = log_tail(log, 12)[-3000:]
             done[measured.name] = measured
         if not running:
             break
@@ -238,15 +243,6 @@ class _gone:
 
     def __exit__(self, kind: Any, *_: Any) -> bool:
         return kind is not None and issubclass(kind, ProcessLookupError | PermissionError)
-
-
-def tail(log: Path, lines: int = 12) -> str:
-    try:
-        text = log.read_text(errors="replace")
-    except OSError:
-        return ""
-    text = re.sub(r"[^\n]*\r", "", text)  # progress bars redraw with \r
-    return "\n".join(text.strip().splitlines()[-lines:])[-3000:]
 
 
 def proc_status(pid: int) -> tuple[float, float, float] | None:

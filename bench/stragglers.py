@@ -24,7 +24,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from bench.asgi_federation import run_in_process
 from bench.results_doc import (
     add_results_arguments,
     load_copied,
@@ -33,18 +32,19 @@ from bench.results_doc import (
     write_json,
     write_section,
 )
-from clients.session_client import ServiceClient
+from clients.session_client import SessionClient
 from models.config import TrainConfig
 from models.data.planetoid import GraphDataset
+from tests.support.asgi_federation import run_in_process
 
 RESULTS = Path(__file__).resolve().parent / "results" / "stragglers.json"
 LATE = 2  # the client that stalls
 
 
-def stalling_client(*, every: int, stall: float) -> type[ServiceClient]:
+def stalling_client(*, every: int, stall: float) -> type[SessionClient]:
     """A new class each call: it remembers the passes it took part in."""
 
-    class Stalling(ServiceClient):
+    class Stalling(SessionClient):
         """Sleeps before its first share of every ``every``-th pass it takes part in."""
 
         attempted: ClassVar[set[int]] = set()
@@ -59,14 +59,14 @@ def stalling_client(*, every: int, stall: float) -> type[ServiceClient]:
     return Stalling
 
 
-def late_as(m: int, late: type[ServiceClient]) -> type[ServiceClient]:
-    return late if m == LATE else ServiceClient
+def late_as(m: int, late: type[SessionClient]) -> type[SessionClient]:
+    return late if m == LATE else SessionClient
 
 
 def one_seed(dataset: GraphDataset, base: TrainConfig, args: argparse.Namespace) -> dict:
     stalling = {"every": args.every, "stall": args.stall}
     variants = {
-        "no stall": (dataclasses.replace(base, stragglers="continue"), ServiceClient),
+        "no stall": (dataclasses.replace(base, stragglers="continue"), SessionClient),
         "wait": (base, stalling_client(**stalling)),
         "continue": (dataclasses.replace(base, stragglers="continue"), stalling_client(**stalling)),
     }

@@ -1,7 +1,7 @@
 """The operator's HTTP side: the admin calls to the aggregation service (docs/api.md).
 
 One class for every admin call the ``glasu`` command makes (``glasu session``, ``glasu budget``
-and the local federation of ``glasu train``). Like the worker's ``ServiceClient`` it takes an
+and the local federation of ``glasu train``). Like the worker's ``SessionClient`` it takes an
 ``httpx`` transport, so tests drive it against the app in process; it shares that client's TLS
 verification, retries and problem details (``clients/service_http.py``). Failures are
 :class:`ServiceError` (the service refused: :meth:`ServiceError.describe` is one sentence) or

@@ -9,7 +9,7 @@ from typing import Any
 
 from clients.owner_ledger import OwnerLedger
 from clients.policy import PrivacyPolicy
-from clients.session_client import ServiceClient
+from clients.session_client import SessionClient
 from models.keeper import privacy_spent
 from secure.privacy import SessionPrivacy
 
@@ -17,7 +17,7 @@ REPORT_POLL_SECONDS = 0.5
 
 
 def reported_val_accuracy(
-    service: ServiceClient, passes: set[int], *, holders: int
+    service: SessionClient, passes: set[int], *, holders: int
 ) -> dict[int, float]:
     """The mean validation accuracy of each evaluation pass in ``passes``, as the label holders
     reported it to the service (``GET /v1/sessions/{id}``'s metrics), waiting within the peer

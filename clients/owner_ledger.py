@@ -497,16 +497,13 @@ class PartyLedgers:
 
 def party_ledgers(folders: Sequence[Path], chosen: Sequence[Path] | None = None) -> list[Path]:
     """The ledger of each party's organisation (``clients.owner_ledger.ledger_location``), or
-    ``chosen`` (``--ledger``, once per party); ValueError when two parties would write one
-    ledger (two folders of one organisation are one party, not two)."""
-    if chosen is not None and len(chosen) != len(folders):
-        raise ValueError(
-            f"--ledger is given {len(chosen)} times for {len(folders)} parties: give it once per "
-            "--party, in the same order, or not at all"
-        )
+    ``chosen`` (``--ledger``, one per party in the same order: the command checks that);
+    ValueError when two parties would write one ledger (two folders of one organisation are one
+    party, not two)."""
+    ledgers = [None] * len(folders) if chosen is None else chosen
     paths = [
-        ledger_location(Path(folder), ledger=None if chosen is None else chosen[m])
-        for m, folder in enumerate(folders)
+        ledger_location(Path(folder), ledger=ledger)
+        for folder, ledger in zip(folders, ledgers, strict=True)
     ]
     seen: dict[Path, int] = {}
     for m, path in enumerate(paths):

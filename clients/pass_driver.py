@@ -14,7 +14,7 @@ import numpy as np
 from clients.checkpoint import CheckpointError, CheckpointStore, journal_key
 from clients.policy import ReleaseGate
 from clients.service_http import ServiceError
-from clients.session_client import ServiceClient
+from clients.session_client import SessionClient
 from models.federated import GlasuClient
 from models.outcome import PassOutcome
 from secure.protocol import Aggregate, EmbeddingRequest, NodesRequest
@@ -40,7 +40,7 @@ class PassDriver:
     (each share's plaintext digest journaled before it leaves); and, after a restart, the pass
     it recomputes (``resume``)."""
 
-    service: ServiceClient
+    service: SessionClient
     gate: ReleaseGate | None = None
     checkpoints: CheckpointStore | None = None
     resume: ResumedPass | None = None

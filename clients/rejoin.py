@@ -8,7 +8,7 @@ from pathlib import Path
 
 from clients.checkpoint import CheckpointError
 from clients.service_http import PeersMissing
-from clients.session_client import ServiceClient
+from clients.session_client import SessionClient
 from secure.wire.status import SessionStatus
 
 REJOIN_POLL_SECONDS = 0.25
@@ -44,7 +44,7 @@ def rejoin_pass(session: SessionStatus, next_pass: int, checkpoint: Path | None)
     )
 
 
-def next_pass_after(service: ServiceClient, pass_index: int) -> int:
+def next_pass_after(service: SessionClient, pass_index: int) -> int:
     """The pass to go on with after ``pass_index`` went on without this client (stragglers
     "continue"): ask the service to wait for it again (from the current pass or the next) and
     wait for that pass."""

@@ -1,4 +1,4 @@
-"""What every HTTP client of the aggregation service shares: the worker's ``ServiceClient``
+"""What every HTTP client of the aggregation service shares: the worker's ``SessionClient``
 (``clients/session_client.py``), a party's ``AlignmentClient`` (``clients/alignment.py``) and the
 operator's ``AdminClient`` (``clients/admin.py``).
 

@@ -2,7 +2,7 @@
 the session's status, each pass's plan, the node sets and shares it exchanges, its metrics.
 
 The JSON answers are parsed into the wire models of ``secure/wire`` (the service answers with
-the same models). ``ServiceClient`` takes its ``httpx`` transport in its
+the same models). ``SessionClient`` takes its ``httpx`` transport in its
 :class:`~clients.service_http.ConnectionOptions`, so the same code talks to an in-process ASGI
 app in tests (``httpx.ASGITransport``) and to a real server in production.
 """
@@ -27,7 +27,7 @@ from secure.wire.passes import PassInfo, RejoinReceipt
 from secure.wire.status import SessionStatus
 
 
-class ServiceClient(PeerConnection):
+class SessionClient(PeerConnection):
     """Client ``client_index`` of session ``session_id``, with that client's bearer token."""
 
     def __init__(

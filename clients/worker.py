@@ -28,7 +28,7 @@ from clients.policy import (
 )
 from clients.rejoin import next_pass_after, rejoin_pass
 from clients.service_http import ServiceError
-from clients.session_client import ServiceClient
+from clients.session_client import SessionClient
 from clients.session_fit import (
     LocalModelOptions,
     client_config_from_session,
@@ -42,7 +42,7 @@ from models.keeper import ModelKeeper
 from models.outcome import PassOutcome
 from models.private import make_client
 from models.release import DpRelease
-from models.report import recent_training_loss
+from models.run_summary import recent_training_loss
 from secure.aggregation import EmbeddingCodec
 from secure.protocol import ProtocolViolation
 from secure.release_noise import ReleaseKeyedNoise
@@ -75,7 +75,7 @@ class WorkerRun:
     (clients/checkpoint.py; :class:`CheckpointError` for a checkpoint it cannot use).
 
     A training session with ``model_out`` keeps the best evaluation round's model there
-    (clients/model_keeper.py); a scoring session needs the party's trained ``model``
+    (clients/model_keeping.py); a scoring session needs the party's trained ``model``
     (:class:`models.artefact.ModelError` when it does not fit the session or the data).
 
     :meth:`run` is :meth:`resume` (from the checkpoint, or at the start), :meth:`loop` over the
@@ -83,7 +83,7 @@ class WorkerRun:
 
     def __init__(
         self,
-        service: ServiceClient,
+        service: SessionClient,
         partition: ClientPartition,
         *,
         options: LocalModelOptions,

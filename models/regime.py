@@ -1,12 +1,13 @@
 """Where a party's data lies on the scale map (issue 29), and what private federation gained
 there: the run report's regime sentence.
 
-The map (``models/regime_map.json``, written by ``bench/regime_map.py`` from
-``bench/results/frontier_scale.json``) has one cell per measured (nodes, labelled fraction,
+The map (``models/regime_map.json``) has one cell per measured (nodes, labelled fraction,
 degree, epsilon), each with the gain of every private design over the better party alone, per
-feature signal. A party knows its own nodes, labels and graph, and the run's epsilon, but not how
-strong the signal in its features is: the sentence gives the range over the signals measured.
-Pure functions on plain numbers; no torch.
+feature signal; :func:`write_map` builds it from the measured points (``bench/regime_map.py``
+writes the shipped one from ``bench/results/frontier_scale.json``). A design is named in the map
+by what it is, and the sentence says that name. A party knows its own nodes, labels and graph,
+and the run's epsilon, but not how strong the signal in its features is: the sentence gives the
+range over the signals measured. Pure functions on plain numbers; no torch.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,14 +29,10 @@ GUIDE = "docs/privacy.md, section 1.5"
 PAYS = 2.0
 #: a measured value more than this factor away from the party's on an axis: outside the map
 OUTSIDE_FACTOR = 2.0
-DESIGN_NAMES = {
-    "design 1": "this run's arrangement",
-    "design 2": "a predictor trained privately, released once",
-}
 
 
 @dataclass(frozen=True)
-class PartyData:
+class PartyScale:
     """What a party can measure of its own data: its nodes, the fraction of them that are
     training labels, and the mean degree of its own graph."""
 
@@ -44,7 +41,7 @@ class PartyData:
     degree: float
 
     @classmethod
-    def of_partition(cls, partition: ClientPartition) -> PartyData:
+    def of_partition(cls, partition: ClientPartition) -> PartyScale:
         nodes = int(partition.held.sum()) if partition.held is not None else partition.num_nodes
         nodes = max(nodes, 1)
         return cls(
@@ -53,7 +50,7 @@ class PartyData:
             degree=int(partition.edge_index.shape[1]) / nodes,  # both directions of each edge
         )
 
-    def with_degree_of(self, meta: Mapping[str, Any]) -> PartyData:
+    def with_degree_of(self, meta: Mapping[str, Any]) -> PartyScale:
         """The mean degree of the party's own graph as ``glasu prepare`` recorded it
         (``meta.json``), where the process holds none of its edges."""
         degree = 2 * int(meta["undirected_edges"]) / max(int(meta["num_rows"]), 1)
@@ -89,7 +86,74 @@ def load_map(path: Path = MAP_PATH) -> dict[str, Any]:
     return json.loads(Path(path).read_text())
 
 
-def nearest_regime(regime_map: Mapping[str, Any], *, party: PartyData, epsilon: float) -> Regime:
+def write_map(
+    points: Iterable[Mapping[str, Any]],
+    *,
+    path: Path,
+    source: str,
+    party_edge_fraction: float,
+) -> dict[str, Any]:
+    """Write the regime map (one cell a line) and return it.
+
+    ``points``: measured points, each with ``nodes``, ``labelled``, ``signal``, ``degree`` (of
+    the whole graph), ``design`` (its name in the map), ``epsilon``, ``seeds`` and ``gain``
+    (``[mean, std]`` over seeds, in points, over the better party alone of the same graph and
+    seed, or None). Every point with an epsilon and a gain is a private design's and is kept,
+    whatever the design; points without an epsilon (the party-alone references, non-private
+    runs, a design without noise) are not private and are left out. Extra fields are ignored.
+
+    The map has one cell per (nodes, labelled, degree, epsilon), each with, per design, the gain
+    per signal (``[mean, std]`` over its seeds) and its number of seeds (the fewest over the
+    signals). ``party_degree`` is the degree of one party's own graph (it keeps
+    ``party_edge_fraction`` of the edges), which is what a party can measure of its own data.
+    """
+    cells: dict[tuple[int, float, float, float], dict[str, dict[str, Any]]] = {}
+    for point in points:
+        if point.get("epsilon") is None or not point.get("gain"):
+            continue
+        key = (
+            int(point["nodes"]),
+            float(point["labelled"]),
+            float(point["degree"]),
+            float(point["epsilon"]),
+        )
+        design = cells.setdefault(key, {}).setdefault(
+            str(point["design"]), {"gain": {}, "seeds": None}
+        )
+        design["gain"][str(point["signal"])] = [round(float(v), 2) for v in point["gain"]]
+        seeds = int(point["seeds"])
+        design["seeds"] = seeds if design["seeds"] is None else min(design["seeds"], seeds)
+    payload = {
+        "source": source,
+        "gain": "test accuracy minus the better party alone (GNN or SGC) of the same graph and "
+        "seed, in points: [mean, std over seeds] per signal",
+        "party_edge_fraction": party_edge_fraction,
+        "cells": [
+            {
+                "nodes": nodes,
+                "labelled": labelled,
+                "degree": degree,
+                "party_degree": round(degree * party_edge_fraction, 2),
+                "epsilon": epsilon,
+                "designs": {name: designs[name] for name in sorted(designs)},
+            }
+            for (nodes, labelled, degree, epsilon), designs in sorted(cells.items())
+        ],
+    }
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(_one_cell_a_line(payload))
+    return payload
+
+
+def _one_cell_a_line(payload: Mapping[str, Any]) -> str:
+    head = {k: v for k, v in payload.items() if k != "cells"}
+    lines = [json.dumps(head, indent=1)[:-2] + ',\n "cells": [']
+    cells = [f"  {json.dumps(cell, ensure_ascii=False)}" for cell in payload["cells"]]
+    return "\n".join([*lines, ",\n".join(cells), " ]", "}"]) + "\n"
+
+
+def nearest_regime(regime_map: Mapping[str, Any], *, party: PartyScale, epsilon: float) -> Regime:
     """The cell nearest the party's data and epsilon (the sum over the four axes of the
     absolute log-ratios; a party's own degree against the cell's ``party_degree``)."""
     cells: Sequence[Mapping[str, Any]] = regime_map.get("cells") or []
@@ -120,7 +184,7 @@ def nearest_regime(regime_map: Mapping[str, Any], *, party: PartyData, epsilon: 
 
 def run_regime(
     *,
-    party: PartyData,
+    party: PartyScale,
     epsilon: float,
     whose: str,
     regime_map: Mapping[str, Any] | None = None,
@@ -140,7 +204,7 @@ def run_regime(
 
 
 def describe_regime(
-    regime_map: Mapping[str, Any], *, party: PartyData, epsilon: float, whose: str = "this party"
+    regime_map: Mapping[str, Any], *, party: PartyScale, epsilon: float, whose: str = "this party"
 ) -> str:
     """One or two plain sentences: the nearest measured regime and what private federation
     gained there, per design, with a pointer to the guidance."""
@@ -205,11 +269,6 @@ def _design_gain(name: str, design: Mapping[str, Any]) -> DesignGain:
 
 
 def _describe_gain(gain: DesignGain) -> str:
-    name = (
-        f"{gain.design} ({DESIGN_NAMES[gain.design]})"
-        if gain.design in DESIGN_NAMES
-        else (gain.design)
-    )
     if len(gain.signals) == 1:
         spread = f"{gain.signals[0]} signal only"
     elif gain.low == gain.high:
@@ -217,7 +276,7 @@ def _describe_gain(gain: DesignGain) -> str:
     else:
         spread = f"{gain.low:+.1f} to {gain.high:+.1f} over {' and '.join(gain.signals)} signal"
     seeds = "1 seed" if gain.seeds == 1 else f"{gain.seeds} seeds, ± {gain.seed_std:.1f}"
-    return f"{name} {gain.mean:+.1f} points, {spread}, {seeds}"
+    return f"{gain.design} {gain.mean:+.1f} points, {spread}, {seeds}"
 
 
 def _log_ratio(a: float, b: float) -> float:

@@ -21,10 +21,10 @@ from models.keeper import KeepModels, ModelKeeper, mean_over_holders, privacy_sp
 from models.layout import FederationLayout, layout_federation, session_schedule
 from models.outcome import PassOutcome
 from models.private import make_client
-from models.report import (
+from models.run_summary import (
     HistoryEntry,
-    RunReport,
-    build_report,
+    RunSummary,
+    build_run_summary,
     mean_or_none,
     recent_training_loss,
 )
@@ -83,8 +83,8 @@ def train_inprocess(
     progress: bool = True,
     layout: FederationLayout | None = None,
     keep: KeepModels | None = None,
-) -> RunReport:
-    """Run ``config`` with every client in this process and return the report (``layout``:
+) -> RunSummary:
+    """Run ``config`` with every client in this process and return the run summary (``layout``:
     the clients, if not the partition of ``dataset``; e.g. the organisations' own data).
     ``keep``: keep each client's model of the best evaluation (models/keeper.py)."""
     started = time.perf_counter()
@@ -129,7 +129,7 @@ def train_inprocess(
                 folder, kept=kept, chosen_by=chosen_by, session_config=keep.session_config,
                 session_id=keep.session_id, alignment_digest=None, privacy=privacy, spent=spent,
             )  # fmt: skip
-    return build_report(
+    return build_run_summary(
         config,
         transport="inprocess",
         history=_mean_history(group_histories),

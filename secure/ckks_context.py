@@ -59,9 +59,12 @@ def share_bound(*, clients: int) -> float:
     return MAX_ABS_SUM / clients
 
 
-def decoding_error_scale(*, shares: int) -> float:
+def decoding_error_scale(
+    *, shares: int, poly_modulus_degree: int = POLY_MODULUS_DEGREE, scale: float = GLOBAL_SCALE
+) -> float:
     """Laplace scale b of one value's decoding error in a sum of ``shares`` independently
-    encrypted shares: P(|error| > t) ~ exp(-t / b).
+    encrypted shares: P(|error| > t) ~ exp(-t / b). The parameters are the product's unless
+    given (bench/he.py compares candidates).
 
     The error is dominated by the rounding r1 * s of SEAL's switch of a fresh public-key
     ciphertext from the key level to the data prime (r1: coefficients in [-1/2, 1/2], variance
@@ -70,7 +73,7 @@ def decoding_error_scale(*, shares: int) -> float:
     with scale N / (2 sqrt(18)) / scale; a sum of M shares has sqrt(M) times that. The other
     terms (encoding rounding, r0, key-level noise / special prime) add < 1 % (docs/encryption.md).
     """
-    return POLY_MODULUS_DEGREE * math.sqrt(shares / 18) / (2 * GLOBAL_SCALE)
+    return poly_modulus_degree * math.sqrt(shares / 18) / (2 * scale)
 
 
 # Absolute decoding error of a sum of up to MAX_SHARES independently encrypted shares, exceeded
@@ -79,7 +82,20 @@ def decoding_error_scale(*, shares: int) -> float:
 # share grid (1.2e-4, exceeded with probability ~2^-98), so decoded sums round to the exact
 # plaintext sum (secure.aggregation.to_grid).
 SUM_ERROR_FAILURE_BITS = 40
-SUM_ERROR_BOUND = decoding_error_scale(shares=MAX_SHARES) * SUM_ERROR_FAILURE_BITS * math.log(2)
+
+
+def sum_error_bound(
+    *, shares: int, poly_modulus_degree: int = POLY_MODULUS_DEGREE, scale: float = GLOBAL_SCALE
+) -> float:
+    """The decoding error of one value of a sum of ``shares`` shares that is exceeded with
+    probability at most 2^-SUM_ERROR_FAILURE_BITS (:func:`decoding_error_scale`)."""
+    laplace_scale = decoding_error_scale(
+        shares=shares, poly_modulus_degree=poly_modulus_degree, scale=scale
+    )
+    return laplace_scale * SUM_ERROR_FAILURE_BITS * math.log(2)
+
+
+SUM_ERROR_BOUND = sum_error_bound(shares=MAX_SHARES)
 
 SECRET_CONTEXT_NAME = "secret.context"
 PUBLIC_CONTEXT_NAME = "public.context"

@@ -1,6 +1,6 @@
 """Shared fixtures: the real Planetoid datasets, copied from ../shared/datasets into a temporary
 directory (the shared copy is read-only and tests never download), and a throwaway PostgreSQL
-cluster (bench/postgres.py) for the tests that run the service on PostgreSQL."""
+cluster (tests/support/postgres.py) for the tests that run the service on PostgreSQL."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.postgres import PostgresCluster, postgres_binaries
+from tests.support.postgres import PostgresCluster, postgres_binaries
 
 SHARED_DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "planetoid"
 

@@ -16,6 +16,7 @@ from clients.local.processes import (
     ManagedProcess,
     ServedService,
     glasu_command,
+    log_tail,
     start_process,
     start_serve,
     without_glasu_settings,
@@ -33,8 +34,9 @@ def run_checked(args: list[str], *, log: Path) -> None:
     with log.open("ab") as out:
         done = subprocess.run(args, cwd=ROOT, env=clean_env(), stdout=out, stderr=subprocess.STDOUT)
     if done.returncode != 0:
-        tail = log.read_text(errors="replace")[-2000:]
-        raise RuntimeError(f"{' '.join(args[:3])} exited with {done.returncode}:\n{tail}")
+        raise RuntimeError(
+            f"{' '.join(args[:3])} exited with {done.returncode}:\n{log_tail(log, 25)}"
+        )
 
 
 def spawn(args: list[str], *, log: Path) -> ManagedProcess:

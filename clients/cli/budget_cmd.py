@@ -9,9 +9,10 @@ from pathlib import Path
 
 from clients.cli.connection import add_server_arguments, admin_client, read_token
 from clients.cli.errors import UsageError
-from clients.cli.options import add_command, ledger_in, probability
-from clients.policy import PrivacyPolicy
-from secure.accounting import ACCOUNTANTS, composed_epsilon
+from clients.cli.options import add_command, ledger_in
+from clients.cli.settings_args import FieldFlag, add_field_arguments
+from clients.settings import WorkerSettings
+from secure.accounting import composed_epsilon
 
 
 def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -42,17 +43,15 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     add_server_arguments(p, required=False)
     p.add_argument("--session", default=None, metavar="ID", help="session id (with --server)")
-    p.add_argument(
-        "--delta",
-        type=probability,
-        default=PrivacyPolicy.delta,
-        help="with --local: the delta at which to state epsilon (use your policy's)",
-    )
-    p.add_argument(
-        "--accountant",
-        choices=ACCOUNTANTS,
-        default=PrivacyPolicy.accountant,
-        help="with --local: the accountant",
+    add_field_arguments(  # the worker's policy settings, under names of their own here
+        p,
+        WorkerSettings,
+        {
+            "policy_delta": FieldFlag(
+                "--delta", "with --local: the delta at which to state epsilon (use your policy's)"
+            ),
+            "policy_accountant": FieldFlag("--accountant", "with --local: the accountant"),
+        },
     )
     p.add_argument(
         "--token-file",

@@ -13,10 +13,11 @@ import math
 import os
 import tempfile
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from clients.cli.errors import CliError, UsageError
+from clients.cli.errors import CliError, UsageError, failing_as
 
 # -- help -------------------------------------------------------------------------------------
 
@@ -251,16 +252,21 @@ def check_party_folders(folders: Sequence[Path]) -> None:
             raise UsageError(f"--party {folder} is not a directory (a folder of glasu prepare)")
 
 
+def ledger_errors() -> AbstractContextManager[None]:
+    """Around finding an organisation's privacy ledger (``clients.owner_ledger``): its
+    ValueError (an older ledger beside the data, a bad organisation name, two folders of one
+    organisation) fails the command in one sentence, "privacy ledger: <reason>"."""
+    return failing_as("privacy ledger", ValueError)
+
+
 def ledger_in(folder: Path | None, *, ledger: Path | None = None) -> Path:
     """The organisation's privacy ledger: ``ledger`` (``--ledger``), or the one the flows on the
     data in ``folder`` write (``clients.owner_ledger.ledger_location``); :class:`CliError` if it
     does not exist (yet)."""
     from clients.owner_ledger import ledger_location
 
-    try:
+    with ledger_errors():
         path = ledger_location(folder, ledger=ledger)
-    except ValueError as exc:  # an older ledger beside the data, a bad organisation name
-        raise CliError(str(exc)) from None
     if not path.is_file():
         raise CliError(f"no privacy ledger at {path}: this data has released nothing yet")
     return path

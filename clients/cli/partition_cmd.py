@@ -9,11 +9,15 @@ from clients.cli.options import (
     add_command,
     add_output_dir_argument,
     check_output_dir,
-    fraction,
     non_negative_int,
     positive_int,
 )
-from clients.cli.train_options import add_data_arguments, add_setting, load_benchmark
+from clients.cli.train_options import (
+    add_data_arguments,
+    add_edge_fraction_argument,
+    add_setting,
+    load_benchmark,
+)
 
 
 def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -27,13 +31,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     add_data_arguments(p)
     add_setting(p, "--clients", "number of clients", type=positive_int, metavar="M")
-    add_setting(
-        p,
-        "--edge-fraction",
-        "share of the graph's edges each client holds",
-        type=fraction,
-        metavar="F",
-    )
+    add_edge_fraction_argument(p)
     add_setting(p, "--seed", "seeds the split and the partition", type=non_negative_int)
     add_output_dir_argument(p)
     return p

@@ -17,11 +17,10 @@ from clients.cli.options import (
     add_output_dir_argument,
     check_output_file,
     ledger_in,
-    positive_float,
-    probability,
 )
+from clients.cli.settings_args import FieldFlag, add_field_arguments
 from clients.policy import PrivacyPolicy
-from secure.accounting import ACCOUNTANTS
+from clients.settings import WorkerSettings
 
 SIGNING_KEY_FILE = "report-signing.key"  # the Ed25519 seed, hex (keep it)
 PUBLIC_KEY_FILE = "report-signing.pub"  # its public key, hex (give it to whoever checks)
@@ -83,29 +82,17 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="a worker's --result file: its session's accuracy, where the ledger has none",
     )
     policy = p.add_argument_group("the owner's policy (the worker's settings of the same name)")
-    policy.add_argument(
-        "--max-session-epsilon",
-        type=positive_float,
-        default=PrivacyPolicy.max_session_epsilon,
-        help="the most epsilon one session may spend of this data",
-    )
-    policy.add_argument(
-        "--max-lifetime-epsilon",
-        type=positive_float,
-        default=PrivacyPolicy.max_lifetime_epsilon,
-        help="the most epsilon all sessions together may spend of this data",
-    )
-    policy.add_argument(
-        "--policy-delta",
-        type=probability,
-        default=PrivacyPolicy.delta,
-        help="the delta at which epsilon is stated",
-    )
-    policy.add_argument(
-        "--policy-accountant",
-        choices=ACCOUNTANTS,
-        default=PrivacyPolicy.accountant,
-        help="the accountant that composes the ledger",
+    add_field_arguments(
+        policy,
+        WorkerSettings,
+        {
+            "max_session_epsilon": FieldFlag(),
+            "max_lifetime_epsilon": FieldFlag(
+                help="the most epsilon all sessions together may spend of this data"
+            ),
+            "policy_delta": FieldFlag(help="the delta at which epsilon is stated"),
+            "policy_accountant": FieldFlag(help="the accountant that composes the ledger"),
+        },
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     actions = add_actions(p, title="other actions", required=False)

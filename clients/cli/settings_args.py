@@ -6,16 +6,30 @@ and then to the field's default; the help shows that default as ``(default: X)``
 a switch (``--foo/--no-foo``, "on by default"). Numbers and choices are checked when the flag
 is parsed (argparse exits with code 2); the rest (files, cross-field rules) when the settings
 are built, still before anything starts.
+
+A command that only shares some of the settings (``glasu report``'s and ``glasu budget``'s
+privacy policy, the worker's) takes them with :func:`add_field_arguments`: the field's type,
+bounds, choices and default, under the command's own name and help where it has them.
 """
 
 from __future__ import annotations
 
 import argparse
 import types
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
+from typing import (
+    Annotated,
+    Any,
+    Literal,
+    NamedTuple,
+    TypeVar,
+    Union,
+    get_args,
+    get_origin,
+)
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings
 
@@ -47,23 +61,53 @@ def add_settings_arguments(
         flag = f"--{name.replace('_', '-')}"
         kind = _without_none(field.annotation)
         text = _help(name, field, env=f"{prefix}{name}".upper(), boolean=kind is bool)
+        parser.add_argument(
+            flag, dest=name, default=None, help=text, **_value_options(name, field, kind, name)
+        )
+
+
+class FieldFlag(NamedTuple):
+    """A command's flag for a settings field: its name (default ``--foo-bar`` for ``foo_bar``)
+    and its help (default: the field's description)."""
+
+    flag: str | None = None
+    help: str | None = None
+
+
+def add_field_arguments(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    model: type[BaseModel],
+    fields: Mapping[str, FieldFlag],
+) -> None:
+    """Flags for the ``fields`` of ``model`` in a command that reads no settings (neither the
+    environment nor a settings file): each flag's type, bounds, choices and default are its
+    field's, so that the command and the settings cannot disagree; the flag is stored under its
+    own name (``--delta``: ``args.delta``)."""
+    for name, own in fields.items():
+        field = model.model_fields[name]
+        flag = own.flag or f"--{name.replace('_', '-')}"
+        dest = flag.removeprefix("--").replace("-", "_")
+        kind = _without_none(field.annotation)
+        text = own.help or _description(name, field)
         if kind is bool:
-            parser.add_argument(
-                flag, dest=name, default=None, action=argparse.BooleanOptionalAction, help=text
-            )
-        elif get_origin(kind) is Literal:
-            parser.add_argument(
-                flag, dest=name, default=None, choices=[str(c) for c in get_args(kind)], help=text
-            )
-        else:
-            parser.add_argument(
-                flag,
-                dest=name,
-                default=None,
-                type=_number_type(name, field, kind),
-                metavar=name.upper(),
-                help=text,
-            )
+            text = f"{text} {switch_note(bool(field.default))}"
+        parser.add_argument(
+            flag,
+            dest=dest,
+            default=field.default,
+            help=text,
+            **_value_options(name, field, kind, dest),
+        )
+
+
+def _value_options(name: str, field: FieldInfo, kind: Any, dest: str) -> dict[str, Any]:
+    """How argparse reads a field's value: a switch, one of its choices, or a number within its
+    bounds (anything else: the string, converted when the settings are built)."""
+    if kind is bool:
+        return {"action": argparse.BooleanOptionalAction}
+    if get_origin(kind) is Literal:
+        return {"choices": [str(c) for c in get_args(kind)]}
+    return {"type": _number_type(name, field, kind), "metavar": dest.upper()}
 
 
 def settings_from_args(model: type[SettingsT], args: argparse.Namespace, **extra: Any) -> SettingsT:
@@ -95,8 +139,7 @@ def _problem(error: Any, prefix: str) -> str:
 
 
 def _help(name: str, field: FieldInfo, *, env: str, boolean: bool) -> str:
-    text = _phrase(field.description or FALLBACK_HELP.get(name, name.replace("_", " ")))
-    text = f"{text} [env {env}]"
+    text = f"{_description(name, field)} [env {env}]"
     if field.is_required():
         return f"{text} (required)"
     if boolean:
@@ -105,6 +148,10 @@ def _help(name: str, field: FieldInfo, *, env: str, boolean: bool) -> str:
         return text
     default = str(field.default) if isinstance(field.default, Path) else field.default
     return f"{text} {default_note(default).replace('%', '%%')}"
+
+
+def _description(name: str, field: FieldInfo) -> str:
+    return _phrase(field.description or FALLBACK_HELP.get(name, name.replace("_", " ")))
 
 
 def _phrase(description: str) -> str:

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from models.config import TrainConfig
     from models.data.partition import ClientPartition
     from models.data.planetoid import GraphDataset
-    from models.report import RunReport
+    from models.run_summary import RunSummary
 
 
 def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -158,25 +158,25 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     config = train_config.config_from_args(args, **party_settings(args))
     with _sigterm_interrupts():
-        report = _train(config, args)
-    finish(report, report_path=args.report, plot_path=args.plot)
+        summary = _train(config, args)
+    finish(summary, report_path=args.report, plot_path=args.plot)
     for folder in model_folders(args) or []:
         print(f"model kept in {folder} (glasu model show {folder})")
     return 0
 
 
-def _train(config: TrainConfig, args: argparse.Namespace) -> RunReport:
-    report, partitions = _train_federation(config, args)
-    if report.gain is not None:  # a private run with its party-alone reference
-        from clients.cli.train_report import regime
+def _train(config: TrainConfig, args: argparse.Namespace) -> RunSummary:
+    summary, partitions = _train_federation(config, args)
+    if summary.gain is not None:  # a private run with its party-alone reference
+        from clients.cli.train_summary import regime
 
-        report.regime = regime(report, partitions, config=config, folders=args.party)
-    return report
+        summary.regime = regime(summary, partitions, config=config, folders=args.party)
+    return summary
 
 
 def _train_federation(
     config: TrainConfig, args: argparse.Namespace
-) -> tuple[RunReport, list[ClientPartition]]:
+) -> tuple[RunSummary, list[ClientPartition]]:
     from models.device import resolve_device
     from models.layout import layout_federation
     from models.trainer import train_inprocess
@@ -210,15 +210,15 @@ def _train_federation(
                 session_id=f"inprocess-{uuid.uuid4().hex}",
             )
         with failing_as(f"the options do not fit {config.dataset}", ValueError):
-            report = train_inprocess(
+            summary = train_inprocess(
                 config, dataset=dataset, layout=layout, progress=not args.quiet, keep=keep
             )
-        return report, layout.partitions
+        return summary, layout.partitions
     from clients.local.federation import train_over_http
     from clients.local.processes import FederationFailed
 
     with failing_as("the federation failed", FederationFailed):
-        report = train_over_http(
+        summary = train_over_http(
             config,
             layout,
             dataset,
@@ -228,7 +228,7 @@ def _train_federation(
             about=train_options.session_about(args),
             ledgers=args.owner_ledgers,
         )
-    return report, layout.partitions
+    return summary, layout.partitions
 
 
 def _workers_read_folders(args: argparse.Namespace, config: TrainConfig) -> bool:
@@ -239,7 +239,7 @@ def _workers_read_folders(args: argparse.Namespace, config: TrainConfig) -> bool
 
 def _train_party_folders(
     config: TrainConfig, args: argparse.Namespace
-) -> tuple[RunReport, list[ClientPartition]]:
+) -> tuple[RunSummary, list[ClientPartition]]:
     import tempfile
 
     from clients.alignment import AlignmentFailed
@@ -267,7 +267,7 @@ def _train_party_folders(
         with failing_as(f"the options do not fit {config.dataset}", ValueError):
             layout = layout_federation(config, parties.dataset, partitions=parties.partitions)
         with failing_as("the federation failed", FederationFailed):
-            report = train_over_http(
+            summary = train_over_http(
                 config,
                 layout,
                 parties.dataset,
@@ -278,7 +278,7 @@ def _train_party_folders(
                 folders=parties.folders,
                 ledgers=args.owner_ledgers,
             )
-        return report, layout.partitions
+        return summary, layout.partitions
 
 
 def model_folders(args: argparse.Namespace) -> list[Path] | None:
@@ -362,17 +362,17 @@ def _sigterm_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def finish(report: RunReport, *, report_path: Path | None, plot_path: Path | None) -> None:
+def finish(summary: RunSummary, *, report_path: Path | None, plot_path: Path | None) -> None:
     """Print the summary, then write the files (checked before training; should writing still
     fail, the summary has been shown)."""
-    from clients.cli.train_report import summary
-    from models.report import plot_history
+    from clients.cli.train_summary import describe_run
+    from models.run_summary import plot_history
 
-    print(summary(report), flush=True)
+    print(describe_run(summary), flush=True)
 
     if report_path:
         with failing_as(f"cannot write the report {report_path}"):
-            report.write(report_path)
+            summary.write(report_path)
     if plot_path:
         with failing_as(f"cannot write the plot {plot_path}"):
-            plot_history(report, plot_path)
+            plot_history(summary, plot_path)

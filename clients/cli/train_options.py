@@ -12,12 +12,13 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
-from clients.cli.errors import CliError, UsageError, failing_as
+from clients.cli.errors import UsageError, failing_as
 from clients.cli.options import (
     BooleanGiven,
     StoreGiven,
     fraction,
     int_range,
+    ledger_errors,
     non_negative_float,
     non_negative_int,
     positive_float,
@@ -75,6 +76,15 @@ def add_data_arguments(p: argparse._ActionsContainer) -> None:
         "train/validation/test split: paper = the GLASU authors' seeded random split, "
         "public = Planetoid's",
         choices=["paper", "public"],
+    )
+
+
+def add_edge_fraction_argument(p: argparse._ActionsContainer, note: str | None = None) -> None:
+    """``--edge-fraction`` of a benchmark dataset's partition (``glasu train``, ``glasu
+    partition``); ``note``: when it applies."""
+    text = "share of the graph's edges each client holds"
+    add_setting(
+        p, "--edge-fraction", f"{text} {note}" if note else text, type=fraction, metavar="F"
     )
 
 
@@ -214,13 +224,7 @@ def add_federation_arguments(p: argparse._ActionsContainer, *, local: bool) -> N
             type=non_negative_float,
             metavar="W",
         )
-        add_setting(
-            p,
-            "--edge-fraction",
-            "share of the graph's edges each client holds (glasu and standalone modes)",
-            type=fraction,
-            metavar="F",
-        )
+        add_edge_fraction_argument(p, "(glasu and standalone modes)")
     add_setting(
         p,
         "--seed",
@@ -390,10 +394,8 @@ def owner_ledgers(args: argparse.Namespace) -> PartyLedgers:
     naming the problem (an older ledger beside the data, two folders of one organisation)."""
     from clients.owner_ledger import PartyLedgers, party_ledgers
 
-    try:
+    with ledger_errors():
         paths = party_ledgers(args.party, args.ledger)
-    except ValueError as exc:
-        raise CliError(f"privacy ledger: {exc}") from None
     return PartyLedgers(paths=paths, max_lifetime_epsilon=args.max_lifetime_epsilon)
 
 

@@ -30,7 +30,7 @@ from clients.cli.errors import (
     CliError,
     failing_as,
 )
-from clients.cli.options import add_command, check_device
+from clients.cli.options import add_command, check_device, ledger_errors
 from clients.cli.settings_args import add_settings_arguments, settings_from_args
 from clients.settings import WorkerSettings
 
@@ -93,10 +93,8 @@ def ledger_path(settings: WorkerSettings) -> Path:
     """The organisation's ledger this worker writes (``--ledger``, or the data's default)."""
     from clients.owner_ledger import ledger_location
 
-    try:
+    with ledger_errors():
         return ledger_location(settings.data, ledger=settings.ledger)
-    except ValueError as exc:  # LedgerLocationError, or a bad organisation name
-        raise CliError(f"privacy ledger: {exc}") from exc
 
 
 def _run(settings: WorkerSettings, ledger_file: Path, *, quiet: bool) -> int:
@@ -114,7 +112,7 @@ def _run(settings: WorkerSettings, ledger_file: Path, *, quiet: bool) -> int:
         ServiceUnavailable,
         tls_verification,
     )
-    from clients.session_client import ServiceClient
+    from clients.session_client import SessionClient
     from clients.session_fit import LocalModelOptions, SessionMismatch
     from clients.worker import WorkerRun
     from models.artefact import ModelError, load_model
@@ -175,7 +173,7 @@ def _run(settings: WorkerSettings, ledger_file: Path, *, quiet: bool) -> int:
         else CheckpointStore(directory, session_id=settings.session, client=settings.client)
     )
     with (
-        ServiceClient(
+        SessionClient(
             base_url=settings.server,
             session_id=settings.session,
             client_index=settings.client,

@@ -31,14 +31,14 @@ from clients.local.processes import (
     start_serve,
     stop_all,
 )
-from clients.local.report import report_from_workers
+from clients.local.run_summary import summary_from_workers
 from clients.local.session import session_request, worker_arguments
 from clients.owner_ledger import PartyLedgers
 from models.config import TrainConfig
 from models.data.partition import ClientPartition, save_partition
 from models.data.planetoid import GraphDataset
 from models.layout import FederationLayout
-from models.report import RunReport
+from models.run_summary import RunSummary
 
 
 @dataclass
@@ -145,7 +145,7 @@ def train_over_http(
     about: Mapping[str, Any] | None = None,
     folders: Sequence[Path] | None = None,
     ledgers: PartyLedgers | None = None,
-) -> RunReport:
+) -> RunSummary:
     """``model_dirs``: one folder per client, where its worker keeps its trained model;
     ``about``: the session body's ``partners`` and ``operator``; ``folders``: the workers'
     data folders (``clients.local.parties.worker_folders``), instead of the layout's partitions
@@ -172,7 +172,7 @@ def train_over_http(
         follow(fed.admin, created["session_id"], fed.processes, created["passes_total"], progress)
         results = fed.results(len(layout.partitions))
         privacy = fed.admin.privacy(created["session_id"])
-    return report_from_workers(
+    return summary_from_workers(
         config, layout, dataset, results, privacy, wall_seconds=time.perf_counter() - started
     )
 

@@ -21,7 +21,7 @@ from models.data.aligned import (
     aligned_split,
     party_alignment,
 )
-from models.data.partition import ClientPartition
+from models.data.partition import ClientPartition, partition
 from models.data.party import (
     IDS,
     META,
@@ -136,33 +136,17 @@ def worker_folders(
         write_alignment(alignment, folder)
         written.append(folder)
     n = index.aligned_nodes
-    labels = torch.from_numpy(split.labels)
-    no_features = torch.empty((n, 0))
-    no_edges = torch.empty((2, 0), dtype=torch.long)
     dataset = GraphDataset(
         name="own data (" + ", ".join(names) + ")",
-        features=no_features,
-        labels=labels,
-        edge_index=no_edges,
+        features=torch.empty((n, 0)),
+        labels=torch.from_numpy(split.labels),
+        edge_index=torch.empty((2, 0), dtype=torch.long),
         train_nodes=split.train_nodes,
         val_nodes=split.val_nodes,
         test_nodes=split.test_nodes,
         split="aligned",
         split_note=split.note,
     )
-    partitions = [
-        ClientPartition(
-            client=m,
-            clients=len(folders),
-            dataset=dataset.name,
-            feature_columns=np.empty(0, dtype=np.int64),
-            features=no_features,
-            edge_index=no_edges,
-            labels=labels,
-            train_nodes=split.train_nodes,
-            val_nodes=split.val_nodes,
-            test_nodes=split.test_nodes,
-        )
-        for m in range(len(folders))
-    ]
+    # every party's partition of the same kind: all (none) of the columns, all (none) of the edges
+    partitions = partition(dataset, clients=len(folders), edge_fraction=1.0, split_features=False)
     return WorkerFolders(written, dataset, partitions, split.summary)

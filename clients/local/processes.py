@@ -54,7 +54,17 @@ class ManagedProcess:
             return ""
 
     def tail(self, lines: int = 15) -> str:
-        return "\n".join(self.log_text().strip().splitlines()[-lines:])
+        return log_tail(self.log_path, lines)
+
+
+def log_tail(log: Path, lines: int = 15) -> str:
+    """The last ``lines`` lines of a process's log, printed when it failed ("" when the log
+    cannot be read)."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.strip().splitlines()[-lines:])
 
 
 def free_port() -> int:

@@ -17,7 +17,7 @@ from bench.frontier_scale import (
     table,
     two_class_table,
 )
-from bench.predictor_release import PredictorSettings
+from models.predictor_release import PredictorSettings
 
 
 def test_a_two_class_graph_has_its_own_key_and_five_class_keys_are_unchanged() -> None:

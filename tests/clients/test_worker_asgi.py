@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.asgi_federation import run_in_process
-from clients.session_client import ServiceClient
+from clients.session_client import SessionClient
 from models.config import TrainConfig
 from models.trainer import train_inprocess
+from tests.support.asgi_federation import run_in_process
 
 CONFIG = TrainConfig(rounds=6, eval_every=3, hidden=32, encryption="none", dp=False, seed=3)
 
@@ -21,7 +21,7 @@ def run_federation(
     config: TrainConfig,
     cora,
     *,
-    service_class: Callable[[int], type[ServiceClient]] = lambda m: ServiceClient,
+    service_class: Callable[[int], type[SessionClient]] = lambda m: SessionClient,
 ) -> tuple[list, dict]:
     """The workers' results and the session's status; client m talks through
     ``service_class(m)``."""

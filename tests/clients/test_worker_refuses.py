@@ -20,7 +20,7 @@ from clients.local.session import session_request
 from clients.owner_ledger import OwnerLedger, SessionAbout
 from clients.policy import PolicyRefusal, PrivacyPolicy
 from clients.service_http import ConnectionOptions
-from clients.session_client import ServiceClient
+from clients.session_client import SessionClient
 from clients.session_fit import LocalModelOptions
 from clients.settings import WorkerSettings
 from clients.worker import WorkerRun
@@ -61,10 +61,10 @@ def join(
     policy: PrivacyPolicy,
     ledger: OwnerLedger,
     checkpoints: CheckpointStore | None = None,
-) -> ServiceClient:
+) -> SessionClient:
     """Client 0 tries to take part; returns its client (traffic counted) after the attempt."""
     partition = layout_federation(config, cora).partitions[0]
-    client = ServiceClient(
+    client = SessionClient(
         base_url="http://glasu.test",
         session_id=created["session_id"],
         client_index=0,

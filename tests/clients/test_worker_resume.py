@@ -20,7 +20,7 @@ from clients.local.session import session_request
 from clients.owner_ledger import OwnerLedger
 from clients.policy import PrivacyPolicy
 from clients.service_http import ConnectionOptions
-from clients.session_client import ServiceClient
+from clients.session_client import SessionClient
 from clients.session_fit import LocalModelOptions
 from clients.worker import WorkerResult, WorkerRun
 from models.config import TrainConfig
@@ -43,7 +43,7 @@ class Crash(BaseException):
     """The worker's process dies (nothing of it runs on)."""
 
 
-class DyingService(ServiceClient):
+class DyingService(SessionClient):
     """Dies right after its share of ``crash_pass`` reached the service."""
 
     crash_pass = CRASH_PASS
@@ -76,7 +76,7 @@ def run_with_a_crash(tmp_path: Path, config: TrainConfig, cora) -> Run:
     )
     transport = InProcessTransport(app)
     layout = layout_federation(config, cora)
-    admin = ServiceClient(
+    admin = SessionClient(
         base_url="http://glasu.test", session_id="", client_index=0, token=token,
         options=ConnectionOptions(transport=transport),
     )  # fmt: skip
@@ -90,7 +90,7 @@ def run_with_a_crash(tmp_path: Path, config: TrainConfig, cora) -> Run:
     results: list[Any] = [None] * len(layout.partitions)
     errors: list[BaseException] = []
 
-    def service(m: int, kind: type[ServiceClient] = ServiceClient) -> ServiceClient:
+    def service(m: int, kind: type[SessionClient] = SessionClient) -> SessionClient:
         return kind(
             base_url="http://glasu.test", session_id=sid, client_index=m,
             token=session["client_tokens"][m],
@@ -100,7 +100,7 @@ def run_with_a_crash(tmp_path: Path, config: TrainConfig, cora) -> Run:
     def work(m: int) -> None:
         torch.set_num_threads(1)
         store = CheckpointStore(tmp_path / f"client-{m}" / "checkpoints", session_id=sid, client=m)
-        attempts = [DyingService, ServiceClient] if m == CRASH_CLIENT else [ServiceClient]
+        attempts = [DyingService, SessionClient] if m == CRASH_CLIENT else [SessionClient]
         try:
             for kind in attempts:
                 with (

@@ -13,7 +13,7 @@ import pytest
 
 from clients.checkpoint import CheckpointError
 from clients.rejoin import rejoin_pass
-from clients.session_client import ServiceClient
+from clients.session_client import SessionClient
 from models.config import TrainConfig
 from secure.wire.sessions import SessionConfigView
 from secure.wire.status import SessionStatus
@@ -34,7 +34,7 @@ CONFIG = TrainConfig(
 )
 
 
-class StallingService(ServiceClient):
+class StallingService(SessionClient):
     """Stalls before its first share of ``STALL_PASS`` (a worker paused, a slow link) until the
     others have gone on ``AWAY_PASSES`` passes without it."""
 
@@ -55,7 +55,7 @@ def test_a_stalled_worker_is_left_out_while_away_and_rejoins(tmp_path: Path, cor
         tmp_path,
         CONFIG,
         cora,
-        service_class=lambda m: StallingService if m == 2 else ServiceClient,
+        service_class=lambda m: StallingService if m == 2 else SessionClient,
     )
     assert status["state"] == "finished"
     assert [r.finished_reason for r in results] == ["finished"] * 3

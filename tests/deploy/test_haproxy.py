@@ -1,7 +1,7 @@
-"""The load balancer of the replicated service (bench/replicas.py): a real HAProxy in front of
-two real ``glasu serve`` processes (each on its own SQLite file: only ``/healthz`` is asked),
-round robin per request on one keep-alive connection, and a replica killed with kill -9 costs
-no request."""
+"""The load balancer of the replicated service (tests/support/replicas.py): a real HAProxy in
+front of two real ``glasu serve`` processes (each on its own SQLite file: only ``/healthz`` is
+asked), round robin per request on one keep-alive connection, and a replica killed with kill -9
+costs no request."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.replicas import HAProxy, Replicas, haproxy_binary, haproxy_config
 from clients.local.processes import start_serve
+from tests.support.replicas import HAProxy, Replicas, haproxy_binary, haproxy_config
 
 REQUESTS = 20
 

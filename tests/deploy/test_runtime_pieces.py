@@ -179,11 +179,11 @@ def test_a_worker_names_the_tls_fix_too(tls_service: dict[str, str]) -> None:
     """The workers' transport (bounded retries): a certificate it does not trust fails at the
     first attempt, with the hint."""
     from clients.service_http import ConnectionOptions, RetryPolicy, ServiceUnavailable
-    from clients.session_client import ServiceClient
+    from clients.session_client import SessionClient
 
     port = tls_service["GLASU_PORT"]
     for scheme, hint in (("http", "use https://"), ("https", "--ca-file")):
-        client = ServiceClient(
+        client = SessionClient(
             base_url=f"{scheme}://127.0.0.1:{port}",
             session_id="s",
             client_index=0,

@@ -9,13 +9,17 @@
   the uninterrupted run's accuracies.
 
 The kills are placed by bootstrap code (``python -c BOOTSTRAP ...``) that wraps one function
-of the process and kills it there once (a marker file keeps the restarted process alive).
+of the process and kills it there once (a marker file keeps the restarted process alive). They
+are ordered by events, never by sleeping: a share that is held until the other clients' long
+polls are open, a kill when the last of them is told to wait, a restart when the process's exit
+is seen.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,7 +34,7 @@ from clients.local.federation import train_over_http
 from clients.local.processes import ManagedProcess, restart_process
 from models.config import TrainConfig
 from models.layout import layout_federation
-from models.report import RunReport
+from models.run_summary import RunSummary
 from models.trainer import train_inprocess
 
 pytestmark = pytest.mark.e2e
@@ -59,9 +63,9 @@ argv = sys.argv[1:]
 client, crash_pass = (int(v) for v in os.environ["CRASHTEST_WORKER"].split(","))
 marker = Path(os.environ["CRASHTEST_DIR"]) / "worker"
 if argv[:1] == ["worker"] and int(argv[argv.index("--client") + 1]) == client:
-    from clients.session_client import ServiceClient
+    from clients.session_client import SessionClient
 
-    put = ServiceClient.put_embedding
+    put = SessionClient.put_embedding
 
     def put_then_die(self, pass_index, layer, payload, **kwargs):
         put(self, pass_index, layer, payload, **kwargs)
@@ -69,7 +73,7 @@ if argv[:1] == ["worker"] and int(argv[argv.index("--client") + 1]) == client:
             marker.write_text(f"pass {pass_index} layer {layer}")
             os.kill(os.getpid(), signal.SIGKILL)  # the share is in; the sum never fetched
 
-    ServiceClient.put_embedding = put_then_die
+    SessionClient.put_embedding = put_then_die
 
 from clients.cli.main import main
 
@@ -77,7 +81,7 @@ sys.exit(main(argv))
 """
 
 SERVICE_BOOTSTRAP = """\
-import os, signal, sys, time
+import os, signal, sys, threading
 from pathlib import Path
 
 from service.rounds import downloads, sums, uploads
@@ -85,6 +89,7 @@ from service.notify import Waiting
 
 markers = Path(os.environ["CRASHTEST_DIR"])
 upload_pass, between_pass, poll_pass = (int(v) for v in os.environ["CRASHTEST_SERVICE"].split(","))
+EVENT_SECONDS = 120.0  # no event this long: the test fails on what did not happen, not here
 
 
 def once(name):
@@ -110,13 +115,19 @@ def record_then_die(self, caller, kind, sha256, body, slot, **kwargs):
     return outcome
 
 
+# The poll kill: the late client's share of the poll pass is held until every other client
+# has been told to wait for the sum (its long poll is open); the service dies then.
+LATE, OTHERS = 2, {0, 1}
+polling = set()
+polling_lock = threading.Lock()
+killed = threading.Event()  # nothing sets it: the kill ends the wait
 put = uploads.Uploads.put
 
 
 def put_late(self, kind, caller, pass_index, layer, **kwargs):
-    if kind == "embedding" and pass_index == poll_pass and caller.client_index == 2:
+    if kind == "embedding" and pass_index == poll_pass and caller.client_index == LATE:
         if not (markers / "service-poll").exists():
-            time.sleep(1.0)  # the others wait for this share in their long polls
+            killed.wait(EVENT_SECONDS)
     return put(self, kind, caller, pass_index, layer, **kwargs)
 
 
@@ -126,9 +137,10 @@ get = downloads.Downloads.get
 def get_then_die_in_the_poll(self, kind, caller, pass_index, layer, part=0):
     answer = get(self, kind, caller, pass_index, layer, part)
     if kind == "aggregate" and pass_index == poll_pass and isinstance(answer, Waiting):
-        if once("poll"):
-            time.sleep(0.2)  # the long poll of this request (and of others) is under way
-            die()
+        with polling_lock:
+            polling.add(caller.client_index)
+            if polling >= OTHERS and once("poll"):
+                die()
     return answer
 
 
@@ -158,7 +170,7 @@ def bootstrap_command(code: str, *args: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(cora) -> RunReport:
+def uninterrupted(cora) -> RunSummary:
     """The reference: the same run in process (over HTTP it equals it, test_local_http.py)."""
     return train_inprocess(CONFIG, dataset=cora, progress=False)
 
@@ -173,7 +185,7 @@ def test_a_killed_worker_resumes_and_the_run_is_unchanged(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
-    uninterrupted: RunReport,
+    uninterrupted: RunSummary,
 ) -> None:
     monkeypatch.setenv("CRASHTEST_DIR", str(tmp_path))
     monkeypatch.setenv("CRASHTEST_WORKER", ",".join(map(str, WORKER_CRASH)))
@@ -198,15 +210,11 @@ def test_a_killed_worker_resumes_and_the_run_is_unchanged(
 
 
 def ride_through(fed: Federation, *, timeout: float = 300.0) -> int:
-    """Start the service again (same command: database, port) whenever it dies; return how
+    """Start the service again (same command: database, port) as soon as it dies; return how
     often, once every worker has exited (each must exit 0)."""
     restarts = 0
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if fed.service.process.poll() is not None:
-            assert fed.service.process.returncode == -9, fed.service.tail(30)
-            restart_process(fed.service)
-            restarts += 1
         codes = [w.process.poll() for w in fed.workers]
         for worker, code in zip(fed.workers, codes, strict=True):
             assert code in (None, 0), (
@@ -215,7 +223,13 @@ def ride_through(fed: Federation, *, timeout: float = 300.0) -> int:
             )
         if all(code == 0 for code in codes):
             return restarts
-        time.sleep(0.1)
+        try:  # returns the moment the service dies; the workers are looked at again meanwhile
+            code = fed.service.process.wait(timeout=0.1)
+        except subprocess.TimeoutExpired:
+            continue
+        assert code == -9, fed.service.tail(30)
+        restart_process(fed.service)
+        restarts += 1
     raise AssertionError("the federation did not finish in time")
 
 
@@ -225,7 +239,7 @@ def test_workers_ride_through_service_crashes(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     processes: list[ManagedProcess],
-    uninterrupted: RunReport,
+    uninterrupted: RunSummary,
 ) -> None:
     monkeypatch.setenv("CRASHTEST_DIR", str(tmp_path))
     monkeypatch.setenv("CRASHTEST_SERVICE", ",".join(map(str, SERVICE_CRASHES.values())))

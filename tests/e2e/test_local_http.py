@@ -13,7 +13,7 @@ from clients.local.federation import train_over_http
 from models.config import TrainConfig
 from models.layout import layout_federation
 from models.private import REPRODUCIBLE_NOISE_ENV
-from models.report import RunReport
+from models.run_summary import RunSummary
 from models.trainer import train_inprocess
 
 pytestmark = pytest.mark.e2e
@@ -60,8 +60,8 @@ DP_CONFIG = TrainConfig(
 
 @dataclass(frozen=True)
 class DpRuns:
-    over_http: RunReport
-    in_process: RunReport
+    over_http: RunSummary
+    in_process: RunSummary
     work_dir: Path
 
 
@@ -78,7 +78,7 @@ def dp_runs(cora, tmp_path_factory: pytest.TempPathFactory) -> DpRuns:
     return DpRuns(over_http, in_process, work_dir)
 
 
-def history_values(report: RunReport) -> list[float | None]:
+def history_values(report: RunSummary) -> list[float | None]:
     """Round, accuracies and epsilon of every evaluation, flat (for pytest.approx)."""
     return [
         value

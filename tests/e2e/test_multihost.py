@@ -32,6 +32,8 @@ from typing import Any
 import httpx
 import pytest
 
+from clients.local.processes import log_tail
+
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,7 +91,7 @@ class Managed:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
     def tail(self, lines: int = 25) -> str:
-        return "\n".join(self.text().strip().splitlines()[-lines:])
+        return log_tail(self.log, lines)
 
 
 class Lab:

@@ -15,16 +15,16 @@ from typing import Any
 
 import pytest
 
-from bench.replicas import HAProxy, haproxy_binary, start_replicas
 from clients.admin import AdminClient
 from clients.local.federation import LocalFederation, train_over_http
 from clients.local.processes import stop_all
-from clients.local.report import report_from_workers
+from clients.local.run_summary import summary_from_workers
 from clients.local.session import session_request
 from models.config import TrainConfig
 from models.layout import layout_federation
 from models.private import REPRODUCIBLE_NOISE_ENV
-from models.report import RunReport
+from models.run_summary import RunSummary
+from tests.support.replicas import HAProxy, haproxy_binary, start_replicas
 
 pytestmark = [
     pytest.mark.e2e,
@@ -57,7 +57,9 @@ def reproducible_noise() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def single_process(cora, tmp_path_factory: pytest.TempPathFactory, reproducible_noise) -> RunReport:
+def single_process(
+    cora, tmp_path_factory: pytest.TempPathFactory, reproducible_noise
+) -> RunSummary:
     """The reference: one ``glasu serve`` on SQLite, the same workers and seeds."""
     return train_over_http(
         CONFIG,
@@ -70,7 +72,7 @@ def single_process(cora, tmp_path_factory: pytest.TempPathFactory, reproducible_
 
 @pytest.mark.slow  # 40-120 s: PostgreSQL, three replicas, HAProxy, three workers, twice the run
 def test_replicas_behind_haproxy_survive_a_kill(
-    cora, tmp_path: Path, postgres_cluster, single_process: RunReport, reproducible_noise
+    cora, tmp_path: Path, postgres_cluster, single_process: RunSummary, reproducible_noise
 ) -> None:
     from secure.ckks import generate_keys
 
@@ -127,7 +129,7 @@ def test_replicas_behind_haproxy_survive_a_kill(
     assert all(after_kill[f"replica-{i}"] > 0 for i in range(REPLICAS) if i != VICTIM)
     assert all(r["resumed_from"] == [] for r in results)  # the workers never stopped
 
-    replicated = report_from_workers(CONFIG, layout, cora, results, privacy, wall_seconds=0.0)
+    replicated = summary_from_workers(CONFIG, layout, cora, results, privacy, wall_seconds=0.0)
     assert replicated.config["encryption"] == "ckks"
     assert [h.test_accuracy for h in replicated.history] == pytest.approx(
         [h.test_accuracy for h in single_process.history], abs=1e-9

@@ -1,16 +1,26 @@
 """The run report's regime sentence (models/regime.py) on a small synthetic map written by
-bench/regime_map.py from summary rows like bench/frontier_scale.py's; and the shipped map."""
+``write_map`` from points like bench/frontier_scale.py's summary rows; and the shipped map."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bench.regime_map import write
-from models.regime import MAP_PATH, PartyData, describe_regime, load_map, nearest_regime
+from models.regime import (
+    MAP_PATH,
+    PartyScale,
+    describe_regime,
+    load_map,
+    nearest_regime,
+    write_map,
+)
+
+ARRANGEMENT = "this run's private arrangement"
+LATER = "a later design"
 
 
 def row(
@@ -32,19 +42,21 @@ def row(
 @pytest.fixture
 def regime_map(tmp_path: Path) -> dict[str, Any]:
     """Two sizes at degree 4 and 64, ε=4: nothing pays at 20k nodes; at 1M nodes and degree 64
-    "design 3" (a design name the writer has never seen) gains 3 to 5 points."""
+    "a later design" (a design the writer has never seen) gains 3 to 5 points."""
     summary = []
     for nodes in (20_000, 1_000_000):
         for degree in (4.0, 64.0):
             pays = nodes == 1_000_000 and degree == 64.0
             for signal, shift in (("weak", 0.0), ("strong", 2.0)):
                 summary += [
-                    row(nodes, degree, signal, "design 1", 4.0, -10.0 - shift),
-                    row(nodes, degree, signal, "design 3", 4.0, 3.0 + shift if pays else -1.0),
+                    row(nodes, degree, signal, ARRANGEMENT, 4.0, -10.0 - shift),
+                    row(nodes, degree, signal, LATER, 4.0, 3.0 + shift if pays else -1.0),
                     row(nodes, degree, signal, "party alone (SGC)", None, 0.0),
-                    row(nodes, degree, signal, "design 2 no noise", None, 9.0),
+                    row(nodes, degree, signal, "a design without noise", None, 9.0),
                 ]
-    return write(summary, path=tmp_path / "map.json")
+    return write_map(
+        summary, path=tmp_path / "map.json", source="synthetic", party_edge_fraction=0.8
+    )
 
 
 def test_the_map_keeps_every_private_design_and_only_those(
@@ -53,23 +65,23 @@ def test_the_map_keeps_every_private_design_and_only_those(
     assert json.loads((tmp_path / "map.json").read_text()) == regime_map
     assert len(regime_map["cells"]) == 4
     for cell in regime_map["cells"]:
-        assert set(cell["designs"]) == {"design 1", "design 3"}
+        assert set(cell["designs"]) == {ARRANGEMENT, LATER}
         assert cell["party_degree"] == pytest.approx(0.8 * cell["degree"])
-        assert set(cell["designs"]["design 1"]["gain"]) == {"weak", "strong"}
-        assert cell["designs"]["design 1"]["seeds"] == 3
+        assert set(cell["designs"][ARRANGEMENT]["gain"]) == {"weak", "strong"}
+        assert cell["designs"][ARRANGEMENT]["seeds"] == 3
 
 
 def test_the_nearest_regime_compares_the_partys_own_degree_and_epsilon(
     regime_map: dict[str, Any],
 ) -> None:
-    party = PartyData(nodes=700_000, labelled=0.012, degree=40.0)
+    party = PartyScale(nodes=700_000, labelled=0.012, degree=40.0)
     regime = nearest_regime(regime_map, party=party, epsilon=3.0)
     assert (regime.nodes, regime.degree, regime.party_degree) == (1_000_000, 64.0, 51.2)
     assert regime.outside == ()
-    (design_3,) = [g for g in regime.gains if g.design == "design 3"]
-    assert (design_3.mean, design_3.low, design_3.high) == (4.0, 3.0, 5.0)
-    assert design_3.best_signal == "strong" and design_3.seeds == 3
-    small = nearest_regime(regime_map, party=PartyData(nodes=30_000, labelled=0.01, degree=4.0),
+    (later,) = [g for g in regime.gains if g.design == LATER]
+    assert (later.mean, later.low, later.high) == (4.0, 3.0, 5.0)
+    assert later.best_signal == "strong" and later.seeds == 3
+    small = nearest_regime(regime_map, party=PartyScale(nodes=30_000, labelled=0.01, degree=4.0),
                            epsilon=4.0)  # fmt: skip
     assert (small.nodes, small.degree) == (20_000, 4.0)
 
@@ -77,29 +89,29 @@ def test_the_nearest_regime_compares_the_partys_own_degree_and_epsilon(
 def test_a_regime_where_nothing_pays_says_so_with_the_numbers(
     regime_map: dict[str, Any],
 ) -> None:
-    party = PartyData(nodes=25_000, labelled=0.01, degree=3.0)
+    party = PartyScale(nodes=25_000, labelled=0.01, degree=3.0)
     text = describe_regime(regime_map, party=party, epsilon=4.0, whose="bank, the label holder")
     assert "bank, the label holder: 25,000 nodes, 1% labelled, own mean degree 3.0" in text
     assert "lies in the regime 20,000 nodes, 1% labelled, degree 4 (3.2 per party), ε=4" in text
-    assert "design 1 (this run's arrangement) -11.0 points, -12.0 to -10.0 over strong and weak " \
+    assert "this run's private arrangement -11.0 points, -12.0 to -10.0 over strong and weak " \
         "signal, 3 seeds, ± 0.5" in text  # fmt: skip
-    assert "design 3 -1.0 points" in text
+    assert "a later design -1.0 points" in text
     assert text.endswith("No private design beat the party alone there.")
     assert "docs/privacy.md, section 1.5" in text and "outside" not in text
 
 
 def test_a_regime_with_a_gain_renders_what_paid(regime_map: dict[str, Any]) -> None:
-    party = PartyData(nodes=1_000_000, labelled=0.01, degree=51.0)
+    party = PartyScale(nodes=1_000_000, labelled=0.01, degree=51.0)
     text = describe_regime(regime_map, party=party, epsilon=4.0)
-    assert "design 3 +4.0 points, +3.0 to +5.0 over strong and weak signal" in text
-    assert "Private federation paid there: design 3 gained at least +3.0 points" in text
+    assert "a later design +4.0 points, +3.0 to +5.0 over strong and weak signal" in text
+    assert "Private federation paid there: a later design gained at least +3.0 points" in text
     assert "No private design" not in text
 
 
 def test_data_far_from_the_map_is_named_with_its_nearest_regime(
     regime_map: dict[str, Any],
 ) -> None:
-    party = PartyData(nodes=2_708, labelled=0.05, degree=3.9)
+    party = PartyScale(nodes=2_708, labelled=0.05, degree=3.9)
     text = describe_regime(regime_map, party=party, epsilon=16.0)
     assert "lies outside the map (2,708 nodes is far below the smallest measured, 20,000 nodes" in (
         text
@@ -120,12 +132,21 @@ def test_the_shipped_map_is_the_scale_benchs_and_reads() -> None:
                if r["epsilon"] is not None and r.get("classes", 5) == 5}  # fmt: skip
     cells = {(c["nodes"], c["labelled"], c["degree"], c["epsilon"]) for c in shipped["cells"]}
     assert cells == private
-    text = describe_regime(shipped, party=PartyData(nodes=20_000, labelled=0.01, degree=12.8),
+    # each design by what it is, never by the bench's label ("design 2")
+    names = {name for cell in shipped["cells"] for name in cell["designs"]}
+    assert names == {
+        "this run's private arrangement",
+        "a privately trained predictor released once",
+        "the private arrangement with per-node accounting",
+    }
+    text = describe_regime(shipped, party=PartyScale(nodes=20_000, labelled=0.01, degree=12.8),
                            epsilon=4.0)  # fmt: skip
     assert "lies in the regime 20,000 nodes, 1% labelled, degree 16" in text
+    assert "a privately trained predictor released once -0.4 points" in text
+    assert re.search(r"design \d", text) is None
 
 
 def test_a_partys_own_degree_from_its_prepared_folders_meta() -> None:
-    party = PartyData(nodes=1_000, labelled=0.1, degree=0.0)
+    party = PartyScale(nodes=1_000, labelled=0.1, degree=0.0)
     meta = {"num_rows": 1_200, "undirected_edges": 3_000}
-    assert party.with_degree_of(meta) == PartyData(nodes=1_000, labelled=0.1, degree=5.0)
+    assert party.with_degree_of(meta) == PartyScale(nodes=1_000, labelled=0.1, degree=5.0)

@@ -138,7 +138,7 @@ def test_short_cora_run_beats_majority_class_widely(cora) -> None:
 def test_report_fields(cora, tmp_path) -> None:
     import json
 
-    from models.report import plot_history
+    from models.run_summary import plot_history
 
     report = train_inprocess(TrainConfig(**SHORT), dataset=cora, progress=False)
     report.write(tmp_path / "r.json")

@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterator
 import psycopg
 import pytest
 
-from bench.postgres import PostgresCluster
 from service.clock import ManualClock
 from service.notify import Waiting, long_poll
 from service.notify_postgres import PostgresNotifier
+from tests.support.postgres import PostgresCluster
 
 pytestmark = pytest.mark.anyio
 

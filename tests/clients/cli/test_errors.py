@@ -189,3 +189,23 @@ def test_a_reader_that_stops_reading_ends_the_command_quietly(
     err = process.stderr.read()
     assert process.wait(timeout=120) in (0, 1)
     assert err == ""
+
+
+def test_a_ledger_that_cannot_be_used_is_one_sentence(tmp_path: Path) -> None:
+    """Every command finds the owner's ledger through one helper: the ledger's ValueError
+    becomes "privacy ledger: <reason>", a failure (exit 1) and not a traceback."""
+    import json
+
+    from clients.cli.options import ledger_in
+    from clients.cli.worker_cmd import ledger_path
+    from clients.owner_ledger import ORGANISATION_KEY
+    from models.data.party import META
+
+    (tmp_path / META).write_text(json.dumps({ORGANISATION_KEY: "no such/name"}))
+    reason = r"^privacy ledger: 'no such/name' cannot name an organisation"
+    with pytest.raises(CliError, match=reason) as failed:
+        ledger_in(tmp_path)
+    assert failed.value.exit_code == EXIT_FAILED
+    settings = argparse.Namespace(data=tmp_path, ledger=None)
+    with pytest.raises(CliError, match=reason):
+        ledger_path(settings)  # type: ignore[arg-type]

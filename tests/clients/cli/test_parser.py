@@ -17,7 +17,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from clients.cli.main import COMMANDS, build_parser, main
 from clients.cli.options import HelpFormatter
-from clients.cli.settings_args import add_settings_arguments, settings_from_args
+from clients.cli.settings_args import (
+    FieldFlag,
+    add_field_arguments,
+    add_settings_arguments,
+    settings_from_args,
+)
 from clients.cli.train_options import CKKS_MAX_CLIENTS, DEFAULTS
 
 # models.config (the training defaults) is torch-free; the rest of models is not
@@ -166,6 +171,40 @@ def test_boolean_settings_flags_are_switches_and_numbers_are_checked(
         parser.parse_args(["--retries", "11"])
     assert exited.value.code == 2
     assert "argument --retries: Input should be less than or equal to 10" in capsys.readouterr().err
+
+
+def test_a_share_of_the_settings_keeps_their_types_bounds_and_defaults(
+    capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A command that takes some settings' flags (`glasu report`, `glasu budget`) reads no
+    environment: its defaults are the fields', shown as defaults, under its own names."""
+    parser = argparse.ArgumentParser(prog="t", formatter_class=HelpFormatter)
+    own = {"retries": FieldFlag("--tries", "tries"), "metrics": FieldFlag()}
+    add_field_arguments(parser, _Toggles, own)
+    text = " ".join(parser.format_help().split())
+    assert "--tries TRIES tries (default: 3)" in text
+    assert "--metrics, --no-metrics export Prometheus metrics (on by default)" in text
+    assert "--verbose" not in text and "[env" not in text
+    monkeypatch.setenv("GLASU_TEST_RETRIES", "5")
+    assert vars(parser.parse_args([])) == {"tries": 3, "metrics": True}
+    assert parser.parse_args(["--tries", "7", "--no-metrics"]).tries == 7
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args(["--tries", "11"])
+    assert exited.value.code == 2
+    assert "argument --tries: Input should be less than or equal to 10" in capsys.readouterr().err
+
+
+def test_the_policy_flags_of_report_and_budget_are_the_workers_settings() -> None:
+    from clients.settings import WorkerSettings
+
+    fields = WorkerSettings.model_fields
+    parsers = _parsers()
+    report = parsers["glasu report"].parse_args([])
+    budget = parsers["glasu budget"].parse_args([])
+    for name in ("max_session_epsilon", "max_lifetime_epsilon", "policy_delta"):
+        assert getattr(report, name) == fields[name].default, name
+    assert (budget.delta, budget.accountant) == (fields["policy_delta"].default, "rdp")
+    assert report.policy_accountant == fields["policy_accountant"].default == "rdp"
 
 
 def test_the_parsers_defaults_are_the_models() -> None:

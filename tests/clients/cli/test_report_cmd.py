@@ -27,7 +27,7 @@ from clients.local.session import session_request
 from clients.owner_ledger import LEDGER_FILENAME, OwnerLedger
 from clients.policy import PrivacyPolicy
 from clients.service_http import ConnectionOptions
-from clients.session_client import ServiceClient
+from clients.session_client import SessionClient
 from clients.session_fit import LocalModelOptions
 from clients.worker import WorkerRun
 from models.config import TrainConfig
@@ -70,7 +70,7 @@ def federation(tmp_path_factory: pytest.TempPathFactory, cora) -> Any:
     app = create_app(ServiceSettings(database=root / "service.sqlite3", admin_token=token))
     transport = InProcessTransport(app)
     layout = layout_federation(CONFIG, cora)
-    admin = ServiceClient(
+    admin = SessionClient(
         base_url="http://glasu.test", session_id="", client_index=0, token=token,
         options=ConnectionOptions(transport=transport),
     )  # fmt: skip
@@ -92,7 +92,7 @@ def federation(tmp_path_factory: pytest.TempPathFactory, cora) -> Any:
             torch.set_num_threads(1)
             try:
                 with (
-                    ServiceClient(
+                    SessionClient(
                         base_url="http://glasu.test",
                         session_id=session["session_id"],
                         client_index=m,

@@ -44,12 +44,12 @@ def service(
     app = create_app(ServiceSettings(database=tmp_path / "service.sqlite3", admin_token=token))
     asgi = InProcessTransport(app)
 
-    class InProcessClient(session_client_module.ServiceClient):
+    class InProcessClient(session_client_module.SessionClient):
         def __init__(self, **kwargs: Any) -> None:
             options = dataclasses.replace(kwargs["options"], transport=asgi)
             super().__init__(**{**kwargs, "options": options})
 
-    monkeypatch.setattr(session_client_module, "ServiceClient", InProcessClient)
+    monkeypatch.setattr(session_client_module, "SessionClient", InProcessClient)
     yield asgi, token
     asgi.shutdown()
 

@@ -5,7 +5,7 @@ service of tests/e2e/test_replicas.py and ``bench/load.py --replicas N``.
     with replicas, HAProxy.start(replicas.urls, root) as proxy:
         ...  # every client talks to proxy.url; replicas.kill(1) is kill -9
 
-    python -m bench.replicas --database postgresql://... [--replicas 3]   # until Ctrl-C
+    python -m tests.support.replicas --database postgresql://... [--replicas 3]   # until Ctrl-C
 
 HAProxy (Debian's ``haproxy``, run in the foreground) balances every request round robin, with
 no stickiness: consecutive requests of one keep-alive connection go to different replicas, so

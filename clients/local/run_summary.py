@@ -1,5 +1,5 @@
-"""The run report of an HTTP federation, from the workers' result files and the session's
-privacy report (the same builder as in process: ``models.report.build_report``)."""
+"""The run summary of an HTTP federation, from the workers' result files and the session's
+privacy report (the same builder as in process: ``models.run_summary.build_run_summary``)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from clients.local.processes import FederationFailed
 from models.config import TrainConfig
 from models.data.planetoid import GraphDataset
 from models.layout import FederationLayout
-from models.report import HistoryEntry, RunReport, build_report, mean_or_none
+from models.run_summary import HistoryEntry, RunSummary, build_run_summary, mean_or_none
 
 
-def report_from_workers(
+def summary_from_workers(
     config: TrainConfig,
     layout: FederationLayout,
     dataset: GraphDataset,
@@ -22,7 +22,7 @@ def report_from_workers(
     privacy: dict[str, Any],
     *,
     wall_seconds: float,
-) -> RunReport:
+) -> RunSummary:
     """The workers' histories, one row per evaluation, averaged over clients (bytes summed);
     with a single label holder, its metrics alone (GLASU B.2)."""
     epsilon_at_pass = {entry["pass"]: entry["epsilon"] for entry in privacy.get("ledger", [])}
@@ -55,7 +55,7 @@ def report_from_workers(
     reasons = {res["finished_reason"] for res in results}
     stopped = next((r for r in reasons if r != "finished"), None)
     try:
-        return build_report(
+        return build_run_summary(
             config,
             transport="http",
             history=history,

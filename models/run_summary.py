@@ -1,4 +1,5 @@
-"""The run report (JSON) and its plot (PNG). Other tools read these names: keep them stable."""
+"""The run summary (the JSON file of ``glasu train --report``) and its plot (PNG). Other tools
+read these names: keep them stable."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ class HistoryEntry:
 
 
 @dataclass
-class RunReport:
+class RunSummary:
     test_accuracy: float  # at the evaluation with the best validation accuracy
     val_accuracy: float  # the best validation accuracy
     final_test_accuracy: float
@@ -83,7 +84,7 @@ def mean_or_none(values: Sequence[float | None]) -> float | None:
 
 
 def noise_kind(config: TrainConfig) -> str:
-    """How the run drew its DP noise, as the report states it."""
+    """How the run drew its DP noise, as the summary states it."""
     if config.noise_seed is None:
         return "cryptographic (ChaCha20, a fresh key per draw)"
     return "reproducible from a fixed seed (tests only): NOT PRIVATE, no guarantee holds"
@@ -104,7 +105,7 @@ def select_best(history: list[HistoryEntry]) -> HistoryEntry:
     return max(evaluated, key=lambda h: (h.val_accuracy, -h.round))
 
 
-def build_report(
+def build_run_summary(
     config: TrainConfig,
     *,
     transport: Literal["inprocess", "http"],
@@ -118,8 +119,8 @@ def build_report(
     bytes_up: int = 0,
     bytes_down: int = 0,
     stopped_early: str | None = None,
-) -> RunReport:
-    """The run report, whichever transport ran it: the test accuracy at the evaluation with the
+) -> RunSummary:
+    """The run summary, whichever transport ran it: the test accuracy at the evaluation with the
     best validation accuracy, and the last evaluation as "final"."""
     evaluated = [h for h in history if h.val_accuracy is not None]
     if not evaluated:
@@ -131,7 +132,7 @@ def build_report(
         traffic = "bytes: request and response bodies as the workers sent and received them"
     else:
         traffic = "bytes: not measured in process (no messages are serialised to the wire)"
-    return RunReport(
+    return RunSummary(
         test_accuracy=float(best.test_accuracy or 0.0),
         val_accuracy=float(best.val_accuracy or 0.0),
         final_test_accuracy=float(final.test_accuracy or 0.0),
@@ -178,14 +179,14 @@ def select_reference(history: list[HistoryEntry]) -> tuple[float, float] | None:
     return float(best.reference_val_accuracy or 0.0), float(best.reference_test_accuracy or 0.0)
 
 
-def plot_history(report: RunReport, path: Path) -> None:
+def plot_history(summary: RunSummary, path: Path) -> None:
     """Validation/test accuracy per round; bytes and epsilon per round when they were recorded."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    history = [h for h in report.history if h.val_accuracy is not None]
+    history = [h for h in summary.history if h.val_accuracy is not None]
     rounds = [h.round for h in history]
     panels = ["accuracy"]
     if any(h.bytes_up or h.bytes_down for h in history):
@@ -193,16 +194,16 @@ def plot_history(report: RunReport, path: Path) -> None:
     if any(h.epsilon is not None for h in history):
         panels.append("epsilon")
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8), squeeze=False)
-    cfg = report.config
+    cfg = summary.config
     title = (
         f"{cfg.get('dataset')} · {cfg.get('mode')} · {cfg.get('backbone')} · "
-        f"test {report.test_accuracy:.1%} at round {report.best_round}"
+        f"test {summary.test_accuracy:.1%} at round {summary.best_round}"
     )
     for ax, panel in zip(axes[0], panels, strict=True):
         if panel == "accuracy":
             ax.plot(rounds, [h.val_accuracy for h in history], label="validation")
             ax.plot(rounds, [h.test_accuracy for h in history], label="test", alpha=0.7)
-            if report.reference_test_accuracy is not None:
+            if summary.reference_test_accuracy is not None:
                 ax.plot(
                     rounds,
                     [h.reference_test_accuracy for h in history],
@@ -210,7 +211,7 @@ def plot_history(report: RunReport, path: Path) -> None:
                     linestyle="--",
                     alpha=0.7,
                 )
-            ax.axvline(report.best_round, color="grey", linestyle=":", label="selected")
+            ax.axvline(summary.best_round, color="grey", linestyle=":", label="selected")
             ax.set_ylabel("accuracy")
             ax.legend(loc="lower right")
         elif panel == "bytes":

@@ -1,27 +1,45 @@
-"""Design 2 of issue 29 (bench/predictor_release.py): its privacy arithmetic, checked against
-accountants that compose the DP-SGD steps and the release one by one, and its one release per
-party."""
+"""The privately trained predictor released once (models/predictor_release.py): its privacy
+arithmetic, checked against accountants that compose the DP-SGD steps and the release one by
+one, its one release per party and the receivers' fit. The session's predictors here are plain
+seeded linear maps (the scale map trains them with Opacus: bench/predictor_release.py)."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
 from scipy.stats import norm
+from torch import nn
 
-from bench.predictor_release import (
+from models.data.csbm import csbm
+from models.data.partition import ClientPartition, partition
+from models.predictor_release import (
     RELEASE_SENSITIVITY,
-    PredictorRelease,
     PredictorSettings,
     ReleaseBudget,
+    ReleaseSession,
+    fit_receiver,
+    propagated,
     release_once,
     split_budget,
 )
-from models.data.csbm import csbm
-from models.data.partition import partition
 
 DELTA = 1e-6
+
+
+class LinearSession(ReleaseSession):
+    """Each party's predictor a seeded, untrained linear map; ``trained``: the parties trained."""
+
+    def __init__(self, parts: list[ClientPartition], **settings: Any) -> None:
+        super().__init__(parts, **settings)
+        self.trained: list[int] = []
+
+    def train(self, part: ClientPartition, *, seed: int) -> nn.Module:
+        self.trained.append(part.client)
+        torch.manual_seed(seed)
+        return nn.Linear(part.features.shape[1], part.num_classes)
 
 
 def _gaussian_delta(epsilon: float, mu: float) -> float:
@@ -93,14 +111,15 @@ def test_each_party_releases_once_and_every_receiver_reads_the_same_release() ->
     parts = partition(dataset, clients=3, edge_fraction=0.8, seed=0)
     settings = PredictorSettings(steps=5, hops=1)
     budget = split_budget(epsilon=4.0, delta=DELTA, steps=settings.steps)
-    session = PredictorRelease(parts, budget=budget, settings=settings, seed=0)
-    scores = session.mean_scores()
-    assert session.release_count == [1, 1, 1]
-    assert set(scores) == {"alone", "with release"}
+    session = LinearSession(parts, budget=budget, settings=settings, seed=0)
+    scores = [session.receiver_scores(m) for m in range(3)]
+    assert session.release_count == [1, 1, 1] and sorted(session.trained) == [0, 1, 2]
+    assert all(set(s) == {"alone", "with release"} for s in scores)
     releases = [session.release(m) for m in range(3)]
-    assert session.release_count == [1, 1, 1]
+    assert session.release_count == [1, 1, 1] and len(session.trained) == 3
     torch.testing.assert_close(session.received(0), releases[1] + releases[2])
     torch.testing.assert_close(session.received(2), releases[0] + releases[1])
+    assert session.receiver_scores(1) is scores[1]  # each receiver fitted once
 
 
 def test_a_two_class_receiver_reports_the_roc_auc_of_its_class1_probability() -> None:
@@ -109,8 +128,6 @@ def test_a_two_class_receiver_reports_the_roc_auc_of_its_class1_probability() ->
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import roc_auc_score
     from sklearn.preprocessing import StandardScaler
-
-    from bench.predictor_release import fit_receiver, propagated
 
     two = csbm(nodes=2000, classes=2, degree=8, signal=2.0, train_per_class=30, seed=1)
     parts = partition(two, clients=3, edge_fraction=0.8, seed=1)
@@ -133,15 +150,15 @@ def test_a_two_class_receiver_reports_the_roc_auc_of_its_class1_probability() ->
     assert score.test_roc_auc == pytest.approx(expected)
     assert 0.7 < expected <= 1.0
 
-    settings = PredictorSettings(steps=5, hops=1)
-    session = PredictorRelease(parts, budget=None, settings=settings, seed=0)
-    auc = session.mean_roc_auc()
-    assert set(auc) == {"alone", "with release"}
-    assert all(v is not None and 0.5 < v <= 1.0 for v in auc.values())
-    assert session.mean_roc_auc() == auc  # each receiver fitted once
+    settings = PredictorSettings(hops=1)
+    session = LinearSession(parts, budget=None, settings=settings, seed=0)
+    for m in range(3):
+        scores = session.receiver_scores(m)
+        auc = [scores[key].test_roc_auc for key in ("alone", "with release")]
+        assert all(v is not None and 0.5 < v <= 1.0 for v in auc)
     five = csbm(nodes=2000, degree=8, signal=2.0, train_per_class=30, seed=1)
-    session = PredictorRelease(
+    session = LinearSession(
         partition(five, clients=3, edge_fraction=0.8, seed=1), budget=None, settings=settings,
         seed=0,
     )  # fmt: skip
-    assert session.mean_roc_auc() == {"alone": None, "with release": None}
+    assert {s.test_roc_auc for s in session.receiver_scores(0).values()} == {None}

@@ -1,4 +1,4 @@
-"""What `glasu train` prints of its run report, and the scale map's regime of the run (the
+"""What `glasu train` prints of its run summary, and the scale map's regime of the run (the
 gain sentence's pointer, models/regime.py)."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from models.config import TrainConfig
     from models.data.partition import ClientPartition
-    from models.report import RunReport
+    from models.run_summary import RunSummary
 
 
 def regime(
-    report: RunReport,
+    summary: RunSummary,
     partitions: list[ClientPartition],
     *,
     config: TrainConfig,
@@ -22,11 +22,11 @@ def regime(
     """The scale map's regime of one party's own data (models/regime.py): the label holder's,
     else the first party's (with a benchmark dataset every party holds the same nodes and
     labels, and its own share of the edges)."""
-    from models.regime import PartyData, run_regime
+    from models.regime import PartyScale, run_regime
 
     m = config.label_holder if config.label_holder is not None else 0
     role = "the label holder" if config.label_holder is not None else "the first party"
-    party = PartyData.of_partition(partitions[m])
+    party = PartyScale.of_partition(partitions[m])
     whose = f"client {m}, {role}"
     if folders:
         from clients.local.parties import party_names
@@ -35,46 +35,46 @@ def regime(
         whose = f"{party_names(folders)[m]}, {role}"
         if not partitions[m].edge_index.shape[1]:  # the workers read the folders, not this one
             party = party.with_degree_of(read_meta(folders[m]))
-    epsilon = float((report.privacy or {}).get("epsilon") or config.epsilon or 0.0)
+    epsilon = float((summary.privacy or {}).get("epsilon") or config.epsilon or 0.0)
     return run_regime(party=party, epsilon=epsilon, whose=whose)
 
 
-def summary(report: RunReport) -> str:
-    cfg = report.config
+def describe_run(summary: RunSummary) -> str:
+    cfg = summary.config
     lines = [
         f"{cfg['dataset']} ({cfg['split']} split), mode {cfg['mode']}, {cfg['backbone']}, "
-        f"M={cfg['clients']}, rounds {report.rounds}",
-        f"test accuracy {report.test_accuracy:.4f} (best validation {report.val_accuracy:.4f} "
-        f"at round {report.best_round}; final test {report.final_test_accuracy:.4f})",
-        f"wall time {report.wall_seconds:.1f} s, bytes up {report.bytes_up:,}, "
-        f"down {report.bytes_down:,}",
+        f"M={cfg['clients']}, rounds {summary.rounds}",
+        f"test accuracy {summary.test_accuracy:.4f} (best validation {summary.val_accuracy:.4f} "
+        f"at round {summary.best_round}; final test {summary.final_test_accuracy:.4f})",
+        f"wall time {summary.wall_seconds:.1f} s, bytes up {summary.bytes_up:,}, "
+        f"down {summary.bytes_down:,}",
     ]
-    lines += metric_lines("test", report.test_metrics)
-    lines += metric_lines("test, party alone", report.reference_test_metrics)
-    if report.reference_test_accuracy is not None and report.gain is not None:
+    lines += metric_lines("test", summary.test_metrics)
+    lines += metric_lines("test, party alone", summary.reference_test_metrics)
+    if summary.reference_test_accuracy is not None and summary.gain is not None:
         lines.append(
             f"party alone (same batches, without the others' release): test accuracy "
-            f"{report.reference_test_accuracy:.4f}; gain from federating "
-            f"{100 * report.gain:+.1f} points"
+            f"{summary.reference_test_accuracy:.4f}; gain from federating "
+            f"{100 * summary.gain:+.1f} points"
         )
-        if report.gain <= 0:
+        if summary.gain <= 0:
             lines.append(
                 "Private federation did not beat training alone in this run: the noise that "
                 "protects the others' features leaves too little signal here (docs/privacy.md, "
                 "section 1.4)."
             )
-        if report.regime:
-            lines.append(report.regime["sentence"])
-    if report.privacy:
+        if summary.regime:
+            lines.append(summary.regime["sentence"])
+    if summary.privacy:
         from clients.cli.budget_cmd import describe
 
-        lines.append("privacy budget:\n" + describe(report.privacy))
+        lines.append("privacy budget:\n" + describe(summary.privacy))
     elif cfg["mode"] in ("centralized", "standalone"):
         lines.append("privacy: nothing leaves a client in this mode")
     else:
         lines.append("privacy: none (differential privacy off: no (epsilon, delta) guarantee)")
-    if report.stopped_early:
-        lines.append(f"stopped early: {report.stopped_early}")
+    if summary.stopped_early:
+        lines.append(f"stopped early: {summary.stopped_early}")
     return "\n".join(lines)
 
 

@@ -18,7 +18,7 @@ from clients.local.asgi import InProcessTransport
 from clients.local.session import session_request
 from clients.policy import PrivacyPolicy
 from clients.service_http import ConnectionOptions
-from clients.session_client import ServiceClient
+from clients.session_client import SessionClient
 from clients.session_fit import LocalModelOptions
 from clients.worker import WorkerResult, WorkerRun
 from models.config import TrainConfig
@@ -43,7 +43,7 @@ def run_in_process(
     dataset: GraphDataset,
     work: Path,
     *,
-    service_class: Callable[[int], type[ServiceClient]] = lambda m: ServiceClient,
+    service_class: Callable[[int], type[SessionClient]] = lambda m: SessionClient,
     join_timeout: float | None = None,
 ) -> InProcessRun:
     """One session of ``config`` (plaintext sums, no DP) on a fresh service app with its
@@ -53,7 +53,7 @@ def run_in_process(
     app = create_app(ServiceSettings(database=work / "service.sqlite3", admin_token=token))
     transport = InProcessTransport(app)
     layout = layout_federation(config, dataset)
-    admin = ServiceClient(
+    admin = SessionClient(
         base_url=URL,
         session_id="",
         client_index=0,
