@@ -15,7 +15,7 @@ GLASU B.2's gradient broadcast) share the client's model, generators and workset
 aggregation layers compute and share is its arrangement (``models/arrangement.py``: GLASU, or the
 private arrangement of ``models/private.py``), how a share is sent its joint aggregation
 (``models/joint.py``) with the release policy it is given (``models/release.py``), the samplers
-its pass sampling (``models/pass_sampling.py``), and its evaluation passes a layer-wise
+its pass sampling (``models/sampler.py``), and its evaluation passes a layer-wise
 evaluation (``models/layerwise.py``). The pass being run goes down to all of them as a
 ``models.release.PassContext``. Its settings (``models/client_config.py``), its stale statistics
 (``models/workset.py``) and the scoring of evaluations (``models/outcome.py``) live apart.
@@ -38,9 +38,8 @@ from models.joint import JointAggregation
 from models.layers import Block
 from models.layerwise import LayerwiseEvaluation
 from models.outcome import PassOutcome
-from models.pass_sampling import PassSampling
 from models.release import PassContext, ReleasePolicy
-from models.sampler import SampledLayer
+from models.sampler import PassSampling, SampledLayer
 from models.workset import (
     CachedBatch,
     Workset,

@@ -24,8 +24,7 @@ from models.data.partition import ClientPartition
 from models.layers import Block
 from models.node_arrays import chunk_rows, node_array
 from models.outcome import EvaluationScores, PassOutcome, score_evaluation
-from models.pass_sampling import PassSampling
-from models.sampler import SampledLayer, sampling_rng
+from models.sampler import PassSampling, SampledLayer, sampling_rng
 from models.workset import Extracted, combine
 
 #: Targets per chunk of a layer-wise layer: with fanout 10 a chunk gathers up to about 45,000

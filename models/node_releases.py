@@ -6,7 +6,7 @@ A training pass's layer-1 release at party m holds the rows S_m[0] of its layer-
 parties sample from the pass's output nodes down to layer 1, their layer-1 sets are joined (the
 union the service returns), and party m's capped layer-1 draw from that union gives the rows
 whose features enter its release. The count walks exactly the clients' own sampling
-(``models.pass_sampling.PassSampling.walk``) over the run's own partitions, schedule and
+(``models.sampler.PassSampling.walk``) over the run's own partitions, schedule and
 seeds, and never reads a feature value. Every evaluation pass releases every node (layer-wise
 evaluation over all N). Nothing here is built into the service or the worker: their accounting
 is per pass (``secure/accounting.py``).
@@ -22,7 +22,7 @@ from models.config import TrainConfig
 from models.data.planetoid import GraphDataset
 from models.inprocess import answer_in_step
 from models.layout import layout_federation, session_schedule
-from models.pass_sampling import PassSampling
+from models.sampler import PassSampling
 from secure.accounting import calibrate_noise_multiplier
 from secure.aggregation import PlainSumAggregator
 from secure.privacy import RELEASE_LAYER

@@ -19,7 +19,7 @@ from models.config import TrainConfig
 from models.data.csbm import csbm
 from models.data.planetoid import GraphDataset
 from models.node_releases import node_releases
-from models.pass_sampling import PassSampling
+from models.sampler import PassSampling
 from models.trainer import train_inprocess
 from secure.accounting import calibrate_noise_multiplier, epsilon_after
 
