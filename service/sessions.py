@@ -22,7 +22,7 @@ from service.aggregators import Aggregators
 from service.domain_errors import InvalidSessionRequest, SessionNotFound
 from service.plan import PlanCache, PlanOutline, SessionPlan
 from service.rounds import RoundEngine
-from service.rounds.gate import layer_rows, layer_summed
+from service.rounds.slots import layer_rows, layer_summed
 from service.session_state import SessionState
 from service.store import LedgerRow, SessionRow, Store, Transaction
 from service.tokens import new_tokens, token_sha256
@@ -339,6 +339,6 @@ def _shares_received(
         return []
     received: set[int] | None = None
     for part in range(part_count(rows, plan.widths[layer], plan.part_values)):
-        clients = set(tx.uploaders(plan.session_id, pass_index, layer, "embedding", part))
+        clients = set(tx.uploaders(plan.session_id, pass_index, layer, "share", part))
         received = clients if received is None else received & clients
     return sorted(received or ())

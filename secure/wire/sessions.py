@@ -24,7 +24,9 @@ from secure.wire.common import (
 )
 from secure.wire.node_lists import NodeList
 
-SessionState = Literal["running", "finished", "budget_exhausted", "closed"]
+# the values of service.session_state.SessionState (secure/ never imports service/; a test
+# checks that they stay the same)
+SessionStateName = Literal["running", "finished", "budget_exhausted", "closed"]
 MAX_PART_VALUES = 2**26
 
 
@@ -281,7 +283,7 @@ class SessionConfigView(ResponseModel):
 class SessionSummary(ResponseModel):
     session_id: str
     label: str | None
-    state: SessionState
+    state: SessionStateName
     created_at: float
     clients: int
     passes_total: int

@@ -9,7 +9,7 @@ from pydantic import Field
 
 from secure.accounting import AccountantName
 from secure.wire.common import ResponseModel
-from secure.wire.sessions import SessionConfigView, SessionState
+from secure.wire.sessions import SessionConfigView, SessionStateName
 
 
 class LayerProgress(ResponseModel):
@@ -129,7 +129,7 @@ class PrivacyReport(ResponseModel):
 class SessionStatus(ResponseModel):
     session_id: str
     label: str | None
-    state: SessionState
+    state: SessionStateName
     created_at: float
     config: SessionConfigView
     max_body_bytes: int | None = Field(

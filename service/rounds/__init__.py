@@ -13,7 +13,12 @@ Every method is blocking (SQLite, CKKS); call them from a worker thread. Refusal
 :mod:`service.domain_errors`; the app turns them into problem details.
 
 - :mod:`.engine`: :class:`RoundEngine`, the facade the routes and the session manager use;
-- :mod:`.parts`: what every part works with (store, plans, aggregators, telemetry, files);
+- :mod:`.services`: what every component works with (store, plans, aggregators, telemetry,
+  bodies);
+- :mod:`service.session_state`: the state machine, pure: which slot closes, who is left out
+  and where they rejoin, what a release does, where a session goes once a pass completed;
+- :mod:`.slots`: the store's side of it (who uploaded, who is in the pass, a layer's rows and
+  parts), read for it, and the absences it decides, written;
 - :mod:`.gate`: the checks shared by every route (session, pass, layer, current pass);
 - :mod:`.uploads`: accepting node sets (and forming their union), shares and metrics;
 - :mod:`.sums`: running sums (per part of a layer), recording the release in the ledger,

@@ -1,7 +1,7 @@
 """What clients read: the pass descriptor, a layer's node union and the sum of a layer's part.
 
 A download answers :class:`Waiting` until its result is complete. Unions are read from the store,
-sums from :class:`ShareSums` (memory, else their files). A download never sums shares while
+sums from :class:`ShareSums` (memory, else the payload store). A download never sums shares while
 another request is adding one or storing the sum; after a restart it stores a sum whose shares
 were all acknowledged before (:meth:`ShareSums.complete`).
 """
@@ -15,30 +15,23 @@ from secure.wire.passes import PassInfo
 from service.domain_errors import NotReady, UnknownPass, WrongPart, WrongPass
 from service.notify import Waiting
 from service.plan import SessionPlan
-from service.rounds.gate import (
-    UPLOAD_KIND,
-    check_downloadable,
-    check_in_pass,
-    layer_parts,
-    load_session,
-    open_layer,
-    slot_progress,
-)
-from service.rounds.parts import RoundPart, RoundParts
+from service.rounds.gate import check_downloadable, check_in_pass, load_session, open_layer
+from service.rounds.services import RoundComponent, RoundServices
+from service.rounds.slots import UPLOAD_KIND, layer_parts, slot_progress
 from service.rounds.sums import ShareSums
 from service.rounds.types import Caller, Payload
 from service.rounds.uploads import close_union
-from service.session_state import SessionState
-from service.store import ResultKind, ResultRow, Transaction
+from service.session_state import pass_is_done
+from service.store import KIND_NAME, ResultKind, ResultRow, Slot, Transaction
 
 
-class Downloads(RoundPart):
+class Downloads(RoundComponent):
     def __init__(
-        self, parts: RoundParts, sums: ShareSums, on_change: Callable[[str], None]
+        self, services: RoundServices, sums: ShareSums, on_change: Callable[[str], None]
     ) -> None:
         """``on_change(session_id)``: a download formed a result (or stopped the session), which
         the other requests waiting on the session must see (called from a worker thread)."""
-        super().__init__(parts)
+        super().__init__(services)
         self.sums = sums
         self.on_change = on_change
 
@@ -48,11 +41,7 @@ class Downloads(RoundPart):
             row, plan = load_session(tx, self.plans, session_id)
         if pass_index > plan.passes_total:
             raise UnknownPass.past_end(pass_index, plan.passes_total)
-        stopped = (
-            row.state in (SessionState.CLOSED, SessionState.BUDGET_EXHAUSTED)
-            and pass_index >= row.current_pass
-        )
-        if pass_index == plan.passes_total or stopped:
+        if pass_is_done(row.state, row.current_pass, pass_index, plan.passes_total):
             return PassInfo(
                 pass_index=pass_index,
                 kind="done",
@@ -73,66 +62,60 @@ class Downloads(RoundPart):
     ) -> Payload | Waiting:
         """The node union or the sum of one layer's part (a union is part 0), or who is still
         missing."""
-        answer = self._fetch(kind, caller, pass_index, layer, part)
+        slot = Slot(caller.session_id, pass_index, layer, part)
+        answer = self._fetch(kind, caller, slot)
         if not isinstance(answer, Waiting):
             return answer
         closes_now = answer.closes_at is not None and answer.closes_at <= self.store.clock.now()
-        if kind == "aggregate" and (not answer.missing or closes_now):
+        if kind == "sum" and (not answer.missing or closes_now):
             # All shares are in but no sum: the upload of the last one is storing it (then this
             # returns at once and the long poll waits to be notified), or it never did (a
             # restart, a failure), and the sum is stored here from the running sum or the
-            # shares' files. Under stragglers "continue" the sum may also be due without them.
-            changed = self.sums.complete(
-                caller.session_id, pass_index, layer, part=part, wait=False
-            )
+            # shares' bodies. Under stragglers "continue" the sum may also be due without them.
+            changed = self.sums.complete(slot, wait=False)
         elif kind == "union" and closes_now:
             with self.store.transaction() as tx:
                 _, plan = load_session(tx, self.plans, caller.session_id)
-                changed = close_union(tx, plan, pass_index, layer)
+                changed = close_union(tx, plan, slot)
         else:
             return answer
         if changed:
             self.on_change(caller.session_id)
-        return self._fetch(kind, caller, pass_index, layer, part)
+        return self._fetch(kind, caller, slot)
 
-    def _fetch(
-        self, kind: ResultKind, caller: Caller, pass_index: int, layer: int, part: int
-    ) -> Payload | Waiting:
-        upload_kind = UPLOAD_KIND[kind]
+    def _fetch(self, kind: ResultKind, caller: Caller, slot: Slot) -> Payload | Waiting:
+        pass_index, layer, upload_kind = slot.pass_index, slot.layer, UPLOAD_KIND[kind]
         with self.store.transaction() as tx:
             row, plan = open_layer(
                 tx, self.plans, caller.session_id, pass_index, layer, upload_kind
             )
             check_downloadable(row, pass_index)
             check_in_pass(tx, plan, caller.client_index, pass_index, layer, upload_kind)
-            result = tx.result(caller.session_id, pass_index, layer, kind, part)
+            result = tx.result(*slot[:3], kind, slot.part)
             if result is None:
-                _check_part(tx, plan, pass_index, layer, part)
-                progress = slot_progress(tx, plan, pass_index, layer, upload_kind, part)
+                _check_part(tx, plan, slot)
+                progress = slot_progress(tx, plan, slot, upload_kind)
                 return Waiting(progress.missing, progress.received, progress.closes_at)
-        if kind == "union":
-            body = result.body
-        else:
-            body = self.sums.sum_body(caller.session_id, pass_index, layer, part)
+        body = result.body if kind == "union" else self.sums.sum_body(slot)
         if body is None:
             raise WrongPass("discarded", pass_index, row.current_pass)
         with self.store.transaction() as tx:
             tx.add_traffic(caller.session_id, caller.client_index, down=len(body))
-        self.telemetry.bytes_sent.labels(kind=kind).inc(len(body))
+        self.telemetry.bytes_sent.labels(kind=KIND_NAME[kind]).inc(len(body))
         return _payload(kind, plan, result, body)
 
 
-def _check_part(tx: Transaction, plan: SessionPlan, pass_index: int, layer: int, part: int) -> None:
-    """``WrongPart`` if the layer has no part ``part``, once its rows are known (the union of a
+def _check_part(tx: Transaction, plan: SessionPlan, slot: Slot) -> None:
+    """``WrongPart`` if the layer has no such part, once its rows are known (the union of a
     layer below the top in a training pass may still be missing: then the answer waits)."""
-    if part == 0:
+    if slot.part == 0:
         return
     try:
-        parts = layer_parts(tx, plan, pass_index, layer)
+        parts = layer_parts(tx, plan, slot.pass_index, slot.layer)
     except NotReady:
         return
-    if part >= parts:
-        raise WrongPart.out_of_range(pass_index, layer, part=part, parts=parts)
+    if slot.part >= parts:
+        raise WrongPart.out_of_range(slot.pass_index, slot.layer, part=slot.part, parts=parts)
 
 
 def _payload(kind: ResultKind, plan: SessionPlan, result: ResultRow, body: bytes) -> Payload:

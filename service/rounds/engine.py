@@ -1,5 +1,5 @@
-"""The round engine: the one object the routes and the session manager hold. It wires the parts
-of the pass/round state machine together (``uploads``, ``downloads``, and the ``sums`` both
+"""The round engine: the one object the routes and the session manager hold. It wires the
+components of the rounds together (``uploads``, ``downloads``, and the ``sums`` both
 trigger) and adds nothing of its own."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from service.aggregators import Aggregators
 from service.plan import PlanCache, SessionPlan
 from service.rounds.downloads import Downloads
 from service.rounds.gate import load_session
-from service.rounds.parts import RoundParts
 from service.rounds.payload_store import payload_store_for
+from service.rounds.services import RoundServices
 from service.rounds.sums import ShareSums
 from service.rounds.uploads import Uploads
 from service.store import SessionRow, Store, Transaction
@@ -30,10 +30,10 @@ class RoundEngine:
         """``on_change(session_id)``: see :class:`Downloads` (uploads say it in their
         outcome)."""
         self.plans = plans
-        parts = RoundParts(store, plans, aggregators, telemetry, payload_store_for(store))
-        self.sums = ShareSums(parts)
-        self.uploads = Uploads(parts, self.sums)
-        self.downloads = Downloads(parts, self.sums, on_change)
+        services = RoundServices(store, plans, aggregators, telemetry, payload_store_for(store))
+        self.sums = ShareSums(services)
+        self.uploads = Uploads(services, self.sums)
+        self.downloads = Downloads(services, self.sums, on_change)
 
     def session(self, tx: Transaction, session_id: str) -> tuple[SessionRow, SessionPlan]:
         """A session's row and plan; ``SessionNotFound`` if there is none."""

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from secure.files import atomic_write, sync_folder
-from service.store.payload_rows import BodySlot
+from service.store import Slot
 
 if TYPE_CHECKING:
     from service.store import Transaction
@@ -45,7 +45,7 @@ _NAME = re.compile(
 class StoredBody:
     """A body kept in a file: a share (``client`` and ``sha256``) or a sum (both None)."""
 
-    slot: BodySlot
+    slot: Slot
     client: int | None
     sha256: bytes | None
     path: Path
@@ -82,7 +82,7 @@ class PayloadFiles:
 
     def write_share(
         self,
-        slot: BodySlot,
+        slot: Slot,
         client: int,
         sha256: bytes,
         body: bytes,
@@ -92,18 +92,18 @@ class PayloadFiles:
         _write(self._share_path(slot, client, sha256), body, sync=False)
 
     def read_share(
-        self, slot: BodySlot, client: int, sha256: bytes, *, tx: Transaction | None = None
+        self, slot: Slot, client: int, sha256: bytes, *, tx: Transaction | None = None
     ) -> bytes:
         """Raises ``FileNotFoundError`` if the share was discarded (or lost in a power loss)."""
         return self._share_path(slot, client, sha256).read_bytes()
 
     def write_sum(
-        self, slot: BodySlot, body: bytes, *, sync: bool, tx: Transaction | None = None
+        self, slot: Slot, body: bytes, *, sync: bool, tx: Transaction | None = None
     ) -> None:
         """``sync``: on disk (file and directory entry) before this returns."""
         _write(self._sum_path(slot), body, sync=sync)
 
-    def read_sum(self, slot: BodySlot, *, tx: Transaction | None = None) -> bytes | None:
+    def read_sum(self, slot: Slot, *, tx: Transaction | None = None) -> bytes | None:
         """None once discarded."""
         try:
             return self._sum_path(slot).read_bytes()
@@ -129,7 +129,7 @@ class PayloadFiles:
             if name is None or path.suffix not in (".sum", ".share"):
                 continue
             client, sha256 = name["client"], name["sha256"]
-            slot = BodySlot(
+            slot = Slot(
                 session_id=path.parent.parent.name,
                 pass_index=int(path.parent.name),
                 layer=int(name["layer"]),
@@ -142,17 +142,17 @@ class PayloadFiles:
                 path=path,
             )
 
-    def _share_path(self, slot: BodySlot, client: int, sha256: bytes) -> Path:
+    def _share_path(self, slot: Slot, client: int, sha256: bytes) -> Path:
         return self._pass_dir(slot) / f"{_slot_name(slot)}-c{client}-{sha256.hex()}.share"
 
-    def _sum_path(self, slot: BodySlot) -> Path:
+    def _sum_path(self, slot: Slot) -> Path:
         return self._pass_dir(slot) / f"{_slot_name(slot)}.sum"
 
-    def _pass_dir(self, slot: BodySlot) -> Path:
+    def _pass_dir(self, slot: Slot) -> Path:
         return self.root / slot.session_id / str(slot.pass_index)
 
 
-def _slot_name(slot: BodySlot) -> str:
+def _slot_name(slot: Slot) -> str:
     return f"l{slot.layer}" if slot.part == 0 else f"l{slot.layer}p{slot.part}"
 
 

@@ -24,8 +24,8 @@ from __future__ import annotations
 from typing import Protocol
 
 from service.rounds.payload_files import PayloadFiles
-from service.store import Store, Transaction
-from service.store.payload_rows import SUM_CLIENT, BodySlot
+from service.store import Slot, Store, Transaction
+from service.store.payload_rows import SUM_CLIENT
 
 
 class PayloadMissing(FileNotFoundError):
@@ -35,7 +35,7 @@ class PayloadMissing(FileNotFoundError):
 class PayloadStore(Protocol):
     def write_share(
         self,
-        slot: BodySlot,
+        slot: Slot,
         client: int,
         sha256: bytes,
         body: bytes,
@@ -44,18 +44,18 @@ class PayloadStore(Protocol):
     ) -> None: ...
 
     def read_share(
-        self, slot: BodySlot, client: int, sha256: bytes, *, tx: Transaction | None = None
+        self, slot: Slot, client: int, sha256: bytes, *, tx: Transaction | None = None
     ) -> bytes:
         """Raises ``FileNotFoundError`` if the share was discarded."""
         ...
 
     def write_sum(
-        self, slot: BodySlot, body: bytes, *, sync: bool, tx: Transaction | None = None
+        self, slot: Slot, body: bytes, *, sync: bool, tx: Transaction | None = None
     ) -> None:
         """``sync``: on disk before this returns (or with ``tx``'s durable commit)."""
         ...
 
-    def read_sum(self, slot: BodySlot, *, tx: Transaction | None = None) -> bytes | None:
+    def read_sum(self, slot: Slot, *, tx: Transaction | None = None) -> bytes | None:
         """None once discarded."""
         ...
 
@@ -72,7 +72,7 @@ class DatabasePayloads:
 
     def write_share(
         self,
-        slot: BodySlot,
+        slot: Slot,
         client: int,
         sha256: bytes,
         body: bytes,
@@ -82,7 +82,7 @@ class DatabasePayloads:
         self._put(tx, slot, client, sha256, body, durable=False)
 
     def read_share(
-        self, slot: BodySlot, client: int, sha256: bytes, *, tx: Transaction | None = None
+        self, slot: Slot, client: int, sha256: bytes, *, tx: Transaction | None = None
     ) -> bytes:
         body = self._get(tx, slot, client, sha256)
         if body is None:
@@ -93,11 +93,11 @@ class DatabasePayloads:
         return body
 
     def write_sum(
-        self, slot: BodySlot, body: bytes, *, sync: bool, tx: Transaction | None = None
+        self, slot: Slot, body: bytes, *, sync: bool, tx: Transaction | None = None
     ) -> None:
         self._put(tx, slot, SUM_CLIENT, b"", body, durable=sync)
 
-    def read_sum(self, slot: BodySlot, *, tx: Transaction | None = None) -> bytes | None:
+    def read_sum(self, slot: Slot, *, tx: Transaction | None = None) -> bytes | None:
         return self._get(tx, slot, SUM_CLIENT, b"")
 
     def discard(self, session_id: str, *, before_pass: int | None = None) -> None:
@@ -107,7 +107,7 @@ class DatabasePayloads:
     def _put(
         self,
         tx: Transaction | None,
-        slot: BodySlot,
+        slot: Slot,
         client: int,
         sha256: bytes,
         body: bytes,
@@ -120,9 +120,7 @@ class DatabasePayloads:
         with self.store.transaction(durable=durable) as own:
             own.put_payload(slot, client, sha256, body)
 
-    def _get(
-        self, tx: Transaction | None, slot: BodySlot, client: int, sha256: bytes
-    ) -> bytes | None:
+    def _get(self, tx: Transaction | None, slot: Slot, client: int, sha256: bytes) -> bytes | None:
         if tx is not None:
             return tx.payload(slot, client, sha256)
         with self.store.transaction() as own:

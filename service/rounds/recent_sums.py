@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from service.store.payload_rows import BodySlot
+from service.store import Slot
 
 
 class RecentSums:
@@ -15,11 +15,11 @@ class RecentSums:
 
     def __init__(self, max_bytes: int) -> None:
         self._max_bytes = max_bytes
-        self._bodies: OrderedDict[BodySlot, bytes] = OrderedDict()
+        self._bodies: OrderedDict[Slot, bytes] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def get(self, key: BodySlot) -> bytes | None:
+    def get(self, key: Slot) -> bytes | None:
         with self._lock:
             return self._bodies.get(key)
 
@@ -33,7 +33,7 @@ class RecentSums:
         with self._lock:
             return self._bytes
 
-    def put(self, key: BodySlot, body: bytes) -> None:
+    def put(self, key: Slot, body: bytes) -> None:
         with self._lock:
             self._pop(key)
             if len(body) > self._max_bytes:
@@ -48,7 +48,7 @@ class RecentSums:
             for key in [k for k in self._bodies if k[0] == session_id and k[1] < before_pass]:
                 self._pop(key)
 
-    def _pop(self, key: BodySlot) -> None:
+    def _pop(self, key: Slot) -> None:
         body = self._bodies.pop(key, None)
         if body is not None:
             self._bytes -= len(body)

@@ -39,21 +39,20 @@ from service.rounds.gate import (
     check_current_pass,
     check_in_pass,
     check_pass_in_schedule,
-    layer_rows,
-    layer_summed,
-    leave_out,
     open_layer,
     open_session,
+)
+from service.rounds.services import RoundComponent, RoundServices
+from service.rounds.slots import (
+    layer_rows,
+    layer_summed,
+    mark_left_out,
     rejoin,
     slot_progress,
-    uploaders,
 )
-from service.rounds.parts import RoundPart, RoundParts
 from service.rounds.sums import ShareSums
 from service.rounds.types import Caller, UploadOutcome
-from service.session_state import SessionState
-from service.store import Transaction, UploadKind
-from service.store.payload_rows import BodySlot
+from service.store import KIND_NAME, Slot, Transaction, UploadKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,9 +68,9 @@ class _UploadTarget:
     span: tuple[int, int] = (0, 0)
 
 
-class Uploads(RoundPart):
-    def __init__(self, parts: RoundParts, sums: ShareSums) -> None:
-        super().__init__(parts)
+class Uploads(RoundComponent):
+    def __init__(self, services: RoundServices, sums: ShareSums) -> None:
+        super().__init__(services)
         self.sums = sums
 
     def put(
@@ -89,20 +88,19 @@ class Uploads(RoundPart):
     ) -> UploadOutcome:
         """Store a node set or part ``part`` of ``parts`` of an embedding share; the headers
         are checked first."""
+        slot = Slot(caller.session_id, pass_index, layer, part)
         if kind == "nodes":
             declared = parse_node_headers(shape, encoding)
-            return self._accept_node_set(caller, pass_index, layer, declared, body)
+            return self._accept_node_set(caller, slot, declared, body)
         header = parse_matrix_headers(shape, encoding)
-        return self._accept_share(caller, _Slot(pass_index, layer, part, parts), header, body)
+        return self._accept_share(caller, slot, parts, header, body)
 
     def rejoin(self, caller: Caller) -> int:
         """The pass from which the caller takes part again after a pass went on without it
         (stragglers "continue"); the current pass for a client that was never left out."""
         with self.store.transaction() as tx:
             row, plan = open_session(tx, self.plans, caller.session_id)
-            if row.state != SessionState.RUNNING:
-                return row.current_pass
-            return rejoin(tx, plan, caller.client_index, row.current_pass)
+            return rejoin(tx, plan, row, caller.client_index)
 
     def put_metrics(self, caller: Caller, pass_index: int, metrics: Metrics) -> None:
         """Store a client's metrics of a pass; refused in a session with differential privacy
@@ -121,12 +119,11 @@ class Uploads(RoundPart):
             )
 
     def _accept_node_set(
-        self, caller: Caller, pass_index: int, layer: int, declared: int, body: bytes
+        self, caller: Caller, slot: Slot, declared: int, body: bytes
     ) -> UploadOutcome:
         """Check, validate outside the lock (``declared``: the node count of its header), then
         check again, insert and (with the M-th) form the union atomically."""
         sha256 = hashlib.sha256(body).digest()
-        slot = _Slot(pass_index, layer)
         with self.store.transaction() as tx:
             target = self._check_slot(tx, caller, "nodes", sha256, slot)
         if not target.duplicate:
@@ -134,34 +131,32 @@ class Uploads(RoundPart):
         return self._record(caller, "nodes", sha256, body, slot, keep_body=True)
 
     def _accept_share(
-        self, caller: Caller, slot: _Slot, header: MatrixHeader, body: bytes
+        self, caller: Caller, slot: Slot, parts: int, header: MatrixHeader, body: bytes
     ) -> UploadOutcome:
         """Check; validate and parse the share's part once, outside the lock (CKKS parsing is
-        slow); write its file; then, holding the part's running sum, check again, insert and
-        add it. The upload that completes the part (or repeats one whose sum was not stored)
-        stores the part's sum."""
+        slow); write its body to the payload store; then, holding the part's running sum, check
+        again, insert and add it. The upload that completes the part (or repeats one whose sum
+        was not stored) stores the part's sum."""
         sha256 = hashlib.sha256(body).digest()
-        pass_index, layer, part = slot.pass_index, slot.layer, slot.part
         with self.store.transaction() as tx:
-            target = self._check_slot(tx, caller, "embedding", sha256, slot)
+            target = self._check_slot(tx, caller, "share", sha256, slot, parts)
         if target.duplicate:
-            outcome = self._record(caller, "embedding", sha256, body, slot)
+            outcome = self._record(caller, "share", sha256, body, slot, declared_parts=parts)
         else:
             share = self._read_share(target, header, slot, body)
-            body_slot = BodySlot(caller.session_id, pass_index, layer, part)
-            self.files.write_share(body_slot, caller.client_index, sha256, body)
+            self.bodies.write_share(slot, caller.client_index, sha256, body)
             with self.sums.forming(
-                target.plan, pass_index, layer, part=part, rows=target.rows, cols=target.cols
+                target.plan, slot, rows=target.rows, cols=target.cols
             ) as running:
-                outcome = self._record(caller, "embedding", sha256, body, slot)
+                outcome = self._record(caller, "share", sha256, body, slot, declared_parts=parts)
                 if outcome.created and running is not None:
                     running.add(caller.client_index, share)
         if not outcome.missing:
-            self.sums.complete(caller.session_id, pass_index, layer, part=part, wait=True)
+            self.sums.complete(slot, wait=True)
         return outcome
 
     def _read_share(
-        self, target: _UploadTarget, header: MatrixHeader, slot: _Slot, body: bytes
+        self, target: _UploadTarget, header: MatrixHeader, slot: Slot, body: bytes
     ) -> Any:
         """The share's part, validated against the slot and parsed by the session's
         aggregator."""
@@ -191,51 +186,58 @@ class Uploads(RoundPart):
         kind: UploadKind,
         sha256: bytes,
         body: bytes,
-        slot: _Slot,
+        slot: Slot,
         *,
+        declared_parts: int = 1,
         keep_body: bool = False,
     ) -> UploadOutcome:
         """Check the slot again and insert the upload (its body too if ``keep_body``), count the
         traffic and, with the M-th node set, store the union: one transaction."""
-        pass_index, layer, part = slot.pass_index, slot.layer, slot.part
         with self.store.transaction() as tx:
-            target = self._check_slot(tx, caller, kind, sha256, slot)
+            target = self._check_slot(tx, caller, kind, sha256, slot, declared_parts)
             if not target.duplicate:
                 tx.insert_upload(
                     caller.session_id,
-                    pass_index,
-                    layer,
+                    slot.pass_index,
+                    slot.layer,
                     kind,
                     caller.client_index,
                     sha256=sha256,
                     size=len(body),
                     body=body if keep_body else None,
-                    part=part,
+                    part=slot.part,
                 )
             tx.add_traffic(caller.session_id, caller.client_index, up=len(body))
-            received, missing = uploaders(tx, target.plan, pass_index, layer, kind, part)
+            progress = slot_progress(tx, target.plan, slot, kind)
             outcome = UploadOutcome(
                 not target.duplicate,
-                received,
-                missing,
-                wakes_waiters=not missing or target.plan.config.stragglers == "continue",
+                progress.received,
+                progress.missing,
+                wakes_waiters=not progress.missing or target.plan.config.stragglers == "continue",
             )
             if kind == "nodes" and outcome.created:
-                close_union(tx, target.plan, pass_index, layer)
-        self.telemetry.bytes_received.labels(kind=kind).inc(len(body))
+                close_union(tx, target.plan, slot)
+        self.telemetry.bytes_received.labels(kind=KIND_NAME[kind]).inc(len(body))
         return outcome
 
     def _check_slot(
-        self, tx: Transaction, caller: Caller, kind: UploadKind, sha256: bytes, slot: _Slot
+        self,
+        tx: Transaction,
+        caller: Caller,
+        kind: UploadKind,
+        sha256: bytes,
+        slot: Slot,
+        declared_parts: int = 1,
     ) -> _UploadTarget:
-        """Everything an upload must satisfy apart from its body."""
+        """Everything an upload must satisfy apart from its body (``declared_parts``: the
+        layer's part count its upload names; a node set is part 0 of 1)."""
         pass_index, layer, part = slot.pass_index, slot.layer, slot.part
         row, plan = open_layer(tx, self.plans, caller.session_id, pass_index, layer, kind)
         existing = tx.upload(caller.session_id, pass_index, layer, kind, caller.client_index, part)
         if existing is not None:
             if hmac.compare_digest(existing.sha256, sha256):
                 return _UploadTarget(plan, duplicate=True)
-            raise Conflict(caller.client_index, kind, pass_index, layer)
+            raise Conflict(caller.client_index, KIND_NAME[kind], pass_index, layer)
         check_current_pass(row, pass_index)
         check_in_pass(tx, plan, caller.client_index, pass_index, layer, kind)
         if kind == "nodes":
@@ -245,8 +247,8 @@ class Uploads(RoundPart):
                 raise NotReady.lower_sum(pass_index, lower)
         rows, cols = layer_rows(tx, plan, pass_index, layer), plan.widths[layer]
         parts = part_count(rows, cols, plan.part_values)
-        if slot.parts != parts:
-            raise WrongPart.count(pass_index, layer, expected=parts, declared=slot.parts)
+        if declared_parts != parts:
+            raise WrongPart.count(pass_index, layer, expected=parts, declared=declared_parts)
         if not 0 <= part < parts:
             raise WrongPart.out_of_range(pass_index, layer, part=part, parts=parts)
         start, stop = part_span(part, rows=rows, cols=cols, part_values=plan.part_values)
@@ -255,19 +257,8 @@ class Uploads(RoundPart):
         )
 
 
-@dataclass(frozen=True, slots=True)
-class _Slot:
-    """The slot an upload names: part ``part`` of ``parts`` of (pass, layer); node sets are
-    part 0 of 1."""
-
-    pass_index: int
-    layer: int
-    part: int = 0
-    parts: int = 1
-
-
 def _layer_nodes(plan: SessionPlan, pass_index: int, layer: int) -> str:
-    """What a layer's rows are (``gate.layer_rows``), in words."""
+    """What a layer's rows are (``slots.layer_rows``), in words."""
     if plan.passes[pass_index].kind == "eval":
         return "all num_nodes aligned nodes"
     if layer >= plan.top_layer:
@@ -275,20 +266,18 @@ def _layer_nodes(plan: SessionPlan, pass_index: int, layer: int) -> str:
     return f"the node union of layer {layer}"
 
 
-def close_union(tx: Transaction, plan: SessionPlan, pass_index: int, layer: int) -> bool:
-    """Store the layer's node union if its slot closes now (``gate.slot_closes``); whether it
-    did."""
-    if tx.result(plan.session_id, pass_index, layer, "union") is not None:
+def close_union(tx: Transaction, plan: SessionPlan, slot: Slot) -> bool:
+    """Store the layer's node union if its slot closes now (``session_state.slot_progress``);
+    whether it did."""
+    if tx.result(*slot[:3], "union") is not None:
         return False
-    progress = slot_progress(tx, plan, pass_index, layer, "nodes")
+    progress = slot_progress(tx, plan, slot, "nodes")
     if not progress.closes:
         return False
-    leave_out(tx, plan, pass_index, progress.missing)
-    union = union_of(tx.upload_bodies(plan.session_id, pass_index, layer, "nodes"))
+    mark_left_out(tx, plan, slot.pass_index, progress.received)
+    union = union_of(tx.upload_bodies(*slot[:3], "nodes"))
     tx.insert_result(
-        plan.session_id,
-        pass_index,
-        layer,
+        *slot[:3],
         "union",
         rows=len(union) // 8,
         cols=0,

@@ -2,15 +2,17 @@
 
 from service.store.accounts import LedgerRow, MetricsRow
 from service.store.database import Store, Transaction
-from service.store.rounds import ResultKind, ResultRow, UploadKind, UploadRow
+from service.store.rounds import KIND_NAME, ResultKind, ResultRow, Slot, UploadKind, UploadRow
 from service.store.sessions import SessionRow
 
 __all__ = [
+    "KIND_NAME",
     "LedgerRow",
     "MetricsRow",
     "ResultKind",
     "ResultRow",
     "SessionRow",
+    "Slot",
     "Store",
     "Transaction",
     "UploadKind",

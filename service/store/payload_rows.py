@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 from service.store.queries import Queries
+from service.store.rounds import Slot
 
 # bodies are random floats or ciphertexts: EXTERNAL keeps them out of line and uncompressed
 _PAYLOAD_TABLE = """
@@ -29,16 +30,6 @@ PAYLOAD_SCHEMA = _PAYLOAD_TABLE + ";ALTER TABLE payloads ALTER COLUMN body SET S
 SUM_CLIENT = -1  # the client_index of a layer part's sum (its sha256 is empty)
 
 
-class BodySlot(NamedTuple):
-    """Where a body belongs: one part of one layer of one pass of a session (in the order of
-    the table's key)."""
-
-    session_id: str
-    pass_index: int
-    layer: int
-    part: int = 0
-
-
 #: A body crosses the connection in pieces of at most this many bytes. libpq keeps each
 #: connection's input and output buffers at the size of the largest message they carried, for
 #: the connection's life, and the pool keeps its connections: one 16 MiB body sent as a
@@ -58,7 +49,7 @@ _KEY = (
 
 
 class PayloadQueries(Queries):
-    def put_payload(self, slot: BodySlot, client_index: int, sha256: bytes, body: bytes) -> None:
+    def put_payload(self, slot: Slot, client_index: int, sha256: bytes, body: bytes) -> None:
         """Insert or replace a body. A share is named by its content (an identical re-upload
         replaces it by itself); a sum by its slot. Streamed in with COPY, a piece at a time;
         COPY has no ON CONFLICT, so the row is deleted first, under the body's own lock (two
@@ -70,7 +61,7 @@ class PayloadQueries(Queries):
             f"COPY payloads ({_COLUMNS}, body) FROM STDIN (FORMAT BINARY)", _copy_row(key, body)
         )
 
-    def payload(self, slot: BodySlot, client_index: int, sha256: bytes) -> bytes | None:
+    def payload(self, slot: Slot, client_index: int, sha256: bytes) -> bytes | None:
         """The body, read a piece at a time (``substring`` of an uncompressed, out-of-line
         value reads only the piece's TOAST chunks); None if there is none (or it is deleted
         while it is read)."""

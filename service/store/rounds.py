@@ -8,7 +8,7 @@ layer) holds a slice of the layer's rows. Node sets and unions are always part 0
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from service.store.queries import Queries
 
@@ -59,8 +59,32 @@ PARTED_TABLES = {
     "results": (RESULTS_TABLE, "session_id, pass_index, layer, kind, part"),
 }
 
-UploadKind = Literal["nodes", "embedding"]
-ResultKind = Literal["union", "aggregate"]
+UploadKind = Literal["nodes", "share"]  # a client's node set, or its share of a layer's part
+ResultKind = Literal["union", "sum"]  # the node union, or the sum of the shares of a part
+
+# The code says share (one client's upload of a layer's embeddings, encrypted or masked) and sum
+# (the service's aggregate of the shares). The ``kind`` column of the uploads and results tables,
+# the REST paths (``PUT .../embedding``, ``GET .../aggregate``), the telemetry's ``kind`` label and
+# the problem details keep the names that stored sessions, clients and dashboards know: this is
+# the one place that maps them.
+KIND_NAME: dict[str, str] = {
+    "nodes": "nodes",
+    "share": "embedding",
+    "union": "union",
+    "sum": "aggregate",
+}
+_KIND_OF_NAME = {name: kind for kind, name in KIND_NAME.items()}
+
+
+class Slot(NamedTuple):
+    """One slot of a session's rounds: part ``part`` of layer ``layer`` of pass ``pass_index``
+    (node sets and unions are part 0). It keys uploads, results and their bodies (in the order
+    of the tables' keys)."""
+
+    session_id: str
+    pass_index: int
+    layer: int
+    part: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +123,7 @@ class RoundQueries(Queries):
         row = self._db.execute(
             "SELECT client_index, sha256, size FROM uploads WHERE session_id = ? AND pass_index = ?"
             " AND layer = ? AND kind = ? AND client_index = ? AND part = ?",
-            (session_id, pass_index, layer, kind, client_index, part),
+            (session_id, pass_index, layer, KIND_NAME[kind], client_index, part),
         ).fetchone()
         return UploadRow(int(row[0]), bytes(row[1]), int(row[2])) if row else None
 
@@ -115,7 +139,7 @@ class RoundQueries(Queries):
         rows = self._db.execute(
             "SELECT client_index, sha256, size FROM uploads WHERE session_id = ? AND pass_index = ?"
             " AND layer = ? AND kind = ? AND part = ? ORDER BY client_index",
-            (session_id, pass_index, layer, kind, part),
+            (session_id, pass_index, layer, KIND_NAME[kind], part),
         ).fetchall()
         return [UploadRow(int(r[0]), bytes(r[1]), int(r[2])) for r in rows]
 
@@ -125,7 +149,7 @@ class RoundQueries(Queries):
         (at,) = self._db.execute(
             "SELECT MIN(created_at) FROM uploads WHERE session_id = ? AND pass_index = ?"
             " AND layer = ? AND kind = ? AND part = ?",
-            (session_id, pass_index, layer, kind, part),
+            (session_id, pass_index, layer, KIND_NAME[kind], part),
         ).fetchone()
         return at
 
@@ -135,14 +159,14 @@ class RoundQueries(Queries):
             "SELECT layer, kind, part FROM results WHERE session_id = ? AND pass_index = ?",
             (session_id, pass_index),
         ).fetchall()
-        return [(int(layer), kind, int(part)) for layer, kind, part in rows]
+        return [(int(layer), _KIND_OF_NAME[name], int(part)) for layer, name, part in rows]
 
     def result_parts(self, session_id: str, pass_index: int, layer: int, kind: ResultKind) -> int:
         """How many parts of the (pass, layer) result are stored."""
         (count,) = self._db.execute(
             "SELECT COUNT(*) FROM results WHERE session_id = ? AND pass_index = ? AND layer = ?"
             " AND kind = ?",
-            (session_id, pass_index, layer, kind),
+            (session_id, pass_index, layer, KIND_NAME[kind]),
         ).fetchone()
         return int(count)
 
@@ -153,7 +177,7 @@ class RoundQueries(Queries):
         rows = self._db.execute(
             "SELECT body FROM uploads WHERE session_id = ? AND pass_index = ? AND layer = ?"
             " AND kind = ? AND part = 0 ORDER BY client_index",
-            (session_id, pass_index, layer, kind),
+            (session_id, pass_index, layer, KIND_NAME[kind]),
         ).fetchall()
         if any(r[0] is None for r in rows):
             raise LookupError(f"uploads of pass {pass_index} layer {layer} were discarded")
@@ -172,7 +196,7 @@ class RoundQueries(Queries):
         body: bytes | None,
         part: int = 0,
     ) -> None:
-        """``body`` None: the body is kept outside SQLite (embedding shares)."""
+        """``body`` None: the body is kept outside SQLite (shares)."""
         self._db.execute(
             "INSERT INTO uploads (session_id, pass_index, layer, kind, client_index, part, sha256,"
             " size, body, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -180,7 +204,7 @@ class RoundQueries(Queries):
                 session_id,
                 pass_index,
                 layer,
-                kind,
+                KIND_NAME[kind],
                 client_index,
                 part,
                 sha256,
@@ -196,7 +220,7 @@ class RoundQueries(Queries):
         row = self._db.execute(
             "SELECT rows, cols, count, body, released_at FROM results WHERE session_id = ?"
             " AND pass_index = ? AND layer = ? AND kind = ? AND part = ?",
-            (session_id, pass_index, layer, kind, part),
+            (session_id, pass_index, layer, KIND_NAME[kind], part),
         ).fetchone()
         if not row:
             return None
@@ -225,7 +249,7 @@ class RoundQueries(Queries):
                 session_id,
                 pass_index,
                 layer,
-                kind,
+                KIND_NAME[kind],
                 part,
                 rows,
                 cols,

@@ -109,7 +109,7 @@ record = uploads.Uploads._record
 
 def record_then_die(self, caller, kind, sha256, body, slot, **kwargs):
     outcome = record(self, caller, kind, sha256, body, slot, **kwargs)
-    if kind == "embedding" and slot.pass_index == upload_pass and caller.client_index == 1:
+    if kind == "share" and slot.pass_index == upload_pass and caller.client_index == 1:
         if once("upload"):
             die()  # the share is committed; its answer is never sent
     return outcome
@@ -125,7 +125,7 @@ put = uploads.Uploads.put
 
 
 def put_late(self, kind, caller, pass_index, layer, **kwargs):
-    if kind == "embedding" and pass_index == poll_pass and caller.client_index == LATE:
+    if kind == "share" and pass_index == poll_pass and caller.client_index == LATE:
         if not (markers / "service-poll").exists():
             killed.wait(EVENT_SECONDS)
     return put(self, kind, caller, pass_index, layer, **kwargs)
@@ -136,7 +136,7 @@ get = downloads.Downloads.get
 
 def get_then_die_in_the_poll(self, kind, caller, pass_index, layer, part=0):
     answer = get(self, kind, caller, pass_index, layer, part)
-    if kind == "aggregate" and pass_index == poll_pass and isinstance(answer, Waiting):
+    if kind == "sum" and pass_index == poll_pass and isinstance(answer, Waiting):
         with polling_lock:
             polling.add(caller.client_index)
             if polling >= OTHERS and once("poll"):
@@ -149,8 +149,7 @@ store = sums.ShareSums._store
 
 def store_then_die(self, plan, slot, *args, **kwargs):
     store(self, plan, slot, *args, **kwargs)
-    pass_index, layer, _ = slot
-    if pass_index == between_pass and layer == max(plan.widths) and once("between"):
+    if slot.pass_index == between_pass and slot.layer == max(plan.widths) and once("between"):
         die()  # the pass is complete, nobody has its sum yet
 
 

@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from service_testkit import Federation, admin, create_session, http_client, session_request
 
 from service.rounds.payload_files import PayloadFiles
-from service.store.payload_rows import BodySlot
+from service.store import Slot
 
 pytestmark = pytest.mark.anyio
 
@@ -44,7 +44,7 @@ async def test_files_follow_the_kept_passes_and_go_with_the_session(
 
 def test_write_and_read_back(tmp_path: Path) -> None:
     files = PayloadFiles.beside(tmp_path / "service.sqlite3")
-    sha, slot = bytes(range(32)), BodySlot("s", 3, 1)
+    sha, slot = bytes(range(32)), Slot("s", 3, 1)
     files.write_share(slot, 2, sha, b"share")
     files.write_sum(slot, b"sum", sync=True)
     assert files.read_share(slot, 2, sha) == b"share"

@@ -28,11 +28,10 @@ from service_testkit import (
 from service.alignment.tables import ALIGNMENT_MIGRATIONS, create_alignment_tables
 from service.clock import DatabaseClock, ManualClock
 from service.rounds.payload_store import DatabasePayloads, PayloadMissing
-from service.store import Store, payload_rows
+from service.store import Slot, Store, payload_rows
 from service.store.accounts import ACCOUNT_SCHEMA
 from service.store.database import STORE_MIGRATIONS
 from service.store.dialect import Connection
-from service.store.payload_rows import BodySlot
 from service.store.rounds import ROUND_SCHEMA
 from service.store.sessions import SESSION_SCHEMA
 
@@ -118,7 +117,7 @@ def test_a_session_and_a_slot_are_locked_across_replicas(replicas: tuple[Store, 
 def test_payload_bodies_live_in_the_database(replicas: tuple[Store, Store]) -> None:
     first, second = replicas
     payloads, other = DatabasePayloads(first), DatabasePayloads(second)
-    sha, three, four = bytes(range(32)), BodySlot("s", 3, 1), BodySlot("s", 4, 1)
+    sha, three, four = bytes(range(32)), Slot("s", 3, 1), Slot("s", 4, 1)
     payloads.write_share(three, 0, sha, b"share")
     payloads.write_share(three, 0, sha, b"share")  # an identical re-upload
     payloads.write_sum(three, b"sum", sync=True)
@@ -167,7 +166,7 @@ def test_payload_bodies_cross_the_connection_in_bounded_pieces(
     first, second = replicas
     payloads, other = DatabasePayloads(first), DatabasePayloads(second)
     body = np.random.default_rng(0).bytes(3 * piece + 123)  # three pieces and a remainder
-    sha, slot = hashlib.sha256(body).digest(), BodySlot("s", 0, 1)
+    sha, slot = hashlib.sha256(body).digest(), Slot("s", 0, 1)
     payloads.write_share(slot, 0, sha, body)
     other.write_share(slot, 0, sha, body)  # an identical re-upload, on another replica
     payloads.write_sum(slot, body[::-1], sync=True)
@@ -356,16 +355,16 @@ def test_a_database_from_before_parts_keys_its_slots_by_part(
     store = Store(database)
     try:
         with store.transaction() as tx:
-            assert tx.uploads("s", 0, 1, "embedding", 0)[0].sha256 == b"\xab"
-            result = tx.result("s", 0, 1, "aggregate", 0)
+            assert tx.uploads("s", 0, 1, "share", 0)[0].sha256 == b"\xab"
+            result = tx.result("s", 0, 1, "sum", 0)
             assert result is not None and (result.rows, result.count) == (5, 3)
-            assert tx.result("s", 0, 1, "aggregate", 1) is None
-            tx.insert_upload("s", 0, 1, "embedding", 2, sha256=b"cd", size=3, body=None, part=1)
-            tx.insert_result("s", 0, 1, "aggregate", rows=2, cols=4, count=3, body=None, part=1)
-            assert tx.result_parts("s", 0, 1, "aggregate") == 2
+            assert tx.result("s", 0, 1, "sum", 1) is None
+            tx.insert_upload("s", 0, 1, "share", 2, sha256=b"cd", size=3, body=None, part=1)
+            tx.insert_result("s", 0, 1, "sum", rows=2, cols=4, count=3, body=None, part=1)
+            assert tx.result_parts("s", 0, 1, "sum") == 2
             if backend == "postgresql":
-                assert tx.payload(BodySlot("s", 0, 1, 0), -1, b"") == b"sum"
-                tx.put_payload(BodySlot("s", 0, 1, 1), -1, b"", b"sum 1")
-                assert tx.payload(BodySlot("s", 0, 1, 1), -1, b"") == b"sum 1"
+                assert tx.payload(Slot("s", 0, 1, 0), -1, b"") == b"sum"
+                tx.put_payload(Slot("s", 0, 1, 1), -1, b"", b"sum 1")
+                assert tx.payload(Slot("s", 0, 1, 1), -1, b"") == b"sum 1"
     finally:
         store.close()

@@ -38,7 +38,7 @@ from service.rounds import Caller, Payload
 from service.rounds.recent_sums import RecentSums
 from service.rounds.sums import RECENT_SUM_BYTES_PER_REPLICA
 from service.settings import ServiceSettings
-from service.store.payload_rows import BodySlot
+from service.store import Slot
 from service.store.sessions import SessionQueries
 
 pytestmark = pytest.mark.anyio
@@ -147,11 +147,11 @@ async def shares_in_no_sum(
 
 def stored_sum(app: FastAPI, sid: str) -> Any:
     with service_context(app).store.transaction() as tx:
-        return tx.result(sid, *SLOT, "aggregate")
+        return tx.result(sid, *SLOT, "sum")
 
 
 def served_sum(app: FastAPI, sid: str) -> np.ndarray:
-    total = service_context(app).engine.downloads.get("aggregate", Caller(sid, 0), *SLOT)
+    total = service_context(app).engine.downloads.get("sum", Caller(sid, 0), *SLOT)
     assert isinstance(total, Payload) and total.count == 2
     return np.frombuffer(total.body, dtype="<f4").reshape(ROWS, COLS)
 
@@ -208,20 +208,20 @@ async def test_a_sum_both_replicas_find_due_is_stored_once(
         monkeypatch.setattr(
             sums, "_due_sum_plan", _found_due(sums._due_sum_plan, order, name, other)
         )
-        read_share = sums.files.read_share
+        read_share = sums.bodies.read_share
         monkeypatch.setattr(
-            sums.files,
+            sums.bodies,
             "read_share",
             lambda *a, _read=read_share, _name=name, **k: (reads.append(_name), _read(*a, **k))[1],
         )
 
     def complete_on_a() -> bool:
-        stored = service_context(replicas[0]).engine.sums.complete(sid, *SLOT, wait=False)
+        stored = service_context(replicas[0]).engine.sums.complete(Slot(sid, *SLOT), wait=False)
         order.set("A stored it")
         return stored
 
     def complete_on_b() -> bool:
-        return service_context(replicas[1]).engine.sums.complete(sid, *SLOT, wait=False)
+        return service_context(replicas[1]).engine.sums.complete(Slot(sid, *SLOT), wait=False)
 
     assert run_threads(complete_on_a, complete_on_b) == [True, False]
     assert reads == ["A", "A"]
@@ -252,15 +252,15 @@ async def test_a_replica_killed_mid_sum_leaves_no_sum_and_the_next_request_store
 ) -> None:
     sid = await shares_in_no_sum(replicas, monkeypatch)
     first, second = service_context(replicas[0]), service_context(replicas[1])
-    write_sum = first.engine.sums.files.write_sum
+    write_sum = first.engine.sums.bodies.write_sum
 
     def dies_after_writing(*args: Any, **kwargs: Any) -> None:
         write_sum(*args, **kwargs)
         raise SystemExit("replica A killed mid-sum")
 
-    monkeypatch.setattr(first.engine.sums.files, "write_sum", dies_after_writing)
+    monkeypatch.setattr(first.engine.sums.bodies, "write_sum", dies_after_writing)
     with pytest.raises(SystemExit):
-        first.engine.sums.complete(sid, *SLOT, wait=True)
+        first.engine.sums.complete(Slot(sid, *SLOT), wait=True)
     assert stored_sum(replicas[1], sid) is None
     # The next download, on the other replica, finds every share in and no sum: it stores it.
     np.testing.assert_array_equal(served_sum(replicas[1], sid), expected_sum(SHARES))
@@ -342,9 +342,9 @@ async def test_each_replica_keeps_a_bounded_cache_of_sums(
         assert service_context(app).engine.sums.recent.budget == RECENT_SUM_BYTES_PER_REPLICA
     recent = RecentSums(100)
     for pass_index in range(5):
-        recent.put(BodySlot("s", pass_index, 1), bytes(60))
+        recent.put(Slot("s", pass_index, 1), bytes(60))
         assert recent.held_bytes <= 100
-    assert recent.get(BodySlot("s", 4, 1)) == bytes(60)
-    recent.put(BodySlot("s", 9, 1), bytes(150))
-    assert recent.get(BodySlot("s", 9, 1)) is None
+    assert recent.get(Slot("s", 4, 1)) == bytes(60)
+    recent.put(Slot("s", 9, 1), bytes(150))
+    assert recent.get(Slot("s", 9, 1)) is None
     assert recent.held_bytes == 60

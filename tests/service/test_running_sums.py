@@ -23,6 +23,7 @@ from service_testkit import (
 from service.app import service_context
 from service.notify import Waiting
 from service.rounds import Caller, Payload
+from service.store import Slot
 
 pytestmark = pytest.mark.anyio
 
@@ -54,10 +55,11 @@ async def test_a_download_leaves_a_sum_in_progress_alone(
     engine, caller = restarted.engine, Caller(sid, 0)
     with restarted.store.transaction() as tx:
         _, plan = engine.session(tx, sid)
-    with engine.sums.forming(plan, 0, 3, rows=5, cols=2):  # another request holds the slot
-        waiting = engine.downloads.get("aggregate", caller, 0, 3)
+    # another request holds the slot
+    with engine.sums.forming(plan, Slot(sid, 0, 3), rows=5, cols=2):
+        waiting = engine.downloads.get("sum", caller, 0, 3)
     assert isinstance(waiting, Waiting) and waiting.missing == []
-    total = engine.downloads.get("aggregate", caller, 0, 3)
+    total = engine.downloads.get("sum", caller, 0, 3)
     assert isinstance(total, Payload) and total.count == 2
     np.testing.assert_array_equal(
         np.frombuffer(total.body, dtype="<f4").reshape(5, 2), expected_sum(shares)

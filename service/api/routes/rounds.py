@@ -2,20 +2,22 @@
 
 Uploads read the body here (:mod:`service.api.body`) and hand everything blocking to the engine
 in a worker thread; the downloads long-poll (see :mod:`service.notify`) and answer 202 with a
-waiting status on timeout. The node-set and embedding exchanges differ in their kinds and in the
+waiting status on timeout. The node-set and share exchanges differ in their kinds and in the
 part that a share and a sum name (query parameters ``part`` and ``parts``; a node set and a
 union are part 0 of 1), so each route is a few lines around one upload and one download. The
-URL keeps the protocol's names ``{sid}``, ``{m}``, ``{p}``, ``{l}``; the Python parameters behind
+URL keeps the protocol's names ``{sid}``, ``{m}``, ``{p}``, ``{l}``, and calls a share an
+embedding and a sum an aggregate (``service.store.KIND_NAME``); the Python parameters behind
 them are named in full.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Annotated, Any
 
-from fastapi import Header, Path, Query, Request, Response
+from fastapi import Depends, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -28,7 +30,7 @@ from service.api.routes.docs import BINARY_REQUEST_BODY, OCTET_STREAM, binary_re
 from service.context import ServiceContext
 from service.notify import Waiting
 from service.rounds import Caller, Payload, UploadOutcome
-from service.store import ResultKind, UploadKind
+from service.store import KIND_NAME, ResultKind, UploadKind
 
 router = api_router("/v1/sessions/{sid}/clients/{m}", "clients")
 _Route = Callable[..., Awaitable[Any]]
@@ -106,38 +108,54 @@ PartsQuery = Annotated[
 ]
 
 
+@dataclass(frozen=True, slots=True)
+class _Exchange:
+    """What every upload and download route names: the caller, the pass and the layer."""
+
+    caller: Caller
+    context: ServiceContext
+    pass_index: int
+    layer: int
+
+
+def _exchange(
+    caller: ClientDep, context: ContextDep, pass_index: PassPath, layer: LayerPath
+) -> _Exchange:
+    return _Exchange(caller, context, pass_index, layer)
+
+
+ExchangeDep = Annotated[_Exchange, Depends(_exchange)]
+
+
 async def _upload(
     kind: UploadKind,
-    caller: Caller,
-    context: ServiceContext,
+    exchange: _Exchange,
     request: Request,
-    slot: tuple[int, int, int, int],
     shape: str | None,
     encoding: str | None,
+    *,
+    part: int = 0,
+    parts: int = 1,
 ) -> JSONResponse:
     """Read the binary body (within the byte budget), store it off the event loop, wake the
-    long-polls, answer with a receipt. ``slot``: pass, layer, part, parts."""
-    pass_index, layer, part, parts = slot
-    store = partial(context.engine.uploads.put, kind, caller, pass_index, layer)
+    long-polls, answer with a receipt."""
+    caller, context = exchange.caller, exchange.context
+    store = partial(context.engine.uploads.put, kind, caller, exchange.pass_index, exchange.layer)
     async with binary_body(request) as body:
         outcome = await run_in_threadpool(
             store, shape=shape, encoding=encoding, body=body, part=part, parts=parts
         )
     if outcome.wakes_waiters:
         context.notifier.notify(caller.session_id)
-    return _receipt_response(caller, pass_index, layer, outcome)
+    return _receipt_response(caller, exchange.pass_index, exchange.layer, outcome)
 
 
 async def _download(
-    kind: ResultKind,
-    caller: Caller,
-    context: ServiceContext,
-    slot: tuple[int, int, int],
-    wait: float | None,
+    kind: ResultKind, exchange: _Exchange, wait: float | None, *, part: int = 0
 ) -> Response:
-    """Long-poll until the result is complete or the wait runs out (202). ``slot``: pass,
-    layer, part."""
-    pass_index, layer, part = slot
+    """Long-poll until the result is complete or the wait runs out (202)."""
+    caller, context = exchange.caller, exchange.context
+    pass_index, layer = exchange.pass_index, exchange.layer
     check = partial(context.engine.downloads.get, kind, caller, pass_index, layer, part)
     result = await poll(context, caller.session_id, check, wait)
     return _payload_response(result, pass_index, layer)
@@ -145,8 +163,8 @@ async def _download(
 
 def _upload_route(kind: UploadKind, summary: str) -> Callable[[_Route], _Route]:
     return router.put(
-        f"/passes/{{p}}/layers/{{l}}/{kind}",
-        name=f"put_{kind}",
+        f"/passes/{{p}}/layers/{{l}}/{KIND_NAME[kind]}",
+        name=f"put_{KIND_NAME[kind]}",
         status_code=201,
         response_model=UploadReceipt,
         responses=UPLOAD_RESPONSES,
@@ -175,16 +193,12 @@ def _download_route(
 
 @_upload_route("nodes", "Upload this client's node set (training passes)")
 async def put_nodes(
-    caller: ClientDep,
-    context: ContextDep,
+    exchange: ExchangeDep,
     request: Request,
-    pass_index: PassPath,
-    layer: LayerPath,
     shape: ShapeHeader = None,
     encoding: EncodingHeader = None,
 ) -> JSONResponse:
-    slot = (pass_index, layer, 0, 1)
-    return await _upload("nodes", caller, context, request, slot, shape, encoding)
+    return await _upload("nodes", exchange, request, shape, encoding)
 
 
 @_download_route(
@@ -194,48 +208,31 @@ async def put_nodes(
     waiting="Not all node sets are in yet.",
     with_count=False,
 )
-async def get_nodes(
-    caller: ClientDep,
-    context: ContextDep,
-    pass_index: PassPath,
-    layer: LayerPath,
-    wait: WaitQuery = None,
-) -> Response:
-    return await _download("union", caller, context, (pass_index, layer, 0), wait)
+async def get_nodes(exchange: ExchangeDep, wait: WaitQuery = None) -> Response:
+    return await _download("union", exchange, wait)
 
 
-@_upload_route("embedding", "Upload one part of this client's embedding share")
-async def put_embedding(
-    caller: ClientDep,
-    context: ContextDep,
+@_upload_route("share", "Upload one part of this client's embedding share")
+async def put_share(
+    exchange: ExchangeDep,
     request: Request,
-    pass_index: PassPath,
-    layer: LayerPath,
     shape: ShapeHeader = None,
     encoding: EncodingHeader = None,
     part: PartQuery = 0,
     parts: PartsQuery = 1,
 ) -> JSONResponse:
-    slot = (pass_index, layer, part, parts)
-    return await _upload("embedding", caller, context, request, slot, shape, encoding)
+    return await _upload("share", exchange, request, shape, encoding, part=part, parts=parts)
 
 
 @_download_route(
-    "aggregate",
+    KIND_NAME["sum"],
     "Download the sum of one part (long poll)",
     result="The sum of the M shares' part (session encoding).",
     waiting="Not all shares of the part are in yet.",
     with_count=True,
 )
-async def get_aggregate(
-    caller: ClientDep,
-    context: ContextDep,
-    pass_index: PassPath,
-    layer: LayerPath,
-    wait: WaitQuery = None,
-    part: PartQuery = 0,
-) -> Response:
-    return await _download("aggregate", caller, context, (pass_index, layer, part), wait)
+async def get_sum(exchange: ExchangeDep, wait: WaitQuery = None, part: PartQuery = 0) -> Response:
+    return await _download("sum", exchange, wait, part=part)
 
 
 @router.post(
