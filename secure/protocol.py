@@ -13,6 +13,7 @@ Binary bodies carry their shape and their encoding in headers (``secure/wire/hea
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -54,6 +55,15 @@ class EmbeddingRequest:
     release: str | None = None  # a private release's digest (hex; secure.release_noise)
     part: int = 0  # this share holds part ``part`` of ``parts`` of the layer's rows (part_span)
     parts: int = 1
+    # SHA-256 of the part's plaintext (float32, before encoding): what a worker's upload journal
+    # records, so that a resumed worker recognises its own share (clients/checkpoint.py)
+    plaintext_digest: str | None = None
+
+
+def plaintext_digest(share: np.ndarray) -> str:
+    """The :attr:`EmbeddingRequest.plaintext_digest` of ``share``."""
+    array = np.ascontiguousarray(share, dtype=np.float32)
+    return hashlib.sha256(f"{array.shape}".encode() + array.tobytes()).hexdigest()
 
 
 #: Values (rows x columns) in one part of a share unless the session says otherwise (its
