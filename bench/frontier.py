@@ -41,11 +41,11 @@ import numpy as np
 import torch
 
 from bench import frontier_scale
+from models.arrangement import GlasuArrangement
 from models.config import TrainConfig
 from models.data.csbm import SIGNALS, csbm
 from models.data.planetoid import GraphDataset, load_dataset
-from models.federated import GlasuClient
-from models.private import PrivateGlasuClient
+from models.private import PrivateArrangement
 from models.trainer import train_inprocess
 from secure.accounting import calibrate_noise_multiplier
 
@@ -84,12 +84,9 @@ class Graph:
 
 @contextmanager
 def without_reference() -> Iterator[None]:
-    """Private clients without the party-alone reference: its local step (``_after_step``) and
-    its evaluation (``_evaluate``) are GlasuClient's."""
-    with (
-        mock.patch.object(PrivateGlasuClient, "_after_step", GlasuClient._after_step),
-        mock.patch.object(PrivateGlasuClient, "_evaluate", GlasuClient._evaluate),
-    ):
+    """Private clients without the party-alone reference's local steps (the private
+    arrangement's ``after_step`` is GLASU's: none)."""
+    with mock.patch.object(PrivateArrangement, "after_step", GlasuArrangement.after_step):
         yield
 
 

@@ -10,7 +10,7 @@ labelled fraction, degree, signal and epsilon, and on each graph, in the same ru
 - **design 2**: a privately trained predictor released once (bench/predictor_release.py) at each
   ε, and without noise (its ceiling);
 - **design 3**: design 1 with per-node accounting (docs/privacy.md 4.4): its noise multiplier
-  calibrated for the k releases of the worst node (:func:`node_releases`: the most training
+  calibrated for the k releases of the worst node (``models.node_releases``: the most training
   passes whose layer-1 release holds one node's row at one party, counted with the run's own
   sampler, seeds and schedule, plus every evaluation pass) instead of all passes.
 
@@ -49,11 +49,9 @@ from models.config import TrainConfig
 from models.data.csbm import SIGNALS, csbm
 from models.data.partition import partition
 from models.data.planetoid import NUM_TEST, NUM_VAL, GraphDataset
-from models.layout import layout_federation, session_schedule
+from models.node_releases import NodeReleases, node_releases
 from models.predictor_release import PredictorSettings, split_budget
-from models.sampler import NeighbourSampler, SamplingGraph, sampling_rng
 from models.trainer import train_inprocess
-from secure.accounting import calibrate_noise_multiplier
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "frontier_scale.json"
@@ -188,7 +186,9 @@ def runs_of_graph(
             if graph.key not in counted:
                 counted[graph.key] = node_releases(_config(graph, schedule), dataset)
             releases = counted[graph.key]
-            z = design3_noise_multiplier(releases, epsilon=eps)
+            z = releases.noise_multiplier(
+                epsilon=eps, delta=DELTA, accountant=TrainConfig.accountant
+            )
             report = _train(
                 graph, dataset, schedule, epsilon=None, noise_multiplier=z, reference=False
             )
@@ -512,87 +512,10 @@ def chart(summary: list[dict], epsilons: list[float], path: Path) -> None:
     plt.close(fig)
 
 
-@dataclass(frozen=True)
-class NodeReleases:
-    """Design 3's count: per party and node, the training passes whose layer-1 release holds the
-    node's row; every evaluation pass holds every node (layer-wise evaluation over all N)."""
-
-    train: np.ndarray  # (parties, nodes), int64
-    train_passes: int
-    eval_passes: int
-
-    @property
-    def total(self) -> int:
-        """Releases of the run: what design 1 calibrates for."""
-        return self.train_passes + self.eval_passes
-
-    @property
-    def worst(self) -> int:
-        """Releases that hold the worst node at the worst party: what design 3 calibrates for."""
-        return int(self.train.max()) + self.eval_passes
-
-    def train_stats(self) -> dict[str, float]:
-        return {
-            "mean": round(float(self.train.mean()), 2),
-            "p99": float(np.percentile(self.train, 99)),
-            "max": int(self.train.max()),
-        }
-
-
-def node_releases(config: TrainConfig, dataset: GraphDataset) -> NodeReleases:
-    """The releases that hold each node's row in a run of ``config`` on ``dataset``, from the
-    run's own partitions, schedule, samplers and sampling seeds (``GlasuClient._sample``'s walk
-    down the layers without the model): at each training pass, every party samples from the
-    pass's output nodes down to layer 1, the parties' layer-1 sets are joined (the union the
-    service returns), and party m's capped layer-1 draw from that union gives the rows S_m[0]
-    whose features enter its release. Nothing here reads a feature value."""
-    layout = layout_federation(config, dataset)
-    release_layer = layout.client_config.agg_layers[0]
-    if layout.client_config.agg_layers != (release_layer,) or release_layer != 1:
-        raise ValueError("per-node accounting is for the private arrangement (one release at 1)")
-    schedule = session_schedule(config, dataset)
-    parts = layout.partitions
-    graphs_ = [SamplingGraph.from_edge_index(p.edge_index, num_nodes=p.num_nodes) for p in parts]
-    free = [NeighbourSampler(g, fanout=config.fanout) for g in graphs_]
-    capped = [
-        NeighbourSampler(g, fanout=config.fanout, occurrence_cap=config.occurrence_cap)
-        for g in graphs_
-    ]
-    count = np.zeros((len(parts), dataset.num_nodes), dtype=np.int64)
-    train_passes = [p for p in schedule.passes if p.kind == "train"]
-    for spec in train_passes:
-        layer1: list[np.ndarray] = []
-        for part, sampler in zip(parts, free, strict=True):
-            targets = schedule.output_nodes(spec.index)
-            for depth in range(config.layers, 1, -1):
-                rng = sampling_rng(
-                    seed=config.seed, client=part.client, pass_index=spec.index, layer=depth
-                )
-                targets = sampler.sample_layer(targets, rng=rng).sources
-            layer1.append(targets)
-        union = np.unique(np.concatenate(layer1))
-        for part, sampler in zip(parts, capped, strict=True):
-            rng = sampling_rng(seed=config.seed, client=part.client, pass_index=spec.index, layer=1)
-            count[part.client, sampler.sample_layer(union, rng=rng).sources] += 1
-    return NodeReleases(
-        train=count,
-        train_passes=len(train_passes),
-        eval_passes=len(schedule.passes) - len(train_passes),
-    )
-
-
-def design3_noise_multiplier(releases: NodeReleases, *, epsilon: float) -> float:
-    """Design 3's z: the noise that keeps the worst node's k releases within ``epsilon`` (RDP,
-    as design 1), each release of the same sensitivity as in design 1."""
-    return calibrate_noise_multiplier(
-        epsilon=epsilon, delta=DELTA, releases=releases.worst, accountant=TrainConfig.accountant
-    )
-
-
 def passes_per_node(nodes: int, *, labelled: float, degree: float, seed: int = 0) -> dict:
     """Design 3's question over a default run (TrainConfig: rounds, eval_every, batch, fanout,
     L=4, occurrence cap at layer 1): in how many training passes' layer-1 releases each node's
-    row is, at the worst party (:func:`node_releases`)."""
+    row is, at the worst party (``models.node_releases``)."""
     config = TrainConfig(seed=seed)
     dataset = ScaleGraph(nodes, labelled, "weak", degree, seed).load()
     releases = node_releases(config, dataset)

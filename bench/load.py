@@ -44,6 +44,7 @@ from bench.results_doc import add_results_arguments, rewrote_docs_only, write_js
 from bench.startup import cpu_seconds, rss_mb
 from clients.local.processes import start_serve
 from secure.aggregation import PlainCodec
+from secure.wire.headers import AUTHORIZATION_HEADER, ENCODING_HEADER, SHAPE_HEADER
 from tests.support.replicas import HAProxy, start_replicas
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,8 +140,8 @@ def follow(
             content=payload,
             headers={
                 "Content-Type": "application/octet-stream",
-                "X-Glasu-Shape": f"{rows},{cols}",
-                "X-Glasu-Encoding": encoding,
+                SHAPE_HEADER: f"{rows},{cols}",
+                ENCODING_HEADER: encoding,
             },
         )
         timings.add("upload", time.perf_counter() - started)
@@ -258,7 +259,7 @@ def run(
                 base = f"/v1/sessions/{session_id}/clients/{m}"
                 with httpx.Client(
                     base_url=url,
-                    headers={"Authorization": f"Bearer {token}"},
+                    headers={AUTHORIZATION_HEADER: f"Bearer {token}"},
                     timeout=REQUEST_TIMEOUT_SECONDS,
                 ) as http:
                     try:
@@ -318,7 +319,7 @@ def create_sessions(
     rng = np.random.default_rng(0)
     jobs = []
     with httpx.Client(
-        base_url=url, headers={"Authorization": f"Bearer {admin_token}"}, timeout=60
+        base_url=url, headers={AUTHORIZATION_HEADER: f"Bearer {admin_token}"}, timeout=60
     ) as admin:
         for s in range(sessions):
             body = session_body(clients=clients, rows=rows, cols=cols, rounds=rounds, seed=s)

@@ -33,6 +33,7 @@ import numpy as np
 from bench.load import Backend, serving, session_body
 from bench.startup import rss_mb
 from secure.protocol import part_count, part_span
+from secure.wire.headers import AUTHORIZATION_HEADER, ENCODING_HEADER, SHAPE_HEADER
 
 SAMPLE_SECONDS = 0.05
 TIMEOUT_SECONDS = 120.0
@@ -76,7 +77,7 @@ def one_run(
         ) as (url, pids):  # fmt: skip
             sampler = RssSampler(pids)
             idle = sampler.now()
-            admin = {"Authorization": f"Bearer {admin_token}"}
+            admin = {AUTHORIZATION_HEADER: f"Bearer {admin_token}"}
             body = session_body(clients=clients, rows=rows, cols=cols, rounds=1, seed=0)
             body["eval_every"] = 0
             with httpx.Client(base_url=url, headers=admin, timeout=TIMEOUT_SECONDS) as http:
@@ -113,7 +114,7 @@ def one_run(
 
 def _client(url: str, sid: str, m: int, token: str, cols: int) -> None:
     base = f"/v1/sessions/{sid}/clients/{m}"
-    headers = {"Authorization": f"Bearer {token}"}
+    headers = {AUTHORIZATION_HEADER: f"Bearer {token}"}
     with httpx.Client(base_url=url, headers=headers, timeout=TIMEOUT_SECONDS) as http:
         info = http.get(f"{base}/passes/0")
         info.raise_for_status()
@@ -128,8 +129,8 @@ def _client(url: str, sid: str, m: int, token: str, cols: int) -> None:
                 content=share[start:stop].tobytes(),
                 headers={
                     "Content-Type": "application/octet-stream",
-                    "X-Glasu-Shape": f"{stop - start},{cols}",
-                    "X-Glasu-Encoding": "float32",
+                    SHAPE_HEADER: f"{stop - start},{cols}",
+                    ENCODING_HEADER: "float32",
                 },
             )
             if put.status_code not in (200, 201):

@@ -65,6 +65,7 @@ from clients.local.processes import (
     without_glasu_settings,
 )
 from models.node_arrays import SPILL_BYTES
+from secure.wire.headers import AUTHORIZATION_HEADER
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "scale.json"
@@ -347,7 +348,7 @@ class TreeSampler:
                 token = Path(words[words.index("--admin-token-file") + 1]).read_text().strip()
                 self._admin = httpx.Client(
                     base_url=f"http://127.0.0.1:{port}",
-                    headers={"Authorization": f"Bearer {token}"},
+                    headers={AUTHORIZATION_HEADER: f"Bearer {token}"},
                     timeout=1.0,
                 )
             if self._session is None:

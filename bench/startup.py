@@ -36,6 +36,7 @@ from typing import Any
 import httpx
 
 from clients.local.processes import start_serve, without_glasu_settings
+from secure.wire.headers import AUTHORIZATION_HEADER
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "startup.json"
@@ -95,7 +96,7 @@ def torch_mapped(pid: int) -> bool:
 
 def request(url: str, *, body: dict[str, Any] | None = None, timeout: float = 60) -> int:
     """The status of one admin request (``POST`` with ``body``, else ``GET``)."""
-    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    headers = {AUTHORIZATION_HEADER: f"Bearer {ADMIN_TOKEN}"}
     if body is None:
         return httpx.get(url, headers=headers, timeout=timeout).status_code
     return httpx.post(url, json=body, headers=headers, timeout=timeout).status_code

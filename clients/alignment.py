@@ -26,7 +26,7 @@ import httpx
 import numpy as np
 from tqdm.auto import tqdm
 
-from clients.alignment_signing import SIGNATURE_HEADER, SetSigning, SetSlot
+from clients.alignment_signing import SetSigning, SetSlot
 from clients.cores import available_cores
 from clients.service_http import ConnectionOptions, PeerConnection
 from secure.psi import ELEMENT_BYTES, BlindingKey, check_elements, pack, unpack
@@ -37,6 +37,7 @@ from secure.wire.alignment import (
     set_part_span,
     set_parts,
 )
+from secure.wire.headers import ENCODING_HEADER, SHAPE_HEADER, SIGNATURE_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +110,8 @@ class AlignmentClient(PeerConnection):
         size = len(body) // ELEMENT_BYTES
         headers = {
             "Content-Type": "application/octet-stream",
-            "X-Glasu-Encoding": SET_ENCODING,
-            "X-Glasu-Shape": str(size),
+            ENCODING_HEADER: SET_ENCODING,
+            SHAPE_HEADER: str(size),
         }
         if signature is not None:
             headers[SIGNATURE_HEADER] = signature
@@ -146,9 +147,9 @@ class AlignmentClient(PeerConnection):
         """Every part at ``path``: the first long-polled, it says the whole size
         (X-Glasu-Shape); each part's length is checked against its span."""
         first = self._wait_for(f"{path}?part=0")
-        shape = first.headers.get("X-Glasu-Shape", "")
+        shape = first.headers.get(SHAPE_HEADER, "")
         if not shape.isdigit():
-            raise ValueError(f"the service answered X-Glasu-Shape {shape!r}")
+            raise ValueError(f"the service answered {SHAPE_HEADER} {shape!r}")
         responses = [first]
         spans = self._spans(int(shape))
         for part in range(1, len(spans)):
@@ -157,7 +158,7 @@ class AlignmentClient(PeerConnection):
             if len(response.content) != len(span) * item_bytes:
                 raise ValueError(
                     f"its part {part} has {len(response.content) / item_bytes:g} elements where "
-                    f"X-Glasu-Shape declares {shape} in all, {len(span)} in this part"
+                    f"{SHAPE_HEADER} declares {shape} in all, {len(span)} in this part"
                 )
         return responses
 

@@ -22,7 +22,6 @@ from nacl.signing import SigningKey, VerifyKey
 from secure.psi import length_prefixed
 
 SIGNATURE_TAG = b"glasu/alignment/v1/set-ed25519"
-SIGNATURE_HEADER = "X-Glasu-Signature"  # the signature, hex
 
 
 @dataclass(frozen=True)

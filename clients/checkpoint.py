@@ -27,7 +27,8 @@ seeded per pass, dropout masks come from the restored generator, and the DP nois
 - reproducible test noise (``--noise-seed``): the generator's state
   (``secure.noise.NoiseSource.state_dict``).
 
-Before each share is uploaded, the SHA-256 of its plaintext is written to a small upload
+Before each share is uploaded, the SHA-256 of its plaintext (which the client's request carries:
+``secure.protocol.EmbeddingRequest.plaintext_digest``) is written to a small upload
 journal beside the checkpoint (``<session id>-client<m>.uploads.json``). When a resumed worker
 finds its slot already filled (the service refuses a different body for an occupied slot, and
 CKKS ciphertexts of the same plaintext differ in bytes), it takes the sum only if the share it
@@ -53,13 +54,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from models.data.partition import ClientPartition
 from models.federated import GlasuClient
 from models.workset import STATE_CLASSES
-from secure.aggregation import EmbeddingCodec
 from secure.files import FileFormat, atomic_write
 from secure.noise import NoiseStateError
 
@@ -288,24 +287,3 @@ def journal_key(layer: int, part: int) -> str:
 
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-
-
-class DigestingCodec(EmbeddingCodec):
-    """The worker's codec, noting the SHA-256 of the plaintext of each share it encodes (what
-    the upload journal records and a resumed worker compares)."""
-
-    def __init__(self, inner: EmbeddingCodec) -> None:
-        self.inner = inner
-        self.encoding = inner.encoding
-        self.last_digest: str | None = None
-
-    def encode(self, matrix: np.ndarray) -> bytes:
-        array = np.ascontiguousarray(matrix, dtype=np.float32)
-        self.last_digest = hashlib.sha256(f"{array.shape}".encode() + array.tobytes()).hexdigest()
-        return self.inner.encode(matrix)
-
-    def decode_sum(self, payload: bytes, *, rows: int, cols: int) -> np.ndarray:
-        return self.inner.decode_sum(payload, rows=rows, cols=cols)
-
-    def value_bound(self, *, shares: int) -> float:
-        return self.inner.value_bound(shares=shares)

@@ -33,39 +33,94 @@ class ResumedPass:
     shares: Mapping[str, str]
 
 
-def drive_pass(
-    client: GlasuClient,
-    service: SessionClient,
-    info: PassInfo,
-    *,
-    gate: ReleaseGate | None = None,
-    checkpoints: CheckpointStore | None = None,
-    resume: ResumedPass | None = None,
-) -> PassOutcome:
-    """Answer the client's requests of one pass with calls to the service; with ``gate`` (a
-    private session), every share passes it first."""
-    if info.kind == "done":
-        raise ValueError(f"pass {info.pass_index} is not a pass to run: the session is done")
-    pass_index = info.pass_index
-    steps = client.run_pass(
-        pass_index=pass_index,
-        kind=info.kind,
-        output_nodes=np.asarray(info.output_nodes, dtype=np.int64),
-    )
-    answer: Any = None
-    while True:
+@dataclass(frozen=True)
+class PassDriver:
+    """What a worker answers its client's requests with: the ``service``; in a private
+    session the owner's release ``gate``, which every share passes first; its ``checkpoints``
+    (each share's plaintext digest journaled before it leaves); and, after a restart, the pass
+    it recomputes (``resume``)."""
+
+    service: SessionClient
+    gate: ReleaseGate | None = None
+    checkpoints: CheckpointStore | None = None
+    resume: ResumedPass | None = None
+
+    def drive(self, client: GlasuClient, info: PassInfo) -> PassOutcome:
+        """Answer the client's requests of pass ``info`` with calls to the service."""
+        if info.kind == "done":
+            raise ValueError(f"pass {info.pass_index} is not a pass to run: the session is done")
+        pass_index = info.pass_index
+        steps = client.run_pass(
+            pass_index=pass_index,
+            kind=info.kind,
+            output_nodes=np.asarray(info.output_nodes, dtype=np.int64),
+        )
+        answer: Any = None
+        while True:
+            try:
+                request = steps.send(answer) if answer is not None else next(steps)
+            except StopIteration as finished:
+                return finished.value
+            if isinstance(request, NodesRequest):
+                answer = self.service.exchange_nodes(pass_index, request.layer, request.nodes)
+            elif isinstance(request, EmbeddingRequest):
+                if self.gate is not None:
+                    admit_release(self.gate, pass_index, request, pass_kind=info.kind)
+                answer = self.exchange_share(
+                    pass_index, request, encoding=client.joint.codec.encoding
+                )
+            else:
+                raise TypeError(f"unexpected request {request!r}")
+
+    def exchange_share(
+        self, pass_index: int, request: EmbeddingRequest, *, encoding: str
+    ) -> Aggregate:
+        """Upload a share's part, encoded as ``encoding`` (with checkpoints, the digest of its
+        plaintext that the request carries journaled first), and fetch the part's sum. In the
+        pass a resumed worker recomputes, a slot (a layer's part) that already holds this
+        worker's share from before the crash (409 ``conflict``: CKKS encrypts the same
+        plaintext to other bytes) is taken over when the recomputed plaintext is the journaled
+        one: the sum then holds exactly this share, and Extract(sum, share) is what the
+        uninterrupted run computed."""
+        service, resume = self.service, self.resume
+        digest = request.plaintext_digest
+        if self.checkpoints is not None and digest is not None:
+            self.checkpoints.record_upload(pass_index, request.layer, digest, part=request.part)
+        where = f"pass {pass_index}, layer {request.layer}" + (
+            f", part {request.part} of {request.parts}" if request.parts > 1 else ""
+        )
         try:
-            request = steps.send(answer) if answer is not None else next(steps)
-        except StopIteration as finished:
-            return finished.value
-        if isinstance(request, NodesRequest):
-            answer = service.exchange_nodes(pass_index, request.layer, request.nodes)
-        elif isinstance(request, EmbeddingRequest):
-            if gate is not None:
-                admit_release(gate, pass_index, request, pass_kind=info.kind)
-            answer = exchange_share(client, service, pass_index, request, checkpoints, resume)
-        else:
-            raise TypeError(f"unexpected request {request!r}")
+            service.put_embedding(
+                pass_index,
+                request.layer,
+                request.payload,
+                rows=request.rows,
+                cols=request.cols,
+                encoding=encoding,
+                part=request.part,
+                parts=request.parts,
+            )
+        except ServiceError as exc:
+            if exc.status != 409 or exc.slug != "conflict" or resume is None:
+                raise
+            if resume.pass_index != pass_index:
+                raise
+            before = resume.shares.get(journal_key(request.layer, request.part))
+            if before is None or before != digest:
+                raise CheckpointError(
+                    f"{where}: the service holds a share this "
+                    "worker uploaded before it stopped, and the share it recomputed from its "
+                    "checkpoint "
+                    + ("is not in its upload journal" if before is None else "differs from it")
+                    + " (another --threads or device, or a damaged journal?): the pass cannot be "
+                    "completed correctly"
+                ) from exc
+            log.info(
+                "%s: the service holds this worker's share from before the restart (the same "
+                "plaintext); taking its sum",
+                where,
+            )
+        return service.fetch_aggregate(pass_index, request.layer, part=request.part)
 
 
 def admit_release(
@@ -87,58 +142,3 @@ def admit_release(
             pass_index,
             request.layer,
         )
-
-
-def exchange_share(
-    client: GlasuClient,
-    service: SessionClient,
-    pass_index: int,
-    request: EmbeddingRequest,
-    checkpoints: CheckpointStore | None,
-    resume: ResumedPass | None,
-) -> Aggregate:
-    """Upload a share's part (with ``checkpoints``, its plaintext digest journaled first) and
-    fetch the part's sum. In the pass a resumed worker recomputes, a slot (a layer's part) that
-    already holds this worker's share from before the crash (409 ``conflict``: CKKS encrypts
-    the same plaintext to other bytes) is taken over when the recomputed plaintext is the
-    journaled one: the sum then holds exactly this share, and Extract(sum, share) is what the
-    uninterrupted run computed."""
-    digest = getattr(client.codec, "last_digest", None)
-    if checkpoints is not None and digest is not None:
-        checkpoints.record_upload(pass_index, request.layer, digest, part=request.part)
-        client.codec.last_digest = None  # type: ignore[attr-defined]  # this payload's, once
-    where = f"pass {pass_index}, layer {request.layer}" + (
-        f", part {request.part} of {request.parts}" if request.parts > 1 else ""
-    )
-    try:
-        service.put_embedding(
-            pass_index,
-            request.layer,
-            request.payload,
-            rows=request.rows,
-            cols=request.cols,
-            encoding=client.codec.encoding,
-            part=request.part,
-            parts=request.parts,
-        )
-    except ServiceError as exc:
-        if exc.status != 409 or exc.slug != "conflict" or resume is None:
-            raise
-        if resume.pass_index != pass_index:
-            raise
-        before = resume.shares.get(journal_key(request.layer, request.part))
-        if before is None or before != digest:
-            raise CheckpointError(
-                f"{where}: the service holds a share this "
-                "worker uploaded before it stopped, and the share it recomputed from its "
-                "checkpoint "
-                + ("is not in its upload journal" if before is None else "differs from it")
-                + " (another --threads or device, or a damaged journal?): the pass cannot be "
-                "completed correctly"
-            ) from exc
-        log.info(
-            "%s: the service holds this worker's share from before the restart (the same "
-            "plaintext); taking its sum",
-            where,
-        )
-    return service.fetch_aggregate(pass_index, request.layer, part=request.part)

@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Self
 import httpx
 
 from secure.wire.common import Waiting
+from secure.wire.headers import AUTHORIZATION_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -259,7 +260,7 @@ class BearerConnection:
         self.options = options
         self._http = httpx.Client(
             base_url=self.base_url,
-            headers={"Authorization": f"Bearer {token}"},
+            headers={AUTHORIZATION_HEADER: f"Bearer {token}"},
             transport=options.transport,
             verify=options.verify,
             timeout=httpx.Timeout(options.timeout, connect=10.0),

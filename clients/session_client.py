@@ -14,15 +14,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from clients.service_http import ConnectionOptions, PeerConnection
-from secure.protocol import (
-    COUNT_HEADER,
-    ENCODING_HEADER,
-    NODE_ENCODING,
-    SHAPE_HEADER,
-    Aggregate,
-    decode_nodes,
-    encode_nodes,
-)
+from secure.protocol import NODE_ENCODING, Aggregate, decode_nodes, encode_nodes
+from secure.wire.headers import COUNT_HEADER, ENCODING_HEADER, SHAPE_HEADER
 from secure.wire.passes import PassInfo, RejoinReceipt
 from secure.wire.status import SessionStatus
 

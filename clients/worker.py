@@ -15,15 +15,10 @@ from typing import Any
 
 import torch
 
-from clients.checkpoint import (
-    CheckpointStore,
-    DigestingCodec,
-    Fingerprint,
-    WorkerProgress,
-)
+from clients.checkpoint import CheckpointStore, Fingerprint, WorkerProgress
 from clients.model_keeping import ledger_spent, reported_val_accuracy
 from clients.owner_ledger import OwnerLedger
-from clients.pass_driver import ResumedPass, drive_pass
+from clients.pass_driver import PassDriver, ResumedPass
 from clients.policy import (
     PrivacyPolicy,
     ReleaseGate,
@@ -45,7 +40,8 @@ from models.data.partition import ClientPartition
 from models.federated import GlasuClient
 from models.keeper import ModelKeeper
 from models.outcome import PassOutcome
-from models.private import PrivateGlasuClient, make_client
+from models.private import make_client
+from models.release import DpRelease
 from models.run_summary import recent_training_loss
 from secure.aggregation import EmbeddingCodec
 from secure.protocol import ProtocolViolation
@@ -145,7 +141,7 @@ class WorkerRun:
         self.client: GlasuClient = make_client(
             self.partition,
             client_config,
-            codec=codec if checkpoints is None else DigestingCodec(codec),
+            codec=codec,
             device=device,
             privacy=self.privacy,
             seed=self.config.seed,
@@ -193,8 +189,9 @@ class WorkerRun:
         another mechanism); the ledger then keeps the session and its mechanism."""
         if self.privacy is None:
             return None
-        assert self.ledger is not None and isinstance(self.client, PrivateGlasuClient)
-        mechanism = self.client.release.mechanism
+        release = self.client.joint.release
+        assert self.ledger is not None and isinstance(release, DpRelease)
+        mechanism = release.settings.mechanism
         session_id = self.service.session_id
         checkpoints = self.checkpoints
         admit_session_id(
@@ -253,14 +250,10 @@ class WorkerRun:
                 break
             exchanged_before = service.traffic.up + service.traffic.down
             try:
-                outcome = drive_pass(
-                    self.client,
-                    service,
-                    info,
-                    gate=self.gate,
-                    checkpoints=self.checkpoints,
-                    resume=self.resumed,
+                driver = PassDriver(
+                    service, gate=self.gate, checkpoints=self.checkpoints, resume=self.resumed
                 )
+                outcome = driver.drive(self.client, info)
             except ServiceError as exc:
                 if not self._went_on_without(exc):
                     raise

@@ -10,22 +10,27 @@ every layer over all aligned nodes (``models/layerwise.py``). These are the wire
 calls; the HTTP worker answers its one client's requests through the service. Both run exactly
 this code.
 
-One class: the steps of a training pass (sampling, the joint
-aggregation in parts, the local steps, GLASU B.2's gradient broadcast) share the client's model,
-generators and workset. Its settings (``models/client_config.py``), its stale statistics
-(``models/workset.py``), its joint aggregation in parts (``models/joint.py``), its evaluation
-passes (``models/layerwise.py``) and their scoring (``models/outcome.py``) live apart.
+One class, built by composition: the steps of a training pass (sampling, the local steps,
+GLASU B.2's gradient broadcast) share the client's model, generators and workset; what its
+aggregation layers compute and share is its arrangement (``models/arrangement.py``: GLASU, or the
+private arrangement of ``models/private.py``), how a share is sent its joint aggregation
+(``models/joint.py``) with the release policy it is given (``models/release.py``), the samplers
+its pass sampling (``models/sampler.py``), and its evaluation passes a layer-wise
+evaluation (``models/layerwise.py``). The pass being run goes down to all of them as a
+``models.release.PassContext``. Its settings (``models/client_config.py``), its stale statistics
+(``models/workset.py``) and the scoring of evaluations (``models/outcome.py``) live apart.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
+from models.arrangement import Arrangement, GlasuArrangement
 from models.backbone import ClientNetwork
 from models.client_config import ClientConfig
 from models.data.partition import ClientPartition
@@ -33,29 +38,24 @@ from models.joint import JointAggregation
 from models.layers import Block
 from models.layerwise import LayerwiseEvaluation
 from models.outcome import PassOutcome
-from models.sampler import NeighbourSampler, SampledLayer, SamplingGraph, sampling_rng
+from models.release import PassContext, ReleasePolicy
+from models.sampler import PassSampling, SampledLayer
 from models.workset import (
     CachedBatch,
     Workset,
-    combine,
     instance_weights,
     weighted_cross_entropy,
 )
 from secure.aggregation import EmbeddingCodec, PlainCodec
-from secure.protocol import (
-    NodesRequest,
-    ProtocolViolation,
-    Request,
-    Response,
-    check_node_set,
-    check_union,
-)
+from secure.protocol import ProtocolViolation, Request, Response, check_node_set
 
 _GLOBAL_RNG_LOCK = threading.Lock()
 
 
-class GlasuClient(LayerwiseEvaluation, JointAggregation):
-    """Client ``partition.client``'s model, sampler, optimiser and GLASU pass logic."""
+class GlasuClient:
+    """Client ``partition.client``'s model, sampler, optimiser and GLASU pass logic: its
+    aggregation layers those of ``arrangement`` (built with this client; GLASU's by default),
+    its shares released by ``release`` (as they are by default)."""
 
     def __init__(
         self,
@@ -64,14 +64,11 @@ class GlasuClient(LayerwiseEvaluation, JointAggregation):
         *,
         codec: EmbeddingCodec | None = None,
         device: torch.device | str = "cpu",
+        release: ReleasePolicy | None = None,
+        arrangement: Callable[[GlasuClient], Arrangement] = GlasuArrangement,
     ) -> None:
         self.partition = partition
         self.config = config
-        self.codec = codec or PlainCodec()
-        # The pass being run (index, output nodes), and the digest of the release about to be
-        # sent (private clients): what the owner's gate records before it leaves.
-        self.current_pass: tuple[int, np.ndarray] = (-1, np.empty(0, np.int64))
-        self.pending_release: str | None = None
         self.device = torch.device(device)
         self.layers = config.model.layers
         self.client_seed = client_seed = int(
@@ -95,56 +92,52 @@ class GlasuClient(LayerwiseEvaluation, JointAggregation):
         self.workset = Workset(config.cache_rounds)
         self.labels = partition.labels.to(self.device)
         self.holds_labels = config.label_holder in (None, partition.client)
-        if self.gradient_layer is not None and self.layers not in config.agg_layers:
-            raise ValueError(
-                f"a single label holder needs aggregation at the top layer L={self.layers} "
-                f"(GLASU B.2), got aggregation layers {config.agg_layers}"
-            )
         self.held = torch.from_numpy(
             partition.held if partition.held is not None else np.ones(partition.num_nodes, bool)
         )
-        # The occurrence cap (a DP assumption) holds at every layer up to the first aggregation
-        # layer; the layers above it are never released and sample freely.
-        graph = SamplingGraph.from_edge_index(partition.edge_index, num_nodes=partition.num_nodes)
-        self._samplers = {
-            (fanout, capped): NeighbourSampler(
-                graph,
-                fanout=fanout,
-                occurrence_cap=config.occurrence_cap if capped else None,
-            )
-            for fanout in {config.fanout, config.eval_fanout}
-            for capped in (False, True)
-        }
+        self.sampling = PassSampling(partition, config)
+        self.joint = JointAggregation(
+            codec or PlainCodec(), release,
+            clients=partition.clients, part_values=config.part_values, device=self.device,
+        )  # fmt: skip
+        self.evaluation = LayerwiseEvaluation(
+            partition, config, self.sampling, self.feature_rows,
+            labels=self.labels, held=self.held, device=self.device,
+        )  # fmt: skip
+        self.arrangement = arrangement(self)
 
     # -- state ----------------------------------------------------------------------------------
 
-    #: What :meth:`state_dict` says this client is; a state of another arrangement is refused.
-    arrangement = "glasu"
-
     def state_dict(self) -> dict[str, Any]:
         """Everything of this client that changes from pass to pass (the PyTorch habit): the
-        model, the optimiser, the dropout generator and the workset. A client built with the
-        same settings and given it by :meth:`load_state_dict` computes the next passes as this
-        one would, bit for bit."""
+        model, the optimiser, the dropout generator and the workset, with what its arrangement
+        and its release policy keep (the private arrangement's party-alone reference, the
+        state of the release's noise). A client built with the same settings and given it by
+        :meth:`load_state_dict` computes the next passes as this one would, bit for bit."""
         return {
-            "arrangement": self.arrangement,
+            "arrangement": self.arrangement.name,
             "network": self.network.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "generator": self.generator.get_state(),
             "workset": self.workset.state_dict(),
+            **self.arrangement.state_dict(),
+            **self.joint.release.state_dict(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Put back a :meth:`state_dict`; ``ValueError`` if it is of another arrangement."""
-        if state.get("arrangement") != self.arrangement:
+        """Put back a :meth:`state_dict`; ``ValueError`` if it is of another arrangement,
+        ``secure.noise.NoiseStateError`` if of another noise."""
+        if state.get("arrangement") != self.arrangement.name:
             raise ValueError(
                 f"the saved state is of a {state.get('arrangement')} client, this one is "
-                f"{self.arrangement} (differential privacy on in one run, off in the other?)"
+                f"{self.arrangement.name} (differential privacy on in one run, off in the other?)"
             )
         self.network.load_state_dict(state["network"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"])
         self.workset.load_state_dict(state["workset"], device=self.device)
+        self.arrangement.load_state_dict(state)
+        self.joint.release.load_state_dict(state)
 
     # -- one pass -------------------------------------------------------------------------------
 
@@ -156,10 +149,10 @@ class GlasuClient(LayerwiseEvaluation, JointAggregation):
         )
         if not output_nodes.size:  # the service never plans an empty pass
             raise ProtocolViolation(f"pass {pass_index} has no output nodes")
-        self.current_pass = (pass_index, output_nodes)
+        context = PassContext(pass_index=pass_index, kind=kind, output_nodes=output_nodes)
         if kind == "eval":
-            return (yield from self._evaluate(output_nodes))
-        sampled = yield from self._sample(pass_index, output_nodes, self.config.fanout)
+            return (yield from self._evaluate(context))
+        sampled = yield from self.sampling.walk(pass_index, output_nodes, self.config.fanout)
         blocks = [Block.from_sampled(layer, self.device) for layer in sampled]
         input_nodes = torch.from_numpy(sampled[0].sources).to(self.device)
         h0_rows = [
@@ -173,7 +166,7 @@ class GlasuClient(LayerwiseEvaluation, JointAggregation):
             labels=self.labels[torch.from_numpy(output_nodes).to(self.device)],
             presence=self._presence(sampled),
         )
-        return (yield from self._train(batch))
+        return (yield from self._train(context, batch))
 
     def _presence(self, sampled: Sequence[SampledLayer]) -> dict[int, torch.Tensor]:
         """Per aggregation layer, a column with 1 where this client holds the node (count-aware
@@ -187,82 +180,24 @@ class GlasuClient(LayerwiseEvaluation, JointAggregation):
             for depth in self.config.agg_layers
         }
 
-    def _sampler(self, fanout: int, depth: int) -> NeighbourSampler:
-        """The sampler of graph layer ``depth``: capped up to the first aggregation layer."""
-        return self._samplers[(fanout, depth <= self.config.agg_layers[0])]
-
-    def _feature_rows(self, nodes: torch.Tensor | np.ndarray) -> torch.Tensor:
+    def feature_rows(self, nodes: torch.Tensor | np.ndarray) -> torch.Tensor:
         """The features of ``nodes`` (aligned ids) on the device, read from the partition's
         (memory-mapped) rows."""
         if isinstance(nodes, torch.Tensor):
             nodes = nodes.cpu().numpy()
         return self.partition.feature_rows(nodes).to(self.device)
 
-    def _sample(
-        self, pass_index: int, output_nodes: np.ndarray, fanout: int
-    ) -> Generator[Request, Response, list[SampledLayer]]:
-        """Top-down: sample each layer's sources from its targets; at an aggregation layer below
-        the top, replace the client's own set by the union agreed with the others."""
-        sampled: list[SampledLayer] = []
-        targets = output_nodes
-        for depth in range(self.layers, 0, -1):
-            rng = sampling_rng(
-                seed=self.config.seed,
-                client=self.partition.client,
-                pass_index=pass_index,
-                layer=depth,
-            )
-            layer = self._sampler(fanout, depth).sample_layer(targets, rng=rng)
-            if depth - 1 in self.config.agg_layers:
-                union = yield NodesRequest(layer=depth - 1, nodes=layer.sources)
-                union = check_union(
-                    union, own=layer.sources, num_nodes=self.partition.num_nodes, layer=depth - 1
-                )
-                layer = layer.with_sources(union)
-            sampled.append(layer)
-            targets = layer.sources
-        sampled.reverse()
-        return sampled
+    def _evaluate(self, context: PassContext) -> Generator[Request, Response, PassOutcome]:
+        """Joint inference of every aligned node, layer by layer, scored at the output nodes;
+        this client's own head predicts (a client without labels only takes part)."""
+        tops = yield from self.arrangement.infer_all(context)
+        if not self.holds_labels:
+            return PassOutcome(kind="eval", loss=float("nan"))
+        return self.arrangement.outcome(tops, context.output_nodes)
 
-    def _forward(
-        self, batch: CachedBatch, *, grad: bool
-    ) -> Generator[Request, Response, torch.Tensor]:
-        """All L layers. At an aggregation layer whose "all but me" part is already in
-        ``batch.others`` (a local step), combine locally; otherwise this is the joint inference:
-        upload the share, download the sum and extract the others' part into ``batch.others``.
-
-        Grad mode is set per synchronous stretch, never held across a ``yield``: other clients'
-        code runs while this generator is suspended."""
-        others = batch.others
-        with torch.set_grad_enabled(grad):
-            h0 = self.network.project(
-                self._feature_rows(batch.input_nodes), generator=self.generator
-            )
-        h = h0
-        for depth, block in enumerate(batch.blocks, start=1):
-            with torch.set_grad_enabled(grad):
-                initial = (
-                    h0[batch.h0_rows[depth - 1]] if self.network.uses_initial_residual else None
-                )
-                h = self.network.propagate(depth, h, block, initial, generator=self.generator)
-            if depth not in self.config.agg_layers:
-                continue
-            if depth not in others:
-                others[depth] = yield from self._joint_aggregate(
-                    depth, h, presence=batch.presence.get(depth)
-                )
-            with torch.set_grad_enabled(grad):
-                stale = others[depth]
-                h = combine(stale.others, h, count=stale.count, presence=stale.presence)
-        return h
-
-    @property
-    def gradient_layer(self) -> int | None:
-        """The wire layer L + 1 of GLASU B.2's broadcast gradient when one client holds the
-        labels, or None."""
-        return None if self.config.label_holder is None else self.layers + 1
-
-    def _train(self, fresh: CachedBatch) -> Generator[Request, Response, PassOutcome]:
+    def _train(
+        self, context: PassContext, fresh: CachedBatch
+    ) -> Generator[Request, Response, PassOutcome]:
         """One round: the joint inference is local step 0; steps 1..Q-1 reuse stale statistics
         from the workset (models/workset.py): with W = 1 the others' parts of this very batch.
 
@@ -271,10 +206,11 @@ class GlasuClient(LayerwiseEvaluation, JointAggregation):
         and every other client steps along it by the chain rule, in every local step of the
         round (the gradient is as stale as the others' parts)."""
         self.network.train()
-        h = yield from self._forward(fresh, grad=True)
+        arrangement = self.arrangement
+        h = yield from arrangement.forward(context, fresh, grad=True)
         fresh.own_output = h.detach()
         loss = self._loss(fresh, h, weights=None) if self.holds_labels else None
-        if self.gradient_layer is not None:
+        if arrangement.gradient_layer is not None:
             fresh.gradient = yield from self._broadcast_gradient(h, loss)
             if loss is None:
                 loss = self._loss(fresh, h, weights=None)
@@ -283,7 +219,7 @@ class GlasuClient(LayerwiseEvaluation, JointAggregation):
         for _ in range(1, self.config.stale):
             batch = self.workset.next_batch()
             # every aggregation layer is in batch.others: no request is made
-            h = yield from self._forward(batch, grad=True)
+            h = yield from arrangement.forward(context, batch, grad=True)
             weights = None
             if self.config.instance_weighting:
                 assert batch.own_output is not None
@@ -317,7 +253,7 @@ class GlasuClient(LayerwiseEvaluation, JointAggregation):
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
-        self._after_step(batch)
+        self.arrangement.after_step(batch)
         return loss.item()
 
     def _broadcast_gradient(
@@ -333,18 +269,14 @@ class GlasuClient(LayerwiseEvaluation, JointAggregation):
             share = (gradient.detach() * rows).cpu().numpy().astype(np.float32)
         else:
             share = np.zeros((rows, cols), dtype=np.float32)
-        share = self._within_bound(share)
+        share = self.joint.within_bound(share)
         total = np.empty_like(share)
 
         def on_sum(start: int, stop: int, _: np.ndarray, part: np.ndarray, __: int) -> None:
             total[start:stop] = part
 
-        yield from self._exchange_parts(
+        yield from self.joint.exchange_parts(
             self.layers + 1, rows=rows, cols=cols,
             share_of=lambda _, start, stop: share[start:stop], on_sum=on_sum,
         )  # fmt: skip
         return torch.from_numpy(total / rows).to(self.device, torch.float32)
-
-    def _after_step(self, batch: CachedBatch) -> None:
-        """Called after every local step with the batch it used (the private client's reference
-        model trains on the same batches)."""

@@ -5,6 +5,7 @@ only: an evaluation pass exchanges none), and the sum of one part of a layer's s
 from __future__ import annotations
 
 from collections.abc import Generator, Sequence
+from typing import TypeVar
 
 import numpy as np
 
@@ -21,6 +22,8 @@ from secure.protocol import (
 )
 from secure.schedule import SessionSchedule
 
+Result = TypeVar("Result")
+
 
 def run_pass_inprocess(
     clients: Sequence[GlasuClient],
@@ -30,34 +33,46 @@ def run_pass_inprocess(
     kind: str,
     output_nodes: np.ndarray,
 ) -> list[PassOutcome]:
-    """Drive every client's pass in lock-step: all clients make the same request at the same
-    time (same layer), so each is answered once all have asked."""
-    passes: list[Generator[Request, Response, PassOutcome]] = [
+    """Drive every client's pass in lock-step (:func:`answer_in_step`)."""
+    passes = [
         client.run_pass(pass_index=pass_index, kind=kind, output_nodes=output_nodes)
         for client in clients
     ]
-    outcomes: list[PassOutcome | None] = [None] * len(passes)
-    requests: list[Request | None] = [_advance(g, None, outcomes, i) for i, g in enumerate(passes)]
+    return answer_in_step(passes, aggregator, node_sets=kind != "eval")
+
+
+def answer_in_step(
+    steps: Sequence[Generator[Request, Response, Result]],
+    aggregator: SumAggregator,
+    *,
+    node_sets: bool = True,
+) -> list[Result]:
+    """Drive every client's generator (a pass, or its sampling walk) in lock-step: all clients
+    make the same request at the same time (same layer), so each is answered once all have
+    asked; their results in order. ``node_sets=False``: a node-set request is out of step (an
+    evaluation pass exchanges none)."""
+    results: list[Result | None] = [None] * len(steps)
+    requests: list[Request | None] = [_advance(g, None, results, i) for i, g in enumerate(steps)]
     while any(r is not None for r in requests):
         if any(r is None for r in requests):
             raise RuntimeError("clients went out of step: some finished while others still ask")
-        if kind == "eval" and any(isinstance(r, NodesRequest) for r in requests):
+        if not node_sets and any(isinstance(r, NodesRequest) for r in requests):
             raise RuntimeError("an evaluation pass exchanges no node set")
         answer = _answer(requests, aggregator)  # type: ignore[arg-type]
-        requests = [_advance(g, answer, outcomes, i) for i, g in enumerate(passes)]
-    return [o for o in outcomes if o is not None]
+        requests = [_advance(g, answer, results, i) for i, g in enumerate(steps)]
+    return [r for r in results if r is not None]
 
 
 def _advance(
-    generator: Generator[Request, Response, PassOutcome],
+    generator: Generator[Request, Response, Result],
     answer: Response | None,
-    outcomes: list[PassOutcome | None],
+    results: list[Result | None],
     index: int,
 ) -> Request | None:
     try:
         return next(generator) if answer is None else generator.send(answer)
     except StopIteration as finished:
-        outcomes[index] = finished.value
+        results[index] = finished.value
         return None
 
 

@@ -3,9 +3,11 @@ what it gets back: H_{-m}, the others' part of the sum (``models.workset.Extract
 
 Every share, of any pass and layer, travels as ``part_count(rows, cols)`` parts, one after the
 other (upload part k, take its sum, then part k + 1), so no body and no encoding grows with the
-number of nodes. A private client's release is one release in all its parts: its digest covers
-the whole clean matrix and goes with every part, and each part's noise is keyed by the digest
-and the part (``models/private.py``).
+number of nodes. How a share is released is the :class:`models.release.ReleasePolicy` the
+aggregation is built with: a private client's release is one release in all its parts (its
+digest covers the whole clean matrix and goes with every part, each part's noise keyed by the
+digest and the part). Every part's request carries the digest of its plaintext too (what a
+worker's upload journal records).
 """
 
 from __future__ import annotations
@@ -16,13 +18,11 @@ from collections.abc import Callable, Generator
 import numpy as np
 import torch
 
-from models.client_config import ClientConfig
-from models.data.partition import ClientPartition
 from models.node_arrays import host_rows, node_array
+from models.release import PassContext, PlainRelease, ReleasePolicy, ReleaseScope
 from models.workset import Extracted
 from secure.aggregation import EmbeddingCodec
 from secure.protocol import (
-    MIN_CONTRIBUTORS,
     Aggregate,
     EmbeddingRequest,
     ProtocolViolation,
@@ -31,41 +31,59 @@ from secure.protocol import (
     part_count,
     part_rows,
     part_span,
+    plaintext_digest,
 )
 
 
 class JointAggregation:
-    """The joint aggregation of a client (``models.federated.GlasuClient``)."""
+    """The exchange of one client's shares and sums with the others (``clients`` in all),
+    layer by layer, in parts of at most ``part_values`` values, encoded by ``codec`` and
+    released by ``release``."""
 
-    partition: ClientPartition
-    config: ClientConfig
-    codec: EmbeddingCodec
-    device: torch.device
-    pending_release: str | None
+    def __init__(
+        self,
+        codec: EmbeddingCodec,
+        release: ReleasePolicy | None = None,
+        *,
+        clients: int,
+        part_values: int | None,
+        device: torch.device,
+    ) -> None:
+        self.codec = codec
+        self.release = release or PlainRelease()
+        self.clients = clients
+        self.part_values = part_values
+        self.device = device
 
-    def _joint_aggregate(
-        self, depth: int, own: torch.Tensor, *, presence: torch.Tensor | None = None
+    def aggregate(
+        self,
+        context: PassContext,
+        layer: int,
+        own: torch.Tensor,
+        *,
+        rows: np.ndarray,
+        presence: torch.Tensor | None = None,
     ) -> Generator[Request, Response, Extracted]:
-        """Send this client's share of layer ``depth``, part by part; return H_{-m} =
-        Extract(H, share) = H - share / M, where ``share`` is what was actually sent (noise
-        included).
+        """Send this client's share ``own`` of layer ``layer`` (its rows the nodes ``rows``),
+        part by part; return H_{-m} = Extract(H, share) = H - share / M, where ``share`` is what
+        was actually sent (noise included).
 
         With ``presence`` (a count-aware session), rows of nodes this client lacks are sent as
         zeros, a last column carries the presence itself, and the sum's last column is the
         number of holders of each row, the divisor of the count-aware mean (Feras)."""
-        rows, width = own.shape
-        clean = host_rows(own, chunk=part_rows(width, self.config.part_values))
+        count_rows, width = own.shape
+        clean = host_rows(own, chunk=part_rows(width, self.part_values))
         column = None if presence is None else presence.cpu().numpy().astype(np.float32)
         cols = width + (column is not None)
-        self._begin_release(
-            depth, clean, part_rows=part_rows(cols, self.config.part_values), presence=column
+        scope = ReleaseScope(
+            context, layer, rows, part_rows=part_rows(cols, self.part_values), presence=column
         )
-        release = self.pending_release
-        others = node_array(rows, width, device=torch.device("cpu")).numpy()
-        count = np.empty((rows, 1), dtype=np.float32)
+        release = self.release.begin(scope, clean)
+        others = node_array(count_rows, width, device=torch.device("cpu")).numpy()
+        count = np.empty((count_rows, 1), dtype=np.float32)
 
         def share_of(part: int, start: int, stop: int) -> np.ndarray:
-            share = self._within_bound(self._release_part(depth, part, clean[start:stop]))
+            share = self.within_bound(release.part(part, clean[start:stop]))
             if column is None:
                 return share
             return np.concatenate([share * column[start:stop], column[start:stop]], axis=1)
@@ -83,11 +101,10 @@ class JointAggregation:
             others[start:stop] = (total[:, :-1] - share[:, :-1]) / held
             count[start:stop] = held
 
-        yield from self._exchange_parts(
-            depth, rows=rows, cols=cols, share_of=share_of,
-            on_sum=on_sum, release=release,
+        yield from self.exchange_parts(
+            layer, rows=count_rows, cols=cols, share_of=share_of,
+            on_sum=on_sum, release=release.digest,
         )  # fmt: skip
-        self.pending_release = None
         if column is None and (count == count[0, 0]).all():
             return Extracted(torch.from_numpy(others).to(self.device), int(count[0, 0]))
         return Extracted(
@@ -96,29 +113,13 @@ class JointAggregation:
             presence,
         )
 
-    def _begin_release(
-        self, depth: int, clean: np.ndarray, *, part_rows: int, presence: np.ndarray | None
-    ) -> None:
-        """Called with the whole clean share of layer ``depth`` before its first part is sent
-        (in parts of ``part_rows`` rows, with the ``presence`` column of a count-aware session):
-        a private client sets :attr:`pending_release` (the digest all its parts carry)."""
-
-    def _release_part(self, depth: int, part: int, clean: np.ndarray) -> np.ndarray:
-        """Part ``part`` of the share of layer ``depth`` as it is sent (the DP release hook)."""
-        return clean
-
-    def _fewest_shares(self) -> int:
-        """The fewest shares a sum may hold: ``MIN_CONTRIBUTORS`` (a pass that went on without
-        a straggler), or every client's where that matters (a private client's shared noise)."""
-        return min(MIN_CONTRIBUTORS, self.partition.clients)
-
-    def _within_bound(self, share: np.ndarray) -> np.ndarray:
+    def within_bound(self, share: np.ndarray) -> np.ndarray:
         """``share`` clipped to what keeps the encrypted sum decodable (post-processing)."""
-        bound = self.codec.value_bound(shares=self.partition.clients)
+        bound = self.codec.value_bound(shares=self.clients)
         share = share.astype(np.float32, copy=False)
         return np.clip(share, -bound, bound) if math.isfinite(bound) else share
 
-    def _exchange_parts(
+    def exchange_parts(
         self,
         layer: int,
         *,
@@ -132,10 +133,9 @@ class JointAggregation:
         after the other: ``share_of(part, start, stop)`` makes a part as it is sent, and
         ``on_sum(start, stop, sent, total, count)`` takes its sum, so no more than one part's
         encoding is held at a time."""
-        part_values = self.config.part_values
-        parts = part_count(rows, cols, part_values)
+        parts = part_count(rows, cols, self.part_values)
         for part in range(parts):
-            start, stop = part_span(part, rows=rows, cols=cols, part_values=part_values)
+            start, stop = part_span(part, rows=rows, cols=cols, part_values=self.part_values)
             share = share_of(part, start, stop)
             total, shares = yield from self._exchange(
                 layer, share, release=release, part=part, parts=parts
@@ -143,29 +143,22 @@ class JointAggregation:
             on_sum(start, stop, share, total, shares)
 
     def _exchange(
-        self,
-        layer: int,
-        share: np.ndarray,
-        *,
-        release: str | None = None,
-        part: int = 0,
-        parts: int = 1,
+        self, layer: int, share: np.ndarray, *, release: str | None, part: int, parts: int
     ) -> Generator[Request, Response, tuple[np.ndarray, int]]:
         """Upload ``share`` (part ``part`` of ``parts`` of wire layer ``layer``); return the
         decoded sum and how many shares it holds: every client's, or (a pass that went on
-        without a straggler) ``MIN_CONTRIBUTORS`` at least."""
+        without a straggler) the release policy's fewest at least."""
         rows, cols = share.shape
         answer = yield EmbeddingRequest(
             layer=layer, payload=self.codec.encode(share), rows=rows, cols=cols, release=release,
-            part=part, parts=parts,
+            part=part, parts=parts, plaintext_digest=plaintext_digest(share),
         )  # fmt: skip
         if not isinstance(answer, Aggregate):
             raise TypeError(f"expected an Aggregate for layer {layer}, got {type(answer).__name__}")
-        clients = self.partition.clients
-        fewest = self._fewest_shares()
-        if not fewest <= answer.count <= clients:
+        fewest = self.release.fewest_shares(self.clients)
+        if not fewest <= answer.count <= self.clients:
             raise ProtocolViolation(
                 f"layer {layer}: the sum holds {answer.count} shares, expected at most "
-                f"{clients} and at least {fewest}"
+                f"{self.clients} and at least {fewest}"
             )
         return self.codec.decode_sum(answer.payload, rows=rows, cols=cols), answer.count

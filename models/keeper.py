@@ -25,7 +25,7 @@ from models.artefact import save_model
 from models.federated import GlasuClient
 from models.metrics import classification_metrics
 from models.outcome import PassOutcome
-from models.private import PrivateGlasuClient
+from models.private import PrivateArrangement
 from secure.privacy import SessionPrivacy
 
 
@@ -185,7 +185,7 @@ class ModelKeeper:
                 "session_seed": session_config["seed"],
                 "in_features": int(partition.features.shape[1]),
                 "num_classes": int(client.network.classifier.out_features),
-                "private": isinstance(client, PrivateGlasuClient),
+                "private": isinstance(client.arrangement, PrivateArrangement),
             },
             "features": {
                 "names": list(names),

@@ -12,9 +12,8 @@ operation over all nodes runs chunk by chunk.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -25,9 +24,8 @@ from models.data.partition import ClientPartition
 from models.layers import Block
 from models.node_arrays import chunk_rows, node_array
 from models.outcome import EvaluationScores, PassOutcome, score_evaluation
-from models.sampler import NeighbourSampler, SampledLayer, sampling_rng
+from models.sampler import PassSampling, SampledLayer, sampling_rng
 from models.workset import Extracted, combine
-from secure.protocol import Request, Response
 
 #: Targets per chunk of a layer-wise layer: with fanout 10 a chunk gathers up to about 45,000
 #: source rows (23 MB at width 128).
@@ -95,42 +93,23 @@ def propagate_all(
         stack.h = out
 
 
+@dataclass
 class LayerwiseEvaluation:
-    """The evaluation pass of a client (``models.federated.GlasuClient``): every layer of every
-    aligned node, chunk by chunk, the aggregation layers' shares over all nodes in order."""
+    """A client's evaluation passes (``models.federated.GlasuClient``): every layer of every
+    aligned node, chunk by chunk, with the samplers of ``sampling`` and the features
+    ``feature_rows`` reads; scored at the output nodes against ``labels``."""
 
     partition: ClientPartition
     config: ClientConfig
-    network: ClientNetwork
-    generator: torch.Generator
+    sampling: PassSampling
+    feature_rows: Callable[[np.ndarray], torch.Tensor]
     labels: torch.Tensor
-    held: torch.Tensor
+    held: torch.Tensor  # 1 where this client holds the node (count-aware sessions)
     device: torch.device
-    layers: int
-    holds_labels: bool
 
-    if TYPE_CHECKING:  # the client's, not stubs that could shadow them in its bases
-
-        def _sampler(self, fanout: int, depth: int) -> NeighbourSampler: ...
-
-        def _feature_rows(self, nodes: torch.Tensor | np.ndarray) -> torch.Tensor: ...
-
-        def _joint_aggregate(
-            self, depth: int, own: torch.Tensor, *, presence: torch.Tensor | None = None
-        ) -> Generator[Request, Response, Extracted]: ...
-
-    def _evaluate(self, output_nodes: np.ndarray) -> Generator[Request, Response, PassOutcome]:
-        """Joint inference of every aligned node, layer by layer (:meth:`_infer_all`), scored at
-        the output nodes; this client's own head predicts (a client without labels only takes
-        part)."""
-        tops = yield from self._infer_all()
-        if not self.holds_labels:
-            return PassOutcome(kind="eval", loss=float("nan"))
-        return self._outcome(tops, output_nodes)
-
-    def _outcome(self, tops: Sequence[Stack], output_nodes: np.ndarray) -> PassOutcome:
-        """The outcome of an evaluation pass from the top layers :meth:`_infer_all` computed."""
-        scores = self._score(tops[0], output_nodes)
+    def outcome(self, top: Stack, output_nodes: np.ndarray) -> PassOutcome:
+        """The outcome of an evaluation pass from ``top``, a network's top layer of every node."""
+        scores = self.score(top, output_nodes)
         return PassOutcome(
             kind="eval",
             loss=scores.loss,
@@ -140,7 +119,7 @@ class LayerwiseEvaluation:
             test_metrics=scores.test_metrics,
         )
 
-    def _score(self, top: Stack, output_nodes: np.ndarray) -> EvaluationScores:
+    def score(self, top: Stack, output_nodes: np.ndarray) -> EvaluationScores:
         """``top``'s network's predictions at the output nodes, scored."""
         nodes = torch.from_numpy(output_nodes).to(self.device)
         with torch.no_grad():
@@ -150,41 +129,32 @@ class LayerwiseEvaluation:
             ])  # fmt: skip
         return score_evaluation(logits, self.labels[nodes], output_nodes, self.partition)
 
-    def _all_nodes(self, network: ClientNetwork, generator: torch.Generator) -> Stack:
+    def all_nodes(self, network: ClientNetwork, generator: torch.Generator) -> Stack:
         """The input projection of every node by ``network`` (put in inference mode)."""
         network.eval()
         return project_all(
-            network, generator, self._feature_rows,
+            network, generator, self.feature_rows,
             num_nodes=self.partition.num_nodes, device=self.device,
         )  # fmt: skip
 
-    def _layer_chunks(self, depth: int) -> Iterator[SampledLayer]:
+    def layer_chunks(self, depth: int) -> Iterator[SampledLayer]:
         """Graph layer ``depth`` of an inference pass sampled over all nodes, chunk by chunk:
         the same sample in every inference pass of this model (``sampling_rng``)."""
         rng = sampling_rng(
             seed=self.config.seed, client=self.partition.client, pass_index=None, layer=depth
         )
-        sampler = self._sampler(self.config.eval_fanout, depth)
+        sampler = self.sampling.sampler(self.config.eval_fanout, depth)
         return sampler.sample_all(chunk=EVAL_CHUNK_NODES, rng=rng)
 
-    def _all_presence(self) -> torch.Tensor | None:
+    def all_presence(self) -> torch.Tensor | None:
         """The presence column of every node (count-aware sessions only)."""
         if not self.config.count_aware:
             return None
         return self.held.to(self.device, torch.float32).unsqueeze(1)
 
-    def _infer_all(self) -> Generator[Request, Response, list[Stack]]:
-        """Every layer of every aligned node, the aggregation layers' shares over all nodes
-        in order (rows 0..N-1, sent in parts): the top layer of this client's network."""
-        stack = self._all_nodes(self.network, self.generator)
-        presence = self._all_presence()
-        for depth in range(1, self.layers + 1):
-            propagate_all(depth, [stack], self._layer_chunks(depth), device=self.device)
-            if depth not in self.config.agg_layers:
-                continue
-            extracted = yield from self._joint_aggregate(depth, stack.h, presence=presence)
-            stack.h = combine_all(extracted, stack.h)
-        return [stack]
+    def all_rows(self) -> np.ndarray:
+        """The node ids of the rows of a share over all nodes (in order: 0..N-1)."""
+        return np.arange(self.partition.num_nodes, dtype=np.int64)
 
 
 def combine_all(extracted: Extracted, own: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,7 @@ from models.run_summary import (
     mean_or_none,
     recent_training_loss,
 )
-from secure.accounting import BudgetExhausted
+from secure.accounting import ReleaseRefused
 from secure.aggregation import EmbeddingCodec, PlainCodec, PlainSumAggregator, SumAggregator
 from secure.privacy import SessionPrivacy
 from secure.schedule import SessionSchedule
@@ -164,7 +164,7 @@ def _run_schedule(
         if budget is not None:
             try:
                 budget.record_release()
-            except BudgetExhausted:
+            except ReleaseRefused:
                 stopped = "budget-exhausted"
                 break
         output_nodes = schedule.output_nodes(spec.index)

@@ -8,27 +8,18 @@ client in ``models/federated.py`` yields these requests, the in-process driver a
 function calls, the HTTP worker (``clients/session_client.py``) carries them to the service, and
 the service (``service/``) parses them with the same names. Like h11's events, these are plain data.
 
-Binary bodies carry their shape and their encoding in headers:
-
-- ``X-Glasu-Shape``: ``n`` for a node set, ``rows,cols`` for a matrix;
-- ``X-Glasu-Encoding``: how the body's bytes encode the values: ``int64`` (node ids,
-  little-endian), ``float32`` (a plaintext share, little-endian, row-major) or ``ckks`` (framed
-  CKKS ciphertexts, ``secure/ckks.py``);
-- ``X-Glasu-Count`` (on an aggregate): how many shares the sum holds.
+Binary bodies carry their shape and their encoding in headers (``secure/wire/headers.py``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-
-SHAPE_HEADER = "X-Glasu-Shape"
-ENCODING_HEADER = "X-Glasu-Encoding"
-COUNT_HEADER = "X-Glasu-Count"
 
 Encoding = Literal["int64", "float32", "ckks"]
 # which node ids an alignment indexes, and a session averages over: those every party holds, or
@@ -64,6 +55,15 @@ class EmbeddingRequest:
     release: str | None = None  # a private release's digest (hex; secure.release_noise)
     part: int = 0  # this share holds part ``part`` of ``parts`` of the layer's rows (part_span)
     parts: int = 1
+    # SHA-256 of the part's plaintext (float32, before encoding): what a worker's upload journal
+    # records, so that a resumed worker recognises its own share (clients/checkpoint.py)
+    plaintext_digest: str | None = None
+
+
+def plaintext_digest(share: np.ndarray) -> str:
+    """The :attr:`EmbeddingRequest.plaintext_digest` of ``share``."""
+    array = np.ascontiguousarray(share, dtype=np.float32)
+    return hashlib.sha256(f"{array.shape}".encode() + array.tobytes()).hexdigest()
 
 
 #: Values (rows x columns) in one part of a share unless the session says otherwise (its

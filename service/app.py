@@ -86,22 +86,16 @@ def _install_openapi(app: FastAPI) -> None:
 def _install_problem_handlers(app: FastAPI) -> None:
     async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
-        headers = exc.headers
         if isinstance(exc, ProblemError):
-            slug, detail, extensions = exc.slug, exc.detail, exc.extensions
+            problem = exc
         else:
             slug = SLUG_BY_STATUS.get(exc.status_code, "error")
-            detail, extensions = _framework_detail(request, exc), None
-        if exc.status_code == 405:  # Starlette names only the first matching route's methods
-            headers = {**(headers or {}), "Allow": ", ".join(_allowed_methods(app, request))}
-        return problem_response(
-            status=exc.status_code,
-            slug=slug,
-            detail=detail,
-            instance=request.url.path,
-            headers=headers,
-            extensions=extensions,
-        )
+            detail = _framework_detail(request, exc)
+            problem = ProblemError(exc.status_code, slug, detail, headers=exc.headers)
+        if problem.status_code == 405:  # Starlette names only the first matching route's methods
+            allowed = ", ".join(_allowed_methods(app, request))
+            problem.headers = {**(problem.headers or {}), "Allow": allowed}
+        return problem_response(problem, instance=request.url.path)
 
     async def on_client_disconnect(request: Request, exc: Exception) -> Response:
         # The client went away mid-body: its error, not ours. Logged, counted as 499.
@@ -111,20 +105,18 @@ def _install_problem_handlers(app: FastAPI) -> None:
     async def on_domain_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, DomainError)
         status, slug = domain_problem(exc)
-        return problem_response(
-            status=status, slug=slug, detail=exc.detail, instance=request.url.path
-        )
+        return problem_response(ProblemError(status, slug, exc.detail), instance=request.url.path)
 
     async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
         if _json_body_with_wrong_media_type(request, exc):
-            return problem_response(
-                status=415,
-                slug="unsupported-media-type",
-                detail=f"this route takes a JSON body (Content-Type: application/json), not"
-                f" {request.headers.get('content-type') or 'no Content-Type'}",
-                instance=request.url.path,
+            sent_as = request.headers.get("content-type") or "no Content-Type"
+            unsupported = ProblemError(
+                415,
+                "unsupported-media-type",
+                f"this route takes a JSON body (Content-Type: application/json), not {sent_as}",
             )
+            return problem_response(unsupported, instance=request.url.path)
         errors: list[dict[str, Any]] = []
         for e in exc.errors():
             message = e["msg"]
@@ -135,22 +127,17 @@ def _install_problem_handlers(app: FastAPI) -> None:
             if error not in errors:  # a path parameter read by a dependency and the route
                 errors.append(error)
         detail = "; ".join(f"{'.'.join(e['loc'])}: {e['msg']}" for e in errors)
-        return problem_response(
-            status=422,
-            slug="validation-error",
-            detail=detail or "invalid request",
-            instance=request.url.path,
-            extensions={"errors": errors},
+        invalid = ProblemError(
+            422, "validation-error", detail or "invalid request", extensions={"errors": errors}
         )
+        return problem_response(invalid, instance=request.url.path)
 
     async def on_unexpected_error(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error on %s %s", request.method, request.url.path)
-        return problem_response(
-            status=500,
-            slug="internal-error",
-            detail="an unexpected error occurred; it has been logged",
-            instance=request.url.path,
+        unexpected = ProblemError(
+            500, "internal-error", "an unexpected error occurred; it has been logged"
         )
+        return problem_response(unexpected, instance=request.url.path)
 
     app.add_exception_handler(StarletteHTTPException, on_http_error)
     app.add_exception_handler(ClientDisconnect, on_client_disconnect)

@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import ClassVar, Literal
 
+from secure.wire.headers import SHAPE_HEADER
+
 
 class DomainError(Exception):
     """Base class; ``detail`` is the message for the caller."""
@@ -258,7 +260,7 @@ class WrongShape(DomainError):
     def node_set_too_large(cls, declared: int, num_nodes: int) -> WrongShape:
         return cls(
             f"a node set has at most num_nodes={num_nodes} distinct ids,"
-            f" X-Glasu-Shape says {declared}"
+            f" {SHAPE_HEADER} says {declared}"
         )
 
     @classmethod
@@ -275,7 +277,7 @@ class WrongShape(DomainError):
         return cls(
             f"pass {pass_index} layer {layer} expects shape {rows},{cols}"
             f" ({rows} rows: {rows_are}; {cols} columns: the layer's width),"
-            f" X-Glasu-Shape says {declared[0]},{declared[1]}"
+            f" {SHAPE_HEADER} says {declared[0]},{declared[1]}"
         )
 
 
@@ -303,7 +305,7 @@ class WrongEncoding(DomainError):
         self.declared = declared
 
 
-# Alignments (service/alignment.py)
+# Alignments (service/alignment/)
 
 
 class AlignmentNotFound(DomainError):

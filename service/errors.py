@@ -118,40 +118,21 @@ class ProblemError(HTTPException):
         self.extensions = extensions or {}
 
 
-def problem_body(
-    *,
-    status: int,
-    slug: str,
-    detail: str,
-    instance: str,
-    extensions: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+def problem_response(problem: ProblemError, *, instance: str) -> JSONResponse:
+    """``problem`` as problem details about ``instance`` (the request's path), with its
+    headers."""
+    slug = problem.slug
     body: dict[str, Any] = {
         "type": PROBLEM_TYPE_BASE + slug,
         "title": TITLES.get(slug, slug.replace("-", " ").capitalize()),
-        "status": status,
-        "detail": detail,
+        "status": problem.status_code,
+        "detail": problem.detail,
         "instance": instance,
+        **problem.extensions,
     }
-    if extensions:
-        body.update(extensions)
-    return body
-
-
-def problem_response(
-    *,
-    status: int,
-    slug: str,
-    detail: str,
-    instance: str,
-    headers: dict[str, str] | None = None,
-    extensions: dict[str, Any] | None = None,
-) -> JSONResponse:
     return JSONResponse(
-        problem_body(
-            status=status, slug=slug, detail=detail, instance=instance, extensions=extensions
-        ),
-        status_code=status,
+        body,
+        status_code=problem.status_code,
         media_type=PROBLEM_MEDIA_TYPE,
-        headers=headers,
+        headers=problem.headers,
     )

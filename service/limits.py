@@ -55,15 +55,13 @@ class BodySizeLimitMiddleware:
         unread = bool(declared and declared > 0) or _is_chunked(scope)
         if declared == -1 or (declared is not None and declared > self.limit):
             bad = declared == -1
-            response = problem_response(
-                status=400 if bad else 413,
-                slug="bad-header" if bad else "payload-too-large",
-                detail="Content-Length is not a non-negative integer"
-                if bad
-                else too_large(self.limit),
-                instance=scope.get("path", ""),
+            refused = ProblemError(
+                400 if bad else 413,
+                "bad-header" if bad else "payload-too-large",
+                "Content-Length is not a non-negative integer" if bad else too_large(self.limit),
                 headers={"Connection": "close"},
             )
+            response = problem_response(refused, instance=scope.get("path", ""))
 
             async def draining_send(message: Message) -> None:
                 await self._send_then_drain(message, send, receive, scope, declared, 0, unread)

@@ -31,9 +31,10 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
-class Waiting:
-    """A long-polled answer that is not ready yet: who has sent their part, who still owes it,
-    and when it may become ready without them (a straggler deadline, clock seconds)."""
+class Pending:
+    """A long poll's check answering "not ready yet": who has sent their part, who still owes
+    it, and when it may become ready without them (a straggler deadline, clock seconds). The
+    routes render it as the wire's 202 :class:`secure.wire.common.Waiting`."""
 
     missing: list[int]
     received: list[int] = field(default_factory=list)
@@ -116,7 +117,7 @@ async def long_poll(
     notifier: SessionNotifier, session_id: str, check: Callable[[], T], *, timeout: float
 ) -> T:
     """Run the blocking ``check`` in a worker thread until it answers something other than
-    :class:`Waiting` or time is up: when called, whenever ``session_id`` is notified, at the
+    :class:`Pending` or time is up: when called, whenever ``session_id`` is notified, at the
     answer's ``closes_at`` (an answer that can change without anybody notifying) and once more
     at the end."""
     clock = notifier.clock
@@ -137,7 +138,7 @@ async def long_poll(
             woken = notifier.subscribe(session_id)
             try:
                 result = await run_in_threadpool(check)
-                if not isinstance(result, Waiting) or expired:
+                if not isinstance(result, Pending) or expired:
                     return result
                 if result.closes_at is not None:
                     notifier.notify_at(session_id, result.closes_at)

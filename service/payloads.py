@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from secure.protocol import EMBEDDING_ENCODINGS, INT64_LE, NODE_ENCODING, sorted_union
+from secure.wire.headers import ENCODING_HEADER, SHAPE_HEADER
 from service.domain_errors import BadHeader, BadPayload, WrongShape
 
 _NODE_SHAPE = re.compile(r"\s*(\d{1,19})\s*")
@@ -49,20 +50,20 @@ def _match_shape(
     shape: str | None, pattern: re.Pattern[str], *, expected: str, what: str
 ) -> re.Match[str]:
     if shape is None:
-        raise BadHeader(f"missing X-Glasu-Shape header (expected '{expected}')")
+        raise BadHeader(f"missing {SHAPE_HEADER} header (expected '{expected}')")
     match = pattern.fullmatch(shape)
     if not match:
-        raise BadHeader(f"X-Glasu-Shape {shape!r} is not {what}")
+        raise BadHeader(f"{SHAPE_HEADER} {shape!r} is not {what}")
     return match
 
 
 def _require_encoding(encoding: str | None, *, allowed: tuple[str, ...]) -> str:
     expected = " or ".join(repr(a) for a in allowed)
     if encoding is None:
-        raise BadHeader(f"missing X-Glasu-Encoding header (expected {expected})")
+        raise BadHeader(f"missing {ENCODING_HEADER} header (expected {expected})")
     value = encoding.strip().lower()
     if value not in allowed:
-        raise BadHeader(f"X-Glasu-Encoding {encoding!r} is not valid here (expected {expected})")
+        raise BadHeader(f"{ENCODING_HEADER} {encoding!r} is not valid here (expected {expected})")
     return value
 
 
@@ -72,7 +73,7 @@ def validate_node_set(body: bytes, *, declared: int, num_nodes: int) -> np.ndarr
         raise WrongShape.node_set_too_large(declared, num_nodes)
     if len(body) != declared * INT64_LE.itemsize:
         raise BadPayload(
-            f"node set body has {len(body)} bytes; X-Glasu-Shape {declared} needs"
+            f"node set body has {len(body)} bytes; {SHAPE_HEADER} {declared} needs"
             f" {declared * INT64_LE.itemsize} (little-endian int64)"
         )
     nodes = np.frombuffer(body, dtype=INT64_LE)

@@ -21,6 +21,7 @@ from clients.local.processes import (
     start_serve,
     without_glasu_settings,
 )
+from secure.wire.headers import AUTHORIZATION_HEADER
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENTS = 3
@@ -77,7 +78,7 @@ def start_service(setup: Setup, work: Path) -> ServedService:
 
 def session_status(service: ServedService, session_id: str) -> dict[str, Any]:
     """``GET /v1/sessions/{id}`` straight to the service (not through a proxy)."""
-    headers = {"Authorization": f"Bearer {service.admin_token}"}
+    headers = {AUTHORIZATION_HEADER: f"Bearer {service.admin_token}"}
     response = httpx.get(f"{service.url}/v1/sessions/{session_id}", headers=headers, timeout=10)
     response.raise_for_status()
     return dict(response.json())

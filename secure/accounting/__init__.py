@@ -28,9 +28,9 @@ from secure.accounting.analysis import (
     max_releases,
 )
 from secure.accounting.budget import (
-    BudgetExhausted,
     PrivacyBudget,
     ReleaseDecision,
+    ReleaseRefused,
     decide_release,
 )
 from secure.accounting.calibration import (
@@ -46,9 +46,9 @@ __all__ = [
     "RDP_ORDERS_SUBSAMPLED",
     "AccountantName",
     "AccountingError",
-    "BudgetExhausted",
     "PrivacyBudget",
     "ReleaseDecision",
+    "ReleaseRefused",
     "calibrate_noise_multiplier",
     "calibrate_session_noise_multiplier",
     "composed_epsilon",

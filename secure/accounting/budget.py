@@ -31,7 +31,7 @@ from secure.accounting.analysis import (
 Refusal = Literal["max_releases", "epsilon"]
 
 
-class BudgetExhausted(RuntimeError):
+class ReleaseRefused(RuntimeError):
     """One more release would take the session past its epsilon target or its release cap."""
 
 
@@ -172,18 +172,18 @@ class PrivacyBudget:
     def record_release(self) -> float:
         """Count one release and return the new epsilon.
 
-        Raises :class:`BudgetExhausted` (and records nothing) if the release would take the
+        Raises :class:`ReleaseRefused` (and records nothing) if the release would take the
         session past a cap.
         """
         with self._lock:
             decision = self.next_release()
             if decision.refusal == "max_releases":
-                raise BudgetExhausted(
+                raise ReleaseRefused(
                     f"privacy budget exhausted: release {self.releases + 1} would pass the cap"
                     f" of {self.max_releases} releases"
                 )
             if decision.refusal == "epsilon":
-                raise BudgetExhausted(
+                raise ReleaseRefused(
                     f"privacy budget exhausted: release {self.releases + 1} would bring "
                     f"epsilon to {decision.epsilon:.4g} > target {self.epsilon_target:.4g} at "
                     f"delta={self.delta:g} (noise multiplier {self.noise_multiplier:.4g}, "

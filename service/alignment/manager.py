@@ -33,6 +33,7 @@ from secure.wire.alignment import (
     set_part_span,
     set_parts,
 )
+from secure.wire.headers import ENCODING_HEADER, SHAPE_HEADER, SIGNATURE_HEADER
 from service.alignment.tables import (
     AlignmentRow,
     AlignmentTables,
@@ -49,7 +50,7 @@ from service.domain_errors import (
     BadPayload,
     WrongShape,
 )
-from service.notify import Waiting
+from service.notify import Pending
 from service.store import Store
 from service.tokens import new_tokens, token_sha256
 
@@ -70,6 +71,16 @@ class SetPart:
     body: bytes
     size: int
     signature: bytes | None = None
+
+
+@dataclass(frozen=True)
+class SetHead:
+    """The headers of a posted part of a blinded set, as they came (None: absent): the whole
+    set's element count, the encoding and the poster's signature of the whole set (hex)."""
+
+    shape: str | None
+    encoding: str | None
+    signature: str | None = None
 
 
 @dataclass(frozen=True)
@@ -158,48 +169,25 @@ class AlignmentManager:
     # -- parties ---------------------------------------------------------------------------------
 
     def check_set_head(
-        self,
-        caller: PartyCaller,
-        owner: int,
-        hop: int,
-        part: int,
-        *,
-        shape: str | None,
-        encoding: str | None,
-        signature: str | None,
+        self, caller: PartyCaller, owner: int, hop: int, part: int, head: SetHead
     ) -> tuple[int, bytes | None, range, int]:
         """The checks of :meth:`put_set` that need no body (headers, part, who posts the
         slot), run before the body is read so that a refused upload is answered on its head;
         the set's size, its signature's bytes, the part's span and the set's part count."""
-        size = _declared_size(shape, encoding)
-        signed = _declared_signature(signature)
+        size = _declared_size(head.shape, head.encoding)
+        signed = _declared_signature(head.signature)
         with self.store.transaction() as tx:
             row = _alignment(AlignmentTables(tx), caller.alignment_id)
-        try:
-            span = set_part_span(part, size=size, part_elements=row.part_elements)
-        except ValueError as exc:
-            raise WrongShape(str(exc)) from None
+        span = _span(part, size, row.part_elements)
         _check_poster(row, caller, owner, hop)
         return size, signed, span, set_parts(size, row.part_elements)
 
     def put_set(
-        self,
-        caller: PartyCaller,
-        owner: int,
-        hop: int,
-        part: int,
-        *,
-        shape: str | None,
-        encoding: str | None,
-        body: bytes,
-        signature: str | None = None,
+        self, caller: PartyCaller, owner: int, hop: int, part: int, head: SetHead, body: bytes
     ) -> SetUpload:
-        """Store part ``part`` of the set of ``owner`` at ``hop`` (``shape``: the whole set's
-        element count), posted by ``caller`` (with its signature of the whole set, hex, if
-        any); complete the alignment when it was the last part of the last fully blinded set."""
-        size, signed, span, parts = self.check_set_head(
-            caller, owner, hop, part, shape=shape, encoding=encoding, signature=signature
-        )
+        """Store part ``part`` of the set of ``owner`` at ``hop``, posted by ``caller``;
+        complete the alignment when it was the last part of the last fully blinded set."""
+        size, signed, span, parts = self.check_set_head(caller, owner, hop, part, head)
         _check_body(body, len(span))  # before the store's lock: it costs ~10 us an element
         digest = hashlib.sha256(body).digest()
         with self.store.transaction() as tx:
@@ -226,7 +214,7 @@ class AlignmentManager:
                 if previous.size != size:
                     raise WrongShape(
                         f"the set of party {owner} has {previous.size} elements, "
-                        f"X-Glasu-Shape says {size}"
+                        f"{SHAPE_HEADER} says {size}"
                     )
             tables.insert_part(
                 row.id, owner, hop, part, size=size, sha256=digest, body=body, signature=signed
@@ -248,7 +236,7 @@ class AlignmentManager:
                     _complete_if_ready(tables, row)
         return SetUpload(created=True, size=size, parts=parts)
 
-    def get_set(self, caller: PartyCaller, owner: int, hop: int, part: int) -> SetPart | Waiting:
+    def get_set(self, caller: PartyCaller, owner: int, hop: int, part: int) -> SetPart | Pending:
         """Part ``part`` of the set of ``owner`` at ``hop``, once all its parts are in."""
         with self.store.transaction() as tx:
             tables = AlignmentTables(tx)
@@ -265,7 +253,7 @@ class AlignmentManager:
                 )
             found = tables.set(row.id, owner, hop)
             if found is None:
-                return Waiting(missing=[poster(owner, hop, row.parties)])
+                return Pending(missing=[poster(owner, hop, row.parties)])
             if row.state == "done":
                 raise AlignmentConflict(
                     f"alignment {row.id!r} is complete and its blinded sets are discarded; "
@@ -277,7 +265,7 @@ class AlignmentManager:
             raise LookupError(f"part {part} of a complete set of alignment {row.id} is missing")
         return SetPart(body, found.size, found.signature)
 
-    def positions(self, caller: PartyCaller, part: int) -> SetPart | Waiting:
+    def positions(self, caller: PartyCaller, part: int) -> SetPart | Pending:
         """For each position of part ``part`` of the set ``caller`` posted, its aligned index
         (-1: not shared), as little-endian int64."""
         with self.store.transaction() as tx:
@@ -293,7 +281,7 @@ class AlignmentManager:
                     raise LookupError(f"alignment {row.id} is done without positions")
                 return SetPart(body, own.size)
             sets = tables.sets(row.id)
-        return Waiting(missing=_owing(sets, row.parties))
+        return Pending(missing=_owing(sets, row.parties))
 
 
 def _part_index(row: PartRow) -> int:
@@ -324,11 +312,11 @@ def _check_like_the_other_parts(
     if first.size != size:
         raise WrongShape(
             f"part {first.part} of this set declared {first.size} elements in all, "
-            f"X-Glasu-Shape says {size}"
+            f"{SHAPE_HEADER} says {size}"
         )
     if first.signature != signature:
         raise AlignmentConflict(
-            f"part {first.part} of this set came with a different X-Glasu-Signature: a set's "
+            f"part {first.part} of this set came with a different {SIGNATURE_HEADER}: a set's "
             "signature covers the whole set and travels with each of its parts"
         )
 
@@ -360,12 +348,12 @@ def _check_poster(row: AlignmentRow, caller: PartyCaller, owner: int, hop: int) 
 
 def _declared_size(shape: str | None, encoding: str | None) -> int:
     if encoding is None or shape is None:
-        missing = "X-Glasu-Encoding" if encoding is None else "X-Glasu-Shape"
+        missing = ENCODING_HEADER if encoding is None else SHAPE_HEADER
         raise BadHeader(f"a blinded set needs the header {missing}")
     if encoding != SET_ENCODING:
-        raise BadHeader(f"a blinded set's X-Glasu-Encoding is {SET_ENCODING!r}, not {encoding!r}")
+        raise BadHeader(f"a blinded set's {ENCODING_HEADER} is {SET_ENCODING!r}, not {encoding!r}")
     if not shape.isdigit() or int(shape) < 1:
-        raise BadHeader(f"X-Glasu-Shape of a blinded set is its element count >= 1, not {shape!r}")
+        raise BadHeader(f"{SHAPE_HEADER} of a blinded set is its element count >= 1, not {shape!r}")
     return int(shape)
 
 
@@ -379,7 +367,7 @@ def _declared_signature(header: str | None) -> bytes | None:
         signature = b""
     if len(signature) != SIGNATURE_BYTES:
         raise BadHeader(
-            f"X-Glasu-Signature is an Ed25519 signature, {SIGNATURE_BYTES} bytes in hex, not "
+            f"{SIGNATURE_HEADER} is an Ed25519 signature, {SIGNATURE_BYTES} bytes in hex, not "
             f"{header[:140]!r}"
         )
     return signature

@@ -21,6 +21,7 @@ from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from secure.wire.common import MAX_CLIENTS
+from secure.wire.headers import AUTHORIZATION_HEADER
 from service.alignment import AlignmentManager
 from service.alignment.manager import PartyCaller
 from service.context import ServiceContext
@@ -68,7 +69,7 @@ def token_hash_of(credentials: HTTPAuthorizationCredentials | None) -> bytes:
         raise ProblemError(
             401,
             "unauthorized",
-            "missing bearer token: send 'Authorization: Bearer <token>'",
+            f"missing bearer token: send '{AUTHORIZATION_HEADER}: Bearer <token>'",
             headers=UNAUTHORIZED_HEADERS,
         )
     return token_sha256(credentials.credentials)

@@ -24,7 +24,7 @@ WaitQuery = Annotated[
 
 
 async def poll(context: ServiceContext, key: str, check: Callable[[], T], wait: float | None) -> T:
-    """``check`` until it stops answering ``Waiting``, for the ``wait`` the client asked (at
+    """``check`` until it stops answering ``Pending``, for the ``wait`` the client asked (at
     most, and by default, GLASU_LONG_POLL_SECONDS), woken by the notifications of ``key``."""
     limit = context.settings.long_poll_seconds
     timeout = limit if wait is None else min(wait, limit)

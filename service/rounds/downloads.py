@@ -1,6 +1,6 @@
 """What clients read: the pass descriptor, a layer's node union and the sum of a layer's part.
 
-A download answers :class:`Waiting` until its result is complete. Unions are read from the store,
+A download answers :class:`Pending` until its result is complete. Unions are read from the store,
 sums from :class:`ShareSums` (memory, else the bodies). A download never sums shares while
 another request is adding one or storing the sum; after a restart it stores a sum whose shares
 were all acknowledged before (:meth:`ShareSums.complete`).
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from secure.protocol import NODE_ENCODING
 from secure.wire.passes import PassInfo
 from service.domain_errors import NotReady, UnknownPass, WrongPart, WrongPass
-from service.notify import Waiting
+from service.notify import Pending
 from service.plan import SessionPlan
 from service.rounds.gate import check_downloadable, check_in_pass, load_session, open_layer
 from service.rounds.services import RoundComponent, RoundServices
@@ -59,12 +59,12 @@ class Downloads(RoundComponent):
 
     def get(
         self, kind: ResultKind, caller: Caller, pass_index: int, layer: int, part: int = 0
-    ) -> Payload | Waiting:
+    ) -> Payload | Pending:
         """The node union or the sum of one layer's part (a union is part 0), or who is still
         missing."""
         slot = Slot(caller.session_id, pass_index, layer, part)
         answer = self._fetch(kind, caller, slot)
-        if not isinstance(answer, Waiting):
+        if not isinstance(answer, Pending):
             return answer
         closes_now = answer.closes_at is not None and answer.closes_at <= self.store.clock.now()
         if kind == "sum" and (not answer.missing or closes_now):
@@ -83,7 +83,7 @@ class Downloads(RoundComponent):
             self.on_change(caller.session_id)
         return self._fetch(kind, caller, slot)
 
-    def _fetch(self, kind: ResultKind, caller: Caller, slot: Slot) -> Payload | Waiting:
+    def _fetch(self, kind: ResultKind, caller: Caller, slot: Slot) -> Payload | Pending:
         pass_index, layer, upload_kind = slot.pass_index, slot.layer, UPLOAD_KIND[kind]
         with self.store.transaction() as tx:
             row, plan = open_layer(
@@ -95,7 +95,7 @@ class Downloads(RoundComponent):
             if result is None:
                 _check_part(tx, plan, slot)
                 progress = slot_progress(tx, plan, slot, upload_kind)
-                return Waiting(progress.missing, progress.received, progress.closes_at)
+                return Pending(progress.missing, progress.received, progress.closes_at)
         body = result.body if kind == "union" else self.sums.sum_body(slot)
         if body is None:
             raise WrongPass("discarded", pass_index, row.current_pass)

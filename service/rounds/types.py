@@ -1,6 +1,6 @@
 """The values that cross the round engine's boundary: who is calling, and what an upload or a
 download answers (a download not ready answers
-:class:`service.notify.Waiting`)."""
+:class:`service.notify.Pending`)."""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ the journaled plaintext."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -14,27 +15,23 @@ import numpy as np
 import pytest
 import torch
 
-from clients.checkpoint import (
-    CheckpointError,
-    CheckpointStore,
-    DigestingCodec,
-    Fingerprint,
-    WorkerProgress,
-)
-from clients.pass_driver import ResumedPass, admit_release, exchange_share
+from clients.checkpoint import CheckpointError, CheckpointStore, Fingerprint, WorkerProgress
+from clients.pass_driver import PassDriver, ResumedPass, admit_release
 from clients.service_http import ServiceError
 from models.config import TrainConfig
 from models.federated import GlasuClient
 from models.inprocess import run_pass_inprocess
+from models.joint import JointAggregation
 from models.layout import layout_federation, session_schedule
 from models.outcome import PassOutcome
-from models.private import REPRODUCIBLE_NOISE_ENV, PrivateGlasuClient
+from models.private import REPRODUCIBLE_NOISE_ENV, PrivateArrangement
+from models.release import DpRelease, PassContext
 from models.trainer import Security, prepare_security
 from secure import files as files_module
 from secure.aggregation import PlainCodec
 from secure.files import atomic_write
 from secure.noise import GaussianNoise
-from secure.protocol import Aggregate, EmbeddingRequest
+from secure.protocol import Aggregate, EmbeddingRequest, plaintext_digest
 from secure.release_noise import ReleaseKeyedNoise, ReleaseSecret
 from secure.schedule import SessionSchedule
 
@@ -72,8 +69,6 @@ def federation(config: TrainConfig, cora) -> Federation:
         security.make_client(part, layout, config, torch.device("cpu"))
         for part in layout.partitions
     ]
-    for client in clients:
-        client.codec = DigestingCodec(client.codec)
     return Federation(clients, security, schedule)
 
 
@@ -129,9 +124,10 @@ SECRET = ReleaseSecret(bytes(range(32)))  # the worker's, in its ledger
 
 def use_keyed_noise(client: GlasuClient) -> None:
     """What the worker gives a private client without a noise seed."""
-    if isinstance(client, PrivateGlasuClient) and not client.release.noise.reproducible:
+    release = client.joint.release
+    if isinstance(release, DpRelease) and not release.settings.noise.reproducible:
         noise = ReleaseKeyedNoise(SECRET, scope=f"s/client{client.partition.client}")
-        client.release = replace(client.release, noise=noise)
+        release.settings = replace(release.settings, noise=noise)
 
 
 def resume_all(config: TrainConfig, cora, root: Path) -> Federation:
@@ -182,9 +178,11 @@ def test_a_restored_private_client_replays_its_seeded_noise(
     assert outcomes == uninterrupted
     assert outcomes[-1][0].reference_test_accuracy is not None
     for a, b in zip(fed.clients, resumed.clients, strict=True):
-        assert isinstance(a, PrivateGlasuClient) and isinstance(b, PrivateGlasuClient)
+        assert isinstance(a.arrangement, PrivateArrangement)
+        assert isinstance(b.arrangement, PrivateArrangement)
         assert_same_state(a, b)
-        for x, y in zip(a.reference.parameters(), b.reference.parameters(), strict=True):
+        references = (a.arrangement.reference, b.arrangement.reference)
+        for x, y in zip(*(r.parameters() for r in references), strict=True):
             assert torch.equal(x, y)
 
 
@@ -197,18 +195,16 @@ def test_release_keyed_noise_is_the_same_for_the_pass_a_checkpoint_precedes(
     fed = federation(PRIVATE, cora)
     for client in fed.clients:
         use_keyed_noise(client)
-        assert client.release.noise.private  # type: ignore[attr-defined]
+        assert client.joint.release.settings.noise.private  # type: ignore[attr-defined]
     run(fed, range(2))
     for client, store in zip(fed.clients, stores(tmp_path, 3), strict=True):
         store.save(client, WorkerProgress(next_pass=2), fingerprint(client, PRIVATE))
         assert store.read()["client"]["noise"] == {"kind": "release-keyed"}
     uninterrupted = run(fed, range(2, 3))
-    released = [c.pending_release for c in fed.clients]
     resumed = resume_all(PRIVATE, cora, tmp_path)
     assert run(resumed, range(2, 3)) == uninterrupted
     for a, b in zip(fed.clients, resumed.clients, strict=True):
         assert_same_state(a, b)
-    assert released == [None] * 3  # each digest went with its share
 
 
 def test_a_checkpoint_of_another_run_is_refused(cora, tmp_path: Path) -> None:
@@ -288,18 +284,6 @@ def test_an_unwritable_checkpoint_folder_is_a_clear_error(cora, tmp_path: Path) 
 # -- a resumed pass and a slot filled before the crash ---------------------------------------
 
 
-class FakeCodec:
-    encoding = "ckks"
-
-    def __init__(self, digest: str) -> None:
-        self.last_digest = digest
-
-
-class FakeClient:
-    def __init__(self, digest: str) -> None:
-        self.codec = FakeCodec(digest)
-
-
 class FilledSlotService:
     """A service whose slot holds another body (a CKKS share encrypted before the crash)."""
 
@@ -317,66 +301,73 @@ class FilledSlotService:
         return Aggregate(payload=b"sum", count=3)
 
 
-REQUEST = EmbeddingRequest(layer=1, payload=b"re-encrypted", rows=2, cols=2)
+REQUEST = EmbeddingRequest(layer=1, payload=b"re-encrypted", rows=2, cols=2, plaintext_digest="abc")
+
+
+def driver(store: CheckpointStore, resume: ResumedPass | None) -> PassDriver:
+    """A worker's driver over a service whose slot is filled, with checkpoints in ``store``."""
+    return PassDriver(FilledSlotService(), checkpoints=store, resume=resume)  # type: ignore[arg-type]
 
 
 def test_a_resumed_pass_takes_over_a_part_by_its_own_journal_entry(tmp_path: Path) -> None:
     """Each part of a share is journaled under its own key: part 1 of layer 1 is "1.1"."""
     store = CheckpointStore(tmp_path, session_id="s", client=0)
-    service = FilledSlotService()
-    second = EmbeddingRequest(layer=1, payload=b"part 1", rows=2, cols=2, part=1, parts=2)
-    resume = ResumedPass(pass_index=4, shares={"1": "other", "1.1": "abc"})
-    answer = exchange_share(FakeClient("abc"), service, 4, second, store, resume)  # type: ignore[arg-type]
-    assert answer == Aggregate(payload=b"sum", count=3) and service.parts == [1]
+    second = EmbeddingRequest(
+        layer=1, payload=b"part 1", rows=2, cols=2, part=1, parts=2, plaintext_digest="abc"
+    )
+    resumed = driver(store, ResumedPass(pass_index=4, shares={"1": "other", "1.1": "abc"}))
+    answer = resumed.exchange_share(4, second, encoding="ckks")
+    assert answer == Aggregate(payload=b"sum", count=3) and resumed.service.parts == [1]  # type: ignore[attr-defined]
     assert store.uploads()["shares"] == {"1.1": "abc"}
     with pytest.raises(CheckpointError, match="part 1 of 2"):
-        exchange_share(FakeClient("abc"), service, 4, second, store, ResumedPass(4, {"1": "abc"}))  # type: ignore[arg-type]
+        driver(store, ResumedPass(4, {"1": "abc"})).exchange_share(4, second, encoding="ckks")
 
 
 def test_a_resumed_pass_takes_the_sum_when_its_share_is_the_journaled_one(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path, session_id="s", client=0)
-    service = FilledSlotService()
-    resume = ResumedPass(pass_index=4, shares={"1": "abc"})
-    answer = exchange_share(FakeClient("abc"), service, 4, REQUEST, store, resume)  # type: ignore[arg-type]
-    assert answer == Aggregate(payload=b"sum", count=3) and service.fetched == [(4, 1)]
+    resumed = driver(store, ResumedPass(pass_index=4, shares={"1": "abc"}))
+    answer = resumed.exchange_share(4, REQUEST, encoding="ckks")
+    assert answer == Aggregate(payload=b"sum", count=3) and resumed.service.fetched == [(4, 1)]  # type: ignore[attr-defined]
     assert store.uploads() == {"session_id": "s", "client": 0, "pass": 4, "shares": {"1": "abc"}}
 
 
 def test_a_resumed_pass_refuses_a_filled_slot_with_another_plaintext(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path, session_id="s", client=0)
-    service = FilledSlotService()
+    other = replace(REQUEST, plaintext_digest="xyz")
+    resumed = driver(store, ResumedPass(pass_index=4, shares={"1": "abc"}))
     with pytest.raises(CheckpointError, match=r"pass 4, layer 1: .* differs from it"):
-        exchange_share(
-            FakeClient("xyz"),  # type: ignore[arg-type]
-            service,  # type: ignore[arg-type]
-            4,
-            REQUEST,
-            store,
-            ResumedPass(pass_index=4, shares={"1": "abc"}),
-        )
+        resumed.exchange_share(4, other, encoding="ckks")
+    unjournaled = driver(store, ResumedPass(pass_index=4, shares={}))
     with pytest.raises(CheckpointError, match="is not in its upload journal"):
-        exchange_share(
-            FakeClient("abc"),  # type: ignore[arg-type]
-            service,  # type: ignore[arg-type]
-            4,
-            REQUEST,
-            store,
-            ResumedPass(pass_index=4, shares={}),
-        )
+        unjournaled.exchange_share(4, REQUEST, encoding="ckks")
+    fresh = driver(store, None)
     with pytest.raises(ServiceError, match="conflict"):  # not resuming: a real conflict
-        exchange_share(FakeClient("abc"), service, 4, REQUEST, store, None)  # type: ignore[arg-type]
-    assert service.fetched == []
+        fresh.exchange_share(4, REQUEST, encoding="ckks")
+    for each in (resumed, unjournaled, fresh):
+        assert each.service.fetched == []  # type: ignore[attr-defined]
 
 
-def test_the_digesting_codec_notes_the_plaintext() -> None:
-    codec = DigestingCodec(PlainCodec())
+def test_every_part_carries_the_digest_of_its_plaintext() -> None:
+    """What the upload journal records: the SHA-256 of the part as it was encoded, the same
+    for the same plaintext (whatever its encryption), another for another."""
     share = np.arange(6, dtype=np.float32).reshape(2, 3)
-    assert codec.encode(share) == PlainCodec().encode(share) and codec.encoding == "float32"
-    first = codec.last_digest
-    codec.encode(share + 1)
-    assert first is not None and codec.last_digest != first
-    codec.encode(share)
-    assert codec.last_digest == first
+    first = plaintext_digest(share)
+    assert plaintext_digest(share + 1) != first and plaintext_digest(share.copy()) == first
+    assert first == hashlib.sha256(b"(2, 3)" + share.tobytes()).hexdigest()  # journals before
+    joint = JointAggregation(PlainCodec(), clients=3, part_values=4, device=torch.device("cpu"))
+    context = PassContext(pass_index=0, kind="eval", output_nodes=np.arange(3))
+    own = torch.arange(6, dtype=torch.float32).reshape(3, 2)
+    step = joint.aggregate(context, 1, own, rows=np.arange(3))
+    request = next(step)
+    for part in range(2):  # 4 values per part: rows 0-1, then row 2
+        assert isinstance(request, EmbeddingRequest) and (request.part, request.parts) == (part, 2)
+        sent = np.frombuffer(request.payload, "<f4").reshape(request.rows, request.cols)
+        assert request.plaintext_digest == plaintext_digest(sent)
+        np.testing.assert_array_equal(sent, own.numpy()[2 * part : 2 * part + 2])
+        try:
+            request = step.send(Aggregate(payload=request.payload, count=3))
+        except StopIteration:
+            assert part == 1
 
 
 def test_noise_that_cannot_be_drawn_again_is_not_checkpointed(cora, tmp_path: Path) -> None:
@@ -391,8 +382,9 @@ def test_noise_that_cannot_be_drawn_again_is_not_checkpointed(cora, tmp_path: Pa
     assert not store.exists()
     use_keyed_noise(client)
     store.save(client, WorkerProgress(), fingerprint(client, PRIVATE))
-    assert isinstance(client, PrivateGlasuClient)
-    client.release = replace(client.release, noise=GaussianNoise(seed=3))
+    release = client.joint.release
+    assert isinstance(release, DpRelease)
+    release.settings = replace(release.settings, noise=GaussianNoise(seed=3))
     with pytest.raises(CheckpointError, match=r"does not fit this worker's noise"):
         store.load(client, fingerprint(client, PRIVATE))
 

@@ -85,7 +85,7 @@ import os, signal, sys, threading
 from pathlib import Path
 
 from service.rounds import downloads, sums, uploads
-from service.notify import Waiting
+from service.notify import Pending
 
 markers = Path(os.environ["CRASHTEST_DIR"])
 upload_pass, between_pass, poll_pass = (int(v) for v in os.environ["CRASHTEST_SERVICE"].split(","))
@@ -136,7 +136,7 @@ get = downloads.Downloads.get
 
 def get_then_die_in_the_poll(self, kind, caller, pass_index, layer, part=0):
     answer = get(self, kind, caller, pass_index, layer, part)
-    if kind == "sum" and pass_index == poll_pass and isinstance(answer, Waiting):
+    if kind == "sum" and pass_index == poll_pass and isinstance(answer, Pending):
         with polling_lock:
             polling.add(caller.client_index)
             if polling >= OTHERS and once("poll"):

@@ -16,6 +16,7 @@ from models.data.planetoid import GraphDataset
 from models.federated import GlasuClient
 from models.inprocess import run_pass_inprocess
 from models.layout import layout_federation
+from models.release import PassContext
 from models.workset import combine
 from secure.aggregation import PlainCodec, PlainSumAggregator
 from secure.ckks import CkksCodec, CkksSumAggregator, generate_keys
@@ -63,7 +64,10 @@ def test_the_count_aware_mean_is_the_exact_mean_over_the_holders(
     presence[0][:, 0] = np.maximum(presence[0][:, 0], 1 - presence[1][:, 0] - presence[2][:, 0])
     requests, steps = [], []
     for client, own, present in zip(clients, owns, presence, strict=True):
-        step = client._joint_aggregate(2, own, presence=torch.from_numpy(present))
+        context = PassContext(pass_index=0, kind="train", output_nodes=np.arange(rows))
+        step = client.joint.aggregate(
+            context, 2, own, rows=np.arange(rows), presence=torch.from_numpy(present)
+        )
         requests.append(next(step))
         steps.append(step)
     assert {(r.rows, r.cols) for r in requests} == {(rows, cols + 1)}  # the presence column

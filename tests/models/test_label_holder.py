@@ -12,12 +12,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import models.federated as federated
+import models.arrangement as arrangement
 from models.config import TrainConfig
 from models.data.planetoid import GraphDataset
 from models.federated import GlasuClient
 from models.inprocess import run_pass_inprocess
 from models.layout import layout_federation
+from models.release import PassContext
 from models.trainer import train_inprocess
 from secure.aggregation import PlainSumAggregator
 from secure.protocol import Aggregate, EmbeddingRequest
@@ -78,11 +79,12 @@ def test_the_broadcast_gradient_is_autograd_on_the_joint_model(cora: GraphDatase
     clients = [GlasuClient(p, plan.client_config) for p in plan.partitions]
     recording = Recording()
     output = cora.train_nodes[:16]
+    context = PassContext(pass_index=0, kind="train", output_nodes=output)
     with mock.patch.object(torch.optim.Adam, "step"):  # keep the weights the gradients are for
         run_pass_inprocess(clients, recording, pass_index=0, kind="train", output_nodes=output)
     rows, broadcast = recording.sums[-1]
     top = config.layers
-    combine = federated.combine
+    combine = arrangement.combine
     joint_inputs = {}
     for m, client in enumerate(clients):  # recompute each client's top layer, recording `own`
         batch = client.workset.next_batch()
@@ -92,8 +94,8 @@ def test_the_broadcast_gradient_is_autograd_on_the_joint_model(cora: GraphDatase
             _seen[own.shape[0]] = (stale, own)
             return combine(stale, own, count=count, presence=presence)
 
-        with mock.patch.object(federated, "combine", recording_combine):
-            step = client._forward(batch, grad=True)
+        with mock.patch.object(arrangement, "combine", recording_combine):
+            step = client.arrangement.forward(context, batch, grad=True)
             with pytest.raises(StopIteration):  # every layer is in batch.others: no request
                 next(step)
         joint_inputs[m] = (seen[rows], batch)

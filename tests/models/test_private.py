@@ -159,18 +159,18 @@ def test_the_party_alone_reference_trains_on_the_federated_batches(
 ) -> None:
     """Every forward of the reference model mirrors one of the federated model: same input
     nodes, same blocks, in the same order; and the report states both accuracies."""
-    from models.private import PrivateGlasuClient
+    from models.private import PrivateArrangement
 
     seen: dict[str, list] = {"federated": [], "reference": []}
-    forward = PrivateGlasuClient._local_forward
+    forward = PrivateArrangement.local_forward
 
     def recording(self, network, generator, blocks, input_nodes, h0_rows, *, received):
         which = "reference" if network is self.reference else "federated"
         assert (received is None) == (which == "reference")
-        seen[which].append((self.partition.client, input_nodes.tolist(), len(blocks)))
+        seen[which].append((self.client.partition.client, input_nodes.tolist(), len(blocks)))
         return forward(self, network, generator, blocks, input_nodes, h0_rows, received=received)
 
-    monkeypatch.setattr(PrivateGlasuClient, "_local_forward", recording)
+    monkeypatch.setattr(PrivateArrangement, "local_forward", recording)
     config = TrainConfig(**{**PRIVATE, "rounds": 3, "eval_every": 3, "stale": 2})
     report = train_inprocess(config, dataset=cora, progress=False)
     assert seen["federated"] and seen["reference"] == seen["federated"]

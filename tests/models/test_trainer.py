@@ -9,6 +9,7 @@ from models.config import TrainConfig
 from models.federated import GlasuClient
 from models.inprocess import run_pass_inprocess
 from models.layout import layout_federation
+from models.release import PassContext
 from models.trainer import train_inprocess
 from models.workset import combine
 from secure.aggregation import PlainSumAggregator
@@ -51,8 +52,14 @@ def test_extract_identity(cora) -> None:
     total = aggregator.add(
         [r.payload for r in requests], rows=requests[0].rows, cols=requests[0].cols
     )
+    context = PassContext(pass_index=0, kind="train", output_nodes=cora.train_nodes[:8])
     others = [
-        clients[m]._joint_aggregate(requests[m].layer, torch.from_numpy(shares[m].copy()))
+        clients[m].joint.aggregate(
+            context,
+            requests[m].layer,
+            torch.from_numpy(shares[m].copy()),
+            rows=np.arange(requests[m].rows),
+        )
         for m in range(3)
     ]
     for m, gen in enumerate(others):

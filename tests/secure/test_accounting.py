@@ -20,8 +20,8 @@ from secure.accounting import (
     RDP_ORDERS,
     RDP_ORDERS_SUBSAMPLED,
     AccountingError,
-    BudgetExhausted,
     PrivacyBudget,
+    ReleaseRefused,
     calibrate_noise_multiplier,
     decide_release,
     epsilon_after,
@@ -350,7 +350,7 @@ def test_budget_refuses_the_release_that_would_exceed(accountant: str) -> None:
     assert budget.epsilon <= 4.0
     assert budget.would_exceed()
     assert budget.remaining_releases() == 0
-    with pytest.raises(BudgetExhausted, match="exhausted") as info:
+    with pytest.raises(ReleaseRefused, match="exhausted") as info:
         budget.record_release()
     assert isinstance(info.value, RuntimeError)
     assert budget.releases == rounds  # nothing recorded
@@ -411,7 +411,7 @@ def test_budget_infinite_epsilon_is_strict_json() -> None:
     json.dumps(record, allow_nan=False)
     refusing = PrivacyBudget(noise_multiplier=0.0, delta=1e-5, epsilon_target=10.0)
     assert refusing.would_exceed()
-    with pytest.raises(BudgetExhausted):
+    with pytest.raises(ReleaseRefused):
         refusing.record_release()
 
 
@@ -451,7 +451,7 @@ def test_the_release_decision_refuses_past_either_cap_and_what_it_cannot_evaluat
     budget.record_release()
     budget.record_release()
     assert budget.remaining_releases() == 0 and budget.would_exceed()
-    with pytest.raises(BudgetExhausted, match="cap of 2 releases"):
+    with pytest.raises(ReleaseRefused, match="cap of 2 releases"):
         budget.record_release()
 
 

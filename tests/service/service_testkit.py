@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,17 +22,56 @@ from clients.local.processes import ServedService as ServedProcess
 from clients.local.processes import glasu_command, without_glasu_settings
 from clients.local.processes import start_serve as start_glasu_serve
 from secure.protocol import part_count, part_span
+from service.clock import ManualClock, Timer
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN_TOKEN = "admin-token-for-tests-0123456789"
 INT64_LE = np.dtype("<i8")
 FLOAT32_LE = np.dtype("<f4")
+WOKEN_WITHIN = 60.0  # seconds: a bound on a failing test only, never reached by a passing one
 
 
 def http_client(app: FastAPI, **kwargs: Any) -> httpx.AsyncClient:
     return httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app, **kwargs), base_url="http://glasu.test"
     )
+
+
+class LongPollClock(ManualClock):
+    """A :class:`ManualClock` that tells a test when a long poll waits: a poll sets its
+    deadline's timer right after its first check answered "not yet", just before it waits.
+    Nothing here depends on how fast the machine is: the clock moves only by :meth:`advance`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.deadlines: list[float] = []  # the time of every timer set, in order
+        self._timer_set: asyncio.Event | None = None
+
+    def call_at(self, at: float, callback: Callable[[], None]) -> Timer:
+        timer = super().call_at(at, callback)
+        self.deadlines.append(at)
+        if self._timer_set is not None:
+            self._timer_set.set()
+        return timer
+
+    async def waiting(self, request: Awaitable[httpx.Response]) -> asyncio.Future[httpx.Response]:
+        """The long poll ``request``, started and waiting (or already answered)."""
+        self._timer_set = timer_set = asyncio.Event()
+        poll = asyncio.ensure_future(request)
+        watch = asyncio.ensure_future(timer_set.wait())
+        try:
+            await asyncio.wait({poll, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+            self._timer_set = None
+        return poll
+
+
+async def woken(poll: Awaitable[httpx.Response]) -> httpx.Response:
+    """The answer of a waiting long poll that the test has woken (by what it did, or by advancing
+    the clock); a poll nobody wakes fails the test after WOKEN_WITHIN real seconds."""
+    async with asyncio.timeout(WOKEN_WITHIN):
+        return await poll
 
 
 def admin() -> dict[str, str]:
@@ -270,3 +311,23 @@ def database_sql(database: Path | str, *statements: str) -> list[list[tuple[Any,
 
 def _rows(cursor: Any) -> list[tuple[Any, ...]]:
     return [tuple(row) for row in cursor.fetchall()] if cursor.description else []
+
+
+def waits_on_a_lock(url: str) -> bool:
+    """Whether a transaction of the service waits for a lock another one holds."""
+    import psycopg
+
+    with psycopg.connect(url) as pg:
+        (waiting,) = pg.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE application_name = 'glasu' AND wait_event_type = 'Lock'"
+        ).fetchone()  # type: ignore[misc]
+    return bool(waiting)
+
+
+def until_a_transaction_waits_on_a_lock(url: str) -> None:
+    """Return once a transaction of the service waits for a lock another one holds: the order
+    a test wants, seen in PostgreSQL rather than hoped for after a sleep."""
+    deadline = time.monotonic() + WOKEN_WITHIN
+    while not waits_on_a_lock(url):
+        assert time.monotonic() < deadline, "no transaction waited on a lock"

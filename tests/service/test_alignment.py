@@ -12,8 +12,14 @@ from fastapi import FastAPI
 from service_testkit import admin, assert_problem, bearer, create_session, http_client
 
 from secure.psi import IDENTITY, BlindingKey, hash_to_group, pack
+from secure.wire.alignment import SET_ENCODING, AlignmentCreate
+from secure.wire.headers import ENCODING_HEADER, SHAPE_HEADER, SIGNATURE_HEADER
+from service.alignment import AlignmentManager
+from service.alignment.manager import PartyCaller, SetHead
 from service.alignment.tables import WHOLE_SETS, AlignmentTables
 from service.app import service_context
+from service.domain_errors import AlignmentSlotForbidden, BadHeader, WrongShape
+from service.store import Store
 
 pytestmark = pytest.mark.anyio
 
@@ -276,7 +282,6 @@ def test_a_database_from_before_the_union_and_the_signatures_gains_their_columns
     import sqlite3
 
     from service.alignment.tables import create_alignment_tables
-    from service.store import Store
 
     path = tmp_path / "old.sqlite3"
     with sqlite3.connect(path) as db:  # the alignments table as the first release wrote it
@@ -401,3 +406,30 @@ async def test_parts_must_fit_the_body_limit(client: httpx.AsyncClient) -> None:
         "/v1/alignments", json={"parties": 2, "part_elements": 2**26}, headers=admin()
     )
     assert_problem(response, 422, "validation-error", mentions="GLASU_MAX_BODY_BYTES")
+
+
+def test_a_sets_head_is_refused_by_the_header_at_fault_before_any_body(tmp_path) -> None:
+    """AlignmentManager.check_set_head, without HTTP: what the headers, the part and the ring
+    decide is refused before a body exists, each header's fault named by its header."""
+    store = Store(tmp_path / "glasu.sqlite3")
+    try:
+        alignments = AlignmentManager(store)
+        created = alignments.create(AlignmentCreate(parties=2, seed=1, part_elements=2))
+        first = PartyCaller(created.alignment_id, 0)
+        signed = SetHead(shape="3", encoding=SET_ENCODING, signature="ab" * 64)
+        size, signature, span, parts = alignments.check_set_head(first, 0, 0, 1, signed)
+        assert (size, signature, span, parts) == (3, b"\xab" * 64, range(2, 3), 2)
+        faults = {
+            ENCODING_HEADER: SetHead(shape="3", encoding=None),
+            SHAPE_HEADER: SetHead(shape="three", encoding=SET_ENCODING),
+            SIGNATURE_HEADER: SetHead(shape="3", encoding=SET_ENCODING, signature="ab"),
+        }
+        for header, head in faults.items():
+            with pytest.raises(BadHeader, match=header):
+                alignments.check_set_head(first, 0, 0, 0, head)
+        with pytest.raises(WrongShape):  # 3 elements in parts of 2: parts 0 and 1
+            alignments.check_set_head(first, 0, 0, 2, signed)
+        with pytest.raises(AlignmentSlotForbidden):  # party 1 posts hop 1 of party 0's set
+            alignments.check_set_head(first, 0, 1, 0, signed)
+    finally:
+        store.close()

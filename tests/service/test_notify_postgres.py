@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from service.clock import ManualClock
-from service.notify import Waiting, long_poll
+from service.notify import Pending, long_poll
 from service.notify_postgres import PostgresNotifier
 from tests.support.postgres import PostgresCluster
 
@@ -47,8 +47,8 @@ def make_notifier(database_url: str) -> Iterator[Callable[[], PostgresNotifier]]
 
 
 class FlagCheck:
-    """A long poll's check: the committed flag of ``SESSION``, or Waiting; counts its runs and
-    sets an event at each Waiting answer."""
+    """A long poll's check: the committed flag of ``SESSION``, or Pending; counts its runs and
+    sets an event at each Pending answer."""
 
     def __init__(self, url: str) -> None:
         self._url = url
@@ -56,7 +56,7 @@ class FlagCheck:
         self._loop = asyncio.get_running_loop()
         self._waiting: asyncio.Queue[int] = asyncio.Queue()
 
-    def __call__(self) -> int | Waiting:
+    def __call__(self) -> int | Pending:
         with psycopg.connect(self._url) as connection:
             row = connection.execute(
                 "SELECT value FROM flags WHERE session_id = %s", (SESSION,)
@@ -64,17 +64,17 @@ class FlagCheck:
         self.runs += 1
         if row is None:
             self._loop.call_soon_threadsafe(self._waiting.put_nowait, self.runs)
-            return Waiting(missing=[1])
+            return Pending(missing=[1])
         return int(row[0])
 
     async def waited(self) -> int:
-        """The number of the next check that answered Waiting."""
+        """The number of the next check that answered Pending."""
         return await asyncio.wait_for(self._waiting.get(), FAIL_AFTER)
 
 
 async def waiting_on_a(
     make_notifier: Callable[[], PostgresNotifier], url: str
-) -> tuple[PostgresNotifier, PostgresNotifier, FlagCheck, asyncio.Task[int | Waiting]]:
+) -> tuple[PostgresNotifier, PostgresNotifier, FlagCheck, asyncio.Task[int | Pending]]:
     """Replicas A and B, and a long poll of ``SESSION`` on A that has checked once and waits."""
     replica_a, replica_b = make_notifier(), make_notifier()
     check = FlagCheck(url)

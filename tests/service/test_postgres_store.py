@@ -23,6 +23,7 @@ from service_testkit import (
     database_sql,
     http_client,
     session_request,
+    until_a_transaction_waits_on_a_lock,
 )
 
 from service.alignment.tables import ALIGNMENT_MIGRATIONS, create_alignment_tables
@@ -109,29 +110,12 @@ def test_a_session_and_a_slot_are_locked_across_replicas(
     thread.start()
     with first.transaction() as tx:
         assert tx.session("s") is not None
-        (holder,) = tx.connection.execute("SELECT pg_backend_pid()").fetchone()
         locked.set()
-        wait_for_a_lock_of(url, holder)  # the other replica's transaction waits for this one
-        assert seen == []
+        until_a_transaction_waits_on_a_lock(url)
+        assert seen == []  # still waiting
         tx.set_current_pass("s", 1)
     thread.join(10)
     assert seen == [1]
-
-
-def wait_for_a_lock_of(url: str, holder: int, *, timeout: float = 10.0) -> None:
-    """Return once a backend waits for a lock that backend ``holder`` holds (PostgreSQL says
-    so: ``pg_blocking_pids``); fail if none does within ``timeout``."""
-    deadline = time.monotonic() + timeout
-    with psycopg.connect(url, autocommit=True) as pg:
-        while True:
-            (waiting,) = pg.execute(  # type: ignore[misc]
-                "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
-                (holder,),
-            ).fetchone()
-            if waiting:
-                return
-            assert time.monotonic() < deadline, f"nothing waited for a lock of backend {holder}"
-            time.sleep(0.01)  # a poll's interval: the order comes from the answer, not from it
 
 
 def test_payload_bodies_live_in_the_database(replicas: tuple[Store, Store]) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -14,6 +14,7 @@ from service_testkit import (
     FLOAT32_LE,
     INT64_LE,
     Federation,
+    LongPollClock,
     admin,
     assert_problem,
     bearer,
@@ -25,6 +26,7 @@ from service_testkit import (
     node_headers,
     nodes_body,
     session_request,
+    woken,
 )
 
 from secure.schedule import draw_output_batch, pass_schedule
@@ -32,6 +34,17 @@ from service import plan
 from service.app import service_context
 
 pytestmark = pytest.mark.anyio
+
+Polled = tuple[httpx.AsyncClient, LongPollClock]
+
+
+@pytest.fixture
+async def polled(make_app: Callable[..., FastAPI]) -> AsyncIterator[Polled]:
+    """A client of an app on a :class:`LongPollClock`: its long polls wait until the test
+    advances the clock."""
+    clock = LongPollClock()
+    async with http_client(make_app(clock=clock)) as http:
+        yield http, clock
 
 
 @pytest.mark.parametrize(
@@ -119,13 +132,15 @@ async def test_union_is_sorted_and_deduplicated(client: httpx.AsyncClient) -> No
     assert response.headers["X-Glasu-Shape"] == "6"
 
 
-async def test_long_poll_waits_then_completes(client: httpx.AsyncClient) -> None:
+async def test_long_poll_waits_then_completes(polled: Polled) -> None:
+    """A poll answers 202 when its wait runs out, and 200 as soon as the last node set is in:
+    the clock never reaches its deadline, so only the uploads can have woken it."""
+    client, clock = polled
     created = await create_session(client)
     sid, tokens = created["session_id"], created["client_tokens"]
     url = f"{client_path(sid, 0)}/passes/0/layers/1/nodes"
 
-    async def upload(m: int, delay: float) -> None:
-        await asyncio.sleep(delay)
+    async def upload(m: int) -> None:
         nodes = np.asarray([m, 10 + m], dtype=np.int64)
         response = await client.put(
             f"{client_path(sid, m)}/passes/0/layers/1/nodes",
@@ -134,8 +149,10 @@ async def test_long_poll_waits_then_completes(client: httpx.AsyncClient) -> None
         )
         assert response.status_code == 201
 
-    await upload(0, 0)
-    waiting = await client.get(url, params={"wait": 0.05}, headers=bearer(tokens[0]))
+    await upload(0)
+    short = await clock.waiting(client.get(url, params={"wait": 0.05}, headers=bearer(tokens[0])))
+    clock.advance(0.05)
+    waiting = await woken(short)
     assert waiting.status_code == 202
     assert waiting.json() == {
         "status": "waiting",
@@ -145,19 +162,17 @@ async def test_long_poll_waits_then_completes(client: httpx.AsyncClient) -> None
         "missing": [1, 2],
     }
 
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    poll, *_ = await asyncio.gather(
-        client.get(url, params={"wait": 10}, headers=bearer(tokens[0])),
-        upload(1, 0.05),
-        upload(2, 0.15),
-    )
-    assert poll.status_code == 200
-    assert np.frombuffer(poll.content, dtype=INT64_LE).tolist() == [0, 1, 2, 10, 11, 12]
-    assert loop.time() - started < 5  # woken by the upload, not by the timeout
+    poll = await clock.waiting(client.get(url, params={"wait": 10}, headers=bearer(tokens[0])))
+    assert not poll.done()
+    await upload(1)
+    await upload(2)
+    answer = await woken(poll)
+    assert answer.status_code == 200
+    assert np.frombuffer(answer.content, dtype=INT64_LE).tolist() == [0, 1, 2, 10, 11, 12]
 
 
-async def test_long_poll_of_the_sum(client: httpx.AsyncClient) -> None:
+async def test_long_poll_of_the_sum(polled: Polled) -> None:
+    client, clock = polled
     created = await create_session(client, agg_layers=[{"layer": 3, "width": 2}], clients=2)
     sid, tokens = created["session_id"], created["client_tokens"]
     rows = len(
@@ -168,7 +183,6 @@ async def test_long_poll_of_the_sum(client: httpx.AsyncClient) -> None:
     shares = {m: np.full((rows, 2), m + 1.5, dtype=np.float32) for m in range(2)}
 
     async def upload(m: int) -> None:
-        await asyncio.sleep(0.05 * (m + 1))
         response = await client.put(
             f"{client_path(sid, m)}/passes/0/layers/3/embedding",
             content=shares[m].tobytes(),
@@ -176,15 +190,17 @@ async def test_long_poll_of_the_sum(client: httpx.AsyncClient) -> None:
         )
         assert response.status_code == 201
 
-    poll, *_ = await asyncio.gather(
+    waiting = await clock.waiting(
         client.get(
             f"{client_path(sid, 1)}/passes/0/layers/3/aggregate",
             params={"wait": 10},
             headers=bearer(tokens[1]),
-        ),
-        upload(0),
-        upload(1),
+        )
     )
+    assert not waiting.done()
+    await upload(0)
+    await upload(1)
+    poll = await woken(waiting)
     assert poll.status_code == 200
     assert poll.headers["X-Glasu-Count"] == "2"
     total = np.frombuffer(poll.content, dtype=FLOAT32_LE).reshape(rows, 2)
@@ -321,39 +337,36 @@ async def test_concurrent_identical_uploads_store_once(client: httpx.AsyncClient
     assert sorted(r.status_code for r in responses) == [200, 200, 200, 201]
 
 
-async def test_closing_wakes_long_polls(client: httpx.AsyncClient) -> None:
+async def test_closing_wakes_long_polls(polled: Polled) -> None:
+    client, clock = polled
     created = await create_session(client)
     sid, token = created["session_id"], created["client_tokens"][0]
-
-    async def close_soon() -> httpx.Response:
-        await asyncio.sleep(0.1)
-        return await client.delete(f"/v1/sessions/{sid}", headers=admin())
-
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    poll, closed = await asyncio.gather(
+    poll = await clock.waiting(
         client.get(
             f"{client_path(sid, 0)}/passes/0/layers/1/nodes",
             params={"wait": 20},
             headers=bearer(token),
-        ),
-        close_soon(),
+        )
     )
+    assert not poll.done()
+    closed = await client.delete(f"/v1/sessions/{sid}", headers=admin())
     assert closed.status_code == 200
-    assert poll.status_code == 409 and poll.json()["type"].endswith("/session-closed")
-    assert loop.time() - started < 5
+    answer = await woken(poll)
+    assert answer.status_code == 409 and answer.json()["type"].endswith("/session-closed")
 
 
 async def test_wait_is_bounded(make_app: Callable[..., FastAPI]) -> None:
-    async with http_client(make_app(long_poll_seconds=0.1)) as http:
+    clock = LongPollClock()
+    async with http_client(make_app(long_poll_seconds=0.1, clock=clock)) as http:
         created = await create_session(http)
         sid, token = created["session_id"], created["client_tokens"][0]
         url = f"{client_path(sid, 0)}/passes/0/layers/3/aggregate"
         too_long = await http.get(url, params={"wait": 61}, headers=bearer(token))
         assert too_long.status_code == 422
         assert "query.wait" in too_long.json()["detail"]
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        capped = await http.get(url, params={"wait": 60}, headers=bearer(token))
-        assert capped.status_code == 202  # capped by GLASU_LONG_POLL_SECONDS=0.1
-        assert loop.time() - started < 5
+        poll = await clock.waiting(http.get(url, params={"wait": 60}, headers=bearer(token)))
+        # capped by GLASU_LONG_POLL_SECONDS=0.1
+        assert clock.deadlines == [clock.now() + 0.1]
+        clock.advance(0.1)
+        capped = await woken(poll)
+        assert capped.status_code == 202

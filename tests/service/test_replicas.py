@@ -29,6 +29,7 @@ from service_testkit import (
     matrix_headers,
     node_headers,
     nodes_body,
+    waits_on_a_lock,
 )
 
 from service.app import service_context
@@ -303,18 +304,6 @@ async def test_a_follower_of_the_session_list_misses_no_session_committed_out_of
         created = {(await creating_a)["session_id"], (await creating_b)["session_id"]}
         later, _ = await follow_sessions(http_a, after=last)
     assert set(seen + later) == created, f"the follower missed {created - set(seen + later)}"
-
-
-def waits_on_a_lock(url: str) -> bool:
-    """Whether a transaction of the service waits for a lock another one holds."""
-    import psycopg
-
-    with psycopg.connect(url) as pg:
-        (waiting,) = pg.execute(
-            "SELECT count(*) FROM pg_stat_activity"
-            " WHERE application_name = 'glasu' AND wait_event_type = 'Lock'"
-        ).fetchone()  # type: ignore[misc]
-    return bool(waiting)
 
 
 async def follow_sessions(

@@ -21,7 +21,7 @@ from service_testkit import (
 )
 
 from service.app import service_context
-from service.notify import Waiting
+from service.notify import Pending
 from service.rounds import Caller, Payload
 from service.store import Slot
 
@@ -58,7 +58,7 @@ async def test_a_download_leaves_a_sum_in_progress_alone(
     # another request holds the slot
     with engine.sums.forming(plan, Slot(sid, 0, 3), rows=5, cols=2):
         waiting = engine.downloads.get("sum", caller, 0, 3)
-    assert isinstance(waiting, Waiting) and waiting.missing == []
+    assert isinstance(waiting, Pending) and waiting.missing == []
     total = engine.downloads.get("sum", caller, 0, 3)
     assert isinstance(total, Payload) and total.count == 2
     np.testing.assert_array_equal(

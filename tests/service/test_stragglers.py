@@ -2,18 +2,18 @@
 the clients that arrived (2 at least), the late client is excluded from the rest of the pass and
 takes part again in the next one, and the privacy ledger records whose shares each release
 holds. Under "wait" (the default) nothing closes early. The straggler waits and the long polls
-run on the service's clock, a :class:`ManualClock` the tests move on: none waits for real time."""
+run on the service's clock, a ``LongPollClock`` the tests move on: none waits for real time."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 
 import httpx
 import numpy as np
 import pytest
 from fastapi import FastAPI
 from service_testkit import (
+    LongPollClock,
     admin,
     assert_problem,
     bearer,
@@ -29,7 +29,6 @@ from service_testkit import (
 
 from clients.cli.session_cmd import describe
 from service.app import service_context
-from service.clock import ManualClock
 
 pytestmark = pytest.mark.anyio
 
@@ -38,25 +37,16 @@ CONTINUE = {"stragglers": "continue", "straggler_wait_seconds": WAIT}
 
 
 @pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
+def clock() -> LongPollClock:
+    return LongPollClock()
 
 
 @pytest.fixture
 async def client(
-    make_app: Callable[..., FastAPI], clock: ManualClock
+    make_app: Callable[..., FastAPI], clock: LongPollClock
 ) -> AsyncIterator[httpx.AsyncClient]:
     async with http_client(make_app(clock=clock)) as http:
         yield http
-
-
-async def polling(clock: ManualClock, request: Awaitable[httpx.Response]) -> asyncio.Future:
-    """The long poll ``request``, started and waiting: the clock holds its timer."""
-    poll = asyncio.ensure_future(request)
-    async with asyncio.timeout(30):
-        while not clock.pending_timers and not poll.done():
-            await asyncio.sleep(0.001)
-    return poll
 
 
 async def put(
@@ -129,7 +119,7 @@ async def test_continue_needs_three_clients_and_unshared_noise(client: httpx.Asy
 
 async def test_a_pass_goes_on_without_a_late_node_set_and_takes_the_client_back_next_pass(
     client: httpx.AsyncClient,
-    clock: ManualClock,
+    clock: LongPollClock,
 ) -> None:
     created = await create_session(client, **CONTINUE)
     rng = np.random.default_rng(0)
@@ -137,7 +127,7 @@ async def test_a_pass_goes_on_without_a_late_node_set_and_takes_the_client_back_
     for m in (0, 1):
         assert (await put(client, created, m, 0, 1, nodes + m)).status_code == 201
     started = clock.now()
-    poll = await polling(clock, get(client, created, 0, 0, 1, "nodes", wait=5))
+    poll = await clock.waiting(get(client, created, 0, 0, 1, "nodes", wait=5))
     assert not poll.done()
     clock.advance(WAIT)
     union = await poll
@@ -187,7 +177,7 @@ async def test_a_pass_goes_on_without_a_late_node_set_and_takes_the_client_back_
 
 async def test_a_late_share_is_left_out_of_the_sum_after_the_wait(
     client: httpx.AsyncClient,
-    clock: ManualClock,
+    clock: LongPollClock,
 ) -> None:
     created = await create_session(client, **CONTINUE)
     nodes = np.arange(6)
@@ -197,7 +187,7 @@ async def test_a_late_share_is_left_out_of_the_sum_after_the_wait(
         await put(client, created, m, 0, 1, np.full((6, 8), m + 1.0))
     waiting = await get(client, created, 0, 0, 1, "aggregate", wait=0)
     assert waiting.status_code == 202 and waiting.json()["missing"] == [1]
-    poll = await polling(clock, get(client, created, 2, 0, 1, "aggregate", wait=5))
+    poll = await clock.waiting(get(client, created, 2, 0, 1, "aggregate", wait=5))
     clock.advance(WAIT)
     total = await poll
     assert total.status_code == 200 and total.headers["x-glasu-count"] == "2"
@@ -206,32 +196,32 @@ async def test_a_late_share_is_left_out_of_the_sum_after_the_wait(
 
 
 async def test_one_share_alone_is_never_a_sum(
-    client: httpx.AsyncClient, clock: ManualClock
+    client: httpx.AsyncClient, clock: LongPollClock
 ) -> None:
     """A sum of one share would hand that share to whoever fetches it."""
     created = await create_session(client, **CONTINUE)
     await put(client, created, 0, 0, 1, np.arange(6))
     clock.advance(WAIT + 0.1)
-    poll = await polling(clock, get(client, created, 0, 0, 1, "nodes", wait=1.2))
+    poll = await clock.waiting(get(client, created, 0, 0, 1, "nodes", wait=1.2))
     clock.advance(1.2)
     answer = await poll
     assert answer.status_code == 202 and answer.json()["missing"] == [1, 2]
 
 
 async def test_under_wait_a_slot_never_closes_early(
-    client: httpx.AsyncClient, clock: ManualClock
+    client: httpx.AsyncClient, clock: LongPollClock
 ) -> None:
     created = await create_session(client, straggler_wait_seconds=WAIT)  # the policy is "wait"
     for m in (0, 1):
         await put(client, created, m, 0, 1, np.arange(6))
-    poll = await polling(clock, get(client, created, 0, 0, 1, "nodes", wait=1.2))
+    poll = await clock.waiting(get(client, created, 0, 0, 1, "nodes", wait=1.2))
     clock.advance(1.2)
     answer = await poll
     assert answer.status_code == 202 and answer.json()["missing"] == [2]
 
 
 async def test_the_ledger_counts_each_clients_own_releases(
-    client: httpx.AsyncClient, clock: ManualClock
+    client: httpx.AsyncClient, clock: LongPollClock
 ) -> None:
     privacy = {"noise_multiplier": 1.0, "delta": 1e-5, "clip": 1.0}
     created = await create_session(
@@ -244,7 +234,7 @@ async def test_the_ledger_counts_each_clients_own_releases(
             assert await rejoin(client, created, 2) == 1  # after pass 0 went on without it
         for m in arriving:
             await put(client, created, m, p, 1, np.arange(6))
-        poll = await polling(clock, get(client, created, 0, p, 1, "nodes", wait=5))
+        poll = await clock.waiting(get(client, created, 0, p, 1, "nodes", wait=5))
         clock.advance(WAIT)  # pass 0 goes on without client 2 once the wait is over
         assert (await poll).status_code == 200
         for m in arriving:

@@ -10,8 +10,9 @@ unknown token -> 401, unknown alignment -> 404, token not allowed here -> 403
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Annotated
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
@@ -28,7 +29,14 @@ from secure.wire.alignment import (
     SetReceipt,
 )
 from secure.wire.common import MAX_CLIENTS
-from service.alignment.manager import POSITIONS_ENCODING, SetPart, SetUpload
+from secure.wire.headers import ENCODING_HEADER, SHAPE_HEADER, SIGNATURE_HEADER
+from service.alignment.manager import (
+    POSITIONS_ENCODING,
+    PartyCaller,
+    SetHead,
+    SetPart,
+    SetUpload,
+)
 from service.api.body import api_router, binary_body
 from service.api.deps import (
     AlignmentAdminDep,
@@ -40,10 +48,12 @@ from service.api.deps import (
 )
 from service.api.polling import WaitQuery, poll
 from service.api.routes.docs import BINARY_REQUEST_BODY, OCTET_STREAM, binary_response
+from service.context import ServiceContext
 from service.errors import ProblemError
-from service.notify import Waiting
+from service.notify import Pending
 
 router = api_router("/v1/alignments", "alignments")
+Route = TypeVar("Route", bound=Callable[..., Awaitable[Any]])
 
 OwnerPath = Annotated[
     int, Path(alias="o", ge=0, lt=MAX_CLIENTS, description="The party whose ids the set holds.")
@@ -62,15 +72,15 @@ PartQuery = Annotated[
 ]
 ShapeHeader = Annotated[
     str | None,
-    Header(alias="X-Glasu-Shape", description="Element count of the whole set (all its parts)."),
+    Header(alias=SHAPE_HEADER, description="Element count of the whole set (all its parts)."),
 ]
 EncodingHeader = Annotated[
-    str | None, Header(alias="X-Glasu-Encoding", description=f"'{SET_ENCODING}'.")
+    str | None, Header(alias=ENCODING_HEADER, description=f"'{SET_ENCODING}'.")
 ]
 SignatureHeader = Annotated[
     str | None,
     Header(
-        alias="X-Glasu-Signature",
+        alias=SIGNATURE_HEADER,
         description="Optional: the poster's Ed25519 signature of the set (hex), relayed to the "
         "next party unchecked.",
     ),
@@ -85,15 +95,39 @@ def _notify_key(alignment_id: str) -> str:
     return f"alignment:{alignment_id}"
 
 
-def _binary(result: SetPart | Waiting, *, encoding: str) -> Response:
+def _binary(result: SetPart | Pending, *, encoding: str) -> Response:
     """A part (X-Glasu-Shape: the whole set's element count), or the 202 of a long poll."""
-    if isinstance(result, Waiting):
+    if isinstance(result, Pending):
         waiting = AlignmentWaiting(missing=result.missing)
         return JSONResponse(waiting.model_dump(mode="json"), status_code=202)
-    headers = {"X-Glasu-Shape": str(result.size), "X-Glasu-Encoding": encoding}
+    headers = {SHAPE_HEADER: str(result.size), ENCODING_HEADER: encoding}
     if result.signature is not None:
-        headers["X-Glasu-Signature"] = result.signature.hex()
+        headers[SIGNATURE_HEADER] = result.signature.hex()
     return Response(result.body, media_type=OCTET_STREAM, headers=headers)
+
+
+def _long_poll_route(path: str, *, summary: str, part_is: str) -> Callable[[Route], Route]:
+    """A party's GET of a binary part that others deliver: 200 with the part (``part_is``),
+    202 with the parties still owing it when the wait runs out."""
+    return router.get(
+        path,
+        response_class=Response,
+        responses={200: binary_response(part_is, with_count=False), **WAITING_RESPONSE},
+        summary=summary,
+    )
+
+
+async def _polled_part(
+    context: ServiceContext,
+    caller: PartyCaller,
+    check: Callable[[], SetPart | Pending],
+    wait: float | None,
+    *,
+    encoding: str,
+) -> Response:
+    """``check``, long-polled on the alignment's notifications, as the route's answer."""
+    result = await poll(context, _notify_key(caller.alignment_id), check, wait)
+    return _binary(result, encoding=encoding)
 
 
 @router.post("", status_code=201, response_model=AlignmentCreated, summary="Create an alignment")
@@ -157,12 +191,13 @@ async def put_set(
     # The set of party o blinded by parties o..o+h (mod M): party o posts hop 0 (its own set,
     # blinded and shuffled), party o+h posts hop h; each in parts of part_elements elements,
     # every part with the whole set's size and signature. (No docstring: OpenAPI description.)
-    head = {"shape": shape, "encoding": encoding, "signature": signature}
+    head = SetHead(shape=shape, encoding=encoding, signature=signature)
     # refused on its head when it can be: before the body is read
-    await run_in_threadpool(partial(alignments.check_set_head, caller, owner, hop, part, **head))
-    store = partial(alignments.put_set, caller, owner, hop, part)
+    await run_in_threadpool(alignments.check_set_head, caller, owner, hop, part, head)
     async with binary_body(request) as body:
-        upload: SetUpload = await run_in_threadpool(store, body=body, **head)
+        upload: SetUpload = await run_in_threadpool(
+            alignments.put_set, caller, owner, hop, part, head, body
+        )
     context.notifier.notify(_notify_key(caller.alignment_id))
     receipt = SetReceipt(
         owner=owner,
@@ -176,16 +211,10 @@ async def put_set(
     return JSONResponse(receipt.model_dump(mode="json"), status_code=201 if upload.created else 200)
 
 
-@router.get(
+@_long_poll_route(
     "/{aid}/parties/{m}/sets/{o}/hops/{h}",
-    response_class=Response,
-    responses={
-        200: binary_response(
-            "Part `part` of the set to blind next (ristretto255 elements).", with_count=False
-        ),
-        **WAITING_RESPONSE,
-    },
     summary="Fetch the set to blind next (long poll)",
+    part_is="Part `part` of the set to blind next (ristretto255 elements).",
 )
 async def get_set(
     caller: PartyDep,
@@ -199,22 +228,14 @@ async def get_set(
     # Served only to party o+h+1 (mod M), the next to blind it, once all its parts are in;
     # never the fully blinded hop.
     check = partial(alignments.get_set, caller, owner, hop, part)
-    result = await poll(context, _notify_key(caller.alignment_id), check, wait)
-    return _binary(result, encoding=SET_ENCODING)
+    return await _polled_part(context, caller, check, wait, encoding=SET_ENCODING)
 
 
-@router.get(
+@_long_poll_route(
     "/{aid}/parties/{m}/positions",
-    response_class=Response,
-    responses={
-        200: binary_response(
-            "For each position of part `part` of the set this party posted, its aligned index "
-            "(-1: not shared), little-endian int64.",
-            with_count=False,
-        ),
-        **WAITING_RESPONSE,
-    },
     summary="Fetch this party's positions in the aligned index (long poll)",
+    part_is="For each position of part `part` of the set this party posted, its aligned index "
+    "(-1: not shared), little-endian int64.",
 )
 async def get_positions(
     caller: PartyDep,
@@ -226,5 +247,4 @@ async def get_positions(
     # Ready once every fully blinded set is in and the service has intersected them; part k
     # covers the positions of part k of the set this party posted.
     check = partial(alignments.positions, caller, part)
-    result = await poll(context, _notify_key(caller.alignment_id), check, wait)
-    return _binary(result, encoding=POSITIONS_ENCODING)
+    return await _polled_part(context, caller, check, wait, encoding=POSITIONS_ENCODING)

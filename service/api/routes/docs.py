@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from secure.wire.headers import COUNT_HEADER, ENCODING_HEADER, SHAPE_HEADER
 from service.errors import PROBLEM_MEDIA_TYPE
 
 OCTET_STREAM = "application/octet-stream"
@@ -27,7 +28,7 @@ def _problem(description: str) -> dict[str, Any]:
 
 PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: _problem(
-        "Malformed header: Content-Length, X-Glasu-Shape or X-Glasu-Encoding (bad-header)."
+        f"Malformed header: Content-Length, {SHAPE_HEADER} or {ENCODING_HEADER} (bad-header)."
     ),
     401: _problem("Missing or invalid bearer token (unauthorized)."),
     403: _problem("Token not allowed on this route (forbidden)."),
@@ -48,11 +49,11 @@ BINARY_REQUEST_BODY: dict[str, Any] = {
 
 def binary_response(description: str, *, with_count: bool) -> dict[str, Any]:
     headers: dict[str, Any] = {
-        "X-Glasu-Shape": {"description": "'n' or 'rows,cols'", "schema": {"type": "string"}},
-        "X-Glasu-Encoding": {"description": "int64, float32 or ckks", "schema": {"type": "string"}},
+        SHAPE_HEADER: {"description": "'n' or 'rows,cols'", "schema": {"type": "string"}},
+        ENCODING_HEADER: {"description": "int64, float32 or ckks", "schema": {"type": "string"}},
     }
     if with_count:
-        headers["X-Glasu-Count"] = {
+        headers[COUNT_HEADER] = {
             "description": "How many shares were added (M).",
             "schema": {"type": "integer"},
         }
@@ -66,7 +67,7 @@ def binary_response(description: str, *, with_count: bool) -> dict[str, Any]:
 #: Headers every binary upload must carry. The routes read them as optional so that a missing
 #: one is a 400 bad-header naming it (the protocol's own error), not a generic 422; the schema
 #: still says they are required.
-REQUIRED_UPLOAD_HEADERS = ("X-Glasu-Shape", "X-Glasu-Encoding")
+REQUIRED_UPLOAD_HEADERS = (SHAPE_HEADER, ENCODING_HEADER)
 
 
 def mark_required_headers(schema: dict[str, Any]) -> dict[str, Any]:

@@ -22,13 +22,14 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from secure.wire.common import MAX_COUNT, MAX_LAYERS
+from secure.wire.headers import COUNT_HEADER, ENCODING_HEADER, SHAPE_HEADER
 from secure.wire.passes import Metrics, PassInfo, RejoinReceipt, UploadReceipt, WaitingStatus
 from service.api.body import api_router, binary_body
 from service.api.deps import ClientDep, ContextDep
 from service.api.polling import WaitQuery, poll
 from service.api.routes.docs import BINARY_REQUEST_BODY, OCTET_STREAM, binary_response
 from service.context import ServiceContext
-from service.notify import Waiting
+from service.notify import Pending
 from service.rounds import Caller, Payload, UploadOutcome
 from service.store import KIND_NAME, ResultKind, UploadKind
 
@@ -40,10 +41,10 @@ LayerPath = Annotated[
     int, Path(alias="l", ge=1, le=MAX_LAYERS, description="Aggregation layer (1-based).")
 ]
 ShapeHeader = Annotated[
-    str | None, Header(alias="X-Glasu-Shape", description="'n' (node set) or 'rows,cols'.")
+    str | None, Header(alias=SHAPE_HEADER, description="'n' (node set) or 'rows,cols'.")
 ]
 EncodingHeader = Annotated[
-    str | None, Header(alias="X-Glasu-Encoding", description="int64, float32 or ckks.")
+    str | None, Header(alias=ENCODING_HEADER, description="int64, float32 or ckks.")
 ]
 
 UPLOAD_RESPONSES: dict[int | str, dict[str, object]] = {
@@ -52,8 +53,8 @@ UPLOAD_RESPONSES: dict[int | str, dict[str, object]] = {
 }
 
 
-def _payload_response(result: Payload | Waiting, pass_index: int, layer: int) -> Response:
-    if isinstance(result, Waiting):
+def _payload_response(result: Payload | Pending, pass_index: int, layer: int) -> Response:
+    if isinstance(result, Pending):
         status = WaitingStatus(
             pass_index=pass_index,
             layer=layer,
@@ -61,9 +62,9 @@ def _payload_response(result: Payload | Waiting, pass_index: int, layer: int) ->
             missing=result.missing,
         )
         return JSONResponse(status.model_dump(mode="json", by_alias=True), status_code=202)
-    headers = {"X-Glasu-Shape": result.shape, "X-Glasu-Encoding": result.encoding}
+    headers = {SHAPE_HEADER: result.shape, ENCODING_HEADER: result.encoding}
     if result.count is not None:
-        headers["X-Glasu-Count"] = str(result.count)
+        headers[COUNT_HEADER] = str(result.count)
     return Response(result.body, media_type=OCTET_STREAM, headers=headers)
 
 
