@@ -72,12 +72,12 @@ class TrafficCounter:
         run_pass: Callable[..., Any] = trainer.run_pass_inprocess
 
         def counting_answer(requests: Sequence[Any], aggregator: Any) -> Any:
-            from secure.protocol import EmbeddingRequest, encode_nodes
+            from secure.protocol import ShareRequest, encode_nodes
 
             response = answer(requests, aggregator)
             if self.kind != "train":
                 return response
-            if isinstance(requests[0], EmbeddingRequest):
+            if isinstance(requests[0], ShareRequest):
                 up = sum(len(r.payload) for r in requests)
                 down = len(requests) * len(response.payload)
             else:

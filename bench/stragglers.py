@@ -49,12 +49,12 @@ def stalling_client(*, every: int, stall: float) -> type[SessionClient]:
 
         attempted: ClassVar[set[int]] = set()
 
-        def put_embedding(self, pass_index: int, *args: Any, **kwargs: Any) -> None:
+        def put_share(self, pass_index: int, *args: Any, **kwargs: Any) -> None:
             if pass_index not in self.attempted:
                 self.attempted.add(pass_index)
                 if len(self.attempted) % every == 0:
                     time.sleep(stall)
-            super().put_embedding(pass_index, *args, **kwargs)
+            super().put_share(pass_index, *args, **kwargs)
 
     return Stalling
 

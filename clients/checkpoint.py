@@ -28,7 +28,7 @@ seeded per pass, dropout masks come from the restored generator, and the DP nois
   (``secure.noise.NoiseSource.state_dict``).
 
 Before each share is uploaded, the SHA-256 of its plaintext (which the client's request carries:
-``secure.protocol.EmbeddingRequest.plaintext_digest``) is written to a small upload
+``secure.protocol.ShareRequest.plaintext_digest``) is written to a small upload
 journal beside the checkpoint (``<session id>-client<m>.uploads.json``). When a resumed worker
 finds its slot already filled (the service refuses a different body for an occupied slot, and
 CKKS ciphertexts of the same plaintext differ in bytes), it takes the sum only if the share it

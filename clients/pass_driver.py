@@ -17,7 +17,7 @@ from clients.service_http import ServiceError
 from clients.session_client import SessionClient
 from models.federated import GlasuClient
 from models.outcome import PassOutcome
-from secure.protocol import Aggregate, EmbeddingRequest, NodesRequest
+from secure.protocol import NodesRequest, ShareRequest, SharesSum
 from secure.wire.passes import PassInfo
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class PassDriver:
                 return finished.value
             if isinstance(request, NodesRequest):
                 answer = self.service.exchange_nodes(pass_index, request.layer, request.nodes)
-            elif isinstance(request, EmbeddingRequest):
+            elif isinstance(request, ShareRequest):
                 if self.gate is not None:
                     admit_release(self.gate, pass_index, request, pass_kind=info.kind)
                 answer = self.exchange_share(
@@ -72,9 +72,7 @@ class PassDriver:
             else:
                 raise TypeError(f"unexpected request {request!r}")
 
-    def exchange_share(
-        self, pass_index: int, request: EmbeddingRequest, *, encoding: str
-    ) -> Aggregate:
+    def exchange_share(self, pass_index: int, request: ShareRequest, *, encoding: str) -> SharesSum:
         """Upload a share's part, encoded as ``encoding`` (with checkpoints, the digest of its
         plaintext that the request carries journaled first), and fetch the part's sum. In the
         pass a resumed worker recomputes, a slot (a layer's part) that already holds this
@@ -90,7 +88,7 @@ class PassDriver:
             f", part {request.part} of {request.parts}" if request.parts > 1 else ""
         )
         try:
-            service.put_embedding(
+            service.put_share(
                 pass_index,
                 request.layer,
                 request.payload,
@@ -120,11 +118,11 @@ class PassDriver:
                 "plaintext); taking its sum",
                 where,
             )
-        return service.fetch_aggregate(pass_index, request.layer, part=request.part)
+        return service.fetch_sum(pass_index, request.layer, part=request.part)
 
 
 def admit_release(
-    gate: ReleaseGate, pass_index: int, request: EmbeddingRequest, *, pass_kind: str | None = None
+    gate: ReleaseGate, pass_index: int, request: ShareRequest, *, pass_kind: str | None = None
 ) -> None:
     """Every share of a private session is a release: it passes the owner's gate before it
     leaves (:class:`BudgetSpent` if it would go past the policy). A share's parts are one

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from clients.service_http import ConnectionOptions, PeerConnection
-from secure.protocol import NODE_ENCODING, Aggregate, decode_nodes, encode_nodes
+from secure.protocol import NODE_ENCODING, SharesSum, decode_nodes, encode_nodes
 from secure.wire.headers import COUNT_HEADER, ENCODING_HEADER, SHAPE_HEADER
 from secure.wire.passes import PassInfo, RejoinReceipt
 from secure.wire.status import SessionStatus
@@ -72,7 +72,7 @@ class SessionClient(PeerConnection):
         response = self._wait_for(path)
         return decode_nodes(response.content)
 
-    def put_embedding(
+    def put_share(
         self,
         pass_index: int,
         layer: int,
@@ -99,12 +99,12 @@ class SessionClient(PeerConnection):
             },
         )
 
-    def fetch_aggregate(self, pass_index: int, layer: int, *, part: int = 0) -> Aggregate:
+    def fetch_sum(self, pass_index: int, layer: int, *, part: int = 0) -> SharesSum:
         """The sum of part ``part`` of (pass, layer), long-polling until every share's part is
         in."""
         path = f"{self._client_path}/passes/{pass_index}/layers/{layer}/aggregate"
         response = self._wait_for(path, params={"part": part})
-        return Aggregate(payload=response.content, count=int(response.headers[COUNT_HEADER]))
+        return SharesSum(payload=response.content, count=int(response.headers[COUNT_HEADER]))
 
     def report_metrics(self, pass_index: int, metrics: Mapping[str, float | None]) -> None:
         """Report a pass's metrics (``secure.wire.passes.Metrics``, for the status page only);

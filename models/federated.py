@@ -2,7 +2,7 @@
 
 :meth:`GlasuClient.run_pass` is a generator: it yields a :class:`NodesRequest` when it needs the
 union of the clients' node sets at an aggregation layer of a training pass, and an
-:class:`EmbeddingRequest` when it uploads a part of its share of an aggregation layer (a share
+:class:`ShareRequest` when it uploads a part of its share of an aggregation layer (a share
 travels in ``secure.protocol.part_count`` parts); it is resumed with the answer (the union, or the
 summed part and how many shares it holds). An evaluation pass asks for no node set: it computes
 every layer over all aligned nodes (``models/layerwise.py``). These are the wire messages of

@@ -13,11 +13,11 @@ from models.federated import GlasuClient
 from models.outcome import PassOutcome
 from secure.aggregation import SumAggregator
 from secure.protocol import (
-    Aggregate,
-    EmbeddingRequest,
     NodesRequest,
     Request,
     Response,
+    ShareRequest,
+    SharesSum,
     sorted_union,
 )
 from secure.schedule import SessionSchedule
@@ -83,10 +83,10 @@ def _answer(requests: Sequence[Request], aggregator: SumAggregator) -> Response:
     first = requests[0]
     if isinstance(first, NodesRequest):
         return sorted_union([r.nodes for r in requests])  # type: ignore[union-attr]
-    assert isinstance(first, EmbeddingRequest)
+    assert isinstance(first, ShareRequest)
     shares = [r.payload for r in requests]  # type: ignore[union-attr]
     total = aggregator.add(shares, rows=first.rows, cols=first.cols)  # validates each share once
-    return Aggregate(payload=total, count=len(shares))
+    return SharesSum(payload=total, count=len(shares))
 
 
 def score_inprocess(

@@ -23,11 +23,11 @@ from models.release import PassContext, PlainRelease, ReleasePolicy, ReleaseScop
 from models.workset import Extracted
 from secure.aggregation import EmbeddingCodec
 from secure.protocol import (
-    Aggregate,
-    EmbeddingRequest,
     ProtocolViolation,
     Request,
     Response,
+    ShareRequest,
+    SharesSum,
     part_count,
     part_rows,
     part_span,
@@ -149,12 +149,12 @@ class JointAggregation:
         decoded sum and how many shares it holds: every client's, or (a pass that went on
         without a straggler) the release policy's fewest at least."""
         rows, cols = share.shape
-        answer = yield EmbeddingRequest(
+        answer = yield ShareRequest(
             layer=layer, payload=self.codec.encode(share), rows=rows, cols=cols, release=release,
             part=part, parts=parts, plaintext_digest=plaintext_digest(share),
         )  # fmt: skip
-        if not isinstance(answer, Aggregate):
-            raise TypeError(f"expected an Aggregate for layer {layer}, got {type(answer).__name__}")
+        if not isinstance(answer, SharesSum):
+            raise TypeError(f"expected a SharesSum for layer {layer}, got {type(answer).__name__}")
         fewest = self.release.fewest_shares(self.clients)
         if not fewest <= answer.count <= self.clients:
             raise ProtocolViolation(

@@ -50,7 +50,7 @@ class ReleaseScope:
 class Release(ABC):
     """One share as it is released, part by part."""
 
-    #: The digest every part carries (``secure.protocol.EmbeddingRequest.release``), or None.
+    #: The digest every part carries (``secure.protocol.ShareRequest.release``), or None.
     digest: str | None = None
 
     @abstractmethod

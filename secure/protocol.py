@@ -2,8 +2,8 @@
 
 A GLASU pass is a conversation between one client and the aggregation service: the client asks
 for the union of the clients' node sets at an aggregation layer (:class:`NodesRequest`) and hands
-in its share of an aggregation layer (:class:`EmbeddingRequest`); it is answered with the union
-(a sorted int64 array) and with the :class:`Aggregate` (the sum of all shares). The sans-IO
+in its share of an aggregation layer (:class:`ShareRequest`); it is answered with the union
+(a sorted int64 array) and with the :class:`SharesSum` (the sum of all shares). The sans-IO
 client in ``models/federated.py`` yields these requests, the in-process driver answers them with
 function calls, the HTTP worker (``clients/session_client.py``) carries them to the service, and
 the service (``service/``) parses them with the same names. Like h11's events, these are plain data.
@@ -45,8 +45,8 @@ class NodesRequest:
 
 
 @dataclass(frozen=True)
-class EmbeddingRequest:
-    """This client's encoded share of aggregation layer ``layer``; answered with the Aggregate."""
+class ShareRequest:
+    """This client's encoded share of aggregation layer ``layer``; answered with the SharesSum."""
 
     layer: int
     payload: bytes
@@ -61,7 +61,7 @@ class EmbeddingRequest:
 
 
 def plaintext_digest(share: np.ndarray) -> str:
-    """The :attr:`EmbeddingRequest.plaintext_digest` of ``share``."""
+    """The :attr:`ShareRequest.plaintext_digest` of ``share``."""
     array = np.ascontiguousarray(share, dtype=np.float32)
     return hashlib.sha256(f"{array.shape}".encode() + array.tobytes()).hexdigest()
 
@@ -98,13 +98,15 @@ def part_span(
 
 
 @dataclass(frozen=True)
-class Aggregate:
+class SharesSum:
+    """The sum of every live client's share of a (pass, layer, part), a ShareRequest's answer."""
+
     payload: bytes  # the sum of the shares, in the shares' encoding
     count: int  # how many shares were added
 
 
-Request = NodesRequest | EmbeddingRequest
-Response = np.ndarray | Aggregate
+Request = NodesRequest | ShareRequest
+Response = np.ndarray | SharesSum
 
 
 def sorted_union(node_sets: Sequence[np.ndarray]) -> np.ndarray:

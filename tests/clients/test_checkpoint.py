@@ -31,7 +31,7 @@ from secure import files as files_module
 from secure.aggregation import PlainCodec
 from secure.files import atomic_write
 from secure.noise import GaussianNoise
-from secure.protocol import Aggregate, EmbeddingRequest, plaintext_digest
+from secure.protocol import ShareRequest, SharesSum, plaintext_digest
 from secure.release_noise import ReleaseKeyedNoise, ReleaseSecret
 from secure.schedule import SessionSchedule
 
@@ -291,17 +291,17 @@ class FilledSlotService:
         self.fetched: list[tuple[int, int]] = []
         self.parts: list[int] = []
 
-    def put_embedding(self, pass_index: int, layer: int, payload: bytes, **_: Any) -> None:
+    def put_share(self, pass_index: int, layer: int, payload: bytes, **_: Any) -> None:
         problem = {"type": "https://glasu.dev/problems/conflict", "detail": "slot taken"}
         raise ServiceError(409, problem, "PUT", f"/passes/{pass_index}/layers/{layer}/embedding")
 
-    def fetch_aggregate(self, pass_index: int, layer: int, *, part: int = 0) -> Aggregate:
+    def fetch_sum(self, pass_index: int, layer: int, *, part: int = 0) -> SharesSum:
         self.fetched.append((pass_index, layer))
         self.parts.append(part)
-        return Aggregate(payload=b"sum", count=3)
+        return SharesSum(payload=b"sum", count=3)
 
 
-REQUEST = EmbeddingRequest(layer=1, payload=b"re-encrypted", rows=2, cols=2, plaintext_digest="abc")
+REQUEST = ShareRequest(layer=1, payload=b"re-encrypted", rows=2, cols=2, plaintext_digest="abc")
 
 
 def driver(store: CheckpointStore, resume: ResumedPass | None) -> PassDriver:
@@ -312,12 +312,12 @@ def driver(store: CheckpointStore, resume: ResumedPass | None) -> PassDriver:
 def test_a_resumed_pass_takes_over_a_part_by_its_own_journal_entry(tmp_path: Path) -> None:
     """Each part of a share is journaled under its own key: part 1 of layer 1 is "1.1"."""
     store = CheckpointStore(tmp_path, session_id="s", client=0)
-    second = EmbeddingRequest(
+    second = ShareRequest(
         layer=1, payload=b"part 1", rows=2, cols=2, part=1, parts=2, plaintext_digest="abc"
     )
     resumed = driver(store, ResumedPass(pass_index=4, shares={"1": "other", "1.1": "abc"}))
     answer = resumed.exchange_share(4, second, encoding="ckks")
-    assert answer == Aggregate(payload=b"sum", count=3) and resumed.service.parts == [1]  # type: ignore[attr-defined]
+    assert answer == SharesSum(payload=b"sum", count=3) and resumed.service.parts == [1]  # type: ignore[attr-defined]
     assert store.uploads()["shares"] == {"1.1": "abc"}
     with pytest.raises(CheckpointError, match="part 1 of 2"):
         driver(store, ResumedPass(4, {"1": "abc"})).exchange_share(4, second, encoding="ckks")
@@ -327,7 +327,7 @@ def test_a_resumed_pass_takes_the_sum_when_its_share_is_the_journaled_one(tmp_pa
     store = CheckpointStore(tmp_path, session_id="s", client=0)
     resumed = driver(store, ResumedPass(pass_index=4, shares={"1": "abc"}))
     answer = resumed.exchange_share(4, REQUEST, encoding="ckks")
-    assert answer == Aggregate(payload=b"sum", count=3) and resumed.service.fetched == [(4, 1)]  # type: ignore[attr-defined]
+    assert answer == SharesSum(payload=b"sum", count=3) and resumed.service.fetched == [(4, 1)]  # type: ignore[attr-defined]
     assert store.uploads() == {"session_id": "s", "client": 0, "pass": 4, "shares": {"1": "abc"}}
 
 
@@ -360,12 +360,12 @@ def test_every_part_carries_the_digest_of_its_plaintext() -> None:
     step = joint.aggregate(context, 1, own, rows=np.arange(3))
     request = next(step)
     for part in range(2):  # 4 values per part: rows 0-1, then row 2
-        assert isinstance(request, EmbeddingRequest) and (request.part, request.parts) == (part, 2)
+        assert isinstance(request, ShareRequest) and (request.part, request.parts) == (part, 2)
         sent = np.frombuffer(request.payload, "<f4").reshape(request.rows, request.cols)
         assert request.plaintext_digest == plaintext_digest(sent)
         np.testing.assert_array_equal(sent, own.numpy()[2 * part : 2 * part + 2])
         try:
-            request = step.send(Aggregate(payload=request.payload, count=3))
+            request = step.send(SharesSum(payload=request.payload, count=3))
         except StopIteration:
             assert part == 1
 
@@ -415,7 +415,7 @@ def test_the_parts_of_a_release_pass_the_gate_once(caplog: pytest.LogCaptureFixt
     without a second admission (and without a "not counted twice" line per part)."""
     gate = CountingGate()
     for part in range(3):
-        request = EmbeddingRequest(
+        request = ShareRequest(
             layer=1, payload=b"", rows=2, cols=2, release="d", part=part, parts=3
         )
         admit_release(gate, 7, request, pass_kind="eval")  # type: ignore[arg-type]

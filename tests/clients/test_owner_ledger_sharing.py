@@ -14,7 +14,7 @@ from clients.owner_ledger import OwnerLedger
 from clients.pass_driver import admit_release
 from clients.policy import BudgetSpent, PrivacyPolicy, ReleaseGate
 from secure.privacy import SessionPrivacy
-from secure.protocol import EmbeddingRequest
+from secure.protocol import ShareRequest
 from secure.release_noise import ReleaseMechanism
 
 PASSES = 40
@@ -27,8 +27,8 @@ def plan() -> SessionPrivacy:
     )  # fmt: skip
 
 
-def share(release: str) -> EmbeddingRequest:
-    return EmbeddingRequest(layer=1, payload=b"", rows=1, cols=1, release=release)
+def share(release: str) -> ShareRequest:
+    return ShareRequest(layer=1, payload=b"", rows=1, cols=1, release=release)
 
 
 def cap_for(releases: int, privacy: SessionPrivacy) -> PrivacyPolicy:

@@ -48,8 +48,8 @@ class DyingService(SessionClient):
 
     crash_pass = CRASH_PASS
 
-    def put_embedding(self, pass_index: int, layer: int, payload: bytes, **kwargs: Any) -> None:
-        super().put_embedding(pass_index, layer, payload, **kwargs)
+    def put_share(self, pass_index: int, layer: int, payload: bytes, **kwargs: Any) -> None:
+        super().put_share(pass_index, layer, payload, **kwargs)
         if pass_index == self.crash_pass:
             raise Crash
 

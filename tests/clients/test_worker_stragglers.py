@@ -40,14 +40,14 @@ class StallingService(SessionClient):
 
     stalled = False
 
-    def put_embedding(self, pass_index: int, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def put_share(self, pass_index: int, *args, **kwargs):  # type: ignore[no-untyped-def]
         if pass_index == STALL_PASS and not self.stalled:
             self.stalled = True
             deadline = time.monotonic() + 120
             while self.session().current_pass < STALL_PASS + AWAY_PASSES:
                 assert time.monotonic() < deadline, "the others waited for the stalled worker"
                 time.sleep(0.05)
-        return super().put_embedding(pass_index, *args, **kwargs)
+        return super().put_share(pass_index, *args, **kwargs)
 
 
 def test_a_stalled_worker_is_left_out_while_away_and_rejoins(tmp_path: Path, cora) -> None:

@@ -65,7 +65,7 @@ marker = Path(os.environ["CRASHTEST_DIR"]) / "worker"
 if argv[:1] == ["worker"] and int(argv[argv.index("--client") + 1]) == client:
     from clients.session_client import SessionClient
 
-    put = SessionClient.put_embedding
+    put = SessionClient.put_share
 
     def put_then_die(self, pass_index, layer, payload, **kwargs):
         put(self, pass_index, layer, payload, **kwargs)
@@ -73,7 +73,7 @@ if argv[:1] == ["worker"] and int(argv[argv.index("--client") + 1]) == client:
             marker.write_text(f"pass {pass_index} layer {layer}")
             os.kill(os.getpid(), signal.SIGKILL)  # the share is in; the sum never fetched
 
-    SessionClient.put_embedding = put_then_die
+    SessionClient.put_share = put_then_die
 
 from clients.cli.main import main
 

@@ -20,7 +20,7 @@ from models.release import PassContext
 from models.workset import combine
 from secure.aggregation import PlainCodec, PlainSumAggregator
 from secure.ckks import CkksCodec, CkksSumAggregator, generate_keys
-from secure.protocol import Aggregate
+from secure.protocol import SharesSum
 
 PLAIN = dict(encryption="none", dp=False, rounds=4, eval_every=2, hidden=16, batch_size=16)
 
@@ -77,7 +77,7 @@ def test_the_count_aware_mean_is_the_exact_mean_over_the_holders(
     exact = exact / holders
     for step, own in zip(steps, owns, strict=True):
         with pytest.raises(StopIteration) as done:
-            step.send(Aggregate(payload=total, count=3))
+            step.send(SharesSum(payload=total, count=3))
         extracted = done.value.value
         np.testing.assert_array_equal(extracted.count.numpy(), holders)  # counts are exact
         seen = combine(

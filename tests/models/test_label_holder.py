@@ -21,7 +21,7 @@ from models.layout import layout_federation
 from models.release import PassContext
 from models.trainer import train_inprocess
 from secure.aggregation import PlainSumAggregator
-from secure.protocol import Aggregate, EmbeddingRequest
+from secure.protocol import ShareRequest, SharesSum
 
 PLAIN = dict(encryption="none", dp=False, hidden=16, batch_size=16, label_holder=0)
 
@@ -120,9 +120,9 @@ def test_a_broadcast_answer_must_not_hold_more_shares_than_clients(cora: GraphDa
     client = GlasuClient(plan.partitions[1], plan.client_config)
     step = client._broadcast_gradient(torch.zeros(4, 16), None)
     request = next(step)
-    assert isinstance(request, EmbeddingRequest) and request.layer == 5
+    assert isinstance(request, ShareRequest) and request.layer == 5
     with pytest.raises(ValueError, match="holds 4 shares, expected at most 3"):
-        step.send(Aggregate(payload=request.payload, count=4))
+        step.send(SharesSum(payload=request.payload, count=4))
 
 
 @pytest.mark.slow  # three trainings of 60 rounds: ~40 s

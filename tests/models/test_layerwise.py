@@ -24,7 +24,7 @@ from models.sampler import NeighbourSampler, SampledLayer, SamplingGraph
 from models.trainer import prepare_security
 from models.workset import combine
 from secure.noise import NoiseSource
-from secure.protocol import EmbeddingRequest, NodesRequest
+from secure.protocol import NodesRequest, ShareRequest
 from secure.release_noise import ReleaseKeyedNoise, ReleaseSecret, part_key
 
 PLAIN = dict(
@@ -93,7 +93,7 @@ def record(monkeypatch: pytest.MonkeyPatch) -> list[list[Request]]:
     return asked
 
 
-Request = EmbeddingRequest | NodesRequest
+Request = ShareRequest | NodesRequest
 
 
 def full_layer(client: GlasuClient) -> SampledLayer:
@@ -159,7 +159,7 @@ def test_an_evaluation_pass_exchanges_every_node_in_order_and_no_node_set(
     clients, aggregator = federation(config, cora)
     asked = record(monkeypatch)
     run_pass_inprocess(clients, aggregator, pass_index=0, kind="eval", output_nodes=cora.test_nodes)
-    assert all(isinstance(r, EmbeddingRequest) for rnd in asked for r in rnd)
+    assert all(isinstance(r, ShareRequest) for rnd in asked for r in rnd)
     assert [rnd[0].layer for rnd in asked] == [2, 3]
     assert all(r.rows == cora.num_nodes for rnd in asked for r in rnd)
 
@@ -167,9 +167,9 @@ def test_an_evaluation_pass_exchanges_every_node_in_order_and_no_node_set(
 def assert_parts_in_order(requests: Sequence[Request], *, num_nodes: int) -> None:
     """Each share's parts one after the other, each of the rows ``part_span`` gives it; the
     shares of evaluation layers hold every node."""
-    share: list[EmbeddingRequest] = []
+    share: list[ShareRequest] = []
     for request in requests:
-        assert isinstance(request, EmbeddingRequest) and request.part == len(share)
+        assert isinstance(request, ShareRequest) and request.part == len(share)
         share.append(request)
         if request.part < request.parts - 1:
             continue
@@ -213,16 +213,16 @@ def test_a_share_split_into_parts_equals_the_unsplit_share(
     config = TrainConfig(**settings)
     asked = record(monkeypatch)
     unsplit = run_passes(*federation(config, cora, noiseless=True), cora)
-    whole = [rnd for rnd in asked if isinstance(rnd[0], EmbeddingRequest)]
+    whole = [rnd for rnd in asked if isinstance(rnd[0], ShareRequest)]
     monkeypatch.setattr(secure.protocol, "PART_VALUES", 4000)
     asked = record(monkeypatch)
     split = run_passes(*federation(config, cora, noiseless=True), cora)
-    parted = [rnd for rnd in asked if isinstance(rnd[0], EmbeddingRequest)]
+    parted = [rnd for rnd in asked if isinstance(rnd[0], ShareRequest)]
     assert_same_outcomes(unsplit, split)
     assert len(parted) > 4 * len(whole)  # several parts per share
     assert_parts_in_order([rnd[0] for rnd in parted], num_nodes=cora.num_nodes)
     if config.dp:
-        by_release: dict[tuple[int, str], list[EmbeddingRequest]] = {}
+        by_release: dict[tuple[int, str], list[ShareRequest]] = {}
         for rnd in parted:
             for m, request in enumerate(rnd):
                 assert request.release is not None

@@ -13,7 +13,7 @@ from models.layout import layout_federation
 from models.private import REPRODUCIBLE_NOISE_ENV, make_client
 from models.trainer import prepare_security, train_inprocess
 from secure.privacy import SessionPrivacy, release_sensitivity
-from secure.protocol import Aggregate, EmbeddingRequest, NodesRequest, ProtocolViolation
+from secure.protocol import NodesRequest, ProtocolViolation, ShareRequest, SharesSum
 
 PRIVATE = dict(
     encryption="none",
@@ -43,7 +43,7 @@ def record_sends(monkeypatch: pytest.MonkeyPatch, cora, config: TrainConfig) -> 
             if isinstance(request, NodesRequest):
                 sent[m].append(("nodes", request.layer, request.nodes.copy()))
             else:
-                assert isinstance(request, EmbeddingRequest)
+                assert isinstance(request, ShareRequest)
                 matrix = np.frombuffer(request.payload, dtype="<f4").reshape(
                     request.rows, request.cols
                 )
@@ -201,8 +201,8 @@ def test_a_sum_of_fewer_shares_than_clients_is_refused_under_shared_noise(
     )
     steps = client.run_pass(pass_index=0, kind="eval", output_nodes=cora.test_nodes)
     request = next(steps)
-    assert isinstance(request, EmbeddingRequest)
-    two_of_three = Aggregate(payload=request.payload, count=2)
+    assert isinstance(request, ShareRequest)
+    two_of_three = SharesSum(payload=request.payload, count=2)
     if shared:
         with pytest.raises(ProtocolViolation, match="holds 2 shares, expected at most 3 and at "
                            "least 3"):  # fmt: skip

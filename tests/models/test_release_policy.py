@@ -16,7 +16,7 @@ from models.joint import JointAggregation
 from models.layout import layout_federation
 from models.release import PassContext, Release, ReleasePolicy, ReleaseScope
 from secure.aggregation import PlainCodec, PlainSumAggregator
-from secure.protocol import Aggregate, EmbeddingRequest, ProtocolViolation
+from secure.protocol import ProtocolViolation, ShareRequest, SharesSum
 
 
 class Shifted(Release):
@@ -57,12 +57,12 @@ def test_every_part_is_what_the_policy_makes_and_carries_its_digest() -> None:
     step = joint.aggregate(context, 2, own, rows=np.array([4, 7, 9]))
     request = next(step)
     for part in range(2):  # 4 values per part: rows 0-1, then row 2
-        assert isinstance(request, EmbeddingRequest) and request.release == "shifted"
+        assert isinstance(request, ShareRequest) and request.release == "shifted"
         sent = np.frombuffer(request.payload, "<f4").reshape(request.rows, request.cols)
         np.testing.assert_array_equal(sent, own.numpy()[2 * part : 2 * part + 2] + 1.0)
         try:
             total = PlainSumAggregator().add([request.payload] * 3, rows=len(sent), cols=2)
-            request = step.send(Aggregate(payload=total, count=3))
+            request = step.send(SharesSum(payload=total, count=3))
         except StopIteration as done:
             assert part == 1
             # the sum held three copies of what was sent: the others' part is 2/3 of it
@@ -73,7 +73,7 @@ def test_every_part_is_what_the_policy_makes_and_carries_its_digest() -> None:
     step = joint.aggregate(context, 2, own, rows=np.array([4, 7, 9]))
     request = next(step)
     with pytest.raises(ProtocolViolation, match="at least 3"):  # the policy's fewest
-        step.send(Aggregate(payload=request.payload, count=2))
+        step.send(SharesSum(payload=request.payload, count=2))
 
 
 def test_a_client_hands_its_policy_the_pass_and_the_rows_of_each_share(cora) -> None:

@@ -13,7 +13,7 @@ from models.release import PassContext
 from models.trainer import train_inprocess
 from models.workset import combine
 from secure.aggregation import PlainSumAggregator
-from secure.protocol import Aggregate, EmbeddingRequest
+from secure.protocol import ShareRequest, SharesSum
 
 PLAIN = dict(encryption="none", dp=False)  # the GLASU core without encryption or privacy
 SHORT = dict(rounds=6, eval_every=3, hidden=32, batch_size=16, **PLAIN)
@@ -45,7 +45,7 @@ def test_extract_identity(cora) -> None:
         c.run_pass(pass_index=0, kind="train", output_nodes=cora.train_nodes[:8]) for c in clients
     ]
     requests = [next(g) for g in passes]
-    while not isinstance(requests[0], EmbeddingRequest):  # answer the node-set exchanges
+    while not isinstance(requests[0], ShareRequest):  # answer the node-set exchanges
         union = np.unique(np.concatenate([r.nodes for r in requests]))
         requests = [g.send(union) for g in passes]
     shares = [np.frombuffer(r.payload, dtype="<f4").reshape(r.rows, r.cols) for r in requests]
@@ -65,7 +65,7 @@ def test_extract_identity(cora) -> None:
     for m, gen in enumerate(others):
         next(gen)
         with pytest.raises(StopIteration) as done:
-            gen.send(Aggregate(payload=total, count=3))
+            gen.send(SharesSum(payload=total, count=3))
         h_minus_m = done.value.value.others.numpy()
         assert np.allclose(h_minus_m + shares[m] / 3, sum(shares) / 3, atol=1e-6)
         assert np.allclose(h_minus_m, sum(s for n, s in enumerate(shares) if n != m) / 3, atol=1e-6)
