@@ -12,6 +12,7 @@ from typing import Any
 from models.artefact import ModelError, SavedModel
 from models.backbone import ModelConfig
 from models.client_config import ClientConfig
+from models.config import DEFAULT_HOPS, backbone_problem
 from models.data.partition import ClientPartition, check_labels, without_labels
 from secure.aggregation import EmbeddingCodec
 from secure.wire.sessions import SessionConfigView
@@ -25,6 +26,7 @@ class LocalModelOptions:
     aggregation layers (the session's) must agree across clients."""
 
     backbone: str = "gcnii"
+    hops: int = DEFAULT_HOPS  # the sign backbone's propagation
     hidden: int | None = None  # default: the aggregation width (plain GLASU) or 128 (private)
     dropout: float = 0.5
     lr: float = 0.01
@@ -49,6 +51,9 @@ def client_config_from_session(
     ``session_config`` is the JSON of a session's settings (``SessionConfigView``), as a worker
     got it or as a kept model's manifest records it (an in-process run records fewer fields)."""
     privacy = session_config.get("privacy")
+    problem = backbone_problem(options.backbone, private=privacy is not None)
+    if problem is not None:
+        raise SessionMismatch(problem)
     widths = {a["width"] for a in session_config["agg_layers"]}
     if privacy is not None:
         hidden = options.hidden or PRIVATE_DEFAULT_HIDDEN
@@ -64,6 +69,7 @@ def client_config_from_session(
             )
     model = ModelConfig(
         backbone=options.backbone,  # type: ignore[arg-type]
+        hops=options.hops,
         layers=session_config["layers"],
         hidden=hidden,
         dropout=options.dropout,
@@ -121,6 +127,7 @@ def options_of_model(model: SavedModel, options: LocalModelOptions) -> LocalMode
     return dataclasses.replace(
         options,
         backbone=saved["backbone"],
+        hops=saved.get("hops", DEFAULT_HOPS),  # a model of before the sign backbone has none
         hidden=saved["hidden"],
         dropout=saved["dropout"],
         eval_fanout=saved["eval_fanout"],

@@ -20,7 +20,7 @@ from pydantic_settings import (
 
 from clients.cores import available_cores
 from clients.policy import PrivacyPolicy
-from models.config import DEVICE_NAMES, BackboneName
+from models.config import DEFAULT_HOPS, DEVICE_NAMES, BackboneName
 from secure.accounting import AccountantName
 from secure.protocol import is_loopback_host
 
@@ -62,7 +62,14 @@ class WorkerSettings(BaseSettings):
     ca_file: Path | None = Field(
         None, description="CA certificate that signed the service's TLS certificate."
     )
-    backbone: BackboneName = Field("gcnii", description="Local graph layers.")
+    backbone: BackboneName = Field(
+        "gcnii",
+        description="Local graph layers; sign: the features propagated --hops hops over this "
+        "party's own graph before training, then an MLP (not under differential privacy).",
+    )
+    hops: int = Field(
+        DEFAULT_HOPS, ge=0, description="Hops of the sign backbone's precomputed propagation."
+    )
     hidden: int | None = Field(
         None,
         ge=1,

@@ -172,7 +172,9 @@ def describe(manifest: Mapping[str, Any]) -> str:
         ),
         f"session {manifest.get('session_id')}, alignment digest "
         f"{manifest.get('alignment_digest') or '(a benchmark partition)'}",
-        f"backbone {model.get('backbone')}, {model.get('layers')} layers, hidden "
+        f"backbone {model.get('backbone')}"
+        + (f" over {model['hops']} hops" if model.get("backbone") == "sign" else "")
+        + f", {model.get('layers')} layers, hidden "
         f"{model.get('hidden')}, aggregation at layers {model.get('agg_layers')}, "
         f"{model.get('in_features')} features -> {model.get('num_classes')} classes"
         + (", private arrangement (layer-1 release)" if model.get("private") else ""),

@@ -1,5 +1,9 @@
 """One client's part of the split GNN: an input projection of its feature block, L graph layers
-and its own classifier head. Aggregation between layers happens outside (models/federated.py)."""
+and its own classifier head. Aggregation between layers happens outside (models/federated.py).
+
+The ``sign`` backbone reads its feature block propagated K hops ahead of training
+(models/data/propagation.py): its input projection is SIGN's per-hop one, its L layers read no
+neighbour (models/layers/sign.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from models.config import BackboneName
-from models.layers import Block, GATLayer, GCNIILayer, GCNLayer
+from models.config import DEFAULT_HOPS, PRECOMPUTED_BACKBONES, BackboneName
+from models.layers import Block, GATLayer, GCNIILayer, GCNLayer, HopProjection, SignLayer
 
 
 @dataclass(frozen=True)
@@ -21,7 +25,13 @@ class ModelConfig:
     alpha: float = 0.1  # GCNII initial-residual weight
     theta: float = 0.5  # GCNII identity-mapping strength
     gat_heads: int = 8
+    hops: int = DEFAULT_HOPS  # K of a precomputed backbone's propagation (sign)
     receiver_width: int = 0  # private arrangement: width of the others' noisy release
+
+    @property
+    def precomputed(self) -> bool:
+        """The features are propagated before training; the layers read no neighbour."""
+        return self.backbone in PRECOMPUTED_BACKBONES
 
 
 def dropout(
@@ -41,9 +51,7 @@ class ClientNetwork(nn.Module):
         if config.layers < 1:
             raise ValueError(f"layers must be >= 1, got {config.layers}")
         self.config = config
-        self.input = nn.Linear(in_features, config.hidden)
-        nn.init.xavier_uniform_(self.input.weight)
-        nn.init.zeros_(self.input.bias)
+        self.input = self._input(in_features)
         self.convs = nn.ModuleList(self._layer(depth) for depth in range(1, config.layers + 1))
         # Maps the others' noisy release into the hidden space (private arrangement only).
         self.receiver = (
@@ -52,6 +60,15 @@ class ClientNetwork(nn.Module):
         self.classifier = nn.Linear(config.hidden, num_classes)
         nn.init.xavier_uniform_(self.classifier.weight)
         nn.init.zeros_(self.classifier.bias)
+
+    def _input(self, in_features: int) -> nn.Module:
+        """The input projection of ``in_features`` columns (of every hop, for sign)."""
+        if self.config.precomputed:
+            return HopProjection(in_features, self.config.hidden, hops=self.config.hops)
+        linear = nn.Linear(in_features, self.config.hidden)
+        nn.init.xavier_uniform_(linear.weight)
+        nn.init.zeros_(linear.bias)
+        return linear
 
     def _layer(self, depth: int) -> nn.Module:
         width = self.config.hidden
@@ -64,6 +81,8 @@ class ClientNetwork(nn.Module):
                 return GCNLayer(width, width)
             case "gat":
                 return GATLayer(width, width, heads=self.config.gat_heads)
+            case "sign":
+                return SignLayer(width, width)
         raise ValueError(f"unknown backbone {self.config.backbone!r}")
 
     @property

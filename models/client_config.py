@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from models.backbone import ModelConfig
+from models.config import backbone_problem
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,12 @@ class ClientConfig:
             raise ValueError(f"a part holds one value at least, got {self.part_values}")
         if not -1.0 <= self.weight_threshold <= 1.0:
             raise ValueError(f"the weight threshold is a cosine, got {self.weight_threshold}")
+        if self.model.hops < 0:
+            raise ValueError(f"hops must be >= 0, got {self.model.hops}")
+        # the private arrangement's model is the one with a receiver of the others' release
+        problem = backbone_problem(self.model.backbone, private=self.model.receiver_width > 0)
+        if problem is not None:
+            raise ValueError(problem)
 
 
 def uniform_agg_layers(*, layers: int, count: int) -> tuple[int, ...]:

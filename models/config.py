@@ -14,7 +14,13 @@ from secure.privacy import SessionPrivacy
 from secure.protocol import AlignedNodes, StragglerPolicy
 
 SplitName = Literal["paper", "public", "aligned"]  # aligned: glasu train --party
-BackboneName = Literal["gcnii", "gcn", "gat"]
+BackboneName = Literal["gcnii", "gcn", "gat", "sign"]
+#: Backbones whose propagation is precomputed before training (models/data/propagation.py): their
+#: passes sample no neighbour, and their input reaches K hops, which the private arrangement's
+#: sensitivity bound does not cover (docs/privacy.md)
+PRECOMPUTED_BACKBONES: frozenset[str] = frozenset({"sign"})
+#: Hops of the precomputed propagation (``--hops``): SGC's K, as the SGC party-alone reference
+DEFAULT_HOPS = 3
 Mode = Literal["glasu", "centralized", "standalone", "simulated"]
 Encryption = Literal["ckks", "none"]
 DEVICE_NAMES = re.compile(r"auto|cpu|cuda(:\d+)?")  # --device; models/device.py resolves it
@@ -33,6 +39,7 @@ class TrainConfig:
     mode: Mode = "glasu"
     clients: int = 3
     backbone: BackboneName = "gcnii"
+    hops: int = DEFAULT_HOPS  # K of the sign backbone's propagation (other backbones: unused)
     layers: int = 4
     agg_layers: int = 2  # K
     stale: int = 4  # Q
@@ -114,3 +121,16 @@ class TrainConfig:
         return {
             k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self).items()
         }
+
+
+def backbone_problem(backbone: str, *, private: bool) -> str | None:
+    """Why ``backbone`` cannot train a run with (``private``) or without differential privacy,
+    or None: a precomputed backbone is refused under DP, whose layer-1 release would then read
+    rows into which a node's features reach K hops (docs/privacy.md)."""
+    if private and backbone in PRECOMPUTED_BACKBONES:
+        return (
+            f"the {backbone} backbone cannot train under differential privacy: its propagated "
+            "features carry each node's features K hops, which the release's sensitivity bound "
+            "does not cover (docs/privacy.md); train it with --no-dp, or choose another backbone"
+        )
+    return None

@@ -34,6 +34,7 @@ from models.arrangement import Arrangement, GlasuArrangement
 from models.backbone import ClientNetwork
 from models.client_config import ClientConfig
 from models.data.partition import ClientPartition
+from models.data.propagation import HopFeatures, propagate_hops
 from models.joint import JointAggregation
 from models.layers import Block
 from models.layerwise import LayerwiseEvaluation
@@ -70,6 +71,10 @@ class GlasuClient:
         self.partition = partition
         self.config = config
         self.device = torch.device(device)
+        # a precomputed backbone's input: its own features propagated over its own graph, once
+        self.hop_features: HopFeatures | None = (
+            propagate_hops(partition, hops=config.model.hops) if config.model.precomputed else None
+        )
         self.layers = config.model.layers
         self.client_seed = client_seed = int(
             np.random.SeedSequence([config.seed, partition.client]).generate_state(1)[0]
@@ -182,9 +187,11 @@ class GlasuClient:
 
     def feature_rows(self, nodes: torch.Tensor | np.ndarray) -> torch.Tensor:
         """The features of ``nodes`` (aligned ids) on the device, read from the partition's
-        (memory-mapped) rows."""
+        (memory-mapped) rows; of a precomputed backbone, every hop of them."""
         if isinstance(nodes, torch.Tensor):
             nodes = nodes.cpu().numpy()
+        if self.hop_features is not None:
+            return self.hop_features.rows(nodes).to(self.device)
         return self.partition.feature_rows(nodes).to(self.device)
 
     def _evaluate(self, context: PassContext) -> Generator[Request, Response, PassOutcome]:

@@ -168,6 +168,7 @@ class ModelKeeper:
             },
             "model": {
                 "backbone": model.backbone,
+                "hops": model.hops,
                 "layers": model.layers,
                 "hidden": model.hidden,
                 "dropout": model.dropout,

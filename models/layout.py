@@ -31,6 +31,7 @@ def client_config(config: TrainConfig) -> ClientConfig:
     layers meet at the service how often (the private arrangement's single release under DP)."""
     model = ModelConfig(
         backbone=config.backbone,
+        hops=config.hops,
         layers=config.layers,
         hidden=config.hidden,
         dropout=config.dropout,

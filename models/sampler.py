@@ -19,7 +19,10 @@ the random visiting order, never on node ids.
 :class:`PassSampling` is one client's walk down the layers of a training pass (at an aggregation
 layer below the top it asks for the union of the clients' node sets: a generator, like the
 client's pass) and the samplers of its evaluation passes; anything that needs to know which
-nodes a run samples (``models/node_releases.py``) drives this same walk.
+nodes a run samples (``models/node_releases.py``) drives this same walk. A backbone whose
+propagation is precomputed (``sign``) samples no neighbour: its samplers are
+:class:`IdentitySampler`s, whose blocks hold the targets alone (what fanout 0 would draw, without
+building or reading the graph).
 """
 
 from __future__ import annotations
@@ -254,6 +257,29 @@ class NeighbourSampler:
         return owner[kept], entries[kept]
 
 
+class IdentitySampler:
+    """The sampler of a backbone whose propagation is precomputed: every layer's block is its
+    targets, each with its self-loop alone (the block a fanout of 0 draws); no graph is read."""
+
+    def __init__(self, num_nodes: int) -> None:
+        self.num_nodes = num_nodes
+
+    def sample_layer(self, targets: np.ndarray, *, rng: np.random.Generator) -> SampledLayer:
+        targets = np.asarray(targets, dtype=np.int64)
+        positions = np.arange(len(targets), dtype=np.int64)
+        return SampledLayer(
+            targets=targets, sources=targets, edge_target=positions, edge_source=positions
+        )
+
+    def sample_all(self, *, chunk: int, rng: np.random.Generator) -> Iterator[SampledLayer]:
+        """Every node as a target, ``chunk`` consecutive ids at a time."""
+        if chunk < 1:
+            raise ValueError(f"a chunk holds at least one target, got {chunk}")
+        for span in range(0, self.num_nodes, chunk):
+            targets = np.arange(span, min(span + chunk, self.num_nodes), dtype=np.int64)
+            yield self.sample_layer(targets, rng=rng)
+
+
 class _CappedDraw:
     """What a capped draw carries from chunk to chunk: how many more times each node may be
     drawn, and ``_first_per_node``'s scratch array."""
@@ -318,11 +344,16 @@ def sampling_rng(
 class PassSampling:
     """Client ``partition.client``'s samplers: one per fanout (training and evaluation),
     capped by the occurrence cap (a DP assumption) at every layer up to the first aggregation
-    layer; the layers above it are never released and sample freely."""
+    layer; the layers above it are never released and sample freely. A precomputed backbone's:
+    one :class:`IdentitySampler` for every layer and fanout."""
 
     def __init__(self, partition: ClientPartition, config: ClientConfig) -> None:
         self.partition = partition
         self.config = config
+        self._identity = IdentitySampler(partition.num_nodes) if config.model.precomputed else None
+        if self._identity is not None:
+            self._samplers: dict[tuple[int, bool], NeighbourSampler] = {}
+            return
         graph = SamplingGraph.from_edge_index(partition.edge_index, num_nodes=partition.num_nodes)
         self._samplers = {
             (fanout, capped): NeighbourSampler(
@@ -334,8 +365,10 @@ class PassSampling:
             for capped in (False, True)
         }
 
-    def sampler(self, fanout: int, depth: int) -> NeighbourSampler:
+    def sampler(self, fanout: int, depth: int) -> NeighbourSampler | IdentitySampler:
         """The sampler of graph layer ``depth``: capped up to the first aggregation layer."""
+        if self._identity is not None:
+            return self._identity
         return self._samplers[(fanout, depth <= self.config.agg_layers[0])]
 
     def walk(

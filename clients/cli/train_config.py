@@ -14,7 +14,7 @@ from typing import Any
 from clients.cli.errors import UsageError
 from clients.cli.options import given_options
 from clients.cli.train_options import DEFAULTS
-from models.config import TrainConfig
+from models.config import TrainConfig, backbone_problem
 from secure.wire.common import MAX_CLIENTS, MAX_WIDTH
 
 # What only differential privacy reads: refused with --no-dp when given explicitly.
@@ -56,6 +56,11 @@ def check_federation(args: argparse.Namespace, *, through_service: bool) -> None
             "centralized or standalone trains without one)"
         )
     check_privacy_options(args)
+    problem = backbone_problem(
+        getattr(args, "backbone", "gcnii"), private=getattr(args, "dp", False)
+    )
+    if problem is not None:
+        raise UsageError(problem)
     if args.stragglers == "continue" and args.clients < 3:
         raise UsageError(
             "--stragglers continue needs 3 clients or more: a pass goes on with 2 clients at "

@@ -119,7 +119,21 @@ def add_federation_arguments(p: argparse._ActionsContainer, *, local: bool) -> N
             "and step",
             choices=MODES,
         )
-        add_setting(p, "--backbone", "graph layers of the split GNN", choices=BACKBONES)
+        add_setting(
+            p,
+            "--backbone",
+            "graph layers of the split GNN; sign: each client's features propagated --hops "
+            "hops over its own graph once, before training, then an MLP (no neighbour sampling; "
+            "not under differential privacy)",
+            choices=BACKBONES,
+        )
+        add_setting(
+            p,
+            "--hops",
+            "hops of the sign backbone's precomputed propagation (K of SGC and SIGN)",
+            type=non_negative_int,
+            metavar="K",
+        )
     add_setting(p, "--layers", "GNN layers", type=int_range(1, MAX_LAYERS), metavar="L")
     add_setting(
         p,

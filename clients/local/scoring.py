@@ -25,7 +25,7 @@ from clients.owner_ledger import PartyLedgers, party_ledgers
 from clients.policy import PrivacyPolicy
 from clients.predictions import own_ids_by_node
 from models.artefact import ModelError, read_manifest
-from models.config import TrainConfig
+from models.config import DEFAULT_HOPS, TrainConfig
 from models.data.aligned import AlignedFederation
 from models.data.party import NOT_SHARED, read_party
 from models.metrics import classification_metrics
@@ -87,6 +87,7 @@ def scoring_config(manifests: Sequence[dict[str, Any]], *, encrypted: bool) -> T
     return TrainConfig(
         clients=len(manifests),
         backbone=model["backbone"],
+        hops=model.get("hops", DEFAULT_HOPS),
         layers=model["layers"],
         hidden=model["hidden"],
         dropout=model["dropout"],

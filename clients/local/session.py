@@ -118,6 +118,7 @@ def worker_arguments(
         "--data", str(data),
         "--device", config.device,
         "--backbone", config.backbone,
+        "--hops", str(config.hops),
         "--hidden", str(config.hidden),
         "--dropout", str(config.dropout),
         "--lr", str(config.lr),

@@ -4,5 +4,6 @@ from models.layers.block import Block
 from models.layers.gat import GATLayer
 from models.layers.gcn import GCNLayer
 from models.layers.gcnii import GCNIILayer
+from models.layers.sign import HopProjection, SignLayer
 
-__all__ = ["Block", "GATLayer", "GCNIILayer", "GCNLayer"]
+__all__ = ["Block", "GATLayer", "GCNIILayer", "GCNLayer", "HopProjection", "SignLayer"]

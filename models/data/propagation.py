@@ -1,0 +1,133 @@
+"""Precomputed propagation (SGC, SIGN): a party's own features propagated K hops over its own
+graph, once, before training: [X, ÂX, Â²X, ..., Â^K X] for every aligned node.
+
+Â = D^-1/2 (A + I) D^-1/2 is SGC's symmetric normalisation of the party's adjacency with
+self-loops (D the degrees with the self-loop), the same Â as the SGC party-alone reference
+(``models.predictor_release.propagated``), so that the ``sign`` backbone and that reference
+read the same features. Its eigenvalues lie in [-1, 1], so a hop neither grows nor shrinks the
+features' scale with the degree, and unlike the row-normalised mean of the sampled blocks
+(``models.sampler.SampledLayer.mean_adjacency``) a high-degree neighbour weighs less than a
+low-degree one, as in GCN.
+
+Every column of every hop is then standardised (mean 0, variance 1 over the nodes the party
+holds), as the SGC reference's logistic regression standardises its inputs: a hop's columns
+shrink with every averaging, and an MLP over hops of unequal scales learns the small ones slowly
+(on the scale map's CSBM graph of 20k nodes, 82 to 84% against 74% unscaled). The statistics
+are the party's own, over its own table, and use no label.
+
+Only the party's own features and edges enter: this is local preprocessing, nothing of it is
+sent. Each hop is one (N x d) float32 array, a ``models.node_arrays.node_array`` (memory-mapped
+from an unlinked temporary file above ``SPILL_BYTES``); a hop is computed ``chunk`` target rows
+at a time, each a sparse (chunk x N) row block of Â times the hop below, so what propagation
+holds besides the hops themselves is one chunk's rows and adjacency. A row of Â · Y is the same
+sum in the same order whatever the chunk, so the result does not depend on the chunk size.
+(The standardisation's sums run over chunks of a fixed size.)
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from models.data.partition import ClientPartition
+from models.node_arrays import chunk_rows, node_array
+from models.sampler import SamplingGraph
+
+#: Target rows per chunk of a hop: at average degree 16 a chunk's adjacency is about 2.3 MB.
+PROPAGATION_CHUNK_NODES = 65_536
+
+
+@dataclass(frozen=True)
+class HopFeatures:
+    """[X, ÂX, ..., Â^K X] of every aligned node, one (N x d) array per hop."""
+
+    hops: tuple[torch.Tensor, ...]
+
+    @property
+    def width(self) -> int:
+        """Columns of a row: (K + 1) d."""
+        return sum(int(h.shape[1]) for h in self.hops)
+
+    def rows(self, nodes: np.ndarray) -> torch.Tensor:
+        """The rows of ``nodes`` (aligned ids), the hops side by side (hop 0 first)."""
+        index = torch.from_numpy(np.asarray(nodes, dtype=np.int64))
+        return torch.cat([hop[index] for hop in self.hops], dim=1)
+
+
+def propagate_hops(
+    partition: ClientPartition, *, hops: int, chunk: int = PROPAGATION_CHUNK_NODES
+) -> HopFeatures:
+    """The party's features and their ``hops`` propagations over its own graph, standardised
+    (module docstring). A node the party lacks (an alignment over the union) has zero features
+    and no edge: all its hops are zero."""
+    if hops < 0:
+        raise ValueError(f"hops must be >= 0, got {hops}")
+    if chunk < 1:
+        raise ValueError(f"a chunk holds at least one row, got {chunk}")
+    cpu = torch.device("cpu")
+    num_nodes, width = partition.num_nodes, partition.num_features
+    features = node_array(num_nodes, width, device=cpu)
+    for span in chunk_rows(num_nodes, chunk=chunk):
+        features[span] = partition.feature_rows(np.arange(span.start, span.stop))
+    out = [features]
+    if hops == 0:
+        return HopFeatures(tuple(out))
+    graph = SamplingGraph.from_edge_index(partition.edge_index, num_nodes=num_nodes)
+    scale = torch.from_numpy(np.diff(graph.indptr).astype(np.float32) + 1.0).rsqrt()
+    for _ in range(hops):
+        below, computed = out[-1], node_array(num_nodes, width, device=cpu)
+        for span in chunk_rows(num_nodes, chunk=chunk):
+            computed[span] = _propagated_rows(graph, scale, below, span)
+        out.append(computed)
+    for hop in out:
+        _standardise(hop, partition.held)
+    return HopFeatures(tuple(out))
+
+
+def _standardise(hop: torch.Tensor, held: np.ndarray | None) -> None:
+    """Every column of ``hop`` to mean 0 and variance 1 over the nodes the party holds (a
+    constant column to 0), in place, chunk by chunk (chunks of a fixed size: the same sums
+    whatever the propagation's chunk); a node it lacks stays zero."""
+    chunk = PROPAGATION_CHUNK_NODES
+    total = torch.zeros(hop.shape[1], dtype=torch.float64)
+    squares = torch.zeros_like(total)
+    count = 0
+    for span in chunk_rows(len(hop), chunk=chunk):
+        rows = _held_rows(hop, held, span).double()
+        total += rows.sum(0)
+        squares += rows.square().sum(0)
+        count += len(rows)
+    mean = total / max(count, 1)
+    std = (squares / max(count, 1) - mean.square()).clamp_min(0.0).sqrt()
+    std[std < 1e-6] = 1.0
+    mean, std = mean.float(), std.float()
+    for span in chunk_rows(len(hop), chunk=chunk):
+        standardised = (hop[span] - mean) / std
+        if held is not None:
+            standardised[torch.from_numpy(~held[span])] = 0.0
+        hop[span] = standardised
+
+
+def _held_rows(hop: torch.Tensor, held: np.ndarray | None, span: slice) -> torch.Tensor:
+    return hop[span] if held is None else hop[span][torch.from_numpy(held[span])]
+
+
+def _propagated_rows(
+    graph: SamplingGraph, scale: torch.Tensor, below: torch.Tensor, span: slice
+) -> torch.Tensor:
+    """Rows ``span`` of Â · ``below``: d_v^-1/2 (d_v^-1/2 y_v + sum over neighbours u of
+    d_u^-1/2 y_u), ``scale`` holding every d^-1/2."""
+    start, stop = int(graph.indptr[span.start]), int(graph.indptr[span.stop])
+    crow = torch.from_numpy(graph.indptr[span.start : span.stop + 1].astype(np.int64) - start)
+    columns = torch.from_numpy(graph.neighbours[start:stop].astype(np.int64))
+    with warnings.catch_warnings():  # "sparse CSR support is in beta": products are not
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        block = torch.sparse_csr_tensor(
+            crow, columns, scale[columns], (span.stop - span.start, len(scale)),
+            check_invariants=False,
+        )  # fmt: skip
+    own = scale[span].unsqueeze(1)
+    return own * (torch.sparse.mm(block, below) + own * below[span])
