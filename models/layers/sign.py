@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from models.layers.block import Block
+from models.layers.gcn import GCNLayer
 
 
 class HopProjection(nn.Module):
@@ -44,14 +45,9 @@ class HopProjection(nn.Module):
         return self.combine(per_hop.reshape(x.shape[0], -1))
 
 
-class SignLayer(nn.Module):
-    """ReLU(h W + b) of the block's targets: a layer of the MLP over the propagated features."""
-
-    def __init__(self, in_width: int, out_width: int) -> None:
-        super().__init__()
-        self.linear = nn.Linear(in_width, out_width)
-        nn.init.xavier_uniform_(self.linear.weight)
-        nn.init.zeros_(self.linear.bias)
+class SignLayer(GCNLayer):
+    """ReLU(h W + b) of the block's targets: a layer of the MLP over the propagated features
+    (GCN's layer without its neighbours)."""
 
     def forward(
         self, h: torch.Tensor, block: Block, h0: torch.Tensor | None = None

@@ -36,6 +36,23 @@ def test_http_run_equals_inprocess_run(cora, tmp_path: Path) -> None:
     assert_token_files_are_private(tmp_path, clients=config.clients)
 
 
+@pytest.mark.slow  # a service and three worker processes, each propagating its features
+def test_a_sign_run_over_http_equals_the_in_process_run(cora, tmp_path: Path) -> None:
+    """The workers get --backbone sign --hops 2 and propagate as the in-process clients do."""
+    config = TrainConfig(
+        backbone="sign", hops=2, layers=2, agg_layers=2, rounds=4, eval_every=2, hidden=32,
+        encryption="none", dp=False, seed=5,
+    )  # fmt: skip
+    over_http = train_over_http(
+        config, layout_federation(config, cora), cora, progress=False, work_dir=tmp_path
+    )
+    in_process = train_inprocess(config, dataset=cora, progress=False)
+    assert over_http.config["backbone"] == "sign" and over_http.config["hops"] == 2
+    assert [h.test_accuracy for h in over_http.history] == pytest.approx(
+        [h.test_accuracy for h in in_process.history], abs=1e-9
+    )
+
+
 def assert_token_files_are_private(work_dir: Path, *, clients: int) -> None:
     """One token file per client plus the admin's, each readable by its owner only."""
     tokens = sorted(work_dir.glob("*.token"))
