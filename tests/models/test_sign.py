@@ -94,9 +94,9 @@ def test_sign_passes_sample_no_neighbour(cora) -> None:
 
 def test_sign_learns_cora_in_process(cora) -> None:
     torch.set_num_threads(1)
-    config = TrainConfig(rounds=100, eval_every=20, **SIGN)
+    config = TrainConfig(rounds=100, eval_every=20, hidden=32, **SIGN)
     report = train_inprocess(config, dataset=cora, progress=False)
-    # measured 0.77 to 0.83 over seeds; a majority class scores under 0.35
+    # measured 0.79 (0.80 with hidden 128 and 300 rounds); a majority class scores under 0.35
     assert report.test_accuracy >= 0.72, report.history
 
 
