@@ -29,6 +29,9 @@ PLAIN = TrainConfig(
     device="cpu",
 )  # fmt: skip
 PRIVATE = dataclasses.replace(PLAIN, dp=True, epsilon=4.0)
+# precomputed propagation: every worker propagates its own table when it starts, to train and
+# to score alike
+SIGN = dataclasses.replace(PLAIN, backbone="sign", hops=2, layers=1, agg_layers=1)
 LIFETIME_16 = ("--max-lifetime-epsilon", "16")
 
 
@@ -72,16 +75,18 @@ def score(
 
 
 @pytest.mark.slow  # over 15 s on 2 cores: the full run (README) has it
+@pytest.mark.parametrize("config", [PLAIN, SIGN], ids=["gcnii", "sign"])
 def test_scoring_the_evaluation_nodes_reproduces_the_best_evaluation_pass(
-    tmp_path: Path, cora, data_dir: Path, processes: list[ManagedProcess]
+    tmp_path: Path, cora, data_dir: Path, processes: list[ManagedProcess], config: TrainConfig
 ) -> None:
-    fed = train(PLAIN, cora, tmp_path, processes)
-    _, workers = score(fed, PLAIN, data_dir, processes)
+    fed = train(config, cora, tmp_path, processes)
+    _, workers = score(fed, config, data_dir, processes)
     for worker in workers:
         assert worker.process.wait(timeout=600) == 0, worker.tail()
     rounds = set()
-    for m in range(PLAIN.clients):
+    for m in range(config.clients):
         model = load_model(tmp_path / "models" / f"{m}")
+        assert model.manifest["model"]["backbone"] == config.backbone
         rounds.add(model.manifest["best"]["round"])
         nodes, expected = read_evaluation(tmp_path / "models" / f"{m}")
         with (tmp_path / "scoring" / f"predictions-{m}.csv").open() as handle:
