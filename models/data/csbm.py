@@ -44,17 +44,15 @@ def csbm(
     if not 0.0 < degree < nodes - 1:
         raise ValueError(f"degree must be in (0, {nodes - 1}), got {degree}")
     rng = np.random.default_rng([seed, 0xC5B4])
-    labels = rng.permutation(np.arange(nodes) % classes)
-    pairs = _edges(labels, degree=degree, homophily=homophily, rng=rng)
-    means = rng.normal(0.0, signal / features**0.5, size=(classes, features))
-    x = means[labels] + rng.normal(size=(nodes, features))
+    labels = balanced_labels(nodes, classes=classes, rng=rng)
+    pairs = csbm_edges(labels, degree=degree, homophily=homophily, rng=rng)
+    x = class_features(labels, classes=classes, features=features, signal=signal, rng=rng)
     train, val, test = random_split(labels, per_class=train_per_class, rng=rng)
-    both = np.concatenate([pairs, pairs[:, ::-1]], axis=0).T
     return GraphDataset(
         name=f"csbm-d{degree:g}-s{signal:g}",
         features=torch.from_numpy(x.astype(np.float32)),
         labels=torch.from_numpy(labels.astype(np.int64)),
-        edge_index=torch.from_numpy(np.ascontiguousarray(both)).long(),
+        edge_index=both_directions(pairs),
         train_nodes=train,
         val_nodes=val,
         test_nodes=test,
@@ -67,7 +65,26 @@ def csbm(
     )
 
 
-def _edges(
+def balanced_labels(nodes: int, *, classes: int, rng: np.random.Generator) -> np.ndarray:
+    """``nodes`` labels, ``classes`` balanced classes in a random order."""
+    return rng.permutation(np.arange(nodes) % classes)
+
+
+def class_features(
+    labels: np.ndarray, *, classes: int, features: int, signal: float, rng: np.random.Generator
+) -> np.ndarray:
+    """(N, F) Gaussian features around class means drawn once (the module docstring)."""
+    means = rng.normal(0.0, signal / features**0.5, size=(classes, features))
+    return means[labels] + rng.normal(size=(labels.size, features))
+
+
+def both_directions(pairs: np.ndarray) -> torch.Tensor:
+    """(2, 2E) edge index of (E, 2) undirected pairs: each pair in both directions."""
+    both = np.concatenate([pairs, pairs[:, ::-1]], axis=0).T
+    return torch.from_numpy(np.ascontiguousarray(both)).long()
+
+
+def csbm_edges(
     labels: np.ndarray, *, degree: float, homophily: float, rng: np.random.Generator
 ) -> np.ndarray:
     """(E, 2) undirected edges u < v: Binomial counts of intra- and inter-class pairs, each drawn
