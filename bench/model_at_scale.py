@@ -39,7 +39,7 @@ from bench.results_doc import mean_std, single_thread, write_json, write_section
 from models.config import TrainConfig
 from models.data.csbm import SIGNALS, csbm
 from models.data.partition import ClientPartition, partition
-from models.data.party_graphs import LABEL_HOLDER, differing_csbm, joined_edges
+from models.data.party_graphs import LABEL_HOLDER, differing_party_graphs, joined_edges
 from models.data.planetoid import GraphDataset
 from models.layout import layout_federation
 from models.predictor_release import fit_receiver, propagated
@@ -76,11 +76,11 @@ class Graph:
     def load(self) -> tuple[GraphDataset, list[ClientPartition]]:
         per_class = max(1, round(LABELLED * self.nodes / CLASSES))
         common = dict(classes=CLASSES, signal=SIGNALS["weak"], train_per_class=per_class)
-        if self.family == "differing":
-            graphs = differing_csbm(
-                nodes=self.nodes, degrees=self.degrees, overlap=self.overlap, seed=self.seed,
-                **common,
-            )  # fmt: skip
+        if self.family == "differing":  # the nodes of a CSBM (its own sparse graph unused)
+            nodes = csbm(nodes=self.nodes, degree=min(self.degrees), seed=self.seed, **common)
+            graphs = differing_party_graphs(
+                nodes, degrees=self.degrees, overlap=self.overlap, seed=self.seed
+            )
             return graphs.joined, graphs.partitions
         graph = csbm(nodes=self.nodes, degree=DEGREE, seed=self.seed, **common)
         parts = partition(graph, clients=PARTIES, edge_fraction=0.8, seed=self.seed)

@@ -44,9 +44,10 @@ def csbm(
     if not 0.0 < degree < nodes - 1:
         raise ValueError(f"degree must be in (0, {nodes - 1}), got {degree}")
     rng = np.random.default_rng([seed, 0xC5B4])
-    labels = balanced_labels(nodes, classes=classes, rng=rng)
+    labels = rng.permutation(np.arange(nodes) % classes)
     pairs = csbm_edges(labels, degree=degree, homophily=homophily, rng=rng)
-    x = class_features(labels, classes=classes, features=features, signal=signal, rng=rng)
+    means = rng.normal(0.0, signal / features**0.5, size=(classes, features))
+    x = means[labels] + rng.normal(size=(nodes, features))
     train, val, test = random_split(labels, per_class=train_per_class, rng=rng)
     return GraphDataset(
         name=f"csbm-d{degree:g}-s{signal:g}",
@@ -63,19 +64,6 @@ def csbm(
             f"{train_per_class} training nodes per class"
         ),
     )
-
-
-def balanced_labels(nodes: int, *, classes: int, rng: np.random.Generator) -> np.ndarray:
-    """``nodes`` labels, ``classes`` balanced classes in a random order."""
-    return rng.permutation(np.arange(nodes) % classes)
-
-
-def class_features(
-    labels: np.ndarray, *, classes: int, features: int, signal: float, rng: np.random.Generator
-) -> np.ndarray:
-    """(N, F) Gaussian features around class means drawn once (the module docstring)."""
-    means = rng.normal(0.0, signal / features**0.5, size=(classes, features))
-    return means[labels] + rng.normal(size=(labels.size, features))
 
 
 def both_directions(pairs: np.ndarray) -> torch.Tensor:

@@ -2,10 +2,16 @@ import numpy as np
 import pytest
 import torch
 
+from models.data.csbm import csbm
 from models.data.partition import partition, undirected_edges
-from models.data.party_graphs import differing_csbm, joined_edges
+from models.data.party_graphs import PartyGraphs, differing_party_graphs, joined_edges
 
 NODES = 3000
+
+
+def party_graphs(*, nodes: int = NODES, seed: int = 0, **settings: object) -> PartyGraphs:
+    """Party graphs over a CSBM's nodes (its own graph is sparse and unused)."""
+    return differing_party_graphs(csbm(nodes=nodes, degree=2.0, seed=seed), seed=seed, **settings)
 
 
 def _pair_set(edge_index: torch.Tensor) -> set[tuple[int, int]]:
@@ -13,7 +19,7 @@ def _pair_set(edge_index: torch.Tensor) -> set[tuple[int, int]]:
 
 
 def test_each_party_gets_its_own_degree() -> None:
-    graphs = differing_csbm(nodes=NODES, degrees=(4.0, 16.0, 32.0), overlap=0.5, seed=1)
+    graphs = party_graphs(nodes=NODES, degrees=(4.0, 16.0, 32.0), overlap=0.5, seed=1)
     for part, degree in zip(graphs.partitions, (4.0, 16.0, 32.0), strict=True):
         pairs = undirected_edges(part.edge_index)
         assert 2 * len(pairs) / NODES == pytest.approx(degree, rel=0.06)
@@ -21,7 +27,7 @@ def test_each_party_gets_its_own_degree() -> None:
 
 @pytest.mark.parametrize("overlap", [0.0, 0.25, 1.0])
 def test_overlap_is_the_share_of_the_sparsest_graph_every_party_holds(overlap: float) -> None:
-    graphs = differing_csbm(nodes=NODES, degrees=(8.0, 16.0, 16.0), overlap=overlap, seed=2)
+    graphs = party_graphs(nodes=NODES, degrees=(8.0, 16.0, 16.0), overlap=overlap, seed=2)
     sparse, *partners = (_pair_set(p.edge_index) for p in graphs.partitions)
     held_by_all = sparse.intersection(*partners)
     assert len(held_by_all) / len(sparse) == pytest.approx(overlap, abs=0.03)
@@ -31,7 +37,7 @@ def test_overlap_is_the_share_of_the_sparsest_graph_every_party_holds(overlap: f
 
 
 def test_every_party_keeps_the_homophily() -> None:
-    graphs = differing_csbm(nodes=NODES, degrees=(4.0, 24.0), overlap=0.3, homophily=0.7, seed=3)
+    graphs = party_graphs(nodes=NODES, degrees=(4.0, 24.0), overlap=0.3, homophily=0.7, seed=3)
     labels = graphs.joined.labels.numpy()
     for part in graphs.partitions:
         pairs = undirected_edges(part.edge_index)
@@ -39,7 +45,7 @@ def test_every_party_keeps_the_homophily() -> None:
 
 
 def test_deterministic_per_seed() -> None:
-    a, b, c = (differing_csbm(nodes=800, degrees=(4.0, 12.0), seed=s) for s in (5, 5, 6))
+    a, b, c = (party_graphs(nodes=800, degrees=(4.0, 12.0), seed=s) for s in (5, 5, 6))
     for x, y in zip(a.partitions, b.partitions, strict=True):
         assert torch.equal(x.edge_index, y.edge_index)
         assert torch.equal(x.features, y.features)
@@ -51,7 +57,7 @@ def test_deterministic_per_seed() -> None:
 
 
 def test_joined_data_holds_every_feature_and_the_union_of_the_edges() -> None:
-    graphs = differing_csbm(nodes=1000, degrees=(4.0, 16.0, 16.0), overlap=0.5, seed=0)
+    graphs = party_graphs(nodes=1000, degrees=(4.0, 16.0, 16.0), overlap=0.5, seed=0)
     union = set().union(*(_pair_set(p.edge_index) for p in graphs.partitions))
     assert _pair_set(graphs.joined.edge_index) == union
     assert torch.equal(joined_edges(graphs.partitions), graphs.joined.edge_index)
@@ -66,8 +72,6 @@ def test_joined_data_holds_every_feature_and_the_union_of_the_edges() -> None:
 
 
 def test_joined_edges_of_a_sampled_partition() -> None:
-    from models.data.csbm import csbm
-
     graph = csbm(nodes=600, degree=8.0, seed=0)
     parts = partition(graph, clients=3, edge_fraction=0.8, seed=0)
     union = set().union(*(_pair_set(p.edge_index) for p in parts))
@@ -77,8 +81,14 @@ def test_joined_edges_of_a_sampled_partition() -> None:
 
 @pytest.mark.parametrize(
     "settings",
-    [{"overlap": 1.5}, {"overlap": -0.1}, {"degrees": ()}, {"degrees": (0.0, 8.0)}],
+    [
+        {"overlap": 1.5},
+        {"overlap": -0.1},
+        {"degrees": ()},
+        {"degrees": (0.0, 8.0)},
+        {"homophily": 1.0},
+    ],
 )
 def test_bad_settings_are_refused(settings: dict) -> None:
     with pytest.raises(ValueError):
-        differing_csbm(nodes=500, **settings)
+        party_graphs(nodes=500, **settings)
