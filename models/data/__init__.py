@@ -6,4 +6,5 @@ partitioned federation.
 - :mod:`.aligned`, :mod:`.shared_split`: a federation of such folders once aligned, and its split;
 - :mod:`.partition`: one client's block of a graph (vertical partitioning);
 - :mod:`.planetoid`, :mod:`.csbm`: the benchmark graphs (Cora, CiteSeer, PubMed) and synthetic ones.
+- :mod:`.party_graphs`: a synthetic CSBM whose parties each draw their own graph (they differ).
 """

@@ -45,16 +45,15 @@ def csbm(
         raise ValueError(f"degree must be in (0, {nodes - 1}), got {degree}")
     rng = np.random.default_rng([seed, 0xC5B4])
     labels = rng.permutation(np.arange(nodes) % classes)
-    pairs = _edges(labels, degree=degree, homophily=homophily, rng=rng)
+    pairs = csbm_edges(labels, degree=degree, homophily=homophily, rng=rng)
     means = rng.normal(0.0, signal / features**0.5, size=(classes, features))
     x = means[labels] + rng.normal(size=(nodes, features))
     train, val, test = random_split(labels, per_class=train_per_class, rng=rng)
-    both = np.concatenate([pairs, pairs[:, ::-1]], axis=0).T
     return GraphDataset(
         name=f"csbm-d{degree:g}-s{signal:g}",
         features=torch.from_numpy(x.astype(np.float32)),
         labels=torch.from_numpy(labels.astype(np.int64)),
-        edge_index=torch.from_numpy(np.ascontiguousarray(both)).long(),
+        edge_index=both_directions(pairs),
         train_nodes=train,
         val_nodes=val,
         test_nodes=test,
@@ -67,7 +66,13 @@ def csbm(
     )
 
 
-def _edges(
+def both_directions(pairs: np.ndarray) -> torch.Tensor:
+    """(2, 2E) edge index of (E, 2) undirected pairs: each pair in both directions."""
+    both = np.concatenate([pairs, pairs[:, ::-1]], axis=0).T
+    return torch.from_numpy(np.ascontiguousarray(both)).long()
+
+
+def csbm_edges(
     labels: np.ndarray, *, degree: float, homophily: float, rng: np.random.Generator
 ) -> np.ndarray:
     """(E, 2) undirected edges u < v: Binomial counts of intra- and inter-class pairs, each drawn
