@@ -190,6 +190,7 @@ def _train_federation(
     else:
         dataset = train_options.load_benchmark(config)
         partitions = None
+    config = _with_recipe(config, args, dataset)
     with failing_as(f"the options do not fit {config.dataset}", ValueError):
         layout = layout_federation(config, dataset, partitions=partitions)
     if not uses_service(args):
@@ -231,6 +232,15 @@ def _train_federation(
     return summary, layout.partitions
 
 
+def _with_recipe(
+    config: TrainConfig, args: argparse.Namespace, dataset: GraphDataset
+) -> TrainConfig:
+    """The recipe's choices for this data (``models.recipe``): the labelled nodes, if this
+    process holds the labels (the workers may read them from their own folders)."""
+    labelled = len(dataset.train_nodes) or None
+    return train_config.with_recipe(config, args, labelled=labelled)
+
+
 def _workers_read_folders(args: argparse.Namespace, config: TrainConfig) -> bool:
     """Parties trained over the service on the nodes they share: each worker reads its party's
     folder, and this process never loads their features (no pooled dataset, no copies)."""
@@ -264,6 +274,7 @@ def _train_party_folders(
             except AlignmentFailed as exc:
                 raise CliError(f"the alignment failed: {exc}") from exc
         print(f"aligned privately: {parties.summary}", flush=True)
+        config = _with_recipe(config, args, parties.dataset)
         with failing_as(f"the options do not fit {config.dataset}", ValueError):
             layout = layout_federation(config, parties.dataset, partitions=parties.partitions)
         with failing_as("the federation failed", FederationFailed):

@@ -15,6 +15,7 @@ from clients.cli.errors import UsageError
 from clients.cli.options import given_options
 from clients.cli.train_options import DEFAULTS
 from models.config import TrainConfig, backbone_problem
+from models.recipe import choose_recipe
 from secure.wire.common import MAX_CLIENTS, MAX_WIDTH
 
 # What only differential privacy reads: refused with --no-dp when given explicitly.
@@ -118,3 +119,15 @@ def config_from_args(args: argparse.Namespace, **overrides: Any) -> TrainConfig:
         return TrainConfig(**values)
     except (TypeError, ValueError) as exc:
         raise UsageError(str(exc)) from None
+
+
+def with_recipe(
+    config: TrainConfig, args: argparse.Namespace, *, labelled: int | None
+) -> TrainConfig:
+    """``config`` with ``models.recipe``'s choices for the settings the command line did not
+    give; prints what it chose and why (one block)."""
+    recipe = choose_recipe(backbone=config.backbone, labelled=labelled)
+    chosen, taken = recipe.apply(config, given=given_options(args))
+    if not getattr(args, "quiet", False) and recipe.choices:
+        print(taken.describe(), flush=True)
+    return chosen

@@ -64,6 +64,7 @@ def add_setting(p: argparse._ActionsContainer, flag: str, help: str, **kwargs: A
     """An option whose default is ``TrainConfig``'s field of the same name (``--agg-layers``:
     ``agg_layers``), so that the two cannot disagree."""
     default = getattr(DEFAULTS, flag.removeprefix("--").replace("-", "_"))
+    kwargs.setdefault("action", StoreGiven)  # given or not: the recipe fills the others in
     p.add_argument(flag, default=default, help=help, **kwargs)
 
 

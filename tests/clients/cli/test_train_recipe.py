@@ -1,0 +1,41 @@
+"""`glasu train`'s recipe (models.recipe) meets the command line: it fills in only the settings
+not given, and prints what it chose and why. Parsing only: nothing trains."""
+
+from __future__ import annotations
+
+import pytest
+
+from clients.cli import train_config
+from clients.cli.main import build_parser
+
+
+def _config(argv: list[str], capsys: pytest.CaptureFixture[str], labelled: int | None = 140):
+    args = build_parser().parse_args(["train", *argv])
+    base = train_config.config_from_args(args)
+    return train_config.with_recipe(base, args, labelled=labelled), capsys.readouterr().out
+
+
+def test_sign_takes_the_recipe_and_says_why(capsys: pytest.CaptureFixture[str]) -> None:
+    config, printed = _config(["--backbone", "sign", "--no-dp", "--no-he"], capsys)
+    assert (config.batch_size, config.stale, config.layers, config.agg_layers) == (140, 1, 1, 1)
+    assert printed.startswith("recipe for --backbone sign")
+    for flag in ("--batch-size 140", "--stale 1", "--layers 1", "--agg-layers 1"):
+        assert flag in printed
+
+
+def test_an_explicit_flag_wins_even_at_the_default_value(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["--backbone", "sign", "--no-dp", "--no-he", "--batch-size", "16", "--stale", "4"]
+    config, printed = _config(argv, capsys)
+    assert (config.batch_size, config.stale, config.layers) == (16, 4, 1)
+    assert "--batch-size" not in printed and "--stale" not in printed
+
+
+def test_the_default_backbone_runs_as_before_and_prints_nothing(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = build_parser().parse_args(["train", "--no-dp", "--no-he"])
+    base = train_config.config_from_args(args)
+    assert train_config.with_recipe(base, args, labelled=140) == base
+    assert capsys.readouterr().out == ""
