@@ -128,6 +128,6 @@ def with_recipe(
     give; prints what it chose and why (one block)."""
     recipe = choose_recipe(backbone=config.backbone, labelled=labelled)
     chosen, taken = recipe.apply(config, given=given_options(args))
-    if not getattr(args, "quiet", False) and recipe.choices:
+    if recipe.choices:
         print(taken.describe(), flush=True)
     return chosen
