@@ -43,6 +43,7 @@ from models.data.party_graphs import LABEL_HOLDER, differing_party_graphs, joine
 from models.data.planetoid import GraphDataset
 from models.layout import layout_federation
 from models.predictor_release import fit_receiver, propagated
+from models.recipe import choose_recipe
 from models.trainer import train_inprocess
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,17 +158,33 @@ def fit_sgc_lr(
 def federated(
     graph: Graph, joined: GraphDataset, parts: list[ClientPartition], args: argparse.Namespace
 ) -> dict[str, Any]:
-    """Non-private GLASU, the product's defaults but for ``--backbone`` and ``--rounds``."""
+    """Non-private GLASU, the product's defaults but for ``--backbone`` and ``--rounds``, with
+    the recipe ``glasu train`` chooses for that backbone (``models.recipe``)."""
     overrides = {"rounds": args.rounds} if args.rounds else {}
     config = TrainConfig(
         dataset=joined.name, seed=graph.seed, clients=len(parts), backbone=args.backbone,
         dp=False, encryption="none", device="cpu", label_holder=graph.label_holder, **overrides,
     )  # fmt: skip
+    labelled = len(joined.train_nodes)
+    config, _ = choose_recipe(backbone=config.backbone, labelled=labelled).apply(
+        config, given=overrides
+    )
     layout = layout_federation(config, joined, partitions=parts)
     report = train_inprocess(config, dataset=joined, layout=layout, progress=False)
     recipe = {
         k: getattr(config, k)
-        for k in ("backbone", "rounds", "batch_size", "fanout", "eval_every", "hidden", "lr")
+        for k in (
+            "backbone",
+            "rounds",
+            "batch_size",
+            "stale",
+            "layers",
+            "agg_layers",
+            "fanout",
+            "eval_every",
+            "hidden",
+            "lr",
+        )
     }
     per_party = [m["accuracy"] for m in report.test_metrics or [] if m]
     return {
