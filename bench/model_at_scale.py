@@ -165,9 +165,9 @@ def federated(
         dataset=joined.name, seed=graph.seed, clients=len(parts), backbone=args.backbone,
         dp=False, encryption="none", device="cpu", label_holder=graph.label_holder, **overrides,
     )  # fmt: skip
-    labelled = len(joined.train_nodes)
-    config, _ = choose_recipe(backbone=config.backbone, labelled=labelled).apply(
-        config, given=overrides
+    # the recipe's flags: what the bench gives explicitly wins, as on glasu train's command line
+    config, _ = choose_recipe(backbone=config.backbone, labelled=len(joined.train_nodes)).apply(
+        config, given=[f"--{field}" for field in overrides]
     )
     layout = layout_federation(config, joined, partitions=parts)
     report = train_inprocess(config, dataset=joined, layout=layout, progress=False)
