@@ -14,7 +14,7 @@ Parameters (docs/secure-aggregation.md):
   ``sealapi.Decryptor.invariant_noise_budget``: fresh 10): additions cost at most 4 bits.
   TenSEAL makes relinearisation keys, so a single prime (no special prime) is refused.
 - t = 8380417 = 2^23 - 2^13 + 1: prime and 1 modulo 2N = 8192, as batching needs. A sum of up to
-  (t - 1) / 2 grid steps, |sum| <= 1023, decodes: twice the CKKS path's range
+  (t - 1) / 2 grid steps, |sum| <= 1023, decodes: about twice the CKKS path's range
   (:data:`secure.ckks_context.MAX_ABS_SUM` = 512), so shares bounded by ``share_bound`` fit. Being
   just below 2^23, 99.9 % of 23-bit draws are below ``t``: mask streams reject almost nothing.
 """
