@@ -44,6 +44,7 @@ def new_bfv_context() -> ts.Context:
         poly_modulus_degree=POLY_MODULUS_DEGREE,
         plain_modulus=PLAIN_MODULUS,
         coeff_mod_bit_sizes=list(COEFF_MOD_BIT_SIZES),
+        n_threads=1,  # as the CKKS contexts: one vector's calls never use TenSEAL's thread pool
     )
 
 

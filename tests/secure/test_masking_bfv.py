@@ -11,7 +11,7 @@ from scipy import stats
 from tenseal import sealapi
 
 from secure.aggregation import to_grid
-from secure.ckks_context import MAX_ABS_SUM, share_bound
+from secure.ckks_context import HE_STANDARD_128_CLASSICAL, MAX_ABS_SUM, share_bound
 from secure.masking import bfv
 from secure.masking.bfv import PLAIN_MODULUS as T
 from secure.masking.keys import MaskingKeyPair, PinnedPeerKeys
@@ -93,7 +93,7 @@ def test_the_parameters_batch_and_sit_within_the_128_bit_table() -> None:
     assert isPrime(T)
     assert T % (2 * bfv.POLY_MODULUS_DEGREE) == 1
     assert T < 2**23  # mask streams reject few 23-bit draws
-    assert sum(bfv.COEFF_MOD_BIT_SIZES) <= 109  # HE standard, N = 4096, 128-bit classical
+    assert sum(bfv.COEFF_MOD_BIT_SIZES) <= HE_STANDARD_128_CLASSICAL[bfv.POLY_MODULUS_DEGREE]
 
 
 def test_a_sum_of_sixteen_shares_keeps_noise_budget(context) -> None:
