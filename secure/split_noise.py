@@ -49,8 +49,9 @@ from secure.accounting.analysis import (
     check_delta,
     check_releases,
 )
-from secure.aggregation import SHARE_GRID
-from secure.dp import check_int, check_non_negative, check_positive
+from secure.aggregation import SHARE_GRID, to_grid
+from secure.dp import check_int, check_non_negative, check_positive, clip_rows
+from secure.noise import NoiseSource
 
 #: Split noise needs this many parties: with two, the sum less one's own share is the other's.
 MIN_SPLIT_CLIENTS = 3
@@ -98,6 +99,18 @@ def grid_sensitivity(*, sensitivity: float, coordinates: int, grid: float = SHAR
     return delta_ + check_positive("grid", grid) * math.sqrt(k)
 
 
+def privatize_on_grid(
+    matrix: np.ndarray, *, clip: float, noise_std: float, noise: NoiseSource
+) -> np.ndarray:
+    """A party's release under split noise: rows clipped to ``clip``, rounded to the grid, then
+    the noise (a ``secure.discrete_gaussian.DiscreteGaussianNoise``, itself on the grid) added,
+    so the release is exactly on the grid and the guarantee is the integer query's
+    (:func:`grid_sensitivity`). ``noise_std`` is :func:`split_noise_std`."""
+    noise_std = check_non_negative("noise_std", noise_std)
+    signal = to_grid(clip_rows(matrix, clip=clip))
+    return signal + noise.sample(signal.shape, std=noise_std)
+
+
 def sum_tau(*, party_sigma: float, shares: int) -> float:
     """Kairouz et al.'s tau for a sum of ``shares`` discrete Gaussians of sigma ``party_sigma``
     each (grid units): ``10 sum_{k=1}^{n-1} exp(-2 pi^2 sigma^2 k / (k + 1))``; 0 for one share."""
@@ -140,11 +153,8 @@ class SplitNoise:
     @property
     def party_std(self) -> float:
         """The std each party adds, in value units."""
-        return split_noise_std(
-            noise_multiplier=self.noise_multiplier,
-            sensitivity=self.sensitivity,
-            clients=self.clients,
-        )
+        z, delta_, m = self.noise_multiplier, self.sensitivity, self.clients
+        return split_noise_std(noise_multiplier=z, sensitivity=delta_, clients=m)
 
     def noise_multiplier_against(self, colluding: int) -> float:
         """z_j = z sqrt((M - j) / (M - 1)): the multiplier ``colluding`` = j peers face once

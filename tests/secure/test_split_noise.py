@@ -21,6 +21,7 @@ from secure.split_noise import (
     check_split_clients,
     distributed_rdp,
     grid_sensitivity,
+    privatize_on_grid,
     split_noise_std,
     sum_tau,
 )
@@ -83,6 +84,18 @@ def test_grid_sensitivity_bounds_the_rounded_difference() -> None:
         b = a + step * delta_ / np.linalg.norm(step)
         worst = max(worst, float(np.linalg.norm(to_grid(a) - to_grid(b))))
     assert delta_ < worst <= bound
+
+
+def test_release_on_the_grid_rounds_the_signal_before_the_noise() -> None:
+    rng = np.random.default_rng(1)
+    matrix = rng.normal(size=(50, 16))
+    clean = privatize_on_grid(matrix, clip=1.0, noise_std=0.0, noise=DiscreteGaussianNoise(seed=0))
+    assert np.array_equal(clean, to_grid(matrix / np.linalg.norm(matrix, axis=1, keepdims=True)))
+    noisy = privatize_on_grid(matrix, clip=1.0, noise_std=3.0, noise=DiscreteGaussianNoise(seed=0))
+    units = noisy / SHARE_GRID
+    assert np.array_equal(units, np.round(units))
+    noise = DiscreteGaussianNoise(seed=0).sample((50, 16), std=3.0)
+    assert np.array_equal(noisy - clean, noise)
 
 
 # -- the accounting -------------------------------------------------------------------------
