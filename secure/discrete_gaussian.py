@@ -6,7 +6,7 @@ NeurIPS 2020; CKS20): Algorithm 2 draws a discrete Laplace of integer scale t fr
 {0..t-1} accepted with probability exp(-U/t) and a geometric count of Bernoulli(exp(-1))
 successes; Algorithm 3 accepts a discrete Laplace Y of scale t = floor(sigma) + 1 with
 probability exp(-(|Y| - sigma^2/t)^2 / (2 sigma^2)). Every step runs on whole numpy arrays (the
-candidates still pending are redrawn together), so 2^20 values take about a second of one core.
+candidates still pending are redrawn together): 2^20 values take 0.3 to 0.4 s of CPU here.
 
 Every Bernoulli(exp(-gamma)) is exact (:func:`bernoulli_exp`): a uniform U is drawn 64 bits at a
 time and compared with exp(-gamma). Floating point decides only where a certified margin (2^-30
