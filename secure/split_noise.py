@@ -156,21 +156,27 @@ class SplitNoise:
         z, delta_, m = self.noise_multiplier, self.sensitivity, self.clients
         return split_noise_std(noise_multiplier=z, sensitivity=delta_, clients=m)
 
-    def noise_multiplier_against(self, colluding: int) -> float:
+    def noise_multiplier_against(self, colluding: int, *, group: bool = False) -> float:
         """z_j = z sqrt((M - j) / (M - 1)): the multiplier ``colluding`` = j peers face once
-        they subtract their own shares (the service with them sees nothing more)."""
+        they subtract their own shares (the service with them sees nothing more).
+
+        ``group``: about a node whose rows sit at every party, so its rows in all M - j shares
+        left move the sum together (sensitivity (M - j) Delta): z_j / (M - j), z / (M - 1) for
+        one curious peer."""
         j = check_int("colluding", colluding, minimum=1)
         if j > self.clients - 1:
             raise ValueError(f"at most clients - 1 = {self.clients - 1} peers collude, got {j}")
-        return self.noise_multiplier * math.sqrt((self.clients - j) / (self.clients - 1))
+        left = self.clients - j
+        faced = self.noise_multiplier * math.sqrt(left / (self.clients - 1))
+        return faced / left if group else faced
 
-    def rdp(self, orders: np.ndarray, *, colluding: int) -> np.ndarray:
+    def rdp(self, orders: np.ndarray, *, colluding: int, group: bool = False) -> np.ndarray:
         """The RDP of one release against ``colluding`` peers (Kairouz et al.'s bound)."""
         shares = self.clients - colluding
         tau = sum_tau(party_sigma=self.party_std / self.grid, shares=shares)
         return distributed_rdp(
             orders,
-            l2_scale=1.0 / self.noise_multiplier_against(colluding),
+            l2_scale=1.0 / self.noise_multiplier_against(colluding, group=group),
             tau=tau,
             dimension=self.dimension,
         )
@@ -182,9 +188,11 @@ class SplitNoise:
         releases: int,
         delta: float,
         accountant: AccountantName = "rdp",
+        group: bool = False,
     ) -> float:
-        """Epsilon at ``delta`` after ``releases`` such releases, against ``colluding`` peers:
-        R times :meth:`rdp`, converted by dp-accounting on ``RDP_ORDERS``."""
+        """Epsilon at ``delta`` after ``releases`` such releases, against ``colluding`` peers
+        (``group``: see :meth:`noise_multiplier_against`): R times :meth:`rdp`, converted by
+        dp-accounting on ``RDP_ORDERS``."""
         if check_accountant(accountant) != "rdp":
             raise AccountingError(
                 "split discrete Gaussian noise is accounted by its Renyi bound (Kairouz et al."
@@ -197,7 +205,7 @@ class SplitNoise:
             return 0.0
         from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 
-        rdp = r * self.rdp(np.asarray(RDP_ORDERS), colluding=colluding)
+        rdp = r * self.rdp(np.asarray(RDP_ORDERS), colluding=colluding, group=group)
         return max(float(compute_epsilon(RDP_ORDERS, rdp, d)[0]), 0.0)
 
 
@@ -205,11 +213,12 @@ class SplitNoise:
 class AdversaryEpsilon:
     """What one adversary faces: its noise multiplier and epsilon over the run."""
 
-    key: str  # stable name: "peer", "service_peer", "colluding"
+    key: str  # stable name: "peer", "service_peer", "colluding", "group"
     adversary: str
     colluding_peers: int
     noise_multiplier: float
     epsilon: float
+    group: bool = False  # about a node whose rows sit at every party
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -244,13 +253,16 @@ def adversary_epsilons(
     noise: SplitNoise, *, releases: int, delta: float, accountant: AccountantName = "rdp"
 ) -> AdversaryEpsilons:
     """Epsilon after ``releases`` releases of ``noise`` against one curious peer (z), the
-    service with one colluding peer (z: the masks show it only the sum) and M - 1 colluding
-    peers (z / sqrt(M - 1): only the victim's own share is left)."""
+    service with one colluding peer (z: the masks show it only the sum), M - 1 colluding peers
+    (z / sqrt(M - 1): only the victim's own share is left) and, the line ``secure.privacy``
+    reports as "group", one curious peer about a node whose rows sit at all M parties
+    (z / (M - 1))."""
     m = noise.clients
     cast = (
-        ("peer", "one curious peer", 1),
-        ("service_peer", "the service with one colluding peer", 1),
-        ("colluding", f"all {m - 1} other peers colluding", m - 1),
+        ("peer", "one curious peer", 1, False),
+        ("service_peer", "the service with one colluding peer", 1, False),
+        ("colluding", f"all {m - 1} other peers colluding", m - 1, False),
+        ("group", f"one node's features at all {m} parties, against one curious peer", 1, True),
     )
     return AdversaryEpsilons(
         clients=m,
@@ -262,12 +274,17 @@ def adversary_epsilons(
                 key=key,
                 adversary=name,
                 colluding_peers=j,
-                noise_multiplier=noise.noise_multiplier_against(j),
+                noise_multiplier=noise.noise_multiplier_against(j, group=group),
                 epsilon=noise.epsilon(
-                    colluding=j, releases=releases, delta=delta, accountant=accountant
+                    colluding=j,
+                    releases=releases,
+                    delta=delta,
+                    accountant=accountant,
+                    group=group,
                 ),
+                group=group,
             )
-            for key, name, j in cast
+            for key, name, j, group in cast
         ),
     )
 

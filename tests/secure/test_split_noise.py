@@ -106,6 +106,10 @@ def test_multipliers_per_adversary() -> None:
     assert noise.noise_multiplier_against(1) == 6.0
     assert noise.noise_multiplier_against(2) == pytest.approx(6.0 * math.sqrt(3 / 4))
     assert noise.noise_multiplier_against(4) == pytest.approx(6.0 / 2.0)
+    assert noise.noise_multiplier_against(1, group=True) == pytest.approx(6.0 / 4)
+    assert noise.noise_multiplier_against(2, group=True) == pytest.approx(
+        6.0 * math.sqrt(3 / 4) / 3
+    )
     with pytest.raises(ValueError, match="at most clients - 1 = 4"):
         noise.noise_multiplier_against(5)
 
@@ -124,6 +128,8 @@ def test_epsilons_equal_the_gaussian_accountant_on_the_grid(clients: int) -> Non
     assert eps.epsilon("peer") == pytest.approx(peer, rel=1e-9)
     assert eps.epsilon("service_peer") == pytest.approx(peer, rel=1e-9)
     assert eps.epsilon("colluding") == pytest.approx(colluding, rel=1e-9)
+    group = epsilon_after(noise_multiplier=z / (clients - 1), releases=releases, delta=DELTA)
+    assert eps.epsilon("group") == pytest.approx(group, rel=1e-9)
     assert peer == pytest.approx(4.0, abs=0.01)  # docs/privacy.md, section 4.1
 
 
@@ -132,9 +138,10 @@ def test_epsilons_move_the_right_way() -> None:
     more_noise = adversary_epsilons(split(z=5.0, clients=4), releases=20, delta=DELTA)
     more_releases = adversary_epsilons(split(z=4.0, clients=4), releases=40, delta=DELTA)
     more_parties = adversary_epsilons(split(z=4.0, clients=8), releases=20, delta=DELTA)
-    for key in ("peer", "service_peer", "colluding"):
+    for key in ("peer", "service_peer", "colluding", "group"):
         assert more_noise.epsilon(key) < base.epsilon(key) < more_releases.epsilon(key)
     assert base.epsilon("peer") < base.epsilon("colluding")
+    assert base.epsilon("peer") < base.epsilon("group") < more_parties.epsilon("group")
     # a peer's protection does not depend on M; M - 1 colluding peers leave less noise as M grows
     assert more_parties.epsilon("peer") == pytest.approx(base.epsilon("peer"), rel=1e-12)
     assert more_parties.epsilon("colluding") > base.epsilon("colluding")
@@ -193,7 +200,8 @@ def test_refusals_and_edges() -> None:
 def test_adversary_epsilons_round_trip_and_lines() -> None:
     eps = adversary_epsilons(split(z=8.97, clients=3), releases=50, delta=DELTA)
     data = eps.to_dict()
-    assert [a["key"] for a in data["adversaries"]] == ["peer", "service_peer", "colluding"]
+    keys = ["peer", "service_peer", "colluding", "group"]
+    assert [a["key"] for a in data["adversaries"]] == keys
     assert AdversaryEpsilons.from_dict(data) == eps
     with pytest.raises(KeyError):
         eps.epsilon("service")
@@ -202,3 +210,4 @@ def test_adversary_epsilons_round_trip_and_lines() -> None:
     assert lines[1] == "  one curious peer: noise multiplier 8.97, epsilon 3.997"
     assert lines[2] == "  the service with one colluding peer: noise multiplier 8.97, epsilon 3.997"
     assert lines[3] == "  all 2 other peers colluding: noise multiplier 6.343, epsilon 5.907"
+    assert lines[4].startswith("  one node's features at all 3 parties, against one curious")
