@@ -12,12 +12,14 @@ from typing import Any
 from models.artefact import ModelError, SavedModel
 from models.backbone import ModelConfig
 from models.client_config import ClientConfig
-from models.config import DEFAULT_HOPS, backbone_problem
+from models.config import DEFAULT_HOPS, TrainConfig, backbone_problem
 from models.data.partition import ClientPartition, check_labels, without_labels
 from secure.aggregation import EmbeddingCodec
 from secure.wire.sessions import SessionConfigView
 
 PRIVATE_DEFAULT_HIDDEN = 128
+#: A worker's backbone in a session that names none: glasu train's default
+DEFAULT_BACKBONE: str = TrainConfig.backbone
 
 
 @dataclass(frozen=True)
@@ -25,7 +27,7 @@ class LocalModelOptions:
     """What each organisation chooses for its own part of the model. Only the widths at the
     aggregation layers (the session's) must agree across clients."""
 
-    backbone: str = "gcnii"
+    backbone: str | None = None  # None: the session's (options_for_session), else gcnii
     hops: int = DEFAULT_HOPS  # the sign backbone's propagation
     hidden: int | None = None  # default: the aggregation width (plain GLASU) or 128 (private)
     dropout: float = 0.5
@@ -44,12 +46,31 @@ class SessionMismatch(ValueError):
     before it sends anything."""
 
 
+def options_for_session(
+    session_config: Mapping[str, Any], options: LocalModelOptions
+) -> LocalModelOptions:
+    """``options`` with the backbone this worker runs: the session's (the one ``glasu session
+    create`` chose its settings for), or the worker's own where the session names none
+    (``DEFAULT_BACKBONE`` unless given). A worker given another backbone than the session's
+    would train a model the session's settings were not chosen for: :class:`SessionMismatch`."""
+    named = session_config.get("backbone")
+    if named is not None and options.backbone not in (None, named):
+        raise SessionMismatch(
+            f"--backbone {options.backbone} differs from the session's backbone {named}, for "
+            f"which its settings (layers, aggregation layers, batch, stale rounds) were chosen: "
+            f"drop this worker's --backbone, or ask the operator for a session created with "
+            f"--backbone {options.backbone}"
+        )
+    return dataclasses.replace(options, backbone=options.backbone or named or DEFAULT_BACKBONE)
+
+
 def client_config_from_session(
     session_config: Mapping[str, Any], options: LocalModelOptions
 ) -> ClientConfig:
     """The client's model and training settings: the session's, with this party's ``options``.
     ``session_config`` is the JSON of a session's settings (``SessionConfigView``), as a worker
     got it or as a kept model's manifest records it (an in-process run records fewer fields)."""
+    options = options_for_session(session_config, options)
     privacy = session_config.get("privacy")
     problem = backbone_problem(options.backbone, private=privacy is not None)
     if problem is not None:

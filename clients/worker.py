@@ -33,6 +33,7 @@ from clients.session_fit import (
     LocalModelOptions,
     client_config_from_session,
     fit_to_session,
+    options_for_session,
     options_of_model,
 )
 from models.artefact import SavedModel
@@ -129,6 +130,8 @@ class WorkerRun:
             encrypted=codec.encoding == "ckks",
             ledger=ledger,
         )
+        # the backbone the session's settings were chosen for, unless this worker has its own
+        options = options_for_session(self.session_json["config"], options)
         noise = self._noise(options)
         if model is not None:
             options = options_of_model(model, options)

@@ -5,6 +5,7 @@ with a training's models; list the sessions, show one's status, close it."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from datetime import UTC, datetime
@@ -62,6 +63,14 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--predictions FILE`), over every node of --alignment, or the evaluation nodes of "
         "--dataset; the model, noise and seed are that session's (the training options below "
         "are ignored)",
+    )
+    train_options.add_setting(
+        create,
+        "--backbone",
+        "the backbone the workers run, stored with the session (a worker given another refuses "
+        "it); with sign, the recipe chooses the settings not given (README, 'The recipe "
+        "chooses itself') and this command prints them",
+        choices=train_options.BACKBONES,
     )
     train_options.add_federation_arguments(create, local=False)
     train_options.add_encryption_argument(create)
@@ -124,16 +133,54 @@ def _training_body(admin: AdminClient, args: argparse.Namespace, config: TrainCo
             file=sys.stderr,
         )
     if args.alignment is not None:
+        # the labels are the parties' own: which training nodes carry one is unknown here
+        config = session_recipe(config, args, labelled=None)
         with failing_as(f"cannot use alignment {args.alignment}", ValueError):
             body = aligned_session_request(config, admin.alignment(args.alignment))
         body["label"] = args.label or f"glasu session create --alignment {args.alignment}"
         return body
     dataset = train_options.load_benchmark(config)
+    # the session's training nodes are the dataset's labelled ones, as in glasu train
+    config = session_recipe(config, args, labelled=len(dataset.train_nodes) or None)
     with failing_as(f"the options do not fit {config.dataset}", ValueError):
         layout = layout_federation(config, dataset)
     body = session_request(config, layout, dataset)
     body["label"] = args.label or f"glasu session create {config.dataset}"
     return body
+
+
+def session_recipe(
+    config: TrainConfig, args: argparse.Namespace, *, labelled: int | None
+) -> TrainConfig:
+    """``config`` with the recipe's choices for the settings not given, printed as ``glasu
+    train`` prints them. The session carries them to every worker, except a choice of a
+    worker's own setting (``LocalModelOptions``: the learning rate, say), which each
+    organisation gives its worker: said after the block."""
+    chosen = train_config.with_recipe(config, args, labelled=labelled)
+    own = workers_own_choices(config, chosen)
+    if own:
+        flags = " ".join(f"--{name.replace('_', '-')} {value}" for name, value in own.items())
+        print(
+            f"  the workers' own settings, which the session cannot carry: give each "
+            f"organisation's glasu worker {flags}",
+            flush=True,
+        )
+    return chosen
+
+
+def workers_own_choices(config: TrainConfig, chosen: TrainConfig) -> dict[str, Any]:
+    """The settings ``chosen`` changes that each worker keeps as its own: the local model's
+    options, except those the session carries (its backbone, its seed as the workers'
+    default, and its aggregation width, which is the hidden width without privacy)."""
+    from clients.session_fit import LocalModelOptions
+
+    carried = {"backbone", "seed"} | ({"hidden"} if not chosen.private else set())
+    own = {field.name for field in dataclasses.fields(LocalModelOptions)} - carried
+    return {
+        name: getattr(chosen, name)
+        for name in sorted(own)
+        if getattr(chosen, name) != getattr(config, name)
+    }
 
 
 def _scoring_body(admin: AdminClient, args: argparse.Namespace, config: TrainConfig) -> dict:
@@ -180,13 +227,16 @@ def _create(admin: AdminClient, args: argparse.Namespace) -> int:
         "noise_multiplier": created.get("noise_multiplier"),
         "privacy": body["privacy"],
         "label": body["label"],
+        **({"backbone": body["backbone"]} if "backbone" in body else {}),
         **train_options.session_about(args),
     }
     (args.out / "session.id").write_text(created["session_id"])  # no newline: a ConfigMap value
     (args.out / "session.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(
         f"session {created['session_id']}: {created['passes_total']} passes, "
-        f"{body['clients']} clients, encryption {body['encryption']}, "
+        f"{body['clients']} clients"
+        + (f", backbone {body['backbone']}" if "backbone" in body else "")
+        + f", encryption {body['encryption']}, "
         + _privacy_words(body["privacy"], created.get("noise_multiplier"))
         + f"; tokens in {args.out}/client-<m>.token"
     )

@@ -33,8 +33,10 @@ from clients.cli.errors import (
 from clients.cli.options import add_command, check_device, ledger_errors
 from clients.cli.settings_args import add_settings_arguments, settings_from_args
 from clients.settings import WorkerSettings
+from models.config import PRECOMPUTED_BACKBONES
 
 if TYPE_CHECKING:
+    from clients.session_fit import LocalModelOptions
     from models.outcome import PassOutcome
     from secure.wire.passes import PassInfo
 
@@ -187,7 +189,7 @@ def _run(settings: WorkerSettings, ledger_file: Path, *, quiet: bool) -> int:
         OwnerLedger(ledger_file) as ledger,
     ):
         try:
-            result = WorkerRun(
+            run = WorkerRun(
                 service,
                 partition,
                 options=options,
@@ -201,7 +203,13 @@ def _run(settings: WorkerSettings, ledger_file: Path, *, quiet: bool) -> int:
                 model=model,
                 model_out=settings.model_out,
                 alignment_digest=alignment_digest,
-            ).run()
+            )
+            print(
+                backbone_line(settings.client, run.options, own=settings.backbone),
+                file=sys.stderr,
+                flush=True,
+            )
+            result = run.run()
         except CheckpointError as exc:
             raise CliError(f"checkpoint: {exc}") from exc
         except ModelError as exc:
@@ -267,6 +275,16 @@ def _run(settings: WorkerSettings, ledger_file: Path, *, quiet: bool) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def backbone_line(client: int, options: LocalModelOptions, *, own: str | None) -> str:
+    """The backbone this worker runs and whose choice it is: the session's (its settings were
+    chosen for it), or this worker's own ``--backbone``."""
+    whose = "this worker's own --backbone" if own is not None else "the session's"
+    line = f"glasu worker {client}: backbone {options.backbone} ({whose})"
+    if options.backbone in PRECOMPUTED_BACKBONES:
+        line += f", --hops {options.hops} (this worker's own)"
+    return line
 
 
 def evaluation_line(client: int, round_index: int, outcome: PassOutcome) -> str:

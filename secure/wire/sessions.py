@@ -73,6 +73,9 @@ class PrivacySettings(StrictModel):
 
 
 SessionKind = Literal["training", "scoring"]
+# models.config.BackboneName's spelling; the service stores the name and never reads it (the
+# workers check it against their own)
+BACKBONE_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
 
 
 class SessionCreate(StrictModel):
@@ -154,6 +157,14 @@ class SessionCreate(StrictModel):
         "columns travels in parts of max(1, part_values // c) rows. Null: the service picks the "
         f"most (up to {PART_VALUES}) whose upload fits its body limit (`max_body_bytes`, in the "
         "session's description), which is what it refuses a given value over.",
+    )
+    backbone: str | None = Field(
+        None,
+        pattern=BACKBONE_PATTERN,
+        description="The backbone the session's settings were chosen for (`glasu session "
+        "create --backbone`, whose recipe chose them): a worker without a backbone of its own "
+        "takes it, a worker given another refuses the session. Null: each worker's own (gcnii "
+        "unless given).",
     )
     label: Label | None = None
     partners: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
@@ -275,6 +286,7 @@ class SessionConfigView(ResponseModel):
         description="Values per part of a share (rows per part: max(1, part_values // columns)),"
         " sized by the service to its body limit.",
     )
+    backbone: str | None = None
     label: str | None
     partners: list[str] | None = None
     operator: str | None = None

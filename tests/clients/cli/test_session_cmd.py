@@ -210,3 +210,51 @@ def test_create_stores_the_partners_and_the_operator(
     assert view["label"] == "churn model"
     assert view["partners"] == ["Bank A", "Telco B", "Retailer C"]
     assert view["operator"] == "Consortium Ops"
+
+
+def test_a_sign_session_takes_the_recipe_and_prints_it(
+    server: dict[str, str], tmp_path: Path, data_dir: Path, cora, capsys: pytest.CaptureFixture
+) -> None:
+    """`--backbone sign` without the settings: the recipe's, printed as `glasu train` prints
+    them, in the session every worker reads (with its backbone)."""
+    assert _create(server, tmp_path, data_dir, "--backbone", "sign", "--no-dp", "--no-he") == 0
+    printed = capsys.readouterr().out
+    labelled = cora.train_nodes.size
+    assert printed.startswith("recipe for --backbone sign (a flag given wins):")
+    for flag in (f"--batch-size {labelled}", "--stale 1", "--layers 1", "--agg-layers 1"):
+        assert flag in printed
+    assert "backbone sign" in printed.splitlines()[-1]
+    summary = json.loads((tmp_path / "session.json").read_text())
+    assert summary["backbone"] == "sign"
+    with _admin(server) as admin:
+        view = admin.session(summary["session_id"])["config"]
+    assert (view["batch_size"], view["stale"], view["layers"]) == (labelled, 1, 1)
+    assert [a["layer"] for a in view["agg_layers"]] == [1] and view["backbone"] == "sign"
+
+
+def test_a_flag_given_to_a_sign_session_wins(
+    server: dict[str, str], tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture
+) -> None:
+    argv = ("--backbone", "sign", "--no-dp", "--no-he", "--batch-size", "32")
+    assert _create(server, tmp_path, data_dir, *argv) == 0
+    printed = capsys.readouterr().out
+    assert "--batch-size" not in printed and "--stale 1" in printed
+    summary = json.loads((tmp_path / "session.json").read_text())
+    with _admin(server) as admin:
+        view = admin.session(summary["session_id"])["config"]
+    assert (view["batch_size"], view["stale"], view["layers"]) == (32, 1, 1)
+
+
+def test_the_default_backbone_s_session_is_as_before(
+    server: dict[str, str], tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture
+) -> None:
+    assert _create(server, tmp_path, data_dir, "--no-dp", "--no-he") == 0
+    assert "recipe" not in capsys.readouterr().out
+    summary = json.loads((tmp_path / "session.json").read_text())
+    with _admin(server) as admin:
+        view = admin.session(summary["session_id"])["config"]
+    defaults = TrainConfig()
+    assert (view["batch_size"], view["stale"], view["layers"]) == (
+        defaults.batch_size, defaults.stale, defaults.layers,
+    )  # fmt: skip
+    assert view["backbone"] == "gcnii"
