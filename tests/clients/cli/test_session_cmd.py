@@ -258,3 +258,25 @@ def test_the_default_backbone_s_session_is_as_before(
         defaults.batch_size, defaults.stale, defaults.layers,
     )  # fmt: skip
     assert view["backbone"] == "gcnii"
+
+
+def test_a_recipe_choice_the_session_cannot_carry_is_said_to_be_the_workers(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """A learning rate is each worker's own setting: the operator is told to hand it out."""
+    from clients.cli import session_cmd, train_config
+    from clients.cli.main import build_parser
+    from models.recipe import Choice, Recipe
+
+    recipe = Recipe("sign", (Choice("batch_size", 64, "why"), Choice("lr", 0.05, "why")))
+    monkeypatch.setattr(train_config, "choose_recipe", lambda **_: recipe)
+    args = build_parser().parse_args(
+        ["session", "create", "--server", "https://unused", "--admin-token-file", "unused",
+         "--out", "unused", "--backbone", "sign", "--no-dp"]
+    )  # fmt: skip
+    config = train_config.config_from_args(args)
+    chosen = session_cmd.session_recipe(config, args, labelled=None)
+    assert (chosen.batch_size, chosen.lr) == (64, 0.05)
+    assert session_cmd.workers_own_choices(config, chosen) == {"lr": 0.05}
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert "the workers' own settings" in last and "glasu worker --lr 0.05" in last
