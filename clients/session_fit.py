@@ -7,12 +7,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 from models.artefact import ModelError, SavedModel
 from models.backbone import ModelConfig
 from models.client_config import ClientConfig
-from models.config import DEFAULT_HOPS, TrainConfig, backbone_problem
+from models.config import DEFAULT_HOPS, BackboneName, TrainConfig, backbone_problem
 from models.data.partition import ClientPartition, check_labels, without_labels
 from secure.aggregation import EmbeddingCodec
 from secure.wire.sessions import SessionConfigView
@@ -54,6 +54,8 @@ def options_for_session(
     (``DEFAULT_BACKBONE`` unless given). A worker given another backbone than the session's
     would train a model the session's settings were not chosen for: :class:`SessionMismatch`."""
     named = session_config.get("backbone")
+    if named is not None and named not in get_args(BackboneName):
+        raise SessionMismatch(f"the session names backbone {named!r}, which this worker lacks")
     if named is not None and options.backbone not in (None, named):
         raise SessionMismatch(
             f"--backbone {options.backbone} differs from the session's backbone {named}, for "

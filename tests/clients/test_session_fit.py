@@ -41,6 +41,12 @@ def test_a_worker_given_the_session_s_backbone_runs_it_and_another_is_refused() 
         client_config_from_session(session, LocalModelOptions(backbone="gcnii"))
 
 
+def test_a_backbone_the_worker_lacks_is_refused() -> None:
+    """A newer operator's, or a lying service's, name: refused before anything is built."""
+    with pytest.raises(SessionMismatch, match="'mystery', which this worker lacks"):
+        options_for_session({**SESSION, "backbone": "mystery"}, LocalModelOptions())
+
+
 def test_the_session_takes_every_backbone_name() -> None:
     """secure/ spells the names with a pattern (it never imports models/)."""
     import re
