@@ -4,14 +4,15 @@ parties each keeping 80% of one graph's edges, every party labelled) and on grap
 (models/data/party_graphs.py: the label holder, party 0, has a sparse graph of its own, the
 partners dense ones, partly overlapping; only the label holder has labels), per graph and seed:
 
-- **party alone, SGC**: the party's own features propagated K = 3 hops over its own graph, then a
-  logistic regression with its regularisation chosen on the validation nodes (the scale map's
-  SGC party alone, ``models.predictor_release``);
+- **party alone, SGC**: the party's own features propagated K hops over its own graph, then a
+  logistic regression (the scale map's SGC party alone, ``models.predictor_release``), K (of
+  ``SGC_HOPS``) and its regularisation chosen on the validation nodes;
 - **party alone, GCN / GraphSAGE**: PyG's GCN or GraphSAGE on the party's own features and graph;
 - **centralised**: the joined data (all features, the union of the parties' edges): PyG's GCN,
-  GraphSAGE and SGC, and the SGC logistic regression above;
+  GraphSAGE and SGC (K = 3), and the SGC logistic regression above (K on the validation nodes);
 - **federated**: non-private GLASU through the product's entry point
-  (``models.trainer.train_inprocess``, ``TrainConfig`` defaults, encryption off, ``--backbone``).
+  (``models.trainer.train_inprocess``, encryption off) with what ``glasu train --no-dp`` runs:
+  the recipe's backbone and choices (``models.recipe``), or ``--backbone``'s with its recipe.
 
 The PyG models train full batch on a sparse adjacency (memory: the edges once, no per-edge
 messages), with Adam, and keep the test accuracy of the epoch with the best validation accuracy
@@ -51,6 +52,7 @@ OUT = ROOT / "bench" / "results" / "model_at_scale.json"
 CHART = ROOT / "docs" / "model_at_scale.svg"
 SECTION = "model-at-scale-table"
 CLASSES, DEGREE, LABELLED, PARTIES, HOPS = 5, 16.0, 0.01, 3, 3
+SGC_HOPS = (2, 3, 5, 10)  # the SGC logistic regressions' K, chosen on the validation nodes
 FAMILIES = ("shared", "differing")
 ALONE = ("party alone SGC", "party alone GCN", "party alone SAGE")
 CENTRAL = ("centralised GCN", "centralised SAGE", "centralised SGC (PyG)", "centralised SGC (LR)")
@@ -151,30 +153,38 @@ def fit_pyg(
 def fit_sgc_lr(
     x: torch.Tensor, edge_index: torch.Tensor, part: ClientPartition, *, seed: int
 ) -> dict[str, float]:
-    score = fit_receiver(propagated(x, edge_index, hops=HOPS), part, seed=seed)
-    return {"val": score.val, "test": score.test}
+    """The SGC logistic regression at the K of ``SGC_HOPS`` with the best validation accuracy."""
+    widest = propagated(x, edge_index, hops=max(SGC_HOPS))
+    width = x.shape[1]
+    scores = {k: fit_receiver(widest[:, : (k + 1) * width], part, seed=seed) for k in SGC_HOPS}
+    hops = max(SGC_HOPS, key=lambda k: scores[k].val)
+    return {"val": scores[hops].val, "test": scores[hops].test, "hops": hops}
 
 
 def federated(
     graph: Graph, joined: GraphDataset, parts: list[ClientPartition], args: argparse.Namespace
 ) -> dict[str, Any]:
-    """Non-private GLASU, the product's defaults but for ``--backbone`` and ``--rounds``, with
-    the recipe ``glasu train`` chooses for that backbone (``models.recipe``)."""
-    overrides = {"rounds": args.rounds} if args.rounds else {}
+    """Non-private GLASU as ``glasu train --no-dp`` runs it: the recipe's backbone and choices
+    (``models.recipe``), or ``--backbone``'s; ``--rounds`` given wins, as on the command line."""
+    overrides: dict[str, Any] = {"rounds": args.rounds} if args.rounds else {}
+    if args.backbone:
+        overrides["backbone"] = args.backbone
     config = TrainConfig(
-        dataset=joined.name, seed=graph.seed, clients=len(parts), backbone=args.backbone,
-        dp=False, encryption="none", device="cpu", label_holder=graph.label_holder, **overrides,
+        dataset=joined.name, seed=graph.seed, clients=len(parts), dp=False, encryption="none",
+        device="cpu", label_holder=graph.label_holder, **overrides,
     )  # fmt: skip
-    # the recipe's flags: what the bench gives explicitly wins, as on glasu train's command line
-    config, _ = choose_recipe(backbone=config.backbone, labelled=len(joined.train_nodes)).apply(
-        config, given=[f"--{field}" for field in overrides]
+    recipe = choose_recipe(
+        backbone=args.backbone or None, labelled=len(joined.train_nodes), private=False
     )
+    config, _ = recipe.apply(config, given=[f"--{field}" for field in overrides])
     layout = layout_federation(config, joined, partitions=parts)
     report = train_inprocess(config, dataset=joined, layout=layout, progress=False)
     recipe = {
         k: getattr(config, k)
         for k in (
             "backbone",
+            "hops",
+            "feature_scale",
             "rounds",
             "batch_size",
             "stale",
@@ -236,8 +246,12 @@ def methods(
         CENTRAL[1]: central("SAGE"),
         CENTRAL[2]: central("SGC"),
         CENTRAL[3]: joined_sgc,
-        f"federated {args.backbone}": lambda: federated(graph, joined, parts, args),
+        federated_name(args): lambda: federated(graph, joined, parts, args),
     }
+
+
+def federated_name(args: argparse.Namespace) -> str:
+    return f"federated {args.backbone}" if args.backbone else "federated (recipe)"
 
 
 def measure(run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -268,7 +282,7 @@ def run_all(args: argparse.Namespace, payload: dict[str, Any]) -> None:
     wanted = set(args.methods.split(",")) if args.methods else None
     for graph in graphs(args):
         loaded: tuple[GraphDataset, list[ClientPartition]] | None = None
-        names = [*ALONE, *CENTRAL, f"federated {args.backbone}"]
+        names = [*ALONE, *CENTRAL, federated_name(args)]
         for name in names:
             if (graph.key, name) in done or (wanted is not None and name not in wanted):
                 continue
@@ -389,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         help="differing family: share of the sparsest graph every party holds",
     )
     parser.add_argument(
-        "--backbone", default=TrainConfig.backbone, help="federated: TrainConfig's --backbone"
+        "--backbone", default="", help="federated: --backbone (default: the recipe's choice)"
     )
     parser.add_argument(
         "--rounds", type=int, default=0, help="federated: rounds (0: TrainConfig's default)"
@@ -407,7 +421,9 @@ def main(argv: list[str] | None = None) -> int:
         "--report-only", action="store_true", help="rewrite the table and chart from --out"
     )
     parser.add_argument(
-        "--write-doc", action="store_true", help=f"write docs/results.md's {SECTION} section"
+        "--write-doc",
+        action="store_true",
+        help=f"write docs/results.md's {SECTION} section and {CHART.name}",
     )
     args = parser.parse_args(argv)
     single_thread()
@@ -416,15 +432,16 @@ def main(argv: list[str] | None = None) -> int:
         f"CSBM: {CLASSES} classes, weak signal, {LABELLED:.0%} labelled, 500 val / 1000 test; "
         f"shared: degree {DEGREE:g}, M={PARTIES} each keeping 80% of the edges; differing: "
         f"degrees {args.degrees}, overlap {args.overlap:g}, label holder {LABEL_HOLDER}; PyG: "
-        f"hidden {args.hidden}, {args.epochs} epochs, patience {args.patience}; SGC K={HOPS}; "
+        f"hidden {args.hidden}, {args.epochs} epochs, patience {args.patience}; PyG SGC K={HOPS}, "
+        f"SGC (LR) K of {SGC_HOPS} on validation; "
         "one torch thread"
     )
     if not args.report_only:
         run_all(args, payload)
     markdown = table(payload.get("runs", []))
     print(markdown)
-    chart(payload.get("runs", []), CHART)
     if args.write_doc:
+        chart(payload.get("runs", []), CHART)
         write_section(SECTION, markdown)
     return 0
 

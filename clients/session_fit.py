@@ -29,6 +29,7 @@ class LocalModelOptions:
 
     backbone: str | None = None  # None: the session's (options_for_session), else gcnii
     hops: int = DEFAULT_HOPS  # the sign backbone's propagation
+    feature_scale: str = "auto"  # of its propagated columns
     hidden: int | None = None  # default: the aggregation width (plain GLASU) or 128 (private)
     dropout: float = 0.5
     lr: float = 0.01
@@ -93,6 +94,7 @@ def client_config_from_session(
     model = ModelConfig(
         backbone=options.backbone,  # type: ignore[arg-type]
         hops=options.hops,
+        feature_scale=options.feature_scale,  # type: ignore[arg-type]
         layers=session_config["layers"],
         hidden=hidden,
         dropout=options.dropout,
@@ -151,6 +153,7 @@ def options_of_model(model: SavedModel, options: LocalModelOptions) -> LocalMode
         options,
         backbone=saved["backbone"],
         hops=saved.get("hops", DEFAULT_HOPS),  # a model of before the sign backbone has none
+        feature_scale=saved.get("feature_scale") or "auto",  # its statistics are its weights'
         hidden=saved["hidden"],
         dropout=saved["dropout"],
         eval_fanout=saved["eval_fanout"],

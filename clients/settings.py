@@ -20,7 +20,7 @@ from pydantic_settings import (
 
 from clients.cores import available_cores
 from clients.policy import PrivacyPolicy
-from models.config import DEFAULT_HOPS, DEVICE_NAMES, BackboneName
+from models.config import DEFAULT_HOPS, DEVICE_NAMES, BackboneName, FeatureScaleName
 from secure.accounting import AccountantName
 from secure.protocol import is_loopback_host
 
@@ -71,6 +71,12 @@ class WorkerSettings(BaseSettings):
     )
     hops: int = Field(
         DEFAULT_HOPS, ge=0, description="Hops of the sign backbone's precomputed propagation."
+    )
+    feature_scale: FeatureScaleName = Field(
+        "auto",
+        description="How the sign backbone scales this party's propagated columns: column "
+        "(standardised), hop (one number per hop), auto (hop for a sparse table, more than half "
+        "zeros; column otherwise). Measured on this party's own table, kept with its model.",
     )
     hidden: int | None = Field(
         None,

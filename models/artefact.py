@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from models.config import PRECOMPUTED_BACKBONES
 from models.metrics import describe_scores
 from secure.files import FileFormat, atomic_write
 
@@ -147,6 +148,13 @@ def load_model(directory: Path) -> SavedModel:
         isinstance(v, torch.Tensor) for v in weights.values()
     ):
         raise ModelError(f"{path} holds something other than tensors")
+    if manifest.get("model", {}).get("backbone") in PRECOMPUTED_BACKBONES and (
+        "scale.factor" not in weights
+    ):
+        raise ModelError(
+            f"the model {directory} was saved before a sign model kept the scale of its "
+            "propagated features (it would score with another table's): train it again"
+        )
     return SavedModel(manifest=manifest, weights=weights, path=Path(directory))
 
 
@@ -173,7 +181,11 @@ def describe(manifest: Mapping[str, Any]) -> str:
         f"session {manifest.get('session_id')}, alignment digest "
         f"{manifest.get('alignment_digest') or '(a benchmark partition)'}",
         f"backbone {model.get('backbone')}"
-        + (f" over {model['hops']} hops" if model.get("backbone") == "sign" else "")
+        + (
+            f" over {model['hops']} hops, {model.get('feature_scale')} scale"
+            if model.get("backbone") in PRECOMPUTED_BACKBONES
+            else ""
+        )
         + f", {model.get('layers')} layers, hidden "
         f"{model.get('hidden')}, aggregation at layers {model.get('agg_layers')}, "
         f"{model.get('in_features')} features -> {model.get('num_classes')} classes"

@@ -12,8 +12,21 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from models.config import DEFAULT_HOPS, PRECOMPUTED_BACKBONES, BackboneName
-from models.layers import Block, GATLayer, GCNIILayer, GCNLayer, HopProjection, SignLayer
+from models.config import (
+    DEFAULT_HOPS,
+    PRECOMPUTED_BACKBONES,
+    BackboneName,
+    FeatureScaleName,
+)
+from models.layers import (
+    Block,
+    FeatureScale,
+    GATLayer,
+    GCNIILayer,
+    GCNLayer,
+    HopProjection,
+    SignLayer,
+)
 
 
 @dataclass(frozen=True)
@@ -26,6 +39,7 @@ class ModelConfig:
     theta: float = 0.5  # GCNII identity-mapping strength
     gat_heads: int = 8
     hops: int = DEFAULT_HOPS  # K of a precomputed backbone's propagation (sign)
+    feature_scale: FeatureScaleName = "auto"  # of its propagated columns (sign)
     receiver_width: int = 0  # private arrangement: width of the others' noisy release
 
     @property
@@ -51,6 +65,8 @@ class ClientNetwork(nn.Module):
         if config.layers < 1:
             raise ValueError(f"layers must be >= 1, got {config.layers}")
         self.config = config
+        # a precomputed backbone's columns scaled with its training table's statistics
+        self.scale = FeatureScale(in_features * (config.hops + 1)) if config.precomputed else None
         self.input = self._input(in_features)
         self.convs = nn.ModuleList(self._layer(depth) for depth in range(1, config.layers + 1))
         # Maps the others' noisy release into the hidden space (private arrangement only).
@@ -90,6 +106,8 @@ class ClientNetwork(nn.Module):
         return self.config.backbone == "gcnii"
 
     def project(self, features: torch.Tensor, *, generator: torch.Generator) -> torch.Tensor:
+        if self.scale is not None:
+            features = self.scale(features)
         x = dropout(features, p=self.config.dropout, generator=generator, training=self.training)
         return torch.relu(self.input(x))
 

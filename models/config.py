@@ -21,6 +21,9 @@ BackboneName = Literal["gcnii", "gcn", "gat", "sign"]
 PRECOMPUTED_BACKBONES: frozenset[str] = frozenset({"sign"})
 #: Hops of the precomputed propagation (``--hops``): SGC's K, as the SGC party-alone reference
 DEFAULT_HOPS = 3
+#: How a precomputed backbone scales its propagated columns (models/data/propagation.py)
+ScaleName = Literal["column", "hop"]
+FeatureScaleName = Literal["auto", "column", "hop"]  # auto: from the party's own table
 Mode = Literal["glasu", "centralized", "standalone", "simulated"]
 Encryption = Literal["ckks", "none"]
 DEVICE_NAMES = re.compile(r"auto|cpu|cuda(:\d+)?")  # --device; models/device.py resolves it
@@ -40,6 +43,7 @@ class TrainConfig:
     clients: int = 3
     backbone: BackboneName = "gcnii"
     hops: int = DEFAULT_HOPS  # K of the sign backbone's propagation (other backbones: unused)
+    feature_scale: FeatureScaleName = "auto"  # of the sign backbone's propagated columns
     layers: int = 4
     agg_layers: int = 2  # K
     stale: int = 4  # Q

@@ -33,8 +33,14 @@ import torch
 from models.arrangement import Arrangement, GlasuArrangement
 from models.backbone import ClientNetwork
 from models.client_config import ClientConfig
+from models.config import ScaleName
 from models.data.partition import ClientPartition
-from models.data.propagation import HopFeatures, propagate_hops
+from models.data.propagation import (
+    HopFeatures,
+    chosen_scale,
+    propagate_hops,
+    scale_statistics,
+)
 from models.joint import JointAggregation
 from models.layers import Block
 from models.layerwise import LayerwiseEvaluation
@@ -88,7 +94,16 @@ class GlasuClient:
                 in_features=partition.features.shape[1],
                 num_classes=config.num_classes or partition.num_classes,
                 config=config.model,
-            ).to(self.device)
+            )
+        # how its propagated columns are scaled (a precomputed backbone), with the party's own
+        # statistics; a saved model's state replaces them when it scores
+        self.feature_scale: ScaleName | None = None
+        if self.hop_features is not None and self.network.scale is not None:
+            self.feature_scale = chosen_scale(partition, config.model.feature_scale)
+            self.network.scale.set_statistics(
+                *scale_statistics(self.hop_features, partition.held, scale=self.feature_scale)
+            )
+        self.network.to(self.device)
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(client_seed)
         self.optimizer = torch.optim.Adam(

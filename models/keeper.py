@@ -169,6 +169,7 @@ class ModelKeeper:
             "model": {
                 "backbone": model.backbone,
                 "hops": model.hops,
+                "feature_scale": client.feature_scale,
                 "layers": model.layers,
                 "hidden": model.hidden,
                 "dropout": model.dropout,

@@ -32,6 +32,7 @@ def client_config(config: TrainConfig) -> ClientConfig:
     model = ModelConfig(
         backbone=config.backbone,
         hops=config.hops,
+        feature_scale=config.feature_scale,
         layers=config.layers,
         hidden=config.hidden,
         dropout=config.dropout,

@@ -126,8 +126,13 @@ def with_recipe(
 ) -> TrainConfig:
     """``config`` with ``models.recipe``'s choices for the settings the command line did not
     give; prints what it chose and why (one block)."""
-    recipe = choose_recipe(backbone=config.backbone, labelled=labelled)
-    chosen, taken = recipe.apply(config, given=given_options(args))
+    given = given_options(args)
+    recipe = choose_recipe(
+        backbone=config.backbone if "--backbone" in given else None,
+        labelled=labelled,
+        private=config.private,
+    )
+    chosen, taken = recipe.apply(config, given=given)
     if recipe.choices:
         print(taken.describe(), flush=True)
     return chosen

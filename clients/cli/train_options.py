@@ -28,7 +28,7 @@ from clients.cli.options import (
     switch_note,
 )
 from clients.policy import PrivacyPolicy
-from models.config import DEVICE_NAMES, BackboneName, Mode, TrainConfig
+from models.config import DEVICE_NAMES, BackboneName, FeatureScaleName, Mode, TrainConfig
 from secure.accounting import ACCOUNTANTS
 from secure.protocol import StragglerPolicy
 from secure.wire.common import MAX_CLIENTS, MAX_LAYERS, MAX_ROUNDS, MAX_WIDTH
@@ -134,6 +134,14 @@ def add_federation_arguments(p: argparse._ActionsContainer, *, local: bool) -> N
             "hops of the sign backbone's precomputed propagation (K of SGC and SIGN)",
             type=non_negative_int,
             metavar="K",
+        )
+        add_setting(
+            p,
+            "--feature-scale",
+            "how the sign backbone scales each party's propagated columns, measured on its own "
+            "table: column (standardised), hop (one number per hop), auto (hop for a sparse "
+            "table, more than half zeros; column otherwise)",
+            choices=get_args(FeatureScaleName),
         )
     add_setting(p, "--layers", "GNN layers", type=int_range(1, MAX_LAYERS), metavar="L")
     add_setting(

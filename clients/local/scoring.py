@@ -88,6 +88,7 @@ def scoring_config(manifests: Sequence[dict[str, Any]], *, encrypted: bool) -> T
         clients=len(manifests),
         backbone=model["backbone"],
         hops=model.get("hops", DEFAULT_HOPS),
+        feature_scale=model.get("feature_scale") or "auto",
         layers=model["layers"],
         hidden=model["hidden"],
         dropout=model["dropout"],

@@ -120,6 +120,7 @@ def worker_arguments(
         "--device", config.device,
         "--backbone", config.backbone,
         "--hops", str(config.hops),
+        "--feature-scale", config.feature_scale,
         "--hidden", str(config.hidden),
         "--dropout", str(config.dropout),
         "--lr", str(config.lr),

@@ -3,17 +3,35 @@
 from __future__ import annotations
 
 from models.config import TrainConfig
-from models.recipe import MAX_FULL_BATCH, choose_recipe
+from models.recipe import MAX_FULL_BATCH, RECIPE_HOPS, RECIPE_LR, choose_recipe
 
 
-def _values(backbone: str, labelled: int | None) -> dict[str, object]:
-    recipe = choose_recipe(backbone=backbone, labelled=labelled)
+def _values(backbone: str | None, labelled: int | None, **kw: bool) -> dict[str, object]:
+    recipe = choose_recipe(backbone=backbone, labelled=labelled, **kw)
     return {c.field: c.value for c in recipe.choices}
 
 
 def test_sign_trains_full_batches_of_the_labelled_nodes_without_stale_rounds() -> None:
-    assert _values("sign", 140) == {"layers": 1, "agg_layers": 1, "batch_size": 140, "stale": 1}
+    assert _values("sign", 140) == {
+        "hops": RECIPE_HOPS,
+        "layers": 1,
+        "agg_layers": 1,
+        "batch_size": 140,
+        "stale": 1,
+        "lr": RECIPE_LR,
+    }
     assert _values("sign", 200)["batch_size"] == 200
+
+
+def test_without_privacy_a_backbone_not_given_is_sign_and_under_privacy_the_default() -> None:
+    chosen = _values(None, 140)
+    assert chosen["backbone"] == "sign"
+    assert chosen == {"backbone": "sign", **_values("sign", 140)}
+    private = choose_recipe(backbone=None, labelled=140, private=True)
+    assert (private.backbone, private.choices) == (TrainConfig.backbone, ())
+    assert "refused" in private.describe()
+    config, _ = choose_recipe(backbone=None, labelled=140).apply(TrainConfig(dp=False), given=())
+    assert (config.backbone, config.hops, config.layers) == ("sign", RECIPE_HOPS, 1)
 
 
 def test_many_labels_are_batched_and_unknown_labels_take_the_largest_batch() -> None:
@@ -34,7 +52,7 @@ def test_a_flag_given_wins_over_the_recipe() -> None:
     given = TrainConfig(backbone="sign", batch_size=16, stale=4)
     config, taken = recipe.apply(given, given={"--batch-size", "--stale"})
     assert (config.batch_size, config.stale, config.layers) == (16, 4, 1)
-    assert {c.field for c in taken.choices} == {"layers", "agg_layers"}
+    assert {c.field for c in taken.choices} == {"hops", "layers", "agg_layers", "lr"}
 
 
 def test_an_aggregation_depth_given_keeps_the_layers_it_needs() -> None:

@@ -5,6 +5,7 @@ differential privacy refuses it."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ from models.backbone import ModelConfig
 from models.client_config import ClientConfig
 from models.config import TrainConfig
 from models.data.partition import ClientPartition, partition
-from models.data.propagation import propagate_hops
+from models.data.propagation import chosen_scale, propagate_hops, scale_statistics
 from models.federated import GlasuClient
 from models.inprocess import score_inprocess
 from models.keeper import KeepModels
@@ -48,7 +49,7 @@ def _toy_partition(edges: list[tuple[int, int]], features: np.ndarray) -> Client
     )  # fmt: skip
 
 
-def test_propagation_is_the_dense_normalised_adjacency_with_self_loops_rescaled() -> None:
+def test_propagation_is_the_dense_normalised_adjacency_with_self_loops() -> None:
     rng = np.random.default_rng(0)
     features = rng.normal(size=(6, 3))
     edges = [(0, 1), (1, 2), (2, 0), (2, 3), (4, 5)]
@@ -61,12 +62,51 @@ def test_propagation_is_the_dense_normalised_adjacency_with_self_loops_rescaled(
     expected = [features]
     for _ in range(3):
         expected.append(normalised @ expected[-1])
-    # every hop rescaled to rows of mean norm 1
-    expected = np.concatenate([h / np.linalg.norm(h, axis=1).mean() for h in expected], axis=1)
+    expected = np.concatenate(expected, axis=1)
     rows = hops.rows(np.arange(6)).numpy()
     np.testing.assert_allclose(rows, expected, rtol=0, atol=1e-6)
     assert hops.width == 12
     np.testing.assert_array_equal(hops.rows(np.array([4, 1])).numpy(), rows[[4, 1]])
+
+
+def test_scale_statistics_standardise_columns_or_bring_each_hop_to_mean_norm_one() -> None:
+    rng = np.random.default_rng(1)
+    features = rng.normal(loc=3.0, scale=[1.0, 5.0, 0.1], size=(40, 3))
+    edges = [(i, (i * 7 + 3) % 40) for i in range(40)]
+    # a node the party lacks is no part of its statistics
+    part = dataclasses.replace(_toy_partition(edges, features), held=np.arange(40) % 4 != 0)
+    hops = propagate_hops(part, hops=2)
+    held_rows = hops.rows(np.flatnonzero(part.held)).double()
+    shift, factor = scale_statistics(hops, part.held, scale="column")
+    scaled = (held_rows - shift.double()) * factor.double()
+    np.testing.assert_allclose(scaled.mean(0).numpy(), 0.0, atol=1e-5)
+    np.testing.assert_allclose(scaled.std(0).numpy(), 1.0, atol=1e-5)
+    shift, factor = scale_statistics(hops, part.held, scale="hop")
+    assert not shift.any()
+    for hop in range(3):
+        columns = slice(3 * hop, 3 * hop + 3)
+        norms = torch.linalg.vector_norm(held_rows[:, columns] * factor[columns].double(), dim=1)
+        assert float(norms.mean()) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_auto_scale_keeps_a_sparse_tables_proportions_and_standardises_a_dense_one(cora) -> None:
+    sparse = partition(cora, clients=2, seed=0)[0]  # bag of words: mostly zeros
+    dense = _toy_partition([(0, 1)], np.random.default_rng(0).normal(size=(4, 3)))
+    assert chosen_scale(sparse, "auto") == "hop" and chosen_scale(dense, "auto") == "column"
+    assert chosen_scale(sparse, "column") == "column"
+
+
+def test_a_kept_model_scores_with_its_training_statistics_not_the_scoring_tables(cora) -> None:
+    part = partition(cora, clients=2, seed=0)[1]
+    config = ClientConfig(model=ModelConfig(backbone="sign", layers=1, hops=2), agg_layers=(1,))
+    trained = GlasuClient(part, config)
+    assert trained.feature_scale == "hop"
+    shifted = dataclasses.replace(part, features=part.features * 3.0 + 1.0)
+    scoring = GlasuClient(shifted, config)
+    assert not torch.equal(scoring.network.scale.factor, trained.network.scale.factor)
+    scoring.network.load_state_dict(trained.network.state_dict())
+    assert torch.equal(scoring.network.scale.factor, trained.network.scale.factor)
+    assert torch.equal(scoring.network.scale.shift, trained.network.scale.shift)
 
 
 def test_propagation_chunk_by_chunk_equals_one_chunk(cora) -> None:
@@ -112,7 +152,8 @@ def test_a_kept_sign_model_scores_as_its_best_evaluation(cora, tmp_path: Path) -
     clients = []
     for folder, part in zip(folders, layout.partitions, strict=True):
         saved = load_model(folder)
-        assert (saved.manifest["model"]["backbone"], saved.manifest["model"]["hops"]) == ("sign", 2)
+        model = saved.manifest["model"]
+        assert (model["backbone"], model["hops"], model["feature_scale"]) == ("sign", 2, "hop")
         options = options_of_model(saved, LocalModelOptions())
         client = GlasuClient(
             part, client_config_from_session(saved.manifest["session_config"], options)

@@ -32,10 +32,20 @@ def test_an_explicit_flag_wins_even_at_the_default_value(
     assert "--batch-size" not in printed and "--stale" not in printed
 
 
-def test_the_default_backbone_runs_as_before_and_prints_nothing(
+def test_without_privacy_the_backbone_not_given_is_sign_with_its_recipe(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    args = build_parser().parse_args(["train", "--no-dp", "--no-he"])
-    base = train_config.config_from_args(args)
-    assert train_config.with_recipe(base, args, labelled=140) == base
-    assert capsys.readouterr().out == ""
+    config, printed = _config(["--no-dp", "--no-he"], capsys)
+    assert (config.backbone, config.batch_size, config.layers) == ("sign", 140, 1)
+    assert "--backbone sign" in printed
+
+
+def test_a_backbone_given_and_a_private_run_keep_the_defaults_and_print_nothing(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for argv in (["--backbone", "gcnii", "--no-dp", "--no-he"], ["--no-he"]):
+        args = build_parser().parse_args(["train", *argv])
+        base = train_config.config_from_args(args)
+        assert train_config.with_recipe(base, args, labelled=140) == base
+        assert base.backbone == "gcnii"
+        assert capsys.readouterr().out == ""
