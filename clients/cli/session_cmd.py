@@ -5,7 +5,6 @@ with a training's models; list the sessions, show one's status, close it."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from datetime import UTC, datetime
@@ -68,8 +67,8 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         create,
         "--backbone",
         "the backbone the workers run, stored with the session (a worker given another refuses "
-        "it); with sign, the recipe chooses the settings not given (README, 'The recipe "
-        "chooses itself') and this command prints them",
+        "it). The recipe (README, 'The recipe chooses itself') chooses it when not given, and "
+        "the settings not given for it; this command prints what it chose",
         choices=train_options.BACKBONES,
     )
     train_options.add_federation_arguments(create, local=False)
@@ -134,51 +133,50 @@ def _training_body(admin: AdminClient, args: argparse.Namespace, config: TrainCo
         )
     if args.alignment is not None:
         # the labels are the parties' own: which training nodes carry one is unknown here
-        config = session_recipe(config, args, labelled=None)
+        config, defaults = session_recipe(config, args, labelled=None)
         with failing_as(f"cannot use alignment {args.alignment}", ValueError):
             body = aligned_session_request(config, admin.alignment(args.alignment))
         body["label"] = args.label or f"glasu session create --alignment {args.alignment}"
-        return body
-    dataset = train_options.load_benchmark(config)
-    # the session's training nodes are the dataset's labelled ones, as in glasu train
-    config = session_recipe(config, args, labelled=len(dataset.train_nodes) or None)
-    with failing_as(f"the options do not fit {config.dataset}", ValueError):
-        layout = layout_federation(config, dataset)
-    body = session_request(config, layout, dataset)
-    body["label"] = args.label or f"glasu session create {config.dataset}"
+    else:
+        dataset = train_options.load_benchmark(config)
+        # the session's training nodes are the dataset's labelled ones, as in glasu train
+        config, defaults = session_recipe(config, args, labelled=len(dataset.train_nodes) or None)
+        with failing_as(f"the options do not fit {config.dataset}", ValueError):
+            layout = layout_federation(config, dataset)
+        body = session_request(config, layout, dataset)
+        body["label"] = args.label or f"glasu session create {config.dataset}"
+    if defaults:
+        body["worker_defaults"] = defaults
     return body
 
 
 def session_recipe(
     config: TrainConfig, args: argparse.Namespace, *, labelled: int | None
-) -> TrainConfig:
+) -> tuple[TrainConfig, dict[str, Any]]:
     """``config`` with the recipe's choices for the settings not given, printed as ``glasu
-    train`` prints them. The session carries them to every worker, except a choice of a
-    worker's own setting (``LocalModelOptions``: the learning rate, say), which each
-    organisation gives its worker: said after the block."""
+    train`` prints them, and the choices of settings that are each worker's own (the learning
+    rate, say), which the session carries as its workers' defaults (``worker_defaults``): said
+    after the block."""
     chosen = train_config.with_recipe(config, args, labelled=labelled)
-    own = workers_own_choices(config, chosen)
-    if own:
-        flags = " ".join(f"--{name.replace('_', '-')} {value}" for name, value in own.items())
+    defaults = workers_own_choices(config, chosen)
+    if defaults:
+        flags = ", ".join("--" + name.replace("_", "-") for name in defaults)
         print(
-            f"  the workers' own settings, which the session cannot carry: give each "
-            f"organisation's glasu worker {flags}",
+            f"  ({flags}: each worker's own settings; the session carries these as its "
+            "workers' defaults, and a worker given its own keeps it)",
             flush=True,
         )
-    return chosen
+    return chosen, defaults
 
 
 def workers_own_choices(config: TrainConfig, chosen: TrainConfig) -> dict[str, Any]:
-    """The settings ``chosen`` changes that each worker keeps as its own: the local model's
-    options, except those the session carries (its backbone, its seed as the workers'
-    default, and its aggregation width, which is the hidden width without privacy)."""
-    from clients.session_fit import LocalModelOptions
+    """The settings ``chosen`` changes that are each worker's own and that a session may set
+    its workers' defaults for (``clients.session_fit.session_defaultable``)."""
+    from clients.session_fit import session_defaultable
 
-    carried = {"backbone", "seed"} | ({"hidden"} if not chosen.private else set())
-    own = {field.name for field in dataclasses.fields(LocalModelOptions)} - carried
     return {
         name: getattr(chosen, name)
-        for name in sorted(own)
+        for name in sorted(session_defaultable())
         if getattr(chosen, name) != getattr(config, name)
     }
 

@@ -19,7 +19,7 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from clients.cli.connection import read_token
 from clients.cli.errors import (
@@ -143,6 +143,7 @@ def _run(settings: WorkerSettings, ledger_file: Path, *, quiet: bool) -> int:
     # each of the local model's options is the worker setting of the same name
     local_fields = {field.name for field in dataclasses.fields(LocalModelOptions)}
     options = LocalModelOptions(**settings.model_dump(include=local_fields))
+    given = frozenset(settings.model_fields_set & local_fields)  # flag, variable or file
 
     writer = None
     if settings.predictions is not None:
@@ -203,9 +204,10 @@ def _run(settings: WorkerSettings, ledger_file: Path, *, quiet: bool) -> int:
                 model=model,
                 model_out=settings.model_out,
                 alignment_digest=alignment_digest,
+                given_options=given,
             )
             print(
-                backbone_line(settings.client, run.options, own=settings.backbone),
+                settings_line(settings.client, run.options, run.config.model_dump(), given=given),
                 file=sys.stderr,
                 flush=True,
             )
@@ -277,14 +279,27 @@ def _run(settings: WorkerSettings, ledger_file: Path, *, quiet: bool) -> int:
     return 0
 
 
-def backbone_line(client: int, options: LocalModelOptions, *, own: str | None) -> str:
-    """The backbone this worker runs and whose choice it is: the session's (its settings were
-    chosen for it), or this worker's own ``--backbone``."""
-    whose = "this worker's own --backbone" if own is not None else "the session's"
-    line = f"glasu worker {client}: backbone {options.backbone} ({whose})"
-    if options.backbone in PRECOMPUTED_BACKBONES:
-        line += f", --hops {options.hops} (this worker's own)"
-    return line
+def settings_line(
+    client: int, options: LocalModelOptions, session: dict[str, Any], *, given: frozenset[str]
+) -> str:
+    """The backbone this worker runs and the settings the session's recipe chose for the
+    workers (``worker_defaults``), each with whose choice it is: this worker's own (given), the
+    session's, or the default."""
+
+    def whose(name: str, session_sets: bool) -> str:
+        if name in given:
+            return "this worker's own"
+        return "the session's" if session_sets else "the default"
+
+    parts = [
+        f"backbone {options.backbone} ({whose('backbone', session.get('backbone') is not None)})"
+    ]
+    defaults = session.get("worker_defaults") or {}
+    propagation = {"hops"} if options.backbone in PRECOMPUTED_BACKBONES else set()
+    for name in sorted(propagation | set(defaults)):
+        flag = "--" + name.replace("_", "-")
+        parts.append(f"{flag} {getattr(options, name)} ({whose(name, name in defaults)})")
+    return f"glasu worker {client}: " + ", ".join(parts)
 
 
 def evaluation_line(client: int, round_index: int, outcome: PassOutcome) -> str:

@@ -53,3 +53,29 @@ def test_the_session_takes_every_backbone_name() -> None:
     from typing import get_args
 
     assert all(re.fullmatch(BACKBONE_PATTERN, name) for name in get_args(BackboneName))
+
+
+def test_the_session_s_worker_defaults_fill_in_what_the_owner_did_not_give() -> None:
+    session = {**SESSION, "backbone": "sign", "worker_defaults": {"hops": 10, "lr": 0.002}}
+    taken = options_for_session(session, LocalModelOptions())
+    assert (taken.hops, taken.lr) == (10, 0.002)
+    own = options_for_session(session, LocalModelOptions(lr=0.05), given={"lr"})
+    assert (own.hops, own.lr) == (10, 0.05)  # the owner's own setting stays
+
+
+@pytest.mark.parametrize(
+    ("defaults", "says"),
+    [
+        ({"lr": -1.0}, "not a valid --lr"),
+        ({"hops": 1.5}, "not a valid --hops"),
+        ({"dropout": "high"}, "not a valid --dropout"),
+        ({"noise_seed": 1}, "no setting of this worker that a session may set"),
+        ({"hidden": 64}, "no setting of this worker that a session may set"),
+        ({"surprise": 1}, "no setting of this worker that a session may set"),
+    ],
+)
+def test_a_default_the_worker_cannot_take_is_refused(defaults: dict, says: str) -> None:
+    """Checked as the worker setting of its name is, even where the owner gave its own; never
+    the noise seed (a service must not fix a worker's noise) nor what the session sets itself."""
+    with pytest.raises(SessionMismatch, match=says):
+        options_for_session({**SESSION, "worker_defaults": defaults}, LocalModelOptions())
