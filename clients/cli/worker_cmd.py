@@ -50,7 +50,9 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "session's passes. Every flag can also be given as an environment variable "
         "GLASU_<FLAG>, or in a TOML --settings-file (a flag wins over its variable, a variable "
         "over the file). The privacy policy settings are the data owner's: the worker refuses "
-        "a session that would spend more.",
+        "a session that would spend more. The session names the backbone (a worker given "
+        "another refuses it) and may carry defaults for the local model's settings that the "
+        "operator's recipe chose (--hops, --lr): the settings given here win over them.",
     )
     add_settings_arguments(p, WorkerSettings, skip=frozenset({"checkpoint", "no_checkpoint"}))
     p.add_argument(
