@@ -18,6 +18,9 @@ from clients.cli.options import (
     add_command,
     add_output_dir_argument,
     check_output_dir,
+    given_options,
+    non_negative_int,
+    positive_float,
     write_private_file,
 )
 
@@ -71,6 +74,18 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "the settings not given for it; this command prints what it chose",
         choices=train_options.BACKBONES,
     )
+    for flag, what, kind, metavar in (
+        ("--hops", "hops of the sign backbone's propagation", non_negative_int, "K"),
+        ("--lr", "learning rate", positive_float, "RATE"),
+    ):
+        train_options.add_setting(
+            create,
+            flag,
+            f"{what}: each worker's own setting, which the session carries as its workers' "
+            "default when given or chosen by the recipe (a worker given its own keeps it)",
+            type=kind,
+            metavar=metavar,
+        )
     train_options.add_federation_arguments(create, local=False)
     train_options.add_encryption_argument(create)
     train_options.add_privacy_arguments(create, noise_seed=False)
@@ -158,26 +173,29 @@ def session_recipe(
     rate, say), which the session carries as its workers' defaults (``worker_defaults``): said
     after the block."""
     chosen = train_config.with_recipe(config, args, labelled=labelled)
-    defaults = workers_own_choices(config, chosen)
+    defaults = workers_own_choices(config, chosen, given=given_options(args))
     if defaults:
-        flags = ", ".join("--" + name.replace("_", "-") for name in defaults)
+        flags = ", ".join(f"--{name.replace('_', '-')} {value}" for name, value in defaults.items())
         print(
-            f"  ({flags}: each worker's own settings; the session carries these as its "
-            "workers' defaults, and a worker given its own keeps it)",
+            f"the session's defaults for its workers' own settings: {flags} (a worker given "
+            "its own keeps it)",
             flush=True,
         )
     return chosen, defaults
 
 
-def workers_own_choices(config: TrainConfig, chosen: TrainConfig) -> dict[str, Any]:
-    """The settings ``chosen`` changes that are each worker's own and that a session may set
-    its workers' defaults for (``clients.session_fit.session_defaultable``)."""
+def workers_own_choices(
+    config: TrainConfig, chosen: TrainConfig, *, given: set[str]
+) -> dict[str, Any]:
+    """The settings that are each worker's own and that a session may set its workers'
+    defaults for (``clients.session_fit.session_defaultable``) which the command line gave
+    (``given``: ``--lr``) or ``chosen`` changes."""
     from clients.session_fit import session_defaultable
 
     return {
         name: getattr(chosen, name)
         for name in sorted(session_defaultable())
-        if getattr(chosen, name) != getattr(config, name)
+        if "--" + name.replace("_", "-") in given or getattr(chosen, name) != getattr(config, name)
     }
 
 

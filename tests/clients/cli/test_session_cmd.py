@@ -248,7 +248,7 @@ def test_a_sign_session_takes_the_recipe_and_prints_it(
     assert (view["worker_defaults"] or {}) == for_workers
     for name, value in for_workers.items():
         assert f"--{name.replace('_', '-')} {value}" in printed
-        assert f"--{name.replace('_', '-')}" in printed.splitlines()[-2]  # the workers' own
+        assert f"--{name.replace('_', '-')} {value}" in printed.splitlines()[-2]
 
 
 def test_a_flag_given_to_a_sign_session_wins(
@@ -300,4 +300,15 @@ def test_a_recipe_choice_of_a_worker_s_own_setting_goes_to_the_workers(
     chosen, for_workers = session_cmd.session_recipe(config, args, labelled=None)
     assert (chosen.batch_size, chosen.lr) == (64, 0.05) and for_workers == {"lr": 0.05}
     last = capsys.readouterr().out.splitlines()[-1]
-    assert last.startswith("  (--lr: each worker's own settings")
+    assert last.startswith("the session's defaults for its workers' own settings: --lr 0.05 (")
+
+
+def test_a_worker_s_own_setting_given_to_session_create_goes_to_the_workers(
+    server: dict[str, str], tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """`--lr` wins over the recipe's, and reaches the workers as the session's default."""
+    argv = ("--backbone", "sign", "--no-dp", "--no-he", "--lr", "0.05")
+    assert _create(server, tmp_path, data_dir, *argv) == 0
+    printed = capsys.readouterr().out
+    assert "--lr 0.05" in printed and "  --lr" not in printed  # given: not in the block
+    assert _view(server, tmp_path)["worker_defaults"]["lr"] == 0.05
