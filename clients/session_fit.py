@@ -5,19 +5,21 @@ sent (:class:`SessionMismatch`, :class:`models.artefact.ModelError`)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, get_args
 
 from models.artefact import ModelError, SavedModel
 from models.backbone import ModelConfig
 from models.client_config import ClientConfig
-from models.config import DEFAULT_HOPS, backbone_problem
+from models.config import DEFAULT_HOPS, BackboneName, TrainConfig, backbone_problem
 from models.data.partition import ClientPartition, check_labels, without_labels
 from secure.aggregation import EmbeddingCodec
 from secure.wire.sessions import SessionConfigView
 
 PRIVATE_DEFAULT_HIDDEN = 128
+#: A worker's backbone in a session that names none: glasu train's default
+DEFAULT_BACKBONE: str = TrainConfig.backbone
 
 
 @dataclass(frozen=True)
@@ -25,7 +27,7 @@ class LocalModelOptions:
     """What each organisation chooses for its own part of the model. Only the widths at the
     aggregation layers (the session's) must agree across clients."""
 
-    backbone: str = "gcnii"
+    backbone: str | None = None  # None: the session's (options_for_session), else gcnii
     hops: int = DEFAULT_HOPS  # the sign backbone's propagation
     feature_scale: str = "auto"  # of its propagated columns
     hidden: int | None = None  # default: the aggregation width (plain GLASU) or 128 (private)
@@ -45,12 +47,76 @@ class SessionMismatch(ValueError):
     before it sends anything."""
 
 
+def session_defaultable() -> frozenset[str]:
+    """The local options a session may set its workers' defaults for (``worker_defaults``: the
+    operator's recipe chose them). Not the backbone (the session's own field), nor the hidden
+    width and the seed (the session's already, as the aggregation width and the session seed),
+    nor the noise seed (tests only: a service must never fix a worker's noise)."""
+    names = {field.name for field in dataclasses.fields(LocalModelOptions)}
+    return frozenset(names - {"backbone", "hidden", "seed", "noise_seed"})
+
+
+def session_backbone(session_config: Mapping[str, Any], own: str | None) -> str:
+    """The backbone this worker runs: the session's (the one ``glasu session create`` chose
+    its settings for), or ``own`` where the session names none (``DEFAULT_BACKBONE`` unless
+    given). A worker given another backbone than the session's would train a model the
+    session's settings were not chosen for: :class:`SessionMismatch`."""
+    named = session_config.get("backbone")
+    if named is not None and named not in get_args(BackboneName):
+        raise SessionMismatch(f"the session names backbone {named!r}, which this worker lacks")
+    if named is not None and own not in (None, named):
+        raise SessionMismatch(
+            f"--backbone {own} differs from the session's backbone {named}, for which its "
+            "settings (layers, aggregation layers, batch, stale rounds) were chosen: drop this "
+            f"worker's --backbone, or ask the operator for a session created with --backbone {own}"
+        )
+    return own or named or DEFAULT_BACKBONE
+
+
+def options_for_session(
+    session_config: Mapping[str, Any], options: LocalModelOptions, *, given: Collection[str] = ()
+) -> LocalModelOptions:
+    """``options`` as this worker runs them in the session: its backbone
+    (:func:`session_backbone`), and the session's ``worker_defaults`` for the options its owner
+    did not give (``given``: flags, variables or settings file), each checked as the worker
+    setting of its name is (:class:`SessionMismatch`)."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from clients.settings import WorkerSettings
+
+    defaults = session_config.get("worker_defaults") or {}
+    taken: dict[str, Any] = {}
+    for name, value in defaults.items():
+        if name not in session_defaultable():
+            raise SessionMismatch(
+                f"the session sets a default for {name!r}, which is no setting of this worker "
+                "that a session may set"
+            )
+        field = WorkerSettings.model_fields[name]
+        try:
+            checked = TypeAdapter(Annotated[field.annotation, *field.metadata]).validate_python(
+                value, strict=True
+            )
+        except ValidationError as exc:
+            raise SessionMismatch(
+                f"the session's default {name} {value!r} is not a valid --"
+                f"{name.replace('_', '-')}: {exc.errors()[0]['msg']}"
+            ) from None
+        if name not in given:
+            taken[name] = checked
+    backbone = session_backbone(session_config, options.backbone)
+    return dataclasses.replace(options, backbone=backbone, **taken)
+
+
 def client_config_from_session(
     session_config: Mapping[str, Any], options: LocalModelOptions
 ) -> ClientConfig:
     """The client's model and training settings: the session's, with this party's ``options``.
     ``session_config`` is the JSON of a session's settings (``SessionConfigView``), as a worker
     got it or as a kept model's manifest records it (an in-process run records fewer fields)."""
+    options = dataclasses.replace(
+        options, backbone=session_backbone(session_config, options.backbone)
+    )
     privacy = session_config.get("privacy")
     problem = backbone_problem(options.backbone, private=privacy is not None)
     if problem is not None:

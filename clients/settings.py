@@ -62,10 +62,12 @@ class WorkerSettings(BaseSettings):
     ca_file: Path | None = Field(
         None, description="CA certificate that signed the service's TLS certificate."
     )
-    backbone: BackboneName = Field(
-        "gcnii",
+    backbone: BackboneName | None = Field(
+        None,
         description="Local graph layers; sign: the features propagated --hops hops over this "
-        "party's own graph before training, then an MLP (not under differential privacy).",
+        "party's own graph before training, then an MLP (not under differential privacy). "
+        "Default: the session's (the backbone `glasu session create --backbone` chose its "
+        "settings for; a worker given another refuses the session), gcnii where it names none.",
     )
     hops: int = Field(
         DEFAULT_HOPS, ge=0, description="Hops of the sign backbone's precomputed propagation."

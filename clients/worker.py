@@ -33,6 +33,7 @@ from clients.session_fit import (
     LocalModelOptions,
     client_config_from_session,
     fit_to_session,
+    options_for_session,
     options_of_model,
 )
 from models.artefact import SavedModel
@@ -97,6 +98,7 @@ class WorkerRun:
         model: SavedModel | None = None,
         model_out: Path | None = None,
         alignment_digest: str | None = None,
+        given_options: frozenset[str] = frozenset(),
     ) -> None:
         self.service = service
         self.on_pass = on_pass
@@ -129,6 +131,9 @@ class WorkerRun:
             encrypted=codec.encoding == "ckks",
             ledger=ledger,
         )
+        # the backbone the session's settings were chosen for, and the session's defaults for
+        # the options this worker's owner did not give (``given_options``)
+        options = options_for_session(self.session_json["config"], options, given=given_options)
         noise = self._noise(options)
         if model is not None:
             options = options_of_model(model, options)

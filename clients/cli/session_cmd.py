@@ -18,6 +18,9 @@ from clients.cli.options import (
     add_command,
     add_output_dir_argument,
     check_output_dir,
+    given_options,
+    non_negative_int,
+    positive_float,
     write_private_file,
 )
 
@@ -63,6 +66,26 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--dataset; the model, noise and seed are that session's (the training options below "
         "are ignored)",
     )
+    train_options.add_setting(
+        create,
+        "--backbone",
+        "the backbone the workers run, stored with the session (a worker given another refuses "
+        "it). The recipe (README, 'The recipe chooses itself') chooses it when not given, and "
+        "the settings not given for it; this command prints what it chose",
+        choices=train_options.BACKBONES,
+    )
+    for flag, what, kind, metavar in (
+        ("--hops", "hops of the sign backbone's propagation", non_negative_int, "K"),
+        ("--lr", "learning rate", positive_float, "RATE"),
+    ):
+        train_options.add_setting(
+            create,
+            flag,
+            f"{what}: each worker's own setting, which the session carries as its workers' "
+            "default when given or chosen by the recipe (a worker given its own keeps it)",
+            type=kind,
+            metavar=metavar,
+        )
     train_options.add_federation_arguments(create, local=False)
     train_options.add_encryption_argument(create)
     train_options.add_privacy_arguments(create, noise_seed=False)
@@ -124,16 +147,56 @@ def _training_body(admin: AdminClient, args: argparse.Namespace, config: TrainCo
             file=sys.stderr,
         )
     if args.alignment is not None:
+        # the labels are the parties' own: which training nodes carry one is unknown here
+        config, defaults = session_recipe(config, args, labelled=None)
         with failing_as(f"cannot use alignment {args.alignment}", ValueError):
             body = aligned_session_request(config, admin.alignment(args.alignment))
         body["label"] = args.label or f"glasu session create --alignment {args.alignment}"
-        return body
-    dataset = train_options.load_benchmark(config)
-    with failing_as(f"the options do not fit {config.dataset}", ValueError):
-        layout = layout_federation(config, dataset)
-    body = session_request(config, layout, dataset)
-    body["label"] = args.label or f"glasu session create {config.dataset}"
+    else:
+        dataset = train_options.load_benchmark(config)
+        # the session's training nodes are the dataset's labelled ones, as in glasu train
+        config, defaults = session_recipe(config, args, labelled=len(dataset.train_nodes) or None)
+        with failing_as(f"the options do not fit {config.dataset}", ValueError):
+            layout = layout_federation(config, dataset)
+        body = session_request(config, layout, dataset)
+        body["label"] = args.label or f"glasu session create {config.dataset}"
+    if defaults:
+        body["worker_defaults"] = defaults
     return body
+
+
+def session_recipe(
+    config: TrainConfig, args: argparse.Namespace, *, labelled: int | None
+) -> tuple[TrainConfig, dict[str, Any]]:
+    """``config`` with the recipe's choices for the settings not given, printed as ``glasu
+    train`` prints them, and the choices of settings that are each worker's own (the learning
+    rate, say), which the session carries as its workers' defaults (``worker_defaults``): said
+    after the block."""
+    chosen = train_config.with_recipe(config, args, labelled=labelled)
+    defaults = workers_own_choices(config, chosen, given=given_options(args))
+    if defaults:
+        flags = ", ".join(f"--{name.replace('_', '-')} {value}" for name, value in defaults.items())
+        print(
+            f"the session's defaults for its workers' own settings: {flags} (a worker given "
+            "its own keeps it)",
+            flush=True,
+        )
+    return chosen, defaults
+
+
+def workers_own_choices(
+    config: TrainConfig, chosen: TrainConfig, *, given: set[str]
+) -> dict[str, Any]:
+    """The settings that are each worker's own and that a session may set its workers'
+    defaults for (``clients.session_fit.session_defaultable``) which the command line gave
+    (``given``: ``--lr``) or ``chosen`` changes."""
+    from clients.session_fit import session_defaultable
+
+    return {
+        name: getattr(chosen, name)
+        for name in sorted(session_defaultable())
+        if "--" + name.replace("_", "-") in given or getattr(chosen, name) != getattr(config, name)
+    }
 
 
 def _scoring_body(admin: AdminClient, args: argparse.Namespace, config: TrainConfig) -> dict:
@@ -180,13 +243,16 @@ def _create(admin: AdminClient, args: argparse.Namespace) -> int:
         "noise_multiplier": created.get("noise_multiplier"),
         "privacy": body["privacy"],
         "label": body["label"],
+        **({"backbone": body["backbone"]} if "backbone" in body else {}),
         **train_options.session_about(args),
     }
     (args.out / "session.id").write_text(created["session_id"])  # no newline: a ConfigMap value
     (args.out / "session.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(
         f"session {created['session_id']}: {created['passes_total']} passes, "
-        f"{body['clients']} clients, encryption {body['encryption']}, "
+        f"{body['clients']} clients"
+        + (f", backbone {body['backbone']}" if "backbone" in body else "")
+        + f", encryption {body['encryption']}, "
         + _privacy_words(body["privacy"], created.get("noise_multiplier"))
         + f"; tokens in {args.out}/client-<m>.token"
     )

@@ -19,7 +19,7 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from clients.cli.connection import read_token
 from clients.cli.errors import (
@@ -33,8 +33,10 @@ from clients.cli.errors import (
 from clients.cli.options import add_command, check_device, ledger_errors
 from clients.cli.settings_args import add_settings_arguments, settings_from_args
 from clients.settings import WorkerSettings
+from models.config import PRECOMPUTED_BACKBONES
 
 if TYPE_CHECKING:
+    from clients.session_fit import LocalModelOptions
     from models.outcome import PassOutcome
     from secure.wire.passes import PassInfo
 
@@ -48,7 +50,9 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "session's passes. Every flag can also be given as an environment variable "
         "GLASU_<FLAG>, or in a TOML --settings-file (a flag wins over its variable, a variable "
         "over the file). The privacy policy settings are the data owner's: the worker refuses "
-        "a session that would spend more.",
+        "a session that would spend more. The session names the backbone (a worker given "
+        "another refuses it) and may carry defaults for the local model's settings that the "
+        "operator's recipe chose (--hops, --lr): the settings given here win over them.",
     )
     add_settings_arguments(p, WorkerSettings, skip=frozenset({"checkpoint", "no_checkpoint"}))
     p.add_argument(
@@ -141,6 +145,7 @@ def _run(settings: WorkerSettings, ledger_file: Path, *, quiet: bool) -> int:
     # each of the local model's options is the worker setting of the same name
     local_fields = {field.name for field in dataclasses.fields(LocalModelOptions)}
     options = LocalModelOptions(**settings.model_dump(include=local_fields))
+    given = frozenset(settings.model_fields_set & local_fields)  # flag, variable or file
 
     writer = None
     if settings.predictions is not None:
@@ -187,7 +192,7 @@ def _run(settings: WorkerSettings, ledger_file: Path, *, quiet: bool) -> int:
         OwnerLedger(ledger_file) as ledger,
     ):
         try:
-            result = WorkerRun(
+            run = WorkerRun(
                 service,
                 partition,
                 options=options,
@@ -201,7 +206,14 @@ def _run(settings: WorkerSettings, ledger_file: Path, *, quiet: bool) -> int:
                 model=model,
                 model_out=settings.model_out,
                 alignment_digest=alignment_digest,
-            ).run()
+                given_options=given,
+            )
+            print(
+                settings_line(settings.client, run.options, run.config.model_dump(), given=given),
+                file=sys.stderr,
+                flush=True,
+            )
+            result = run.run()
         except CheckpointError as exc:
             raise CliError(f"checkpoint: {exc}") from exc
         except ModelError as exc:
@@ -267,6 +279,29 @@ def _run(settings: WorkerSettings, ledger_file: Path, *, quiet: bool) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def settings_line(
+    client: int, options: LocalModelOptions, session: dict[str, Any], *, given: frozenset[str]
+) -> str:
+    """The backbone this worker runs and the settings the session's recipe chose for the
+    workers (``worker_defaults``), each with whose choice it is: this worker's own (given), the
+    session's, or the default."""
+
+    def whose(name: str, session_sets: bool) -> str:
+        if name in given:
+            return "this worker's own"
+        return "the session's" if session_sets else "the default"
+
+    parts = [
+        f"backbone {options.backbone} ({whose('backbone', session.get('backbone') is not None)})"
+    ]
+    defaults = session.get("worker_defaults") or {}
+    propagation = {"hops"} if options.backbone in PRECOMPUTED_BACKBONES else set()
+    for name in sorted(propagation | set(defaults)):
+        flag = "--" + name.replace("_", "-")
+        parts.append(f"{flag} {getattr(options, name)} ({whose(name, name in defaults)})")
+    return f"glasu worker {client}: " + ", ".join(parts)
 
 
 def evaluation_line(client: int, round_index: int, outcome: PassOutcome) -> str:

@@ -87,6 +87,7 @@ def session_body(
         "label_holder": config.label_holder if config.releases_anything else None,
         "stragglers": config.stragglers,
         "straggler_wait_seconds": config.straggler_wait_seconds,
+        "backbone": config.backbone,
         "label": f"glasu train {config.dataset} {config.mode}"[:MAX_LABEL],
     }
 

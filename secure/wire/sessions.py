@@ -73,6 +73,11 @@ class PrivacySettings(StrictModel):
 
 
 SessionKind = Literal["training", "scoring"]
+# models.config.BackboneName's spelling, and a worker setting's name: the service stores them
+# and never reads them (the workers check them against their own)
+BACKBONE_PATTERN = SETTING_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
+#: A worker setting's value in ``worker_defaults``
+WorkerDefault = bool | int | float | Annotated[str, Field(max_length=64)]
 
 
 class SessionCreate(StrictModel):
@@ -154,6 +159,24 @@ class SessionCreate(StrictModel):
         "columns travels in parts of max(1, part_values // c) rows. Null: the service picks the "
         f"most (up to {PART_VALUES}) whose upload fits its body limit (`max_body_bytes`, in the "
         "session's description), which is what it refuses a given value over.",
+    )
+    backbone: str | None = Field(
+        None,
+        pattern=BACKBONE_PATTERN,
+        description="The backbone the session's settings were chosen for (`glasu session "
+        "create --backbone`, whose recipe chose them): a worker without a backbone of its own "
+        "takes it, a worker given another refuses the session. Null: each worker's own (gcnii "
+        "unless given).",
+    )
+    worker_defaults: dict[Annotated[str, Field(pattern=SETTING_PATTERN)], WorkerDefault] | None = (
+        Field(
+            None,
+            max_length=32,
+            description="Defaults for settings that are each worker's own (its local model: "
+            '`{"hops": 10, "lr": 0.002}`), chosen by the operator\'s recipe (`glasu session '
+            "create`): a worker takes each one its owner did not give, checked as that setting "
+            "is; one given stays the worker's own.",
+        )
     )
     label: Label | None = None
     partners: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
@@ -275,6 +298,8 @@ class SessionConfigView(ResponseModel):
         description="Values per part of a share (rows per part: max(1, part_values // columns)),"
         " sized by the service to its body limit.",
     )
+    backbone: str | None = None
+    worker_defaults: dict[str, bool | int | float | str] | None = None
     label: str | None
     partners: list[str] | None = None
     operator: str | None = None

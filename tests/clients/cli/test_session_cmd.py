@@ -16,8 +16,10 @@ from clients.cli.errors import EXIT_FAILED, EXIT_REFUSED, EXIT_UNREACHABLE
 from clients.cli.main import main
 from clients.local.processes import free_port, start_serve, without_glasu_settings
 from clients.local.session import session_request
+from clients.session_fit import session_defaultable
 from models.config import TrainConfig
 from models.layout import layout_federation
+from models.recipe import choose_recipe
 from secure.schedule import pass_schedule
 
 
@@ -108,8 +110,9 @@ def test_switching_dp_off_is_said_loudly(
 def test_status_names_the_missing_clients_and_close_closes(
     server: dict[str, str], tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    # GLASU's own arrangement (no DP) has an aggregation layer below the top to exchange
-    assert _create(server, tmp_path, data_dir, "--no-dp") == 0
+    # GLASU's own arrangement (no DP; gcnii, not the recipe's backbone) has an aggregation
+    # layer below the top to exchange
+    assert _create(server, tmp_path, data_dir, "--no-dp", "--backbone", "gcnii") == 0
     sid = (tmp_path / "session.id").read_text()
     token = (tmp_path / "client-0.token").read_text().strip()
     # Client 0 uploads its node set for the highest aggregation layer below the top one.
@@ -210,3 +213,102 @@ def test_create_stores_the_partners_and_the_operator(
     assert view["label"] == "churn model"
     assert view["partners"] == ["Bank A", "Telco B", "Retailer C"]
     assert view["operator"] == "Consortium Ops"
+
+
+def _recipe_for_workers(labelled: int) -> dict[str, object]:
+    """The sign recipe's choices of each worker's own settings (hops, learning rate, ...)."""
+    recipe = choose_recipe(backbone="sign", labelled=labelled)
+    return {c.field: c.value for c in recipe.choices if c.field in session_defaultable()}
+
+
+def _view(server: dict[str, str], out: Path) -> dict:
+    summary = json.loads((out / "session.json").read_text())
+    with _admin(server) as admin:
+        return admin.session(summary["session_id"])["config"]
+
+
+def test_a_sign_session_takes_the_recipe_and_prints_it(
+    server: dict[str, str], tmp_path: Path, data_dir: Path, cora, capsys: pytest.CaptureFixture
+) -> None:
+    """`--backbone sign` without the settings: the recipe's, printed as `glasu train` prints
+    them, in the session every worker reads (with its backbone, and the choices of each
+    worker's own settings as the workers' defaults)."""
+    assert _create(server, tmp_path, data_dir, "--backbone", "sign", "--no-dp", "--no-he") == 0
+    printed = capsys.readouterr().out
+    labelled = cora.train_nodes.size
+    assert printed.startswith("recipe for --backbone sign (a flag given wins):")
+    for flag in (f"--batch-size {labelled}", "--stale 1", "--layers 1", "--agg-layers 1"):
+        assert flag in printed
+    assert "backbone sign" in printed.splitlines()[-1]
+    assert json.loads((tmp_path / "session.json").read_text())["backbone"] == "sign"
+    view = _view(server, tmp_path)
+    assert (view["batch_size"], view["stale"], view["layers"]) == (labelled, 1, 1)
+    assert [a["layer"] for a in view["agg_layers"]] == [1] and view["backbone"] == "sign"
+    for_workers = _recipe_for_workers(labelled)
+    assert (view["worker_defaults"] or {}) == for_workers
+    for name, value in for_workers.items():
+        assert f"--{name.replace('_', '-')} {value}" in printed
+        assert f"--{name.replace('_', '-')} {value}" in printed.splitlines()[-2]
+
+
+def test_a_flag_given_to_a_sign_session_wins(
+    server: dict[str, str], tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture
+) -> None:
+    argv = ("--backbone", "sign", "--no-dp", "--no-he", "--batch-size", "32")
+    assert _create(server, tmp_path, data_dir, *argv) == 0
+    printed = capsys.readouterr().out
+    assert "--batch-size" not in printed and "--stale 1" in printed
+    view = _view(server, tmp_path)
+    assert (view["batch_size"], view["stale"], view["layers"]) == (32, 1, 1)
+
+
+def test_the_recipe_chooses_the_backbone_when_not_given(
+    server: dict[str, str], tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """As in `glasu train`: without differential privacy the recipe's backbone (and its
+    settings); under it the defaults, with no block."""
+    chosen = choose_recipe(backbone=None, labelled=None, private=False).backbone
+    assert _create(server, tmp_path / "plain", data_dir, "--no-dp", "--no-he") == 0
+    assert f"--backbone {chosen}" in capsys.readouterr().out
+    assert _view(server, tmp_path / "plain")["backbone"] == chosen
+    assert _create(server, tmp_path / "private", data_dir, "--no-he") == 0
+    assert "recipe for" not in capsys.readouterr().out
+    view = _view(server, tmp_path / "private")
+    defaults = TrainConfig()
+    assert (view["batch_size"], view["stale"], view["layers"]) == (
+        defaults.batch_size, defaults.stale, defaults.layers,
+    )  # fmt: skip
+    assert view["backbone"] == defaults.backbone and view.get("worker_defaults") is None
+
+
+def test_a_recipe_choice_of_a_worker_s_own_setting_goes_to_the_workers(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """A learning rate is each worker's own setting: the session carries it as the workers'
+    default, and says so; a session setting goes into the configuration."""
+    from clients.cli import session_cmd, train_config
+    from clients.cli.main import build_parser
+    from models.recipe import Choice, Recipe
+
+    recipe = Recipe("sign", (Choice("batch_size", 64, "why"), Choice("lr", 0.05, "why")))
+    monkeypatch.setattr(train_config, "choose_recipe", lambda **_: recipe)
+    args = build_parser().parse_args(
+        ["session", "create", "--server", "https://unused", "--admin-token-file", "unused",
+         "--out", "unused", "--backbone", "sign", "--no-dp"]
+    )  # fmt: skip
+    config = train_config.config_from_args(args)
+    chosen, for_workers = session_cmd.session_recipe(config, args, labelled=None)
+    assert (chosen.batch_size, chosen.lr) == (64, 0.05) and for_workers == {"lr": 0.05}
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith("the session's defaults for its workers' own settings: --lr 0.05 (")
+
+
+def test_a_worker_s_own_setting_given_to_session_create_goes_to_the_workers(
+    server: dict[str, str], tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """`--lr` wins over the recipe's, and reaches the workers as the session's default."""
+    argv = ("--backbone", "sign", "--no-dp", "--no-he", "--lr", "0.05")
+    assert _create(server, tmp_path, data_dir, *argv) == 0
+    printed = capsys.readouterr().out
+    assert "--lr 0.05" in printed and "  --lr" not in printed  # given: not in the block
+    assert _view(server, tmp_path)["worker_defaults"]["lr"] == 0.05
