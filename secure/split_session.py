@@ -1,0 +1,113 @@
+"""What a session with split noise checks, and whom its noise protects against: pure functions on
+plain numbers, for ``secure.privacy.SessionPrivacy`` (docs/privacy.md section 11).
+
+A session splits its noise only with M >= 3 encrypted shares (the masks, or CKKS under the
+owners' ``--allow-shared-noise``), accounted with the RDP accountant (Kairouz et al.'s bound is a
+Renyi bound) and only where every party's discrete Gaussian is wide enough on the share grid for
+the bound's tau term to be exactly 0: the sum of the shares' noise is then accounted exactly as
+one Gaussian of multiplier z_j against j colluding peers, so the ledger's composition of 1 / z^2
+(``secure.accounting.composed_epsilon``) stays exact.
+"""
+
+from __future__ import annotations
+
+from secure.aggregation import SHARE_GRID
+from secure.split_noise import SplitNoise, SplitNoiseError, check_split_clients, split_noise_std
+from secure.split_noise import sum_tau as _sum_tau
+
+#: An adversary of a split-noise session: (name, the z it faces or None, note, key).
+AdversaryRow = tuple[str, float | None, str, str]
+
+
+def check_split_session(
+    *,
+    clients: int,
+    encrypted: bool,
+    accountant: str,
+    shared_noise: bool,
+    noise_multiplier: float,
+    sensitivity: float,
+) -> None:
+    """:class:`SplitNoiseError` saying why a session cannot split its noise this way."""
+    if shared_noise:
+        raise SplitNoiseError(
+            "split_noise and shared_noise are two ways of sharing the noise: choose one"
+        )
+    check_split_clients(clients)
+    if not encrypted:
+        raise SplitNoiseError(
+            "split_noise needs encryption (masked shares under BFV, or CKKS with the owners'"
+            " --allow-shared-noise): in plaintext the service reads each share, and each carries"
+            " only 1/(M-1) of the noise variance"
+        )
+    if accountant != "rdp":
+        raise SplitNoiseError(
+            "split discrete Gaussian noise is accounted by its Renyi bound (Kairouz et al. 2021);"
+            " the PRV accountant models continuous Gaussian noise: use accountant 'rdp'"
+        )
+    # the party std on the plain Delta is below the one on the grid, so tau here bounds the
+    # real one from above (tau falls as the std grows)
+    party = split_noise_std(
+        noise_multiplier=noise_multiplier, sensitivity=sensitivity, clients=clients
+    )
+    tau = _sum_tau(party_sigma=party / SHARE_GRID, shares=clients - 1)
+    if tau > 0.0:
+        raise SplitNoiseError(
+            f"split noise of std {party:.3g} per party is only {party / SHARE_GRID:.3g} steps of"
+            f" the share grid: the sum of discrete Gaussians is then measurably not one (Kairouz"
+            f" et al.'s tau = {tau:.3g}), which the ledger's Gaussian accounting does not cover;"
+            " raise the noise"
+        )
+
+
+def split_adversary_rows(noise: SplitNoise) -> list[AdversaryRow]:
+    """Against whom split noise holds: the masks show the service only the sum, so with one
+    peer it faces what that peer faces (z); all M - 1 others isolate the victim's own share."""
+    m = noise.clients
+    peer = noise.noise_multiplier_against(1)
+    return [
+        (
+            "the service alone",
+            None,
+            "sees only ciphertexts of masked shares and their sum (without masks, the owners'"
+            " --allow-shared-noise trusts it to serve only true sums)",
+            "service",
+        ),
+        ("one curious peer", peer, "decrypts the sum and subtracts its own share", "peer"),
+        (
+            "the service with one colluding peer",
+            peer,
+            "the masks show them only the sum, less that peer's share (without masks they read"
+            " one share: the next line)",
+            "service_peer",
+        ),
+        (
+            "all other peers colluding, with or without the service",
+            noise.noise_multiplier_against(m - 1),
+            "pool their shares and isolate this client's share",
+            "colluding",
+        ),
+        (
+            f"one node's features at all {m} clients, against one curious peer",
+            noise.noise_multiplier_against(1, group=True),
+            f"the node's rows at the other {m - 1} clients move the sum together",
+            "group",
+        ),
+    ]
+
+
+def recovered_noise_multipliers(noise: SplitNoise, *, live_shares: int) -> dict[str, float]:
+    """What changes for a release whose sum holds ``live_shares`` = M' < M shares (a pass
+    recovered after a dropout): a peer is left M' - 1 shares, as if 1 + M - M' peers colluded
+    (docs/privacy.md section 11.3). The keys that change ("peer", "service_peer", "group"); the
+    others face what they face in a full pass."""
+    live = int(live_shares)
+    if not 2 <= live < noise.clients:
+        raise ValueError(f"a recovered sum holds 2 to {noise.clients - 1} shares, got {live}")
+    colluding = 1 + noise.clients - live
+    peer = noise.noise_multiplier_against(colluding)
+    return {
+        "peer": peer,
+        "service_peer": peer,
+        "group": noise.noise_multiplier_against(colluding, group=True),
+    }
