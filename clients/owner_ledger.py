@@ -318,9 +318,7 @@ class OwnerLedger:
             if row is None:
                 return False
             recorded = json.loads(row[1]) if row[1] is not None else {}
-            lowered = {
-                name: _lower(recorded.get(name, z), z) for name, z in adversaries.items()
-            }
+            lowered = {name: _lower(recorded.get(name, z), z) for name, z in adversaries.items()}
             tx.execute(
                 "UPDATE releases SET noise_multiplier = ?, adversaries = ?" + where,
                 (min(float(row[0]), float(noise_multiplier)), _adversaries_json(lowered), *key),

@@ -47,14 +47,15 @@ from secure.split_noise import (
     SplitNoise,
     SplitNoiseError,
     adversary_epsilons,
-    adversary_lines,
     grid_sensitivity,
     split_noise_std,
 )
 from secure.split_session import (
     check_split_session,
     recovered_noise_multipliers,
+    session_split,
     split_adversary_rows,
+    split_report,
 )
 
 #: The graph layer whose (noisy) output is a session's only release (models/private.py).
@@ -152,14 +153,7 @@ class SessionPrivacy:
     def _check_split(self) -> None:
         """Refuse a split the session cannot run or account (docs/privacy.md section 11)."""
         try:
-            check_split_session(
-                clients=self.clients,
-                encrypted=self.encrypted,
-                accountant=self.accountant,
-                shared_noise=self.shared_noise,
-                noise_multiplier=self.noise_multiplier,
-                sensitivity=self.sensitivity,
-            )
+            check_split_session(self)
         except SplitNoiseError as exc:
             raise PrivacyPlanError(str(exc)) from exc
 
@@ -302,17 +296,8 @@ class SessionPrivacy:
         )
 
     def split(self) -> SplitNoise:
-        """The split of this session's noise, for its per-adversary accounting. The dimension
-        is 1: the construction refused any split whose tau is not 0, and with tau = 0 Kairouz et
-        al.'s bound does not depend on it."""
-        if not self.split_noise:
-            raise ValueError("the session's noise is not split")
-        return SplitNoise(
-            noise_multiplier=self.noise_multiplier,
-            sensitivity=self.sensitivity,
-            clients=self.clients,
-            dimension=1,
-        )
+        """The split of this session's noise (``secure.split_session.session_split``)."""
+        return session_split(self)
 
     def split_epsilons(self, releases: int) -> AdversaryEpsilons:
         """Epsilon against each adversary of split noise after ``releases`` releases of all M
@@ -407,15 +392,7 @@ class SessionPrivacy:
             ],
             "ledger": list(ledger),
             "by_client": by_client,
-        } | self._split_report(releases)
-
-    def _split_report(self, releases: int) -> dict[str, Any]:
-        """With split noise: its accounting against each adversary (Kairouz et al.'s bound,
-        ``AdversaryEpsilons.to_dict``) and the lines a report prints."""
-        if not self.split_noise:
-            return {"split": None, "adversary_lines": []}
-        epsilons = self.split_epsilons(releases)
-        return {"split": epsilons.to_dict(), "adversary_lines": adversary_lines(epsilons)}
+        } | split_report(self, releases)
 
     def _epsilon_for(self, noise_multiplier: float | None, releases: int) -> float | None:
         if noise_multiplier is None:
@@ -465,7 +442,6 @@ class SessionPrivacy:
                 ),
             ]
         return found
-
 
     def _split_adversaries(self) -> list[Adversary]:
         return [Adversary(*row) for row in split_adversary_rows(self.split())]

@@ -192,8 +192,8 @@ def part_key(release: bytes, part: int) -> bytes:
     return hashlib.sha256(b"glasu-release-part" + release + part.to_bytes(8, "big")).digest()
 
 
-class _KeyedGaussian(GaussianNoise):
-    """The noise of one release: the ChaCha20 keystream of one derived key."""
+class _KeyedStream(GaussianNoise):
+    """Noise drawn from the ChaCha20 keystream of one derived key (one release's)."""
 
     def __init__(self, key: int) -> None:
         super().__init__()
@@ -201,21 +201,17 @@ class _KeyedGaussian(GaussianNoise):
 
     def _generator(self) -> np.random.Generator:
         return self._stream
+
+
+class _KeyedGaussian(_KeyedStream):
+    """The noise of one release."""
 
     def __repr__(self) -> str:
         return "GaussianNoise(release-keyed)"
 
 
-class _KeyedDiscreteGaussian(DiscreteGaussianNoise):
-    """The split noise of one release: exact discrete Gaussians on the share grid, drawn from
-    the ChaCha20 keystream of one derived key."""
-
-    def __init__(self, key: int) -> None:
-        super().__init__()
-        self._stream = np.random.Generator(ChaCha(key=key, counter=0, rounds=20))
-
-    def _generator(self) -> np.random.Generator:
-        return self._stream
+class _KeyedDiscreteGaussian(_KeyedStream, DiscreteGaussianNoise):
+    """The split noise of one release: exact discrete Gaussians on the share grid."""
 
     def __repr__(self) -> str:
         return "DiscreteGaussianNoise(release-keyed)"

@@ -1,5 +1,5 @@
 """What a session with split noise checks, and whom its noise protects against: pure functions on
-plain numbers, for ``secure.privacy.SessionPrivacy`` (docs/privacy.md section 11).
+the plan, for ``secure.privacy.SessionPrivacy`` (docs/privacy.md section 11).
 
 A session splits its noise only with M >= 3 encrypted shares (the masks, or CKKS under the
 owners' ``--allow-shared-noise``), accounted with the RDP accountant (Kairouz et al.'s bound is a
@@ -11,36 +11,40 @@ one Gaussian of multiplier z_j against j colluding peers, so the ledger's compos
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from secure.aggregation import SHARE_GRID
-from secure.split_noise import SplitNoise, SplitNoiseError, check_split_clients, split_noise_std
+from secure.split_noise import (
+    SplitNoise,
+    SplitNoiseError,
+    adversary_lines,
+    check_split_clients,
+    split_noise_std,
+)
 from secure.split_noise import sum_tau as _sum_tau
+
+if TYPE_CHECKING:
+    from secure.privacy import SessionPrivacy
 
 #: An adversary of a split-noise session: (name, the z it faces or None, note, key).
 AdversaryRow = tuple[str, float | None, str, str]
 
 
-def check_split_session(
-    *,
-    clients: int,
-    encrypted: bool,
-    accountant: str,
-    shared_noise: bool,
-    noise_multiplier: float,
-    sensitivity: float,
-) -> None:
-    """:class:`SplitNoiseError` saying why a session cannot split its noise this way."""
-    if shared_noise:
+def check_split_session(privacy: SessionPrivacy) -> None:
+    """:class:`SplitNoiseError` saying why the session ``privacy`` cannot split its noise."""
+    clients = privacy.clients
+    if privacy.shared_noise:
         raise SplitNoiseError(
             "split_noise and shared_noise are two ways of sharing the noise: choose one"
         )
     check_split_clients(clients)
-    if not encrypted:
+    if not privacy.encrypted:
         raise SplitNoiseError(
             "split_noise needs encryption (masked shares under BFV, or CKKS with the owners'"
             " --allow-shared-noise): in plaintext the service reads each share, and each carries"
             " only 1/(M-1) of the noise variance"
         )
-    if accountant != "rdp":
+    if privacy.accountant != "rdp":
         raise SplitNoiseError(
             "split discrete Gaussian noise is accounted by its Renyi bound (Kairouz et al. 2021);"
             " the PRV accountant models continuous Gaussian noise: use accountant 'rdp'"
@@ -48,7 +52,7 @@ def check_split_session(
     # the party std on the plain Delta is below the one on the grid, so tau here bounds the
     # real one from above (tau falls as the std grows)
     party = split_noise_std(
-        noise_multiplier=noise_multiplier, sensitivity=sensitivity, clients=clients
+        noise_multiplier=privacy.noise_multiplier, sensitivity=privacy.sensitivity, clients=clients
     )
     tau = _sum_tau(party_sigma=party / SHARE_GRID, shares=clients - 1)
     if tau > 0.0:
@@ -111,3 +115,27 @@ def recovered_noise_multipliers(noise: SplitNoise, *, live_shares: int) -> dict[
         "service_peer": peer,
         "group": noise.noise_multiplier_against(colluding, group=True),
     }
+
+
+def session_split(privacy: SessionPrivacy) -> SplitNoise:
+    """The split of the session's noise, for its per-adversary accounting. The dimension is 1:
+    :func:`check_split_session` refused any split whose tau is not 0, and with tau = 0 Kairouz
+    et al.'s bound does not depend on it."""
+    if not privacy.split_noise:
+        raise ValueError("the session's noise is not split")
+    return SplitNoise(
+        noise_multiplier=privacy.noise_multiplier,
+        sensitivity=privacy.sensitivity,
+        clients=privacy.clients,
+        dimension=1,
+    )
+
+
+def split_report(privacy: SessionPrivacy, releases: int) -> dict[str, Any]:
+    """The privacy report's split fields: with split noise its accounting against each
+    adversary (``AdversaryEpsilons.to_dict``) and the lines a report prints; None and none
+    otherwise."""
+    if not privacy.split_noise:
+        return {"split": None, "adversary_lines": []}
+    epsilons = privacy.split_epsilons(releases)
+    return {"split": epsilons.to_dict(), "adversary_lines": adversary_lines(epsilons)}
