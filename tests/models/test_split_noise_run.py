@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from models.config import TrainConfig
+from models.keeper import privacy_spent
 from models.trainer import train_inprocess
 from secure.aggregation import SHARE_GRID
 from secure.discrete_gaussian import DiscreteGaussianNoise
@@ -54,3 +55,18 @@ def test_a_run_with_split_noise_draws_each_party_s_share_on_the_grid(
     assert report["split"]["releases"] == report["releases"] == 2
     assert any("colluding peer" in line for line in report["adversary_lines"])
     assert summary.config["split_noise"] is True
+
+
+def test_a_kept_model_says_against_whom_split_noise_held() -> None:
+    config = TrainConfig(encryption="ckks", split_noise=True, epsilon=4.0, rounds=10)
+    privacy = config.session_privacy(clients=3, passes_total=10)
+    assert privacy is not None
+    spent = privacy_spent(
+        privacy, epsilon=1.0, delta=1e-6, accountant="rdp", releases=1, source="test"
+    )
+    assert spent["against"] == "any one peer, alone or with the service (split noise)"
+    unsplit = TrainConfig(encryption="ckks", epsilon=4.0, rounds=10)
+    assert unsplit.privacy_request() is not None and "split_noise" not in (
+        unsplit.privacy_request() or {}
+    )
+    assert (config.privacy_request() or {})["split_noise"] is True
