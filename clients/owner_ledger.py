@@ -47,7 +47,7 @@ import os
 import re
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,6 +92,7 @@ _RELEASE_COLUMNS = {
     "release_digest": "TEXT",
     "kind": "TEXT",
     "mechanism": "TEXT",
+    "adversaries": "TEXT",
 }
 _SESSION_COLUMNS = {"mechanism": "TEXT"}
 #: What a release was for: a training pass, an evaluation pass, or a scoring session's pass.
@@ -107,6 +108,10 @@ RELEASE_FIELDS = (
     "kind",
     "mechanism",
 )
+#: Written only for releases of split noise (a JSON object: adversary key -> the z it faced in
+#: that release, null where it sees none); a snapshot shows it only where it is set, so the
+#: digest of every ledger without split noise is the one it had before.
+RELEASE_ADVERSARIES = "adversaries"
 SESSION_FIELDS = (
     "session_id",
     "label",
@@ -258,18 +263,19 @@ class OwnerLedger:
         release_digest: str | None = None,
         kind: ReleaseKind | None = None,
         mechanism: str | None = None,
+        adversaries: Mapping[str, float | None] | None = None,
     ) -> bool:
         """Record one release; False (and nothing written) if this very release, the same
         (session, pass, layer, release digest, ``mechanism`` digest), is already recorded:
         sending it again reveals nothing new. Any other release counts, even of a pass seen
-        before."""
+        before. ``adversaries`` (split noise): the z each adversary faces in this release."""
         if not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
             raise ValueError(f"noise_multiplier must be > 0, got {noise_multiplier}")
         with self._transaction() as tx:
             inserted = tx.execute(
                 "INSERT INTO releases (session_id, pass_index, layer, release_digest,"
-                " noise_multiplier, released_at, kind, mechanism) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT DO NOTHING",
+                " noise_multiplier, released_at, kind, mechanism, adversaries)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                 (
                     session_id,
                     pass_index,
@@ -279,9 +285,45 @@ class OwnerLedger:
                     time.time(),
                     kind,
                     mechanism,
+                    _adversaries_json(adversaries),
                 ),
             ).rowcount
         return inserted == 1
+
+    def reaccount(
+        self,
+        *,
+        session_id: str,
+        pass_index: int,
+        layer: int,
+        release_digest: str,
+        mechanism: str,
+        noise_multiplier: float,
+        adversaries: Mapping[str, float | None],
+    ) -> bool:
+        """Account the recorded release again with less noise than it was recorded with (a
+        split-noise pass whose sum held fewer shares: docs/privacy.md section 11.3): the row
+        keeps the lower z of the two, each adversary's likewise. False if no such row."""
+        if not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
+            raise ValueError(f"noise_multiplier must be > 0, got {noise_multiplier}")
+        key = (session_id, pass_index, layer, release_digest, mechanism)
+        where = (
+            " WHERE session_id = ? AND pass_index = ? AND layer = ? AND release_digest = ?"
+            " AND mechanism = ?"
+        )
+        with self._transaction() as tx:
+            row = tx.execute(
+                "SELECT noise_multiplier, adversaries FROM releases" + where, key
+            ).fetchone()
+            if row is None:
+                return False
+            recorded = json.loads(row[1]) if row[1] is not None else {}
+            lowered = {name: _lower(recorded.get(name, z), z) for name, z in adversaries.items()}
+            tx.execute(
+                "UPDATE releases SET noise_multiplier = ?, adversaries = ?" + where,
+                (min(float(row[0]), float(noise_multiplier)), _adversaries_json(lowered), *key),
+            )
+        return True
 
     def recorded(
         self, *, session_id: str, pass_index: int, layer: int, release_digest: str, mechanism: str
@@ -386,7 +428,8 @@ class OwnerLedger:
         worker writing meanwhile adds its rows before or after, never between two reads)."""
         with self._transaction("DEFERRED") as tx:
             releases = tx.execute(
-                f"SELECT {', '.join(RELEASE_FIELDS)} FROM releases ORDER BY id"
+                f"SELECT {', '.join(RELEASE_FIELDS)}, {RELEASE_ADVERSARIES} FROM releases"
+                " ORDER BY id"
             ).fetchall()
             sessions = tx.execute(
                 f"SELECT {', '.join(SESSION_FIELDS)} FROM sessions ORDER BY admitted_at"
@@ -399,10 +442,30 @@ class OwnerLedger:
                     record[name] = json.loads(record[name])
             records[record["session_id"]] = record
         return LedgerSnapshot(
-            path=self.path,
-            releases=[dict(zip(RELEASE_FIELDS, row, strict=True)) for row in releases],
-            sessions=records,
+            path=self.path, releases=[_release_row(row) for row in releases], sessions=records
         )
+
+
+def _adversaries_json(adversaries: Mapping[str, float | None] | None) -> str | None:
+    if adversaries is None:
+        return None
+    return json.dumps(dict(adversaries), sort_keys=True, allow_nan=False)
+
+
+def _lower(recorded: float | None, new: float | None) -> float | None:
+    """The lower of two z's an adversary faced (None: it sees nothing)."""
+    if recorded is None or new is None:
+        return new if recorded is None else recorded
+    return min(float(recorded), float(new))
+
+
+def _release_row(row: Sequence[Any]) -> dict[str, Any]:
+    """A release row as a snapshot shows it: :data:`RELEASE_FIELDS`, and the adversaries' z
+    (decoded) where the row has them."""
+    record = dict(zip(RELEASE_FIELDS, row[: len(RELEASE_FIELDS)], strict=True))
+    if row[-1] is not None:
+        record[RELEASE_ADVERSARIES] = json.loads(row[-1])
+    return record
 
 
 # -- where an organisation's ledger lives -------------------------------------------------------

@@ -125,6 +125,8 @@ def admit_session(
         )
     except (PrivacyPlanError, TypeError) as exc:
         raise PolicyRefusal(f"the session's privacy settings are not usable: {exc}") from exc
+    if privacy.split_noise:
+        _check_split_noise(policy, config)
     if privacy.shared_noise and not policy.allow_shared_noise:
         raise PolicyRefusal(
             "the session uses shared noise (each worker adds 1/M of the variance, so the"
@@ -180,6 +182,43 @@ def admit_session(
                 f" (see `glasu budget --local DIR`)"
             )
     return privacy
+
+
+#: The session setting (``GET /v1/sessions/{id}``'s config) of masked secure aggregation.
+MASKS = ("secure_aggregation", "masks")
+
+
+def _check_split_noise(policy: PrivacyPolicy, config: Mapping[str, Any]) -> None:
+    """The refusals of split noise (docs/privacy.md section 11.4); M < 3 and the PRV accountant
+    are refused by the plan itself."""
+    masked = config.get(MASKS[0]) == MASKS[1]
+    if not masked and not policy.allow_shared_noise:
+        raise PolicyRefusal(
+            "the session splits the noise (each worker adds 1/(M-1) of the variance) without"
+            " masked secure aggregation: every worker holds the one key, so a service that hands"
+            " a worker another's share as a sum, or any key holder reading an upload, sees a"
+            " share with 1/(M-1) of the noise; this organisation's policy does not allow it"
+            " (--allow-shared-noise)"
+        )
+    if not masked and config.get("stragglers") == "continue":
+        raise PolicyRefusal(
+            "the session combines split noise with stragglers 'continue' without masks: a pass"
+            " that goes on without a client sums fewer shares than M, so the sum holds less"
+            " noise than accounted"
+        )
+    if config.get("nodes") == "union":
+        raise PolicyRefusal(
+            "the session combines split noise with an alignment over the union: rows a party"
+            " lacks carry no noise from it, so those rows of the sum hold less noise than"
+            " accounted; a worker takes part in neither with split noise"
+        )
+    if policy.accountant != "rdp":
+        raise PolicyRefusal(
+            "the session splits the noise, which is accounted by its Renyi bound (Kairouz et al."
+            " 2021), and this organisation's policy accounts with the PRV accountant, which"
+            " models continuous Gaussian noise: refusing (a policy with accountant 'rdp' can"
+            " take part)"
+        )
 
 
 def admit_session_id(
@@ -303,7 +342,33 @@ class ReleaseGate:
                     f"release {pass_index} would take {spend} to epsilon"
                     f" {decision.epsilon:.4g}; the policy allows {cap:g}"
                 )
-        return self.ledger.record(noise_multiplier=z, kind=self.release_kind(pass_kind), **known)
+        return self.ledger.record(
+            noise_multiplier=z,
+            kind=self.release_kind(pass_kind),
+            adversaries=self.privacy.pass_noise_multipliers() if self.privacy.split_noise else None,
+            **known,
+        )
+
+    def account_live_shares(
+        self, pass_index: int, *, layer: int = RELEASE_LAYER, release: str, live_shares: int
+    ) -> bool:
+        """Account the admitted release ``release`` of a split-noise pass whose sum held only
+        ``live_shares`` of the M shares (a dropout recovered from the seed shares): a peer is
+        then left M' - 1 shares, as if 1 + M - M' peers colluded (docs/privacy.md section
+        11.3), so the row keeps that lower z. Call it once the sum's count is known; False if
+        the release was never admitted. The budget is not checked again: the release has left."""
+        faced = self.privacy.pass_noise_multipliers(live_shares)
+        peer = faced["peer"]
+        assert peer is not None
+        return self.ledger.reaccount(
+            session_id=self.session_id,
+            pass_index=pass_index,
+            layer=layer,
+            release_digest=release,
+            mechanism=self.mechanism.digest,
+            noise_multiplier=peer,
+            adversaries=faced,
+        )
 
     def release_kind(self, pass_kind: str | None) -> ReleaseKind | None:
         if self.scoring:

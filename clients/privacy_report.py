@@ -30,7 +30,10 @@ from secure.report import (
 
 #: Against whom the ledger's own figure holds (the default, unshared noise).
 LEDGER_WHO = WHO["colluding"]
-ADVERSARY_ORDER = ("service", "peer", "colluding", "group")
+ADVERSARY_ORDER = ("service", "peer", "service_peer", "colluding", "group")
+#: Lines only some sessions have: the lifetime shows them only when one does ("service_peer":
+#: split noise; "group": recorded by workers since it was added).
+SOME_SESSIONS = ("service_peer", "group")
 OLD_SESSION_NOTE = (
     "recorded by an older worker: the session's partners, operator and adversaries are not known"
 )
@@ -61,6 +64,7 @@ def organisation_content(
         if row["session_id"] not in order:
             order.append(row["session_id"])
     sessions = []
+    peers_service: dict[str, float] = {}  # sessions without the line: their colluding figure
     lifetime: dict[str, float] = {}
     unknown: dict[str, int] = {}
     for sid in order:
@@ -70,14 +74,20 @@ def organisation_content(
         found = {a["key"]: a for a in record.get("adversaries") or []}
         adversaries = []
         for key in ADVERSARY_ORDER:
+            if key == "service_peer" and key not in found:
+                # without split noise the service with one key-holding peer can read a share:
+                # the colluding figure (not a line of this session, but part of the lifetime's)
+                faced_key = _faced(own, "colluding", found.get("colluding", {}).get("factor", 1))
+                if faced_key is not None:
+                    peers_service[sid] = faced_key
+                continue
             if key not in found:
                 if key != "group":  # an older record: the ledger's own figure, as it faces
                     lifetime[key] = lifetime.get(key, 0.0) + inverse
                 else:
                     unknown[key] = unknown.get(key, 0) + 1
                 continue
-            factor = found[key]["factor"]
-            scaled = None if factor is None else inverse * factor
+            scaled = _faced(own, key, found[key]["factor"])
             if scaled is not None:
                 lifetime[key] = lifetime.get(key, 0.0) + scaled
             adversaries.append(
@@ -118,9 +128,11 @@ def organisation_content(
         )
     total_inverse = sum(1.0 / r["noise_multiplier"] ** 2 for r in rows)
     total = epsilon(total_inverse)
+    if "service_peer" in lifetime:
+        lifetime["service_peer"] += sum(peers_service.values())
     lifetime_adversaries = []
     for key in ADVERSARY_ORDER:
-        if key == "group" and key not in lifetime:
+        if key in SOME_SESSIONS and key not in lifetime:
             continue
         name = WHO[key]
         if key == "group" and unknown.get(key):
@@ -137,6 +149,12 @@ def organisation_content(
         warnings.append(
             f"Some sessions were {OLD_SESSION_NOTE}; their figures are the ledger's, which hold"
             f" against {LEDGER_WHO} unless the session used shared noise."
+        )
+    if any(row.get("adversaries") for row in rows):
+        warnings.append(
+            "Some sessions split the noise between the partners (docs/privacy.md section 11):"
+            f" for them the ledger's figure holds against {WHO['service_peer']}, not against"
+            " all the other partners together (their own line shows that)."
         )
     largest = max((s["epsilon"] for s in sessions), default=0.0)
     if largest > policy.max_session_epsilon or total > policy.max_lifetime_epsilon:
@@ -207,6 +225,18 @@ def _adversary(
         inverse=inverse,
         delta=delta,
     )
+
+
+def _faced(rows: Sequence[Mapping[str, Any]], key: str, factor: float | None) -> float | None:
+    """The sum of 1 / z^2 over ``rows`` as adversary ``key`` faced them: a split-noise row's own
+    figure for it, else the row's z scaled by the session's ``factor`` (None: it sees none)."""
+    own = [row["adversaries"][key] for row in rows if key in (row.get("adversaries") or {})]
+    rest = [row for row in rows if key not in (row.get("adversaries") or {})]
+    seen = [z for z in own if z is not None]
+    if not seen and (factor is None or not rest):
+        return None
+    scaled = 0.0 if factor is None else sum(1.0 / r["noise_multiplier"] ** 2 for r in rest) * factor
+    return scaled + sum(1.0 / z**2 for z in seen)
 
 
 def _by_kind(rows: Sequence[Mapping[str, Any]]) -> dict[str, int]:

@@ -46,7 +46,7 @@ from models.release import DpRelease
 from models.run_summary import recent_training_loss
 from secure.aggregation import EmbeddingCodec
 from secure.protocol import ProtocolViolation
-from secure.release_noise import ReleaseKeyedNoise
+from secure.release_noise import ReleaseKeyedNoise, release_keyed_noise
 from secure.wire.passes import PassInfo
 
 log = logging.getLogger(__name__)
@@ -185,7 +185,9 @@ class WorkerRun:
         if options.noise_seed is not None:
             return None
         scope = f"{self.service.session_id}/client{self.service.client_index}"
-        return ReleaseKeyedNoise(self.ledger.noise_secret(), scope=scope)
+        return release_keyed_noise(
+            self.ledger.noise_secret(), scope=scope, split_noise=self.privacy.split_noise
+        )
 
     def _gate(self) -> ReleaseGate | None:
         """A private session's release gate (the owner's ledger), once the session id passed

@@ -82,6 +82,9 @@ class TrainConfig:
     release_width: int = 16
     occurrence_cap: int = 1
     shared_noise: bool = False  # opt-in, with encryption only: weaker adversary (one curious peer)
+    # split discrete Gaussian noise, M >= 3 (docs/privacy.md section 11): what masked secure
+    # aggregation turns on; off by default
+    split_noise: bool = False
     noise_seed: int | None = None  # reproducible noise, for experiments only
 
     @property
@@ -110,7 +113,7 @@ class TrainConfig:
             "occurrence_cap": self.occurrence_cap,
             "accountant": self.accountant,
             "shared_noise": self.shared_noise and self.encrypted,
-        }
+        } | ({"split_noise": True} if self.split_noise else {})
 
     def session_privacy(self, *, clients: int, passes_total: int) -> SessionPrivacy | None:
         """The run's privacy plan (``secure.privacy``), as the service would plan it."""

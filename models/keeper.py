@@ -48,11 +48,12 @@ def privacy_spent(
     source: str,
 ) -> dict[str, Any]:
     """The manifest's record of what a training spent of a party's data."""
-    against = (
-        "one curious peer that does not collude with the service (shared noise)"
-        if privacy.shared_noise
-        else "the service, each peer and all peers colluding (unshared noise)"
-    )
+    if privacy.split_noise:
+        against = "any one peer, alone or with the service (split noise)"
+    elif privacy.shared_noise:
+        against = "one curious peer that does not collude with the service (shared noise)"
+    else:
+        against = "the service, each peer and all peers colluding (unshared noise)"
     return {
         "epsilon": epsilon,
         "delta": delta,
@@ -205,7 +206,8 @@ class ModelKeeper:
                 "clip": privacy.clip,
                 "occurrence_cap": privacy.occurrence_cap,
                 "shared_noise": privacy.shared_noise,
-            },
+            }
+            | ({"split_noise": True} if privacy.split_noise else {}),
             "metrics": self._metrics(kept),
             "privacy": spent,
         }

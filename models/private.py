@@ -47,6 +47,7 @@ from models.release import DpRelease, PassContext, ReleaseSettings
 from models.sampler import SampledLayer
 from models.workset import CachedBatch
 from secure.aggregation import EmbeddingCodec
+from secure.discrete_gaussian import DiscreteGaussianNoise
 from secure.noise import GaussianNoise, NoiseSource, require_private_noise
 from secure.privacy import RELEASE_LAYER, SessionPrivacy
 from secure.protocol import Request, Response
@@ -237,13 +238,15 @@ class PrivateArrangement(Arrangement):
 REPRODUCIBLE_NOISE_ENV = "GLASU_TEST_REPRODUCIBLE_NOISE"
 
 
-def noise_source(*, noise_seed: int | None, client: int) -> GaussianNoise:
+def noise_source(*, noise_seed: int | None, client: int, split: bool = False) -> GaussianNoise:
     """Cryptographic noise (a fresh ChaCha20 key per draw), or, for tests, noise from a fixed
     seed: refused (:class:`secure.noise.NotPrivateNoiseError`) unless ``REPRODUCIBLE_NOISE_ENV``
-    is set, since its noise can be reproduced and removed."""
+    is set, since its noise can be reproduced and removed. ``split``: a party's share of split
+    noise, exact discrete Gaussians on the share grid (docs/privacy.md section 11)."""
+    kind = DiscreteGaussianNoise if split else GaussianNoise
     if noise_seed is None:
-        return GaussianNoise()
-    noise = GaussianNoise(seed=noise_seed * 1000 + client)
+        return kind()
+    noise = kind(seed=noise_seed * 1000 + client)
     require_private_noise(noise, allow_reproducible=os.environ.get(REPRODUCIBLE_NOISE_ENV) == "1")
     return noise
 
@@ -269,15 +272,16 @@ def make_client(
     (default: :func:`noise_source`)."""
     if privacy is None:
         return GlasuClient(partition, config, codec=codec, device=device)
+    width = config.model.receiver_width
+    mechanism = ReleaseMechanism.of(privacy, width=width, encoding=codec.encoding)
     settings = ReleaseSettings(
-        width=config.model.receiver_width,
+        width=width,
         clip=privacy.clip,
-        noise_std=privacy.client_noise_std,
-        noise=noise or noise_source(noise_seed=noise_seed, client=partition.client),
+        noise_std=mechanism.noise_std,
+        noise=noise
+        or noise_source(noise_seed=noise_seed, client=partition.client, split=privacy.split_noise),
         projection_seed=release_projection_seed(seed=seed, client=partition.client),
-        mechanism=ReleaseMechanism.of(
-            privacy, width=config.model.receiver_width, encoding=codec.encoding
-        ),
+        mechanism=mechanism,
     )
     return GlasuClient(
         partition, config, codec=codec, device=device, release=DpRelease(settings),

@@ -11,6 +11,15 @@ releases, and the privacy report. Every pass of a session is one Gaussian releas
 With ``shared_noise`` every client adds only 1/M of the variance, so a peer that subtracts its
 own share faces less noise: the ledger then composes ``secure.dp.effective_noise_multiplier``,
 and a calibrated z is scaled up to compensate.
+
+With ``split_noise`` (under pairwise masks, docs/privacy.md section 11) each of M >= 3 clients
+adds a discrete Gaussian of std z Delta_g / sqrt(M - 1) on the share grid (Delta_g: the
+sensitivity on the grid, which needs the release's width), so the sum less any one share still
+carries (z Delta_g)^2: the ledger composes z itself (one curious peer, the service with one
+peer) and a calibrated z needs no factor. Its accounting is Kairouz et al.'s Renyi bound
+(``secure.split_noise``), so the PRV accountant is refused, and so is a split whose shares are
+so small on the grid that the bound's tau term is not 0 (the ledger's Gaussian composition is
+then exact).
 """
 
 from __future__ import annotations
@@ -27,7 +36,27 @@ from secure.accounting import (
     calibrate_session_noise_multiplier,
     epsilon_after,
 )
-from secure.dp import effective_noise_multiplier, node_sensitivity, per_client_noise_std
+from secure.dp import (
+    affected_rows,
+    effective_noise_multiplier,
+    node_sensitivity,
+    per_client_noise_std,
+)
+from secure.split_noise import (
+    AdversaryEpsilons,
+    SplitNoise,
+    SplitNoiseError,
+    adversary_epsilons,
+    grid_sensitivity,
+    split_noise_std,
+)
+from secure.split_session import (
+    check_split_session,
+    recovered_noise_multipliers,
+    session_split,
+    split_adversary_rows,
+    split_report,
+)
 
 #: The graph layer whose (noisy) output is a session's only release (models/private.py).
 RELEASE_LAYER = 1
@@ -46,6 +75,7 @@ _SETTINGS = (
     "occurrence_cap",
     "accountant",
     "shared_noise",
+    "split_noise",
     "max_releases",
 )
 
@@ -64,7 +94,9 @@ class Adversary:
     adversary: str
     noise_multiplier: float | None  # the z it faces; None: it sees no release
     note: str
-    key: str = ""  # stable across M (the names say M): "service", "peer", "colluding", "group"
+    # stable across M (the names say M): "service", "peer", "service_peer" (split noise only),
+    # "colluding", "group"
+    key: str = ""
 
 
 class PrivacyPlanError(ValueError):
@@ -92,6 +124,7 @@ class SessionPrivacy:
     occurrence_cap: int
     accountant: AccountantName = "rdp"
     shared_noise: bool = False
+    split_noise: bool = False  # each of M >= 3 adds z Delta_g / sqrt(M - 1) (under masks)
     max_releases: int | None = None
     clients: int
     passes_total: int
@@ -114,6 +147,15 @@ class SessionPrivacy:
             raise PrivacyPlanError(f"max_releases must be >= 1, got {self.max_releases}")
         if self.clients < 1 or self.passes_total < 1:
             raise PrivacyPlanError("a session needs at least one client and one pass")
+        if self.split_noise:
+            self._check_split()
+
+    def _check_split(self) -> None:
+        """Refuse a split the session cannot run or account (docs/privacy.md section 11)."""
+        try:
+            check_split_session(self)
+        except SplitNoiseError as exc:
+            raise PrivacyPlanError(str(exc)) from exc
 
     @classmethod
     def plan(
@@ -126,6 +168,7 @@ class SessionPrivacy:
         occurrence_cap: int,
         accountant: AccountantName = "rdp",
         shared_noise: bool = False,
+        split_noise: bool = False,
         max_releases: int | None = None,
         clients: int,
         passes_total: int,
@@ -133,7 +176,8 @@ class SessionPrivacy:
     ) -> SessionPrivacy:
         """Check the parameters, take z as given or calibrate it so that every planned release
         fits ``epsilon``, and check that at least one release fits. :class:`PrivacyPlanError`
-        says what is wrong otherwise."""
+        says what is wrong otherwise. With ``split_noise`` the ledger's z is z itself, so it
+        is calibrated directly (no sqrt(M / (M - 1)) factor)."""
         if epsilon is None and noise_multiplier is None:
             raise PrivacyPlanError(
                 "give noise_multiplier, or epsilon (a target to calibrate it), or both"
@@ -166,6 +210,7 @@ class SessionPrivacy:
                 occurrence_cap=occurrence_cap,
                 accountant=accountant,
                 shared_noise=shared_noise,
+                split_noise=split_noise,
                 max_releases=max_releases,
                 clients=clients,
                 passes_total=passes_total,
@@ -221,13 +266,56 @@ class SessionPrivacy:
 
     @property
     def client_noise_std(self) -> float:
-        """Each client's noise std: z * Delta, or z * Delta / sqrt(M) with shared noise."""
+        """Each client's noise std: z * Delta, or z * Delta / sqrt(M) with shared noise. With
+        split noise it depends on the release's width: :meth:`release_noise_std`."""
+        if self.split_noise:
+            raise ValueError("split noise's std depends on the release width: release_noise_std")
         return per_client_noise_std(
             noise_multiplier=self.noise_multiplier,
             sensitivity=self.sensitivity,
             clients=self.clients,
             shared=self.shared_noise,
         )
+
+    def grid_sensitivity(self, width: int) -> float:
+        """Delta on the share grid for a release ``width`` columns wide: Delta + g sqrt(k), k =
+        (c + 1) * width the coordinates one node can change (split noise rounds the signal to
+        the grid before the noise, docs/privacy.md section 11.1)."""
+        rows = affected_rows(occurrence_cap=self.occurrence_cap, depth=RELEASE_LAYER)
+        return grid_sensitivity(sensitivity=self.sensitivity, coordinates=rows * int(width))
+
+    def release_noise_std(self, width: int) -> float:
+        """This client's noise std for a release ``width`` columns wide: z Delta_g / sqrt(M - 1)
+        with split noise (:meth:`grid_sensitivity`), else :attr:`client_noise_std`."""
+        if not self.split_noise:
+            return self.client_noise_std
+        return split_noise_std(
+            noise_multiplier=self.noise_multiplier,
+            sensitivity=self.grid_sensitivity(width),
+            clients=self.clients,
+        )
+
+    def split(self) -> SplitNoise:
+        """The split of this session's noise (``secure.split_session.session_split``)."""
+        return session_split(self)
+
+    def split_epsilons(self, releases: int) -> AdversaryEpsilons:
+        """Epsilon against each adversary of split noise after ``releases`` releases of all M
+        shares (``secure.split_noise.adversary_epsilons``)."""
+        return adversary_epsilons(
+            self.split(), releases=releases, delta=self.delta, accountant=self.accountant
+        )
+
+    def pass_noise_multipliers(self, live_shares: int | None = None) -> dict[str, float | None]:
+        """The noise multiplier each adversary (by key, :meth:`adversaries`) faces in one
+        release whose sum holds ``live_shares`` shares (None: all M); only split noise accounts
+        a sum of fewer (``secure.split_session.recovered_noise_multipliers``)."""
+        faced = {a.key: a.noise_multiplier for a in self.adversaries()}
+        if live_shares is None or live_shares == self.clients:
+            return faced
+        if not self.split_noise:
+            raise ValueError("only split noise accounts a sum of fewer shares per pass")
+        return faced | recovered_noise_multipliers(self.split(), live_shares=live_shares)
 
     @property
     def planned_releases(self) -> int:
@@ -287,6 +375,7 @@ class SessionPrivacy:
             "epsilon_target": self.epsilon,
             "epsilon_planned": self.epsilon_planned,
             "shared_noise": self.shared_noise,
+            "split_noise": self.split_noise,
             "occurrence_cap": self.occurrence_cap,
             "privacy_unit": PRIVACY_UNIT,
             "not_protected": list(NOT_PROTECTED),
@@ -303,7 +392,7 @@ class SessionPrivacy:
             ],
             "ledger": list(ledger),
             "by_client": by_client,
-        }
+        } | split_report(self, releases)
 
     def _epsilon_for(self, noise_multiplier: float | None, releases: int) -> float | None:
         if noise_multiplier is None:
@@ -318,6 +407,8 @@ class SessionPrivacy:
     def adversaries(self) -> list[Adversary]:
         """Against whom the guarantee holds, with the noise multiplier each one faces (None:
         it sees no release at all). The privacy unit is one node's feature row at one client."""
+        if self.split_noise:
+            return self._split_adversaries()
         z, m, shared = self.noise_multiplier, self.clients, self.shared_noise
         per_share = z / math.sqrt(m) if shared else z  # the noise in one client's own share
         if self.encrypted:
@@ -351,6 +442,9 @@ class SessionPrivacy:
                 ),
             ]
         return found
+
+    def _split_adversaries(self) -> list[Adversary]:
+        return [Adversary(*row) for row in split_adversary_rows(self.split())]
 
 
 def check_private_arrangement(agg_layers: Sequence[int]) -> None:

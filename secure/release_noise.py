@@ -40,8 +40,10 @@ from typing import Any, Final
 import numpy as np
 from randomgen import ChaCha
 
+from secure.discrete_gaussian import DiscreteGaussianNoise
 from secure.noise import GaussianNoise, NoiseSource
 from secure.privacy import RELEASE_LAYER, SessionPrivacy
+from secure.split_noise import privatize_on_grid
 
 SECRET_BYTES: Final = 32
 _PERSON: Final = b"glasu-noise-v2"  # BLAKE2b personalisation: at most 16 bytes
@@ -95,6 +97,9 @@ class ReleaseMechanism:
     occurrence_cap: int  # c
     shared_noise: bool
     encoding: str  # the share encoding ("float32", "ckks")
+    # split discrete Gaussian noise (docs/privacy.md section 11); added after v1, so
+    # :meth:`canonical` writes it only when True and every earlier digest stays as it was
+    split_noise: bool = False
 
     def __post_init__(self) -> None:
         for name in ("noise_multiplier", "ledger_noise_multiplier", "noise_std", "clip"):
@@ -112,12 +117,13 @@ class ReleaseMechanism:
             clients=privacy.clients,
             noise_multiplier=float(privacy.noise_multiplier),
             ledger_noise_multiplier=float(privacy.ledger_noise_multiplier),
-            noise_std=float(privacy.client_noise_std),
+            noise_std=float(privacy.release_noise_std(width)),
             clip=float(privacy.clip),
             sensitivity=float(privacy.sensitivity),
             occurrence_cap=int(privacy.occurrence_cap),
             shared_noise=bool(privacy.shared_noise),
             encoding=str(encoding),
+            split_noise=bool(privacy.split_noise),
         )
 
     @classmethod
@@ -125,8 +131,12 @@ class ReleaseMechanism:
         return cls(**json.loads(text))
 
     def canonical(self) -> str:
-        """Sorted-key JSON, floats in their shortest round-trip form (what the ledger keeps)."""
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"), allow_nan=False)
+        """Sorted-key JSON, floats in their shortest round-trip form (what the ledger keeps);
+        ``split_noise`` only when True."""
+        fields = asdict(self)
+        if not self.split_noise:
+            del fields["split_noise"]
+        return json.dumps(fields, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
     @property
     def digest(self) -> str:
@@ -182,8 +192,8 @@ def part_key(release: bytes, part: int) -> bytes:
     return hashlib.sha256(b"glasu-release-part" + release + part.to_bytes(8, "big")).digest()
 
 
-class _KeyedGaussian(GaussianNoise):
-    """The noise of one release: the ChaCha20 keystream of one derived key."""
+class _KeyedStream(GaussianNoise):
+    """Noise drawn from the ChaCha20 keystream of one derived key (one release's)."""
 
     def __init__(self, key: int) -> None:
         super().__init__()
@@ -192,8 +202,19 @@ class _KeyedGaussian(GaussianNoise):
     def _generator(self) -> np.random.Generator:
         return self._stream
 
+
+class _KeyedGaussian(_KeyedStream):
+    """The noise of one release."""
+
     def __repr__(self) -> str:
         return "GaussianNoise(release-keyed)"
+
+
+class _KeyedDiscreteGaussian(_KeyedStream, DiscreteGaussianNoise):
+    """The split noise of one release: exact discrete Gaussians on the share grid."""
+
+    def __repr__(self) -> str:
+        return "DiscreteGaussianNoise(release-keyed)"
 
 
 class ReleaseKeyedNoise(GaussianNoise):
@@ -219,3 +240,49 @@ class ReleaseKeyedNoise(GaussianNoise):
 
     def __repr__(self) -> str:
         return f"ReleaseKeyedNoise(scope={self.scope!r})"
+
+
+class SplitReleaseKeyedNoise(ReleaseKeyedNoise):
+    """A party's split share of the noise (docs/privacy.md section 11), keyed per release like
+    :class:`ReleaseKeyedNoise` (the same secret, scope and derivation: the release digest covers
+    the mechanism, whose ``split_noise`` keeps these keys apart from any continuous release's):
+    :meth:`for_release` gives exact discrete Gaussian noise on the share grid."""
+
+    def for_release(self, release: bytes) -> NoiseSource:
+        return _KeyedDiscreteGaussian(self._secret.derive(scope=self.scope, release=release))
+
+    def __repr__(self) -> str:
+        return f"SplitReleaseKeyedNoise(scope={self.scope!r})"
+
+
+def release_keyed_noise(
+    secret: ReleaseSecret, *, scope: str, split_noise: bool
+) -> ReleaseKeyedNoise:
+    """The worker's release-keyed noise: :class:`SplitReleaseKeyedNoise` for a session that
+    splits its noise, :class:`ReleaseKeyedNoise` otherwise."""
+    kind = SplitReleaseKeyedNoise if split_noise else ReleaseKeyedNoise
+    return kind(secret, scope=scope)
+
+
+def split_share_part(
+    clean: np.ndarray,
+    *,
+    clip: float,
+    noise_std: float,
+    noise: NoiseSource,
+    release: bytes,
+    part: int,
+) -> np.ndarray:
+    """Part ``part`` of a party's split-noise release, exactly on the share grid: its rows
+    clipped to ``clip``, rounded to the grid, then the party's discrete Gaussian share of the
+    noise keyed by the release's digest ``release`` and the part
+    (``noise.for_release(part_key(release, part))``) added. No clamp: under masks the share is
+    reduced modulo the plaintext modulus, which keeps the sum (docs/privacy.md section 11.2).
+
+    ``noise`` is the worker's :class:`SplitReleaseKeyedNoise` (or, in tests, a seeded
+    ``DiscreteGaussianNoise``), ``noise_std`` the mechanism's (``SessionPrivacy
+    .release_noise_std(width)``): the call a masked release path makes for each part, as
+    ``models.release.DpRelease`` calls ``secure.dp.privatize``."""
+    return privatize_on_grid(
+        clean, clip=clip, noise_std=noise_std, noise=noise.for_release(part_key(release, part))
+    )

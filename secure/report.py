@@ -25,6 +25,7 @@ KINDS = ("training", "evaluation", "scoring")
 WHO = {
     "service": "the operator's service on its own",
     "peer": "any one partner on its own",
+    "service_peer": "the operator's service together with any one partner",
     "colluding": "all the other partners together, with or without the operator's service",
     "group": "one partner, about a node whose rows sit at every organisation at once",
 }
@@ -131,11 +132,12 @@ def session_content(
         )
     ledger_z = privacy.get("ledger_noise_multiplier")
     spent = privacy.get("epsilon")
-    holds = (
-        "one curious partner that does not collude (shared noise)"
-        if privacy.get("shared_noise")
-        else "all the other partners together, with or without the service"
-    )
+    if privacy.get("split_noise"):
+        holds = "any one partner, alone or with the service (split noise)"
+    elif privacy.get("shared_noise"):
+        holds = "one curious partner that does not collude (shared noise)"
+    else:
+        holds = "all the other partners together, with or without the service"
     warnings = []
     if not privacy.get("enabled"):
         warnings.append(

@@ -152,8 +152,8 @@ def describe(report: dict) -> str:
         f"planned: epsilon = {report['epsilon_planned']:.4g} after every pass of the session"
         if report.get("epsilon_planned") is not None
         else "",
-        f"mechanism: Gaussian, {noise}, sensitivity = {report['sensitivity']:.4g}, "
-        f"clip C = {report['clip']:.4g}",
+        f"mechanism: {_mechanism_name(report)}, {noise}, sensitivity ="
+        f" {report['sensitivity']:.4g}, clip C = {report['clip']:.4g}",
     ]
     if "NOT PRIVATE" in report.get("noise", ""):
         lines.insert(0, f"WARNING: the noise was {report['noise']}")
@@ -170,6 +170,13 @@ def describe(report: dict) -> str:
                     f"{adversary['noise_multiplier']:.4g}: {adversary['note']})"
                 )
             lines.append(f"  {adversary['adversary']}: {value}")
+        lines.extend(report.get("adversary_lines", []))
         lines.append("not protected: " + "; ".join(report.get("not_protected", [])))
         lines.append("what epsilon means: docs/privacy.md, section 1")
     return "\n".join(line for line in lines if line)
+
+
+def _mechanism_name(report: dict) -> str:
+    if report.get("split_noise"):
+        return "discrete Gaussian split between the clients (docs/privacy.md section 11)"
+    return "Gaussian"

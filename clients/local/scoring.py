@@ -82,6 +82,7 @@ def scoring_config(manifests: Sequence[dict[str, Any]], *, encrypted: bool) -> T
             "clip": release["clip"],
             "occurrence_cap": release["occurrence_cap"],
             "shared_noise": release["shared_noise"],
+            "split_noise": release.get("split_noise", False),
             "release_width": model["receiver_width"],
         }
     return TrainConfig(

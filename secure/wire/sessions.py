@@ -54,6 +54,12 @@ class PrivacySettings(StrictModel):
     shared_noise: bool = Field(
         False, description="Each client adds variance sigma^2/M so the sum carries sigma^2."
     )
+    split_noise: bool = Field(
+        False,
+        description="Split discrete Gaussian noise (3 clients or more, encrypted, accountant"
+        " 'rdp'; docs/privacy.md section 11): each client adds sigma^2/(M-1) on the share grid, so"
+        " the sum less any one share carries sigma^2. What masked secure aggregation uses.",
+    )
     occurrence_cap: int = Field(
         1,
         ge=0,

@@ -3,7 +3,7 @@ privacy report, as the operator and each worker read it."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -80,7 +80,9 @@ class AdversaryEpsilon(ResponseModel):
     epsilon_planned: float | None = Field(description="After every planned release.")
     note: str
     key: str | None = Field(
-        None, description="'service', 'peer', 'colluding' or 'group' (the unit of all M rows)."
+        None,
+        description="'service', 'peer', 'service_peer' (split noise), 'colluding' or 'group' (the"
+        " unit of all M rows).",
     )
 
 
@@ -108,6 +110,19 @@ class PrivacyReport(ResponseModel):
     epsilon_target: float | None = None
     epsilon_planned: float | None = Field(None, description="Epsilon after every planned release.")
     shared_noise: bool | None = None
+    split_noise: bool | None = Field(
+        None, description="Split discrete Gaussian noise (docs/privacy.md section 11)."
+    )
+    split: dict[str, Any] | None = Field(
+        None,
+        description="Split noise: ``secure.split_noise.AdversaryEpsilons.to_dict`` (clients,"
+        " releases, delta, accountant, and each adversary's noise multiplier and epsilon).",
+    )
+    adversary_lines: list[str] = Field(
+        default_factory=list,
+        description="Split noise: epsilon against each adversary by Kairouz et al.'s bound, one"
+        " line each (empty otherwise).",
+    )
     occurrence_cap: int | None = None
     privacy_unit: str | None = Field(None, description="What one unit of privacy protects.")
     not_protected: list[str] = Field(

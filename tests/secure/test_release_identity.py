@@ -54,6 +54,7 @@ OTHER_MECHANISM = {
     "occurrence_cap": 3,
     "shared_noise": True,
     "encoding": "none",
+    "split_noise": True,
 }
 
 

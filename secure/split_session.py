@@ -1,0 +1,141 @@
+"""What a session with split noise checks, and whom its noise protects against: pure functions on
+the plan, for ``secure.privacy.SessionPrivacy`` (docs/privacy.md section 11).
+
+A session splits its noise only with M >= 3 encrypted shares (the masks, or CKKS under the
+owners' ``--allow-shared-noise``), accounted with the RDP accountant (Kairouz et al.'s bound is a
+Renyi bound) and only where every party's discrete Gaussian is wide enough on the share grid for
+the bound's tau term to be exactly 0: the sum of the shares' noise is then accounted exactly as
+one Gaussian of multiplier z_j against j colluding peers, so the ledger's composition of 1 / z^2
+(``secure.accounting.composed_epsilon``) stays exact.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from secure.aggregation import SHARE_GRID
+from secure.split_noise import (
+    SplitNoise,
+    SplitNoiseError,
+    adversary_lines,
+    check_split_clients,
+    split_noise_std,
+)
+from secure.split_noise import sum_tau as _sum_tau
+
+if TYPE_CHECKING:
+    from secure.privacy import SessionPrivacy
+
+#: An adversary of a split-noise session: (name, the z it faces or None, note, key).
+AdversaryRow = tuple[str, float | None, str, str]
+
+
+def check_split_session(privacy: SessionPrivacy) -> None:
+    """:class:`SplitNoiseError` saying why the session ``privacy`` cannot split its noise."""
+    clients = privacy.clients
+    if privacy.shared_noise:
+        raise SplitNoiseError(
+            "split_noise and shared_noise are two ways of sharing the noise: choose one"
+        )
+    check_split_clients(clients)
+    if not privacy.encrypted:
+        raise SplitNoiseError(
+            "split_noise needs encryption (masked shares under BFV, or CKKS with the owners'"
+            " --allow-shared-noise): in plaintext the service reads each share, and each carries"
+            " only 1/(M-1) of the noise variance"
+        )
+    if privacy.accountant != "rdp":
+        raise SplitNoiseError(
+            "split discrete Gaussian noise is accounted by its Renyi bound (Kairouz et al. 2021);"
+            " the PRV accountant models continuous Gaussian noise: use accountant 'rdp'"
+        )
+    # the party std on the plain Delta is below the one on the grid, so tau here bounds the
+    # real one from above (tau falls as the std grows)
+    party = split_noise_std(
+        noise_multiplier=privacy.noise_multiplier, sensitivity=privacy.sensitivity, clients=clients
+    )
+    tau = _sum_tau(party_sigma=party / SHARE_GRID, shares=clients - 1)
+    if tau > 0.0:
+        raise SplitNoiseError(
+            f"split noise of std {party:.3g} per party is only {party / SHARE_GRID:.3g} steps of"
+            f" the share grid: the sum of discrete Gaussians is then measurably not one (Kairouz"
+            f" et al.'s tau = {tau:.3g}), which the ledger's Gaussian accounting does not cover;"
+            " raise the noise"
+        )
+
+
+def split_adversary_rows(noise: SplitNoise) -> list[AdversaryRow]:
+    """Against whom split noise holds: the masks show the service only the sum, so with one
+    peer it faces what that peer faces (z); all M - 1 others isolate the victim's own share."""
+    m = noise.clients
+    peer = noise.noise_multiplier_against(1)
+    return [
+        (
+            "the service alone",
+            None,
+            "sees only ciphertexts of masked shares and their sum (without masks, the owners'"
+            " --allow-shared-noise trusts it to serve only true sums)",
+            "service",
+        ),
+        ("one curious peer", peer, "decrypts the sum and subtracts its own share", "peer"),
+        (
+            "the service with one colluding peer",
+            peer,
+            "the masks show them only the sum, less that peer's share (without masks they read"
+            " one share: the next line)",
+            "service_peer",
+        ),
+        (
+            "all other peers colluding, with or without the service",
+            noise.noise_multiplier_against(m - 1),
+            "pool their shares and isolate this client's share",
+            "colluding",
+        ),
+        (
+            f"one node's features at all {m} clients, against one curious peer",
+            noise.noise_multiplier_against(1, group=True),
+            f"the node's rows at the other {m - 1} clients move the sum together",
+            "group",
+        ),
+    ]
+
+
+def recovered_noise_multipliers(noise: SplitNoise, *, live_shares: int) -> dict[str, float]:
+    """What changes for a release whose sum holds ``live_shares`` = M' < M shares (a pass
+    recovered after a dropout): a peer is left M' - 1 shares, as if 1 + M - M' peers colluded
+    (docs/privacy.md section 11.3). The keys that change ("peer", "service_peer", "group"); the
+    others face what they face in a full pass."""
+    live = int(live_shares)
+    if not 2 <= live < noise.clients:
+        raise ValueError(f"a recovered sum holds 2 to {noise.clients - 1} shares, got {live}")
+    colluding = 1 + noise.clients - live
+    peer = noise.noise_multiplier_against(colluding)
+    return {
+        "peer": peer,
+        "service_peer": peer,
+        "group": noise.noise_multiplier_against(colluding, group=True),
+    }
+
+
+def session_split(privacy: SessionPrivacy) -> SplitNoise:
+    """The split of the session's noise, for its per-adversary accounting. The dimension is 1:
+    :func:`check_split_session` refused any split whose tau is not 0, and with tau = 0 Kairouz
+    et al.'s bound does not depend on it."""
+    if not privacy.split_noise:
+        raise ValueError("the session's noise is not split")
+    return SplitNoise(
+        noise_multiplier=privacy.noise_multiplier,
+        sensitivity=privacy.sensitivity,
+        clients=privacy.clients,
+        dimension=1,
+    )
+
+
+def split_report(privacy: SessionPrivacy, releases: int) -> dict[str, Any]:
+    """The privacy report's split fields: with split noise its accounting against each
+    adversary (``AdversaryEpsilons.to_dict``) and the lines a report prints; None and none
+    otherwise."""
+    if not privacy.split_noise:
+        return {"split": None, "adversary_lines": []}
+    epsilons = privacy.split_epsilons(releases)
+    return {"split": epsilons.to_dict(), "adversary_lines": adversary_lines(epsilons)}
