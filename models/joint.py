@@ -21,7 +21,7 @@ import torch
 from models.node_arrays import host_rows, node_array
 from models.release import PassContext, PlainRelease, ReleasePolicy, ReleaseScope
 from models.workset import Extracted
-from secure.aggregation import EmbeddingCodec
+from secure.aggregation import EmbeddingCodec, ShareSlot
 from secure.protocol import (
     ProtocolViolation,
     Request,
@@ -102,7 +102,7 @@ class JointAggregation:
             count[start:stop] = held
 
         yield from self.exchange_parts(
-            layer, rows=count_rows, cols=cols, share_of=share_of,
+            layer, pass_index=context.pass_index, rows=count_rows, cols=cols, share_of=share_of,
             on_sum=on_sum, release=release.digest,
         )  # fmt: skip
         if column is None and (count == count[0, 0]).all():
@@ -123,6 +123,7 @@ class JointAggregation:
         self,
         layer: int,
         *,
+        pass_index: int,
         rows: int,
         cols: int,
         share_of: Callable[[int, int, int], np.ndarray],
@@ -137,25 +138,28 @@ class JointAggregation:
         for part in range(parts):
             start, stop = part_span(part, rows=rows, cols=cols, part_values=self.part_values)
             share = share_of(part, start, stop)
-            total, shares = yield from self._exchange(
-                layer, share, release=release, part=part, parts=parts
-            )
+            slot = ShareSlot(pass_index=pass_index, layer=layer, part=part)
+            total, shares = yield from self._exchange(slot, share, release=release, parts=parts)
             on_sum(start, stop, share, total, shares)
 
     def _exchange(
-        self, layer: int, share: np.ndarray, *, release: str | None, part: int, parts: int
+        self, slot: ShareSlot, share: np.ndarray, *, release: str | None, parts: int
     ) -> Generator[Request, Response, tuple[np.ndarray, int]]:
-        """Upload ``share`` (part ``part`` of ``parts`` of wire layer ``layer``); return the
-        decoded sum and how many shares it holds: every client's, or (a pass that went on
-        without a straggler) the release policy's fewest at least."""
+        """Upload ``share`` (part ``slot.part`` of ``parts`` of wire layer ``slot.layer``);
+        return the decoded sum and how many shares it holds: every client's, or (a pass that
+        went on without a straggler) the fewest the release policy and the codec take."""
         rows, cols = share.shape
+        layer = slot.layer
         answer = yield ShareRequest(
-            layer=layer, payload=self.codec.encode(share), rows=rows, cols=cols, release=release,
-            part=part, parts=parts, plaintext_digest=plaintext_digest(share),
+            layer=layer, payload=self.codec.encode(share, slot=slot), rows=rows, cols=cols,
+            release=release, part=slot.part, parts=parts,
+            plaintext_digest=plaintext_digest(share),
         )  # fmt: skip
         if not isinstance(answer, SharesSum):
             raise TypeError(f"expected a SharesSum for layer {layer}, got {type(answer).__name__}")
-        fewest = self.release.fewest_shares(self.clients)
+        fewest = max(
+            self.release.fewest_shares(self.clients), self.codec.fewest_shares(self.clients)
+        )
         if not fewest <= answer.count <= self.clients:
             raise ProtocolViolation(
                 f"layer {layer}: the sum holds {answer.count} shares, expected at most "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import numpy as np
@@ -24,6 +25,17 @@ class PayloadError(ValueError):
     """An uploaded payload that does not fit the slot it was sent to (shape, size, encoding)."""
 
 
+@dataclass(frozen=True)
+class ShareSlot:
+    """Where a share goes in its session: part ``part`` of wire layer ``layer`` in pass
+    ``pass_index``. A codec that masks shares (``secure.masking.codec``) draws a mask per slot;
+    the others ignore it."""
+
+    pass_index: int
+    layer: int
+    part: int
+
+
 class EmbeddingCodec(ABC):
     """Client side: turns a (rows x cols) float matrix into bytes for the service and a summed
     payload back into a float matrix."""
@@ -31,7 +43,7 @@ class EmbeddingCodec(ABC):
     encoding: str
 
     @abstractmethod
-    def encode(self, matrix: np.ndarray) -> bytes: ...
+    def encode(self, matrix: np.ndarray, *, slot: ShareSlot | None = None) -> bytes: ...
 
     @abstractmethod
     def decode_sum(self, payload: bytes, *, rows: int, cols: int) -> np.ndarray: ...
@@ -39,6 +51,11 @@ class EmbeddingCodec(ABC):
     def value_bound(self, *, shares: int) -> float:
         """The largest |value| a share may hold so that a sum of ``shares`` decodes."""
         return math.inf
+
+    def fewest_shares(self, clients: int) -> int:
+        """The fewest of ``clients`` shares a sum must hold to decode: any number (masked
+        shares decode only in the sum of all of them)."""
+        return 1
 
 
 class RunningSum(ABC, Generic[S]):
@@ -121,7 +138,7 @@ class PlainCodec(EmbeddingCodec):
     def value_bound(self, *, shares: int) -> float:
         return PLAIN_VALUE_BOUND
 
-    def encode(self, matrix: np.ndarray) -> bytes:
+    def encode(self, matrix: np.ndarray, *, slot: ShareSlot | None = None) -> bytes:
         if matrix.ndim != 2:
             raise ValueError(f"expected a 2-D matrix, got shape {matrix.shape}")
         return np.ascontiguousarray(to_grid(matrix), dtype=FLOAT32_LE).tobytes()

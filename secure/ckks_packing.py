@@ -223,6 +223,24 @@ class ChunkLayout:
         )
         return cls(members=members, scale_field=_SCALE_TAG + _DOUBLE.pack(scale))
 
+    @classmethod
+    def of_bfv(cls, context: ts.Context) -> ChunkLayout:
+        """The layout of a TenSEAL BFVVector under ``context`` (secure/masking/codec.py): the
+        same proto without the scale field, a fresh 2-polynomial ciphertext at the data level,
+        not in NTT form, scale 1."""
+        data_level = context.seal_context().data.first_context_data()
+        parms = data_level.parms()
+        members = _CIPHERTEXT_MEMBERS.pack(
+            *data_level.parms_id(),
+            False,
+            _CIPHERTEXT_POLYNOMIALS,
+            parms.poly_modulus_degree(),
+            len(parms.coeff_modulus()),
+            1.0,
+            1,
+        )
+        return cls(members=members, scale_field=b"")
+
     def checked(self, chunk: bytes) -> tuple[bytes, int]:
         """``chunk`` as SEAL may parse it, its ciphertext inflated by ``zstandard`` if SEAL
         compressed it, and how many slots it fills; ValueError with a message unless it is laid
