@@ -126,7 +126,7 @@ class WorkerRun:
             policy,
             self.session_json,
             session_id=service.session_id,
-            encrypted=codec.encoding == "ckks",
+            encrypted=codec.encoding != "float32",
             ledger=ledger,
         )
         noise = self._noise(options)

@@ -82,6 +82,7 @@ def session_body(
         "eval_nodes": encode_nodes(eval_nodes),
         "seed": config.seed,
         "encryption": "ckks" if config.encrypted else "none",
+        "secure_aggregation": config.secure_aggregation if config.encrypted else "none",
         "privacy": config.privacy_request(),
         "nodes": config.nodes,
         "label_holder": config.label_holder if config.releases_anything else None,
@@ -167,7 +168,7 @@ def session_view(
     planned = config.session_privacy(clients=len(layout.partitions), passes_total=passes)
     if view["privacy"] is not None and planned is not None:
         view["privacy"] = {**view["privacy"], "noise_multiplier": planned.noise_multiplier}
-    return {**view, "kind": "training", "encoding": "ckks" if config.encrypted else "float32"}
+    return {**view, "kind": "training", "encoding": config.encoding}
 
 
 def scoring_request(
