@@ -156,6 +156,23 @@ def worker_arguments(
     return args
 
 
+def masking_arguments(root: Path, clients: int) -> list[list[str]]:
+    """A fresh X25519 masking key pair per client in ``root``/client-<m>/ (``glasu keygen
+    --masking-key``'s files) and each worker's arguments: its own key, the others' public keys
+    pinned (what organisations exchange out of band)."""
+    from clients.cli.keyfiles import write_masking_key_pair
+
+    keys = [write_masking_key_pair(root / f"client-{m}") for m in range(clients)]
+    return [
+        [
+            "--masking-key", str(private),
+            "--masking-peer-keys",
+            ",".join(f"{j}={public}" for j, (_, public) in enumerate(keys) if j != m),
+        ]  # fmt: skip
+        for m, (private, _) in enumerate(keys)
+    ]
+
+
 def session_view(
     config: TrainConfig, layout: FederationLayout, dataset: GraphDataset
 ) -> dict[str, Any]:
