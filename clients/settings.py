@@ -282,7 +282,7 @@ def parse_peer_keys(text: str) -> list[tuple[int, Path]]:
     for item in filter(None, (part.strip() for part in text.split(","))):
         party, equals, path = item.partition("=")
         if not equals or not party.strip().isdigit() or not path.strip():
-            raise ValueError(f"give M=PATH,M=PATH (a client index and its public key), not {item!r}")
+            raise ValueError(f"give M=PATH,M=PATH (client indices and public keys), not {item!r}")
         pairs.append((int(party), Path(path.strip())))
     parties = [m for m, _ in pairs]
     if len(set(parties)) != len(parties):

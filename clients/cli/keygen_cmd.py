@@ -28,8 +28,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--scheme",
         choices=("ckks", "bfv"),
         default="ckks",
-        help="ckks: the key of encrypted sessions; bfv: the key of masked sessions "
-        "(default: ckks)",
+        help="ckks: the key of encrypted sessions; bfv: the key of masked sessions (default: ckks)",
     )
     p.add_argument(
         "--masking-key",

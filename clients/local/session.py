@@ -165,10 +165,11 @@ def masking_arguments(root: Path, clients: int) -> list[list[str]]:
     keys = [write_masking_key_pair(root / f"client-{m}") for m in range(clients)]
     return [
         [
-            "--masking-key", str(private),
+            "--masking-key",
+            str(private),
             "--masking-peer-keys",
             ",".join(f"{j}={public}" for j, (_, public) in enumerate(keys) if j != m),
-        ]  # fmt: skip
+        ]
         for m, (private, _) in enumerate(keys)
     ]
 

@@ -30,8 +30,10 @@ def masked_codecs(parties: int = PARTIES, *, session: str = "s-1") -> list[Maske
             context,
             pairs[m],
             PinnedPeerKeys({j: p.public_bytes() for j, p in enumerate(pairs) if j != m}),
-            party=m, parties=parties, session_id=session,
-        )  # fmt: skip
+            party=m,
+            parties=parties,
+            session_id=session,
+        )
         for m in range(parties)
     ]
 
