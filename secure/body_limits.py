@@ -42,7 +42,7 @@ def share_part_values(
     so :class:`BodyLimitTooSmall` if one row of the ``widest`` layer does not fit."""
     usable = usable_bytes(max_body_bytes)
     if encoding != "float32":
-        header, ciphertext, values = _encrypted_sizes(encoding)
+        header, ciphertext, values = _encrypted_sizes()
         fitting = max(0, (usable - header) // ciphertext) * values
         needed = share_part_bytes(widest, encoding=encoding)
     else:
@@ -60,7 +60,7 @@ def share_part_values(
 def share_part_bytes(part_values: int, *, encoding: ShareEncoding) -> int:
     """The largest upload of a part of ``part_values`` values (the bound the sizing uses)."""
     if encoding != "float32":
-        header, ciphertext, values = _encrypted_sizes(encoding)
+        header, ciphertext, values = _encrypted_sizes()
         return header + -(-part_values // values) * ciphertext
     return part_values * FLOAT32_BYTES
 
@@ -77,15 +77,12 @@ def set_part_elements(max_body_bytes: int) -> int:
     return min(SET_PART_ELEMENTS, fitting)
 
 
-def _encrypted_sizes(encoding: ShareEncoding) -> tuple[int, int, int]:
+def _encrypted_sizes() -> tuple[int, int, int]:
     """An encrypted frame's header, the most one ciphertext takes in it (its length prefix
-    included), and the values it holds: a seeded CKKS ciphertext, or a BFV one (both
-    polynomials, N values). Imported here: the CKKS modules load TenSEAL, which the service
-    loads only for its first encrypted session."""
-    from secure.ckks_context import POLY_MODULUS_DEGREE, VALUES_PER_CIPHERTEXT
+    included), and the values it holds: a seeded ciphertext at one prime carrying N values,
+    under CKKS (two per slot) as under BFV (masked shares, one per slot). Imported here: the
+    CKKS modules load TenSEAL, which the service loads only for its first encrypted session."""
+    from secure.ckks_context import VALUES_PER_CIPHERTEXT
     from secure.ckks_frame import CHUNK_PREFIX_BYTES, FRAME_HEADER_BYTES, SHARE_CHUNK_BOUND_BYTES
 
-    if encoding == "bfv-masked":
-        bfv_chunk = 2 * POLY_MODULUS_DEGREE * 8 + 1024
-        return FRAME_HEADER_BYTES, CHUNK_PREFIX_BYTES + bfv_chunk, POLY_MODULUS_DEGREE
     return FRAME_HEADER_BYTES, CHUNK_PREFIX_BYTES + SHARE_CHUNK_BOUND_BYTES, VALUES_PER_CIPHERTEXT

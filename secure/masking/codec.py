@@ -6,9 +6,11 @@ become integers modulo ``t`` (:mod:`secure.masking.bfv`); the worker adds its pa
 the slot (session id, pass, layer, part: :mod:`secure.masking.streams`) and encrypts the masked
 residues with the session's shared BFV key. The service adds the ciphertexts with a context that
 holds the parameters alone (no key of the session: SEAL adds ciphertexts under any context of
-the same parameters), so it needs no key file. The masks cancel only in the sum of every
-party's share: a sum of fewer, or a single share served as a sum, decodes to uniform noise, so
-a masked session's sums hold every share (:meth:`MaskedBfvCodec.fewest_shares`).
+the same parameters), so it needs no key file. Workers hold the secret key and encrypt with it,
+each ciphertext saved seeded as the CKKS path's (``secure/ckks_packing.py``): about 6 bytes a
+value, where TenSEAL's public-key ``bfv_vector`` takes 12. The masks cancel only in the sum of
+every party's share: a sum of fewer, or a single share served as a sum, decodes to uniform
+noise, so a masked session's sums hold every share (:meth:`MaskedBfvCodec.fewest_shares`).
 
 Chunks travel in the CKKS path's frame (``secure/ckks_frame.py``: magic, key id of the BFV public
 context, length-prefixed chunks) and are checked by its chunk layout before SEAL parses them
@@ -25,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import tenseal as ts
+from tenseal import sealapi
 
 from secure.aggregation import (
     SHARE_GRID,
@@ -43,7 +46,7 @@ from secure.ckks_context import (
     share_bound,
 )
 from secure.ckks_frame import frame_chunks, max_payload_bytes, parse_frame
-from secure.ckks_packing import ChunkLayout
+from secure.ckks_packing import ChunkLayout, SaveBuffer, tenseal_vector_bytes
 from secure.files import atomic_write
 from secure.masking.bfv import (
     COEFF_MOD_BIT_SIZES,
@@ -54,7 +57,6 @@ from secure.masking.bfv import (
     add_mask,
     decode_sum,
     encode_share,
-    encrypt,
     new_bfv_context,
     public_bfv_context,
 )
@@ -155,6 +157,9 @@ class MaskedBfvCodec(EmbeddingCodec):
             )
         self._context = context
         self._layout = ChunkLayout.of_bfv(context)
+        native = context.data
+        self._encoder = sealapi.BatchEncoder(native.seal_context())
+        self._encryptor = sealapi.Encryptor(native.seal_context(), native.secret_key())
         self.key_id = context_key_id(context)
         self.party, self.parties, self.session_id = party, parties, session_id
         self._pair_secrets = dict(pair_secrets)
@@ -207,7 +212,22 @@ class MaskedBfvCodec(EmbeddingCodec):
             self._pair_secrets, where, party=self.party, count=values.size, modulus=PLAIN_MODULUS
         )
         masked = add_mask(encode_share(values), mask)
-        return frame_chunks(encrypt(self._context, masked), key_id=self.key_id)
+        step = SLOTS_PER_CIPHERTEXT
+        with SaveBuffer() as buffer:
+            chunks = [
+                self._encrypt_chunk(masked[start : start + step], buffer)
+                for start in range(0, masked.size, step)
+            ]
+        return frame_chunks(chunks, key_id=self.key_id)
+
+    def _encrypt_chunk(self, residues: np.ndarray, buffer: SaveBuffer) -> bytes:
+        """Residues encrypted with the secret key and saved seeded (``a`` as the seed that drew
+        it: half the bytes of TenSEAL's public-key ``bfv_vector``), in TenSEAL's BFVVector
+        framing, as the CKKS path's ``SecretKeyCipher`` does."""
+        plaintext = sealapi.Plaintext()
+        self._encoder.encode(residues.astype(np.uint64).tolist(), plaintext)
+        seeded = buffer.saved(self._encryptor.encrypt_symmetric(plaintext))
+        return tenseal_vector_bytes(seeded, slots=residues.size, scale=None)
 
     def decode_sum(self, payload: bytes, *, rows: int, cols: int) -> np.ndarray:
         if parse_frame(payload).key_id != self.key_id:

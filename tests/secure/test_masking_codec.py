@@ -131,3 +131,12 @@ def test_the_service_refuses_shares_that_do_not_fit() -> None:
     foreign = aggregator.read_share(stranger.encode(values[1], slot=SLOT), rows=8, cols=8)
     with pytest.raises(ValueError, match="under BFV key id"):
         total.add(1, foreign)
+
+
+def test_a_masked_share_travels_seeded_and_its_sum_as_a_full_ciphertext() -> None:
+    codecs, values = masked_codecs(), shares(128, 64)  # 8192 values: two ciphertexts
+    payloads = [c.encode(v, slot=SLOT) for c, v in zip(codecs, values, strict=True)]
+    total = BfvSumAggregator().add(payloads, rows=128, cols=64)
+    per_value = [len(p) / 8192 for p in payloads]
+    assert max(per_value) < 7.0  # seeded: one polynomial and a seed (public-key: about 12)
+    assert 10.0 < len(total) / 8192 < 13.0  # a sum is an ordinary 2-polynomial ciphertext
