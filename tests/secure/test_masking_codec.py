@@ -12,6 +12,7 @@ from secure.ckks_context import share_bound
 from secure.masking.bfv import PLAIN_MODULUS, new_bfv_context
 from secure.masking.codec import BfvSumAggregator, MaskedBfvCodec
 from secure.masking.keys import MaskingKeyPair, PinnedPeerKeys
+from tests.support.masking import masked_codecs as support_codecs
 
 PARTIES = 3
 SLOT = ShareSlot(pass_index=2, layer=1, part=0)
@@ -23,19 +24,7 @@ def fixed_key_pairs(parties: int) -> list[MaskingKeyPair]:
 
 
 def masked_codecs(parties: int = PARTIES, *, session: str = "s-1") -> list[MaskedBfvCodec]:
-    context = new_bfv_context()
-    pairs = fixed_key_pairs(parties)
-    return [
-        MaskedBfvCodec.from_keys(
-            context,
-            pairs[m],
-            PinnedPeerKeys({j: p.public_bytes() for j, p in enumerate(pairs) if j != m}),
-            party=m,
-            parties=parties,
-            session_id=session,
-        )
-        for m in range(parties)
-    ]
+    return support_codecs(parties, session=session, pairs=fixed_key_pairs(parties))
 
 
 def shares(rows: int, cols: int, parties: int = PARTIES) -> list[np.ndarray]:

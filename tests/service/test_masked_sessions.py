@@ -20,26 +20,9 @@ from service_testkit import (
 )
 
 from secure.aggregation import ShareSlot, to_grid
-from secure.masking.bfv import new_bfv_context
-from secure.masking.codec import MaskedBfvCodec
-from secure.masking.keys import MaskingKeyPair, PinnedPeerKeys
+from tests.support.masking import masked_codecs
 
 MASKED = {"encryption": "ckks", "secure_aggregation": "masks"}
-
-
-def codecs_for(session_id: str, parties: int) -> list[MaskedBfvCodec]:
-    context, pairs = new_bfv_context(), [MaskingKeyPair.generate() for _ in range(parties)]
-    return [
-        MaskedBfvCodec.from_keys(
-            context,
-            pairs[m],
-            PinnedPeerKeys({j: p.public_bytes() for j, p in enumerate(pairs) if j != m}),
-            party=m,
-            parties=parties,
-            session_id=session_id,
-        )
-        for m in range(parties)
-    ]
 
 
 @pytest.mark.anyio
@@ -51,7 +34,7 @@ async def test_a_service_without_keys_adds_masked_shares(make_app: Callable[...,
         assert (config["secure_aggregation"], config["encoding"]) == ("masks", "bfv-masked")
         info = await http.get(f"{client_path(sid, 0)}/passes/0", headers=bearer(tokens[0]))
         rows = len(info.json()["output_nodes"])
-        codecs = codecs_for(sid, 3)
+        codecs = masked_codecs(3, session=sid)
         rng = np.random.default_rng(0)
         shares = [to_grid(rng.uniform(-1, 1, size=(rows, 3))) for _ in range(3)]
         url = "passes/0/layers/3/embedding"
