@@ -41,13 +41,11 @@ from secure.ckks_context import (
     MAX_SHARES,
     KeyMaterialError,
     context_key_id,
-    public_context_bytes,
-    secret_context_bytes,
     share_bound,
+    write_context_files,
 )
 from secure.ckks_frame import frame_chunks, max_payload_bytes, parse_frame
 from secure.ckks_packing import ChunkLayout, SaveBuffer, tenseal_vector_bytes
-from secure.files import atomic_write
 from secure.masking.bfv import (
     COEFF_MOD_BIT_SIZES,
     DECODABLE_ABS_SUM,
@@ -76,16 +74,10 @@ NativeVector = Any
 def generate_bfv_keys(out_dir: Path, *, overwrite: bool = False) -> tuple[Path, Path]:
     """Write the shared BFV key of masked sessions: ``bfv-secret.context`` (mode 0600, every
     worker's) and ``bfv-public.context`` (its public half; nobody needs it to run a session)."""
-    secret_path, public_path = out_dir / SECRET_CONTEXT_NAME, out_dir / PUBLIC_CONTEXT_NAME
-    existing = [path for path in (secret_path, public_path) if path.exists()]
-    if existing and not overwrite:
-        names = ", ".join(str(path) for path in existing)
-        raise KeyMaterialError(f"key files already exist: {names} (pass overwrite=True)")
-    out_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    context = new_bfv_context()
-    atomic_write(secret_path, secret_context_bytes(context), mode=0o600)
-    atomic_write(public_path, public_context_bytes(context), mode=0o644)
-    return secret_path, public_path
+    return write_context_files(
+        out_dir, new_bfv_context, names=(SECRET_CONTEXT_NAME, PUBLIC_CONTEXT_NAME),
+        overwrite=overwrite,
+    )  # fmt: skip
 
 
 def load_bfv_secret_context(path: Path) -> ts.Context:
