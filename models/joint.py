@@ -21,7 +21,7 @@ import torch
 from models.node_arrays import host_rows, node_array
 from models.release import PassContext, PlainRelease, ReleasePolicy, ReleaseScope
 from models.workset import Extracted
-from secure.aggregation import EmbeddingCodec, ShareSlot
+from secure.aggregation import EmbeddingCodec, ShareSlot, rows_digest
 from secure.protocol import (
     ProtocolViolation,
     Request,
@@ -103,7 +103,7 @@ class JointAggregation:
 
         yield from self.exchange_parts(
             layer, pass_index=context.pass_index, rows=count_rows, cols=cols, share_of=share_of,
-            on_sum=on_sum, release=release.digest,
+            on_sum=on_sum, release=release.digest, nodes=rows,
         )  # fmt: skip
         if column is None and (count == count[0, 0]).all():
             return Extracted(torch.from_numpy(others).to(self.device), int(count[0, 0]))
@@ -129,16 +129,19 @@ class JointAggregation:
         share_of: Callable[[int, int, int], np.ndarray],
         on_sum: Callable[[int, int, np.ndarray, np.ndarray, int], None],
         release: str | None = None,
+        nodes: np.ndarray | None = None,
     ) -> Generator[Request, Response, None]:
         """Send a share of ``rows`` x ``cols`` in its parts (``secure.protocol.part_span``), one
         after the other: ``share_of(part, start, stop)`` makes a part as it is sent, and
         ``on_sum(start, stop, sent, total, count)`` takes its sum, so no more than one part's
-        encoding is held at a time."""
+        encoding is held at a time. ``nodes``: the node ids of the rows, whose digest goes with
+        each part's slot."""
         parts = part_count(rows, cols, self.part_values)
         for part in range(parts):
             start, stop = part_span(part, rows=rows, cols=cols, part_values=self.part_values)
             share = share_of(part, start, stop)
-            slot = ShareSlot(pass_index=pass_index, layer=layer, part=part)
+            digest = b"" if nodes is None else rows_digest(nodes[start:stop])
+            slot = ShareSlot(pass_index=pass_index, layer=layer, part=part, rows=digest)
             total, shares = yield from self._exchange(slot, share, release=release, parts=parts)
             on_sum(start, stop, share, total, shares)
 

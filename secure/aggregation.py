@@ -8,6 +8,7 @@ and adds it into a :class:`RunningSum` as it arrives; clients own an :class:`Emb
 
 from __future__ import annotations
 
+import hashlib
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -28,12 +29,20 @@ class PayloadError(ValueError):
 @dataclass(frozen=True)
 class ShareSlot:
     """Where a share goes in its session: part ``part`` of wire layer ``layer`` in pass
-    ``pass_index``. A codec that masks shares (``secure.masking.codec``) draws a mask per slot;
-    the others ignore it."""
+    ``pass_index``, its rows the nodes of digest ``rows`` (:func:`rows_digest`; empty where the
+    rows are not node ids). A codec that masks shares (``secure.masking.codec``) draws a mask
+    per slot; the others ignore it."""
 
     pass_index: int
     layer: int
     part: int
+    rows: bytes = b""
+
+
+def rows_digest(nodes: np.ndarray) -> bytes:
+    """SHA-256 of node ids (as little-endian int64): what every party's share of a part has
+    alike, so that a masked slot asked for again with other rows gets other masks."""
+    return hashlib.sha256(np.ascontiguousarray(nodes, dtype="<i8").tobytes()).digest()
 
 
 class EmbeddingCodec(ABC):

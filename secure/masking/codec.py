@@ -199,7 +199,7 @@ class MaskedBfvCodec(EmbeddingCodec):
                 f"share has |value| {largest:.4g} > {bound:g}: a sum of {self.parties} shares "
                 f"could wrap modulo t (bound shares with value_bound first)"
             )
-        where = MaskSlot(self.session_id, slot.pass_index, slot.layer, slot.part)
+        where = MaskSlot(self.session_id, slot.pass_index, slot.layer, slot.part, slot.rows)
         mask = party_mask(
             self._pair_secrets, where, party=self.party, count=values.size, modulus=PLAIN_MODULUS
         )

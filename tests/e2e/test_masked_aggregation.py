@@ -24,7 +24,7 @@ from clients.local.processes import ManagedProcess, free_port
 from models.config import TrainConfig
 from models.layout import layout_federation
 from models.trainer import train_inprocess
-from secure.aggregation import SHARE_GRID, PlainCodec
+from secure.aggregation import SHARE_GRID, PlainCodec, rows_digest
 from secure.masking.bfv import PLAIN_MODULUS, decode_sum, decrypt
 from secure.masking.codec import MaskedBfvCodec, generate_bfv_keys, load_bfv_secret_context
 from secure.masking.keys import PRIVATE_KEY_FILE, PUBLIC_KEY_FILE, MaskingKeyPair
@@ -137,7 +137,8 @@ def test_a_single_masked_share_served_as_a_sum_decodes_to_noise_and_a_colluder_r
     from secure.ckks_frame import parse_frame
 
     residues = decrypt(context, parse_frame(body).chunks)
-    slot = MaskSlot(session_id, ATTACKED_PASS, layer, 0)
+    # an evaluation pass's share covers every node, in order (models/layerwise.py all_rows)
+    slot = MaskSlot(session_id, ATTACKED_PASS, layer, 0, rows_digest(np.arange(cora.num_nodes)))
     victim_keys = keys_of(VICTIM)._pair_secrets
     mask = party_mask(victim_keys, slot, party=VICTIM, count=residues.size, modulus=PLAIN_MODULUS)
     share = decode_sum(residues - mask).reshape(rows, cols)

@@ -4,10 +4,12 @@ refuses what does not fit."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
-from secure.aggregation import SHARE_GRID, PayloadError, ShareSlot, to_grid
+from secure.aggregation import SHARE_GRID, PayloadError, ShareSlot, rows_digest, to_grid
 from secure.ckks_context import share_bound
 from secure.masking.bfv import PLAIN_MODULUS, new_bfv_context
 from secure.masking.codec import BfvSumAggregator, MaskedBfvCodec
@@ -72,14 +74,15 @@ def test_every_slot_and_session_has_its_own_masks() -> None:
         codecs[0].encode(values[0], slot=SLOT),
         codecs[0].encode(values[0], slot=ShareSlot(pass_index=2, layer=1, part=1)),
         codecs[0].encode(values[0], slot=ShareSlot(pass_index=3, layer=1, part=0)),
+        codecs[0].encode(values[0], slot=dataclasses.replace(SLOT, rows=rows_digest(np.ones(8)))),
         other_session.encode(values[0], slot=SLOT),
     ]
     # each decrypted with the key of its own context: the masked residues themselves
     decoded = [codecs[0].decode_sum(payloads[0], rows=8, cols=8)] + [
         c.decode_sum(p, rows=8, cols=8)
-        for c, p in zip([codecs[0], codecs[0], other_session], payloads[1:], strict=True)
+        for c, p in zip([codecs[0]] * 3 + [other_session], payloads[1:], strict=True)
     ]
-    assert len({d.tobytes() for d in decoded}) == 4
+    assert len({d.tobytes() for d in decoded}) == 5
 
 
 def test_a_share_that_could_wrap_or_has_no_slot_is_refused() -> None:
