@@ -25,15 +25,18 @@ from models.config import TrainConfig
 from models.layout import layout_federation
 from models.trainer import train_inprocess
 from secure.aggregation import SHARE_GRID, PlainCodec, rows_digest
+from secure.ckks_frame import parse_frame
 from secure.masking.bfv import PLAIN_MODULUS, decode_sum, decrypt
 from secure.masking.codec import MaskedBfvCodec, generate_bfv_keys, load_bfv_secret_context
-from secure.masking.keys import PRIVATE_KEY_FILE, PUBLIC_KEY_FILE, MaskingKeyPair
+from secure.masking.keys import PRIVATE_KEY_FILE, PUBLIC_KEY_FILE, MaskingKeyPair, PinnedPeerKeys
+from secure.masking.secret_material import SecretBytes
 from secure.masking.streams import MaskSlot, party_mask
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 # three clients, no DP (the attack needs none); passes: train 0, eval 1. hidden 64: the eval
-# pass's share has ~100,000 values, so |correlation| < 0.01 holds far beyond chance
+# pass's share has 2708 x 64 = 173,312 values, so |correlation| < 0.01 is over 4 standard
+# deviations (1/sqrt(n) = 0.0024) of uncorrelated values; the keys are fixed, so is the figure
 MASKED = TrainConfig(
     clients=3, rounds=1, eval_every=0, hidden=64, dp=False, encryption="ckks",
     secure_aggregation="masks", seed=5, device="cpu",
@@ -123,31 +126,35 @@ def test_a_single_masked_share_served_as_a_sum_decodes_to_noise_and_a_colluder_r
     rows, cols = (int(v) for v in shape.split(","))
     context = load_bfv_secret_context(secret)
 
-    def keys_of(m: int) -> MaskedBfvCodec:
+    def keys_of(m: int) -> tuple[MaskingKeyPair, PinnedPeerKeys]:
+        """Worker m's key material, read from its key files as the worker reads it."""
         own = read_masking_key_pair(Path(masking[m][1]), "--masking-key")
         pins = [(int(a), Path(b)) for a, b in (i.split("=") for i in masking[m][3].split(","))]
-        peers = read_pinned_masking_keys(pins, "--masking-peer-keys")
-        return MaskedBfvCodec.from_keys(
-            context, own, peers, party=m, parties=MASKED.clients, session_id=session_id
-        )
+        return own, read_pinned_masking_keys(pins, "--masking-peer-keys")
+
+    def pair_secrets(m: int) -> dict[int, SecretBytes]:
+        own, peers = keys_of(m)
+        return peers.pair_secrets(own, party=m)
 
     # what the fooled worker decodes: its own codec on the served body
-    decoded = keys_of(FOOLED).decode_sum(body, rows=rows, cols=cols)
+    fooled = MaskedBfvCodec.from_keys(
+        context, *keys_of(FOOLED), party=FOOLED, parties=MASKED.clients, session_id=session_id
+    )
+    decoded = fooled.decode_sum(body, rows=rows, cols=cols)
     # the victim's share itself, unmasked with the victim's keys (the test holds every key)
-    from secure.ckks_frame import parse_frame
-
     residues = decrypt(context, parse_frame(body).chunks)
     # an evaluation pass's share covers every node, in order (models/layerwise.py all_rows)
     slot = MaskSlot(session_id, ATTACKED_PASS, layer, 0, rows_digest(np.arange(cora.num_nodes)))
-    victim_keys = keys_of(VICTIM)._pair_secrets
-    mask = party_mask(victim_keys, slot, party=VICTIM, count=residues.size, modulus=PLAIN_MODULUS)
+    mask = party_mask(
+        pair_secrets(VICTIM), slot, party=VICTIM, count=residues.size, modulus=PLAIN_MODULUS
+    )
     share = decode_sum(residues - mask).reshape(rows, cols)
     assert residues.size > 60_000 and np.abs(share).max() > 10 * SHARE_GRID  # a real share
     print(f"{residues.size} values: correlation {correlation(decoded, share):+.4f}")
     assert abs(correlation(decoded, share)) < 0.01
     # the service with the colluder's keys: the victim's share less the stream the colluder
     # shares with it is still masked by the stream of the victim and the honest worker
-    colluder = keys_of(COLLUDER)._pair_secrets
+    colluder = pair_secrets(COLLUDER)
     known = party_mask(
         {VICTIM: colluder[VICTIM]}, slot, party=COLLUDER, count=residues.size,
         modulus=PLAIN_MODULUS,
