@@ -177,7 +177,6 @@ def _create(admin: AdminClient, args: argparse.Namespace) -> int:
         "server": args.server,
         "clients": body["clients"],
         "encryption": body["encryption"],
-        "secure_aggregation": body.get("secure_aggregation", "none"),
         "noise_multiplier": created.get("noise_multiplier"),
         "privacy": body["privacy"],
         "label": body["label"],
@@ -187,9 +186,7 @@ def _create(admin: AdminClient, args: argparse.Namespace) -> int:
     (args.out / "session.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(
         f"session {created['session_id']}: {created['passes_total']} passes, "
-        f"{body['clients']} clients, encryption {body['encryption']}"
-        + (", masked shares" if body.get("secure_aggregation") == "masks" else "")
-        + ", "
+        f"{body['clients']} clients, encryption {body['encryption']}, "
         + _privacy_words(body["privacy"], created.get("noise_multiplier"))
         + f"; tokens in {args.out}/client-<m>.token"
     )
