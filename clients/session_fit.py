@@ -285,7 +285,9 @@ def fit_to_session(
     if codec.encoding != config.encoding:
         raise SessionMismatch(
             f"the session expects {config.encoding} shares, this worker's codec "
-            f"makes {codec.encoding}: give the secret context (or --no-he) to match"
+            f"makes {codec.encoding}: give the secret context (or --no-he) to match; a masked "
+            "session (bfv-masked) needs the BFV --secret-context, --masking-key and "
+            "--masking-peer-keys"
         )
     partition = session_partition(partition, config)
     if config.kind == "scoring":

@@ -57,7 +57,18 @@ class WorkerSettings(BaseSettings):
     secret_context: Path | None = Field(
         None,
         description="CKKS secret context (from `glasu keygen`); required when the session "
-        "is encrypted.",
+        "is encrypted. In a session with masked secure aggregation: the BFV one (`glasu keygen "
+        "--scheme bfv`), with --masking-key and --masking-peer-keys.",
+    )
+    masking_key: Path | None = Field(
+        None,
+        description="This organisation's X25519 masking key (masking.key of `glasu keygen "
+        "--masking-key`): a session with masked secure aggregation needs it.",
+    )
+    masking_peer_keys: str | None = Field(
+        None,
+        description="The other organisations' public masking keys, pinned by client index, "
+        "received out of band: M=PATH,M=PATH (one per other client).",
     )
     ca_file: Path | None = Field(
         None, description="CA certificate that signed the service's TLS certificate."
@@ -190,6 +201,17 @@ class WorkerSettings(BaseSettings):
         PrivacyPolicy.accountant, description="The accountant of this worker's own ledger."
     )
 
+    @field_validator("masking_peer_keys")
+    @classmethod
+    def _peer_keys_are_pairs(cls, text: str | None) -> str | None:
+        if text is not None:
+            parse_peer_keys(text)
+        return text
+
+    def pinned_masking_keys(self) -> list[tuple[int, Path]]:
+        """``masking_peer_keys`` as (client index, public key file) pairs."""
+        return parse_peer_keys(self.masking_peer_keys or "")
+
     @field_validator("device")
     @classmethod
     def _known_device(cls, device: str) -> str:
@@ -253,3 +275,18 @@ class WorkerSettings(BaseSettings):
                 raise ValueError(f"settings file {path} not found")
             sources += (TomlConfigSettingsSource(settings_cls, toml_file=path),)
         return sources
+
+
+def parse_peer_keys(text: str) -> list[tuple[int, Path]]:
+    """``M=PATH,M=PATH`` as pairs; ValueError naming the item that is not ``M=PATH``, or a
+    client given twice."""
+    pairs = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        party, equals, path = item.partition("=")
+        if not equals or not party.strip().isdigit() or not path.strip():
+            raise ValueError(f"give M=PATH,M=PATH (client indices and public keys), not {item!r}")
+        pairs.append((int(party), Path(path.strip())))
+    parties = [m for m, _ in pairs]
+    if len(set(parties)) != len(parties):
+        raise ValueError(f"a client's masking key is pinned twice in {text!r}")
+    return pairs

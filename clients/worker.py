@@ -128,7 +128,7 @@ class WorkerRun:
             policy,
             self.session_json,
             session_id=service.session_id,
-            encrypted=codec.encoding == "ckks",
+            encrypted=codec.encoding != "float32",
             ledger=ledger,
         )
         # the backbone the session's settings were chosen for, and the session's defaults for

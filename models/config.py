@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from secure.accounting import AccountantName
 from secure.privacy import SessionPrivacy
-from secure.protocol import AlignedNodes, StragglerPolicy
+from secure.protocol import AlignedNodes, SecureAggregation, ShareEncoding, StragglerPolicy
 
 SplitName = Literal["paper", "public", "aligned"]  # aligned: glasu train --party
 BackboneName = Literal["gcnii", "gcn", "gat", "sign"]
@@ -73,6 +73,8 @@ class TrainConfig:
     device: str = "auto"
     # Encryption and differential privacy: on unless switched off.
     encryption: Encryption = "ckks"
+    # "masks": pairwise-masked shares under BFV (docs/secure-aggregation.md)
+    secure_aggregation: SecureAggregation = "none"
     dp: bool = True
     epsilon: float | None = 4.0  # target; calibrates z when noise_multiplier is None
     delta: float = 1e-6
@@ -95,6 +97,17 @@ class TrainConfig:
     @property
     def encrypted(self) -> bool:
         return self.encryption == "ckks" and self.releases_anything
+
+    @property
+    def masked(self) -> bool:
+        return self.secure_aggregation == "masks" and self.encrypted
+
+    @property
+    def encoding(self) -> ShareEncoding:
+        """How the run's shares travel."""
+        if self.masked:
+            return "bfv-masked"
+        return "ckks" if self.encrypted else "float32"
 
     @property
     def private(self) -> bool:

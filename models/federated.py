@@ -233,7 +233,9 @@ class GlasuClient:
         fresh.own_output = h.detach()
         loss = self._loss(fresh, h, weights=None) if self.holds_labels else None
         if arrangement.gradient_layer is not None:
-            fresh.gradient = yield from self._broadcast_gradient(h, loss)
+            fresh.gradient = yield from self._broadcast_gradient(
+                h, loss, pass_index=context.pass_index
+            )
             if loss is None:
                 loss = self._loss(fresh, h, weights=None)
         losses = [self._apply(fresh, loss)]
@@ -279,7 +281,7 @@ class GlasuClient:
         return loss.item()
 
     def _broadcast_gradient(
-        self, h: torch.Tensor, loss: torch.Tensor | None
+        self, h: torch.Tensor, loss: torch.Tensor | None, *, pass_index: int
     ) -> Generator[Request, Response, torch.Tensor]:
         """GLASU B.2's broadcast, as a sum through the service at wire layer L + 1: the label
         holder sends its loss's gradient with respect to the top-layer aggregate (per instance:
@@ -298,7 +300,7 @@ class GlasuClient:
             total[start:stop] = part
 
         yield from self.joint.exchange_parts(
-            self.layers + 1, rows=rows, cols=cols,
+            self.layers + 1, pass_index=pass_index, rows=rows, cols=cols,
             share_of=lambda _, start, stop: share[start:stop], on_sum=on_sum,
         )  # fmt: skip
         return torch.from_numpy(total / rows).to(self.device, torch.float32)

@@ -21,7 +21,7 @@ import torch
 from models.node_arrays import host_rows, node_array
 from models.release import PassContext, PlainRelease, ReleasePolicy, ReleaseScope
 from models.workset import Extracted
-from secure.aggregation import EmbeddingCodec
+from secure.aggregation import EmbeddingCodec, ShareSlot, rows_digest
 from secure.protocol import (
     ProtocolViolation,
     Request,
@@ -102,8 +102,8 @@ class JointAggregation:
             count[start:stop] = held
 
         yield from self.exchange_parts(
-            layer, rows=count_rows, cols=cols, share_of=share_of,
-            on_sum=on_sum, release=release.digest,
+            layer, pass_index=context.pass_index, rows=count_rows, cols=cols, share_of=share_of,
+            on_sum=on_sum, release=release.digest, nodes=rows,
         )  # fmt: skip
         if column is None and (count == count[0, 0]).all():
             return Extracted(torch.from_numpy(others).to(self.device), int(count[0, 0]))
@@ -123,39 +123,46 @@ class JointAggregation:
         self,
         layer: int,
         *,
+        pass_index: int,
         rows: int,
         cols: int,
         share_of: Callable[[int, int, int], np.ndarray],
         on_sum: Callable[[int, int, np.ndarray, np.ndarray, int], None],
         release: str | None = None,
+        nodes: np.ndarray | None = None,
     ) -> Generator[Request, Response, None]:
         """Send a share of ``rows`` x ``cols`` in its parts (``secure.protocol.part_span``), one
         after the other: ``share_of(part, start, stop)`` makes a part as it is sent, and
         ``on_sum(start, stop, sent, total, count)`` takes its sum, so no more than one part's
-        encoding is held at a time."""
+        encoding is held at a time. ``nodes``: the node ids of the rows, whose digest goes with
+        each part's slot."""
         parts = part_count(rows, cols, self.part_values)
         for part in range(parts):
             start, stop = part_span(part, rows=rows, cols=cols, part_values=self.part_values)
             share = share_of(part, start, stop)
-            total, shares = yield from self._exchange(
-                layer, share, release=release, part=part, parts=parts
-            )
+            digest = b"" if nodes is None else rows_digest(nodes[start:stop])
+            slot = ShareSlot(pass_index=pass_index, layer=layer, part=part, rows=digest)
+            total, shares = yield from self._exchange(slot, share, release=release, parts=parts)
             on_sum(start, stop, share, total, shares)
 
     def _exchange(
-        self, layer: int, share: np.ndarray, *, release: str | None, part: int, parts: int
+        self, slot: ShareSlot, share: np.ndarray, *, release: str | None, parts: int
     ) -> Generator[Request, Response, tuple[np.ndarray, int]]:
-        """Upload ``share`` (part ``part`` of ``parts`` of wire layer ``layer``); return the
-        decoded sum and how many shares it holds: every client's, or (a pass that went on
-        without a straggler) the release policy's fewest at least."""
+        """Upload ``share`` (part ``slot.part`` of ``parts`` of wire layer ``slot.layer``);
+        return the decoded sum and how many shares it holds: every client's, or (a pass that
+        went on without a straggler) the fewest the release policy and the codec take."""
         rows, cols = share.shape
+        layer = slot.layer
         answer = yield ShareRequest(
-            layer=layer, payload=self.codec.encode(share), rows=rows, cols=cols, release=release,
-            part=part, parts=parts, plaintext_digest=plaintext_digest(share),
+            layer=layer, payload=self.codec.encode(share, slot=slot), rows=rows, cols=cols,
+            release=release, part=slot.part, parts=parts,
+            plaintext_digest=plaintext_digest(share),
         )  # fmt: skip
         if not isinstance(answer, SharesSum):
             raise TypeError(f"expected a SharesSum for layer {layer}, got {type(answer).__name__}")
-        fewest = self.release.fewest_shares(self.clients)
+        fewest = max(
+            self.release.fewest_shares(self.clients), self.codec.fewest_shares(self.clients)
+        )
         if not fewest <= answer.count <= self.clients:
             raise ProtocolViolation(
                 f"layer {layer}: the sum holds {answer.count} shares, expected at most "

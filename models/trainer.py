@@ -36,11 +36,16 @@ from secure.schedule import SessionSchedule
 
 @dataclass(frozen=True)
 class Security:
-    """The codec and the aggregator a run uses, and its privacy plan."""
+    """The codec and the aggregator a run uses, and its privacy plan. ``party_codec``: each
+    party's own codec, where codecs differ by party (masked shares: each its own masks)."""
 
     codec_factory: Callable[[], EmbeddingCodec]
     aggregator: SumAggregator
     privacy: SessionPrivacy | None = None
+    party_codec: Callable[[int], EmbeddingCodec] | None = None
+
+    def codec(self, party: int) -> EmbeddingCodec:
+        return self.codec_factory() if self.party_codec is None else self.party_codec(party)
 
     def make_client(
         self,
@@ -52,7 +57,7 @@ class Security:
         return make_client(
             part,
             layout.client_config,
-            codec=self.codec_factory(),
+            codec=self.codec(part.client),
             device=device,
             privacy=self.privacy,
             seed=config.seed,
@@ -64,6 +69,8 @@ def prepare_security(config: TrainConfig, *, passes_total: int, clients: int) ->
     privacy = config.session_privacy(clients=clients, passes_total=passes_total)
     if not config.encrypted:
         return Security(codec_factory=PlainCodec, aggregator=PlainSumAggregator(), privacy=privacy)
+    if config.masked:
+        return masked_security(clients, privacy=privacy)
     from secure.ckks import CkksCodec, CkksSumAggregator
     from secure.ckks_context import new_context, public_context_bytes
 
@@ -72,6 +79,37 @@ def prepare_security(config: TrainConfig, *, passes_total: int, clients: int) ->
         codec_factory=lambda: CkksCodec(context),
         aggregator=CkksSumAggregator.from_bytes(public_context_bytes(context)),
         privacy=privacy,
+    )
+
+
+def masked_security(clients: int, *, privacy: SessionPrivacy | None) -> Security:
+    """Masked shares under BFV for ``clients`` parties of this process: a fresh shared BFV key,
+    a fresh X25519 key pair per party (each pinning the others' public keys) and a fresh
+    session id for the mask slots, as the local alignment makes fresh signing keys."""
+    import uuid
+
+    from secure.masking.bfv import new_bfv_context
+    from secure.masking.codec import BfvSumAggregator, MaskedBfvCodec
+    from secure.masking.keys import MaskingKeyPair, PinnedPeerKeys
+
+    context, session_id = new_bfv_context(), uuid.uuid4().hex
+    pairs = [MaskingKeyPair.generate() for _ in range(clients)]
+
+    def party_codec(party: int) -> EmbeddingCodec:
+        peers = {m: pair.public_bytes() for m, pair in enumerate(pairs) if m != party}
+        return MaskedBfvCodec.from_keys(
+            context, pairs[party], PinnedPeerKeys(peers),
+            party=party, parties=clients, session_id=session_id,
+        )  # fmt: skip
+
+    def no_shared_codec() -> EmbeddingCodec:
+        raise TypeError("masked shares need each party's own codec: Security.codec(party)")
+
+    return Security(
+        codec_factory=no_shared_codec,
+        aggregator=BfvSumAggregator(),
+        privacy=privacy,
+        party_codec=party_codec,
     )
 
 

@@ -8,9 +8,11 @@ and adds it into a :class:`RunningSum` as it arrives; clients own an :class:`Emb
 
 from __future__ import annotations
 
+import hashlib
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import numpy as np
@@ -24,6 +26,25 @@ class PayloadError(ValueError):
     """An uploaded payload that does not fit the slot it was sent to (shape, size, encoding)."""
 
 
+@dataclass(frozen=True)
+class ShareSlot:
+    """Where a share goes in its session: part ``part`` of wire layer ``layer`` in pass
+    ``pass_index``, its rows the nodes of digest ``rows`` (:func:`rows_digest`; empty where the
+    rows are not node ids). A codec that masks shares (``secure.masking.codec``) draws a mask
+    per slot; the others ignore it."""
+
+    pass_index: int
+    layer: int
+    part: int
+    rows: bytes = b""
+
+
+def rows_digest(nodes: np.ndarray) -> bytes:
+    """SHA-256 of node ids (as little-endian int64): what every party's share of a part has
+    alike, so that a masked slot asked for again with other rows gets other masks."""
+    return hashlib.sha256(np.ascontiguousarray(nodes, dtype="<i8").tobytes()).digest()
+
+
 class EmbeddingCodec(ABC):
     """Client side: turns a (rows x cols) float matrix into bytes for the service and a summed
     payload back into a float matrix."""
@@ -31,7 +52,7 @@ class EmbeddingCodec(ABC):
     encoding: str
 
     @abstractmethod
-    def encode(self, matrix: np.ndarray) -> bytes: ...
+    def encode(self, matrix: np.ndarray, *, slot: ShareSlot | None = None) -> bytes: ...
 
     @abstractmethod
     def decode_sum(self, payload: bytes, *, rows: int, cols: int) -> np.ndarray: ...
@@ -39,6 +60,11 @@ class EmbeddingCodec(ABC):
     def value_bound(self, *, shares: int) -> float:
         """The largest |value| a share may hold so that a sum of ``shares`` decodes."""
         return math.inf
+
+    def fewest_shares(self, clients: int) -> int:
+        """The fewest of ``clients`` shares a sum must hold to decode: any number (masked
+        shares decode only in the sum of all of them)."""
+        return 1
 
 
 class RunningSum(ABC, Generic[S]):
@@ -121,7 +147,7 @@ class PlainCodec(EmbeddingCodec):
     def value_bound(self, *, shares: int) -> float:
         return PLAIN_VALUE_BOUND
 
-    def encode(self, matrix: np.ndarray) -> bytes:
+    def encode(self, matrix: np.ndarray, *, slot: ShareSlot | None = None) -> bytes:
         if matrix.ndim != 2:
             raise ValueError(f"expected a 2-D matrix, got shape {matrix.shape}")
         return np.ascontiguousarray(to_grid(matrix), dtype=FLOAT32_LE).tobytes()

@@ -10,9 +10,7 @@ and torch-free: the service and the CLI both import it.
 
 from __future__ import annotations
 
-from typing import Literal
-
-from secure.protocol import PART_VALUES
+from secure.protocol import PART_VALUES, ShareEncoding
 from secure.psi import ELEMENT_BYTES
 from secure.wire.alignment import SET_PART_ELEMENTS
 
@@ -35,16 +33,16 @@ def usable_bytes(max_body_bytes: int) -> int:
 def share_part_values(
     max_body_bytes: int,
     *,
-    encoding: Literal["ckks", "float32"],
+    encoding: ShareEncoding,
     widest: int,
     most: int = PART_VALUES,
 ) -> int:
     """Values per part of a session's shares: the most (at most ``most``) whose upload fits
-    ``max_body_bytes``, whole CKKS ciphertexts under ``ckks``; a part carries one row at least,
+    ``max_body_bytes``, whole ciphertexts when encrypted; a part carries one row at least,
     so :class:`BodyLimitTooSmall` if one row of the ``widest`` layer does not fit."""
     usable = usable_bytes(max_body_bytes)
-    if encoding == "ckks":
-        header, ciphertext, values = _ckks_sizes()
+    if encoding != "float32":
+        header, ciphertext, values = _encrypted_sizes()
         fitting = max(0, (usable - header) // ciphertext) * values
         needed = share_part_bytes(widest, encoding=encoding)
     else:
@@ -59,10 +57,10 @@ def share_part_values(
     return min(most, fitting)
 
 
-def share_part_bytes(part_values: int, *, encoding: Literal["ckks", "float32"]) -> int:
+def share_part_bytes(part_values: int, *, encoding: ShareEncoding) -> int:
     """The largest upload of a part of ``part_values`` values (the bound the sizing uses)."""
-    if encoding == "ckks":
-        header, ciphertext, values = _ckks_sizes()
+    if encoding != "float32":
+        header, ciphertext, values = _encrypted_sizes()
         return header + -(-part_values // values) * ciphertext
     return part_values * FLOAT32_BYTES
 
@@ -79,10 +77,11 @@ def set_part_elements(max_body_bytes: int) -> int:
     return min(SET_PART_ELEMENTS, fitting)
 
 
-def _ckks_sizes() -> tuple[int, int, int]:
-    """A CKKS frame's header, the most one ciphertext takes in it (its length prefix included),
-    and the values it holds. Imported here: the CKKS modules load TenSEAL, which the service
-    loads only for its first CKKS session."""
+def _encrypted_sizes() -> tuple[int, int, int]:
+    """An encrypted frame's header, the most one ciphertext takes in it (its length prefix
+    included), and the values it holds: a seeded ciphertext at one prime carrying N values,
+    under CKKS (two per slot) as under BFV (masked shares, one per slot). Imported here: the
+    CKKS modules load TenSEAL, which the service loads only for its first encrypted session."""
     from secure.ckks_context import VALUES_PER_CIPHERTEXT
     from secure.ckks_frame import CHUNK_PREFIX_BYTES, FRAME_HEADER_BYTES, SHARE_CHUNK_BOUND_BYTES
 

@@ -21,6 +21,7 @@ from secure.aggregation import (
     PlainCodec,
     PlainSumAggregator,
     RunningSum,
+    ShareSlot,
     SumAggregator,
     to_grid,
 )
@@ -141,7 +142,7 @@ class CkksCodec(EmbeddingCodec):
     def value_bound(self, *, shares: int) -> float:
         return share_bound(clients=shares)
 
-    def encode(self, matrix: np.ndarray) -> bytes:
+    def encode(self, matrix: np.ndarray, *, slot: ShareSlot | None = None) -> bytes:
         chunks = self._cipher.encrypt(to_grid(_flatten_share(matrix)))
         return frame_chunks(chunks, key_id=self._loaded.key_id)
 

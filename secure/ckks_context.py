@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -166,15 +167,28 @@ def generate_keys(out_dir: Path, *, overwrite: bool = False) -> tuple[Path, Path
     Refuses to replace existing key files unless ``overwrite``: losing a secret key loses every
     ciphertext made with it. Returns ``(secret_path, public_path)``.
     """
-    out_dir = Path(out_dir)
-    secret_path = out_dir / SECRET_CONTEXT_NAME
-    public_path = out_dir / PUBLIC_CONTEXT_NAME
+    return write_context_files(
+        Path(out_dir), new_context, names=(SECRET_CONTEXT_NAME, PUBLIC_CONTEXT_NAME),
+        overwrite=overwrite,
+    )  # fmt: skip
+
+
+def write_context_files(
+    out_dir: Path,
+    make_context: Callable[[], ts.Context],
+    *,
+    names: tuple[str, str],
+    overwrite: bool,
+) -> tuple[Path, Path]:
+    """A fresh context of ``make_context`` written as ``names`` (secret, mode 0600; public) in
+    ``out_dir``; :class:`KeyMaterialError` for existing files unless ``overwrite``."""
+    secret_path, public_path = (out_dir / name for name in names)
     existing = [path for path in (secret_path, public_path) if path.exists()]
     if existing and not overwrite:
-        names = ", ".join(str(path) for path in existing)
-        raise KeyMaterialError(f"key files already exist: {names} (pass overwrite=True)")
+        listed = ", ".join(str(path) for path in existing)
+        raise KeyMaterialError(f"key files already exist: {listed} (pass overwrite=True)")
     out_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    context = new_context()
+    context = make_context()
     atomic_write(secret_path, secret_context_bytes(context), mode=0o600)
     atomic_write(public_path, public_context_bytes(context), mode=0o644)
     return secret_path, public_path

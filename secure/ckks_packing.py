@@ -55,12 +55,13 @@ class _Saveable(Protocol):
     def save(self, path: str, /) -> None: ...
 
 
-class _SaveBuffer:
+class SaveBuffer:
     """Where SEAL's binding, which saves only to a file path, writes a ciphertext to be read back:
     an anonymous in-memory file (``memfd``) on Linux, else a file in a private temporary
-    directory. One per :meth:`SecretKeyCipher.encrypt` call, so concurrent calls never share it."""
+    directory. One per encryption call (:meth:`SecretKeyCipher.encrypt`, the masked BFV codec's),
+    so concurrent calls never share it."""
 
-    def __enter__(self) -> _SaveBuffer:
+    def __enter__(self) -> SaveBuffer:
         self._fd: int | None = None
         self._directory: tempfile.TemporaryDirectory[str] | None = None
         if hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"):
@@ -106,13 +107,13 @@ class SecretKeyCipher:
     def encrypt(self, values: np.ndarray) -> list[bytes]:
         """One serialized vector per :attr:`values_per_ciphertext` of the float64 ``values``."""
         step = self.values_per_ciphertext
-        with _SaveBuffer() as buffer:
+        with SaveBuffer() as buffer:
             return [
                 self._encrypt_chunk(values[start : start + step], buffer)
                 for start in range(0, values.size, step)
             ]
 
-    def _encrypt_chunk(self, values: np.ndarray, buffer: _SaveBuffer) -> bytes:
+    def _encrypt_chunk(self, values: np.ndarray, buffer: SaveBuffer) -> bytes:
         if values.size % 2:
             values = np.append(values, 0.0)
         plaintext = sealapi.Plaintext()
@@ -133,15 +134,18 @@ class SecretKeyCipher:
 # TenSEAL 0.3.18 serializes a CKKSVector as a CKKSVectorProto (tenseal/proto/tensors.proto):
 # field 1 ``sizes`` (packed repeated uint32), field 2 ``ciphertexts`` (repeated bytes: SEAL's
 # serialization), field 3 ``scale`` (double), in that order (a test compares with TenSEAL's own).
+# A BFVVector's proto is the same without the scale.
 _SIZES_TAG = bytes([1 << 3 | 2])
 _CIPHERTEXT_TAG = bytes([2 << 3 | 2])
 _SCALE_TAG = bytes([3 << 3 | 1])
 _DOUBLE = struct.Struct("<d")
 
 
-def tenseal_vector_bytes(ciphertext: bytes, *, slots: int, scale: float) -> bytes:
-    """A serialized TenSEAL CKKSVector of ``slots`` slots around one serialized SEAL ciphertext."""
+def tenseal_vector_bytes(ciphertext: bytes, *, slots: int, scale: float | None) -> bytes:
+    """A serialized TenSEAL CKKSVector of ``slots`` slots around one serialized SEAL ciphertext;
+    with ``scale`` None, a BFVVector."""
     sizes = _varint(slots)
+    scale_field = b"" if scale is None else _SCALE_TAG + _DOUBLE.pack(scale)
     return b"".join(
         (
             _SIZES_TAG,
@@ -150,8 +154,7 @@ def tenseal_vector_bytes(ciphertext: bytes, *, slots: int, scale: float) -> byte
             _CIPHERTEXT_TAG,
             _varint(len(ciphertext)),
             ciphertext,
-            _SCALE_TAG,
-            _DOUBLE.pack(scale),
+            scale_field,
         )
     )
 
@@ -222,6 +225,24 @@ class ChunkLayout:
             1,
         )
         return cls(members=members, scale_field=_SCALE_TAG + _DOUBLE.pack(scale))
+
+    @classmethod
+    def of_bfv(cls, context: ts.Context) -> ChunkLayout:
+        """The layout of a TenSEAL BFVVector under ``context`` (secure/masking/codec.py): the
+        same proto without the scale field, a fresh 2-polynomial ciphertext at the data level,
+        not in NTT form, scale 1."""
+        data_level = context.seal_context().data.first_context_data()
+        parms = data_level.parms()
+        members = _CIPHERTEXT_MEMBERS.pack(
+            *data_level.parms_id(),
+            False,
+            _CIPHERTEXT_POLYNOMIALS,
+            parms.poly_modulus_degree(),
+            len(parms.coeff_modulus()),
+            1.0,
+            1,
+        )
+        return cls(members=members, scale_field=b"")
 
     def checked(self, chunk: bytes) -> tuple[bytes, int]:
         """``chunk`` as SEAL may parse it, its ciphertext inflated by ``zstandard`` if SEAL

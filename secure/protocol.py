@@ -21,7 +21,11 @@ from typing import Literal
 
 import numpy as np
 
-Encoding = Literal["int64", "float32", "ckks"]
+Encoding = Literal["int64", "float32", "ckks", "bfv-masked"]
+# how shares travel: float32, CKKS, or pairwise-masked under BFV (secure/masking/codec.py)
+ShareEncoding = Literal["float32", "ckks", "bfv-masked"]
+# "masks": pairwise-masked shares under BFV (docs/secure-aggregation.md)
+SecureAggregation = Literal["none", "masks"]
 # which node ids an alignment indexes, and a session averages over: those every party holds, or
 # those any party holds (partly shared nodes, the count-aware mean)
 AlignedNodes = Literal["intersection", "union"]
@@ -31,7 +35,7 @@ StragglerPolicy = Literal["wait", "continue"]
 # clients that fetch the sum
 MIN_CONTRIBUTORS = 2
 NODE_ENCODING: Encoding = "int64"
-EMBEDDING_ENCODINGS: tuple[Encoding, ...] = ("float32", "ckks")
+EMBEDDING_ENCODINGS: tuple[Encoding, ...] = ("float32", "ckks", "bfv-masked")
 INT64_LE = np.dtype("<i8")
 FLOAT32_LE = np.dtype("<f4")
 

@@ -1,5 +1,6 @@
 """The service's aggregators: which :class:`SumAggregator` adds a session's shares (plaintext
-float32, or CKKS under the service's public context), and loading that public context.
+float32, CKKS under the service's public context, or masked BFV shares under the parameters
+alone), and loading that public context.
 
 Not to be confused with ``secure/ckks.py``, the CKKS arithmetic itself: this module only chooses
 and guards it. Refusals are domain errors (:mod:`service.domain_errors`). ``secure.ckks`` is
@@ -79,12 +80,14 @@ class _SerializedSum(RunningSum[Any]):
 
 
 class Aggregators:
-    """The service's aggregators: one plaintext, one CKKS (built on first use)."""
+    """The service's aggregators: one plaintext, one CKKS and one of masked BFV shares (each
+    built on first use)."""
 
     def __init__(self, context: PublicContext | None) -> None:
         self.context = context
         self._plain = PlainSumAggregator()
         self._ckks: SumAggregator[Any] | None = None
+        self._masked: SumAggregator[Any] | None = None
         self._lock = threading.Lock()
 
     def require_ckks(self) -> PublicContext:
@@ -108,9 +111,26 @@ class Aggregators:
         """The aggregator of a session's embeddings."""
         return self.for_encoding(plan.encoding, context_sha256=plan.public_context_sha256)
 
+    def check_masked_session(self, clients: int) -> None:
+        """Refuses more shares than BFV is sized for; a masked session needs no key here."""
+        from secure import ckks
+
+        if clients > ckks.MAX_SHARES:
+            raise InvalidSessionRequest(
+                f"clients: secure aggregation 'masks' supports at most {ckks.MAX_SHARES} clients"
+                f" (the BFV parameters' noise budget is sized for that many shares), got {clients}",
+            )
+
     def for_encoding(self, encoding: str, *, context_sha256: str | None) -> SumAggregator[Any]:
         if encoding == "float32":
             return self._plain
+        if encoding == "bfv-masked":
+            with self._lock:
+                if self._masked is None:
+                    from secure.masking.codec import BfvSumAggregator
+
+                    self._masked = _SerializedAggregator(BfvSumAggregator())
+                return self._masked
         context = self.require_ckks()
         if context_sha256 != context.sha256:
             raise EncryptionUnavailable.other_context()

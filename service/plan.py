@@ -9,13 +9,12 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel
 
 from secure.privacy import NoiseMultiplierSource, SessionPrivacy
-from secure.protocol import PART_VALUES
+from secure.protocol import PART_VALUES, ShareEncoding
 from secure.schedule import PassSpec, SessionSchedule, passes_total
 from secure.wire.sessions import SessionConfigView, SessionCreate
 
@@ -144,7 +143,7 @@ class SessionPlan:
         return self.config.clients
 
     @property
-    def encoding(self) -> Literal["ckks", "float32"]:
+    def encoding(self) -> ShareEncoding:
         return self.config.encoding
 
     @property

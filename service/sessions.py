@@ -52,7 +52,9 @@ class SessionManager:
         )
         self._check_model_session(request)
         context_sha256 = None
-        if request.encryption == "ckks":
+        if request.secure_aggregation == "masks":
+            self.aggregators.check_masked_session(request.clients)
+        elif request.encryption == "ckks":
             context_sha256 = self.aggregators.check_ckks_session(request.clients).sha256
         config, source = self._with_part_values(request), "given"
         if request.privacy is not None:

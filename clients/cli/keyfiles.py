@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from secure.masking.keys import MaskingKeyPair, PinnedPeerKeys
 
 KEY_BYTES = 32
-MASKING_KEYGEN = "glasu masking keygen"  # named in errors; the command comes with the protocol
+MASKING_KEYGEN = "glasu keygen --masking-key"  # named in errors
 
 
 def write_key_pair(out: Path, private_name: str, public_name: str) -> tuple[Path, Path]:

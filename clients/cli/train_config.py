@@ -17,6 +17,7 @@ from clients.cli.train_options import DEFAULTS
 from models.config import TrainConfig, backbone_problem
 from models.recipe import choose_recipe
 from secure.wire.common import MAX_CLIENTS, MAX_WIDTH
+from secure.wire.sessions import check_masks
 
 # What only differential privacy reads: refused with --no-dp when given explicitly.
 PRIVACY_OPTIONS = (
@@ -67,6 +68,14 @@ def check_federation(args: argparse.Namespace, *, through_service: bool) -> None
             "--stragglers continue needs 3 clients or more: a pass goes on with 2 clients at "
             "least, so with 2 it waits for both anyway"
         )
+    if getattr(args, "secure_aggregation", "none") == "masks":
+        try:
+            check_masks(
+                clients=args.clients, encryption=args.encryption, stragglers=args.stragglers
+            )
+        except ValueError as exc:
+            flag = "--secure-aggregation masks"
+            raise UsageError(str(exc).replace("secure aggregation 'masks'", flag)) from None
     if through_service and args.clients > MAX_CLIENTS:
         raise UsageError(
             f"--clients {args.clients}: the service takes at most {MAX_CLIENTS} clients"

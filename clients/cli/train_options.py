@@ -300,6 +300,15 @@ def add_encryption_argument(p: argparse._ActionsContainer) -> None:
         help="switch CKKS encryption off (on by default): the clients send plaintext float32 "
         "shares, which the service can read",
     )
+    p.add_argument(
+        "--secure-aggregation",
+        choices=("none", "masks"),
+        default=DEFAULTS.secure_aggregation,
+        help="masks: every share masked with pairwise masks that cancel only in the sum of all "
+        "of them and encrypted under BFV, so neither the service nor the service with one "
+        "worker reads a share (3 clients or more, with encryption, --stragglers wait; "
+        "docs/secure-aggregation.md) (default: none)",
+    )
 
 
 def add_privacy_arguments(p: argparse._ActionsContainer, *, noise_seed: bool = True) -> None:

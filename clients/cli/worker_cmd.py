@@ -38,6 +38,7 @@ from models.config import PRECOMPUTED_BACKBONES
 if TYPE_CHECKING:
     from clients.session_fit import LocalModelOptions
     from models.outcome import PassOutcome
+    from secure.aggregation import EmbeddingCodec
     from secure.wire.passes import PassInfo
 
 
@@ -93,6 +94,36 @@ def run(args: argparse.Namespace) -> int:
         return _run(settings, ledger_path(settings), quiet=args.quiet)
 
 
+def worker_codec(settings: WorkerSettings, *, parties: int) -> EmbeddingCodec:
+    """How this worker's shares travel: plaintext, CKKS (``--secret-context``), or masked
+    under BFV (``--masking-key``: with the BFV ``--secret-context`` and the peers' pinned
+    ``--masking-peer-keys``)."""
+    from secure.ckks import make_codec
+
+    if settings.masking_key is None:
+        if settings.masking_peer_keys is not None:
+            raise CliError("--masking-peer-keys pins the peers' masking keys: give --masking-key")
+        with failing_as("cannot load the secret context"):
+            return make_codec(settings.secret_context)
+    from clients.cli.keyfiles import read_masking_key_pair, read_pinned_masking_keys
+    from secure.masking.codec import MaskedBfvCodec, load_bfv_secret_context
+
+    if settings.secret_context is None:
+        raise CliError(
+            "--masking-key needs --secret-context: the shared BFV key of `glasu keygen --scheme "
+            "bfv`"
+        )
+    with failing_as("cannot load the secret context"):
+        context = load_bfv_secret_context(settings.secret_context)
+    own = read_masking_key_pair(settings.masking_key, "--masking-key")
+    peers = read_pinned_masking_keys(settings.pinned_masking_keys(), "--masking-peer-keys")
+    with failing_as("--masking-peer-keys"):
+        return MaskedBfvCodec.from_keys(
+            context, own, peers, party=settings.client, parties=parties,
+            session_id=settings.session,
+        )  # fmt: skip
+
+
 def ledger_path(settings: WorkerSettings) -> Path:
     """The organisation's ledger this worker writes (``--ledger``, or the data's default)."""
     from clients.owner_ledger import ledger_location
@@ -123,7 +154,6 @@ def _run(settings: WorkerSettings, ledger_file: Path, *, quiet: bool) -> int:
     from models.data.partition import load_partition
     from models.device import resolve_device
     from secure.aggregation import PayloadError
-    from secure.ckks import make_codec
     from secure.noise import NotPrivateNoiseError
     from secure.protocol import ProtocolViolation
 
@@ -138,8 +168,7 @@ def _run(settings: WorkerSettings, ledger_file: Path, *, quiet: bool) -> int:
             model = load_model(settings.model)
     with failing_as("--device", RuntimeError, ValueError):
         device = resolve_device(settings.device)
-    with failing_as("cannot load the secret context"):
-        codec = make_codec(settings.secret_context)
+    codec = worker_codec(settings, parties=partition.clients)
     with failing_as("--ca-file"):
         verify = tls_verification(settings.ca_file)
     # each of the local model's options is the worker setting of the same name

@@ -51,6 +51,7 @@ class LocalFederation:
     admin: AdminClient
     processes: list[ManagedProcess]
     secret_context: Path | None
+    masking: list[list[str]] | None = None  # each worker's masking key arguments
 
     def start_workers(
         self,
@@ -87,6 +88,8 @@ class LocalFederation:
             )
             if ledgers is not None:
                 args += ["--ledger", str(ledgers.paths[part.client])]
+            if self.masking is not None:
+                args += self.masking[part.client]
             self.processes.append(
                 start_process(
                     f"worker {part.client}",
@@ -104,11 +107,17 @@ class LocalFederation:
 
 @contextmanager
 def local_federation(
-    *, encrypted: bool, work_dir: Path | None = None, serve_args: Sequence[str] = ()
+    *,
+    encrypted: bool,
+    work_dir: Path | None = None,
+    serve_args: Sequence[str] = (),
+    masked_clients: int | None = None,
 ) -> Iterator[LocalFederation]:
     """Start ``glasu serve`` on loopback (with a fresh CKKS key pair when ``encrypted``, and
     ``serve_args`` as more options) in ``work_dir`` (default: a temporary folder); every process
-    started is stopped on the way out, whatever happens."""
+    started is stopped on the way out, whatever happens. With ``masked_clients`` (M), the
+    workers mask their shares: a fresh shared BFV key instead of the CKKS one (the service
+    needs none) and a fresh masking key pair per client."""
     with ExitStack() as stack:
         # A process that is still writing its log while the directory goes must not turn an
         # interrupted run into an OSError.
@@ -120,8 +129,14 @@ def local_federation(
         processes: list[ManagedProcess] = []
         stack.callback(stop_all, processes)
         extra_args: list[str] = list(serve_args)
-        secret_context = None
-        if encrypted:
+        secret_context, masking = None, None
+        if masked_clients is not None:
+            from clients.local.session import masking_arguments
+            from secure.masking.codec import generate_bfv_keys
+
+            secret_context, _ = generate_bfv_keys(root / "keys")
+            masking = masking_arguments(root / "masking", masked_clients)
+        elif encrypted:
             from secure.ckks import generate_keys
 
             secret_context, public_context = generate_keys(root / "keys")
@@ -130,7 +145,7 @@ def local_federation(
         processes.append(service.managed)
         admin = stack.enter_context(AdminClient(base_url=service.url, token=service.admin_token))
         service.wait_healthy()
-        yield LocalFederation(root, service.url, admin, processes, secret_context)
+        yield LocalFederation(root, service.url, admin, processes, secret_context, masking)
 
 
 def train_over_http(
@@ -157,7 +172,10 @@ def train_over_http(
             "--transport inprocess (it sends nothing)"
         )
     started = time.perf_counter()
-    with local_federation(encrypted=config.encrypted, work_dir=work_dir) as fed:
+    masked = len(layout.partitions) if config.masked else None
+    with local_federation(
+        encrypted=config.encrypted, work_dir=work_dir, masked_clients=masked
+    ) as fed:
         body = {**session_request(config, layout, dataset), **(about or {})}
         created = fed.admin.create_session(body)
         fed.start_workers(

@@ -82,6 +82,7 @@ def session_body(
         "eval_nodes": encode_nodes(eval_nodes),
         "seed": config.seed,
         "encryption": "ckks" if config.encrypted else "none",
+        "secure_aggregation": config.secure_aggregation if config.encrypted else "none",
         "privacy": config.privacy_request(),
         "nodes": config.nodes,
         "label_holder": config.label_holder if config.releases_anything else None,
@@ -156,6 +157,24 @@ def worker_arguments(
     return args
 
 
+def masking_arguments(root: Path, clients: int) -> list[list[str]]:
+    """A fresh X25519 masking key pair per client in ``root``/client-<m>/ (``glasu keygen
+    --masking-key``'s files) and each worker's arguments: its own key, the others' public keys
+    pinned (what organisations exchange out of band)."""
+    from clients.cli.keyfiles import write_masking_key_pair
+
+    keys = [write_masking_key_pair(root / f"client-{m}") for m in range(clients)]
+    return [
+        [
+            "--masking-key",
+            str(private),
+            "--masking-peer-keys",
+            ",".join(f"{j}={public}" for j, (_, public) in enumerate(keys) if j != m),
+        ]
+        for m, (private, _) in enumerate(keys)
+    ]
+
+
 def session_view(
     config: TrainConfig, layout: FederationLayout, dataset: GraphDataset
 ) -> dict[str, Any]:
@@ -168,7 +187,7 @@ def session_view(
     planned = config.session_privacy(clients=len(layout.partitions), passes_total=passes)
     if view["privacy"] is not None and planned is not None:
         view["privacy"] = {**view["privacy"], "noise_multiplier": planned.noise_multiplier}
-    return {**view, "kind": "training", "encoding": "ckks" if config.encrypted else "float32"}
+    return {**view, "kind": "training", "encoding": config.encoding}
 
 
 def scoring_request(

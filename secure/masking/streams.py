@@ -43,6 +43,9 @@ class MaskSlot:
     pass_index: int
     layer: int
     part: int
+    # SHA-256 of the node ids of the part's rows, which every party was sent alike (empty: not
+    # bound): a slot asked for again with other rows gets other masks
+    rows_digest: bytes = b""
 
     def __post_init__(self) -> None:
         if not self.session_id:
@@ -53,7 +56,8 @@ class MaskSlot:
 
     def fields(self) -> tuple[bytes, ...]:
         numbers = (n.to_bytes(8, "big") for n in (self.pass_index, self.layer, self.part))
-        return (self.session_id.encode("utf-8"), *numbers)
+        rows = (self.rows_digest,) if self.rows_digest else ()
+        return (self.session_id.encode("utf-8"), *numbers, *rows)
 
 
 def pair_sign(party: int, peer: int) -> int:

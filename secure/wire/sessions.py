@@ -10,7 +10,13 @@ import numpy as np
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from secure.accounting import AccountantName
-from secure.protocol import PART_VALUES, AlignedNodes, StragglerPolicy
+from secure.protocol import (
+    PART_VALUES,
+    AlignedNodes,
+    SecureAggregation,
+    ShareEncoding,
+    StragglerPolicy,
+)
 from secure.wire.common import (
     MAX_CLIENTS,
     MAX_COUNT,
@@ -123,6 +129,14 @@ class SessionCreate(StrictModel):
     seed: int = Field(ge=0, le=2**63 - 1, description="Seeds the output batches.")
     encryption: Literal["ckks", "none"] = Field(
         "ckks", description="'ckks': the service adds ciphertexts; 'none': float32 plaintext."
+    )
+    secure_aggregation: SecureAggregation = Field(
+        "none",
+        description="'masks': each share is masked with pairwise masks that cancel only in the "
+        "sum of every client's share and encrypted under BFV (encoding 'bfv-masked', "
+        "docs/secure-aggregation.md): the service alone sees ciphertexts, the service with one "
+        "worker uniformly masked shares. Needs encryption 'ckks' (the workers then hold the "
+        "shared BFV key instead of the CKKS one), 3 clients or more, and stragglers 'wait'.",
     )
     privacy: PrivacySettings | None = None
     nodes: AlignedNodes = Field(
@@ -244,6 +258,10 @@ class SessionCreate(StrictModel):
                 " node, so with shared_noise those rows of the sum would carry less noise than"
                 " the ledger counts"
             )
+        if self.secure_aggregation == "masks":
+            check_masks(
+                clients=self.clients, encryption=self.encryption, stragglers=self.stragglers
+            )
         if self.stragglers == "continue":
             if self.clients < 3:
                 raise ValueError(
@@ -259,8 +277,30 @@ class SessionCreate(StrictModel):
         return self
 
     @property
-    def encoding(self) -> Literal["ckks", "float32"]:
+    def encoding(self) -> ShareEncoding:
+        if self.secure_aggregation == "masks":
+            return "bfv-masked"
         return "ckks" if self.encryption == "ckks" else "float32"
+
+
+def check_masks(*, clients: int, encryption: str, stragglers: str) -> None:
+    """ValueError (one sentence) unless masked secure aggregation can run: 3 clients or more,
+    encrypted, every share waited for."""
+    if clients < 3:
+        raise ValueError(
+            "secure aggregation 'masks' needs 3 clients or more: with 2 the sum tells each "
+            "client the other's share, masked or not"
+        )
+    if encryption != "ckks":
+        raise ValueError(
+            "secure aggregation 'masks' needs encryption: masked shares travel encrypted under "
+            "BFV, and encryption 'none' sends plaintext"
+        )
+    if stragglers == "continue":
+        raise ValueError(
+            "secure aggregation 'masks' needs stragglers 'wait': the masks cancel only in the "
+            "sum of every client's share, and recovering a dropped client's masks is not built"
+        )
 
 
 class SessionCreated(ResponseModel):
@@ -288,7 +328,8 @@ class SessionConfigView(ResponseModel):
     eval_nodes_count: int
     seed: int
     encryption: Literal["ckks", "none"]
-    encoding: Literal["ckks", "float32"]
+    secure_aggregation: SecureAggregation = "none"
+    encoding: ShareEncoding
     public_context_sha256: str | None = Field(
         description="SHA-256 of the CKKS public context the session was created under."
     )

@@ -118,7 +118,7 @@ def test_the_broadcast_gradient_is_autograd_on_the_joint_model(cora: GraphDatase
 def test_a_broadcast_answer_must_not_hold_more_shares_than_clients(cora: GraphDataset) -> None:
     plan = layout_federation(TrainConfig(**PLAIN), cora)
     client = GlasuClient(plan.partitions[1], plan.client_config)
-    step = client._broadcast_gradient(torch.zeros(4, 16), None)
+    step = client._broadcast_gradient(torch.zeros(4, 16), None, pass_index=0)
     request = next(step)
     assert isinstance(request, ShareRequest) and request.layer == 5
     with pytest.raises(ValueError, match="holds 4 shares, expected at most 3"):

@@ -58,6 +58,15 @@ def _exit_code(argv: list[str]) -> int:
         (["--stragglers", "continue", "--shared-noise"], "--stragglers continue needs unshared"),
         (["--straggler-wait-seconds", "0"], "argument --straggler-wait-seconds: must be > 0"),
         (["--stragglers", "maybe"], "argument --stragglers: invalid choice: 'maybe'"),
+        (
+            ["--secure-aggregation", "masks", "--clients", "2"],
+            "--secure-aggregation masks needs 3 clients or more",
+        ),
+        (["--secure-aggregation", "masks", "--no-he"], "--secure-aggregation masks needs encrypt"),
+        (
+            ["--secure-aggregation", "masks", "--stragglers", "continue"],
+            "--secure-aggregation masks needs stragglers 'wait'",
+        ),
         (["--clients", "1"], "--clients 1: a federation needs 2 clients or more"),
         (["--clients", "1", "--mode", "simulated"], "--clients 1: a federation needs 2 clients"),
         (
