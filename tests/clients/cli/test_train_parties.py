@@ -25,7 +25,9 @@ from models.layout import layout_federation
 from models.trainer import train_inprocess
 from tests.clients.cli.cora_parties import PARTIES, CoraParties, write_cora_parties
 
-TRAINING = ("--rounds", "100", "--eval-every", "25", "--batch-size", "64", "--hidden", "64")
+# gcnii as CONFIG: these tests compare alignments, not the recipe (which would choose sign)
+TRAINING = ("--backbone", "gcnii", "--rounds", "100", "--eval-every", "25", "--batch-size", "64",
+            "--hidden", "64")  # fmt: skip
 CONFIG = TrainConfig(
     rounds=100, eval_every=25, batch_size=64, hidden=64, encryption="none", dp=False
 )
