@@ -29,6 +29,7 @@ federation's rounds (each round a batch of ``batch_size`` labelled nodes, Q loca
 from __future__ import annotations
 
 import argparse
+import ctypes
 import dataclasses
 import gc
 import json
@@ -61,6 +62,7 @@ OUT = Path(__file__).resolve().parent / "results" / "eval_speed.json"
 SECTION = "eval-speed"
 PARTIES = 3
 STATUS = Path("/proc/self/status")
+LIBC = ctypes.CDLL("libc.so.6")
 
 
 #: The docs section's paragraph (``str.format``-ed with a result's settings)
@@ -75,14 +77,14 @@ network is evaluated over every node by the product's **layer-wise** pass
 (`models/layerwise.py`, chunks of {chunk_nodes:,} targets, the aggregation between clients left
 out) and by **PyG**'s `GCN2Conv` (gcnii; `GCNConv`: gcn) with the same weights over the client's
 whole graph at once (every neighbour, the row-normalised adjacency as a `torch.sparse_csr`
-matrix, built before the timing), interleaved, medians of the repeats. Ratios are layer-wise over
-PyG. Memory is the peak over what the process held when the pass began (the graph, the
-federation). Peak RSS counts the layer-wise pass's N-row arrays, which live in file-backed mappings
-(`models/node_arrays.py`) that the kernel can drop; peak anonymous memory is what must stay in
-memory. Training: labelled output nodes per second of the three parties' rounds in one process
-(batch {batch_size}, Q = {stale} steps a round). CPU only: no GPU was available to these runs.
-The machine: 2 CPU cores, shared with other runs (the load average at the start and the end of
-each run in the table).""",
+matrix, built before the timing), interleaved, medians of the repeats. Ratios are layer-wise
+over PyG. Memory is the peak over what the process held when the pass began (the graph, the
+federation; freed memory returned to the system first). Peak RSS counts the layer-wise pass's
+N-row arrays, which live in file- backed mappings (`models/node_arrays.py`) that the kernel can
+drop; peak anonymous memory is what must stay in memory. Training: labelled output nodes per
+second of the three parties' rounds in one process (batch {batch_size}, Q = {stale} steps a
+round). CPU only: no GPU was available to these runs. The machine: 2 CPU cores, shared with
+other runs (the load average at the start and the end of each run in the table).""",
 )
 
 
@@ -108,6 +110,7 @@ def measured() -> Iterator[Usage]:
     every 5 ms by a thread."""
     usage = Usage()
     gc.collect()
+    LIBC.malloc_trim(0)  # memory freed before the block leaves the process: its peak is its own
     Path("/proc/self/clear_refs").write_text("5")
     rss, anon = _status_mb("VmRSS"), _status_mb("RssAnon")
     peak_anon = anon

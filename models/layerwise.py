@@ -3,23 +3,19 @@
 An evaluation pass exchanges no node sets (docs/protocol.md): every graph layer is computed for
 all N aligned nodes, one chunk of targets at a time (``models.sampler.NeighbourSampler.
 sample_all``), each chunk's sources read from the layer below, which is kept whole. What a pass
-holds in memory is therefore per chunk (a sampled block, the chunk's rows): the few N x width
+holds in memory is therefore per span of a few chunks (their blocks, their rows): the few N x width
 float32 arrays per network (the input projection h0, GCNII's initial residual; the layer below
 and the layer being computed; at an aggregation layer the others' part) are
 ``models.node_arrays.node_array``s, mapped from a temporary file on the CPU, and every
 operation over all nodes runs chunk by chunk.
 
-A chunk's block is built straight as a CSR matrix whose columns are node ids (targets x N): one
-sparse product with the whole layer below reads the sampled sources' rows where they lie, with
-no gathered copy of them, no coalesced COO matrix and, for consecutive targets (every layer but
-a capped one), no index into the arrays at all (bench/eval_speed.py measures it against
-full-graph inference). GAT's PyG convolution transforms every source row it is given, so it
-alone is given the chunk's sources, gathered.
+How a chunk's block is built and when it is sampled (in spans of chunks, by a thread ahead of
+the computation, the sources read in place): ``models/chunk_blocks.py``; bench/eval_speed.py
+measures the pass against full-graph inference.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -27,6 +23,7 @@ import numpy as np
 import torch
 
 from models.backbone import ClientNetwork
+from models.chunk_blocks import GATHERING_BACKBONES, node_rows, sampled_ahead, spans
 from models.client_config import ClientConfig
 from models.data.partition import ClientPartition
 from models.layers import Block
@@ -35,8 +32,8 @@ from models.outcome import EvaluationScores, PassOutcome, score_evaluation
 from models.sampler import PassSampling, SampledLayer, sampling_rng
 from models.workset import Extracted, combine
 
-#: Targets per chunk of a layer-wise layer: with fanout 10 a chunk gathers up to about 45,000
-#: source rows (23 MB at width 128).
+#: Targets per sampled chunk of a layer-wise layer (one draw of the sampler each: the sample
+#: depends on it); a pass computes ``models.chunk_blocks.EVAL_SPAN_CHUNKS`` chunks at once.
 EVAL_CHUNK_NODES = 4096
 
 
@@ -72,52 +69,6 @@ def project_all(
 #: and its sampled structure).
 ChunkHook = Callable[[Block, SampledLayer], None]
 
-#: Backbones whose layer is given a chunk's sources gathered rather than every node's rows: PyG's
-#: GATConv transforms every source row it is given.
-GATHERING_BACKBONES = frozenset({"gat"})
-
-
-def chunk_block(
-    layer: SampledLayer, device: torch.device, *, num_nodes: int | None = None
-) -> Block:
-    """``layer``'s block, its row-normalised adjacency built as a CSR matrix (the matrix
-    ``SampledLayer.mean_adjacency`` builds, without a COO matrix to coalesce). Its columns are
-    the positions among ``layer.sources``; with ``num_nodes``, node ids (targets x
-    ``num_nodes``, the target positions node ids too): a block whose sources are all nodes, so a
-    layer reads the rows of the whole layer below where they lie."""
-    rows = layer.edge_target
-    order = np.argsort(rows, kind="stable")
-    degree = np.bincount(rows, minlength=len(layer.targets))
-    crow = np.zeros(len(degree) + 1, dtype=np.int64)
-    np.cumsum(degree, out=crow[1:])
-    columns = layer.edge_source[order].astype(np.int64, copy=False)
-    if num_nodes is None:
-        width, target_positions = len(layer.sources), layer.target_positions
-    else:
-        columns = layer.sources[columns]
-        width, target_positions = num_nodes, layer.targets
-    values = np.reciprocal(degree.astype(np.float32))[rows[order]]
-    with warnings.catch_warnings():  # "sparse CSR support is in beta": products are not
-        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
-        adjacency = torch.sparse_csr_tensor(
-            torch.from_numpy(crow), torch.from_numpy(columns), torch.from_numpy(values),
-            (len(layer.targets), width), check_invariants=False,
-        )  # fmt: skip
-    return Block(
-        adjacency=adjacency.to(device),
-        edge_index=torch.from_numpy(np.stack([columns, rows[order]])).to(device),
-        target_positions=torch.from_numpy(target_positions).long().to(device),
-        num_targets=len(layer.targets),
-    )
-
-
-def node_rows(nodes: np.ndarray, device: torch.device) -> slice | torch.Tensor:
-    """An index of the rows of ``nodes`` (sorted, distinct) into an array over all nodes: a
-    slice (a view, no copy) when they are consecutive."""
-    if len(nodes) and int(nodes[-1]) - int(nodes[0]) + 1 == len(nodes):
-        return slice(int(nodes[0]), int(nodes[-1]) + 1)
-    return torch.from_numpy(nodes).to(device)
-
 
 def propagate_all(
     depth: int,
@@ -132,29 +83,44 @@ def propagate_all(
     stacks = list(stacks)
     computed = [node_array(*stack.h.shape, device=device) for stack in stacks]
     gathers = [s.network.config.backbone in GATHERING_BACKBONES for s in stacks]
+    work = spans(
+        chunks, num_nodes=len(stacks[0].h), device=device,
+        span_block_needed=not all(gathers), chunk_blocks_needed=any(gathers) or bool(on_chunk),
+    )  # fmt: skip
     with torch.no_grad():
-        for layer in chunks:
-            targets = node_rows(layer.targets, device)
-            block = chunk_block(layer, device) if any(gathers) or on_chunk else None
-            in_place = (
-                None if all(gathers) else chunk_block(layer, device, num_nodes=len(stacks[0].h))
-            )
+        for span in sampled_ahead(work):
             for stack, out, gather in zip(stacks, computed, gathers, strict=True):
-                initial = stack.h0[targets] if stack.network.uses_initial_residual else None
                 if gather:
-                    sources = torch.from_numpy(layer.sources).to(device)
-                    h, chunk = stack.h[sources], block
-                else:
-                    h, chunk = stack.h, in_place
-                assert chunk is not None
-                out[targets] = stack.network.propagate(
-                    depth, h, chunk, initial, generator=stack.generator
+                    for layer, block in zip(span.layers, span.chunk_blocks, strict=True):
+                        _propagate_gathered(depth, stack, out, layer, block, device)
+                    continue
+                assert span.block is not None
+                initial = stack.h0[span.targets] if stack.network.uses_initial_residual else None
+                out[span.targets] = stack.network.propagate(
+                    depth, stack.h, span.block, initial, generator=stack.generator
                 )
             if on_chunk is not None:
-                assert block is not None
-                on_chunk(block, layer)
+                for layer, block in zip(span.layers, span.chunk_blocks, strict=True):
+                    on_chunk(block, layer)
     for stack, out in zip(stacks, computed, strict=True):
         stack.h = out
+
+
+def _propagate_gathered(
+    depth: int,
+    stack: Stack,
+    out: torch.Tensor,
+    layer: SampledLayer,
+    block: Block,
+    device: torch.device,
+) -> None:
+    """Chunk ``layer`` of graph layer ``depth`` on its sources' rows, gathered."""
+    targets = node_rows(layer.targets, device)
+    initial = stack.h0[targets] if stack.network.uses_initial_residual else None
+    sources = stack.h[torch.from_numpy(layer.sources).to(device)]
+    out[targets] = stack.network.propagate(
+        depth, sources, block, initial, generator=stack.generator
+    )
 
 
 @dataclass

@@ -1,16 +1,23 @@
-"""The blocks of a layer-wise evaluation pass (models/layerwise.py): a chunk's CSR block over
-node-id columns, multiplied with the whole layer below, computes what the chunk's sampled block
-computes on its gathered sources (the pass before these blocks)."""
+"""The blocks of a layer-wise evaluation pass (models/chunk_blocks.py): a span of chunks' CSR
+block over node-id columns, multiplied with the whole layer below, computes what each chunk's
+sampled block computes on its gathered sources (the pass before these blocks); the chunks are
+sampled ahead by a thread."""
 
 from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
 import torch
 
+import models.chunk_blocks
 from models.backbone import ClientNetwork, ModelConfig
+from models.chunk_blocks import chunk_block, node_rows, sampled_ahead, span_block
 from models.layers import Block
-from models.layerwise import Stack, chunk_block, node_rows, propagate_all
+from models.layerwise import Stack, propagate_all
 from models.sampler import IdentitySampler, NeighbourSampler, SampledLayer, SamplingGraph
 
 CPU = torch.device("cpu")
@@ -42,11 +49,13 @@ def gathered(depth: int, stack: Stack, layers: list[SampledLayer]) -> torch.Tens
 
 @pytest.mark.parametrize("backbone", ["gcnii", "gcn", "gat", "sign"])
 @pytest.mark.parametrize("cap", [None, 1])
+@pytest.mark.parametrize("span_chunks", [1, 2, 8])
 def test_a_layer_over_node_id_columns_equals_the_layer_on_gathered_sources(
-    backbone: str, cap: int | None
+    backbone: str, cap: int | None, span_chunks: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every backbone, consecutive chunks (no cap) and chunks of a random visiting order (the
-    capped draw); the last chunk shorter than the others."""
+    capped draw), in spans of one chunk, two (the last span shorter) and all five."""
+    monkeypatch.setattr(models.chunk_blocks, "EVAL_SPAN_CHUNKS", span_chunks)
     torch.manual_seed(0)
     config = ModelConfig(backbone=backbone, layers=2, hidden=WIDTH, gat_heads=2, hops=0)
     network = ClientNetwork(in_features=WIDTH, num_classes=3, config=config).eval()
@@ -72,7 +81,7 @@ def test_a_chunk_block_is_the_sampled_mean_adjacency() -> None:
     local = chunk_block(layer, CPU)
     torch.testing.assert_close(local.adjacency.to_dense(), expected)
     assert torch.equal(local.target_positions, torch.from_numpy(layer.target_positions))
-    over_all = chunk_block(layer, CPU, num_nodes=NODES)
+    over_all = span_block([layer], CPU, num_nodes=NODES)
     assert over_all.adjacency.shape == (len(layer.targets), NODES)
     sources = torch.from_numpy(layer.sources)
     torch.testing.assert_close(over_all.adjacency.to_dense()[:, sources], expected)
@@ -80,7 +89,53 @@ def test_a_chunk_block_is_the_sampled_mean_adjacency() -> None:
     assert not over_all.adjacency.to_dense()[:, torch.from_numpy(outside)].any()
 
 
-def test_consecutive_nodes_index_a_view_and_others_an_index() -> None:
-    assert node_rows(np.arange(5, 9), CPU) == slice(5, 9)
-    rows = node_rows(np.array([2, 3, 7]), CPU)
-    assert isinstance(rows, torch.Tensor) and rows.tolist() == [2, 3, 7]
+def test_a_span_block_stacks_its_chunks_rows_in_order() -> None:
+    sampler = NeighbourSampler(random_graph(), fanout=4, occurrence_cap=1)
+    first, second = itertools.islice(sampler.sample_all(chunk=40, rng=np.random.default_rng(5)), 2)
+    span = span_block([first, second], CPU, num_nodes=NODES)
+    alone = [span_block([layer], CPU, num_nodes=NODES) for layer in (first, second)]
+    torch.testing.assert_close(
+        span.adjacency.to_dense(), torch.cat([b.adjacency.to_dense() for b in alone])
+    )
+    assert span.target_positions.tolist() == [*first.targets, *second.targets]
+
+
+@pytest.mark.parametrize(
+    ("nodes", "view"),
+    [([5, 6, 7, 8], True), ([2, 3, 7], False), ([0, 2, 1, 3], False), ([4], True)],
+)
+def test_consecutive_ascending_nodes_index_a_view_and_others_an_index(
+    nodes: list[int], view: bool
+) -> None:
+    rows = node_rows(np.array(nodes), CPU)
+    if view:
+        assert rows == slice(nodes[0], nodes[-1] + 1)
+    else:
+        assert isinstance(rows, torch.Tensor) and rows.tolist() == nodes
+
+
+def test_chunks_sampled_ahead_come_in_order_and_a_drawing_error_is_raised() -> None:
+    assert list(sampled_ahead(iter(range(50)), ahead=2)) == list(range(50))
+
+    def failing() -> Iterator[int]:
+        yield 1
+        raise ValueError("no graph")
+
+    with pytest.raises(ValueError, match="no graph"):
+        list(sampled_ahead(failing()))
+    assert not [t for t in threading.enumerate() if t.name == "glasu-sampling"]
+
+
+def test_a_consumer_that_stops_early_stops_the_sampling_thread() -> None:
+    drawn: list[int] = []
+
+    def chunks() -> Iterator[int]:
+        for i in range(1000):
+            drawn.append(i)
+            yield i
+
+    ahead = sampled_ahead(chunks(), ahead=2)
+    assert next(ahead) == 0
+    ahead.close()  # returns once the thread has ended
+    assert not [t for t in threading.enumerate() if t.name == "glasu-sampling"]
+    assert len(drawn) <= 5  # the one used, two queued, at most one more and the one stopped
