@@ -32,7 +32,6 @@ import argparse
 import ctypes
 import dataclasses
 import gc
-import json
 import os
 import re
 import sys
@@ -48,7 +47,12 @@ import numpy as np
 import torch
 
 from bench.frontier_scale import ScaleGraph
-from bench.results_doc import add_results_arguments, rewrote_docs_only, write_json, write_section
+from bench.results_doc import (
+    add_labelled_results_arguments,
+    keep_labelled,
+    rewrote_docs_only,
+    write_section,
+)
 from models.config import TrainConfig
 from models.data.planetoid import GraphDataset
 from models.federated import GlasuClient
@@ -385,19 +389,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, torch.get_num_threads()])
     parser.add_argument("--train-passes", type=int, default=8, help="timed rounds per thread count")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--label", default="current", help="the run's name in the results")
-    add_results_arguments(parser, OUT)
+    add_labelled_results_arguments(parser, OUT)
     args = parser.parse_args(argv)
     if rewrote_docs_only(args, SECTION, markdown):
         return 0
     result = measure(args)
     result["command"] = "python -m bench.eval_speed " + " ".join(argv or sys.argv[1:])
-    payload = json.loads(args.out.read_text()) if args.out.exists() else {}
     result["label"] = args.label
-    payload[f"{args.label} n={args.nodes}"] = result
-    write_json(args.out, payload)
-    markdown_text = markdown(payload)
+    markdown_text = markdown(keep_labelled(args.out, f"{args.label} n={args.nodes}", result))
     write_section(SECTION, markdown_text)
     print(markdown_text)
     return 0
