@@ -92,6 +92,24 @@ other runs (the load average at the start and the end of each run in the table).
 )
 
 
+#: What the labels of the runs stand for
+CODE = re.sub(
+    r"\s+",
+    " ",
+    """The code: **before (8cda906)** built each chunk's block as a coalesced COO matrix over the
+    chunk's sources, gathered the sources' rows and scattered the targets' rows, and sampled
+    inline; **CSR blocks, chunk by chunk (8893568)** builds each block as a CSR matrix over
+    node-id columns, multiplied with the whole layer below in place; **after** computes spans of
+    8 chunks as one such block, sampled and built by a thread ahead of the computation
+    (`models/chunk_blocks.py`). The sample, and so what the pass computes, is the same
+    (`tests/models/test_layerwise_blocks.py`). On this shared machine, the 2-thread rows measure
+    contention as much as the code: torch's two threads meet at the end of every parallel
+    product, and wait there for a thread the other runs have descheduled, so the passes with
+    many small products (the chunk-by-chunk ones) lose the most; CPU seconds are steadier than
+    wall seconds.""",
+)
+
+
 @dataclasses.dataclass
 class Usage:
     """Wall and CPU seconds of a block, and how far its peak RSS and peak anonymous memory rose
@@ -374,6 +392,8 @@ def markdown(payload: dict[str, Any]) -> str:
             )
     differences = {f"{r['reference_max_difference']:.1e}" for r in payload.values()}
     lines += [
+        "",
+        CODE,
         "",
         "The reference is the product's network: on a 3,000-node graph with an evaluation "
         "fanout above every degree and no cap, the two passes' top layers differ by at most "
