@@ -58,7 +58,7 @@ from models.config import TrainConfig
 from models.data.planetoid import GraphDataset
 from models.federated import GlasuClient
 from models.inprocess import run_pass_inprocess
-from models.layerwise import propagate_all
+from models.layerwise import EVAL_CHUNK_NODES, propagate_all
 from models.layout import eval_nodes, layout_federation, session_schedule
 from models.sampler import SamplingGraph
 from models.trainer import prepare_security
@@ -301,7 +301,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     adjacency = full_adjacency(client)
     adjacency_s = time.perf_counter() - started
-    layers = pyg_layers(client)
+    layers: list[torch.nn.Module] = []  # PyG's layers with the weights trained so far
     passes: dict[str, Callable[[], torch.Tensor]] = {
         "layer-wise": lambda: layerwise_pass(client, nodes),
         "PyG full graph": lambda: full_graph_pass(client, adjacency, layers, nodes),
@@ -313,21 +313,15 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         span = list(range(next_pass, next_pass + args.train_passes))
         next_pass += args.train_passes
         train = train_rounds(clients, aggregator, schedule, span)
-        layers = pyg_layers(client)  # the trained weights
+        layers[:] = pyg_layers(client)
         client.network.eval()
         for repeat in range(args.repeats):
             order = list(passes) if repeat % 2 == 0 else list(reversed(passes))
             for name in order:
                 with measured() as usage:
                     passes[name]()
-                runs.append(
-                    {
-                        "threads": threads,
-                        "pass": name,
-                        "repeat": repeat,
-                        **dataclasses.asdict(usage),
-                    }
-                )
+                record = {"threads": threads, "pass": name, "repeat": repeat}
+                runs.append({**record, **dataclasses.asdict(usage)})
                 print(f"  {threads} thread(s) {name}: {usage}", flush=True)
         runs.append({
             "threads": threads, "pass": "training", "rounds": args.train_passes,
@@ -338,18 +332,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "nodes": args.nodes, "backbone": args.backbone, "batch_size": config.batch_size,
         "stale": config.stale, "eval_fanout": config.eval_fanout,
-        "chunk_nodes": _chunk_nodes(), "adjacency_build_s": adjacency_s,
+        "chunk_nodes": EVAL_CHUNK_NODES, "adjacency_build_s": adjacency_s,
         "reference_max_difference": reference_check(args.backbone),
         "torch": torch.__version__, "device": "cpu (no GPU available to this run)",
         "load_average": [round(load_before, 1), round(os.getloadavg()[0], 1)],
         "runs": runs,
     }  # fmt: skip
-
-
-def _chunk_nodes() -> int:
-    import models.layerwise
-
-    return models.layerwise.EVAL_CHUNK_NODES
 
 
 def _median(runs: list[dict[str, Any]], name: str, field: str) -> float:
