@@ -17,7 +17,6 @@ change), the docs section shows them all.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -26,7 +25,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.results_doc import add_results_arguments, rewrote_docs_only, write_json, write_section
+from bench.results_doc import (
+    add_labelled_results_arguments,
+    keep_labelled,
+    rewrote_docs_only,
+    write_section,
+)
 from models.config import TrainConfig
 from models.data.csbm import SIGNALS, csbm
 from models.device import resolve_device
@@ -120,9 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=1_000_000)
     parser.add_argument("--devices", nargs="+", default=["cpu", "cuda"])
     parser.add_argument("--rounds", type=int, default=8, help="training passes per device (>= 2)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--label", default="current", help="the run's name in the results")
-    add_results_arguments(parser, OUT)
+    add_labelled_results_arguments(parser, OUT)
     args = parser.parse_args(argv)
     if rewrote_docs_only(args, SECTION, markdown):
         return 0
@@ -142,10 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             for name in args.devices
         ],
     }
-    payload = json.loads(args.out.read_text()) if args.out.exists() else {}
-    payload[args.label] = results
-    write_json(args.out, payload)
-    write_section(SECTION, markdown(payload))
+    write_section(SECTION, markdown(keep_labelled(args.out, args.label, results)))
     base = results["runs"][0]
     print(f"{'device':<28}{'train pass s':>14}{'eval pass s':>13}{'train x':>9}{'eval x':>8}")
     for run in results["runs"]:

@@ -115,6 +115,23 @@ def add_results_arguments(parser: argparse.ArgumentParser, default: Path) -> Non
     )
 
 
+def add_labelled_results_arguments(parser: argparse.ArgumentParser, default: Path) -> None:
+    """``--seed``, ``--label`` (a run's name: the results file keeps a run per label, e.g. the
+    code before and after a change) and :func:`add_results_arguments`."""
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--label", default="current", help="the run's name in the results")
+    add_results_arguments(parser, default)
+
+
+def keep_labelled(path: Path, key: str, result: dict[str, Any]) -> dict[str, Any]:
+    """The results file ``path`` with ``result`` kept under ``key`` (written), beside the
+    others."""
+    payload = json.loads(path.read_text()) if path.exists() else {}
+    payload[key] = result
+    write_json(path, payload)
+    return payload
+
+
 def rewrote_docs_only(
     args: argparse.Namespace, section: str, markdown: Callable[[dict[str, Any]], str]
 ) -> bool:

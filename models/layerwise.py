@@ -3,11 +3,15 @@
 An evaluation pass exchanges no node sets (docs/protocol.md): every graph layer is computed for
 all N aligned nodes, one chunk of targets at a time (``models.sampler.NeighbourSampler.
 sample_all``), each chunk's sources read from the layer below, which is kept whole. What a pass
-holds in memory is therefore per chunk (a sampled block, the rows it gathers): the few N x width
+holds in memory is therefore per span of a few chunks (their blocks, their rows): the few N x width
 float32 arrays per network (the input projection h0, GCNII's initial residual; the layer below
 and the layer being computed; at an aggregation layer the others' part) are
 ``models.node_arrays.node_array``s, mapped from a temporary file on the CPU, and every
 operation over all nodes runs chunk by chunk.
+
+How a chunk's block is built and when it is sampled (in spans of chunks, by a thread ahead of
+the computation, the sources read in place): ``models/chunk_blocks.py``; bench/eval_speed.py
+measures the pass against full-graph inference.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import numpy as np
 import torch
 
 from models.backbone import ClientNetwork
+from models.chunk_blocks import GATHERING_BACKBONES, node_rows, sampled_ahead, spans
 from models.client_config import ClientConfig
 from models.data.partition import ClientPartition
 from models.layers import Block
@@ -27,8 +32,8 @@ from models.outcome import EvaluationScores, PassOutcome, score_evaluation
 from models.sampler import PassSampling, SampledLayer, sampling_rng
 from models.workset import Extracted, combine
 
-#: Targets per chunk of a layer-wise layer: with fanout 10 a chunk gathers up to about 45,000
-#: source rows (23 MB at width 128).
+#: Targets per sampled chunk of a layer-wise layer (one draw of the sampler each: the sample
+#: depends on it); a pass computes ``models.chunk_blocks.EVAL_SPAN_CHUNKS`` chunks at once.
 EVAL_CHUNK_NODES = 4096
 
 
@@ -60,7 +65,8 @@ def project_all(
     return Stack(network, generator, h0, h0)
 
 
-#: Called with every chunk of a layer (its block on the device and its sampled structure).
+#: Called with every chunk of a layer (its block on the device, its columns the chunk's sources,
+#: and its sampled structure).
 ChunkHook = Callable[[Block, SampledLayer], None]
 
 
@@ -76,21 +82,45 @@ def propagate_all(
     sample shared by the stacks); ``on_chunk`` sees every chunk too (the private release)."""
     stacks = list(stacks)
     computed = [node_array(*stack.h.shape, device=device) for stack in stacks]
+    gathers = [s.network.config.backbone in GATHERING_BACKBONES for s in stacks]
+    work = spans(
+        chunks, num_nodes=len(stacks[0].h), device=device,
+        span_block_needed=not all(gathers), chunk_blocks_needed=any(gathers) or bool(on_chunk),
+    )  # fmt: skip
     with torch.no_grad():
-        for layer in chunks:
-            block = Block.from_sampled(layer, device)
-            sources = torch.from_numpy(layer.sources).to(device)
-            targets = torch.from_numpy(layer.targets).to(device)
-            for stack, out in zip(stacks, computed, strict=True):
-                network = stack.network
-                initial = stack.h0[targets] if network.uses_initial_residual else None
-                out[targets] = network.propagate(
-                    depth, stack.h[sources], block, initial, generator=stack.generator
+        for span in sampled_ahead(work):
+            for stack, out, gather in zip(stacks, computed, gathers, strict=True):
+                if gather:
+                    for layer, block in zip(span.layers, span.chunk_blocks, strict=True):
+                        _propagate_gathered(depth, stack, out, layer, block, device)
+                    continue
+                assert span.block is not None
+                initial = stack.h0[span.targets] if stack.network.uses_initial_residual else None
+                out[span.targets] = stack.network.propagate(
+                    depth, stack.h, span.block, initial, generator=stack.generator
                 )
             if on_chunk is not None:
-                on_chunk(block, layer)
+                for layer, block in zip(span.layers, span.chunk_blocks, strict=True):
+                    on_chunk(block, layer)
     for stack, out in zip(stacks, computed, strict=True):
         stack.h = out
+
+
+def _propagate_gathered(
+    depth: int,
+    stack: Stack,
+    out: torch.Tensor,
+    layer: SampledLayer,
+    block: Block,
+    device: torch.device,
+) -> None:
+    """Chunk ``layer`` of graph layer ``depth`` on its sources' rows, gathered."""
+    targets = node_rows(layer.targets, device)
+    initial = stack.h0[targets] if stack.network.uses_initial_residual else None
+    sources = stack.h[torch.from_numpy(layer.sources).to(device)]
+    out[targets] = stack.network.propagate(
+        depth, sources, block, initial, generator=stack.generator
+    )
 
 
 @dataclass
