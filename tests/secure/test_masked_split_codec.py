@@ -68,3 +68,17 @@ def test_a_split_noise_release_takes_only_sums_of_every_share() -> None:
         projection_seed=0, mechanism=mechanism,
     )  # fmt: skip
     assert DpRelease(settings).fewest_shares(4) == 4
+
+
+def test_no_split_noise_on_the_command_line_keeps_the_unshared_noise_under_masks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from clients.cli import train_cmd
+    from clients.cli.main import main
+    from clients.cli.train_config import config_from_args
+
+    reached: list[TrainConfig] = []
+    monkeypatch.setattr(train_cmd, "run", lambda args: reached.append(config_from_args(args)) or 0)
+    assert main(["train", "--secure-aggregation", "masks", "--no-split-noise"]) == 0
+    assert main(["train", "--secure-aggregation", "masks"]) == 0
+    assert [c.splits_noise for c in reached] == [False, True]
