@@ -162,9 +162,9 @@ def accuracy_markdown(results: dict[str, Any]) -> list[str]:
         f"{settings['clients']} clients, epsilon {settings['epsilon']:g} (delta 1e-6, RDP), "
         f"seeds 0..{settings['seeds'] - 1}, the side that goes first alternating per seed. Both "
         "hold epsilon 4 against one curious peer; split noise needs the masks (nobody reads a "
-        "share) and holds only epsilon against all other peers colluding as the run summary's "
-        "per-adversary lines say, unshared noise holds it against any coalition. Test accuracy "
-        "(%), mean ± std over seeds:",
+        "share) and, against all other peers colluding, holds the larger epsilon of the run "
+        "summary's per-adversary lines, where unshared noise holds 4 against any coalition. "
+        "Test accuracy (%), mean ± std over seeds:",
         "",
         "| run | test (best val) | test (final) | per seed |",
         "|---|---|---|---|",
