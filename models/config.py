@@ -84,9 +84,10 @@ class TrainConfig:
     release_width: int = 16
     occurrence_cap: int = 1
     shared_noise: bool = False  # opt-in, with encryption only: weaker adversary (one curious peer)
-    # split discrete Gaussian noise, M >= 3 (docs/privacy.md section 11): what masked secure
-    # aggregation turns on; off by default
-    split_noise: bool = False
+    # split discrete Gaussian noise, M >= 3 (docs/privacy.md section 11). None: on under masked
+    # secure aggregation with 3 clients or more and unshared noise asked for, off otherwise
+    # (False keeps the unshared noise under masks: --no-split-noise)
+    split_noise: bool | None = None
     noise_seed: int | None = None  # reproducible noise, for experiments only
 
     @property
@@ -113,6 +114,13 @@ class TrainConfig:
     def private(self) -> bool:
         return self.dp and self.releases_anything
 
+    @property
+    def splits_noise(self) -> bool:
+        """Whether the run's noise is split (``split_noise``, its default resolved)."""
+        if self.split_noise is not None:
+            return self.split_noise
+        return self.masked and self.private and self.clients >= 3 and not self.shared_noise
+
     def privacy_request(self) -> dict[str, Any] | None:
         """The privacy the run asks for: the ``privacy`` object of ``POST /v1/sessions`` (z is
         None unless given: whoever plans the session calibrates it), or None without DP."""
@@ -126,7 +134,7 @@ class TrainConfig:
             "occurrence_cap": self.occurrence_cap,
             "accountant": self.accountant,
             "shared_noise": self.shared_noise and self.encrypted,
-        } | ({"split_noise": True} if self.split_noise else {})
+        } | ({"split_noise": True} if self.splits_noise else {})
 
     def session_privacy(self, *, clients: int, passes_total: int) -> SessionPrivacy | None:
         """The run's privacy plan (``secure.privacy``), as the service would plan it."""

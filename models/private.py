@@ -283,6 +283,8 @@ def make_client(
         projection_seed=release_projection_seed(seed=seed, client=partition.client),
         mechanism=mechanism,
     )
+    if mechanism.split_noise:
+        codec = codec.for_split_noise(clip=privacy.clip, noise_std=mechanism.noise_std)
     return GlasuClient(
         partition, config, codec=codec, device=device, release=DpRelease(settings),
         arrangement=functools.partial(PrivateArrangement, settings=settings),

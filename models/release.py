@@ -21,7 +21,7 @@ import numpy as np
 from secure.dp import privatize
 from secure.noise import NoiseSource
 from secure.protocol import MIN_CONTRIBUTORS
-from secure.release_noise import ReleaseMechanism, part_key, release_digest
+from secure.release_noise import ReleaseMechanism, part_key, release_digest, split_share_part
 
 
 @dataclass(frozen=True)
@@ -122,6 +122,12 @@ class _Privatized(Release):
         (``secure.release_noise.part_key``): a function of the release, so a release computed
         again sends the identical parts."""
         settings = self.settings
+        if settings.mechanism.split_noise:
+            # clip, round to the grid, add the party's discrete Gaussian: no clamp after
+            return split_share_part(
+                clean, clip=settings.clip, noise_std=settings.noise_std, noise=settings.noise,
+                release=self.key, part=index,
+            )  # fmt: skip
         return privatize(
             clean,
             clip=settings.clip,
@@ -152,9 +158,11 @@ class DpRelease(ReleasePolicy):
         return _Privatized(self.settings, key)
 
     def fewest_shares(self, clients: int) -> int:
-        """With shared noise every client adds 1/M of the variance, so a sum of fewer than M
-        shares carries less noise than accounted: only a sum of all M is taken."""
-        if self.settings.mechanism.shared_noise:
+        """With shared noise every client adds 1/M of the variance, with split noise
+        1/(M - 1) of it, so a sum of fewer than M shares carries less noise than accounted: only
+        a sum of all M is taken."""
+        mechanism = self.settings.mechanism
+        if mechanism.shared_noise or mechanism.split_noise:
             return clients
         return super().fewest_shares(clients)
 

@@ -66,6 +66,12 @@ class EmbeddingCodec(ABC):
         shares decode only in the sum of all of them)."""
         return 1
 
+    def for_split_noise(self, *, clip: float, noise_std: float) -> EmbeddingCodec:
+        """The codec for shares of rows clipped to ``clip`` plus a party's split noise of std
+        ``noise_std`` (docs/privacy.md section 11.2): this one, which bounds them as any
+        share; the masked codec wraps them modulo t instead."""
+        return self
+
 
 class RunningSum(ABC, Generic[S]):
     """A sum formed share by share as the shares arrive, each client's share at most once."""

@@ -29,6 +29,7 @@ PRIVACY_OPTIONS = (
     "--release-width",
     "--occurrence-cap",
     "--shared-noise",
+    "--split-noise",
 )
 
 

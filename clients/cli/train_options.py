@@ -385,6 +385,16 @@ def add_privacy_arguments(p: argparse._ActionsContainer, *, noise_seed: bool = T
         "against one curious peer, not against colluding ones",
     )
     p.set_defaults(shared_noise=DEFAULTS.shared_noise)
+    p.add_argument(
+        "--split-noise",
+        dest="split_noise",
+        action=BooleanGiven,
+        default=None,
+        help="split discrete Gaussian noise, 3 clients or more, encrypted, accountant rdp "
+        "(docs/privacy.md section 11): each client adds sigma^2/(M-1), so the sum less any one "
+        "share carries sigma^2 (default: on with --secure-aggregation masks, where nobody reads "
+        "a share; --no-split-noise keeps each client's full noise there)",
+    )
     if not noise_seed:
         return
     add_setting(

@@ -152,7 +152,8 @@ def worker_arguments(
         "--policy-delta", repr(config.delta),
         "--policy-accountant", config.accountant,
     ]  # fmt: skip
-    if privacy.shared_noise:
+    if privacy.shared_noise or (privacy.split_noise and not config.masked):
+        # split noise without masks asks the owners' trust as shared noise does (its policy)
         args.append("--allow-shared-noise")
     return args
 

@@ -35,6 +35,9 @@ PLAIN_MODULUS = 8380417  # 2^23 - 2^13 + 1, prime, = 1 mod 2 * POLY_MODULUS_DEGR
 SLOTS_PER_CIPHERTEXT = POLY_MODULUS_DEGREE
 #: The largest |sum| that decodes: (t - 1) / 2 grid steps.
 DECODABLE_ABS_SUM = (PLAIN_MODULUS - 1) // 2 * SHARE_GRID
+#: The largest |value| a wrapped share may hold: far beyond any noise, and small enough that
+#: its integer on the grid stays exact in float64 and int64.
+WRAP_ABS_LIMIT = 2.0**40
 
 
 def new_bfv_context() -> ts.Context:
@@ -55,11 +58,15 @@ def public_bfv_context(context: ts.Context) -> ts.Context:
     return public
 
 
-def encode_share(values: np.ndarray, *, modulus: int = PLAIN_MODULUS) -> np.ndarray:
-    """A share's values (flattened, rounded to the share grid) as integers in [0, modulus)."""
+def encode_share(
+    values: np.ndarray, *, modulus: int = PLAIN_MODULUS, wrap: bool = False
+) -> np.ndarray:
+    """A share's values (flattened, rounded to the share grid) as integers in [0, modulus).
+    ``wrap``: any value is reduced modulo ``modulus`` (a split-noise share, whose sum is what
+    must decode); otherwise a value beyond ``MAX_ABS_SUM`` is refused."""
     grid = to_grid(np.ravel(values))
     largest = float(np.max(np.abs(grid), initial=0.0))
-    if largest > MAX_ABS_SUM:
+    if largest > (WRAP_ABS_LIMIT if wrap else MAX_ABS_SUM):
         raise ValueError(
             f"share has |value| {largest:.4g} > {MAX_ABS_SUM:g}: its sum may not decode"
         )

@@ -20,7 +20,9 @@ its first share's.
 
 from __future__ import annotations
 
+import copy
 import functools
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -66,6 +68,10 @@ from secure.masking.streams import MaskSlot, party_mask
 ENCODING = "bfv-masked"
 SECRET_CONTEXT_NAME = "bfv-secret.context"
 PUBLIC_CONTEXT_NAME = "bfv-public.context"
+
+#: How many standard deviations of a split-noise sum's noise must decode: 7 (a value beyond
+#: has probability about 2.6e-12, and a run sends some 10^8 values).
+WRAP_SIGMAS = 7
 
 _native_vector_type = ts._ts_cpp.BFVVector
 NativeVector = Any
@@ -155,6 +161,7 @@ class MaskedBfvCodec(EmbeddingCodec):
         self.key_id = context_key_id(context)
         self.party, self.parties, self.session_id = party, parties, session_id
         self._pair_secrets = dict(pair_secrets)
+        self._wraps = False  # shares reduced modulo t, not bounded: for_split_noise
 
     @classmethod
     def from_keys(
@@ -177,8 +184,30 @@ class MaskedBfvCodec(EmbeddingCodec):
 
     def value_bound(self, *, shares: int) -> float:
         # as the CKKS path's: a masked run clips exactly as an unmasked one, and a sum of M
-        # shares stays within MAX_ABS_SUM (512), half of what decodes modulo t
-        return share_bound(clients=shares)
+        # shares stays within MAX_ABS_SUM (512), half of what decodes modulo t. A split-noise
+        # share is not bounded (a clamp share by share would break the noise's analysis)
+        return math.inf if self._wraps else share_bound(clients=shares)
+
+    def for_split_noise(self, *, clip: float, noise_std: float) -> MaskedBfvCodec:
+        """This codec for split-noise shares (docs/privacy.md section 11.2): each share is
+        reduced modulo t as it is, never clamped nor refused, since only the sum must decode.
+        ValueError unless the sum of the parties' shares stays decodable: ``parties * clip``
+        of signal plus :data:`WRAP_SIGMAS` standard deviations of the summed noise within
+        ``DECODABLE_ABS_SUM`` (a wrapped sum costs accuracy, not privacy: it is
+        post-processing of the true sum)."""
+        signal = self.parties * clip
+        spread = WRAP_SIGMAS * noise_std * math.sqrt(self.parties)
+        if signal + spread > DECODABLE_ABS_SUM:
+            raise ValueError(
+                f"split noise of std {noise_std:.4g} per party does not fit BFV's plaintext "
+                f"modulus: a sum of {self.parties} shares ({signal:g} of clipped signal plus "
+                f"{WRAP_SIGMAS} std of noise, {spread:.4g}) could exceed the {DECODABLE_ABS_SUM:g}"
+                " that decodes; lower the noise (a larger epsilon or fewer releases) or run "
+                "unsplit noise (--no-split-noise)"
+            )
+        wrapping = copy.copy(self)
+        wrapping._wraps = True
+        return wrapping
 
     def fewest_shares(self, clients: int) -> int:
         """Every share: the masks cancel only in the sum of all of them."""
@@ -194,7 +223,9 @@ class MaskedBfvCodec(EmbeddingCodec):
             raise ValueError("share contains NaN or infinite values")
         bound = self.value_bound(shares=self.parties)
         largest = float(np.abs(values).max(initial=0.0))
-        if largest > bound + SHARE_GRID / 2 or largest * self.parties > DECODABLE_ABS_SUM:
+        if not self._wraps and (
+            largest > bound + SHARE_GRID / 2 or largest * self.parties > DECODABLE_ABS_SUM
+        ):
             raise ValueError(
                 f"share has |value| {largest:.4g} > {bound:g}: a sum of {self.parties} shares "
                 f"could wrap modulo t (bound shares with value_bound first)"
@@ -203,7 +234,7 @@ class MaskedBfvCodec(EmbeddingCodec):
         mask = party_mask(
             self._pair_secrets, where, party=self.party, count=values.size, modulus=PLAIN_MODULUS
         )
-        masked = add_mask(encode_share(values), mask)
+        masked = add_mask(encode_share(values, wrap=self._wraps), mask)
         step = SLOTS_PER_CIPHERTEXT
         with SaveBuffer() as buffer:
             chunks = [
