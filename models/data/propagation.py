@@ -101,11 +101,9 @@ def chosen_scale(partition: ClientPartition, scale: FeatureScaleName) -> ScaleNa
     where more than half of the held rows' entries are zero."""
     if scale != "auto":
         return scale
-    zeros, entries = 0, 0
+    held, zeros, entries = partition.held, 0, 0
     for span in chunk_rows(partition.num_nodes, chunk=PROPAGATION_CHUNK_NODES):
-        rows = partition.feature_rows(np.arange(span.start, span.stop))
-        if partition.held is not None:
-            rows = rows[torch.from_numpy(partition.held[span])]
+        rows = _held_rows(partition.feature_rows(np.arange(span.start, span.stop)), held, span)
         zeros += int((rows == 0).sum())
         entries += rows.numel()
     return "hop" if entries and zeros > entries / 2 else "column"
@@ -122,8 +120,7 @@ def scale_statistics(
     for hop in features.hops:
         count, total, squares, norms = 0, 0.0, 0.0, 0.0
         for span in chunk_rows(len(hop), chunk=PROPAGATION_CHUNK_NODES):
-            rows = hop[span] if held is None else hop[span][torch.from_numpy(held[span])]
-            rows = rows.double()
+            rows = _held_rows(hop[span], held, span).double()
             count += len(rows)
             total = total + rows.sum(0)
             squares = squares + (rows * rows).sum(0)
@@ -139,6 +136,11 @@ def scale_statistics(
             factor = count / norms if norms > 0.0 else 1.0
             factors.append(torch.full((width,), factor, dtype=torch.float64))
     return torch.cat(shifts).float(), torch.cat(factors).float()
+
+
+def _held_rows(rows: torch.Tensor, held: np.ndarray | None, span: slice) -> torch.Tensor:
+    """``rows`` (the rows of ``span``) of the nodes the party holds."""
+    return rows if held is None else rows[torch.from_numpy(held[span])]
 
 
 def _propagated_rows(
