@@ -15,9 +15,9 @@ import tempfile
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from clients.cli.errors import CliError, UsageError, failing_as
+from clients.cli.errors import EXIT_USAGE, CliError, UsageError, failing_as
 
 # -- help -------------------------------------------------------------------------------------
 
@@ -52,6 +52,20 @@ class HelpFormatter(argparse.HelpFormatter):
         ):
             return text
         return f"{text} {default_note('%(default)s')}" if text else default_note("%(default)s")
+
+
+def usage_hint(prog: str) -> str:
+    """The line under a usage error: where the usage is, instead of argparse's usage text."""
+    return f"run `{prog} --help` for usage"
+
+
+class CommandParser(argparse.ArgumentParser):
+    """The parser of ``glasu`` and of each of its (sub)commands (``add_subparsers`` hands its
+    class down): a usage error is one line, "glasu train: error: ...", and the line saying where
+    the usage is, not argparse's usage text before it."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n{usage_hint(self.prog)}\n")
 
 
 def add_command(
