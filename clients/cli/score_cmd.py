@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         with failing_as("--ids"):
             holder_ids = [line.strip() for line in args.ids.read_text().splitlines()]
             holder_ids = [i for i in holder_ids if i]
-    with failing_as("glasu score", ModelError, ValueError, OSError, FederationFailed):
+    with failing_as("the scoring failed", ModelError, ValueError, OSError, FederationFailed):
         try:
             summary = score_locally(
                 args.party,
