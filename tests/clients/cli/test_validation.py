@@ -1,15 +1,17 @@
-"""Bad arguments are refused at once (exit code 2, argparse's format), before any dataset, torch
-or process is touched; output paths that cannot be written are refused before training."""
+"""Bad arguments are refused at once (exit code 2: one line and where the usage is), before any
+dataset, torch or process is touched; output paths that cannot be written are refused before
+training; a service whose port is taken stops before it creates anything."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from clients.cli import session_cmd, train_cmd
-from clients.cli.errors import EXIT_USAGE
+from clients.cli.errors import EXIT_FAILED, EXIT_USAGE
 from clients.cli.main import main
 
 
@@ -196,6 +198,22 @@ def test_service_settings_are_checked_before_the_service_starts(glasu, tmp_path:
     assert worker.returncode == EXIT_USAGE
     assert "--server (or GLASU_SERVER) is required" in worker.stderr
     assert "Traceback" not in worker.stderr
+
+
+def test_a_port_in_use_is_one_line_and_leaves_no_database(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    database = tmp_path / "service.sqlite3"
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        code = _exit_code(["serve", "--host", "127.0.0.1", "--port", str(port), "--database",
+                           str(database), "--admin-token", "a" * 32])  # fmt: skip
+    assert code == EXIT_FAILED
+    assert capsys.readouterr().err == (
+        f"glasu serve: error: the service cannot start: cannot listen on 127.0.0.1:{port} "
+        "(another process listens there: stop it or give another --port)\n"
+    )
+    assert list(tmp_path.iterdir()) == []  # no database, no payload folder
 
 
 def test_session_create_refuses_one_client_and_privacy_options_without_dp(
