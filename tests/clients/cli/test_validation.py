@@ -200,6 +200,31 @@ def test_service_settings_are_checked_before_the_service_starts(glasu, tmp_path:
     assert "Traceback" not in worker.stderr
 
 
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--dataset", "cora"], "--party trains the organisations' own data: drop --dataset"),
+        (["--dataset", "pubmed", "--split", "public", "--edge-fraction", "0.5"],
+         "own data: drop --dataset, --split, --edge-fraction (a benchmark dataset's)"),
+        (["--data-dir", "data"], "--party trains the organisations' own data: drop --data-dir"),
+        (["--clients", "3"], "--clients 3: there is one client per --party, 2 here"),
+    ],
+)  # fmt: skip
+def test_train_with_parties_refuses_the_options_of_a_benchmark(
+    argv: list[str], says: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """--party replaces the benchmark dataset: its options are refused, not silently ignored
+    (--clients as many as the parties is no contradiction)."""
+    parties = []
+    for name in ("bank", "insurer"):
+        (tmp_path / name).mkdir()
+        parties += ["--party", str(tmp_path / name)]
+    assert _exit_code(["train", *parties, *argv]) == EXIT_USAGE
+    assert "glasu train: error: " in (err := capsys.readouterr().err) and says in err
+    with pytest.raises(AssertionError, match="started"):  # checked, then run
+        _exit_code(["train", *parties, "--clients", "2", "--transport", "inprocess"])
+
+
 def test_a_port_in_use_is_one_line_and_leaves_no_database(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
