@@ -33,6 +33,7 @@ import torch
 
 from models.config import PRECOMPUTED_BACKBONES
 from models.metrics import describe_scores
+from secure.accounting import count_releases
 from secure.files import FileFormat, atomic_write
 
 ARTEFACT = FileFormat(kind="glasu-model", version=1, title="glasu model manifest")
@@ -163,6 +164,17 @@ def read_evaluation(directory: Path) -> tuple[np.ndarray, np.ndarray]:
         return saved["nodes"], saved["probabilities"]
 
 
+def _alignment(manifest: Mapping[str, Any]) -> str:
+    """Which nodes the model was trained on, for people: the parties' own ids aligned privately
+    (the alignment's digest, where the run recorded it) or a benchmark's shared ids."""
+    digest = manifest.get("alignment_digest")
+    if digest:
+        return f"the parties' own ids, aligned privately (alignment digest {digest})"
+    if manifest.get("features", {}).get("prepared"):  # the party's own `glasu prepare` folder
+        return "the parties' own ids, aligned privately in this run (no digest recorded)"
+    return "a benchmark dataset's partition (every party has the same node ids: no alignment)"
+
+
 def describe(manifest: Mapping[str, Any]) -> str:
     """The manifest for people (``glasu model show``)."""
     model = manifest.get("model", {})
@@ -178,8 +190,7 @@ def describe(manifest: Mapping[str, Any]) -> str:
         + (
             "every party" if party.get("label_holder") is None else f"party {party['label_holder']}"
         ),
-        f"session {manifest.get('session_id')}, alignment digest "
-        f"{manifest.get('alignment_digest') or '(a benchmark partition)'}",
+        f"session {manifest.get('session_id')}; {_alignment(manifest)}",
         f"backbone {model.get('backbone')}"
         + (
             f" over {model['hops']} hops, {model.get('feature_scale')} scale"
@@ -205,7 +216,8 @@ def describe(manifest: Mapping[str, Any]) -> str:
     if privacy:
         lines.append(
             f"privacy spent by the training: epsilon {privacy['epsilon']:.4g} at delta "
-            f"{privacy['delta']:g} ({privacy['releases']} releases, {privacy['accountant']}), "
+            f"{privacy['delta']:g} ({count_releases(privacy['releases'])}, "
+            f"{privacy['accountant']}), "
             f"against {privacy['against']}"
         )
     else:

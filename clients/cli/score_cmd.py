@@ -99,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
     from clients.local.scoring import score_locally
     from models.artefact import ModelError
     from models.metrics import describe_scores
+    from secure.accounting import count_releases
 
     holder_ids = None
     if args.ids is not None:
@@ -133,7 +134,8 @@ def run(args: argparse.Namespace) -> int:
     if summary.privacy is not None:
         print(
             f"privacy spent by this scoring: epsilon {summary.privacy['epsilon']:.4g} at delta "
-            f"{summary.privacy['delta']:g} ({summary.privacy['releases']} releases), counted with "
+            f"{summary.privacy['delta']:g} ({count_releases(summary.privacy['releases'])}), "
+            "counted with "
             "everything else in each organisation's ledger (glasu budget --local DIR)",
         )
     else:

@@ -120,10 +120,9 @@ def worker_folders(
         for name in ("features.npy", "edges.npy", IDS, META):
             (folder / name).symlink_to(Path(source).resolve() / name)
         rows = index.rows[m]
-        # as save_partition: the benchmark-style alignment, without the alignment's id or digest
-        alignment = dataclasses.replace(
-            party_alignment(index, split, m), alignment_id=None, digest=None
-        )
+        # as save_partition, without the alignment's id (no service holds it); its digest
+        # names the alignment in the models this run keeps (`glasu model show`)
+        alignment = dataclasses.replace(party_alignment(index, split, m), alignment_id=None)
         if m in passive:
             alignment = dataclasses.replace(
                 alignment, train_nodes=none, val_nodes=none, test_nodes=none
