@@ -12,6 +12,7 @@ id is its decimal text, and CSV ids are read as text as written (``42`` and ``04
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,11 +196,24 @@ def _read_labels(tables: PartyTables, ids: pa.Array, progress: bool) -> np.ndarr
 # -- checking columns ------------------------------------------------------------------------------
 
 
+#: A table with more columns than this is not listed whole when a column is missing.
+COLUMNS_LISTED = 8
+
+
 def _require_column(path: Path, columns: list[str], name: str, flag: str) -> None:
     if name not in columns:
-        raise TableError(
-            path, f"no column {name!r} ({flag}); the columns are: {', '.join(columns)}"
-        )
+        raise TableError(path, f"no column {name!r} ({flag}); {_columns_like(name, columns)}")
+
+
+def _columns_like(name: str, columns: list[str]) -> str:
+    """The columns a mistyped ``name`` may have meant: every column of a narrow table, else the
+    closest few by name and the count (a table of 479 columns is not one line to read)."""
+    if len(columns) <= COLUMNS_LISTED:
+        return f"the columns are: {', '.join(columns)}"
+    closest = difflib.get_close_matches(name, columns, n=3, cutoff=0.6)
+    if closest:
+        return f"the closest of its {len(columns)} columns: {', '.join(closest)}"
+    return f"its {len(columns)} columns begin with {', '.join(columns[:3])}, ..."
 
 
 def _first_null(values: pa.Array) -> int | None:
