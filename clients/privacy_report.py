@@ -23,6 +23,7 @@ from secure.report import (
     WHO,
     advantage,
     adversary_figure,
+    cap_figure,
     iso_utc,
     local_offset,
     sentence,
@@ -190,12 +191,13 @@ def organisation_content(
         },
         "adversaries": lifetime_adversaries,
         "caps": [
-            {"name": "lifetime cap", "limit": policy.max_lifetime_epsilon, "spent": total},
-            {
-                "name": "per-session cap (largest session)",
-                "limit": policy.max_session_epsilon,
-                "spent": largest,
-            },
+            cap_figure("lifetime cap", limit=policy.max_lifetime_epsilon, spent=total),
+            cap_figure(
+                "per-session cap (largest session)",
+                limit=policy.max_session_epsilon,
+                spent=largest,
+                largest_session=True,
+            ),
         ],
         "timeline": timeline,
         "timeline_axis": "time",

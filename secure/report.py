@@ -38,6 +38,23 @@ def iso_utc(epoch: float | None) -> str | None:
     return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def cap_figure(
+    name: str, *, limit: float, spent: float, largest_session: bool = False
+) -> dict[str, Any]:
+    """A cap on epsilon, what was spent of it and what is left, and the sentence that says so
+    to a compliance officer; ``largest_session``: a cap on each session, ``spent`` the largest
+    session's."""
+    left = max(limit - spent, 0.0)
+    if largest_session:
+        text = (
+            f"The largest session spent epsilon {spent:.3g} of the cap of {limit:g} per session,"
+            f" {left:.4g} left; each new session may spend up to {limit:g}."
+        )
+    else:
+        text = f"Spent epsilon {spent:.3g} of the {name} of {limit:g}, {left:.4g} left."
+    return {"name": name, "limit": limit, "spent": spent, "left": left, "sentence": text}
+
+
 def local_offset() -> str:
     """This machine's offset from UTC now, ``+01:00``."""
     offset = datetime.now().astimezone().utcoffset()
@@ -192,7 +209,7 @@ def session_content(
         "adversaries": adversaries,
         "caps": []
         if target is None
-        else [{"name": "session target", "limit": target, "spent": spent or 0.0}],
+        else [cap_figure("session target", limit=target, spent=spent or 0.0)],
         "timeline": [{"x": e["release"], "epsilon": e["epsilon"]} for e in entries],
         "timeline_axis": "release",
         "timeline_note": "Epsilon after each release the service counted (its own ledger);"
