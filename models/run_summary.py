@@ -191,9 +191,9 @@ def select_reference(history: list[HistoryEntry]) -> HistoryEntry | None:
 
 def plot_history(summary: RunSummary, path: Path) -> None:
     """Write :func:`history_figure` to ``path`` (PNG, or the format its suffix names)."""
+    fig = history_figure(summary)  # selects matplotlib's file backend before pyplot is imported
     import matplotlib.pyplot as plt
 
-    fig = history_figure(summary)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
