@@ -47,11 +47,11 @@ def cap_figure(
     left = max(limit - spent, 0.0)
     if largest_session:
         text = (
-            f"The largest session spent epsilon {spent:.3g} of the cap of {limit:g} per session,"
+            f"The largest session spent epsilon {spent:.4g} of the cap of {limit:g} per session,"
             f" {left:.4g} left; each new session may spend up to {limit:g}."
         )
     else:
-        text = f"Spent epsilon {spent:.3g} of the {name} of {limit:g}, {left:.4g} left."
+        text = f"Spent epsilon {spent:.4g} of the {name} of {limit:g}, {left:.4g} left."
     return {"name": name, "limit": limit, "spent": spent, "left": left, "sentence": text}
 
 

@@ -233,13 +233,13 @@ def _summary(c: Mapping[str, Any]) -> list[str]:
         f" {_esc(c['last_release_at'] or 'no release')} (UTC).</li>",
         f"<li><b>Released:</b> {total['releases']} release(s) in {len(c['sessions'])}"
         f" session(s): {_esc(_kinds(total['by_kind']))}.</li>",
-        f"<li><b>Spent:</b> epsilon {_fmt(total['epsilon'])} at delta {c['delta']:g}"
+        f"<li><b>Spent:</b> epsilon {_fmt(total['epsilon'], 4)} at delta {c['delta']:g}"
         f" ({_esc(total['holds_against'])}).</li>",
     ]
     for cap in c["caps"]:
-        lines.append(f"<li><b>Left:</b> {_esc(cap['sentence'])}</li>")
+        lines.append(f"<li><b>Budget:</b> {_esc(cap['sentence'])}</li>")
     if not c["caps"]:
-        lines.append("<li><b>Left:</b> no cap was set for this report.</li>")
+        lines.append("<li><b>Budget:</b> no cap was set for this report.</li>")
     lines.append(f"<li>{_esc(total['sentence'])}</li></ul></div>")
     if c.get("warnings"):
         lines += [f'<p class="warn">{_esc(w)}</p>' for w in c["warnings"]]

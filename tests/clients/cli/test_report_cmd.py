@@ -191,7 +191,7 @@ def test_the_report_answers_the_officer_and_matches_glasu_budget(
     spent = report["total"]["epsilon"]
     assert report["caps"][0] == {
         "name": "lifetime cap", "limit": 20.0, "spent": spent, "left": 20.0 - spent,
-        "sentence": f"Spent epsilon {spent:.3g} of the lifetime cap of 20, {20 - spent:.4g} left.",
+        "sentence": f"Spent epsilon {spent:.4g} of the lifetime cap of 20, {20 - spent:.4g} left.",
     }  # fmt: skip
     largest = max(s["epsilon"] for s in report["sessions"])
     assert report["caps"][1]["spent"] == largest
