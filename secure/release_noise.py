@@ -100,6 +100,10 @@ class ReleaseMechanism:
     # split discrete Gaussian noise (docs/privacy.md section 11); added after v1, so
     # :meth:`canonical` writes it only when True and every earlier digest stays as it was
     split_noise: bool = False
+    # how the release is formed (``secure.dp.ReleaseKind``) and its degree floor d_min; added
+    # after v1 too: written only for a degree-normalised release
+    release: str = "clip-after"
+    degree_floor: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("noise_multiplier", "ledger_noise_multiplier", "noise_std", "clip"):
@@ -124,6 +128,8 @@ class ReleaseMechanism:
             shared_noise=bool(privacy.shared_noise),
             encoding=str(encoding),
             split_noise=bool(privacy.split_noise),
+            release=str(privacy.release),
+            degree_floor=int(privacy.degree_floor) if privacy.degree_normalised else None,
         )
 
     @classmethod
@@ -132,10 +138,13 @@ class ReleaseMechanism:
 
     def canonical(self) -> str:
         """Sorted-key JSON, floats in their shortest round-trip form (what the ledger keeps);
-        ``split_noise`` only when True."""
+        ``split_noise`` only when True, ``release`` and ``degree_floor`` only for a
+        degree-normalised release."""
         fields = asdict(self)
         if not self.split_noise:
             del fields["split_noise"]
+        if self.release == "clip-after":
+            del fields["release"], fields["degree_floor"]
         return json.dumps(fields, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
     @property
