@@ -78,6 +78,11 @@ class ReleaseSecret:
         return "ReleaseSecret(<hidden>)"
 
 
+#: The fields added to :class:`ReleaseMechanism` after v1, at the values every earlier release
+#: had: :meth:`ReleaseMechanism.canonical` leaves them out there.
+_V1_DEFAULTS: Final = {"split_noise": False, "release": "clip-after", "degree_floor": None}
+
+
 @dataclass(frozen=True, kw_only=True)
 class ReleaseMechanism:
     """Every parameter of the mechanism that turns a clean release into the bytes a worker
@@ -138,13 +143,12 @@ class ReleaseMechanism:
 
     def canonical(self) -> str:
         """Sorted-key JSON, floats in their shortest round-trip form (what the ledger keeps);
-        ``split_noise`` only when True, ``release`` and ``degree_floor`` only for a
-        degree-normalised release."""
+        the fields added after v1 only where they differ from their defaults (``split_noise``
+        True, a degree-normalised ``release`` and its ``degree_floor``)."""
         fields = asdict(self)
-        if not self.split_noise:
-            del fields["split_noise"]
-        if self.release == "clip-after":
-            del fields["release"], fields["degree_floor"]
+        for name, default in _V1_DEFAULTS.items():
+            if fields[name] == default:
+                del fields[name]
         return json.dumps(fields, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
     @property
