@@ -8,7 +8,9 @@ never leaves the client. So:
 
 - the release's sensitivity to one node's features is data-independent (the map has no trained
   weights that could carry a node's influence into every row): Delta = 2C sqrt(c + 1) with the
-  occurrence cap c enforced by the sampler at layer 1 (docs/privacy.md);
+  occurrence cap c enforced by the sampler at layer 1 (docs/privacy.md); with the session's
+  ``release: "degree-normalised"`` each node's projected row is clipped first and the mean
+  divides by max(degree, d_min) (:func:`degree_normalised_aggregate`): 2C sqrt(c + 1) / d_min;
 - everything a worker sends after its first release is either another release of the same kind
   (accounted by the ledger) or a node-id set (features do not enter it).
 
