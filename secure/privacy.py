@@ -5,8 +5,8 @@ The in-process trainer, the HTTP worker and the aggregation service all build a
 use (given, or calibrated so that every planned release fits the epsilon target), the
 sensitivity (derived here from the clip, the occurrence cap and the release's kind and degree
 floor, never taken from a caller), the z the ledger composes, each client's noise std, whether
-one more release fits, epsilon after n releases, and the privacy report. Every pass of a session is one Gaussian release at
-:data:`RELEASE_LAYER` (docs/privacy.md).
+one more release fits, epsilon after n releases, and the privacy report. Every pass of a
+session is one Gaussian release at :data:`RELEASE_LAYER` (docs/privacy.md).
 
 With ``shared_noise`` every client adds only 1/M of the variance, so a peer that subtracts its
 own share faces less noise: the ledger then composes ``secure.dp.effective_noise_multiplier``,
