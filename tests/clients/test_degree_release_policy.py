@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from clients.cli.budget_cmd import describe
 from clients.owner_ledger import OwnerLedger
 from clients.policy import PolicyRefusal, PrivacyPolicy, admit_session
 from models.config import TrainConfig
@@ -53,6 +54,8 @@ def test_the_worker_derives_the_degree_normalised_sensitivity(ledger: OwnerLedge
     assert privacy.sensitivity == pytest.approx(2 * 2**0.5 / 8)
     mechanism = ReleaseMechanism.of(privacy, width=16, encoding="ckks")
     assert (mechanism.release, mechanism.degree_floor) == ("degree-normalised", 8)
+    # the run's summary names it beside Delta
+    assert "degree-normalised release (degree floor 8)" in describe(privacy.report(releases=0))
 
 
 def test_a_service_reporting_another_release_is_refused(ledger: OwnerLedger) -> None:
