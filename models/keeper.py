@@ -26,7 +26,7 @@ from models.federated import GlasuClient
 from models.metrics import classification_metrics
 from models.outcome import PassOutcome
 from models.private import PrivateArrangement
-from secure.privacy import SessionPrivacy
+from secure.privacy import SessionPrivacy, release_fields
 
 
 @dataclass(frozen=True)
@@ -207,7 +207,8 @@ class ModelKeeper:
                 "occurrence_cap": privacy.occurrence_cap,
                 "shared_noise": privacy.shared_noise,
             }
-            | ({"split_noise": True} if privacy.split_noise else {}),
+            | ({"split_noise": True} if privacy.split_noise else {})
+            | release_fields(privacy.release, privacy.degree_floor),
             "metrics": self._metrics(kept),
             "privacy": spent,
         }

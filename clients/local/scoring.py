@@ -29,6 +29,7 @@ from models.config import DEFAULT_HOPS, TrainConfig
 from models.data.aligned import AlignedFederation
 from models.data.party import NOT_SHARED, read_party
 from models.metrics import classification_metrics
+from secure.dp import DEFAULT_DEGREE_FLOOR
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,8 @@ def scoring_config(manifests: Sequence[dict[str, Any]], *, encrypted: bool) -> T
             "occurrence_cap": release["occurrence_cap"],
             "shared_noise": release["shared_noise"],
             "split_noise": release.get("split_noise", False),
+            "release": release.get("release", "clip-after"),
+            "degree_floor": release.get("degree_floor", DEFAULT_DEGREE_FLOOR),
             "release_width": model["receiver_width"],
         }
     return TrainConfig(
