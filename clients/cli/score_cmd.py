@@ -14,6 +14,7 @@ from clients.cli.options import (
     add_command,
     add_output_dir_argument,
     check_output_dir,
+    check_output_file,
     check_party_folders,
     positive_int,
 )
@@ -67,6 +68,11 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument(
         "--format", choices=["csv", "parquet"], default="csv", help="predictions file format"
     )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace existing predictions files in --out (refused by default)",
+    )
     add_owner_ledger_arguments(p)
     add_encryption_argument(p)
     p.add_argument(
@@ -89,6 +95,10 @@ def check(args: argparse.Namespace) -> None:
     if args.ids is not None and not args.ids.is_file():
         raise UsageError(f"--ids {args.ids} is not a file")
     check_output_dir(args.out, "--out")
+    from clients.local.parties import party_names, predictions_files
+
+    for path in predictions_files(args.out, party_names(args.party), args.format):
+        check_output_file(path, "--out", overwrite=args.overwrite)
     check_ledger_arguments(args)
     args.owner_ledgers = owner_ledgers(args)  # an older ledger beside the data: refused now
 

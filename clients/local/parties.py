@@ -43,10 +43,21 @@ def party_names(folders: Sequence[Path]) -> list[str]:
     return [str(folder) for folder in folders]
 
 
+def file_names(names: Sequence[str]) -> list[str]:
+    """Each party's name as a file name: its name, or ``party-<m>`` where the names are paths
+    (because they repeat)."""
+    return [n if "/" not in n else f"party-{m}" for m, n in enumerate(names)]
+
+
 def model_folders(model_dir: Path, names: Sequence[str]) -> list[Path]:
     """Where ``glasu train --model-dir`` keeps each party's model, and ``glasu score`` finds it:
-    ``model_dir/<name>`` (``party-<m>`` where the names are paths, because they repeat)."""
-    return [Path(model_dir) / (n if "/" not in n else f"party-{m}") for m, n in enumerate(names)]
+    ``model_dir/<name>`` (:func:`file_names`)."""
+    return [Path(model_dir) / name for name in file_names(names)]
+
+
+def predictions_files(out: Path, names: Sequence[str], output_format: str) -> list[Path]:
+    """Where ``glasu score --out`` writes each party's predictions: ``out/<name>.<format>``."""
+    return [Path(out) / f"{name}.{output_format}" for name in file_names(names)]
 
 
 def federation_of_parties(

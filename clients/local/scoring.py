@@ -19,7 +19,12 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from clients.local.federation import follow, local_federation
-from clients.local.parties import federation_of_parties, model_folders, party_names
+from clients.local.parties import (
+    federation_of_parties,
+    model_folders,
+    party_names,
+    predictions_files,
+)
 from clients.local.session import scoring_request
 from clients.owner_ledger import PartyLedgers, party_ledgers
 from clients.policy import PrivacyPolicy
@@ -162,6 +167,7 @@ def score_locally(
         federation, holder=holder or 0, holder_ids=holder_ids, party_ids=party_ids
     )
     heads = [m for m, manifest in enumerate(manifests) if manifest["party"]["holds_head"]]
+    files = predictions_files(out, names, output_format)
     out.mkdir(parents=True, exist_ok=True)
     # a fresh service, which never ran the training whose models score (the workers check them)
     with local_federation(encrypted=encrypted, serve_args=("--score-foreign-models",)) as fed:
@@ -189,7 +195,7 @@ def score_locally(
         predictions = [
             _in_own_ids(
                 raw[m],
-                out / f"{names[m]}.{output_format}",
+                files[m],
                 ids=own_ids_by_node(
                     federation.index.rows[m], party_ids[m], federation.index.aligned_nodes
                 ),
