@@ -212,6 +212,15 @@ def load_model(directory: Path) -> SavedModel:
     return SavedModel(manifest=manifest, weights=weights, path=Path(directory))
 
 
+def class_names(manifest: Mapping[str, Any]) -> list[str] | None:
+    """The names of the model's classes, index by index, where its labels table named them
+    (``glasu prepare``); None where the classes are numbers (and for a model saved before)."""
+    classes = manifest.get("classes") or []
+    if classes and all(isinstance(c, str) for c in classes):
+        return list(classes)
+    return None
+
+
 def read_evaluation(directory: Path) -> tuple[np.ndarray, np.ndarray]:
     with np.load(Path(directory) / EVALUATION) as saved:
         return saved["nodes"], saved["probabilities"]
@@ -243,6 +252,7 @@ def describe(manifest: Mapping[str, Any]) -> str:
         + f", {model.get('layers')} layers, hidden "
         f"{model.get('hidden')}, aggregation at layers {model.get('agg_layers')}, "
         f"{model.get('in_features')} features -> {model.get('num_classes')} classes"
+        + (f" ({', '.join(named)})" if (named := class_names(manifest)) else "")
         + (", private arrangement (layer-1 release)" if model.get("private") else ""),
         f"features: {len(manifest.get('features', {}).get('names', []))} columns "
         f"({_names(manifest.get('features', {}).get('names', []), most=5)})",

@@ -252,7 +252,7 @@ def check_model_folder(path: Path, flag: str, *, party: int, overwrite: bool) ->
     """A folder a party's model will be kept in: another party's model (or a folder a worker of
     another party claimed) is refused by name, even with ``overwrite`` (one folder per party);
     this party's own model is replaced only with ``overwrite``."""
-    from models.artefact import ModelError, model_folder_party, holds_model
+    from models.artefact import ModelError, holds_model, model_folder_party
 
     check_output_dir(path, flag)
     try:

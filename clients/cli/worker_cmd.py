@@ -176,7 +176,7 @@ def _run(settings: WorkerSettings, ledger_file: Path, *, quiet: bool) -> int:
     from clients.session_client import SessionClient
     from clients.session_fit import LocalModelOptions, SessionMismatch
     from clients.worker import WorkerRun
-    from models.artefact import ModelError, load_model
+    from models.artefact import ModelError, class_names, load_model
     from models.data.partition import load_partition
     from models.device import resolve_device
     from secure.aggregation import PayloadError
@@ -211,6 +211,7 @@ def _run(settings: WorkerSettings, ledger_file: Path, *, quiet: bool) -> int:
                 settings.predictions,
                 ids_of_node=ids_of_node,
                 num_classes=model.manifest["model"]["num_classes"],
+                class_names=class_names(model.manifest),
             )
 
     def progress(info: PassInfo, outcome: PassOutcome) -> None:

@@ -6,6 +6,7 @@ shared nodes (``models/data/aligned.py``), or, for workers that read folders
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from models.data.aligned import (
     aligned_split,
     party_alignment,
 )
+from models.data.class_names import CLASS_NAMES, class_names_in
 from models.data.partition import ClientPartition, partition
 from models.data.party import (
     IDS,
@@ -28,6 +30,7 @@ from models.data.party import (
     NO_LABEL,
     NOT_SHARED,
     PartyData,
+    read_meta,
     read_party,
     save_array,
     write_alignment,
@@ -92,6 +95,19 @@ def _aligned_index(
     )
 
 
+def _with_class_names(folder: Path, class_names: tuple[str, ...] | None) -> None:
+    """The run's class names in a worker folder's meta.json, where the party's own differ (a
+    party given the label holders' labels is given their names)."""
+    meta = read_meta(folder)
+    if class_names_in(meta) == class_names:
+        return
+    (folder / META).unlink()  # the link to the party's own meta.json, which stays as it was
+    named = {k: v for k, v in meta.items() if k != CLASS_NAMES}
+    if class_names is not None:
+        named[CLASS_NAMES] = list(class_names)
+    (folder / META).write_text(json.dumps(named, indent=2) + "\n")
+
+
 @dataclass(frozen=True)
 class WorkerFolders:
     """The parties' folders as the workers read them, and what the run needs of the federation
@@ -116,9 +132,10 @@ def worker_folders(
     """Align the parties' ids privately (nodes every party holds) and give each party a folder in
     ``out`` that a worker reads as it would the folder of :func:`save_partition
     <models.data.partition.save_partition>` for the same federation: links to the party's own
-    ``features.npy``, ``edges.npy``, ids and meta (never read or copied here), the run's labels
-    in its row order and the alignment with the run's split. The ``passive`` parties (GLASU B.2)
-    get no label and no split."""
+    ``features.npy``, ``edges.npy``, ids and meta (never read or copied here; the meta copied
+    where the run's class names are not the party's own), the run's labels in its row order and
+    the alignment with the run's split. The ``passive`` parties (GLASU B.2) get no label and no
+    split."""
     parties = [read_party(Path(folder)) for folder in folders]  # features stay on disk, mapped
     index = _aligned_index(parties, seed=seed, nodes="intersection", progress=progress)
     names = party_names(folders)
@@ -130,6 +147,8 @@ def worker_folders(
         folder.mkdir(parents=True)
         for name in ("features.npy", "edges.npy", IDS, META):
             (folder / name).symlink_to(Path(source).resolve() / name)
+        if m not in passive:
+            _with_class_names(folder, split.class_names)
         rows = index.rows[m]
         # as save_partition: the benchmark-style alignment, without the alignment's id or digest
         alignment = dataclasses.replace(
