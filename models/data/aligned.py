@@ -141,8 +141,8 @@ def aligned_split(
             "(glasu prepare --labels)"
         )
     if label_holder is None:
+        class_names = shared_class_names(parties, names)  # first: they number the labels
         labels = merged_labels(parties, index, names)
-        class_names = shared_class_names(parties, names)
     else:
         class_names = class_names_in(parties[label_holder].extra_meta)
         labels = merged_labels(
