@@ -166,7 +166,8 @@ class WorkerSettings(BaseSettings):
     predictions: Path | None = Field(
         None,
         description="A scoring session, a party with a head: the file the predictions go to, "
-        "one row per scored node of this party's own ids (.csv or .parquet).",
+        "one row per scored node of this party's own ids, in the order of its table (.csv or "
+        ".parquet).",
     )
     overwrite: bool = Field(
         False,

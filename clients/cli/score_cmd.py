@@ -36,9 +36,11 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "node (or the label holder's --ids) with the models of `glasu train --model-dir`. Each "
         "pass is an evaluation pass with the training's protections: its layer-1 releases are "
         "encrypted, noised and counted (scoring spends privacy budget). Every party with a "
-        "classification head gets OUT/<party>.csv (or .parquet): id, predicted class, class "
-        "probabilities. Each party's releases are counted in its organisation's privacy "
-        "ledger, the one its training counted in (--ledger), under its lifetime cap.",
+        "classification head gets OUT/<party>.csv (or .parquet), in the order of --ids (or of "
+        "its own table): id, predicted class (by name where the labels table named the classes), "
+        "class probabilities to 4 decimals. Each party's releases are counted in its "
+        "organisation's privacy ledger, the one its training counted in (--ledger), under its "
+        "lifetime cap.",
     )
     p.add_argument(
         "--party",
