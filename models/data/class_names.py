@@ -23,7 +23,9 @@ INTEGER_TEXT = r"^[+-]?[0-9]+$"
 def holds_names(values: pa.Array) -> bool:
     """A text label column none of whose values is a number: class names, not indices (a
     number among them makes it a column of indices, whose other values are then refused)."""
-    if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
+    if not len(values) or not (
+        pa.types.is_string(values.type) or pa.types.is_large_string(values.type)
+    ):
         return False
     return not bool(pc.any(pc.match_substring_regex(values, INTEGER_TEXT)).as_py())
 

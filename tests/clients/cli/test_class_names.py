@@ -54,8 +54,11 @@ def write_party(root: Path, name: str, labels: dict[str, str] | None) -> Path:
 STATUS = {c: ("paid", "late", "fraud")[i % 3] for i, c in enumerate(CUSTOMERS)}
 
 
-def test_prepare_numbers_class_names_in_sorted_order_and_keeps_them(tmp_path: Path) -> None:
+def test_prepare_numbers_class_names_in_sorted_order_and_keeps_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     folder = write_party(tmp_path, "bank", STATUS)
+    assert "12 labelled nodes (classes fraud, late, paid)" in capsys.readouterr().out
     assert read_meta(folder)["class_names"] == ["fraud", "late", "paid"]
     labels = np.load(folder / "labels.npy")
     assert labels[:3].tolist() == [2, 1, 0]  # paid, late, fraud
