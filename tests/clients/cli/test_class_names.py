@@ -17,7 +17,7 @@ import pytest
 from clients.cli.main import main
 from clients.local import parties
 from clients.local.parties import federation_of_parties
-from models.artefact import class_names, load_model
+from models.artefact import class_names, describe, load_model
 from models.data.aligned import LabelConflict
 from models.data.class_names import ClassNames
 from models.data.party import read_meta
@@ -111,6 +111,8 @@ def test_a_model_names_its_classes_only_where_it_holds_the_head() -> None:
     assert model_classes(client(True, None)) == [0, 1]
     assert class_names({"classes": ["no", "yes"]}) == ["no", "yes"]
     assert class_names({"classes": [0, 1]}) is None and class_names({}) is None
+    shown = describe({"classes": ["no", "yes"], "model": {"num_classes": 2}})
+    assert "-> 2 classes (no, yes)" in shown  # glasu model show
 
 
 CORA_CLASSES = ("case", "genetic", "neural", "probabilistic", "reinforcement", "rule", "theory")
