@@ -29,6 +29,16 @@ from models.private import PrivateArrangement
 from secure.privacy import SessionPrivacy, release_fields
 
 
+def model_classes(client: GlasuClient) -> list[str] | list[int]:
+    """The classes a model predicts, index by index: their names where the labels table named
+    them (a party with a head), else their indices."""
+    count = int(client.network.classifier.out_features)
+    names = client.partition.class_names
+    if client.holds_labels and names is not None and len(names) == count:
+        return list(names)
+    return list(range(count))
+
+
 @dataclass(frozen=True)
 class KeepModels:
     """Where a run keeps each client's model, and the session they were trained in."""
@@ -195,7 +205,7 @@ class ModelKeeper:
                 "dtype": "float32",
                 "prepared": dict(partition.feature_summary or {}),
             },
-            "classes": list(range(int(client.network.classifier.out_features))),
+            "classes": model_classes(client),
             "best": {"pass": kept.pass_index, "round": kept.round, "chosen_by": chosen_by},
             "release": None
             if privacy is None

@@ -14,6 +14,7 @@ from clients.cli.options import (
     add_command,
     add_output_dir_argument,
     check_output_dir,
+    check_output_file,
     check_party_folders,
     positive_int,
 )
@@ -35,9 +36,11 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "node (or the label holder's --ids) with the models of `glasu train --model-dir`. Each "
         "pass is an evaluation pass with the training's protections: its layer-1 releases are "
         "encrypted, noised and counted (scoring spends privacy budget). Every party with a "
-        "classification head gets OUT/<party>.csv (or .parquet): id, predicted class, class "
-        "probabilities. Each party's releases are counted in its organisation's privacy "
-        "ledger, the one its training counted in (--ledger), under its lifetime cap.",
+        "classification head gets OUT/<party>.csv (or .parquet), in the order of --ids (or of "
+        "its own table): id, predicted class (by name where the labels table named the classes), "
+        "class probabilities to 4 decimals. Each party's releases are counted in its "
+        "organisation's privacy ledger, the one its training counted in (--ledger), under its "
+        "lifetime cap.",
     )
     p.add_argument(
         "--party",
@@ -67,6 +70,11 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument(
         "--format", choices=["csv", "parquet"], default="csv", help="predictions file format"
     )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace existing predictions files in --out (refused by default)",
+    )
     add_owner_ledger_arguments(p)
     add_encryption_argument(p)
     p.add_argument(
@@ -89,6 +97,10 @@ def check(args: argparse.Namespace) -> None:
     if args.ids is not None and not args.ids.is_file():
         raise UsageError(f"--ids {args.ids} is not a file")
     check_output_dir(args.out, "--out")
+    from clients.local.parties import party_names, predictions_files
+
+    for path in predictions_files(args.out, party_names(args.party), args.format):
+        check_output_file(path, "--out", overwrite=args.overwrite)
     check_ledger_arguments(args)
     args.owner_ledgers = owner_ledgers(args)  # an older ledger beside the data: refused now
 

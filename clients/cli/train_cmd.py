@@ -20,6 +20,7 @@ from clients.cli.options import (
     PLOT_FORMATS,
     add_command,
     check_device,
+    check_model_folder,
     check_output_dir,
     check_output_file,
     check_party_folders,
@@ -100,7 +101,8 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     output.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace an existing --report or --plot file (refused by default)",
+        help="replace an existing --report or --plot file, or the parties' models in "
+        "--model-dir (refused by default)",
     )
     output.add_argument(
         "--model-dir",
@@ -151,6 +153,8 @@ def check(args: argparse.Namespace) -> None:
                 "client apart"
             )
         check_output_dir(args.model_dir, "--model-dir")
+        for party, folder in enumerate(model_folders(args) or []):
+            check_model_folder(folder, "--model-dir", party=party, overwrite=args.overwrite)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -93,7 +93,8 @@ def test_scoring_the_evaluation_nodes_reproduces_the_best_evaluation_pass(
             rows = list(csv.DictReader(handle))
         assert [int(r["id"]) for r in rows] == nodes.tolist()  # the benchmark's ids: node ids
         got = np.array([[float(r[f"probability_{c}"]) for c in range(7)] for r in rows])
-        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
+        # as the evaluation pass computed them, to the 4 decimals a predictions file gives
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1.01e-4)
         assert [int(r["predicted_class"]) for r in rows] == expected.argmax(1).tolist()
     assert len(rounds) == 1  # without DP every party keeps the same round
 
