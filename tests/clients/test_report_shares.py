@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from clients.cli.budget_cmd import describe
 from clients.owner_ledger import OwnerLedger
 from clients.policy import PrivacyPolicy, admit_session, session_about
 from clients.privacy_report import organisation_content
@@ -115,3 +116,11 @@ def test_the_operator_s_report_of_a_split_session_says_against_whom_by_its_encod
     assert one["shares"] == SHARES[encoding]
     assert content["total"]["holds_against"] == f"against {holds}"
     assert {a["key"] for a in content["adversaries"]} >= {"peer", "service_peer", "colluding"}
+
+
+@pytest.mark.parametrize("split_noise", [False, True])
+def test_a_masked_session_s_budget_names_no_ckks_ciphertexts(split_noise: bool) -> None:
+    """The plan does not know the encoding: its notes hold for CKKS and masked shares alike."""
+    text = describe(session("s1", encoding=MASKED, split_noise=split_noise)["privacy"])
+    assert "the service alone: nothing to account (sees only ciphertexts" in text
+    assert "CKKS" not in text
