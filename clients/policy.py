@@ -394,6 +394,7 @@ def session_about(session: Mapping[str, Any], privacy: SessionPrivacy) -> Sessio
         kind=config.get("kind", "training"),
         created_at=session.get("created_at"),
         clients=config["clients"],
+        encoding=config.get("encoding"),
         adversaries=[
             {
                 "key": a.key,

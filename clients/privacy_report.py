@@ -27,6 +27,7 @@ from secure.report import (
     iso_utc,
     local_offset,
     sentence,
+    shares_sentence,
 )
 
 #: Against whom the ledger's own figure holds (the default, unshared noise).
@@ -122,6 +123,7 @@ def organisation_content(
                 "last_release_at": iso_utc(own[-1]["released_at"]),
                 "releases": len(own),
                 "by_kind": _by_kind(own),
+                "shares": shares_sentence(record.get("encoding")),
                 "epsilon": epsilon(inverse),
                 "adversaries": adversaries,
                 "accuracy": measured if measured.get("federated") is not None else None,

@@ -460,9 +460,9 @@ class SessionPrivacy:
             return self._split_adversaries()
         z, m, shared = self.noise_multiplier, self.clients, self.shared_noise
         per_share = z / math.sqrt(m) if shared else z  # the noise in one client's own share
-        if self.encrypted:
+        if self.encrypted:  # CKKS or masked BFV shares: the session's encoding says which
             service = Adversary(
-                "the service alone", None, "sees only CKKS ciphertexts and their sum", "service"
+                "the service alone", None, "sees only ciphertexts and their sum", "service"
             )
         else:
             service = Adversary(

@@ -30,6 +30,25 @@ WHO = {
     "group": "one partner, about a node whose rows sit at every organisation at once",
 }
 
+#: Who could read a partner's share, by the session's share encoding
+#: (``secure.protocol.ShareEncoding``; docs/secure-aggregation.md, docs/threat-model.md).
+SHARES = {
+    "bfv-masked": "masked (secure aggregation): each share masked pairwise and encrypted under"
+    " BFV; the service saw ciphertexts and their sum, and no one, not even the service with one"
+    " partner, could read another partner's share: only the sum of every partner's share decodes",
+    "ckks": "encrypted under CKKS, whose one key every partner holds: the service alone saw"
+    " ciphertexts, but the service with one partner, or a service that served one partner's"
+    " share as a sum, could read that share",
+    "float32": "not encrypted: the service read every partner's share",
+}
+
+
+def shares_sentence(encoding: str | None) -> str:
+    """Who could read a share, for a session whose shares travelled as ``encoding``."""
+    if encoding is None:
+        return "not recorded (a session admitted by an older worker)"
+    return SHARES.get(encoding, f"encoding {encoding!r}")
+
 
 def iso_utc(epoch: float | None) -> str | None:
     """``2025-03-01T14:02:07Z``; None stays None."""
@@ -149,8 +168,11 @@ def session_content(
         )
     ledger_z = privacy.get("ledger_noise_multiplier")
     spent = privacy.get("epsilon")
-    if privacy.get("split_noise"):
-        holds = "any one partner, alone or with the service (split noise)"
+    masked = config.get("encoding") == "bfv-masked"
+    if privacy.get("split_noise") and masked:
+        holds = "any one partner, alone or with the service (split noise under masks)"
+    elif privacy.get("split_noise"):  # CKKS: the service with one partner can read a share
+        holds = "any one partner on its own (split noise without masks)"
     elif privacy.get("shared_noise"):
         holds = "one curious partner that does not collude (shared noise)"
     else:
@@ -174,6 +196,7 @@ def session_content(
         "last_release_at": last,
         "releases": len(entries),
         "by_kind": by_kind,
+        "shares": shares_sentence(config.get("encoding")),
         "epsilon": spent,
         "adversaries": adversaries,
         "accuracy": None,

@@ -261,13 +261,15 @@ def _who_and_when(c: Mapping[str, Any]) -> list[str]:
         f"<td>{_esc(s['created_at'])}</td>"
         f"<td>{_esc(s['first_release_at'])} to {_esc(s['last_release_at'])}</td>"
         f'<td class="num">{s["releases"]}: {_esc(_kinds(s["by_kind"]))}</td>'
+        f"<td>{_esc(s.get('shares') or '')}</td>"
         for s in c["sessions"]
     )
     return [
         "<h2>Sessions: with whom, when, what was released</h2>",
         *_table(
             "<th>session</th><th>partners</th><th>operator</th><th>kind</th>"
-            "<th>created (UTC)</th><th>releases (UTC)</th><th>released</th>",
+            "<th>created (UTC)</th><th>releases (UTC)</th><th>released</th>"
+            "<th>who could read a share</th>",
             rows,
         ),
     ]
