@@ -4,18 +4,28 @@ process on a temporary database (no sockets). The same messages as a deployed ``
 signed: each party gets a fresh Ed25519 key and its peers' public keys, so it blinds only sets its
 peer posted.
 Every alignment orders the shared nodes anew (by fully blinded values, which depend on fresh
-keys and on the alignment's id), so two runs with one seed draw different splits."""
+keys and on the alignment's id), so two runs with one seed draw different splits.
+``glasu score`` aligns through the alignment each party keeps in its folder
+(:func:`align_keeping`): only the ids added since are blinded."""
 
 from __future__ import annotations
 
 import secrets
 import tempfile
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from clients.admin import AdminClient
 from clients.alignment import AlignmentClient, AlignmentOutcome, align
+from clients.alignment_keeping import (
+    KEPT_FILE,
+    KeptAlignment,
+    check_one_federation,
+    read_kept,
+    write_kept,
+)
 from clients.alignment_signing import SetSigning
 from clients.local.asgi import InProcessTransport
 from clients.service_http import ConnectionOptions
@@ -30,9 +40,12 @@ def align_in_process(
     seed: int,
     nodes: str = "intersection",
     progress: bool = False,
+    kept: Sequence[KeptAlignment] | None = None,
 ) -> list[AlignmentOutcome]:
     """Align the parties' ids (one sequence per party, in its row order); the outcome of each
-    party, in order. Raises :class:`clients.alignment.AlignmentFailed` (e.g. no shared id)."""
+    party, in order. ``kept``: each party's kept alignment, updated (an outcome's ``kept`` is
+    what the party keeps next). Raises :class:`clients.alignment.AlignmentFailed` (e.g. no
+    shared id)."""
     from service.app import create_app
     from service.settings import ServiceSettings
 
@@ -64,6 +77,7 @@ def align_in_process(
                         ids,
                         signing[m],
                         progress and m == 0,
+                        None if kept is None else kept[m],
                     )
                     for m, ids in enumerate(party_ids)
                 ]
@@ -81,6 +95,7 @@ def _party(
     ids: Sequence[str],
     signing: SetSigning,
     progress: bool,
+    kept: KeptAlignment | None,
 ) -> AlignmentOutcome:
     with AlignmentClient(
         base_url=BASE_URL,
@@ -91,4 +106,49 @@ def _party(
             transport=transport, poll_seconds=5.0, peer_wait_seconds=PEER_WAIT_SECONDS
         ),
     ) as client:
-        return align(client, ids, signing=signing, progress=progress)
+        return align(client, ids, signing=signing, progress=progress, kept=kept)
+
+
+def align_keeping(
+    folders: Sequence[Path],
+    party_ids: Sequence[Sequence[str]],
+    *,
+    seed: int,
+    nodes: str = "intersection",
+    progress: bool = False,
+    realign: bool = False,
+    now: float | None = None,
+) -> tuple[list[AlignmentOutcome], str]:
+    """:func:`align_in_process` through the alignment each party keeps in its folder
+    (``clients/alignment_keeping.py``): updated, or made afresh (none kept yet, ``realign``, or
+    its keys due to rotate at some party), then kept again. The outcomes, and a note for people
+    on which it was. A kept file that was changed, or is another party's or another
+    federation's, is refused with its path (:class:`KeptAlignmentError`)."""
+    now = time.time() if now is None else now
+    parties = len(folders)
+    found = [read_kept(Path(f), parties=parties, party=m) for m, f in enumerate(folders)]
+    kept: list[KeptAlignment] | None = None
+    if realign:
+        note = "a fresh alignment with new keys (--realign)"
+    elif any(one is None for one in found):
+        missing = [str(f) for f, one in zip(folders, found, strict=True) if one is None]
+        note = f"a fresh alignment with new keys (none kept yet in {', '.join(missing)})"
+    else:
+        kept = [one for one in found if one is not None]
+        check_one_federation(kept, [str(Path(f) / KEPT_FILE) for f in folders])
+        due = next(
+            (f"{f}: {why}" for f, one in zip(folders, kept, strict=True)
+             if (why := one.rotation_due(now)) is not None),
+            None,
+        )  # fmt: skip
+        if due is not None:
+            kept = None
+            note = f"a fresh alignment with new keys, rotated ({due})"
+        else:
+            note = f"the kept alignment updated (update {kept[0].updates + 1} of its keys)"
+    outcomes = align_in_process(party_ids, seed=seed, nodes=nodes, progress=progress, kept=kept)
+    for folder, outcome in zip(folders, outcomes, strict=True):
+        assert outcome.kept is not None
+        write_kept(outcome.kept, Path(folder))
+    blinded = sum(outcome.kept.blinded_last for outcome in outcomes if outcome.kept is not None)
+    return outcomes, f"{note}; {blinded} ids blinded"
