@@ -30,10 +30,11 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         commands,
         "score",
         help="score customers jointly with trained models (predictions out)",
-        description="Align the parties' current tables privately (new customers included), "
-        "start the service and one worker per party on this machine, and score every shared "
-        "node (or the label holder's --ids) with the models of `glasu train --model-dir`. Each "
-        "pass is an evaluation pass with the training's protections: its layer-1 releases are "
+        description="Align the parties' current tables privately (new customers included; "
+        "each party keeps its alignment in its folder, so only the ids added since are "
+        "blinded), start the service and one worker per party on this machine, and score every "
+        "shared node (or the label holder's --ids) with the models of `glasu train --model-dir`. "
+        "Each pass is an evaluation pass with the training's protections: its layer-1 releases are "
         "encrypted, noised and counted (scoring spends privacy budget). Every party with a "
         "classification head gets OUT/<party>.csv (or .parquet): id, predicted class, class "
         "probabilities. Each party's releases are counted in its organisation's privacy "
@@ -67,6 +68,13 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument(
         "--format", choices=["csv", "parquet"], default="csv", help="predictions file format"
     )
+    p.add_argument(
+        "--realign",
+        action="store_true",
+        help="align afresh with new keys instead of updating the alignment each party keeps "
+        "in its folder (alignment.kept; keys also rotate after a number of updates or days: "
+        "docs/data.md)",
+    )
     add_owner_ledger_arguments(p)
     add_encryption_argument(p)
     p.add_argument(
@@ -95,6 +103,7 @@ def check(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from clients.alignment import AlignmentFailed
+    from clients.local.parties import AlignmentKeeping
     from clients.local.processes import FederationFailed
     from clients.local.scoring import score_locally
     from models.artefact import ModelError
@@ -118,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
                 device=args.device,
                 progress=not args.quiet,
                 ledgers=args.owner_ledgers,
+                keeping=AlignmentKeeping(realign=args.realign),
             )
         except AlignmentFailed as exc:
             raise CliError(f"the alignment failed: {exc}") from exc
