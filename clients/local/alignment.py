@@ -41,11 +41,12 @@ def align_in_process(
     nodes: str = "intersection",
     progress: bool = False,
     kept: Sequence[KeptAlignment] | None = None,
+    now: float | None = None,
 ) -> list[AlignmentOutcome]:
     """Align the parties' ids (one sequence per party, in its row order); the outcome of each
     party, in order. ``kept``: each party's kept alignment, updated (an outcome's ``kept`` is
-    what the party keeps next). Raises :class:`clients.alignment.AlignmentFailed` (e.g. no
-    shared id)."""
+    what the party keeps next, dated ``now`` when fresh). Raises
+    :class:`clients.alignment.AlignmentFailed` (e.g. no shared id)."""
     from service.app import create_app
     from service.settings import ServiceSettings
 
@@ -78,6 +79,7 @@ def align_in_process(
                         signing[m],
                         progress and m == 0,
                         None if kept is None else kept[m],
+                        now,
                     )
                     for m, ids in enumerate(party_ids)
                 ]
@@ -96,6 +98,7 @@ def _party(
     signing: SetSigning,
     progress: bool,
     kept: KeptAlignment | None,
+    now: float | None,
 ) -> AlignmentOutcome:
     with AlignmentClient(
         base_url=BASE_URL,
@@ -106,7 +109,7 @@ def _party(
             transport=transport, poll_seconds=5.0, peer_wait_seconds=PEER_WAIT_SECONDS
         ),
     ) as client:
-        return align(client, ids, signing=signing, progress=progress, kept=kept)
+        return align(client, ids, signing=signing, progress=progress, kept=kept, now=now)
 
 
 def align_keeping(
@@ -146,9 +149,11 @@ def align_keeping(
             note = f"a fresh alignment with new keys, rotated ({due})"
         else:
             note = f"the kept alignment updated (update {kept[0].updates + 1} of its keys)"
-    outcomes = align_in_process(party_ids, seed=seed, nodes=nodes, progress=progress, kept=kept)
+    outcomes = align_in_process(
+        party_ids, seed=seed, nodes=nodes, progress=progress, kept=kept, now=now
+    )
     for folder, outcome in zip(folders, outcomes, strict=True):
         assert outcome.kept is not None
         write_kept(outcome.kept, Path(folder))
     blinded = sum(outcome.kept.blinded_last for outcome in outcomes if outcome.kept is not None)
-    return outcomes, f"{note}; {blinded} ids blinded"
+    return outcomes, f"{note}; {blinded} blindings, at all parties and hops"
