@@ -11,7 +11,8 @@ the same messages and checks, but a party looks up what it blinded before and bl
 rest: the ids added since, at every hop. The ids removed since are simply absent from its
 tables, and their memories are dropped. The outcome is the alignment of the current tables.
 
-The kept file (``alignment.kept`` in the party's own folder, mode 0600) holds the secret scalar
+The kept file (:func:`kept_location`: with the organisation's ledger, or ``alignment.kept`` in
+the party's own folder; mode 0600) holds the secret scalar
 (:class:`~secure.masking.secret_material.SecretBytes`: never shown), and an HMAC-SHA256 under a
 key derived from it over everything else; a file that was changed, or belongs to another party or
 another federation, is refused with its path. Keys rotate (a fresh alignment, new keys, a new
@@ -209,8 +210,24 @@ def _tag(scalar: SecretBytes, payload: bytes) -> bytes:
     return hmac.new(key, payload, hashlib.sha256).digest()
 
 
-def write_kept(kept: KeptAlignment, folder: Path) -> Path:
-    """``folder/alignment.kept``, mode 0600, written atomically."""
+def kept_location(folders: Sequence[Path], party: int) -> Path:
+    """Where party ``party`` of the federation of ``folders`` keeps its alignment: with its
+    organisation's ledger (``$XDG_DATA_HOME/glasu/alignments/<organisation>/``), one file per
+    federation it is in (named by a digest of every party's organisation), so that every copy of
+    its data (its tables prepared again) finds it; in a folder without an organisation (a
+    benchmark partition's), ``<folder>/alignment.kept``."""
+    from clients.owner_ledger import folder_organisation, organisations_folder
+
+    names = [folder_organisation(Path(folder)) for folder in folders]
+    own = names[party]
+    if own is None:
+        return Path(folders[party]) / KEPT_FILE
+    federation = hashlib.sha256("\n".join(str(n) for n in names).encode("utf-8")).hexdigest()
+    return organisations_folder() / "alignments" / own / f"federation-{federation[:16]}.kept"
+
+
+def write_kept(kept: KeptAlignment, path: Path) -> Path:
+    """The kept alignment at ``path``, mode 0600, written atomically."""
     header = {
         **KEPT_FORMAT.header(),
         "domain": kept.domain,
@@ -230,16 +247,15 @@ def write_kept(kept: KeptAlignment, folder: Path) -> Path:
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     payload = buffer.getvalue()
-    path = Path(folder) / KEPT_FILE
     atomic_write(path, kept.scalar.reveal() + _tag(kept.scalar, payload) + payload)
     return path
 
 
-def read_kept(folder: Path, *, parties: int, party: int) -> KeptAlignment | None:
-    """The kept alignment in ``folder`` (None: there is none), checked: untouched since it was
+def read_kept(path: Path, *, parties: int, party: int) -> KeptAlignment | None:
+    """The kept alignment at ``path`` (None: there is none), checked: untouched since it was
     written, of this party of this many parties; :class:`KeptAlignmentError` naming it
     otherwise."""
-    path = Path(folder) / KEPT_FILE
+    path = Path(path)
     if not path.exists():
         return None
     where = str(path)

@@ -5,8 +5,7 @@ signed: each party gets a fresh Ed25519 key and its peers' public keys, so it bl
 peer posted.
 Every alignment orders the shared nodes anew (by fully blinded values, which depend on fresh
 keys and on the alignment's id), so two runs with one seed draw different splits.
-``glasu score`` aligns through the alignment each party keeps in its folder
-(:func:`align_keeping`): only the ids added since are blinded."""
+``glasu score`` aligns through the alignment each party keeps (:func:`align_keeping`): only the ids added since are blinded."""
 
 from __future__ import annotations
 
@@ -20,9 +19,9 @@ from pathlib import Path
 from clients.admin import AdminClient
 from clients.alignment import AlignmentClient, AlignmentOutcome, align
 from clients.alignment_keeping import (
-    KEPT_FILE,
     KeptAlignment,
     check_one_federation,
+    kept_location,
     read_kept,
     write_kept,
 )
@@ -122,25 +121,27 @@ def align_keeping(
     realign: bool = False,
     now: float | None = None,
 ) -> tuple[list[AlignmentOutcome], str]:
-    """:func:`align_in_process` through the alignment each party keeps in its folder
-    (``clients/alignment_keeping.py``): updated, or made afresh (none kept yet, ``realign``, or
-    its keys due to rotate at some party), then kept again. The outcomes, and a note for people
+    """:func:`align_in_process` through the alignment each party keeps
+    (``clients/alignment_keeping.py``: with its organisation's ledger, or in its folder):
+    updated, or made afresh (none kept yet, ``realign``, or its keys due to rotate at some
+    party), then kept again. The outcomes, and a note for people
     on which it was. A kept file that was changed, or is another party's or another
     federation's, is refused with its path (:class:`KeptAlignmentError`)."""
     now = time.time() if now is None else now
     parties = len(folders)
-    found = [read_kept(Path(f), parties=parties, party=m) for m, f in enumerate(folders)]
+    paths = [kept_location(folders, m) for m in range(parties)]
+    found = [read_kept(path, parties=parties, party=m) for m, path in enumerate(paths)]
     kept: list[KeptAlignment] | None = None
     if realign:
         note = "a fresh alignment with new keys (--realign)"
     elif any(one is None for one in found):
-        missing = [str(f) for f, one in zip(folders, found, strict=True) if one is None]
-        note = f"a fresh alignment with new keys (none kept yet in {', '.join(missing)})"
+        missing = [str(p) for p, one in zip(paths, found, strict=True) if one is None]
+        note = f"a fresh alignment with new keys (none kept yet: {', '.join(missing)})"
     else:
         kept = [one for one in found if one is not None]
-        check_one_federation(kept, [str(Path(f) / KEPT_FILE) for f in folders])
+        check_one_federation(kept, [str(path) for path in paths])
         due = next(
-            (f"{f}: {why}" for f, one in zip(folders, kept, strict=True)
+            (f"{p}: {why}" for p, one in zip(paths, kept, strict=True)
              if (why := one.rotation_due(now)) is not None),
             None,
         )  # fmt: skip
@@ -152,8 +153,8 @@ def align_keeping(
     outcomes = align_in_process(
         party_ids, seed=seed, nodes=nodes, progress=progress, kept=kept, now=now
     )
-    for folder, outcome in zip(folders, outcomes, strict=True):
+    for path, outcome in zip(paths, outcomes, strict=True):
         assert outcome.kept is not None
-        write_kept(outcome.kept, Path(folder))
+        write_kept(outcome.kept, path)
     blinded = sum(outcome.kept.blinded_last for outcome in outcomes if outcome.kept is not None)
     return outcomes, f"{note}; {blinded} blindings, at all parties and hops"

@@ -91,7 +91,7 @@ def test_the_kept_file_is_the_partys_alone_and_reads_back(tmp_path: Path) -> Non
     assert note.startswith("a fresh alignment with new keys (none kept yet")
     path = parties[1] / KEPT_FILE
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    kept = read_kept(parties[1], parties=3, party=1)
+    kept = read_kept(path, parties=3, party=1)
     assert kept is not None and kept.domain == outcomes[1].alignment_id
     assert kept.scalar == outcomes[1].kept.scalar
     assert "redacted" in repr(kept.scalar) and kept.scalar.reveal().hex() not in repr(kept)
