@@ -5,7 +5,8 @@ signed: each party gets a fresh Ed25519 key and its peers' public keys, so it bl
 peer posted.
 Every alignment orders the shared nodes anew (by fully blinded values, which depend on fresh
 keys and on the alignment's id), so two runs with one seed draw different splits.
-``glasu score`` aligns through the alignment each party keeps (:func:`align_keeping`): only the ids added since are blinded."""
+``glasu score`` aligns through the alignment each party keeps (:func:`align_keeping`): only
+the ids added since are blinded."""
 
 from __future__ import annotations
 
