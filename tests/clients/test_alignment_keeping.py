@@ -150,3 +150,59 @@ def test_keys_rotate_after_the_cap_on_updates_on_age_and_on_request(
     assert "rotated" in note and "days old" in note
     _, note = align_keeping(parties, TABLES, seed=3, now=later, realign=True)
     assert note.startswith("a fresh alignment with new keys (--realign)")
+
+
+def prepared(root: Path, tables: Sequence[Sequence[str]]) -> list[Path]:
+    """Each party's ids as a tiny table, through `glasu prepare` (its folder names its
+    organisation), party 0 with labels."""
+    from clients.cli.main import main
+
+    made = []
+    for m, ids in enumerate(tables):
+        source = root / "tables" / f"org{m}"
+        source.mkdir(parents=True)
+        (source / "nodes.csv").write_text(
+            "customer,f\n" + "".join(f"{node},{i % 7}\n" for i, node in enumerate(ids))
+        )
+        (source / "edges.csv").write_text(f"source,target\n{ids[0]},{ids[1]}\n")
+        args = ["prepare", "--nodes", str(source / "nodes.csv"), "--edges",
+                str(source / "edges.csv"), "--id-column", "customer", "--quiet",
+                "--out", str(root / "prepared" / f"org{m}")]  # fmt: skip
+        if m == 0:
+            (source / "labels.csv").write_text(
+                "customer,label\n" + "".join(f"{node},{i % 2}\n" for i, node in enumerate(ids))
+            )
+            args += ["--labels", str(source / "labels.csv")]
+        assert main(args) == 0
+        made.append(root / "prepared" / f"org{m}")
+    return made
+
+
+def test_scoring_finds_the_kept_alignment_of_each_organisation_in_a_new_copy_of_its_data(
+    tmp_path: Path,
+) -> None:
+    """`glasu score`'s alignment (federation_of_parties with keeping): kept with each
+    organisation's ledger, so tables prepared again into new folders update it."""
+    import os
+
+    from clients.local.parties import AlignmentKeeping, federation_of_parties
+
+    first = federation_of_parties(
+        prepared(tmp_path / "day1", TABLES), seed=1, keeping=AlignmentKeeping(now=START)
+    )
+    assert "(a fresh alignment with new keys (none kept yet" in first.summary
+    kept = Path(os.environ["XDG_DATA_HOME"]) / "glasu" / "alignments"
+    assert sorted(p.name for p in kept.iterdir()) == ["org0", "org1", "org2"]
+    assert not list((tmp_path / "day1").rglob(KEPT_FILE))
+    tables = updated(TABLES)
+    second = federation_of_parties(
+        prepared(tmp_path / "day2", tables), seed=1, keeping=AlignmentKeeping(now=START + DAY)
+    )
+    assert "(the kept alignment updated (update 1 of its keys); 24 blindings" in second.summary
+    assert second.index.aligned_nodes == len(set.intersection(*map(set, tables)))
+    again = federation_of_parties(
+        prepared(tmp_path / "day3", tables),
+        seed=1,
+        keeping=AlignmentKeeping(realign=True, now=START + DAY),
+    )
+    assert "(a fresh alignment with new keys (--realign)" in again.summary
