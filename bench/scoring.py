@@ -96,9 +96,18 @@ def main() -> None:
         help="measure the incremental alignment instead, at N ids per party (each size's rows "
         "are added to those of other sizes already measured)",
     )
+    parser.add_argument(
+        "--alignment-full-once",
+        action="store_true",
+        help="with --alignment-sizes: take the first alignment as the full one (no second)",
+    )
     args = parser.parse_args()
     if args.alignment_sizes is not None:
-        incremental_alignment(args.alignment_sizes, render_only=args.render_only)
+        incremental_alignment(
+            args.alignment_sizes,
+            render_only=args.render_only,
+            full_again=not args.alignment_full_once,
+        )
         return
     if args.render_only:
         render(json.loads(OUT.read_text()), args)
@@ -127,13 +136,14 @@ def main() -> None:
     render({"rows": rows}, args)
 
 
-def incremental_alignment(sizes: list[int], *, render_only: bool) -> None:
+def incremental_alignment(sizes: list[int], *, render_only: bool, full_again: bool) -> None:
     from bench.alignment_update import measure, render
 
     done = json.loads(ALIGNMENT_OUT.read_text())["rows"] if ALIGNMENT_OUT.exists() else []
     if not render_only:
         for size in sizes:
-            done = [row for row in done if row["size"] != size] + [measure(size)]
+            done = [row for row in done if row["size"] != size]
+            done.append(measure(size, full_again=full_again))
             ALIGNMENT_OUT.write_text(json.dumps({"rows": done}, indent=2) + "\n")
     done.sort(key=lambda row: row["size"])
     write_section(
