@@ -75,7 +75,11 @@ def render(rows: list[dict]) -> str:
         "(`--realign`), in one run, as `glasu score` aligns (the service's routes in one "
         "process, each party a thread, the blinding in spawned processes), 2 shared cores. "
         "Bytes: the blinded sets and positions through the service. *: the full alignment is "
-        "the run's first (of N ids per party; the update's tables hold N + 50).",
+        "the run's first (of N ids per party; the update's tables hold N + 50). Made by "
+        "`python -m bench.scoring --alignment-sizes 100000` and `python -m bench.scoring "
+        "--alignment-sizes 1000000 --alignment-full-once` (2026-11-29), while other jobs kept "
+        "the 2 cores' load average at 10-21: wall times stretch with it, CPU seconds are the "
+        "figures to compare.",
         "",
         "| N per party | update wall s | full wall s | wall update/full | update CPU s "
         "| full CPU s "
