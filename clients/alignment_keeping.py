@@ -21,6 +21,7 @@ domain) after ``MAX_UPDATES`` updates or ``MAX_AGE_SECONDS``, or on request (``-
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import io
@@ -188,16 +189,11 @@ class RunBlinding:
 
     def result(self, *, updated: bool) -> KeptAlignment:
         """The kept alignment after this run (``updated``: it ran on a kept one)."""
-        kept = self.kept
-        return KeptAlignment(
-            domain=kept.domain,
-            parties=kept.parties,
-            party=kept.party,
-            scalar=kept.scalar,
-            created_at=kept.created_at,
-            updates=kept.updates + 1 if updated else 0,
+        return dataclasses.replace(
+            self.kept,
+            updates=self.kept.updates + 1 if updated else 0,
             own=self._own,
-            hops=[self._hops.get(hop, Memory.empty()) for hop in range(1, kept.parties)],
+            hops=[self._hops.get(hop, Memory.empty()) for hop in range(1, self.kept.parties)],
             blinded_last=self.blinded,
         )
 
