@@ -53,6 +53,12 @@ def _elements(values: Sequence[bytes]) -> np.ndarray:
     return np.frombuffer(b"".join(values), dtype=_ELEMENT) if values else np.empty(0, _ELEMENT)
 
 
+def _id_key(node: str) -> bytes:
+    """An id as numpy bytes compare it: numpy drops trailing NULs, so a last byte that is none
+    keeps "a" and "a\\0" apart."""
+    return node.encode("utf-8") + b"."
+
+
 def _as_list(array: np.ndarray) -> list[bytes]:
     raw = np.ascontiguousarray(array, dtype=_ELEMENT).tobytes()
     return [raw[i : i + ELEMENT_BYTES] for i in range(0, len(raw), ELEMENT_BYTES)]
@@ -99,8 +105,8 @@ class KeptAlignment:
     scalar: SecretBytes
     created_at: float  # when the key was made (seconds since the epoch)
     updates: int = 0  # alignments run with it after the one that made it
-    own: Memory = field(default_factory=lambda: Memory.empty("S1"))  # utf-8 id -> blinded
-    hops: list[Memory] = field(default_factory=list)  # per hop 1..M-1: received -> posted
+    own: Memory = field(default_factory=lambda: Memory.empty("S1"), repr=False)  # id -> blinded
+    hops: list[Memory] = field(default_factory=list, repr=False)  # hop 1..M-1: received -> posted
     blinded_last: int = 0  # exponentiations the last alignment took here (not kept on disk)
 
     @classmethod
@@ -149,10 +155,12 @@ class RunBlinding:
         self._own = Memory.empty("S1")
         self._hops: dict[int, Memory] = {}
 
-    def own(self, ids: Sequence[str], *, done: Callable[[int], object] = len) -> list[bytes]:
+    def own(
+        self, ids: Sequence[str], *, done: Callable[[int], object] = lambda n: None
+    ) -> list[bytes]:
         """Each id hashed under the kept domain and blinded, in order; ``done(n)`` as each n
         are (for a progress bar)."""
-        queries = np.array([node.encode("utf-8") for node in ids], dtype=bytes)
+        queries = np.array([_id_key(node) for node in ids], dtype=bytes)
         found, outputs = self.kept.own.lookup(queries)
         missing = np.flatnonzero(~found)
         done(len(ids) - missing.size)

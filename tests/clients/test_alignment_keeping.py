@@ -15,6 +15,7 @@ import clients.alignment_keeping as keeping
 from clients.alignment import AlignmentOutcome
 from clients.alignment_keeping import KEPT_FILE, KeptAlignmentError, read_kept
 from clients.local.alignment import align_in_process, align_keeping
+from secure.psi import hash_to_group
 
 DAY = 86400.0
 START = 1_800_000_000.0
@@ -206,3 +207,37 @@ def test_scoring_finds_the_kept_alignment_of_each_organisation_in_a_new_copy_of_
         keeping=AlignmentKeeping(realign=True, now=START + DAY),
     )
     assert "(a fresh alignment with new keys (--realign)" in again.summary
+
+
+def kept_after_blinding(elements: list[bytes], ids: list[str]) -> keeping.KeptAlignment:
+    run = keeping.RunBlinding(
+        keeping.KeptAlignment.fresh(domain="d", parties=2, party=0, now=START), workers=1
+    )
+    run.own(ids)
+    run.relayed(1, elements)
+    return run.result(updated=False)
+
+
+def test_a_kept_party_still_refuses_a_relayed_set_that_repeats_or_spells_badly() -> None:
+    """What it blinded before is looked up, not checked again: the checks of the rest, and the
+    distinctness of the whole set, still hold."""
+    elements = [hash_to_group("x", str(i)) for i in range(3)]
+    kept = kept_after_blinding(elements, ["a"])
+    run = keeping.RunBlinding(kept, workers=1)
+    with pytest.raises(ValueError, match="the same element twice"):
+        run.relayed(1, [elements[0], elements[1], elements[0]])
+    with pytest.raises(ValueError, match="not a valid ristretto255 group element"):
+        run.relayed(1, [elements[0], bytes(32)])
+    assert run.blinded == 0  # neither set was worth blinding
+    posted = run.relayed(1, [elements[2], hash_to_group("x", "new"), elements[0]])
+    assert run.blinded == 1
+    assert posted[0] == kept.key.blind(elements[2]) and posted[2] == kept.key.blind(elements[0])
+
+
+def test_ids_that_differ_only_by_trailing_nul_are_told_apart() -> None:
+    kept = kept_after_blinding([], ["a", "a\x00"])
+    run = keeping.RunBlinding(kept, workers=1)
+    assert run.own(["a\x00", "a"]) == kept.key.blind_all(
+        [hash_to_group("d", "a\x00"), hash_to_group("d", "a")]
+    )
+    assert run.blinded == 0
