@@ -64,23 +64,23 @@ def federation_of_parties(
     ``seed``. ``keeping``: align through the alignment each party keeps in its folder (the
     summary says whether it was updated or made afresh)."""
     parties = [read_party(Path(folder)) for folder in folders]
-    party_ids = [data.ids for data in parties]
     note = None
     if keeping is None:
-        outcomes = align_in_process(party_ids, seed=seed, nodes=nodes, progress=progress)
+        index = _aligned_index(parties, seed=seed, nodes=nodes, progress=progress)
     else:
         outcomes, note = align_keeping(
             folders,
-            party_ids,
+            [data.ids for data in parties],
             seed=seed,
             nodes=nodes,
             progress=progress,
             realign=keeping.realign,
             now=keeping.now,
         )
+        index = _shared_index(outcomes)
     federation = aligned_federation(
         parties,
-        _shared_index(outcomes),
+        index,
         names=party_names(folders),
         seed=seed,
         label_holder=label_holder,
