@@ -136,8 +136,11 @@ def align_keeping(
     if realign:
         note = "a fresh alignment with new keys (--realign)"
     elif any(one is None for one in found):
-        missing = [str(p) for p, one in zip(paths, found, strict=True) if one is None]
-        note = f"a fresh alignment with new keys (none kept yet: {', '.join(missing)})"
+        missing = [p for p, one in zip(paths, found, strict=True) if one is None]
+        note = (
+            f"a fresh alignment with new keys (none kept yet at {len(missing)} of {parties} "
+            f"parties, e.g. {missing[0]}); kept for the next"
+        )
     else:
         kept = [one for one in found if one is not None]
         check_one_federation(kept, [str(path) for path in paths])
