@@ -10,6 +10,7 @@ The wall time runs from the session's creation to the last worker's exit; bytes 
 workers' request and response bodies. Ratios (CKKS / plaintext) are taken within a repeat.
 
     python -m bench.scoring [--datasets cora pubmed] [--repeats 2]
+    python -m bench.scoring --alignment-sizes 100000 1000000   (bench/alignment_update.py)
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from bench.results_doc import add_data_dir_argument, load_copied, write_section
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "scoring.json"
+ALIGNMENT_OUT = ROOT / "bench" / "results" / "alignment_update.json"
 
 
 def train_models(config, layout, dataset, root: Path) -> list[Path]:
@@ -85,7 +87,28 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--render-only", action="store_true")
+    parser.add_argument(
+        "--alignment-sizes",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="N",
+        help="measure the incremental alignment instead, at N ids per party (each size's rows "
+        "are added to those of other sizes already measured)",
+    )
+    parser.add_argument(
+        "--alignment-full-once",
+        action="store_true",
+        help="with --alignment-sizes: take the first alignment as the full one (no second)",
+    )
     args = parser.parse_args()
+    if args.alignment_sizes is not None:
+        incremental_alignment(
+            args.alignment_sizes,
+            render_only=args.render_only,
+            full_again=not args.alignment_full_once,
+        )
+        return
     if args.render_only:
         render(json.loads(OUT.read_text()), args)
         return
@@ -111,6 +134,23 @@ def main() -> None:
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps({"rows": rows}, indent=2) + "\n")
     render({"rows": rows}, args)
+
+
+def incremental_alignment(sizes: list[int], *, render_only: bool, full_again: bool) -> None:
+    from bench.alignment_update import measure, render
+
+    done = json.loads(ALIGNMENT_OUT.read_text())["rows"] if ALIGNMENT_OUT.exists() else []
+    if not render_only:
+        for size in sizes:
+            done = [row for row in done if row["size"] != size]
+            done.append(measure(size, full_again=full_again))
+            ALIGNMENT_OUT.write_text(json.dumps({"rows": done}, indent=2) + "\n")
+    done.sort(key=lambda row: row["size"])
+    write_section(
+        "incremental_alignment",
+        "## Incremental alignment: 50 new customers (`bench/scoring.py --alignment-sizes`)\n\n"
+        + render(done),
+    )
 
 
 def render(result: dict, args: argparse.Namespace) -> None:

@@ -497,12 +497,17 @@ def check_organisation_name(name: str) -> str:
     return name
 
 
-def ledgers_folder() -> Path:
-    """Where the organisations' ledgers live by default: ``$XDG_DATA_HOME/glasu/ledgers``
-    (``~/.local/share/glasu/ledgers`` where ``XDG_DATA_HOME`` is unset)."""
+def organisations_folder() -> Path:
+    """Where glasu keeps what an organisation keeps across copies of its data:
+    ``$XDG_DATA_HOME/glasu`` (``~/.local/share/glasu`` where ``XDG_DATA_HOME`` is unset)."""
     base = os.environ.get("XDG_DATA_HOME", "")
     root = Path(base) if os.path.isabs(base) else Path.home() / ".local" / "share"
-    return root / "glasu" / "ledgers"
+    return root / "glasu"
+
+
+def ledgers_folder() -> Path:
+    """Where the organisations' ledgers live by default: ``$XDG_DATA_HOME/glasu/ledgers``."""
+    return organisations_folder() / "ledgers"
 
 
 def organisation_ledger(organisation: str) -> Path:

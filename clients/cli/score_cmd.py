@@ -31,16 +31,17 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         commands,
         "score",
         help="score customers jointly with trained models (predictions out)",
-        description="Align the parties' current tables privately (new customers included), "
-        "start the service and one worker per party on this machine, and score every shared "
-        "node (or the label holder's --ids) with the models of `glasu train --model-dir`. Each "
-        "pass is an evaluation pass with the training's protections: its layer-1 releases are "
-        "encrypted, noised and counted (scoring spends privacy budget). Every party with a "
-        "classification head gets OUT/<party>.csv (or .parquet), in the order of --ids (or of "
-        "its own table): id, predicted class (by name where the labels table named the classes), "
-        "class probabilities to 4 decimals. Each party's releases are counted in its "
-        "organisation's privacy ledger, the one its training counted in (--ledger), under its "
-        "lifetime cap.",
+        description="Align the parties' current tables privately (new customers included; "
+        "each party keeps its alignment beside its organisation's ledger, so only the ids "
+        "added since are blinded), start the service and one worker per party on this "
+        "machine, and score every shared node (or the label holder's --ids) with the models "
+        "of `glasu train --model-dir`. Each pass is an evaluation pass with the training's "
+        "protections: its layer-1 releases are encrypted, noised and counted (scoring spends "
+        "privacy budget). Every party with a classification head gets OUT/<party>.csv (or "
+        ".parquet), in the order of --ids (or of its own table): id, predicted class (by name "
+        "where the labels table named the classes), class probabilities to 4 decimals. Each "
+        "party's releases are counted in its organisation's privacy ledger, the one its "
+        "training counted in (--ledger), under its lifetime cap.",
     )
     p.add_argument(
         "--party",
@@ -75,6 +76,13 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         action="store_true",
         help="replace existing predictions files in --out (refused by default)",
     )
+    p.add_argument(
+        "--realign",
+        action="store_true",
+        help="align afresh with new keys instead of updating the alignment each party keeps "
+        "(beside its ledger, or alignment.kept in its folder; keys also rotate after a number "
+        "of updates or days: docs/data.md)",
+    )
     add_owner_ledger_arguments(p)
     add_encryption_argument(p)
     p.add_argument(
@@ -107,6 +115,7 @@ def check(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from clients.alignment import AlignmentFailed
+    from clients.local.parties import AlignmentKeeping
     from clients.local.processes import FederationFailed
     from clients.local.scoring import score_locally
     from models.artefact import ModelError
@@ -131,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
                 device=args.device,
                 progress=not args.quiet,
                 ledgers=args.owner_ledgers,
+                keeping=AlignmentKeeping(realign=args.realign),
             )
         except AlignmentFailed as exc:
             raise CliError(f"the alignment failed: {exc}") from exc

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from clients.local.alignment import align_in_process
+from clients.alignment import AlignmentOutcome
+from clients.local.alignment import align_in_process, align_keeping
 from models.data.aligned import (
     AlignedFederation,
     SharedIndex,
@@ -70,15 +71,46 @@ def federation_of_parties(
     nodes: str = "intersection",
     label_holder: int | None = None,
     progress: bool = False,
+    keeping: AlignmentKeeping | None = None,
 ) -> AlignedFederation:
     """Read every folder, align the parties' ids privately and build the federation over the
     shared nodes, or over the union (``nodes``), their labels merged, the split drawn from
-    ``seed``."""
+    ``seed``. ``keeping``: align through the alignment each party keeps in its folder (the
+    summary says whether it was updated or made afresh)."""
     parties = [read_party(Path(folder)) for folder in folders]
-    index = _aligned_index(parties, seed=seed, nodes=nodes, progress=progress)
-    return aligned_federation(
-        parties, index, names=party_names(folders), seed=seed, label_holder=label_holder
+    note = None
+    if keeping is None:
+        index = _aligned_index(parties, seed=seed, nodes=nodes, progress=progress)
+    else:
+        outcomes, note = align_keeping(
+            folders,
+            [data.ids for data in parties],
+            seed=seed,
+            nodes=nodes,
+            progress=progress,
+            realign=keeping.realign,
+            now=keeping.now,
+        )
+        index = _shared_index(outcomes)
+    federation = aligned_federation(
+        parties,
+        index,
+        names=party_names(folders),
+        seed=seed,
+        label_holder=label_holder,
     )
+    if note is None:
+        return federation
+    return dataclasses.replace(federation, summary=f"{federation.summary} ({note})")
+
+
+@dataclass(frozen=True)
+class AlignmentKeeping:
+    """Align through the parties' kept alignments: ``realign`` forces a fresh one (new keys);
+    ``now`` (seconds since the epoch) dates it and decides whether its keys are due to rotate."""
+
+    realign: bool = False
+    now: float | None = None
 
 
 def _aligned_index(
@@ -87,6 +119,10 @@ def _aligned_index(
     outcomes = align_in_process(
         [data.ids for data in parties], seed=seed, nodes=nodes, progress=progress
     )
+    return _shared_index(outcomes)
+
+
+def _shared_index(outcomes: Sequence[AlignmentOutcome]) -> SharedIndex:
     return SharedIndex(
         alignment_id=outcomes[0].alignment_id,
         digest=outcomes[0].digest,

@@ -1,9 +1,10 @@
 """``glasu score --party DIR ... --model-dir DIR``: joint scoring on this machine, as
-``glasu train`` trains: the parties' current tables aligned privately afresh (new customers
-included), the service and one ``glasu worker`` per party over loopback HTTP, a scoring session
-whose passes are the same split forward passes as an evaluation pass, with the same protections
-(each pass's layer-1 releases encrypted, noised and counted). Every party with a head gets one
-predictions file in its own ids."""
+``glasu train`` trains: the parties' current tables aligned privately (new customers included;
+through the alignment each party keeps in its folder, so that only the ids added since the last
+one are blinded: ``clients/alignment_keeping.py``), the service and one ``glasu worker`` per
+party over loopback HTTP, a scoring session whose passes are the same split forward passes as
+an evaluation pass, with the same protections (each pass's layer-1 releases encrypted, noised and
+counted). Every party with a head gets one predictions file in its own ids."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import pyarrow.parquet as pq
 
 from clients.local.federation import follow, local_federation
 from clients.local.parties import (
+    AlignmentKeeping,
     federation_of_parties,
     model_folders,
     party_names,
@@ -147,9 +149,12 @@ def score_locally(
     device: str = "auto",
     progress: bool = True,
     ledgers: PartyLedgers | None = None,
+    keeping: AlignmentKeeping | None = None,
 ) -> ScoringSummary:
     """``ledgers``: each party's organisation's privacy ledger (default: the organisations'
-    own, ``clients.owner_ledger.party_ledgers``, under the owner's default lifetime cap)."""
+    own, ``clients.owner_ledger.party_ledgers``, under the owner's default lifetime cap).
+    ``keeping``: how the alignment each party keeps in its folder is used (default: updated,
+    made afresh when there is none or its keys are due to rotate)."""
     if ledgers is None:
         ledgers = PartyLedgers(
             paths=party_ledgers(folders), max_lifetime_epsilon=PrivacyPolicy.max_lifetime_epsilon
@@ -165,6 +170,7 @@ def score_locally(
         nodes=config.nodes,
         label_holder=holder,
         progress=progress,
+        keeping=keeping or AlignmentKeeping(),
     )
     party_ids = [read_party(Path(folder)).ids for folder in folders]
     listed = nodes_to_score(
