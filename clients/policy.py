@@ -200,11 +200,13 @@ def _check_split_noise(policy: PrivacyPolicy, config: Mapping[str, Any]) -> None
             " share with 1/(M-1) of the noise; this organisation's policy does not allow it"
             " (--allow-shared-noise)"
         )
-    if not masked and config.get("stragglers") == "continue":
+    if config.get("stragglers") == "continue":
+        # masked or not: a pass over fewer than M clients (a sum without a straggler, or a
+        # masked pass redone without one) carries less noise than sigma^2
         raise PolicyRefusal(
-            "the session combines split noise with stragglers 'continue' without masks: a pass"
-            " that goes on without a client sums fewer shares than M, so the sum holds less"
-            " noise than accounted"
+            "the session combines split noise with stragglers 'continue': a pass that goes on"
+            " without a client sums fewer shares than M, so the sum holds less noise than"
+            " accounted"
         )
     if config.get("nodes") == "union":
         raise PolicyRefusal(

@@ -74,8 +74,16 @@ def test_split_noise_under_masks_is_admitted_without_the_shared_noise_consent(
             "stragglers",
         ),
         (PrivacyPolicy(accountant="prv"), session(), "PRV"),
+        (PrivacyPolicy(), session(stragglers="continue"), "stragglers"),
     ],
-    ids=["no-masks", "union-consented", "union-masks", "continue-no-masks", "prv-policy"],
+    ids=[
+        "no-masks",
+        "union-consented",
+        "union-masks",
+        "continue-no-masks",
+        "prv-policy",
+        "continue-masks",
+    ],
 )
 def test_split_noise_refusals(
     ledger: OwnerLedger, policy: PrivacyPolicy, body: dict[str, Any], says: str
@@ -86,7 +94,6 @@ def test_split_noise_refusals(
 
 def test_what_the_refusals_leave_is_admitted(ledger: OwnerLedger) -> None:
     assert admit(PrivacyPolicy(allow_shared_noise=True), session(masks=False), ledger)
-    assert admit(PrivacyPolicy(), session(stragglers="continue"), ledger)  # masks recover
 
 
 def test_two_parties_cannot_split(ledger: OwnerLedger) -> None:
