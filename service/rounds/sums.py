@@ -127,12 +127,12 @@ class ShareSums(RoundComponent):
                 progress = slot_progress(tx, plan, slot, "share")
                 if not progress.closes:
                     return False
-                if voids_pass(progress, masked=masked(plan)):
-                    release = _is_release(plan, slot.layer)
-                    void_pass(tx, row, plan, slot.pass_index, progress, release=release)
-                    self._forget(slot, in_memory)
-                    return True
-                rows = part_rows_of(tx, plan, slot)
+                voids = voids_pass(progress, masked=masked(plan))
+                rows = 0 if voids else part_rows_of(tx, plan, slot)
+            if voids:
+                self._void(slot)
+                self._forget(slot, in_memory)
+                return True
             aggregator = self.aggregators.for_session(plan)
             if in_memory.running is None:
                 in_memory.running = aggregator.new_sum(rows=rows, cols=plan.widths[slot.layer])
@@ -202,6 +202,17 @@ class ShareSums(RoundComponent):
             stored = self._insert_sum(tx, row, plan, slot, rows, sorted(running.clients))
         self._after_store(plan, slot, body, stored)
         return True
+
+    def _void(self, slot: Slot) -> None:
+        """:func:`void_pass` for a slot whose pass it voids, in a durable transaction (a void
+        release slot appends the pass's ledger row)."""
+        with self.store.transaction(durable=True) as tx:
+            row, plan = load_session(tx, self.plans, slot.session_id)
+            progress = slot_progress(tx, plan, slot, "share")
+            if not sum_pending(tx, row, slot) or not voids_pass(progress, masked=masked(plan)):
+                return
+            release = _is_release(plan, slot.layer)
+            void_pass(tx, row, plan, slot.pass_index, progress, release=release)
 
     def _due_sum_plan(self, slot: Slot) -> SessionPlan | None:
         """The session's plan if the slot closes and has no sum yet (its own transaction)."""

@@ -181,3 +181,35 @@ async def test_a_masked_pass_left_with_two_participants_waits_for_a_rejoin(
     # client 2 rejoins; pass 1's set was never stated, so it joins it
     assert engine.uploads.rejoin(Caller(sid, 2)) == 1
     assert engine.downloads.pass_info(sid, 1).participants == [0, 1, 2]
+
+
+@pytest.mark.anyio
+async def test_a_void_release_is_in_the_ledger_with_the_shares_that_arrived(
+    make_app: Callable[..., FastAPI],
+) -> None:
+    clock = ManualClock()
+    context = service_context(make_app(clock=clock))
+    privacy = {"noise_multiplier": 1.0, "delta": 1e-5, "clip": 1.0}
+    body = session_request(**{**MASKED_CONTINUE, "agg_layers": [{"layer": 1, "width": 3}]})
+    request = SessionCreate.model_validate({**body, "privacy": privacy})
+    sid = context.sessions.create(request).session_id
+    codecs = masked_codecs(4, session=sid)
+    engine = context.engine
+    nodes = np.arange(10, dtype="<i8")
+    for m in range(4):
+        engine.uploads.put(
+            "nodes", Caller(sid, m), 0, 1, shape="10", encoding="int64", body=nodes.tobytes()
+        )
+    for m in range(3):
+        codecs[m].begin_pass(0, [0, 1, 2, 3])
+        share = np.full((10, 3), 0.5, dtype=np.float32)
+        engine.uploads.put(
+            "share", Caller(sid, m), 0, 1, shape="10,3", encoding="bfv-masked",
+            body=codecs[m].encode(share, slot=ShareSlot(0, 1, 0)),
+        )  # fmt: skip
+    clock.advance(WAIT)
+    with pytest.raises(WrongPass):
+        engine.downloads.get("sum", Caller(sid, 0), 0, 1)
+    with context.store.transaction() as tx:
+        ledger = tx.ledger(sid)
+    assert [(e.pass_index, e.clients) for e in ledger] == [(0, [0, 1, 2])]
