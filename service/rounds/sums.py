@@ -128,7 +128,7 @@ class ShareSums(RoundComponent):
                 if not progress.closes:
                     return False
                 voids = voids_pass(progress, masked=masked(plan))
-                rows = 0 if voids else part_rows_of(tx, plan, slot)
+                rows = part_rows_of(tx, plan, slot)
             if voids:
                 self._void(slot)
                 self._forget(slot, in_memory)
@@ -319,11 +319,11 @@ def void_pass(
     """Apply :func:`service.session_state.voids_pass`: a masked slot of ``pass_index`` closed
     with ``progress.received`` only, so no sum is formed. The missing are absent from the next
     pass on; a void ``release`` slot (shares of the release layer) is recorded as the pass's
-    release (its uploaders released
-    their shares: a service holding them with a colluder's key could have summed them); the
-    pass ends, so its other participants are answered that it went on without a sum (409
-    ``wrong-pass``, reason 'voided') and go on with the next, masked over the clients still
-    in. Unions void a pass as sums do: a pass's later slots are masked over its participants."""
+    release (its uploaders released their shares: a service holding them with a colluder's key
+    could have summed them); the pass ends, so its other participants are answered that it went
+    on without a sum (409 ``wrong-pass``, reason 'voided') and go on with the next, masked over
+    the clients still in. Unions void a pass as sums do: a pass's later slots are masked over
+    its participants."""
     mark_left_out(tx, plan, pass_index, progress.received)
     if release and _record_release(tx, row, plan, pass_index, progress.received) is None:
         return  # the session stopped at its budget

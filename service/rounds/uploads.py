@@ -50,6 +50,7 @@ from service.rounds.slots import (
     masked,
     rejoin,
     slot_progress,
+    sum_pending,
 )
 from service.rounds.sums import ShareSums, void_pass
 from service.rounds.types import Caller, UploadOutcome
@@ -280,6 +281,8 @@ def close_union(tx: Transaction, plan: SessionPlan, slot: Slot) -> bool:
     if voids_pass(progress, masked=masked(plan)):
         row = tx.session(plan.session_id)
         assert row is not None
+        if not sum_pending(tx, row, slot):  # the session runs another pass, or stopped
+            return False
         void_pass(tx, row, plan, slot.pass_index, progress, release=False)
         return True
     mark_left_out(tx, plan, slot.pass_index, progress.received)

@@ -213,3 +213,23 @@ async def test_a_void_release_is_in_the_ledger_with_the_shares_that_arrived(
     with context.store.transaction() as tx:
         ledger = tx.ledger(sid)
     assert [(e.pass_index, e.clients) for e in ledger] == [(0, [0, 1, 2])]
+
+
+@pytest.mark.anyio
+async def test_a_node_set_missing_after_the_wait_voids_a_masked_pass(
+    make_app: Callable[..., FastAPI],
+) -> None:
+    clock = ManualClock()
+    context = service_context(make_app(clock=clock))
+    body = session_request(**{**MASKED_CONTINUE, "agg_layers": [{"layer": 1, "width": 3}]})
+    sid = context.sessions.create(SessionCreate.model_validate(body)).session_id
+    engine = context.engine
+    nodes = np.arange(10, dtype="<i8").tobytes()
+    for m in range(3):
+        engine.uploads.put("nodes", Caller(sid, m), 0, 1, shape="10", encoding="int64", body=nodes)
+    clock.advance(WAIT)
+    with pytest.raises(WrongPass, match="went on without a sum"):
+        engine.downloads.get("union", Caller(sid, 1), 0, 1)
+    with context.store.transaction() as tx:
+        assert tx.result(sid, 0, 1, "union") is None
+    assert engine.downloads.pass_info(sid, 1).participants == [0, 1, 2]
