@@ -42,6 +42,9 @@ MASKED_CONTINUE = {
 }
 
 
+LAYER_1 = [{"layer": 1, "width": 3}]  # below the top: node sets first
+
+
 def progress(received: list[int], participants: list[int], *, masked: bool, waited: float):
     return slot_progress(
         received, participants, clients=4, stragglers="continue", straggler_wait_seconds=WAIT,
@@ -105,9 +108,25 @@ def test_a_stated_masked_pass_takes_a_rejoining_client_only_at_the_next_pass() -
 # The round engine, without HTTP
 
 
-def masked_session(context: ServiceContext) -> str:
-    request = SessionCreate.model_validate(session_request(**MASKED_CONTINUE))
-    return context.sessions.create(request).session_id
+def masked_service(
+    make_app: Callable[..., FastAPI], **overrides: object
+) -> tuple[ManualClock, ServiceContext, str, list[MaskedBfvCodec]]:
+    """A service on a ManualClock with one masked "continue" session (``overrides`` on
+    :data:`MASKED_CONTINUE`) and its four clients' codecs."""
+    clock = ManualClock()
+    context = service_context(make_app(clock=clock))
+    body = session_request(**{**MASKED_CONTINUE, **overrides})
+    sid = context.sessions.create(SessionCreate.model_validate(body)).session_id
+    return clock, context, sid, masked_codecs(4, session=sid)
+
+
+def put_node_sets(context: ServiceContext, sid: str, clients: range) -> None:
+    """Layer 1's node sets of pass 0 from ``clients`` (the same ten nodes)."""
+    nodes = np.arange(10, dtype="<i8").tobytes()
+    for m in clients:
+        context.engine.uploads.put(
+            "nodes", Caller(sid, m), 0, 1, shape="10", encoding="int64", body=nodes
+        )
 
 
 def upload(
@@ -133,10 +152,7 @@ def upload(
 async def test_a_void_masked_pass_goes_on_over_the_others_and_its_sum_is_exact(
     make_app: Callable[..., FastAPI],
 ) -> None:
-    clock = ManualClock()
-    context = service_context(make_app(clock=clock))
-    sid = masked_session(context)
-    codecs = masked_codecs(4, session=sid)
+    clock, context, sid, codecs = masked_service(make_app)
     engine = context.engine
     assert engine.downloads.pass_info(sid, 0).participants == [0, 1, 2, 3]
     assert engine.downloads.pass_info(sid, 1).participants is None  # pass 0 may lose one
@@ -167,10 +183,7 @@ async def test_a_void_masked_pass_goes_on_over_the_others_and_its_sum_is_exact(
 async def test_a_masked_pass_left_with_two_participants_waits_for_a_rejoin(
     make_app: Callable[..., FastAPI],
 ) -> None:
-    clock = ManualClock()
-    context = service_context(make_app(clock=clock))
-    sid = masked_session(context)
-    codecs = masked_codecs(4, session=sid)
+    clock, context, sid, codecs = masked_service(make_app)
     engine = context.engine
     upload(context, codecs, sid, 0, [0, 1])  # clients 2 and 3 are gone
     clock.advance(WAIT)
@@ -187,19 +200,10 @@ async def test_a_masked_pass_left_with_two_participants_waits_for_a_rejoin(
 async def test_a_void_release_is_in_the_ledger_with_the_shares_that_arrived(
     make_app: Callable[..., FastAPI],
 ) -> None:
-    clock = ManualClock()
-    context = service_context(make_app(clock=clock))
     privacy = {"noise_multiplier": 1.0, "delta": 1e-5, "clip": 1.0}
-    body = session_request(**{**MASKED_CONTINUE, "agg_layers": [{"layer": 1, "width": 3}]})
-    request = SessionCreate.model_validate({**body, "privacy": privacy})
-    sid = context.sessions.create(request).session_id
-    codecs = masked_codecs(4, session=sid)
+    clock, context, sid, codecs = masked_service(make_app, agg_layers=LAYER_1, privacy=privacy)
     engine = context.engine
-    nodes = np.arange(10, dtype="<i8")
-    for m in range(4):
-        engine.uploads.put(
-            "nodes", Caller(sid, m), 0, 1, shape="10", encoding="int64", body=nodes.tobytes()
-        )
+    put_node_sets(context, sid, range(4))
     for m in range(3):
         codecs[m].begin_pass(0, [0, 1, 2, 3])
         share = np.full((10, 3), 0.5, dtype=np.float32)
@@ -219,14 +223,9 @@ async def test_a_void_release_is_in_the_ledger_with_the_shares_that_arrived(
 async def test_a_node_set_missing_after_the_wait_voids_a_masked_pass(
     make_app: Callable[..., FastAPI],
 ) -> None:
-    clock = ManualClock()
-    context = service_context(make_app(clock=clock))
-    body = session_request(**{**MASKED_CONTINUE, "agg_layers": [{"layer": 1, "width": 3}]})
-    sid = context.sessions.create(SessionCreate.model_validate(body)).session_id
+    clock, context, sid, _ = masked_service(make_app, agg_layers=LAYER_1)
     engine = context.engine
-    nodes = np.arange(10, dtype="<i8").tobytes()
-    for m in range(3):
-        engine.uploads.put("nodes", Caller(sid, m), 0, 1, shape="10", encoding="int64", body=nodes)
+    put_node_sets(context, sid, range(3))  # client 3's never comes
     clock.advance(WAIT)
     with pytest.raises(WrongPass, match="went on without a sum"):
         engine.downloads.get("union", Caller(sid, 1), 0, 1)
