@@ -294,41 +294,6 @@ class OwnerLedger:
             ).rowcount
         return inserted == 1
 
-    def reaccount(
-        self,
-        *,
-        session_id: str,
-        pass_index: int,
-        layer: int,
-        release_digest: str,
-        mechanism: str,
-        noise_multiplier: float,
-        adversaries: Mapping[str, float | None],
-    ) -> bool:
-        """Account the recorded release again with less noise than it was recorded with (a
-        split-noise pass whose sum held fewer shares: docs/privacy.md section 11.3): the row
-        keeps the lower z of the two, each adversary's likewise. False if no such row."""
-        if not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
-            raise ValueError(f"noise_multiplier must be > 0, got {noise_multiplier}")
-        key = (session_id, pass_index, layer, release_digest, mechanism)
-        where = (
-            " WHERE session_id = ? AND pass_index = ? AND layer = ? AND release_digest = ?"
-            " AND mechanism = ?"
-        )
-        with self._transaction() as tx:
-            row = tx.execute(
-                "SELECT noise_multiplier, adversaries FROM releases" + where, key
-            ).fetchone()
-            if row is None:
-                return False
-            recorded = json.loads(row[1]) if row[1] is not None else {}
-            lowered = {name: _lower(recorded.get(name, z), z) for name, z in adversaries.items()}
-            tx.execute(
-                "UPDATE releases SET noise_multiplier = ?, adversaries = ?" + where,
-                (min(float(row[0]), float(noise_multiplier)), _adversaries_json(lowered), *key),
-            )
-        return True
-
     def recorded(
         self, *, session_id: str, pass_index: int, layer: int, release_digest: str, mechanism: str
     ) -> bool:
@@ -458,13 +423,6 @@ def _adversaries_json(adversaries: Mapping[str, float | None] | None) -> str | N
     if adversaries is None:
         return None
     return json.dumps(dict(adversaries), sort_keys=True, allow_nan=False)
-
-
-def _lower(recorded: float | None, new: float | None) -> float | None:
-    """The lower of two z's an adversary faced (None: it sees nothing)."""
-    if recorded is None or new is None:
-        return new if recorded is None else recorded
-    return min(float(recorded), float(new))
 
 
 def _release_row(row: Sequence[Any]) -> dict[str, Any]:

@@ -50,6 +50,8 @@ class PassDriver:
         if info.kind == "done":
             raise ValueError(f"pass {info.pass_index} is not a pass to run: the session is done")
         pass_index = info.pass_index
+        # a masked codec checks the service's participants here, before anything leaves
+        client.joint.codec.begin_pass(pass_index, info.participants)
         steps = client.run_pass(
             pass_index=pass_index,
             kind=info.kind,

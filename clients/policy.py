@@ -202,11 +202,13 @@ def _check_split_noise(policy: PrivacyPolicy, config: Mapping[str, Any]) -> None
             " share with 1/(M-1) of the noise; this organisation's policy does not allow it"
             " (--allow-shared-noise)"
         )
-    if not masked and config.get("stragglers") == "continue":
+    if config.get("stragglers") == "continue":
+        # masked or not: a pass over fewer than M clients (a sum without a straggler, or a
+        # masked pass redone without one) carries less noise than sigma^2
         raise PolicyRefusal(
-            "the session combines split noise with stragglers 'continue' without masks: a pass"
-            " that goes on without a client sums fewer shares than M, so the sum holds less"
-            " noise than accounted"
+            "the session combines split noise with stragglers 'continue': a pass that goes on"
+            " without a client sums fewer shares than M, so the sum holds less noise than"
+            " accounted"
         )
     if config.get("nodes") == "union":
         raise PolicyRefusal(
@@ -349,27 +351,6 @@ class ReleaseGate:
             kind=self.release_kind(pass_kind),
             adversaries=self.privacy.pass_noise_multipliers() if self.privacy.split_noise else None,
             **known,
-        )
-
-    def account_live_shares(
-        self, pass_index: int, *, layer: int = RELEASE_LAYER, release: str, live_shares: int
-    ) -> bool:
-        """Account the admitted release ``release`` of a split-noise pass whose sum held only
-        ``live_shares`` of the M shares (a dropout recovered from the seed shares): a peer is
-        then left M' - 1 shares, as if 1 + M - M' peers colluded (docs/privacy.md section
-        11.3), so the row keeps that lower z. Call it once the sum's count is known; False if
-        the release was never admitted. The budget is not checked again: the release has left."""
-        faced = self.privacy.pass_noise_multipliers(live_shares)
-        peer = faced["peer"]
-        assert peer is not None
-        return self.ledger.reaccount(
-            session_id=self.session_id,
-            pass_index=pass_index,
-            layer=layer,
-            release_digest=release,
-            mechanism=self.mechanism.digest,
-            noise_multiplier=peer,
-            adversaries=faced,
         )
 
     def release_kind(self, pass_kind: str | None) -> ReleaseKind | None:

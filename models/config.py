@@ -86,8 +86,8 @@ class TrainConfig:
     occurrence_cap: int = 1
     shared_noise: bool = False  # opt-in, with encryption only: weaker adversary (one curious peer)
     # split discrete Gaussian noise, M >= 3 (docs/privacy.md section 11). None: on under masked
-    # secure aggregation with 3 clients or more and unshared noise asked for, off otherwise
-    # (False keeps the unshared noise under masks: --no-split-noise)
+    # secure aggregation with 3 clients or more, unshared noise asked for and stragglers
+    # "wait", off otherwise (False keeps the unshared noise under masks: --no-split-noise)
     split_noise: bool | None = None
     # how the layer-1 release is formed (docs/privacy.md 3.7): clipped after the aggregation,
     # or each node's own row clipped, then a mean with a degree floor d_min
@@ -124,7 +124,13 @@ class TrainConfig:
         """Whether the run's noise is split (``split_noise``, its default resolved)."""
         if self.split_noise is not None:
             return self.split_noise
-        return self.masked and self.private and self.clients >= 3 and not self.shared_noise
+        return (
+            self.masked
+            and self.private
+            and self.clients >= 3
+            and not self.shared_noise
+            and self.stragglers == "wait"
+        )
 
     def privacy_request(self) -> dict[str, Any] | None:
         """The privacy the run asks for: the ``privacy`` object of ``POST /v1/sessions`` (z is

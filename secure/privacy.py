@@ -56,7 +56,6 @@ from secure.split_noise import (
 )
 from secure.split_session import (
     check_split_session,
-    recovered_noise_multipliers,
     session_split,
     split_adversary_rows,
     split_report,
@@ -353,16 +352,11 @@ class SessionPrivacy:
             self.split(), releases=releases, delta=self.delta, accountant=self.accountant
         )
 
-    def pass_noise_multipliers(self, live_shares: int | None = None) -> dict[str, float | None]:
+    def pass_noise_multipliers(self) -> dict[str, float | None]:
         """The noise multiplier each adversary (by key, :meth:`adversaries`) faces in one
-        release whose sum holds ``live_shares`` shares (None: all M); only split noise accounts
-        a sum of fewer (``secure.split_session.recovered_noise_multipliers``)."""
-        faced = {a.key: a.noise_multiplier for a in self.adversaries()}
-        if live_shares is None or live_shares == self.clients:
-            return faced
-        if not self.split_noise:
-            raise ValueError("only split noise accounts a sum of fewer shares per pass")
-        return faced | recovered_noise_multipliers(self.split(), live_shares=live_shares)
+        release of all M shares (split noise never sums fewer: it refuses stragglers
+        "continue")."""
+        return {a.key: a.noise_multiplier for a in self.adversaries()}
 
     @property
     def planned_releases(self) -> int:

@@ -100,23 +100,6 @@ def split_adversary_rows(noise: SplitNoise) -> list[AdversaryRow]:
     ]
 
 
-def recovered_noise_multipliers(noise: SplitNoise, *, live_shares: int) -> dict[str, float]:
-    """What changes for a release whose sum holds ``live_shares`` = M' < M shares (a pass
-    recovered after a dropout): a peer is left M' - 1 shares, as if 1 + M - M' peers colluded
-    (docs/privacy.md section 11.3). The keys that change ("peer", "service_peer", "group"); the
-    others face what they face in a full pass."""
-    live = int(live_shares)
-    if not 2 <= live < noise.clients:
-        raise ValueError(f"a recovered sum holds 2 to {noise.clients - 1} shares, got {live}")
-    colluding = 1 + noise.clients - live
-    peer = noise.noise_multiplier_against(colluding)
-    return {
-        "peer": peer,
-        "service_peer": peer,
-        "group": noise.noise_multiplier_against(colluding, group=True),
-    }
-
-
 def session_split(privacy: SessionPrivacy) -> SplitNoise:
     """The split of the session's noise, for its per-adversary accounting. The dimension is 1:
     :func:`check_split_session` refused any split whose tau is not 0, and with tau = 0 Kairouz

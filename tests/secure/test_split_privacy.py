@@ -8,7 +8,6 @@ import math
 
 import pytest
 
-from secure.accounting import epsilon_after
 from secure.privacy import PrivacyPlanError, SessionPrivacy
 from secure.split_noise import SplitNoise, adversary_epsilons, grid_sensitivity
 from secure.wire.sessions import PrivacySettings
@@ -97,22 +96,3 @@ def test_each_adversary_faces_its_share_of_the_split(clients: int) -> None:
     plain = SessionPrivacy.plan(epsilon=4.0, **BASE, clients=m).report(releases=50)
     assert "service_peer" not in {a["key"] for a in plain["adversaries"]}
     assert plain["split"] is None and plain["adversary_lines"] == []
-
-
-def test_a_pass_recovered_with_fewer_shares_counts_more_colluding_peers() -> None:
-    planned = split(4)
-    z = planned.noise_multiplier
-    full = planned.pass_noise_multipliers()
-    assert full == planned.pass_noise_multipliers(4) and full["peer"] == z
-    recovered = planned.pass_noise_multipliers(3)  # M' = 3 of 4: as if 2 peers colluded
-    assert recovered["peer"] == pytest.approx(z * math.sqrt(2 / 3))
-    assert recovered["service_peer"] == recovered["peer"]
-    assert recovered["group"] == pytest.approx(z * math.sqrt(2 / 3) / 2)
-    assert recovered["colluding"] == full["colluding"] and recovered["service"] is None
-    assert epsilon_after(noise_multiplier=recovered["peer"], releases=1, delta=1e-6) == (
-        pytest.approx(planned.split().epsilon(colluding=2, releases=1, delta=1e-6), rel=1e-9)
-    )
-    with pytest.raises(ValueError, match="2 to 3"):
-        planned.pass_noise_multipliers(1)
-    with pytest.raises(ValueError, match="only split noise"):
-        SessionPrivacy.plan(epsilon=4.0, **BASE, clients=4).pass_noise_multipliers(3)

@@ -66,8 +66,8 @@ def _exit_code(argv: list[str]) -> int:
         ),
         (["--secure-aggregation", "masks", "--no-he"], "--secure-aggregation masks needs encrypt"),
         (
-            ["--secure-aggregation", "masks", "--stragglers", "continue"],
-            "--secure-aggregation masks needs stragglers 'wait'",
+            ["--secure-aggregation", "masks", "--stragglers", "continue", "--split-noise"],
+            "--stragglers continue needs unsplit noise",
         ),
         (["--clients", "1"], "--clients 1: a federation needs 2 clients or more"),
         (["--clients", "1", "--mode", "simulated"], "--clients 1: a federation needs 2 clients"),
