@@ -123,6 +123,7 @@ def admit_session(
             clients=config["clients"],
             passes_total=session["passes_total"],
             encrypted=encrypted,
+            masked=config.get("secure_aggregation") == "masks",
         )
     except (PrivacyPlanError, TypeError) as exc:
         raise PolicyRefusal(f"the session's privacy settings are not usable: {exc}") from exc

@@ -157,7 +157,11 @@ class TrainConfig:
         if request is None:
             return None
         return SessionPrivacy.plan(
-            **request, clients=clients, passes_total=passes_total, encrypted=self.encrypted
+            **request,
+            clients=clients,
+            passes_total=passes_total,
+            encrypted=self.encrypted,
+            masked=self.masked,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -156,6 +156,9 @@ class SessionPrivacy:
     clients: int
     passes_total: int
     encrypted: bool  # whether the service adds ciphertexts (it then sees no single share)
+    # whether the shares are pairwise-masked (docs/secure-aggregation.md): only then does the
+    # service with one colluding peer read no single share
+    masked: bool = False
 
     def __post_init__(self) -> None:
         if self.epsilon is not None and not (math.isfinite(self.epsilon) and self.epsilon > 0):
@@ -208,6 +211,7 @@ class SessionPrivacy:
         clients: int,
         passes_total: int,
         encrypted: bool,
+        masked: bool = False,
     ) -> SessionPrivacy:
         """Check the parameters, take z as given or calibrate it so that every planned release
         fits ``epsilon``, and check that at least one release fits. :class:`PrivacyPlanError`
@@ -252,6 +256,7 @@ class SessionPrivacy:
                 clients=clients,
                 passes_total=passes_total,
                 encrypted=encrypted,
+                masked=masked,
             )
             if not privacy.release_allowed(0):
                 raise PrivacyPlanError(
@@ -272,7 +277,13 @@ class SessionPrivacy:
 
     @classmethod
     def restore(
-        cls, stored: Mapping[str, Any], *, clients: int, passes_total: int, encrypted: bool
+        cls,
+        stored: Mapping[str, Any],
+        *,
+        clients: int,
+        passes_total: int,
+        encrypted: bool,
+        masked: bool = False,
     ) -> SessionPrivacy:
         """A plan from a stored or received settings mapping whose z is already chosen (the
         fields of :meth:`settings`; unknown keys are an error)."""
@@ -281,7 +292,13 @@ class SessionPrivacy:
             raise PrivacyPlanError(f"unknown privacy settings {unknown}")
         values = dict(stored)
         values.setdefault("noise_multiplier_source", "given")
-        return cls(**values, clients=clients, passes_total=passes_total, encrypted=encrypted)
+        return cls(
+            **values,
+            clients=clients,
+            passes_total=passes_total,
+            encrypted=encrypted,
+            masked=masked,
+        )
 
     def settings(self) -> dict[str, Any]:
         """The session's public privacy parameters, z included (what a worker is given)."""
@@ -349,7 +366,11 @@ class SessionPrivacy:
         """Epsilon against each adversary of split noise after ``releases`` releases of all M
         shares (``secure.split_noise.adversary_epsilons``)."""
         return adversary_epsilons(
-            self.split(), releases=releases, delta=self.delta, accountant=self.accountant
+            self.split(),
+            releases=releases,
+            delta=self.delta,
+            accountant=self.accountant,
+            masked=self.masked,
         )
 
     def pass_noise_multipliers(self) -> dict[str, float | None]:
@@ -487,7 +508,8 @@ class SessionPrivacy:
         return found
 
     def _split_adversaries(self) -> list[Adversary]:
-        return [Adversary(*row) for row in split_adversary_rows(self.split())]
+        rows = split_adversary_rows(self.split(), masked=self.masked)
+        return [Adversary(*row) for row in rows]
 
 
 def check_private_arrangement(agg_layers: Sequence[int]) -> None:
