@@ -165,7 +165,8 @@ def client_config_from_session(
 
 def session_partition(partition: ClientPartition, config: SessionConfigView) -> ClientPartition:
     """The partition as the session uses it: a passive party of a label holder's session keeps
-    no label and no split (GLASU B.2); every other client needs its labels."""
+    no label and no split (GLASU B.2); every other client of a training session needs its
+    labels (a scoring session needs none)."""
     if partition.held is not None and config.nodes != "union":
         raise SessionMismatch(
             f"this party lacks {int((~partition.held).sum())} of the {partition.num_nodes} "
@@ -175,6 +176,9 @@ def session_partition(partition: ClientPartition, config: SessionConfigView) -> 
     holder = config.label_holder
     if holder is not None and holder != partition.client:
         return without_labels(partition)
+    if config.kind == "scoring":
+        # the ids it scores are new customers, without labels: those it has only add metrics
+        return partition
     remedy = (
         "otherwise the operator names the one party with labels when creating the session "
         "(glasu session create --label-holder M; docs/data.md)"

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from clients.model_keeping import ledger_spent, reported_val_accuracy
 from clients.owner_ledger import OwnerLedger
 from clients.pass_driver import PassDriver, ResumedPass
 from clients.policy import (
+    PolicyRefusal,
     PrivacyPolicy,
     ReleaseGate,
     admit_session,
@@ -27,16 +29,17 @@ from clients.policy import (
     session_about,
 )
 from clients.rejoin import next_pass_after, rejoin_pass
-from clients.service_http import ServiceError
+from clients.service_http import ServiceError, ServiceUnavailable
 from clients.session_client import SessionClient
 from clients.session_fit import (
     LocalModelOptions,
+    SessionMismatch,
     client_config_from_session,
     fit_to_session,
     options_for_session,
     options_of_model,
 )
-from models.artefact import SavedModel
+from models.artefact import ModelError, SavedModel
 from models.data.partition import ClientPartition
 from models.federated import GlasuClient
 from models.keeper import ModelKeeper
@@ -45,11 +48,15 @@ from models.private import make_client
 from models.release import DpRelease
 from models.run_summary import recent_training_loss
 from secure.aggregation import EmbeddingCodec
+from secure.noise import NotPrivateNoiseError
 from secure.protocol import ProtocolViolation
 from secure.release_noise import ReleaseKeyedNoise, release_keyed_noise
-from secure.wire.passes import PassInfo
+from secure.wire.passes import MAX_REFUSAL_REASON, PassInfo
 
 log = logging.getLogger(__name__)
+
+#: What makes a worker refuse a session at join (its data, its model, its owner's policy)
+REFUSALS = (SessionMismatch, ModelError, PolicyRefusal, NotPrivateNoiseError)
 
 
 @dataclass
@@ -120,60 +127,84 @@ class WorkerRun:
         # fingerprint, the model's manifest) and the owner's policy
         self.session_json = self.status.model_dump(mode="json", by_alias=True)
         self.config = self.status.config
-        self.partition = fit_to_session(
-            partition, self.config, client=service.client_index, codec=codec, model=model
-        )
-        self.scoring = self.config.kind == "scoring"
-        self.privacy = admit_session(
-            policy,
-            self.session_json,
-            session_id=service.session_id,
-            encrypted=codec.encoding != "float32",
-            ledger=ledger,
-        )
-        # the backbone the session's settings were chosen for, and the session's defaults for
-        # the options this worker's owner did not give (``given_options``)
-        options = options_for_session(self.session_json["config"], options, given=given_options)
-        noise = self._noise(options)
-        if model is not None:
-            options = options_of_model(model, options)
-        self.options = options
-        client_config = client_config_from_session(self.session_json["config"], options)
-        if model is not None:
-            client_config = dataclasses.replace(
-                client_config, num_classes=model.manifest["model"]["num_classes"]
+        with self._refusal_reported():
+            self.partition = fit_to_session(
+                partition, self.config, client=service.client_index, codec=codec, model=model
             )
-        self.client: GlasuClient = make_client(
-            self.partition,
-            client_config,
-            codec=codec,
-            device=device,
-            privacy=self.privacy,
-            seed=self.config.seed,
-            noise_seed=options.noise_seed,
-            noise=noise,
-        )
-        if model is not None:
-            self.client.network.load_state_dict(model.weights)
-        self.gate = self._gate()
-        self.keeper = (
-            ModelKeeper(self.client, private=self.privacy is not None)
-            if model_out is not None and not self.scoring
-            else None
-        )
-        self.fingerprint = (
-            None
-            if checkpoints is None
-            else Fingerprint.of(
-                session=self.session_json,
-                client=service.client_index,
-                options=options,
-                encoding=codec.encoding,
-                partition=self.partition,
+            self.scoring = self.config.kind == "scoring"
+            self.privacy = admit_session(
+                policy,
+                self.session_json,
+                session_id=service.session_id,
+                encrypted=codec.encoding != "float32",
+                ledger=ledger,
             )
-        )
+            # the backbone the session's settings were chosen for, and the session's defaults for
+            # the options this worker's owner did not give (``given_options``)
+            options = options_for_session(self.session_json["config"], options, given=given_options)
+            noise = self._noise(options)
+            if model is not None:
+                options = options_of_model(model, options)
+            self.options = options
+            client_config = client_config_from_session(self.session_json["config"], options)
+            if model is not None:
+                client_config = dataclasses.replace(
+                    client_config, num_classes=model.manifest["model"]["num_classes"]
+                )
+            self.client: GlasuClient = make_client(
+                self.partition,
+                client_config,
+                codec=codec,
+                device=device,
+                privacy=self.privacy,
+                seed=self.config.seed,
+                noise_seed=options.noise_seed,
+                noise=noise,
+            )
+            if model is not None:
+                self.client.network.load_state_dict(model.weights)
+            self.gate = self._gate()
+            self.keeper = (
+                ModelKeeper(self.client, private=self.privacy is not None)
+                if model_out is not None and not self.scoring
+                else None
+            )
+            self.fingerprint = (
+                None
+                if checkpoints is None
+                else Fingerprint.of(
+                    session=self.session_json,
+                    client=service.client_index,
+                    options=options,
+                    encoding=codec.encoding,
+                    partition=self.partition,
+                )
+            )
         self.resumed: ResumedPass | None = None
         self.skipped: list[int] = []
+
+    @contextmanager
+    def _refusal_reported(self) -> Iterator[None]:
+        """A session with ``ready_gate``: when this worker refuses the session (its data, its
+        model or its owner's policy do not fit), it says so to the service, which closes the
+        session, so that no partner releases into it or waits on it."""
+        try:
+            yield
+        except REFUSALS as exc:
+            if self.config.ready_gate:
+                try:
+                    self.service.refuse(str(exc)[:MAX_REFUSAL_REASON])
+                except (ServiceError, ServiceUnavailable) as failed:
+                    log.warning("could not tell the service of the refusal: %s", failed)
+            raise
+
+    def join(self) -> None:
+        """A session with ``ready_gate``: say this worker is ready, and wait until every client
+        did, before anything is released (a partner's refusal ends the wait: ServiceError 409
+        ``session-refused``)."""
+        if self.config.ready_gate:
+            self.service.say_ready()
+            self.service.wait_until_ready()
 
     def _noise(self, options: LocalModelOptions) -> ReleaseKeyedNoise | None:
         """A private session's release-keyed noise, unless the noise is seeded for an
@@ -217,6 +248,7 @@ class WorkerRun:
         )
 
     def run(self) -> WorkerResult:
+        self.join()
         result = self.loop(self.resume())
         if result.finished_reason == "finished":
             result.model_path = self.keep_model()

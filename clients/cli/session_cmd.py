@@ -229,6 +229,7 @@ def _create(admin: AdminClient, args: argparse.Namespace) -> int:
     else:
         body = _training_body(admin, args, config)
     body.update(train_options.session_about(args))
+    body["ready_gate"] = True  # no worker releases into a session another one refused
     with failing_as(f"cannot create --out {args.out}"):
         args.out.mkdir(parents=True, exist_ok=True)
     created = admin.create_session(body)

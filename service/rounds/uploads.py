@@ -35,6 +35,7 @@ from service.payloads import (
     validate_node_set,
 )
 from service.plan import SessionPlan
+from service.rounds.readiness import check_every_client_ready
 from service.rounds.gate import (
     check_current_pass,
     check_in_pass,
@@ -239,6 +240,7 @@ class Uploads(RoundComponent):
                 return _UploadTarget(plan, duplicate=True)
             raise Conflict(caller.client_index, KIND_NAME[kind], pass_index, layer)
         check_current_pass(row, pass_index)
+        check_every_client_ready(tx, plan)
         check_in_pass(tx, plan, caller.client_index, pass_index, layer, kind)
         if kind == "nodes":
             return _UploadTarget(plan, duplicate=False)
