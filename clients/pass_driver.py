@@ -64,7 +64,7 @@ class PassDriver:
             if isinstance(request, NodesRequest):
                 answer = self.service.exchange_nodes(pass_index, request.layer, request.nodes)
             elif isinstance(request, ShareRequest):
-                if self.gate is not None:
+                if self.gate is not None and not request.disclosure:
                     admit_release(self.gate, pass_index, request, pass_kind=info.kind)
                 answer = self.exchange_share(
                     pass_index, request, encoding=client.joint.codec.encoding

@@ -90,17 +90,21 @@ class PredictionWriter:
         else:
             self._writer = pq.ParquetWriter(self.partial, self.schema)
 
-    def write(self, nodes: np.ndarray, probabilities: np.ndarray) -> None:
-        """The rows of ``nodes`` this party holds, ``WRITE_ROWS`` at a time."""
+    def write(
+        self, nodes: np.ndarray, probabilities: np.ndarray, *, predicted: np.ndarray | None = None
+    ) -> None:
+        """The rows of ``nodes`` this party holds, ``WRITE_ROWS`` at a time; ``predicted``: the
+        predicted classes (default: the most probable)."""
+        if predicted is None:
+            predicted = probabilities.argmax(axis=1)
         for start in range(0, len(nodes), WRITE_ROWS):
-            self._write(
-                nodes[start : start + WRITE_ROWS], probabilities[start : start + WRITE_ROWS]
-            )
+            rows = slice(start, start + WRITE_ROWS)
+            self._write(nodes[rows], probabilities[rows], predicted[rows])
 
-    def _write(self, nodes: np.ndarray, probabilities: np.ndarray) -> None:
+    def _write(self, nodes: np.ndarray, probabilities: np.ndarray, predicted: np.ndarray) -> None:
         held, ids = self.ids_of_node.held(nodes)
         probabilities = probabilities[held]
-        columns = [ids, pa.array(probabilities.argmax(axis=1), pa.int64())] + [
+        columns = [ids, pa.array(predicted[held], pa.int64())] + [
             pa.array(probabilities[:, c], pa.float64()) for c in range(probabilities.shape[1])
         ]
         self._writer.write_table(pa.Table.from_arrays(columns, schema=self.schema))

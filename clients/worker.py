@@ -24,6 +24,7 @@ from clients.policy import (
     PolicyRefusal,
     PrivacyPolicy,
     ReleaseGate,
+    admit_prediction_sharing,
     admit_session,
     admit_session_id,
     session_about,
@@ -34,6 +35,7 @@ from clients.session_client import SessionClient
 from clients.session_fit import (
     LocalModelOptions,
     SessionMismatch,
+    check_answer_reaches,
     client_config_from_session,
     fit_to_session,
     options_for_session,
@@ -106,6 +108,7 @@ class WorkerRun:
         model_out: Path | None = None,
         alignment_digest: str | None = None,
         given_options: frozenset[str] = frozenset(),
+        writes_predictions: bool = False,
     ) -> None:
         self.service = service
         self.on_pass = on_pass
@@ -132,6 +135,9 @@ class WorkerRun:
                 partition, self.config, client=service.client_index, codec=codec, model=model
             )
             self.scoring = self.config.kind == "scoring"
+            admit_prediction_sharing(policy, self.config, client=service.client_index)
+            if writes_predictions:
+                check_answer_reaches(self.config, client=service.client_index)
             self.privacy = admit_session(
                 policy,
                 self.session_json,

@@ -70,6 +70,9 @@ class ShareRequest:
     # SHA-256 of the part's plaintext (float32, before encoding): what a worker's upload journal
     # records, so that a resumed worker recognises its own share (clients/checkpoint.py)
     plaintext_digest: str | None = None
+    # the answering party's predictions (or a partner's zeros) in a scoring session that shares
+    # them: what its owner agreed to disclose, not a noisy release (no release gate counts it)
+    disclosure: bool = False
 
 
 def plaintext_digest(share: np.ndarray) -> str:

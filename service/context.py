@@ -10,8 +10,8 @@ from service.clock import Clock
 from service.limits import ByteBudget
 from service.notify import SessionNotifier
 from service.plan import PlanCache
-from service.rounds.readiness import ReadinessGate
 from service.rounds import RoundEngine
+from service.rounds.readiness import ReadinessGate
 from service.session_state import SessionState
 from service.sessions import SessionManager
 from service.settings import ServiceSettings

@@ -34,9 +34,11 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "start the service and one worker per party on this machine, and score every shared "
         "node (or the label holder's --ids) with the models of `glasu train --model-dir`. Each "
         "pass is an evaluation pass with the training's protections: its layer-1 releases are "
-        "encrypted, noised and counted (scoring spends privacy budget). Every party with a "
-        "classification head gets OUT/<party>.csv (or .parquet): id, predicted class, class "
-        "probabilities. Each party's releases are counted in its organisation's privacy "
+        "encrypted, noised and counted (scoring spends privacy budget). One answer per "
+        "customer: the label holder's (without one, the first party's) prediction is the "
+        "model's, in OUT/<party>.csv (or .parquet): id, predicted class, class probabilities; "
+        "its partners get it too with --share-predictions label-holder. Each party's releases "
+        "are counted in its organisation's privacy "
         "ledger, the one its training counted in (--ledger), under its lifetime cap.",
     )
     p.add_argument(
@@ -66,6 +68,15 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--format", choices=["csv", "parquet"], default="csv", help="predictions file format"
+    )
+    p.add_argument(
+        "--share-predictions",
+        choices=["none", "label-holder"],
+        default="none",
+        help="what the label holder's partners get: the label holder's prediction is the "
+        "model's answer (without a label holder, the first party's), written to "
+        "OUT/<label holder>.csv; 'none' (default): nothing; 'label-holder': the same answer, "
+        "in OUT/<partner>.csv in the partner's own ids",
     )
     add_owner_ledger_arguments(p)
     add_encryption_argument(p)
@@ -118,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
                 device=args.device,
                 progress=not args.quiet,
                 ledgers=args.owner_ledgers,
+                share_predictions=args.share_predictions,
             )
         except AlignmentFailed as exc:
             raise CliError(f"the alignment failed: {exc}") from exc

@@ -2,8 +2,9 @@
 ``glasu train`` trains: the parties' current tables aligned privately afresh (new customers
 included), the service and one ``glasu worker`` per party over loopback HTTP, a scoring session
 whose passes are the same split forward passes as an evaluation pass, with the same protections
-(each pass's layer-1 releases encrypted, noised and counted). Every party with a head gets one
-predictions file in its own ids."""
+(each pass's layer-1 releases encrypted, noised and counted). The answering party (the label
+holder, else the first) gets the model's answer in its own ids; its partners get the same
+answer in theirs where the scoring shares it, else nothing."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from models.config import DEFAULT_HOPS, TrainConfig
 from models.data.aligned import AlignedFederation
 from models.data.party import NOT_SHARED, read_party
 from models.metrics import classification_metrics
+from secure.protocol import answering_party
 
 
 @dataclass(frozen=True)
@@ -138,9 +140,13 @@ def score_locally(
     device: str = "auto",
     progress: bool = True,
     ledgers: PartyLedgers | None = None,
+    share_predictions: str = "none",
 ) -> ScoringSummary:
     """``ledgers``: each party's organisation's privacy ledger (default: the organisations'
-    own, ``clients.owner_ledger.party_ledgers``, under the owner's default lifetime cap)."""
+    own, ``clients.owner_ledger.party_ledgers``, under the owner's default lifetime cap).
+    The answering party (the label holder, else the first) gets the model's answer; its
+    partners get it too with ``share_predictions`` 'label-holder' (its owner, the user here,
+    agrees), nothing with 'none'."""
     if ledgers is None:
         ledgers = PartyLedgers(
             paths=party_ledgers(folders), max_lifetime_epsilon=PrivacyPolicy.max_lifetime_epsilon
@@ -161,7 +167,8 @@ def score_locally(
     nodes = nodes_to_score(
         federation, holder=holder or 0, holder_ids=holder_ids, party_ids=party_ids
     )
-    heads = [m for m, manifest in enumerate(manifests) if manifest["party"]["holds_head"]]
+    answering = answering_party(holder)
+    receivers = list(range(len(folders))) if share_predictions != "none" else [answering]
     out.mkdir(parents=True, exist_ok=True)
     # a fresh service, which never ran the training whose models score (the workers check them)
     with local_federation(encrypted=encrypted, serve_args=("--score-foreign-models",)) as fed:
@@ -171,16 +178,23 @@ def score_locally(
             "encryption": "ckks" if encrypted else "none",
         }
         created = fed.admin.create_session(
-            scoring_request(training, model_session=manifests[0]["session_id"], nodes=nodes)
+            scoring_request(
+                training,
+                model_session=manifests[0]["session_id"],
+                nodes=nodes,
+                share_predictions=share_predictions,
+            )
         )
-        raw = {m: fed.root / f"predictions-{m}.parquet" for m in heads}
+        raw = {m: fed.root / f"predictions-{m}.parquet" for m in receivers}
         fed.start_workers(
             config,
             federation.partitions,
             created,
             threads=threads,
             extra=lambda m: (
-                ["--model", str(models[m])] + (["--predictions", str(raw[m])] if m in raw else [])
+                ["--model", str(models[m])]
+                + (["--predictions", str(raw[m])] if m in raw else [])
+                + (["--share-predictions"] if m == answering else [])
             ),
             ledgers=ledgers,
         )
@@ -196,7 +210,7 @@ def score_locally(
                 labels=federation.dataset.labels.numpy(),
                 party=names[m],
             )
-            for m in heads
+            for m in receivers
         ]
     return ScoringSummary(
         session_id=created["session_id"],

@@ -66,9 +66,7 @@ def check_every_client_ready(tx: Transaction, plan: SessionPlan) -> None:
 class ReadinessGate:
     """``report`` a client's readiness or refusal; ``check`` whether every client is ready."""
 
-    def __init__(
-        self, store: Store, plans: PlanCache, close: Callable[[str], object]
-    ) -> None:
+    def __init__(self, store: Store, plans: PlanCache, close: Callable[[str], object]) -> None:
         """``close(session_id)``: close a session (``SessionManager.close``)."""
         self.store = store
         self.plans = plans

@@ -35,7 +35,6 @@ from service.payloads import (
     validate_node_set,
 )
 from service.plan import SessionPlan
-from service.rounds.readiness import check_every_client_ready
 from service.rounds.gate import (
     check_current_pass,
     check_in_pass,
@@ -43,6 +42,7 @@ from service.rounds.gate import (
     open_layer,
     open_session,
 )
+from service.rounds.readiness import check_every_client_ready
 from service.rounds.services import RoundComponent, RoundServices
 from service.rounds.slots import (
     layer_rows,

@@ -21,9 +21,8 @@ from fastapi import Depends, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from secure.wire.common import MAX_COUNT, MAX_LAYERS
+from secure.wire.common import MAX_COUNT, MAX_LAYERS, Waiting
 from secure.wire.headers import COUNT_HEADER, ENCODING_HEADER, SHAPE_HEADER
-from secure.wire.common import Waiting
 from secure.wire.passes import (
     Metrics,
     PassInfo,
@@ -94,7 +93,9 @@ def _receipt_response(
 
 
 @router.put("/readiness", status_code=204, summary="Say at join: ready, or refused")
-async def put_readiness(caller: ClientDep, context: ContextDep, report: ReadinessReport) -> Response:
+async def put_readiness(
+    caller: ClientDep, context: ContextDep, report: ReadinessReport
+) -> Response:
     """A session with `ready_gate`: once its own checks passed, the worker says it is ready;
     a worker that cannot take part refuses, saying why, which closes the session (the others
     are shown the reason)."""

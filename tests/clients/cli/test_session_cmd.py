@@ -120,6 +120,15 @@ def test_status_names_the_missing_clients_and_close_closes(
         status = admin.session(sid)
     lower = [a["layer"] for a in status["config"]["agg_layers"] if a["layer"] < 4]
     nodes = [0, 1, 2]  # any sorted, distinct, in-range ids
+    for m in range(3):  # the session's join gate: every client says it is ready first
+        ready = httpx.put(
+            f"{server['url']}/v1/sessions/{sid}/clients/{m}/readiness",
+            json={"ready": True},
+            headers={
+                "Authorization": f"Bearer {(tmp_path / f'client-{m}.token').read_text().strip()}"
+            },
+        )
+        assert ready.status_code == 204, ready.text
     put = httpx.put(
         f"{server['url']}/v1/sessions/{sid}/clients/0/passes/0/layers/{lower[-1]}/nodes",
         content=b"".join(n.to_bytes(8, "little") for n in nodes),
