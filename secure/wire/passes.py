@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from secure.wire.common import ResponseModel, StrictModel, Waiting
 
@@ -80,12 +80,11 @@ class ReadinessReport(StrictModel):
     ready: bool
     reason: str | None = Field(None, min_length=1, max_length=MAX_REFUSAL_REASON)
 
-    @field_validator("reason")
-    @classmethod
-    def _refusal_says_why(cls, reason: str | None, info: ValidationInfo) -> str | None:
-        if info.data.get("ready") is False and reason is None:
+    @model_validator(mode="after")
+    def _refusal_says_why(self) -> ReadinessReport:
+        if not self.ready and self.reason is None:
             raise ValueError("a refusal says why (reason)")
-        return reason
+        return self
 
 
 class ReadinessStatus(ResponseModel):

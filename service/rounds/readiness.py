@@ -75,8 +75,10 @@ class ReadinessGate:
 
     def report(self, caller: Caller, report: ReadinessReport) -> None:
         """Keep the client's answer (its first: a resumed worker's later one changes nothing);
-        a refusal closes the session."""
+        a refusal closes the session. ``SessionRefused`` once another client refused."""
         with self.store.transaction() as tx:
+            load_session(tx, self.plans, caller.session_id)
+            _refusal(caller.session_id, _reports(tx, caller.session_id))
             open_session(tx, self.plans, caller.session_id)
             tx.connection.execute(
                 "INSERT INTO client_readiness (session_id, client_index, ready, reason,"
