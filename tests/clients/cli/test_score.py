@@ -15,6 +15,7 @@ import pytest
 from clients.cli.main import main
 from models.artefact import load_model
 from models.data.planetoid import GraphDataset
+from secure.aggregation import SHARE_GRID
 from tests.clients.cli.cora_parties import PARTIES, CoraParties, node_id, write_cora_parties
 
 TRAINING = ("--rounds", "12", "--eval-every", "4", "--batch-size", "64", "--hidden", "32")
@@ -108,7 +109,7 @@ def test_train_keep_the_models_add_customers_and_score_exactly_them(
         received = read_answer(shared / f"{party}.csv", cora.num_classes)
         assert sorted(received) == sorted(answer)
         for customer, (probabilities, predicted) in received.items():
-            np.testing.assert_allclose(probabilities, answer[customer][0], atol=1e-4)
+            np.testing.assert_allclose(probabilities, answer[customer][0], atol=SHARE_GRID)
             assert predicted == answer[customer][1]
 
 
