@@ -34,7 +34,6 @@ from secure.accounting import (
     max_releases,
 )
 from secure.privacy import RELEASE_LAYER, PrivacyPlanError, SessionPrivacy
-from secure.protocol import answering_party
 from secure.release_noise import ReleaseMechanism
 
 #: Relative tolerance when comparing the service's numbers with the worker's own.
@@ -222,19 +221,6 @@ def _check_split_noise(policy: PrivacyPolicy, config: Mapping[str, Any]) -> None
             " 2021), and this organisation's policy accounts with the PRV accountant, which"
             " models continuous Gaussian noise: refusing (a policy with accountant 'rdp' can"
             " take part)"
-        )
-
-
-def admit_prediction_sharing(policy: PrivacyPolicy, config: Any, *, client: int) -> None:
-    """:class:`PolicyRefusal` when the session (``SessionConfigView``) would send this party's
-    predictions to its partners (it is the answering party) and its owner did not agree."""
-    if config.share_predictions == "none" or policy.share_predictions:
-        return
-    if client == answering_party(config.label_holder):
-        raise PolicyRefusal(
-            "the scoring session sends this party's predictions to its partners "
-            f"(share_predictions {config.share_predictions}), and this organisation has not "
-            "agreed to (its owner passes --share-predictions)"
         )
 
 

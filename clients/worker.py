@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,31 +16,29 @@ from typing import Any
 import torch
 
 from clients.checkpoint import CheckpointStore, Fingerprint, WorkerProgress
+from clients.join import admit_prediction_sharing, join, refusal_reported
 from clients.model_keeping import ledger_spent, reported_val_accuracy
 from clients.owner_ledger import OwnerLedger
 from clients.pass_driver import PassDriver, ResumedPass
 from clients.policy import (
-    PolicyRefusal,
     PrivacyPolicy,
     ReleaseGate,
-    admit_prediction_sharing,
     admit_session,
     admit_session_id,
     session_about,
 )
 from clients.rejoin import next_pass_after, rejoin_pass
-from clients.service_http import ServiceError, ServiceUnavailable
+from clients.service_http import ServiceError
 from clients.session_client import SessionClient
 from clients.session_fit import (
     LocalModelOptions,
-    SessionMismatch,
     check_answer_reaches,
     client_config_from_session,
     fit_to_session,
     options_for_session,
     options_of_model,
 )
-from models.artefact import ModelError, SavedModel
+from models.artefact import SavedModel
 from models.data.partition import ClientPartition
 from models.federated import GlasuClient
 from models.keeper import ModelKeeper
@@ -50,15 +47,11 @@ from models.private import make_client
 from models.release import DpRelease
 from models.run_summary import recent_training_loss
 from secure.aggregation import EmbeddingCodec
-from secure.noise import NotPrivateNoiseError
 from secure.protocol import ProtocolViolation
 from secure.release_noise import ReleaseKeyedNoise, release_keyed_noise
-from secure.wire.passes import MAX_REFUSAL_REASON, PassInfo
+from secure.wire.passes import PassInfo
 
 log = logging.getLogger(__name__)
-
-#: What makes a worker refuse a session at join (its data, its model, its owner's policy)
-REFUSALS = (SessionMismatch, ModelError, PolicyRefusal, NotPrivateNoiseError)
 
 
 @dataclass
@@ -130,7 +123,7 @@ class WorkerRun:
         # fingerprint, the model's manifest) and the owner's policy
         self.session_json = self.status.model_dump(mode="json", by_alias=True)
         self.config = self.status.config
-        with self._refusal_reported():
+        with refusal_reported(service, self.config):
             self.partition = fit_to_session(
                 partition, self.config, client=service.client_index, codec=codec, model=model
             )
@@ -189,29 +182,6 @@ class WorkerRun:
         self.resumed: ResumedPass | None = None
         self.skipped: list[int] = []
 
-    @contextmanager
-    def _refusal_reported(self) -> Iterator[None]:
-        """A session with ``ready_gate``: when this worker refuses the session (its data, its
-        model or its owner's policy do not fit), it says so to the service, which closes the
-        session, so that no partner releases into it or waits on it."""
-        try:
-            yield
-        except REFUSALS as exc:
-            if self.config.ready_gate:
-                try:
-                    self.service.refuse(str(exc)[:MAX_REFUSAL_REASON])
-                except (ServiceError, ServiceUnavailable) as failed:
-                    log.warning("could not tell the service of the refusal: %s", failed)
-            raise
-
-    def join(self) -> None:
-        """A session with ``ready_gate``: say this worker is ready, and wait until every client
-        did, before anything is released (a partner's refusal ends the wait: ServiceError 409
-        ``session-refused``)."""
-        if self.config.ready_gate:
-            self.service.say_ready()
-            self.service.wait_until_ready()
-
     def _noise(self, options: LocalModelOptions) -> ReleaseKeyedNoise | None:
         """A private session's release-keyed noise, unless the noise is seeded for an
         experiment."""
@@ -254,7 +224,7 @@ class WorkerRun:
         )
 
     def run(self) -> WorkerResult:
-        self.join()
+        join(self.service, self.config)
         result = self.loop(self.resume())
         if result.finished_reason == "finished":
             result.model_path = self.keep_model()

@@ -47,13 +47,11 @@ class SessionRefused(DomainError):
     """A client refused the session at join (``ready_gate``): the service closed it."""
 
     def __init__(self, session_id: str, client: int, reason: str) -> None:
+        self.session_id, self.client, self.reason = session_id, client, reason
         super().__init__(
             f"session {session_id!r} was closed before its first pass: client {client} "
             f"refused it ({reason})"
         )
-        self.session_id = session_id
-        self.client = client
-        self.reason = reason
 
 
 class ClientsNotReady(DomainError):
