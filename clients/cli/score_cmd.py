@@ -135,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
             raise CliError(f"the alignment failed: {exc}") from exc
     print(f"aligned privately: {summary.alignment}")
     print(f"scored {summary.scored_nodes} shared nodes (session {summary.session_id})")
+    print(f"one answer per customer: {summary.answering}'s prediction is the model's")
     for party in summary.predictions:
         print(f"{party.party}: {party.rows} predictions in {party.path}")
         if party.metrics.get("count"):

@@ -46,6 +46,7 @@ class ScoringSummary:
     session_id: str
     scored_nodes: int
     alignment: str
+    answering: str  # the party whose prediction is the model's answer
     predictions: list[PartyPredictions]
     privacy: dict[str, Any] | None  # the scoring session's spend (GET .../privacy)
     training_privacy: list[dict[str, Any] | None]  # each model's training spend, as recorded
@@ -216,6 +217,7 @@ def score_locally(
         session_id=created["session_id"],
         scored_nodes=int(nodes.size),
         alignment=federation.summary,
+        answering=names[answering],
         predictions=predictions,
         privacy=privacy,
         training_privacy=[manifest.get("privacy") for manifest in manifests],
