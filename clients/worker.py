@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from clients.checkpoint import CheckpointStore, Fingerprint, WorkerProgress
-from clients.join import admit_prediction_sharing, join, refusal_reported
+from clients.join import admit_prediction_sharing, disclosure_counter, join, refusal_reported
 from clients.model_keeping import ledger_spent, reported_val_accuracy
 from clients.owner_ledger import OwnerLedger
 from clients.pass_driver import PassDriver, ResumedPass
@@ -129,6 +129,9 @@ class WorkerRun:
             )
             self.scoring = self.config.kind == "scoring"
             admit_prediction_sharing(policy, self.config, client=service.client_index)
+            self.count_disclosure = disclosure_counter(
+                ledger, self.config, client=service.client_index, session_id=service.session_id
+            )
             if writes_predictions:
                 check_answer_reaches(self.config, client=service.client_index)
             self.privacy = admit_session(
@@ -266,8 +269,9 @@ class WorkerRun:
             exchanged_before = service.traffic.up + service.traffic.down
             try:
                 driver = PassDriver(
-                    service, gate=self.gate, checkpoints=self.checkpoints, resume=self.resumed
-                )
+                    service, gate=self.gate, checkpoints=self.checkpoints, resume=self.resumed,
+                    on_disclosure=self.count_disclosure,
+                )  # fmt: skip
                 outcome = driver.drive(self.client, info)
             except ServiceError as exc:
                 if not self._went_on_without(exc):

@@ -139,7 +139,7 @@ def test_new_customers_without_labels_are_scored_and_a_partner_gets_the_answer_a
     fed = train(PLAIN, cora, tmp_path, processes)
     current = without_labels(tmp_path, PLAIN.clients)
     # shared with the partner: party 0's owner agrees, the partner writes the same answer
-    _, workers = score(
+    session, workers = score(
         fed, PLAIN, data_dir, processes, partitions=current, predictions=(0, 1),
         session_extra=("--share-predictions", "label-holder"),
         worker_extra=lambda m: ["--share-predictions"] if m == 0 else [],
@@ -154,6 +154,11 @@ def test_new_customers_without_labels_are_scored_and_a_partner_gets_the_answer_a
     # through the service on the share grid: to half its step, the class exactly
     np.testing.assert_allclose(shared[1], answer[1], rtol=0, atol=SHARE_GRID / 2)
     assert shared[2] == answer[2] == expected.argmax(1).tolist()
+    # counted in the answering party's ledger before it left (not a noisy release: no epsilon)
+    for m, shared_rows in ((0, len(nodes)), (1, 0)):
+        with OwnerLedger(tmp_path / current / f"client-{m}" / LEDGER_FILENAME) as ledger:
+            assert ledger.predictions_shared(session) == shared_rows
+            assert ledger.releases(session_id=session) == 0
     own = read_evaluation(tmp_path / "models" / "1")[1]
     assert shared[2] != own.argmax(1).tolist()  # not the partner's own head
 
