@@ -94,7 +94,7 @@ _RELEASE_COLUMNS = {
     "mechanism": "TEXT",
     "adversaries": "TEXT",
 }
-_SESSION_COLUMNS = {"mechanism": "TEXT", "predictions_shared": "INTEGER"}
+_SESSION_COLUMNS = {"mechanism": "TEXT", "encoding": "TEXT", "predictions_shared": "INTEGER"}
 #: What a release was for: a training pass, an evaluation pass, or a scoring session's pass.
 ReleaseKind = Literal["training", "evaluation", "scoring"]
 #: The columns of a release as reports and the ledger digest see them (never the noise secret).
@@ -112,6 +112,9 @@ RELEASE_FIELDS = (
 #: that release, null where it sees none); a snapshot shows it only where it is set, so the
 #: digest of every ledger without split noise is the one it had before.
 RELEASE_ADVERSARIES = "adversaries"
+#: How the session's shares travelled (``secure.protocol.ShareEncoding``: who could read a
+#: share); a snapshot shows it only where it is set, so older ledgers keep their digest.
+SESSION_ENCODING = "encoding"
 SESSION_FIELDS = (
     "session_id",
     "label",
@@ -157,6 +160,7 @@ class SessionAbout:
     created_at: float | None = None
     clients: int | None = None
     adversaries: Sequence[dict[str, Any]] | None = None
+    encoding: str | None = None  # the session's share encoding ("bfv-masked": masked shares)
 
 
 @dataclass(frozen=True)
@@ -382,8 +386,8 @@ class OwnerLedger:
         with self._transaction() as tx:
             tx.execute(
                 "INSERT INTO sessions (session_id, label, partners, operator, kind, created_at,"
-                " admitted_at, clients, adversaries, mechanism)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                " admitted_at, clients, adversaries, mechanism, encoding)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                 (
                     session_id,
                     about.label,
@@ -395,6 +399,7 @@ class OwnerLedger:
                     about.clients,
                     adversaries,
                     mechanism,
+                    about.encoding,
                 ),
             )
             if mechanism is not None:
@@ -451,14 +456,17 @@ class OwnerLedger:
                 " ORDER BY id"
             ).fetchall()
             sessions = tx.execute(
-                f"SELECT {', '.join(SESSION_FIELDS)} FROM sessions ORDER BY admitted_at"
+                f"SELECT {', '.join(SESSION_FIELDS)}, {SESSION_ENCODING} FROM sessions"
+                " ORDER BY admitted_at"
             ).fetchall()
         records = {}
         for row in sessions:
-            record = dict(zip(SESSION_FIELDS, row, strict=True))
+            record = dict(zip(SESSION_FIELDS, row[: len(SESSION_FIELDS)], strict=True))
             for name in ("partners", "adversaries"):
                 if record[name] is not None:
                     record[name] = json.loads(record[name])
+            if row[-1] is not None:
+                record[SESSION_ENCODING] = row[-1]
             records[record["session_id"]] = record
         return LedgerSnapshot(
             path=self.path, releases=[_release_row(row) for row in releases], sessions=records

@@ -30,6 +30,7 @@ from secure.accounting import (
     ReleaseDecision,
     composed_epsilon,
     composed_noise_multiplier,
+    count_releases,
     decide_release,
     max_releases,
 )
@@ -167,7 +168,7 @@ def admit_session(
     if session_epsilon > policy.max_session_epsilon:
         raise PolicyRefusal(
             f"the session would spend epsilon {session_epsilon:.4g} of this data's privacy (delta"
-            f" {policy.delta:g}, {releases} releases with noise multiplier"
+            f" {policy.delta:g}, {count_releases(releases)} with noise multiplier"
             f" {privacy.ledger_noise_multiplier:.4g}); the policy allows"
             f" {policy.max_session_epsilon:g} per session"
         )
@@ -181,7 +182,8 @@ def admit_session(
             raise PolicyRefusal(
                 f"this session would take the lifetime spend on this data to epsilon"
                 f" {lifetime:.4g} (spent so far: {policy.epsilon_of(spent):.4g} in"
-                f" {ledger.releases()} releases); the policy allows {policy.max_lifetime_epsilon:g}"
+                f" {count_releases(ledger.releases())}); the policy allows"
+                f" {policy.max_lifetime_epsilon:g}"
                 f" (see `glasu budget --local DIR`)"
             )
     return privacy
@@ -395,6 +397,7 @@ def session_about(session: Mapping[str, Any], privacy: SessionPrivacy) -> Sessio
         kind=config.get("kind", "training"),
         created_at=session.get("created_at"),
         clients=config["clients"],
+        encoding=config.get("encoding"),
         adversaries=[
             {
                 "key": a.key,

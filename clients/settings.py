@@ -166,7 +166,14 @@ class WorkerSettings(BaseSettings):
     predictions: Path | None = Field(
         None,
         description="A scoring session, a party with a head: the file the predictions go to, "
-        "one row per scored node of this party's own ids (.csv or .parquet).",
+        "one row per scored node of this party's own ids, in the order of its table (.csv or "
+        ".parquet).",
+    )
+    overwrite: bool = Field(
+        False,
+        description="Replace this party's model in --model-out and the --predictions file if "
+        "they exist (without it the worker refuses them before it starts). Another party's "
+        "model is never replaced.",
     )
     insecure_http: bool = Field(
         False,

@@ -3,10 +3,10 @@
 The in-process trainer, the HTTP worker and the aggregation service all build a
 :class:`SessionPrivacy` from the same public parameters and ask it the same questions: the z in
 use (given, or calibrated so that every planned release fits the epsilon target), the
-sensitivity (derived here from the clip and the occurrence cap, never taken from a caller), the
-z the ledger composes, each client's noise std, whether one more release fits, epsilon after n
-releases, and the privacy report. Every pass of a session is one Gaussian release at
-:data:`RELEASE_LAYER` (docs/privacy.md).
+sensitivity (derived here from the clip, the occurrence cap and the release's kind and degree
+floor, never taken from a caller), the z the ledger composes, each client's noise std, whether
+one more release fits, epsilon after n releases, and the privacy report. Every pass of a
+session is one Gaussian release at :data:`RELEASE_LAYER` (docs/privacy.md).
 
 With ``shared_noise`` every client adds only 1/M of the variance, so a peer that subtracts its
 own share faces less noise: the ledger then composes ``secure.dp.effective_noise_multiplier``,
@@ -37,7 +37,11 @@ from secure.accounting import (
     epsilon_after,
 )
 from secure.dp import (
+    DEFAULT_DEGREE_FLOOR,
+    RELEASE_KINDS,
+    ReleaseKind,
     affected_rows,
+    degree_normalised_sensitivity,
     effective_noise_multiplier,
     node_sensitivity,
     per_client_noise_std,
@@ -77,6 +81,8 @@ _SETTINGS = (
     "shared_noise",
     "split_noise",
     "max_releases",
+    "release",
+    "degree_floor",
 )
 
 
@@ -103,9 +109,29 @@ class PrivacyPlanError(ValueError):
     """The privacy parameters cannot make a session: the message says which and why."""
 
 
-def release_sensitivity(*, clip: float, occurrence_cap: int) -> float:
-    """Delta of one client's layer-1 release to one node's features: 2C sqrt(c + 1)."""
+def release_sensitivity(
+    *,
+    clip: float,
+    occurrence_cap: int,
+    release: ReleaseKind = "clip-after",
+    degree_floor: int = DEFAULT_DEGREE_FLOOR,
+) -> float:
+    """Delta of one client's layer-1 release to one node's features: 2C sqrt(c + 1) clipped
+    after the aggregation, 2C sqrt(c + 1) / d_min degree-normalised (docs/privacy.md 3.7)."""
+    if release == "degree-normalised":
+        return degree_normalised_sensitivity(
+            clip=clip, occurrence_cap=occurrence_cap, degree_floor=degree_floor
+        )
     return node_sensitivity(clip=clip, occurrence_cap=occurrence_cap, depth=RELEASE_LAYER)
+
+
+def release_fields(release: ReleaseKind, degree_floor: int) -> dict[str, Any]:
+    """The release settings as a request or a manifest writes them: none for the clip-after
+    release (everyone's default, so what was written before stays as it was), the kind and
+    d_min for a degree-normalised one."""
+    if release == "clip-after":
+        return {}
+    return {"release": release, "degree_floor": degree_floor}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,6 +152,8 @@ class SessionPrivacy:
     shared_noise: bool = False
     split_noise: bool = False  # each of M >= 3 adds z Delta_g / sqrt(M - 1) (under masks)
     max_releases: int | None = None
+    release: ReleaseKind = "clip-after"  # how the layer-1 release is formed (dp.ReleaseKind)
+    degree_floor: int = DEFAULT_DEGREE_FLOOR  # d_min of the degree-normalised release
     clients: int
     passes_total: int
     encrypted: bool  # whether the service adds ciphertexts (it then sees no single share)
@@ -145,6 +173,12 @@ class SessionPrivacy:
             raise PrivacyPlanError(f"accountant must be 'rdp' or 'prv', got {self.accountant!r}")
         if self.max_releases is not None and self.max_releases < 1:
             raise PrivacyPlanError(f"max_releases must be >= 1, got {self.max_releases}")
+        if self.release not in RELEASE_KINDS:
+            raise PrivacyPlanError(f"release must be one of {RELEASE_KINDS}, got {self.release!r}")
+        if isinstance(self.degree_floor, bool) or not isinstance(self.degree_floor, int):
+            raise PrivacyPlanError(f"degree_floor must be an int, got {self.degree_floor!r}")
+        if self.degree_floor < 1:
+            raise PrivacyPlanError(f"degree_floor must be >= 1, got {self.degree_floor}")
         if self.clients < 1 or self.passes_total < 1:
             raise PrivacyPlanError("a session needs at least one client and one pass")
         if self.split_noise:
@@ -170,6 +204,8 @@ class SessionPrivacy:
         shared_noise: bool = False,
         split_noise: bool = False,
         max_releases: int | None = None,
+        release: ReleaseKind = "clip-after",
+        degree_floor: int = DEFAULT_DEGREE_FLOOR,
         clients: int,
         passes_total: int,
         encrypted: bool,
@@ -212,6 +248,8 @@ class SessionPrivacy:
                 shared_noise=shared_noise,
                 split_noise=split_noise,
                 max_releases=max_releases,
+                release=release,
+                degree_floor=degree_floor,
                 clients=clients,
                 passes_total=passes_total,
                 encrypted=encrypted,
@@ -254,7 +292,16 @@ class SessionPrivacy:
 
     @property
     def sensitivity(self) -> float:
-        return release_sensitivity(clip=self.clip, occurrence_cap=self.occurrence_cap)
+        return release_sensitivity(
+            clip=self.clip,
+            occurrence_cap=self.occurrence_cap,
+            release=self.release,
+            degree_floor=self.degree_floor,
+        )
+
+    @property
+    def degree_normalised(self) -> bool:
+        return self.release == "degree-normalised"
 
     @property
     def ledger_noise_multiplier(self) -> float:
@@ -377,6 +424,8 @@ class SessionPrivacy:
             "shared_noise": self.shared_noise,
             "split_noise": self.split_noise,
             "occurrence_cap": self.occurrence_cap,
+            "release": self.release,
+            "degree_floor": self.degree_floor if self.degree_normalised else None,
             "privacy_unit": PRIVACY_UNIT,
             "not_protected": list(NOT_PROTECTED),
             "adversaries": [
@@ -411,9 +460,9 @@ class SessionPrivacy:
             return self._split_adversaries()
         z, m, shared = self.noise_multiplier, self.clients, self.shared_noise
         per_share = z / math.sqrt(m) if shared else z  # the noise in one client's own share
-        if self.encrypted:
+        if self.encrypted:  # CKKS or masked BFV shares: the session's encoding says which
             service = Adversary(
-                "the service alone", None, "sees only CKKS ciphertexts and their sum", "service"
+                "the service alone", None, "sees only ciphertexts and their sum", "service"
             )
         else:
             service = Adversary(

@@ -14,6 +14,7 @@ from clients.cli.options import (
     add_command,
     add_output_dir_argument,
     check_output_dir,
+    check_output_file,
     check_party_folders,
     positive_int,
 )
@@ -36,10 +37,11 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "pass is an evaluation pass with the training's protections: its layer-1 releases are "
         "encrypted, noised and counted (scoring spends privacy budget). One answer per "
         "customer: the label holder's (without one, the first party's) prediction is the "
-        "model's, in OUT/<party>.csv (or .parquet): id, predicted class, class probabilities; "
-        "its partners get it too with --share-predictions label-holder. Each party's releases "
-        "are counted in its organisation's privacy "
-        "ledger, the one its training counted in (--ledger), under its lifetime cap.",
+        "model's, in OUT/<party>.csv (or .parquet), in the order of --ids (or of its own "
+        "table): id, predicted class (by name where the labels table named the classes), class "
+        "probabilities to 4 decimals; its partners get it too with --share-predictions "
+        "label-holder. Each party's releases are counted in its organisation's privacy ledger, "
+        "the one its training counted in (--ledger), under its lifetime cap.",
     )
     p.add_argument(
         "--party",
@@ -78,6 +80,11 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "OUT/<label holder>.csv; 'none' (default): nothing; 'label-holder': the same answer, "
         "in OUT/<partner>.csv in the partner's own ids",
     )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace existing predictions files in --out (refused by default)",
+    )
     add_owner_ledger_arguments(p)
     add_encryption_argument(p)
     p.add_argument(
@@ -100,6 +107,10 @@ def check(args: argparse.Namespace) -> None:
     if args.ids is not None and not args.ids.is_file():
         raise UsageError(f"--ids {args.ids} is not a file")
     check_output_dir(args.out, "--out")
+    from clients.local.parties import party_names, predictions_files
+
+    for path in predictions_files(args.out, party_names(args.party), args.format):
+        check_output_file(path, "--out", overwrite=args.overwrite)
     check_ledger_arguments(args)
     args.owner_ledgers = owner_ledgers(args)  # an older ledger beside the data: refused now
 
@@ -110,13 +121,14 @@ def run(args: argparse.Namespace) -> int:
     from clients.local.scoring import score_locally
     from models.artefact import ModelError
     from models.metrics import describe_scores
+    from secure.accounting import count_releases
 
     holder_ids = None
     if args.ids is not None:
         with failing_as("--ids"):
             holder_ids = [line.strip() for line in args.ids.read_text().splitlines()]
             holder_ids = [i for i in holder_ids if i]
-    with failing_as("glasu score", ModelError, ValueError, OSError, FederationFailed):
+    with failing_as("the scoring failed", ModelError, ValueError, OSError, FederationFailed):
         try:
             summary = score_locally(
                 args.party,
@@ -146,7 +158,8 @@ def run(args: argparse.Namespace) -> int:
     if summary.privacy is not None:
         print(
             f"privacy spent by this scoring: epsilon {summary.privacy['epsilon']:.4g} at delta "
-            f"{summary.privacy['delta']:g} ({summary.privacy['releases']} releases), counted with "
+            f"{summary.privacy['delta']:g} ({count_releases(summary.privacy['releases'])}), "
+            "counted with "
             "everything else in each organisation's ledger (glasu budget --local DIR)",
         )
     else:

@@ -28,6 +28,8 @@ PRIVACY_OPTIONS = (
     "--accountant",
     "--release-width",
     "--occurrence-cap",
+    "--release",
+    "--degree-floor",
     "--shared-noise",
     "--split-noise",
 )

@@ -10,6 +10,7 @@ import numpy as np
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from secure.accounting import AccountantName
+from secure.dp import DEFAULT_DEGREE_FLOOR, ReleaseKind
 from secure.protocol import (
     PART_VALUES,
     AlignedNodes,
@@ -73,6 +74,21 @@ class PrivacySettings(StrictModel):
         description="c: how often a node may be drawn as a neighbour per layer up to the release"
         " (the clients' samplers enforce it). The service derives the sensitivity of one release"
         " from clip and c: Delta = 2 C sqrt(c + 1).",
+    )
+    release: ReleaseKind = Field(
+        "clip-after",
+        description="How each client's layer-1 release is formed (docs/privacy.md 3.7):"
+        " 'clip-after' aggregates over the sender's graph, then clips each row to C;"
+        " 'degree-normalised' clips each node's own row to C, sums it over the drawn"
+        " neighbourhood and divides by max(degree, degree_floor): Delta = 2 C sqrt(c + 1) /"
+        " degree_floor.",
+    )
+    degree_floor: int = Field(
+        DEFAULT_DEGREE_FLOOR,
+        ge=1,
+        le=MAX_COUNT,
+        description="d_min of the degree-normalised release (a fixed setting, never a statistic"
+        " of the graph); unused by 'clip-after'.",
     )
 
     @model_validator(mode="after")
