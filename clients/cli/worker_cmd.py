@@ -216,9 +216,7 @@ def _run(settings: WorkerSettings, ledger_file: Path, *, quiet: bool) -> int:
 
     def progress(info: PassInfo, outcome: PassOutcome) -> None:
         if writer is not None and outcome.answer is not None:  # the model's, one per customer
-            writer.write(
-                info.output_nodes, outcome.answer.probabilities, predicted=outcome.answer.predicted
-            )
+            writer.write(info.output_nodes, outcome.answer.probabilities)
         if not quiet and outcome.kind == "eval":
             print(evaluation_line(settings.client, info.round, outcome), flush=True)
 
