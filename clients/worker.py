@@ -81,8 +81,12 @@ class WorkerRun:
     (clients/model_keeping.py); a scoring session needs the party's trained ``model``
     (:class:`models.artefact.ModelError` when it does not fit the session or the data).
 
-    :meth:`run` is :meth:`resume` (from the checkpoint, or at the start), :meth:`loop` over the
-    passes (with :meth:`skip` past those that went on without it), :meth:`keep_model`."""
+    In a session with ``ready_gate`` a refusal here is told to the service, which closes the
+    session, and :meth:`run` first says the worker is ready and waits until every worker did
+    (clients/join.py), so that nothing is released into a session another worker refused.
+
+    :meth:`run` is the join, :meth:`resume` (from the checkpoint, or at the start), :meth:`loop`
+    over the passes (with :meth:`skip` past those that went on without it), :meth:`keep_model`."""
 
     def __init__(
         self,
