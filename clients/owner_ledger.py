@@ -94,7 +94,7 @@ _RELEASE_COLUMNS = {
     "mechanism": "TEXT",
     "adversaries": "TEXT",
 }
-_SESSION_COLUMNS = {"mechanism": "TEXT", "encoding": "TEXT"}
+_SESSION_COLUMNS = {"mechanism": "TEXT", "encoding": "TEXT", "predictions_shared": "INTEGER"}
 #: What a release was for: a training pass, an evaluation pass, or a scoring session's pass.
 ReleaseKind = Literal["training", "evaluation", "scoring"]
 #: The columns of a release as reports and the ledger digest see them (never the noise secret).
@@ -380,6 +380,25 @@ class OwnerLedger:
             "SELECT mechanism FROM sessions WHERE session_id = ?", (session_id,)
         ).fetchone()
         return None if row is None else row[0]
+
+    def note_predictions_shared(self, session_id: str, rows: int) -> None:
+        """Count ``rows`` more of this organisation's predictions sent to its partners in the
+        session (a scoring session that shares its answer), before they leave: a disclosure its
+        owner agreed to, not a noisy release (no epsilon)."""
+        with self._transaction() as tx:
+            tx.execute(
+                "INSERT INTO sessions (session_id, admitted_at, predictions_shared)"
+                " VALUES (?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET predictions_shared ="
+                " COALESCE(sessions.predictions_shared, 0) + excluded.predictions_shared",
+                (session_id, time.time(), rows),
+            )
+
+    def predictions_shared(self, session_id: str) -> int:
+        """How many of this organisation's predictions went to its partners in the session."""
+        row = self._connection.execute(
+            "SELECT predictions_shared FROM sessions WHERE session_id = ?", (session_id,)
+        ).fetchone()
+        return 0 if row is None or row[0] is None else int(row[0])
 
     def note_accuracy(
         self, session_id: str, *, test_accuracy: float, reference_test_accuracy: float | None

@@ -59,6 +59,9 @@ class PrivacyPolicy:
     delta: float = 1e-6
     allow_shared_noise: bool = False
     accountant: AccountantName = "rdp"
+    # the answering party's owner agrees to send its predictions to its partners when a scoring
+    # session shares them (``share_predictions``)
+    share_predictions: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_session_epsilon", "max_lifetime_epsilon"):

@@ -52,6 +52,22 @@ class SessionClient(PeerConnection):
         response = self._request("POST", f"{self._client_path}/rejoin")
         return RejoinReceipt.model_validate_json(response.content).pass_index
 
+    def say_ready(self) -> None:
+        """At join (a session with ``ready_gate``): this worker's checks passed."""
+        self._request("PUT", f"{self._client_path}/readiness", json={"ready": True})
+
+    def refuse(self, reason: str) -> None:
+        """At join: this worker cannot take part (``reason``, one sentence); the service closes
+        the session and shows the reason to the others."""
+        self._request(
+            "PUT", f"{self._client_path}/readiness", json={"ready": False, "reason": reason}
+        )
+
+    def wait_until_ready(self) -> None:
+        """Long-poll until every client said it is ready (:class:`PeersMissing` after the peer
+        wait; :class:`ServiceError` 409 ``session-refused`` once one refused)."""
+        self._wait_for(f"{self._client_path}/readiness")
+
     def pass_info(self, pass_index: int) -> PassInfo:
         response = self._request("GET", f"{self._client_path}/passes/{pass_index}")
         return PassInfo.model_validate_json(response.content)

@@ -9,12 +9,14 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, get_args
 
+from models.answer import answer_columns
 from models.artefact import ModelError, SavedModel
 from models.backbone import ModelConfig
 from models.client_config import ClientConfig
 from models.config import DEFAULT_HOPS, BackboneName, TrainConfig, backbone_problem
 from models.data.partition import ClientPartition, check_labels, without_labels
 from secure.aggregation import EmbeddingCodec
+from secure.protocol import answering_party
 from secure.wire.sessions import SessionConfigView
 
 PRIVATE_DEFAULT_HIDDEN = 128
@@ -160,12 +162,22 @@ def client_config_from_session(
         weight_decay=options.weight_decay,
         seed=session_config["seed"] if options.seed is None else options.seed,
         part_values=session_config.get("part_values"),
+        shared_answer_width=shared_answer_width(session_config),
     )
+
+
+def shared_answer_width(session_config: Mapping[str, Any]) -> int | None:
+    """A scoring session that shares the answering party's predictions: the width of its
+    answer layer (the top aggregation layer's, as the service plans it); else None."""
+    if session_config.get("share_predictions", "none") == "none":
+        return None
+    return int(session_config["agg_layers"][-1]["width"])
 
 
 def session_partition(partition: ClientPartition, config: SessionConfigView) -> ClientPartition:
     """The partition as the session uses it: a passive party of a label holder's session keeps
-    no label and no split (GLASU B.2); every other client needs its labels."""
+    no label and no split (GLASU B.2); every other client of a training session needs its
+    labels (a scoring session needs none)."""
     if partition.held is not None and config.nodes != "union":
         raise SessionMismatch(
             f"this party lacks {int((~partition.held).sum())} of the {partition.num_nodes} "
@@ -175,6 +187,9 @@ def session_partition(partition: ClientPartition, config: SessionConfigView) -> 
     holder = config.label_holder
     if holder is not None and holder != partition.client:
         return without_labels(partition)
+    if config.kind == "scoring":
+        # the ids it scores are new customers, without labels: those it has only add metrics
+        return partition
     remedy = (
         "otherwise the operator names the one party with labels when creating the session "
         "(glasu session create --label-holder M; docs/data.md)"
@@ -248,6 +263,17 @@ def check_model_fits(
             f"{privacy.clip}) differs from the training's (z {release['noise_multiplier']},"
             f" clip {release['clip']}): the model reads the others' release at that noise level"
         )
+    width = None if config.share_predictions == "none" else config.agg_layers[-1].width
+    classes = int(saved["num_classes"])
+    if (
+        width is not None
+        and partition.client == answering_party(config.label_holder)
+        and answer_columns(classes) > width
+    ):
+        raise ModelError(
+            f"the session shares this party's predictions in {width} columns, its model's "
+            f"{classes} classes need {answer_columns(classes)}"
+        )
     if model.manifest["party"]["index"] != partition.client:
         raise ModelError(
             f"{model.path} is party {model.manifest['party']['index']}'s model, this worker is "
@@ -295,3 +321,21 @@ def fit_to_session(
             raise ModelError("a scoring session needs this party's trained model (--model DIR)")
         check_model_fits(model, config, partition)
     return partition
+
+
+def check_answer_reaches(config: SessionConfigView, *, client: int) -> None:
+    """A worker asked to write predictions (``--predictions``) writes the model's answer: its
+    own where it is the answering party, else the one a scoring session shares with it;
+    :class:`SessionMismatch` where it would have none."""
+    if config.kind != "scoring":
+        raise SessionMismatch(
+            "predictions come from a scoring session (glasu session create --score-with)"
+        )
+    answering = answering_party(config.label_holder)
+    if client != answering and config.share_predictions == "none":
+        raise SessionMismatch(
+            f"the model's answer is party {answering}'s (the label holder's) and this scoring "
+            "session shares it with no partner (share_predictions none): this party has no "
+            "predictions to write; run it without --predictions, or ask the operator for a "
+            "session with --share-predictions label-holder"
+        )

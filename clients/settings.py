@@ -204,6 +204,13 @@ class WorkerSettings(BaseSettings):
         description="Take part in sessions with shared noise (the guarantee then holds against "
         "one curious peer only, not against peers colluding).",
     )
+    share_predictions: bool = Field(
+        False,
+        description="This organisation agrees to send its predictions to its partners when a "
+        "scoring session asks (`glasu session create --share-predictions label-holder`) and it "
+        "is the answering party (the label holder); without it, its worker refuses such a "
+        "session before anything is released.",
+    )
     policy_accountant: AccountantName = Field(
         PrivacyPolicy.accountant, description="The accountant of this worker's own ledger."
     )
@@ -261,6 +268,7 @@ class WorkerSettings(BaseSettings):
             delta=self.policy_delta,
             allow_shared_noise=self.allow_shared_noise,
             accountant=self.policy_accountant,
+            share_predictions=self.share_predictions,
         )
 
     @classmethod

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from clients.checkpoint import CheckpointStore, Fingerprint, WorkerProgress
+from clients.join import admit_prediction_sharing, disclosure_counter, join, refusal_reported
 from clients.model_keeping import ledger_spent, reported_val_accuracy
 from clients.owner_ledger import OwnerLedger
 from clients.pass_driver import PassDriver, ResumedPass
@@ -31,6 +32,7 @@ from clients.service_http import ServiceError
 from clients.session_client import SessionClient
 from clients.session_fit import (
     LocalModelOptions,
+    check_answer_reaches,
     client_config_from_session,
     fit_to_session,
     options_for_session,
@@ -79,8 +81,12 @@ class WorkerRun:
     (clients/model_keeping.py); a scoring session needs the party's trained ``model``
     (:class:`models.artefact.ModelError` when it does not fit the session or the data).
 
-    :meth:`run` is :meth:`resume` (from the checkpoint, or at the start), :meth:`loop` over the
-    passes (with :meth:`skip` past those that went on without it), :meth:`keep_model`."""
+    In a session with ``ready_gate`` a refusal here is told to the service, which closes the
+    session, and :meth:`run` first says the worker is ready and waits until every worker did
+    (clients/join.py), so that nothing is released into a session another worker refused.
+
+    :meth:`run` is the join, :meth:`resume` (from the checkpoint, or at the start), :meth:`loop`
+    over the passes (with :meth:`skip` past those that went on without it), :meth:`keep_model`."""
 
     def __init__(
         self,
@@ -99,6 +105,7 @@ class WorkerRun:
         model_out: Path | None = None,
         alignment_digest: str | None = None,
         given_options: frozenset[str] = frozenset(),
+        writes_predictions: bool = False,
     ) -> None:
         self.service = service
         self.on_pass = on_pass
@@ -120,58 +127,65 @@ class WorkerRun:
         # fingerprint, the model's manifest) and the owner's policy
         self.session_json = self.status.model_dump(mode="json", by_alias=True)
         self.config = self.status.config
-        self.partition = fit_to_session(
-            partition, self.config, client=service.client_index, codec=codec, model=model
-        )
-        self.scoring = self.config.kind == "scoring"
-        self.privacy = admit_session(
-            policy,
-            self.session_json,
-            session_id=service.session_id,
-            encrypted=codec.encoding != "float32",
-            ledger=ledger,
-        )
-        # the backbone the session's settings were chosen for, and the session's defaults for
-        # the options this worker's owner did not give (``given_options``)
-        options = options_for_session(self.session_json["config"], options, given=given_options)
-        noise = self._noise(options)
-        if model is not None:
-            options = options_of_model(model, options)
-        self.options = options
-        client_config = client_config_from_session(self.session_json["config"], options)
-        if model is not None:
-            client_config = dataclasses.replace(
-                client_config, num_classes=model.manifest["model"]["num_classes"]
+        with refusal_reported(service, self.config):
+            self.partition = fit_to_session(
+                partition, self.config, client=service.client_index, codec=codec, model=model
             )
-        self.client: GlasuClient = make_client(
-            self.partition,
-            client_config,
-            codec=codec,
-            device=device,
-            privacy=self.privacy,
-            seed=self.config.seed,
-            noise_seed=options.noise_seed,
-            noise=noise,
-        )
-        if model is not None:
-            self.client.network.load_state_dict(model.weights)
-        self.gate = self._gate()
-        self.keeper = (
-            ModelKeeper(self.client, private=self.privacy is not None)
-            if model_out is not None and not self.scoring
-            else None
-        )
-        self.fingerprint = (
-            None
-            if checkpoints is None
-            else Fingerprint.of(
-                session=self.session_json,
-                client=service.client_index,
-                options=options,
-                encoding=codec.encoding,
-                partition=self.partition,
+            self.scoring = self.config.kind == "scoring"
+            admit_prediction_sharing(policy, self.config, client=service.client_index)
+            self.count_disclosure = disclosure_counter(
+                ledger, self.config, client=service.client_index, session_id=service.session_id
             )
-        )
+            if writes_predictions:
+                check_answer_reaches(self.config, client=service.client_index)
+            self.privacy = admit_session(
+                policy,
+                self.session_json,
+                session_id=service.session_id,
+                encrypted=codec.encoding != "float32",
+                ledger=ledger,
+            )
+            # the backbone the session's settings were chosen for, and the session's defaults for
+            # the options this worker's owner did not give (``given_options``)
+            options = options_for_session(self.session_json["config"], options, given=given_options)
+            noise = self._noise(options)
+            if model is not None:
+                options = options_of_model(model, options)
+            self.options = options
+            client_config = client_config_from_session(self.session_json["config"], options)
+            if model is not None:
+                client_config = dataclasses.replace(
+                    client_config, num_classes=model.manifest["model"]["num_classes"]
+                )
+            self.client: GlasuClient = make_client(
+                self.partition,
+                client_config,
+                codec=codec,
+                device=device,
+                privacy=self.privacy,
+                seed=self.config.seed,
+                noise_seed=options.noise_seed,
+                noise=noise,
+            )
+            if model is not None:
+                self.client.network.load_state_dict(model.weights)
+            self.gate = self._gate()
+            self.keeper = (
+                ModelKeeper(self.client, private=self.privacy is not None)
+                if model_out is not None and not self.scoring
+                else None
+            )
+            self.fingerprint = (
+                None
+                if checkpoints is None
+                else Fingerprint.of(
+                    session=self.session_json,
+                    client=service.client_index,
+                    options=options,
+                    encoding=codec.encoding,
+                    partition=self.partition,
+                )
+            )
         self.resumed: ResumedPass | None = None
         self.skipped: list[int] = []
 
@@ -217,6 +231,7 @@ class WorkerRun:
         )
 
     def run(self) -> WorkerResult:
+        join(self.service, self.config)
         result = self.loop(self.resume())
         if result.finished_reason == "finished":
             result.model_path = self.keep_model()
@@ -263,8 +278,9 @@ class WorkerRun:
             exchanged_before = service.traffic.up + service.traffic.down
             try:
                 driver = PassDriver(
-                    service, gate=self.gate, checkpoints=self.checkpoints, resume=self.resumed
-                )
+                    service, gate=self.gate, checkpoints=self.checkpoints, resume=self.resumed,
+                    on_disclosure=self.count_disclosure,
+                )  # fmt: skip
                 outcome = driver.drive(self.client, info)
             except ServiceError as exc:
                 if not self._went_on_without(exc):

@@ -37,6 +37,7 @@ from models.config import PRECOMPUTED_BACKBONES
 from models.metrics import describe_scores
 from secure.accounting import count_releases
 from secure.files import FileFormat, atomic_write
+from secure.protocol import answering_party
 
 ARTEFACT = FileFormat(kind="glasu-model", version=1, title="glasu model manifest")
 MANIFEST = "manifest.json"
@@ -227,6 +228,19 @@ def read_evaluation(directory: Path) -> tuple[np.ndarray, np.ndarray]:
         return saved["nodes"], saved["probabilities"]
 
 
+def answer_line(party: Mapping[str, Any]) -> str:
+    """Whose prediction is the model's answer (one per customer), for people."""
+    answering = party.get("answering_party")
+    if answering is None:  # a model of before one answer per customer
+        answering = answering_party(party.get("label_holder"))
+    if party.get("index") == answering:
+        return "its predictions are the model's answer (one per customer)"
+    return (
+        f"the model's answer is party {answering}'s; this party receives it only where a "
+        "scoring session shares it (share_predictions label-holder, agreed by its owner)"
+    )
+
+
 def _alignment(manifest: Mapping[str, Any]) -> str:
     """Which nodes the model was trained on, for people: the parties' own ids aligned privately
     (the alignment's digest, where the run recorded it) or a benchmark's shared ids."""
@@ -253,6 +267,7 @@ def describe(manifest: Mapping[str, Any]) -> str:
         + (
             "every party" if party.get("label_holder") is None else f"party {party['label_holder']}"
         ),
+        answer_line(party),
         f"session {manifest.get('session_id')}; {_alignment(manifest)}",
         f"backbone {model.get('backbone')}"
         + (

@@ -33,6 +33,9 @@ class ClientConfig:
     seed: int = 0
     # the head's width when it must match a saved model (scoring); default: the labels'
     num_classes: int | None = None
+    # a scoring session that shares the answering party's predictions (models/answer.py): the
+    # width of its answer layer, L + 1 (None: not shared)
+    shared_answer_width: int | None = None
     # values per part of a share (secure.protocol.part_rows): the session's, sized by the
     # service to its body limit (None: the protocol's default)
     part_values: int | None = None

@@ -23,6 +23,7 @@ evaluation (``models/layerwise.py``). The pass being run goes down to all of the
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
@@ -30,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from models.answer import Answer, decode_answer, encode_answer
 from models.arrangement import Arrangement, GlasuArrangement
 from models.backbone import ClientNetwork
 from models.client_config import ClientConfig
@@ -54,7 +56,13 @@ from models.workset import (
     weighted_cross_entropy,
 )
 from secure.aggregation import EmbeddingCodec, PlainCodec
-from secure.protocol import ProtocolViolation, Request, Response, check_node_set
+from secure.protocol import (
+    ProtocolViolation,
+    Request,
+    Response,
+    answering_party,
+    check_node_set,
+)
 
 _GLOBAL_RNG_LOCK = threading.Lock()
 
@@ -213,9 +221,48 @@ class GlasuClient:
         """Joint inference of every aligned node, layer by layer, scored at the output nodes;
         this client's own head predicts (a client without labels only takes part)."""
         tops = yield from self.arrangement.infer_all(context)
-        if not self.holds_labels:
-            return PassOutcome(kind="eval", loss=float("nan"))
-        return self.arrangement.outcome(tops, context.output_nodes)
+        if self.holds_labels:
+            outcome = self.arrangement.outcome(tops, context.output_nodes)
+        else:
+            outcome = PassOutcome(kind="eval", loss=float("nan"))
+        answer = None
+        if self.partition.client == answering_party(self.config.label_holder):
+            assert outcome.probabilities is not None
+            answer = Answer.of(outcome.probabilities)
+        if self.config.shared_answer_width is not None:
+            answer = yield from self._share_answer(
+                answer, pass_index=context.pass_index, rows=len(context.output_nodes)
+            )
+        return dataclasses.replace(outcome, answer=answer)
+
+    def _share_answer(
+        self, answer: Answer | None, *, pass_index: int, rows: int
+    ) -> Generator[Request, Response, Answer]:
+        """A scoring session that shares the answer: the answering party sends its ``answer``
+        as a sum at wire layer L + 1, every other client zeros (models/answer.py); each gets
+        the answering party's."""
+        width = self.config.shared_answer_width
+        assert width is not None
+        share = self.joint.within_bound(encode_answer(answer, rows=rows, width=width))
+        total = yield from self._sum_through_service(share, pass_index=pass_index, disclosure=True)
+        return answer if answer is not None else decode_answer(total)
+
+    def _sum_through_service(
+        self, share: np.ndarray, *, pass_index: int, disclosure: bool = False
+    ) -> Generator[Request, Response, np.ndarray]:
+        """The sum of every client's ``share`` at wire layer L + 1, in its parts."""
+        rows, cols = share.shape
+        total = np.empty_like(share)
+
+        def on_sum(start: int, stop: int, _: np.ndarray, part: np.ndarray, __: int) -> None:
+            total[start:stop] = part
+
+        yield from self.joint.exchange_parts(
+            self.layers + 1, pass_index=pass_index, rows=rows, cols=cols,
+            share_of=lambda _, start, stop: share[start:stop], on_sum=on_sum,
+            disclosure=disclosure,
+        )  # fmt: skip
+        return total
 
     def _train(
         self, context: PassContext, fresh: CachedBatch
@@ -294,13 +341,5 @@ class GlasuClient:
         else:
             share = np.zeros((rows, cols), dtype=np.float32)
         share = self.joint.within_bound(share)
-        total = np.empty_like(share)
-
-        def on_sum(start: int, stop: int, _: np.ndarray, part: np.ndarray, __: int) -> None:
-            total[start:stop] = part
-
-        yield from self.joint.exchange_parts(
-            self.layers + 1, pass_index=pass_index, rows=rows, cols=cols,
-            share_of=lambda _, start, stop: share[start:stop], on_sum=on_sum,
-        )  # fmt: skip
+        total = yield from self._sum_through_service(share, pass_index=pass_index)
         return torch.from_numpy(total / rows).to(self.device, torch.float32)

@@ -130,23 +130,33 @@ class JointAggregation:
         on_sum: Callable[[int, int, np.ndarray, np.ndarray, int], None],
         release: str | None = None,
         nodes: np.ndarray | None = None,
+        disclosure: bool = False,
     ) -> Generator[Request, Response, None]:
         """Send a share of ``rows`` x ``cols`` in its parts (``secure.protocol.part_span``), one
         after the other: ``share_of(part, start, stop)`` makes a part as it is sent, and
         ``on_sum(start, stop, sent, total, count)`` takes its sum, so no more than one part's
         encoding is held at a time. ``nodes``: the node ids of the rows, whose digest goes with
-        each part's slot."""
+        each part's slot; ``disclosure``: the shares are a scoring session's answer
+        (``secure.protocol.ShareRequest.disclosure``)."""
         parts = part_count(rows, cols, self.part_values)
         for part in range(parts):
             start, stop = part_span(part, rows=rows, cols=cols, part_values=self.part_values)
             share = share_of(part, start, stop)
             digest = b"" if nodes is None else rows_digest(nodes[start:stop])
             slot = ShareSlot(pass_index=pass_index, layer=layer, part=part, rows=digest)
-            total, shares = yield from self._exchange(slot, share, release=release, parts=parts)
+            total, shares = yield from self._exchange(
+                slot, share, release=release, parts=parts, disclosure=disclosure
+            )
             on_sum(start, stop, share, total, shares)
 
     def _exchange(
-        self, slot: ShareSlot, share: np.ndarray, *, release: str | None, parts: int
+        self,
+        slot: ShareSlot,
+        share: np.ndarray,
+        *,
+        release: str | None,
+        parts: int,
+        disclosure: bool = False,
     ) -> Generator[Request, Response, tuple[np.ndarray, int]]:
         """Upload ``share`` (part ``slot.part`` of ``parts`` of wire layer ``slot.layer``);
         return the decoded sum and how many shares it holds: every client's, or (a pass that
@@ -157,7 +167,7 @@ class JointAggregation:
         answer = yield ShareRequest(
             layer=layer, payload=self.codec.encode(share, slot=slot), rows=rows, cols=cols,
             release=release, part=slot.part, parts=parts,
-            plaintext_digest=plaintext_digest(share),
+            plaintext_digest=plaintext_digest(share), disclosure=disclosure,
         )  # fmt: skip
         if not isinstance(answer, SharesSum):
             raise TypeError(f"expected a SharesSum for layer {layer}, got {type(answer).__name__}")

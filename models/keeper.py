@@ -27,6 +27,7 @@ from models.metrics import classification_metrics
 from models.outcome import PassOutcome
 from models.private import PrivateArrangement
 from secure.privacy import SessionPrivacy, release_fields
+from secure.protocol import answering_party
 
 
 def model_classes(client: GlasuClient) -> list[str] | list[int]:
@@ -176,6 +177,11 @@ class ModelKeeper:
                 "parties": partition.clients,
                 "label_holder": config.label_holder,
                 "holds_head": client.holds_labels,
+                # one answer per customer: this party's prediction is the model's only where
+                # it is the answering party; its partners get what each scoring session shares
+                "answering_party": answering_party(config.label_holder),
+                "partners_receive": "what each scoring session shares (share_predictions: "
+                "none by default, or label-holder)",
             },
             "model": {
                 "backbone": model.backbone,

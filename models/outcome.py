@@ -8,6 +8,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from models.answer import Answer
 from models.data.partition import ClientPartition
 from models.data.party import NO_LABEL
 from models.metrics import classification_metrics
@@ -29,6 +30,9 @@ class PassOutcome:
     # party-alone reference's
     test_metrics: dict | None = field(default=None, compare=False, repr=False)
     reference_test_metrics: dict | None = field(default=None, compare=False, repr=False)
+    # the model's answer at this party (models/answer.py): its own where it is the answering
+    # party, the one shared with it in a scoring session that shares it; else None
+    answer: Answer | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,14 @@ StragglerPolicy = Literal["wait", "continue"]
 # the fewest shares a sum may hold under "continue": one share alone would be revealed to the
 # clients that fetch the sum
 MIN_CONTRIBUTORS = 2
+
+
+def answering_party(label_holder: int | None) -> int:
+    """The party whose head's prediction is the model's answer: the label holder, or party 0
+    where every party holds labels (its partners' heads answer nothing)."""
+    return 0 if label_holder is None else label_holder
+
+
 NODE_ENCODING: Encoding = "int64"
 EMBEDDING_ENCODINGS: tuple[Encoding, ...] = ("float32", "ckks", "bfv-masked")
 INT64_LE = np.dtype("<i8")
@@ -62,6 +70,9 @@ class ShareRequest:
     # SHA-256 of the part's plaintext (float32, before encoding): what a worker's upload journal
     # records, so that a resumed worker recognises its own share (clients/checkpoint.py)
     plaintext_digest: str | None = None
+    # the answering party's predictions (or a partner's zeros) in a scoring session that shares
+    # them: what its owner agreed to disclose, not a noisy release (no release gate counts it)
+    disclosure: bool = False
 
 
 def plaintext_digest(share: np.ndarray) -> str:

@@ -11,6 +11,7 @@ from service.limits import ByteBudget
 from service.notify import SessionNotifier
 from service.plan import PlanCache
 from service.rounds import RoundEngine
+from service.rounds.readiness import ReadinessGate
 from service.session_state import SessionState
 from service.sessions import SessionManager
 from service.settings import ServiceSettings
@@ -29,6 +30,7 @@ class ServiceContext:
     engine: RoundEngine
     sessions: SessionManager
     alignments: AlignmentManager
+    readiness: ReadinessGate
     clock: Clock
     admin_token_sha256: bytes
     body_budget: ByteBudget
@@ -67,6 +69,14 @@ def build_context(settings: ServiceSettings, clock: Clock | None = None) -> Serv
     telemetry = Telemetry(count_running_sessions)
     notifier = _notifier(settings, clock)
     engine = RoundEngine(store, plans, aggregators, telemetry, notifier.notify_threadsafe)
+    sessions = SessionManager(
+        store,
+        plans,
+        aggregators,
+        engine,
+        max_body_bytes=settings.max_body_bytes,
+        score_foreign_models=settings.score_foreign_models,
+    )
     return ServiceContext(
         settings=settings,
         store=store,
@@ -74,14 +84,8 @@ def build_context(settings: ServiceSettings, clock: Clock | None = None) -> Serv
         telemetry=telemetry,
         notifier=notifier,
         engine=engine,
-        sessions=SessionManager(
-            store,
-            plans,
-            aggregators,
-            engine,
-            max_body_bytes=settings.max_body_bytes,
-            score_foreign_models=settings.score_foreign_models,
-        ),
+        sessions=sessions,
+        readiness=ReadinessGate(store, plans, sessions.close),
         alignments=AlignmentManager(store, max_body_bytes=settings.max_body_bytes),
         clock=clock,
         admin_token_sha256=token_sha256(admin_token),

@@ -43,6 +43,29 @@ class SessionClosed(DomainError):
         self.session_id = session_id
 
 
+class SessionRefused(DomainError):
+    """A client refused the session at join (``ready_gate``): the service closed it."""
+
+    def __init__(self, session_id: str, client: int, reason: str) -> None:
+        self.session_id, self.client, self.reason = session_id, client, reason
+        super().__init__(
+            f"session {session_id!r} was closed before its first pass: client {client} "
+            f"refused it ({reason})"
+        )
+
+
+class ClientsNotReady(DomainError):
+    """An upload to a session with ``ready_gate`` before every client said it is ready."""
+
+    def __init__(self, session_id: str, missing: list[int]) -> None:
+        super().__init__(
+            f"session {session_id!r}: clients {missing} have not said they are ready (PUT "
+            ".../readiness); no share is accepted before every client did"
+        )
+        self.session_id = session_id
+        self.missing = missing
+
+
 class BudgetExhausted(DomainError):
     """The release of ``pass_index`` would exceed the session's privacy budget."""
 

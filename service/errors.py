@@ -70,6 +70,8 @@ SLUG_BY_STATUS: dict[int, str] = {
 DOMAIN_PROBLEMS: dict[type[domain.DomainError], tuple[int, str]] = {
     domain.SessionNotFound: (404, "session-not-found"),
     domain.SessionClosed: (409, "session-closed"),
+    domain.SessionRefused: (409, "session-refused"),
+    domain.ClientsNotReady: (409, "clients-not-ready"),
     domain.BudgetExhausted: (409, "privacy-budget-exhausted"),
     domain.MetricsRefused: (409, "metrics-refused"),
     domain.InvalidSessionRequest: (422, "validation-error"),

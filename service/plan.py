@@ -61,6 +61,9 @@ class SessionPlan:
     privacy: SessionPrivacy | None
     # layers + 1: the label holder's broadcast gradient in training passes (GLASU B.2, no DP)
     gradient_layer: int | None
+    # layers + 1: the answering party's predictions in a scoring session's pass, where the
+    # session shares them (``share_predictions``)
+    answer_layer: int | None = None
 
     @classmethod
     def build(
@@ -98,8 +101,12 @@ class SessionPlan:
                 masked=config.secure_aggregation == "masks",
             )
         widths = {a.layer: a.width + (config.nodes == "union") for a in config.agg_layers}
-        gradient_layer = None
-        if config.label_holder is not None and privacy is None:
+        gradient_layer = answer_layer = None
+        if config.kind == "scoring":
+            if config.share_predictions != "none":
+                answer_layer = config.layers + 1
+                widths[answer_layer] = config.agg_layers[-1].width
+        elif config.label_holder is not None and privacy is None:
             gradient_layer = config.layers + 1
             widths[gradient_layer] = config.agg_layers[-1].width
         return cls(
@@ -110,6 +117,7 @@ class SessionPlan:
             widths=widths,
             privacy=privacy,
             gradient_layer=gradient_layer,
+            answer_layer=answer_layer,
         )
 
     @classmethod
@@ -165,9 +173,12 @@ class SessionPlan:
 
     def last_layer(self, pass_index: int) -> int:
         """The layer whose sum completes the pass: the gradient's in a training pass of a
-        label holder's session, else the last aggregation layer."""
+        label holder's session, the answer's in a scoring session that shares it, else the last
+        aggregation layer."""
         if self.gradient_layer is not None and self.passes[pass_index].kind == "train":
             return self.gradient_layer
+        if self.answer_layer is not None:
+            return self.answer_layer
         return self.config.agg_layers[-1].layer
 
     def agg_layers_below(self, layer: int) -> list[int]:

@@ -37,11 +37,13 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "machine, and score every shared node (or the label holder's --ids) with the models "
         "of `glasu train --model-dir`. Each pass is an evaluation pass with the training's "
         "protections: its layer-1 releases are encrypted, noised and counted (scoring spends "
-        "privacy budget). Every party with a classification head gets OUT/<party>.csv (or "
-        ".parquet), in the order of --ids (or of its own table): id, predicted class (by name "
-        "where the labels table named the classes), class probabilities to 4 decimals. Each "
-        "party's releases are counted in its organisation's privacy ledger, the one its "
-        "training counted in (--ledger), under its lifetime cap.",
+        "privacy budget). One answer per customer: the label holder's (without one, the first "
+        "party's) prediction is the model's, in OUT/<party>.csv (or .parquet), in the order of "
+        "--ids (or of its own table): id, predicted class (by name where the labels table "
+        "named the classes), class probabilities to 4 decimals; its partners get it too with "
+        "--share-predictions label-holder. Each party's releases are counted in its "
+        "organisation's privacy ledger, the one its training counted in (--ledger), under its "
+        "lifetime cap.",
     )
     p.add_argument(
         "--party",
@@ -70,6 +72,15 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--format", choices=["csv", "parquet"], default="csv", help="predictions file format"
+    )
+    p.add_argument(
+        "--share-predictions",
+        choices=["none", "label-holder"],
+        default="none",
+        help="what the label holder's partners get: the label holder's prediction is the "
+        "model's answer (without a label holder, the first party's), written to "
+        "OUT/<label holder>.csv; 'none' (default): nothing; 'label-holder': the same answer, "
+        "in OUT/<partner>.csv in the partner's own ids",
     )
     p.add_argument(
         "--overwrite",
@@ -141,11 +152,13 @@ def run(args: argparse.Namespace) -> int:
                 progress=not args.quiet,
                 ledgers=args.owner_ledgers,
                 keeping=AlignmentKeeping(realign=args.realign),
+                share_predictions=args.share_predictions,
             )
         except AlignmentFailed as exc:
             raise CliError(f"the alignment failed: {exc}") from exc
     print(f"aligned privately: {summary.alignment}")
     print(f"scored {summary.scored_nodes} shared nodes (session {summary.session_id})")
+    print(f"one answer per customer: {summary.answering}'s prediction is the model's")
     for party in summary.predictions:
         print(f"{party.party}: {party.rows} predictions in {party.path}")
         if party.metrics.get("count"):

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from clients.cli import train_config, train_options
 from clients.cli.connection import add_admin_arguments, admin_client, read_token
-from clients.cli.errors import CliError, failing_as
+from clients.cli.errors import CliError, UsageError, failing_as
 from clients.cli.options import (
     add_actions,
     add_command,
@@ -66,6 +66,16 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--dataset; the model, noise and seed are that session's (the training options below "
         "are ignored)",
     )
+    create.add_argument(
+        "--share-predictions",
+        choices=["none", "label-holder"],
+        default=None,
+        help="with --score-with: what the label holder's partners receive. The label holder's "
+        "prediction is the model's answer (without a label holder, party 0's); 'none' "
+        "(default): nothing; 'label-holder': its predictions, through the service, encrypted "
+        "like every share (its worker takes part only if its owner agreed: glasu worker "
+        "--share-predictions)",
+    )
     train_options.add_setting(
         create,
         "--backbone",
@@ -114,6 +124,8 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def check(args: argparse.Namespace) -> None:
     if args.action == "create":
+        if args.share_predictions is not None and args.score_with is None:
+            raise UsageError("--share-predictions is a scoring session's: give --score-with")
         train_config.check_federation(args, through_service=True)
         check_output_dir(args.out, "--out")
 
@@ -217,7 +229,12 @@ def _scoring_body(admin: AdminClient, args: argparse.Namespace, config: TrainCon
         from models.layout import eval_nodes
 
         nodes = eval_nodes(train_options.load_benchmark(config))
-    body = scoring_request(training, model_session=args.score_with, nodes=nodes)
+    body = scoring_request(
+        training,
+        model_session=args.score_with,
+        nodes=nodes,
+        share_predictions=args.share_predictions or "none",
+    )
     body["label"] = args.label or body["label"]
     return body
 
@@ -229,6 +246,7 @@ def _create(admin: AdminClient, args: argparse.Namespace) -> int:
     else:
         body = _training_body(admin, args, config)
     body.update(train_options.session_about(args))
+    body["ready_gate"] = True  # no worker releases into a session another one refused
     with failing_as(f"cannot create --out {args.out}"):
         args.out.mkdir(parents=True, exist_ok=True)
     created = admin.create_session(body)

@@ -215,8 +215,8 @@ def _run(settings: WorkerSettings, ledger_file: Path, *, quiet: bool) -> int:
             )
 
     def progress(info: PassInfo, outcome: PassOutcome) -> None:
-        if writer is not None and outcome.probabilities is not None:
-            writer.write(info.output_nodes, outcome.probabilities)
+        if writer is not None and outcome.answer is not None:  # the model's, one per customer
+            writer.write(info.output_nodes, outcome.answer.probabilities)
         if not quiet and outcome.kind == "eval":
             print(evaluation_line(settings.client, info.round, outcome), flush=True)
 
@@ -263,6 +263,7 @@ def _run(settings: WorkerSettings, ledger_file: Path, *, quiet: bool) -> int:
                 model_out=settings.model_out,
                 alignment_digest=alignment_digest,
                 given_options=given,
+                writes_predictions=writer is not None,
             )
             print(
                 settings_line(settings.client, run.options, run.config.model_dump(), given=given),

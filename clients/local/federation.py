@@ -176,7 +176,7 @@ def train_over_http(
     with local_federation(
         encrypted=config.encrypted, work_dir=work_dir, masked_clients=masked
     ) as fed:
-        body = {**session_request(config, layout, dataset), **(about or {})}
+        body = {**session_request(config, layout, dataset), **(about or {}), "ready_gate": True}
         created = fed.admin.create_session(body)
         fed.start_workers(
             config,

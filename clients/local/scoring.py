@@ -1,10 +1,11 @@
 """``glasu score --party DIR ... --model-dir DIR``: joint scoring on this machine, as
 ``glasu train`` trains: the parties' current tables aligned privately (new customers included;
-through the alignment each party keeps in its folder, so that only the ids added since the last
-one are blinded: ``clients/alignment_keeping.py``), the service and one ``glasu worker`` per
-party over loopback HTTP, a scoring session whose passes are the same split forward passes as
-an evaluation pass, with the same protections (each pass's layer-1 releases encrypted, noised and
-counted). Every party with a head gets one predictions file in its own ids."""
+through the alignment each party keeps, so that only the ids added since the last one are
+blinded: ``clients/alignment_keeping.py``), the service and one ``glasu worker`` per party over
+loopback HTTP, a scoring session whose passes are the same split forward passes as an evaluation
+pass, with the same protections (each pass's layer-1 releases encrypted, noised and counted).
+The answering party (the label holder, else the first) gets the model's answer in its own ids;
+its partners get the same answer in theirs where the scoring shares it, else nothing."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ from models.data.aligned import AlignedFederation
 from models.data.party import NOT_SHARED, read_party
 from models.metrics import classification_metrics
 from secure.dp import DEFAULT_DEGREE_FLOOR
+from secure.protocol import answering_party
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,7 @@ class ScoringSummary:
     session_id: str
     scored_nodes: int
     alignment: str
+    answering: str  # the party whose prediction is the model's answer
     predictions: list[PartyPredictions]
     privacy: dict[str, Any] | None  # the scoring session's spend (GET .../privacy)
     training_privacy: list[dict[str, Any] | None]  # each model's training spend, as recorded
@@ -150,11 +153,15 @@ def score_locally(
     progress: bool = True,
     ledgers: PartyLedgers | None = None,
     keeping: AlignmentKeeping | None = None,
+    share_predictions: str = "none",
 ) -> ScoringSummary:
     """``ledgers``: each party's organisation's privacy ledger (default: the organisations'
     own, ``clients.owner_ledger.party_ledgers``, under the owner's default lifetime cap).
-    ``keeping``: how the alignment each party keeps in its folder is used (default: updated,
-    made afresh when there is none or its keys are due to rotate)."""
+    ``keeping``: how the alignment each party keeps is used (default: updated, made afresh
+    when there is none or its keys are due to rotate). The answering party (the label holder,
+    else the first) gets the model's answer; its partners get it too with
+    ``share_predictions`` 'label-holder' (its owner, the user here, agrees), nothing with
+    'none'."""
     if ledgers is None:
         ledgers = PartyLedgers(
             paths=party_ledgers(folders), max_lifetime_epsilon=PrivacyPolicy.max_lifetime_epsilon
@@ -177,7 +184,8 @@ def score_locally(
         federation, holder=holder or 0, holder_ids=holder_ids, party_ids=party_ids
     )
     nodes = np.unique(listed)
-    heads = [m for m, manifest in enumerate(manifests) if manifest["party"]["holds_head"]]
+    answering = answering_party(holder)
+    receivers = list(range(len(folders))) if share_predictions != "none" else [answering]
     files = predictions_files(out, names, output_format)
     out.mkdir(parents=True, exist_ok=True)
     # a fresh service, which never ran the training whose models score (the workers check them)
@@ -188,23 +196,30 @@ def score_locally(
             "encryption": "ckks" if encrypted else "none",
         }
         created = fed.admin.create_session(
-            scoring_request(training, model_session=manifests[0]["session_id"], nodes=nodes)
+            scoring_request(
+                training,
+                model_session=manifests[0]["session_id"],
+                nodes=nodes,
+                share_predictions=share_predictions,
+            )
         )
-        raw = {m: fed.root / f"predictions-{m}.parquet" for m in heads}
+        raw = {m: fed.root / f"predictions-{m}.parquet" for m in receivers}
         fed.start_workers(
             config,
             federation.partitions,
             created,
             threads=threads,
             extra=lambda m: (
-                ["--model", str(models[m])] + (["--predictions", str(raw[m])] if m in raw else [])
+                ["--model", str(models[m])]
+                + (["--predictions", str(raw[m])] if m in raw else [])
+                + (["--share-predictions"] if m == answering else [])
             ),
             ledgers=ledgers,
         )
         follow(fed.admin, created["session_id"], fed.processes, created["passes_total"], progress)
         privacy = fed.admin.privacy(created["session_id"]) if config.private else None
         predictions = []
-        for m in heads:
+        for m in receivers:
             ids = own_ids_by_node(
                 federation.index.rows[m], party_ids[m], federation.index.aligned_nodes
             )
@@ -224,6 +239,7 @@ def score_locally(
         session_id=created["session_id"],
         scored_nodes=int(nodes.size),
         alignment=federation.summary,
+        answering=names[answering],
         predictions=predictions,
         privacy=privacy,
         training_privacy=[manifest.get("privacy") for manifest in manifests],

@@ -192,12 +192,18 @@ def session_view(
 
 
 def scoring_request(
-    training: dict[str, Any], *, model_session: str, nodes: np.ndarray
+    training: dict[str, Any],
+    *,
+    model_session: str,
+    nodes: np.ndarray,
+    share_predictions: str = "none",
 ) -> dict[str, Any]:
     """The ``POST /v1/sessions`` body of a scoring session with the models of ``model_session``
     (``training``: that session's configuration, as ``GET /v1/sessions/{id}`` shows it and the
     models' manifests keep it): the same model, aggregation layers, seed and release noise (z as
-    trained, no epsilon target: the scoring spends what its passes spend), over ``nodes``."""
+    trained, no epsilon target: the scoring spends what its passes spend), over ``nodes``;
+    ``share_predictions``: what the answering party's partners receive. Every worker says it
+    is ready before the pass (``ready_gate``)."""
     privacy = training.get("privacy")
     if privacy is not None:
         privacy = {**privacy, "epsilon": None}
@@ -218,5 +224,7 @@ def scoring_request(
         "privacy": privacy,
         "nodes": training.get("nodes", "intersection"),
         "label_holder": training.get("label_holder"),
+        "share_predictions": share_predictions,
+        "ready_gate": True,
         "label": f"scoring with the models of {model_session}"[:MAX_LABEL],
     }

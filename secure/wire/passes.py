@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from secure.wire.common import ResponseModel, StrictModel, Waiting
 
@@ -74,3 +74,29 @@ class Metrics(StrictModel):
     @property
     def empty(self) -> bool:
         return all(v is None for v in self.model_dump().values())
+
+
+#: The longest reason a refusal at join may give
+MAX_REFUSAL_REASON = 2000
+
+
+class ReadinessReport(StrictModel):
+    """A worker's answer at join (sessions with ``ready_gate``): it can take part, or it
+    refuses the session (its checks failed: its data, its model, its owner's policy), saying
+    why in one sentence that the other clients are shown."""
+
+    ready: bool
+    reason: str | None = Field(None, min_length=1, max_length=MAX_REFUSAL_REASON)
+
+    @model_validator(mode="after")
+    def _refusal_says_why(self) -> ReadinessReport:
+        if not self.ready and self.reason is None:
+            raise ValueError("a refusal says why (reason)")
+        return self
+
+
+class ReadinessStatus(ResponseModel):
+    """Every client of the session said it is ready: the first pass may start."""
+
+    status: Literal["ready"] = "ready"
+    ready: list[int]

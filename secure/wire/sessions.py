@@ -101,6 +101,8 @@ class PrivacySettings(StrictModel):
 
 
 SessionKind = Literal["training", "scoring"]
+#: What a scoring session's partners of the answering party receive (``share_predictions``)
+SharePredictions = Literal["none", "label-holder"]
 # models.config.BackboneName's spelling, and a worker setting's name: the service stores them
 # and never reads them (the workers check them against their own)
 BACKBONE_PATTERN = SETTING_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
@@ -216,6 +218,21 @@ class SessionCreate(StrictModel):
             "is; one given stays the worker's own.",
         )
     )
+    ready_gate: bool = Field(
+        False,
+        description="Every worker says at join whether it can take part (`PUT .../clients/{m}"
+        "/readiness`): no share is accepted before every client said ready, and one client's "
+        "refusal closes the session, so that no client releases into a session another refused."
+        " `glasu session create` sets it.",
+    )
+    share_predictions: SharePredictions = Field(
+        "none",
+        description="A scoring session: what the answering party's partners receive (the "
+        "answering party: the label holder, else client 0; its prediction is the model's "
+        "answer). 'none': nothing. 'label-holder': its predictions, as a sum through the "
+        "service at layer `layers + 1` (the top aggregation layer's width) to which the others "
+        "add zeros; its worker sends them only if its owner agreed.",
+    )
     label: Label | None = None
     partners: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
         None,
@@ -276,6 +293,8 @@ class SessionCreate(StrictModel):
                 " node, so with shared_noise those rows of the sum would carry less noise than"
                 " the ledger counts"
             )
+        if self.share_predictions != "none" and self.kind != "scoring":
+            raise ValueError("share_predictions is a scoring session's setting")
         if self.secure_aggregation == "masks":
             check_masks(clients=self.clients, encryption=self.encryption)
         if self.stragglers == "continue":
@@ -368,6 +387,8 @@ class SessionConfigView(ResponseModel):
     )
     backbone: str | None = None
     worker_defaults: dict[str, bool | int | float | str] | None = None
+    ready_gate: bool = False
+    share_predictions: SharePredictions = "none"
     label: str | None
     partners: list[str] | None = None
     operator: str | None = None

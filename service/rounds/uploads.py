@@ -42,6 +42,7 @@ from service.rounds.gate import (
     open_layer,
     open_session,
 )
+from service.rounds.readiness import check_every_client_ready
 from service.rounds.services import RoundComponent, RoundServices
 from service.rounds.slots import (
     layer_rows,
@@ -242,6 +243,7 @@ class Uploads(RoundComponent):
                 return _UploadTarget(plan, duplicate=True)
             raise Conflict(caller.client_index, KIND_NAME[kind], pass_index, layer)
         check_current_pass(row, pass_index)
+        check_every_client_ready(tx, plan)
         check_in_pass(tx, plan, caller.client_index, pass_index, layer, kind)
         if kind == "nodes":
             return _UploadTarget(plan, duplicate=False)

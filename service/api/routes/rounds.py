@@ -21,9 +21,17 @@ from fastapi import Depends, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from secure.wire.common import MAX_COUNT, MAX_LAYERS
+from secure.wire.common import MAX_COUNT, MAX_LAYERS, Waiting
 from secure.wire.headers import COUNT_HEADER, ENCODING_HEADER, SHAPE_HEADER
-from secure.wire.passes import Metrics, PassInfo, RejoinReceipt, UploadReceipt, WaitingStatus
+from secure.wire.passes import (
+    Metrics,
+    PassInfo,
+    ReadinessReport,
+    ReadinessStatus,
+    RejoinReceipt,
+    UploadReceipt,
+    WaitingStatus,
+)
 from service.api.body import api_router, binary_body
 from service.api.deps import ClientDep, ContextDep
 from service.api.polling import WaitQuery, poll
@@ -82,6 +90,39 @@ def _receipt_response(
     return JSONResponse(
         receipt.model_dump(mode="json", by_alias=True), status_code=201 if outcome.created else 200
     )
+
+
+@router.put("/readiness", status_code=204, summary="Say at join: ready, or refused")
+async def put_readiness(
+    caller: ClientDep, context: ContextDep, report: ReadinessReport
+) -> Response:
+    """A session with `ready_gate`: once its own checks passed, the worker says it is ready;
+    a worker that cannot take part refuses, saying why, which closes the session (the others
+    are shown the reason)."""
+    await run_in_threadpool(context.readiness.report, caller, report)
+    context.notifier.notify(caller.session_id)
+    return Response(status_code=204)
+
+
+@router.get(
+    "/readiness",
+    response_model=ReadinessStatus,
+    responses={
+        202: {"model": Waiting, "description": "Not every client has said it is ready."},
+        409: {"description": "`session-refused`: a client refused the session (closed)."},
+    },
+    summary="Wait until every client is ready (long poll)",
+)
+async def get_readiness(
+    caller: ClientDep, context: ContextDep, wait: WaitQuery = None
+) -> ReadinessStatus | JSONResponse:
+    """200 once every client said it is ready; 202 naming those that did not yet."""
+    check = partial(context.readiness.check, caller)
+    result = await poll(context, caller.session_id, check, wait)
+    if isinstance(result, Pending):
+        waiting = Waiting(missing=result.missing)
+        return JSONResponse(waiting.model_dump(mode="json"), status_code=202)
+    return result
 
 
 @router.get("/passes/{p}", response_model=PassInfo, summary="Describe pass p")

@@ -1,6 +1,7 @@
 """Using a trained model: `glasu train --model-dir` keeps each party's part (weights and a
 manifest), `glasu model show` describes it, and `glasu score` scores customers jointly over the
-service, new customers included, with predictions in each head holder's own ids."""
+service, new customers included: one answer per customer, the answering party's, which its
+partners receive in their own ids only with --share-predictions label-holder."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from clients.cli.main import main
 from models.artefact import load_model
 from models.data.planetoid import GraphDataset
+from secure.aggregation import SHARE_GRID
 from tests.clients.cli.cora_parties import PARTIES, CoraParties, node_id, write_cora_parties
 
 TRAINING = ("--rounds", "12", "--eval-every", "4", "--batch-size", "64", "--hidden", "32")
@@ -88,12 +90,36 @@ def test_train_keep_the_models_add_customers_and_score_exactly_them(
     print(printed)
     assert f"scored {NEW_CUSTOMERS} shared nodes" in printed
     assert "privacy spent by this scoring: epsilon" in printed
-    for party in ("bank", "insurer", "telco"):  # every party holds a head (labels merged)
-        with (out / f"{party}.csv").open() as handle:
-            rows = list(csv.DictReader(handle))
-        assert sorted(r["id"] for r in rows) == sorted(new_ids)
-        probabilities = np.array(
-            [[float(r[f"probability_{c}"]) for c in range(cora.num_classes)] for r in rows]
-        )
-        np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, atol=1e-5)
-        assert [int(r["predicted_class"]) for r in rows] == probabilities.argmax(1).tolist()
+    # one answer per customer: the first party's (every party holds labels, none is the holder)
+    assert sorted(path.name for path in out.iterdir()) == ["bank.csv"]
+    answer = read_answer(out / "bank.csv", cora.num_classes)
+    assert sorted(answer) == sorted(new_ids)
+    for probabilities, predicted in answer.values():
+        assert probabilities.sum() == pytest.approx(1.0, abs=1e-5)
+        assert predicted == probabilities.argmax()
+
+    # shared with the partners: each gets the same answer, in its own ids (here the same text)
+    shared = tmp_path / "shared"
+    code = main(["score", *given_now, "--model-dir", str(models), "--ids", str(ids_file),
+                 "--out", str(shared), "--share-predictions", "label-holder",
+                 "--quiet"])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    answer = read_answer(shared / "bank.csv", cora.num_classes)
+    for party in ("insurer", "telco"):
+        received = read_answer(shared / f"{party}.csv", cora.num_classes)
+        assert sorted(received) == sorted(answer)
+        for customer, (probabilities, predicted) in received.items():
+            np.testing.assert_allclose(probabilities, answer[customer][0], atol=SHARE_GRID)
+            assert predicted == answer[customer][1]
+
+
+def read_answer(path: Path, classes: int) -> dict[str, tuple[np.ndarray, int]]:
+    """Each customer's class probabilities and predicted class in a predictions file."""
+    with path.open() as handle:
+        return {
+            row["id"]: (
+                np.array([float(row[f"probability_{c}"]) for c in range(classes)]),
+                int(row["predicted_class"]),
+            )
+            for row in csv.DictReader(handle)
+        }
