@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
 #: helpers of the benchmarks, not benchmarks: the docs sections and results files, and the
 #: predictors the scale map trains (bench/frontier_scale.py)
-HELPERS = {"results_doc", "predictor_release"}
+HELPERS = {"results_doc", "predictor_release", "alignment_update"}
 
 # Imports every module of bench/ (a package's __main__ for a subpackage) and prints, as JSON,
 # each one's name and whether it has a callable main.
