@@ -215,6 +215,13 @@ class SessionCreate(StrictModel):
         "service at layer `layers + 1` (the top aggregation layer's width) to which the others "
         "add zeros; its worker sends them only if its owner agreed.",
     )
+    online: bool = Field(
+        False,
+        description='A scoring session that stays open for requests (docs/data.md, "Online '
+        'scoring"): its workers keep their models loaded, and each `POST /v1/sessions/{id}/'
+        "requests` of the answering party opens one scoring session over the asked nodes (of "
+        "this session's `eval_nodes`), run by the same workers with this session's tokens.",
+    )
     label: Label | None = None
     partners: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
         None,
@@ -277,6 +284,8 @@ class SessionCreate(StrictModel):
             )
         if self.share_predictions != "none" and self.kind != "scoring":
             raise ValueError("share_predictions is a scoring session's setting")
+        if self.online and self.kind != "scoring":
+            raise ValueError("online is a scoring session's setting")
         if self.secure_aggregation == "masks":
             check_masks(
                 clients=self.clients, encryption=self.encryption, stragglers=self.stragglers
@@ -368,9 +377,49 @@ class SessionConfigView(ResponseModel):
     worker_defaults: dict[str, bool | int | float | str] | None = None
     ready_gate: bool = False
     share_predictions: SharePredictions = "none"
+    online: bool = False
     label: str | None
     partners: list[str] | None = None
     operator: str | None = None
+
+
+#: Session ids are hex (uuid4): a request session's id ``<online id>-<n>`` is unambiguous
+REQUEST_SEPARATOR = "-"
+
+
+def request_session_id(online_id: str, number: int) -> str:
+    """The session that answers request ``number`` (1, 2, ...) of online session ``online_id``."""
+    return f"{online_id}{REQUEST_SEPARATOR}{number}"
+
+
+def online_session_of(session_id: str) -> str | None:
+    """The online session a request session belongs to (None for any other id)."""
+    online_id, separator, number = session_id.rpartition(REQUEST_SEPARATOR)
+    return online_id if separator and number.isdigit() else None
+
+
+class ScoringRequest(StrictModel):
+    """``POST /v1/sessions/{id}/requests``: the aligned nodes an online session scores now."""
+
+    nodes: NodeList = Field(
+        description="Aligned node ids (of the online session's `eval_nodes`), encoded like "
+        "`eval_nodes` or a JSON list."
+    )
+
+    @field_validator("nodes")
+    @classmethod
+    def _one_node_at_least(cls, nodes: np.ndarray) -> np.ndarray:
+        if not nodes.size:
+            raise ValueError("a request scores one node at least")
+        return nodes
+
+
+class ScoringRequestOpened(ResponseModel):
+    request: int = Field(description="The request's number in its online session (1, 2, ...).")
+    session_id: str = Field(
+        description="The scoring session that answers it (`GET /v1/sessions/{session_id}`): "
+        "the online session's workers run it with their tokens of the online session."
+    )
 
 
 class SessionSummary(ResponseModel):
