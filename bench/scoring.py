@@ -10,6 +10,16 @@ The wall time runs from the session's creation to the last worker's exit; bytes 
 workers' request and response bodies. Ratios (CKKS / plaintext) are taken within a repeat.
 
     python -m bench.scoring [--datasets cora pubmed] [--repeats 2]
+
+`--online` measures online scoring instead (:func:`online_latency`, docs/data.md, "Online
+scoring"): per size, a CSBM graph of N customers held by 3 parties, a short private training
+that keeps the models, then an online scoring session with CKKS and DP on (the training's z)
+over all N customers, its three `glasu worker --online` started once; the answering party
+asks for 1 and for 50 customers `--requests` times each (interleaved, after one warm-up
+request). A request's latency runs from its POST to the answer file its worker writes; bytes
+are the request session's bodies, every party's, both directions (the service's count).
+
+    python -m bench.scoring --online [--sizes 10000 100000] [--requests 10]
 """
 
 from __future__ import annotations
@@ -26,6 +36,9 @@ from bench.results_doc import add_data_dir_argument, load_copied, write_section
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "scoring.json"
+ONLINE_OUT = ROOT / "bench" / "results" / "scoring_online.json"
+ONLINE_PARTIES = 3
+ASKED = (1, 50)
 
 
 def train_models(config, layout, dataset, root: Path) -> list[Path]:
@@ -78,6 +91,104 @@ def score_once(config, layout, models: list[Path], *, encrypted: bool) -> dict:
     }
 
 
+def online_latency(size: int, *, requests: int, root: Path) -> list[dict]:
+    """One row per request of an online session over ``size`` customers (module docstring)."""
+    import dataclasses
+
+    from clients.local.federation import local_federation
+    from clients.local.session import scoring_request
+    from clients.online import ask
+    from clients.service_http import ConnectionOptions
+    from clients.session_client import SessionClient
+    from models.artefact import read_manifest
+    from models.config import TrainConfig
+    from models.data.csbm import csbm
+    from models.layout import layout_federation
+
+    dataset = csbm(nodes=size, degree=10.0, seed=0)
+    config = TrainConfig(
+        dataset="csbm", clients=ONLINE_PARTIES, rounds=2, eval_every=0, encryption="none",
+        device="cpu", hidden=64,
+    )  # fmt: skip
+    layout = layout_federation(config, dataset)
+    models = train_models(config, layout, dataset, root)
+    manifest = read_manifest(models[0])
+    run = dataclasses.replace(
+        config, encryption="ckks", epsilon=None,
+        noise_multiplier=manifest["release"]["noise_multiplier"],
+    )  # fmt: skip
+    training = {**manifest["session_config"], "encryption": "ckks"}
+    rng = np.random.default_rng(size)
+    rows = []
+    with local_federation(encrypted=True, work_dir=root / "online") as fed:
+        body = scoring_request(
+            training, model_session=manifest["session_id"], nodes=np.arange(size)
+        )
+        created = fed.admin.create_session({**body, "online": True})
+        answers = fed.root / "answers"
+        fed.start_workers(
+            run, layout.partitions, created, threads=1,
+            extra=lambda m: ["--model", str(models[m]), "--max-lifetime-epsilon", "1e6",
+                             "--online", *(["--predictions", str(answers)] if m == 0 else [])],
+        )  # fmt: skip
+        options = ConnectionOptions()
+        with SessionClient(
+            base_url=fed.url, session_id=created["session_id"], client_index=0,
+            token=created["client_tokens"][0], options=options,
+        ) as online:  # fmt: skip
+            plan = [ASKED[0]] + [k for _ in range(requests) for k in ASKED]  # one warm-up
+            for index, asked in enumerate(plan):
+                nodes = np.sort(rng.choice(size, size=asked, replace=False))
+                started = time.perf_counter()
+                answer = ask(
+                    online, nodes, [str(n) for n in nodes], predictions=answers,
+                    wait_seconds=3600, sleep=time.sleep,
+                )  # fmt: skip
+                latency = time.perf_counter() - started
+                status = fed.admin.session(answer.request_session)
+                row = {
+                    "customers_loaded": size, "asked": asked, "warm_up": index == 0,
+                    "latency_seconds": latency,
+                    "bytes": status["bytes_up"] + status["bytes_down"],
+                    "epsilon": fed.admin.privacy(answer.request_session)["epsilon"],
+                }  # fmt: skip
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+            fed.admin.close_session(created["session_id"])
+    return rows
+
+
+def render_online(result: dict) -> None:
+    rows = [r for r in result["rows"] if not r["warm_up"]]
+    lines = [
+        "Each request is one scoring pass (a request session: the batch scoring pass over the "
+        "asked ids, which infers every loaded customer layer by layer), 3 parties over "
+        "loopback, CKKS and DP on (the training's z), 2 shared cores; p99 of a handful of "
+        "requests is their slowest.",
+        "",
+        "```",
+        result["command"],
+        "```",
+        "",
+        "| customers per party | asked | requests | p50 (s) | p99 (s) | customers/s | "
+        "bytes per request (MB) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for size in dict.fromkeys(r["customers_loaded"] for r in rows):
+        for asked in ASKED:
+            mine = [r for r in rows if r["customers_loaded"] == size and r["asked"] == asked]
+            latency = np.array([r["latency_seconds"] for r in mine])
+            lines.append(
+                f"| {size:,} | {asked} | {len(mine)} | {np.median(latency):.2f} "
+                f"| {np.percentile(latency, 99):.2f} | {asked * len(mine) / latency.sum():.2f} "
+                f"| {np.median([r['bytes'] for r in mine]) / 1e6:.2f} |"
+            )
+    write_section(
+        "scoring-online",
+        "## Online scoring latency (`bench/scoring.py --online`)\n\n" + "\n".join(lines),
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_data_dir_argument(parser)
@@ -85,7 +196,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--render-only", action="store_true")
+    parser.add_argument("--online", action="store_true", help="online scoring latency instead")
+    parser.add_argument("--sizes", nargs="+", type=int, default=[10_000, 100_000])
+    parser.add_argument("--requests", type=int, default=10)
     args = parser.parse_args()
+    if args.online:
+        main_online(args)
+        return
     if args.render_only:
         render(json.loads(OUT.read_text()), args)
         return
@@ -111,6 +228,22 @@ def main() -> None:
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps({"rows": rows}, indent=2) + "\n")
     render({"rows": rows}, args)
+
+
+def main_online(args: argparse.Namespace) -> None:
+    if not args.render_only:
+        rows = []
+        with tempfile.TemporaryDirectory(prefix="glasu-online-") as tmp:
+            for size in args.sizes:
+                root = Path(tmp) / str(size)
+                rows += online_latency(size, requests=args.requests, root=root)
+        command = ".venv/bin/python -m bench.scoring --online --sizes " + " ".join(
+            str(s) for s in args.sizes
+        )
+        command += f" --requests {args.requests}"
+        ONLINE_OUT.parent.mkdir(parents=True, exist_ok=True)
+        ONLINE_OUT.write_text(json.dumps({"command": command, "rows": rows}, indent=2) + "\n")
+    render_online(json.loads(ONLINE_OUT.read_text()))
 
 
 def render(result: dict, args: argparse.Namespace) -> None:

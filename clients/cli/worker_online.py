@@ -51,16 +51,19 @@ def serve_requests(
         number = 1
         while True:
             request_id = request_session_id(settings.session, number)
-            if online.request_session(request_id) is None:
+            request = online.request_session(request_id)
+            if request is None:
                 if online.session().state != "running":
                     print(f"glasu worker {settings.client}: online session closed", file=sys.stderr)
                     return 0
                 online.options.sleep(REQUEST_POLL_SECONDS)
                 continue
+            number += 1
+            if request.state != "running":  # answered or refused before this worker started
+                continue
             code = run_session(_for_request(settings, request_id))
             if code not in (0, EXIT_POLICY, EXIT_REFUSED):  # a request refused: the next
                 return code
-            number += 1
 
 
 def _for_request(settings: WorkerSettings, request_id: str) -> WorkerSettings:

@@ -1,5 +1,6 @@
-"""Online scoring against real processes (docs/data.md, "Online scoring"): `glasu serve`, three
-`glasu worker --online` that keep their models loaded, and the answering party's `glasu ask`.
+"""Online scoring against real processes, with docs/data.md's commands ("Online scoring") as
+written but for this run's server, files and ids: `glasu serve`, three `glasu worker --online`
+that keep their models loaded, and the answering party's `glasu ask`.
 Each request is one scoring session (one release) counted once in each owner's ledger; a
 request past an owner's cap is refused at join with nothing released; an id the answering
 party's alignment does not hold is refused by name before anything is asked."""
@@ -7,17 +8,18 @@ party's alignment does not hold is refused by name before anything is asked."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from e2e_kit import Federation, start_federation
 
 from clients.cli.main import main
 from clients.local.processes import ManagedProcess, glasu_command, start_process, stop_all
-from clients.local.session import worker_arguments
 from clients.owner_ledger import LEDGER_FILENAME, OwnerLedger
 from models.config import TrainConfig
 from models.layout import eval_nodes
 from secure.wire.sessions import request_session_id
+from tests.clients.cli.test_data_doc import DOC, invocations
 
 pytestmark = pytest.mark.e2e
 
@@ -28,30 +30,81 @@ PRIVATE = TrainConfig(
 LIFETIME_16 = ("--max-lifetime-epsilon", "16")
 
 
-def online_worker(
-    fed: Federation, out: Path, m: int, processes: list[ManagedProcess], *cap: str
-) -> ManagedProcess:
-    """Client ``m``'s `glasu worker --online` (party 0 answers: no label holder)."""
-    session = (out / "session.id").read_text()
-    args = worker_arguments(
-        PRIVATE, server=fed.admin.base_url, session_id=session, client=m,
-        token_file=out / f"client-{m}.token", data=fed.root / "partitions" / f"client-{m}",
-        result=out / f"client-{m}.json", secret_context=None, threads=1, passes_total=1,
-    )  # fmt: skip
-    args += ["--online", "--model", str(fed.root / "models" / f"{m}"), *cap]
-    if m == 0:
-        args += ["--predictions", str(out / "answers")]
-    worker = start_process(f"online {m}", glasu_command(*args), out / f"client-{m}-{len(cap)}.log")
-    processes.append(worker)
-    return worker
+def documented() -> dict[str, list[str]]:
+    """docs/data.md's online commands, by what they do: "create", "worker 0", "worker 1" (the
+    telco's worker is "as the insurer's, --client 2"), "ask"."""
+    text = DOC.read_text()
+    commands = invocations(text[text.index("### Online scoring") :])
+    named = {}
+    for argv in commands:
+        if argv[0] == "worker":
+            named[f"worker {argv[argv.index('--client') + 1]}"] = argv
+        else:
+            named["create" if argv[0] == "session" else argv[0]] = argv
+    assert sorted(named) == ["ask", "create", "worker 0", "worker 1"], commands
+    return named
 
 
-def ask(fed: Federation, out: Path, ids: list[str], capsys: pytest.CaptureFixture[str]):
-    code = main(["ask", "--server", fed.admin.base_url, "--session",
-                 (out / "session.id").read_text(), "--token-file", str(out / "client-0.token"),
-                 "--data", str(fed.root / "partitions" / "client-0"), "--ids", *ids,
-                 "--predictions", str(out / "answers"), "--wait-seconds", "300"])  # fmt: skip
-    return code, capsys.readouterr()
+def run_here(
+    argv: list[str], values: dict[str, list[str]], swapped: dict[str, list[str]] | None = None
+) -> list[str]:
+    """``argv`` as written, but every flag in ``values`` with this run's value(s) instead
+    (no value: the flag left out: no TLS and no CKKS on this loopback run), and every flag in
+    ``swapped`` with its value replaced by those arguments."""
+    here, index = [], 0
+    while index < len(argv):
+        flag = argv[index]
+        taken = 1
+        while index + taken < len(argv) and not argv[index + taken].startswith("--"):
+            taken += 1
+        if flag in (swapped or {}):
+            here += (swapped or {})[flag]
+        elif flag in values:
+            here += [flag, *values[flag]] if values[flag] else []
+        else:
+            here += argv[index : index + taken]
+        index += taken
+    return here
+
+
+class Online:
+    """The documented online flow on this test's federation (Cora's three benchmark parties:
+    party m's data, model and token where the page names the bank's, the insurer's)."""
+
+    def __init__(self, fed: Federation, data_dir: Path) -> None:
+        self.fed, self.out, self.docs = fed, fed.root / "online", documented()
+        self.common = {"--server": [fed.admin.base_url], "--ca-file": [], "--secret-context": []}
+        self.data_dir = data_dir
+
+    def create(self) -> str:
+        values = {**self.common, "--admin-token-file": [str(self.fed.root / "admin.token")],
+                  "--score-with": [self.fed.session_id], "--out": [str(self.out)]}  # fmt: skip
+        # benchmark parties: the dataset's evaluation nodes instead of an alignment's nodes
+        dataset = ["--dataset", "cora", "--data-dir", str(self.data_dir)]
+        assert main(run_here(self.docs["create"], values, {"--alignment": dataset})) == 0
+        return (self.out / "session.id").read_text()
+
+    def worker(self, m: int, processes: list[ManagedProcess], *cap: str) -> ManagedProcess:
+        written = self.docs["worker 0" if m == 0 else "worker 1"]
+        values = {**self.common, "--session": [(self.out / "session.id").read_text()],
+                  "--client": [str(m)], "--token-file": [str(self.out / f"client-{m}.token")],
+                  "--data": [str(self.fed.root / "partitions" / f"client-{m}")],
+                  "--model": [str(self.fed.root / "models" / f"{m}")],
+                  "--predictions": [str(self.out / "answers")]}  # fmt: skip
+        argv = [*run_here(written, values), "--threads", "1", *LIFETIME_16, *cap]
+        log = self.out / f"client-{m}-{len(cap)}.log"
+        worker = start_process(f"online {m}", glasu_command(*argv), log)
+        processes.append(worker)
+        return worker
+
+    def ask(self, ids: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, Any]:
+        capsys.readouterr()  # what earlier commands printed
+        values = {**self.common, "--session": [(self.out / "session.id").read_text()],
+                  "--token-file": [str(self.out / "client-0.token")],
+                  "--data": [str(self.fed.root / "partitions" / "client-0")], "--ids": ids,
+                  "--predictions": [str(self.out / "answers")]}  # fmt: skip
+        code = main(run_here(self.docs["ask"], values))
+        return code, capsys.readouterr()
 
 
 def releases(fed: Federation, m: int, session_id: str) -> int:
@@ -73,18 +126,15 @@ def test_online_session_answers_requests_each_counted_once_refused_past_a_cap(
     )
     for worker in fed.workers:
         assert worker.process.wait(timeout=600) == 0, worker.tail()
-    out = tmp_path / "online"
-    assert main(["session", "create", "--server", fed.admin.base_url, "--admin-token-file",
-                 str(tmp_path / "admin.token"), "--score-with", fed.session_id, "--dataset",
-                 "cora", "--data-dir", str(data_dir), "--online", "--out", str(out)]) == 0  # fmt: skip
-    online = (out / "session.id").read_text()
-    workers = [online_worker(fed, out, m, processes, *LIFETIME_16) for m in range(3)]
+    online_flow = Online(fed, data_dir)
+    online = online_flow.create()
+    workers = [online_flow.worker(m, processes) for m in range(3)]
     # two requests (evaluation nodes: the session's), in the asked order, each one release
     # in every owner's ledger
     scored = [str(n) for n in eval_nodes(cora)[-4:]]
     asked = [[scored[1], scored[0]], [scored[2]]]
     for number, ids in enumerate(asked, start=1):
-        code, printed = ask(fed, out, ids, capsys)
+        code, printed = online_flow.ask(ids, capsys)
         assert code == 0, printed.err
         lines = printed.out.splitlines()
         assert [line.split(",")[0].strip('"') for line in lines[1:]] == ids
@@ -93,15 +143,15 @@ def test_online_session_answers_requests_each_counted_once_refused_past_a_cap(
         for m in range(3):
             assert releases(fed, m, request) == 1
     # an id party 0's alignment does not hold: refused by name, nothing asked
-    code, printed = ask(fed, out, [scored[3], "no-such-customer"], capsys)
+    code, printed = online_flow.ask([scored[3], "no-such-customer"], capsys)
     assert code == 1 and "'no-such-customer'" in printed.err
     # party 1's owner lowers its lifetime cap to what it has spent: the next request is refused
     # at join, nothing released by anyone, and the online workers go on
     stop_all([workers[1]])
     with OwnerLedger(tmp_path / "partitions" / "client-1" / LEDGER_FILENAME) as ledger:
         spent = ledger.epsilon(delta=PRIVATE.delta, accountant="rdp")
-    workers[1] = online_worker(fed, out, 1, processes, "--max-lifetime-epsilon", repr(spent))
-    code, printed = ask(fed, out, [scored[3]], capsys)
+    workers[1] = online_flow.worker(1, processes, "--max-lifetime-epsilon", repr(spent))
+    code, printed = online_flow.ask([scored[3]], capsys)
     assert code == 6 and "lifetime" in printed.err, printed.err
     refused = request_session_id(online, 3)
     for m in range(3):
@@ -110,3 +160,6 @@ def test_online_session_answers_requests_each_counted_once_refused_past_a_cap(
                  str(tmp_path / "admin.token"), "--session", online]) == 0  # fmt: skip
     for worker in workers:
         assert worker.process.wait(timeout=120) == 0, worker.tail()
+    # the restarted worker took up the requests from the next one: the answered stay answered
+    for number in (1, 2):
+        assert fed.admin.session(request_session_id(online, number))["state"] == "finished"
