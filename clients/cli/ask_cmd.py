@@ -31,28 +31,14 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     add_server_arguments(p)
     p.add_argument("--session", required=True, metavar="ID", help="the online session (required)")
-    p.add_argument(
-        "--token-file",
-        type=Path,
-        required=True,
-        metavar="PATH",
-        help="the answering party's client token of the online session (required)",
-    )
-    p.add_argument(
-        "--data",
-        type=Path,
-        required=True,
-        metavar="DIR",
-        help="this party's prepared and aligned folder: its ids to aligned nodes (required)",
-    )
+    for flag, metavar, text in (
+        ("--token-file", "PATH", "the answering party's client token of the online session"),
+        ("--data", "DIR", "this party's prepared and aligned folder: its ids to aligned nodes"),
+        ("--predictions", "DIR", "the folder its online worker writes answers to (its own"
+         " --predictions)"),
+    ):  # fmt: skip
+        p.add_argument(flag, type=Path, required=True, metavar=metavar, help=text + " (required)")
     p.add_argument("--ids", nargs="+", required=True, metavar="ID", help="own ids to score")
-    p.add_argument(
-        "--predictions",
-        type=Path,
-        required=True,
-        metavar="DIR",
-        help="the folder this party's online worker writes its answers into (its --predictions)",
-    )
     p.add_argument(
         "--wait-seconds", type=float, default=60.0, metavar="S", help="answer wait (default 60)"
     )
@@ -88,12 +74,11 @@ def run(args: argparse.Namespace) -> int:
                 service, nodes, args.ids, predictions=args.predictions,
                 wait_seconds=args.wait_seconds, sleep=time.sleep,
             )  # fmt: skip
-        except RequestFailed as exc:
-            print(f"glasu ask: {exc}", file=sys.stderr)
-            return EXIT_POLICY
-        except ServiceError as exc:
-            print(f"glasu ask: {exc.describe()}", file=sys.stderr)
-            return EXIT_REFUSED
+        except (RequestFailed, ServiceError) as exc:
+            # refused by the service (exit 3), or by a party at join (its owner's policy: 6)
+            by_service = isinstance(exc, ServiceError)
+            print(f"glasu ask: {exc.describe() if by_service else exc}", file=sys.stderr)
+            return EXIT_REFUSED if by_service else EXIT_POLICY
         except TimeoutError as exc:
             raise CliError(str(exc)) from exc
     import pyarrow.csv as pa_csv

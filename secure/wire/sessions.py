@@ -94,6 +94,12 @@ BACKBONE_PATTERN = SETTING_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
 WorkerDefault = bool | int | float | Annotated[str, Field(max_length=64)]
 
 
+def one_node_at_least(nodes: np.ndarray, what: str) -> np.ndarray:
+    if not nodes.size:
+        raise ValueError(f"{what} one node at least")
+    return nodes
+
+
 class SessionCreate(StrictModel):
     kind: SessionKind = Field(
         "training",
@@ -251,9 +257,7 @@ class SessionCreate(StrictModel):
     @field_validator("eval_nodes")
     @classmethod
     def _evaluation_needs_nodes(cls, nodes: np.ndarray) -> np.ndarray:
-        if not nodes.size:
-            raise ValueError("eval_nodes needs one node at least")
-        return nodes
+        return one_node_at_least(nodes, "eval_nodes needs")
 
     @model_validator(mode="after")
     def _fits_the_model_and_graph(self) -> SessionCreate:
@@ -409,9 +413,7 @@ class ScoringRequest(StrictModel):
     @field_validator("nodes")
     @classmethod
     def _one_node_at_least(cls, nodes: np.ndarray) -> np.ndarray:
-        if not nodes.size:
-            raise ValueError("a request scores one node at least")
-        return nodes
+        return one_node_at_least(nodes, "a request scores")
 
 
 class ScoringRequestOpened(ResponseModel):
