@@ -120,7 +120,9 @@ def online_latency(size: int, *, requests: int, root: Path) -> list[dict]:
     training = {**manifest["session_config"], "encryption": "ckks"}
     rng = np.random.default_rng(size)
     rows = []
-    with local_federation(encrypted=True, work_dir=root / "online") as fed:
+    with local_federation(
+        encrypted=True, work_dir=root / "online", serve_args=("--score-foreign-models",)
+    ) as fed:
         body = scoring_request(
             training, model_session=manifest["session_id"], nodes=np.arange(size)
         )
