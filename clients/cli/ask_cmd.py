@@ -40,7 +40,11 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         p.add_argument(flag, type=Path, required=True, metavar=metavar, help=text + " (required)")
     p.add_argument("--ids", nargs="+", required=True, metavar="ID", help="own ids to score")
     p.add_argument(
-        "--wait-seconds", type=float, default=60.0, metavar="S", help="answer wait (default 60)"
+        "--wait-seconds",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="how long to wait for the answer",
     )
     return p
 
