@@ -35,7 +35,7 @@ def open_request(
         row, online = engine.session(tx, online_id)
         _check_open(online_id, row.state, online)
         nodes = np.unique(np.asarray(nodes, dtype=np.int64))
-        missing = np.setdiff1d(nodes, online.config.eval_nodes, assume_unique=True)
+        missing = _not_covered(nodes, online.config.eval_nodes)
         if missing.size:
             named = ", ".join(str(n) for n in missing[:NAMED_NODES])
             more = f" and {missing.size - NAMED_NODES} more" if missing.size > NAMED_NODES else ""
@@ -61,6 +61,12 @@ def open_request(
         )
         tx.insert_session(session_id, plan.to_json(), [])  # its workers use the online tokens
     return ScoringRequestOpened(request=number, session_id=session_id), plan
+
+
+def _not_covered(nodes: np.ndarray, covered: np.ndarray) -> np.ndarray:
+    """The ``nodes`` not in ``covered`` (sorted): O(asked x log covered), not O(covered)."""
+    at = np.minimum(np.searchsorted(covered, nodes), covered.size - 1)
+    return nodes[covered[at] != nodes]
 
 
 def _check_open(online_id: str, state: str, online: SessionPlan) -> None:
