@@ -166,7 +166,8 @@ def render_online(result: dict) -> None:
     lines = [
         "Each request is one scoring pass (a request session: the batch scoring pass over the "
         "asked ids, which infers every loaded customer layer by layer), 3 parties over "
-        "loopback, CKKS and DP on (the training's z), 2 shared cores; a CSBM graph (degree "
+        "loopback, CKKS and DP on (the training's z), 2 cores shared with other runs (load "
+        "average about 13); a CSBM graph (degree "
         "10, 48 features, hidden 64) of N customers held by every party. p99 of a handful of "
         "requests is their slowest; epsilon is one request's, at delta 1e-5.",
         "",
