@@ -164,7 +164,7 @@ def runs_of_graph(
                     None,
                     float(report.reference_test_accuracy or 0.0),
                     started,
-                    **_roc_auc(_reference_metrics(report)),
+                    **_roc_auc(report.reference_test_metrics),
                 )
             privacy = report.privacy or {}
             add(
@@ -285,15 +285,6 @@ def _roc_auc(metrics: list[dict[str, Any] | None] | None) -> dict[str, float]:
     """The mean over clients of the test ROC-AUC in a run report's per-client metrics."""
     values = [m["roc_auc"] for m in metrics or [] if m and "roc_auc" in m]
     return _roc_auc_field(float(np.mean(values)) if values else None)
-
-
-def _reference_metrics(report: Any) -> list[dict[str, Any] | None] | None:
-    """The party-alone reference's per-client test metrics at its own best validation (the
-    evaluation ``models.run_summary.select_reference`` takes its accuracy from)."""
-    rows = [h for h in report.history if h.reference_val_accuracy is not None]
-    if not rows:
-        return None
-    return max(rows, key=lambda h: (h.reference_val_accuracy, -h.round)).reference_test_metrics
 
 
 def summarize(runs: list[dict]) -> list[dict]:

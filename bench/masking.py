@@ -1,7 +1,6 @@
 """The cost of secure aggregation's pairwise masks (secure/masking/, docs/secure-aggregation.md):
-CPU per 8192 values to expand mask streams and a party's mask, to Shamir-share its slot seeds,
-and to encrypt under BFV against today's CKKS codec, and bytes per value of a share and of a sum
-of three in each scheme.
+CPU per 8192 values to expand mask streams and a party's mask, and to encrypt under BFV against
+today's CKKS codec, and bytes per value of a share and of a sum of three in each scheme.
 
     python -m bench.masking [--repeats 30] [--out bench/results/masking.json]
 
@@ -26,7 +25,6 @@ from secure.ckks import CkksCodec, CkksSumAggregator
 from secure.ckks_context import new_context, public_context_bytes
 from secure.masking import bfv
 from secure.masking.keys import MaskingKeyPair, PinnedPeerKeys
-from secure.masking.recovery import recovery_threshold, split_slot_seeds
 from secure.masking.streams import MaskSlot, mask_stream, party_mask, slot_seeds
 
 VALUES = 8192
@@ -63,14 +61,6 @@ def measure(repeats: int) -> dict[str, float]:
         secrets = _secrets(parties)
         results[f"party_mask_ms_per_8192_m{parties}"] = _cpu_ms(
             lambda s=secrets: party_mask(s, SLOT, party=0, count=VALUES, modulus=bfv.PLAIN_MODULUS),
-            repeats,
-        )
-        seeds = slot_seeds(secrets, SLOT, party=0)
-        threshold = recovery_threshold(parties)
-        results[f"shamir_split_ms_per_slot_m{parties}"] = _cpu_ms(
-            lambda s=seeds, m=parties, k=threshold: split_slot_seeds(
-                s, SLOT, owner=0, parties=m, threshold=k
-            ),
             repeats,
         )
 

@@ -54,6 +54,7 @@ SECTION = "model-at-scale-table"
 CLASSES, DEGREE, LABELLED, PARTIES, HOPS = 5, 16.0, 0.01, 3, 3
 SGC_HOPS = (2, 3, 5, 10)  # the SGC logistic regressions' K, chosen on the validation nodes
 FAMILIES = ("shared", "differing")
+DIFFERING_DEGREES, DIFFERING_OVERLAP = (4.0, 16.0, 16.0), 0.25  # the differing family's defaults
 ALONE = ("party alone SGC", "party alone GCN", "party alone SAGE")
 CENTRAL = ("centralised GCN", "centralised SAGE", "centralised SGC (PyG)", "centralised SGC (LR)")
 
@@ -393,13 +394,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--families", default=",".join(FAMILIES))
     parser.add_argument(
         "--degrees",
-        default="4,16,16",
+        default=",".join(f"{d:g}" for d in DIFFERING_DEGREES),
         help="differing family: each party's degree (party 0 the label holder)",
     )
     parser.add_argument(
         "--overlap",
         type=float,
-        default=0.25,
+        default=DIFFERING_OVERLAP,
         help="differing family: share of the sparsest graph every party holds",
     )
     parser.add_argument(

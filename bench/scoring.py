@@ -20,6 +20,8 @@ request). A request's latency runs from its POST to the answer file its worker w
 are the request session's bodies, every party's, both directions (the service's count).
 
     python -m bench.scoring --online [--sizes 10000 100000] [--requests 10]
+
+    python -m bench.scoring --alignment-sizes 100000 1000000   (bench/alignment_update.py)
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ OUT = ROOT / "bench" / "results" / "scoring.json"
 ONLINE_OUT = ROOT / "bench" / "results" / "scoring_online.json"
 ONLINE_PARTIES = 3
 ASKED = (1, 50)
+ALIGNMENT_OUT = ROOT / "bench" / "results" / "alignment_update.json"
 
 
 def train_models(config, layout, dataset, root: Path) -> list[Path]:
@@ -223,9 +226,30 @@ def main() -> None:
     parser.add_argument("--online", action="store_true", help="online scoring latency instead")
     parser.add_argument("--sizes", nargs="+", type=int, default=[10_000, 100_000])
     parser.add_argument("--requests", type=int, default=10)
+    parser.add_argument(
+        "--alignment-sizes",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="N",
+        help="measure the incremental alignment instead, at N ids per party (each size's rows "
+        "are added to those of other sizes already measured)",
+    )
+    parser.add_argument(
+        "--alignment-full-once",
+        action="store_true",
+        help="with --alignment-sizes: take the first alignment as the full one (no second)",
+    )
     args = parser.parse_args()
     if args.online:
         main_online(args)
+        return
+    if args.alignment_sizes is not None:
+        incremental_alignment(
+            args.alignment_sizes,
+            render_only=args.render_only,
+            full_again=not args.alignment_full_once,
+        )
         return
     if args.render_only:
         render(json.loads(OUT.read_text()), args)
@@ -270,6 +294,23 @@ def main_online(args: argparse.Namespace) -> None:
         ONLINE_OUT.parent.mkdir(parents=True, exist_ok=True)
         ONLINE_OUT.write_text(json.dumps({"runs": runs}, indent=2) + "\n")
     render_online(json.loads(ONLINE_OUT.read_text()))
+
+
+def incremental_alignment(sizes: list[int], *, render_only: bool, full_again: bool) -> None:
+    from bench.alignment_update import measure, render
+
+    done = json.loads(ALIGNMENT_OUT.read_text())["rows"] if ALIGNMENT_OUT.exists() else []
+    if not render_only:
+        for size in sizes:
+            done = [row for row in done if row["size"] != size]
+            done.append(measure(size, full_again=full_again))
+            ALIGNMENT_OUT.write_text(json.dumps({"rows": done}, indent=2) + "\n")
+    done.sort(key=lambda row: row["size"])
+    write_section(
+        "incremental_alignment",
+        "## Incremental alignment: 50 new customers (`bench/scoring.py --alignment-sizes`)\n\n"
+        + render(done),
+    )
 
 
 def render(result: dict, args: argparse.Namespace) -> None:

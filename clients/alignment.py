@@ -19,17 +19,19 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import httpx
 import numpy as np
 from tqdm.auto import tqdm
 
+from clients.alignment_keeping import KeptAlignment, RunBlinding
 from clients.alignment_signing import SetSigning, SetSlot
 from clients.cores import available_cores
 from clients.service_http import ConnectionOptions, PeerConnection
-from secure.psi import ELEMENT_BYTES, BlindingKey, check_elements, pack, unpack
+from secure.psi import ELEMENT_BYTES, BlindingKey, pack, unpack
 from secure.wire.alignment import (
     SET_ENCODING,
     AlignmentStatus,
@@ -65,6 +67,7 @@ class AlignmentOutcome:
     digest: str  # SHA-256 of the sorted aligned index: the same at every party
     nodes: str = "intersection"  # or "union": partly shared nodes
     shared_nodes: int | None = None  # the intersection's size
+    kept: KeptAlignment | None = None  # what this party keeps for the next alignment
 
 
 class AlignmentClient(PeerConnection):
@@ -171,16 +174,36 @@ def align(
     signing: SetSigning | None = None,
     progress: bool = False,
     workers: int | None = None,
+    kept: KeptAlignment | None = None,
+    now: float | None = None,
 ) -> AlignmentOutcome:
     """Run this party's side of the alignment over ``ids`` (its own node ids, distinct, in row
     order) and return where each row sits in the aligned node index. ``signing``: sign the sets
     posted and, given peer keys, blind only sets the peer posted. ``workers``: processes that
-    blind (default: the cores available)."""
+    blind (default: the cores available). ``kept``: this party's kept alignment
+    (``clients/alignment_keeping.py``): its key and hash domain, and only what it did not blind
+    before is blinded; the outcome's ``kept`` is the alignment to keep (made at ``now``, seconds
+    since the epoch, when none is given)."""
     workers = available_cores() if workers is None else workers
     _check_distinct(ids)
     status = client.status()
     parties, m = status.parties, client.party
-    key = key or BlindingKey()
+    if kept is not None:
+        try:
+            kept.check_fits(parties=parties, party=m, where="the kept alignment given")
+        except ValueError as exc:
+            raise AlignmentFailed(str(exc)) from None
+    blinding = RunBlinding(
+        kept
+        or KeptAlignment.with_key(
+            key or BlindingKey(),
+            domain=client.alignment_id,
+            parties=parties,
+            party=m,
+            now=time.time() if now is None else now,
+        ),
+        workers=workers,
+    )
     signing = signing or SetSigning()
     try:
         signing.check_ring(parties, m)
@@ -202,25 +225,18 @@ def align(
         slot = SetSlot(client.alignment_id, parties, owner, hop)
         client.post_set(owner, hop, body, signature=signing.sign(slot, body))
 
-    def blinded(chunks: Iterator[list[bytes]], *, counted: bool) -> list[bytes]:
-        elements: list[bytes] = []
-        for chunk in chunks:
-            elements.extend(chunk)
-            if counted:
-                bar.update(len(chunk))
-        return elements
-
     try:
         shuffled = [ids[row] for row in order]
-        own = key.blind_ids(client.alignment_id, shuffled, workers=workers)
-        post(m, 0, blinded(own, counted=True))
+        post(m, 0, blinding.own(shuffled, done=bar.update))
         del shuffled
         for hop in range(1, parties):
-            owner = (m - hop) % parties
-            received = _relayed(
-                client, signing, SetSlot(client.alignment_id, parties, owner, hop - 1)
-            )
-            post(owner, hop, blinded(key.blind_elements(received, workers=workers), counted=False))
+            slot = SetSlot(client.alignment_id, parties, (m - hop) % parties, hop - 1)
+            received = _relayed(client, signing, slot)
+            try:
+                posted = blinding.relayed(hop, received)
+            except ValueError as exc:
+                raise _not_blinding(slot, exc) from None
+            post(slot.owner, hop, posted)
             bar.update(len(ids))
         try:
             positions = client.fetch_positions()
@@ -266,6 +282,7 @@ def align(
         digest=status.digest,
         nodes=nodes,
         shared_nodes=shared,
+        kept=blinding.result(updated=kept is not None),
     )
 
 
@@ -279,20 +296,24 @@ def _check_distinct(ids: Sequence[str]) -> None:
 
 def _relayed(client: AlignmentClient, signing: SetSigning, slot: SetSlot) -> list[bytes]:
     """The set at ``slot``, once it is sure to be worth blinding: signed by the party that
-    posted it (given peer keys), distinct canonical elements, as many as the status declares for
-    its owner. A service that deviates could otherwise have guessed ids blinded."""
+    posted it (given peer keys), as many elements as the status declares for its owner (that they
+    are distinct and canonical, :meth:`RunBlinding.relayed` checks). A service that deviates
+    could otherwise have guessed ids blinded."""
     try:
         relayed = client.fetch_set(slot.owner, slot.hop)
         signing.verify(slot, relayed.body, relayed.signature)
         elements = unpack(relayed.body)
-        check_elements(elements)
         _check_declared(client.status(), slot, len(elements))
     except ValueError as exc:
-        raise AlignmentFailed(
-            f"the service relayed hop {slot.hop} of party {slot.owner}'s set to blind, and "
-            f"{exc}: not blinding it"
-        ) from None
+        raise _not_blinding(slot, exc) from None
     return elements
+
+
+def _not_blinding(slot: SetSlot, exc: ValueError) -> AlignmentFailed:
+    return AlignmentFailed(
+        f"the service relayed hop {slot.hop} of party {slot.owner}'s set to blind, and "
+        f"{exc}: not blinding it"
+    )
 
 
 def _declared(status: AlignmentStatus, owner: int) -> SetProgress:

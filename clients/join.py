@@ -6,16 +6,17 @@ predictions may go to its partners)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from clients.owner_ledger import OwnerLedger
 from clients.policy import PolicyRefusal, PrivacyPolicy
 from clients.service_http import ServiceError, ServiceUnavailable
 from clients.session_client import SessionClient
 from clients.session_fit import SessionMismatch
 from models.artefact import ModelError
 from secure.noise import NotPrivateNoiseError
-from secure.protocol import answering_party
+from secure.protocol import ShareRequest, answering_party
 from secure.wire.passes import MAX_REFUSAL_REASON
 from secure.wire.sessions import SessionConfigView
 
@@ -63,3 +64,15 @@ def admit_prediction_sharing(
             f"(share_predictions {config.share_predictions}), and this organisation has not "
             "agreed to (its owner passes --share-predictions)"
         )
+
+
+def disclosure_counter(
+    ledger: OwnerLedger | None, config: SessionConfigView, *, client: int, session_id: str
+) -> Callable[[ShareRequest], None] | None:
+    """The answering party of a scoring session that shares its answer: what counts each part
+    of it in its owner's ledger before the part leaves (None for everyone else)."""
+    if ledger is None or config.share_predictions == "none":
+        return None
+    if client != answering_party(config.label_holder):
+        return None
+    return lambda request: ledger.note_predictions_shared(session_id, request.rows)

@@ -94,7 +94,7 @@ _RELEASE_COLUMNS = {
     "mechanism": "TEXT",
     "adversaries": "TEXT",
 }
-_SESSION_COLUMNS = {"mechanism": "TEXT"}
+_SESSION_COLUMNS = {"mechanism": "TEXT", "encoding": "TEXT", "predictions_shared": "INTEGER"}
 #: What a release was for: a training pass, an evaluation pass, or a scoring session's pass.
 ReleaseKind = Literal["training", "evaluation", "scoring"]
 #: The columns of a release as reports and the ledger digest see them (never the noise secret).
@@ -112,6 +112,9 @@ RELEASE_FIELDS = (
 #: that release, null where it sees none); a snapshot shows it only where it is set, so the
 #: digest of every ledger without split noise is the one it had before.
 RELEASE_ADVERSARIES = "adversaries"
+#: How the session's shares travelled (``secure.protocol.ShareEncoding``: who could read a
+#: share); a snapshot shows it only where it is set, so older ledgers keep their digest.
+SESSION_ENCODING = "encoding"
 SESSION_FIELDS = (
     "session_id",
     "label",
@@ -157,6 +160,7 @@ class SessionAbout:
     created_at: float | None = None
     clients: int | None = None
     adversaries: Sequence[dict[str, Any]] | None = None
+    encoding: str | None = None  # the session's share encoding ("bfv-masked": masked shares)
 
 
 @dataclass(frozen=True)
@@ -290,41 +294,6 @@ class OwnerLedger:
             ).rowcount
         return inserted == 1
 
-    def reaccount(
-        self,
-        *,
-        session_id: str,
-        pass_index: int,
-        layer: int,
-        release_digest: str,
-        mechanism: str,
-        noise_multiplier: float,
-        adversaries: Mapping[str, float | None],
-    ) -> bool:
-        """Account the recorded release again with less noise than it was recorded with (a
-        split-noise pass whose sum held fewer shares: docs/privacy.md section 11.3): the row
-        keeps the lower z of the two, each adversary's likewise. False if no such row."""
-        if not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
-            raise ValueError(f"noise_multiplier must be > 0, got {noise_multiplier}")
-        key = (session_id, pass_index, layer, release_digest, mechanism)
-        where = (
-            " WHERE session_id = ? AND pass_index = ? AND layer = ? AND release_digest = ?"
-            " AND mechanism = ?"
-        )
-        with self._transaction() as tx:
-            row = tx.execute(
-                "SELECT noise_multiplier, adversaries FROM releases" + where, key
-            ).fetchone()
-            if row is None:
-                return False
-            recorded = json.loads(row[1]) if row[1] is not None else {}
-            lowered = {name: _lower(recorded.get(name, z), z) for name, z in adversaries.items()}
-            tx.execute(
-                "UPDATE releases SET noise_multiplier = ?, adversaries = ?" + where,
-                (min(float(row[0]), float(noise_multiplier)), _adversaries_json(lowered), *key),
-            )
-        return True
-
     def recorded(
         self, *, session_id: str, pass_index: int, layer: int, release_digest: str, mechanism: str
     ) -> bool:
@@ -382,8 +351,8 @@ class OwnerLedger:
         with self._transaction() as tx:
             tx.execute(
                 "INSERT INTO sessions (session_id, label, partners, operator, kind, created_at,"
-                " admitted_at, clients, adversaries, mechanism)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                " admitted_at, clients, adversaries, mechanism, encoding)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                 (
                     session_id,
                     about.label,
@@ -395,6 +364,7 @@ class OwnerLedger:
                     about.clients,
                     adversaries,
                     mechanism,
+                    about.encoding,
                 ),
             )
             if mechanism is not None:
@@ -410,6 +380,25 @@ class OwnerLedger:
             "SELECT mechanism FROM sessions WHERE session_id = ?", (session_id,)
         ).fetchone()
         return None if row is None else row[0]
+
+    def note_predictions_shared(self, session_id: str, rows: int) -> None:
+        """Count ``rows`` more of this organisation's predictions sent to its partners in the
+        session (a scoring session that shares its answer), before they leave: a disclosure its
+        owner agreed to, not a noisy release (no epsilon)."""
+        with self._transaction() as tx:
+            tx.execute(
+                "INSERT INTO sessions (session_id, admitted_at, predictions_shared)"
+                " VALUES (?, ?, ?) ON CONFLICT (session_id) DO UPDATE SET predictions_shared ="
+                " COALESCE(sessions.predictions_shared, 0) + excluded.predictions_shared",
+                (session_id, time.time(), rows),
+            )
+
+    def predictions_shared(self, session_id: str) -> int:
+        """How many of this organisation's predictions went to its partners in the session."""
+        row = self._connection.execute(
+            "SELECT predictions_shared FROM sessions WHERE session_id = ?", (session_id,)
+        ).fetchone()
+        return 0 if row is None or row[0] is None else int(row[0])
 
     def note_accuracy(
         self, session_id: str, *, test_accuracy: float, reference_test_accuracy: float | None
@@ -432,14 +421,17 @@ class OwnerLedger:
                 " ORDER BY id"
             ).fetchall()
             sessions = tx.execute(
-                f"SELECT {', '.join(SESSION_FIELDS)} FROM sessions ORDER BY admitted_at"
+                f"SELECT {', '.join(SESSION_FIELDS)}, {SESSION_ENCODING} FROM sessions"
+                " ORDER BY admitted_at"
             ).fetchall()
         records = {}
         for row in sessions:
-            record = dict(zip(SESSION_FIELDS, row, strict=True))
+            record = dict(zip(SESSION_FIELDS, row[: len(SESSION_FIELDS)], strict=True))
             for name in ("partners", "adversaries"):
                 if record[name] is not None:
                     record[name] = json.loads(record[name])
+            if row[-1] is not None:
+                record[SESSION_ENCODING] = row[-1]
             records[record["session_id"]] = record
         return LedgerSnapshot(
             path=self.path, releases=[_release_row(row) for row in releases], sessions=records
@@ -450,13 +442,6 @@ def _adversaries_json(adversaries: Mapping[str, float | None] | None) -> str | N
     if adversaries is None:
         return None
     return json.dumps(dict(adversaries), sort_keys=True, allow_nan=False)
-
-
-def _lower(recorded: float | None, new: float | None) -> float | None:
-    """The lower of two z's an adversary faced (None: it sees nothing)."""
-    if recorded is None or new is None:
-        return new if recorded is None else recorded
-    return min(float(recorded), float(new))
 
 
 def _release_row(row: Sequence[Any]) -> dict[str, Any]:
@@ -489,12 +474,17 @@ def check_organisation_name(name: str) -> str:
     return name
 
 
-def ledgers_folder() -> Path:
-    """Where the organisations' ledgers live by default: ``$XDG_DATA_HOME/glasu/ledgers``
-    (``~/.local/share/glasu/ledgers`` where ``XDG_DATA_HOME`` is unset)."""
+def organisations_folder() -> Path:
+    """Where glasu keeps what an organisation keeps across copies of its data:
+    ``$XDG_DATA_HOME/glasu`` (``~/.local/share/glasu`` where ``XDG_DATA_HOME`` is unset)."""
     base = os.environ.get("XDG_DATA_HOME", "")
     root = Path(base) if os.path.isabs(base) else Path.home() / ".local" / "share"
-    return root / "glasu" / "ledgers"
+    return root / "glasu"
+
+
+def ledgers_folder() -> Path:
+    """Where the organisations' ledgers live by default: ``$XDG_DATA_HOME/glasu/ledgers``."""
+    return organisations_folder() / "ledgers"
 
 
 def organisation_ledger(organisation: str) -> Path:

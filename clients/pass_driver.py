@@ -5,7 +5,7 @@ and with checkpoints each share's plaintext digest journaled before it leaves.""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,12 +44,16 @@ class PassDriver:
     gate: ReleaseGate | None = None
     checkpoints: CheckpointStore | None = None
     resume: ResumedPass | None = None
+    # the answering party's answer, shared: each part counted in the owner's ledger first
+    on_disclosure: Callable[[ShareRequest], None] | None = None
 
     def drive(self, client: GlasuClient, info: PassInfo) -> PassOutcome:
         """Answer the client's requests of pass ``info`` with calls to the service."""
         if info.kind == "done":
             raise ValueError(f"pass {info.pass_index} is not a pass to run: the session is done")
         pass_index = info.pass_index
+        # a masked codec checks the service's participants here, before anything leaves
+        client.joint.codec.begin_pass(pass_index, info.participants)
         steps = client.run_pass(
             pass_index=pass_index,
             kind=info.kind,
@@ -66,6 +70,8 @@ class PassDriver:
             elif isinstance(request, ShareRequest):
                 if self.gate is not None and not request.disclosure:
                     admit_release(self.gate, pass_index, request, pass_kind=info.kind)
+                if request.disclosure and self.on_disclosure is not None:
+                    self.on_disclosure(request)
                 answer = self.exchange_share(
                     pass_index, request, encoding=client.joint.codec.encoding
                 )

@@ -30,6 +30,7 @@ from secure.accounting import (
     ReleaseDecision,
     composed_epsilon,
     composed_noise_multiplier,
+    count_releases,
     decide_release,
     max_releases,
 )
@@ -125,6 +126,7 @@ def admit_session(
             clients=config["clients"],
             passes_total=session["passes_total"],
             encrypted=encrypted,
+            masked=config.get("secure_aggregation") == "masks",
         )
     except (PrivacyPlanError, TypeError) as exc:
         raise PolicyRefusal(f"the session's privacy settings are not usable: {exc}") from exc
@@ -167,7 +169,7 @@ def admit_session(
     if session_epsilon > policy.max_session_epsilon:
         raise PolicyRefusal(
             f"the session would spend epsilon {session_epsilon:.4g} of this data's privacy (delta"
-            f" {policy.delta:g}, {releases} releases with noise multiplier"
+            f" {policy.delta:g}, {count_releases(releases)} with noise multiplier"
             f" {privacy.ledger_noise_multiplier:.4g}); the policy allows"
             f" {policy.max_session_epsilon:g} per session"
         )
@@ -181,7 +183,8 @@ def admit_session(
             raise PolicyRefusal(
                 f"this session would take the lifetime spend on this data to epsilon"
                 f" {lifetime:.4g} (spent so far: {policy.epsilon_of(spent):.4g} in"
-                f" {ledger.releases()} releases); the policy allows {policy.max_lifetime_epsilon:g}"
+                f" {count_releases(ledger.releases())}); the policy allows"
+                f" {policy.max_lifetime_epsilon:g}"
                 f" (see `glasu budget --local DIR`)"
             )
     return privacy
@@ -203,11 +206,13 @@ def _check_split_noise(policy: PrivacyPolicy, config: Mapping[str, Any]) -> None
             " share with 1/(M-1) of the noise; this organisation's policy does not allow it"
             " (--allow-shared-noise)"
         )
-    if not masked and config.get("stragglers") == "continue":
+    if config.get("stragglers") == "continue":
+        # masked or not: a pass over fewer than M clients (a sum without a straggler, or a
+        # masked pass redone without one) carries less noise than sigma^2
         raise PolicyRefusal(
-            "the session combines split noise with stragglers 'continue' without masks: a pass"
-            " that goes on without a client sums fewer shares than M, so the sum holds less"
-            " noise than accounted"
+            "the session combines split noise with stragglers 'continue': a pass that goes on"
+            " without a client sums fewer shares than M, so the sum holds less noise than"
+            " accounted"
         )
     if config.get("nodes") == "union":
         raise PolicyRefusal(
@@ -352,27 +357,6 @@ class ReleaseGate:
             **known,
         )
 
-    def account_live_shares(
-        self, pass_index: int, *, layer: int = RELEASE_LAYER, release: str, live_shares: int
-    ) -> bool:
-        """Account the admitted release ``release`` of a split-noise pass whose sum held only
-        ``live_shares`` of the M shares (a dropout recovered from the seed shares): a peer is
-        then left M' - 1 shares, as if 1 + M - M' peers colluded (docs/privacy.md section
-        11.3), so the row keeps that lower z. Call it once the sum's count is known; False if
-        the release was never admitted. The budget is not checked again: the release has left."""
-        faced = self.privacy.pass_noise_multipliers(live_shares)
-        peer = faced["peer"]
-        assert peer is not None
-        return self.ledger.reaccount(
-            session_id=self.session_id,
-            pass_index=pass_index,
-            layer=layer,
-            release_digest=release,
-            mechanism=self.mechanism.digest,
-            noise_multiplier=peer,
-            adversaries=faced,
-        )
-
     def release_kind(self, pass_kind: str | None) -> ReleaseKind | None:
         if self.scoring:
             return "scoring"
@@ -395,6 +379,7 @@ def session_about(session: Mapping[str, Any], privacy: SessionPrivacy) -> Sessio
         kind=config.get("kind", "training"),
         created_at=session.get("created_at"),
         clients=config["clients"],
+        encoding=config.get("encoding"),
         adversaries=[
             {
                 "key": a.key,

@@ -23,9 +23,11 @@ from secure.report import (
     WHO,
     advantage,
     adversary_figure,
+    cap_figure,
     iso_utc,
     local_offset,
     sentence,
+    shares_sentence,
 )
 
 #: Against whom the ledger's own figure holds (the default, unshared noise).
@@ -121,6 +123,7 @@ def organisation_content(
                 "last_release_at": iso_utc(own[-1]["released_at"]),
                 "releases": len(own),
                 "by_kind": _by_kind(own),
+                "shares": shares_sentence(record.get("encoding")),
                 "epsilon": epsilon(inverse),
                 "adversaries": adversaries,
                 "accuracy": measured if measured.get("federated") is not None else None,
@@ -190,12 +193,13 @@ def organisation_content(
         },
         "adversaries": lifetime_adversaries,
         "caps": [
-            {"name": "lifetime cap", "limit": policy.max_lifetime_epsilon, "spent": total},
-            {
-                "name": "per-session cap (largest session)",
-                "limit": policy.max_session_epsilon,
-                "spent": largest,
-            },
+            cap_figure("lifetime cap", limit=policy.max_lifetime_epsilon, spent=total),
+            cap_figure(
+                "per-session cap (largest session)",
+                limit=policy.max_session_epsilon,
+                spent=largest,
+                largest_session=True,
+            ),
         ],
         "timeline": timeline,
         "timeline_axis": "time",

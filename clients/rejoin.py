@@ -1,5 +1,6 @@
 """Where a worker (re)joins its session's passes: after a restart (at its checkpoint's pass, or
-the service's current one under stragglers "continue"), and after a pass went on without it."""
+the service's current one under stragglers "continue"), after a pass went on without it (or,
+masked, without a sum), and when a masked pass's participants are not stated yet."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from clients.checkpoint import CheckpointError
 from clients.service_http import PeersMissing
 from clients.session_client import SessionClient
+from secure.wire.passes import PassInfo
 from secure.wire.status import SessionStatus
 
 REJOIN_POLL_SECONDS = 0.25
@@ -42,6 +44,24 @@ def rejoin_pass(session: SessionStatus, next_pass: int, checkpoint: Path | None)
         "without this client, so the checkpoint is older than this worker's last uploads "
         "(restored from a backup?)"
     )
+
+
+def stated_pass_info(service: SessionClient, pass_index: int) -> PassInfo:
+    """Pass ``pass_index``'s descriptor once the service states its participants (a masked
+    session's pass waits for the pass before it to end, or for a rejoin to have 3); at once
+    when the session is done. :class:`PeersMissing` after the peer wait."""
+    wait = service.options.peer_wait_seconds
+    deadline = time.monotonic() + wait
+    while True:
+        info = service.pass_info(pass_index)
+        if info.kind == "done" or info.participants is not None:
+            return info
+        if time.monotonic() >= deadline:
+            raise PeersMissing(
+                f"the service did not state the participants of masked pass {pass_index} "
+                f"within {wait:.0f} s (fewer than 3 clients left, none rejoining?)"
+            )
+        time.sleep(REJOIN_POLL_SECONDS)
 
 
 def next_pass_after(service: SessionClient, pass_index: int) -> int:

@@ -166,14 +166,20 @@ class WorkerSettings(BaseSettings):
     predictions: Path | None = Field(
         None,
         description="A scoring session, a party with a head: the file the predictions go to, "
-        "one row per scored node of this party's own ids (.csv or .parquet); with --online, "
-        "the folder that gets one <request session>.csv per request.",
+        "one row per scored node of this party's own ids, in the order of its table (.csv or "
+        ".parquet); with --online, the folder that gets one <request session>.csv per request.",
     )
     online: bool = Field(
         False,
         description="--session is an online scoring session (`glasu session create --score-with"
         " ... --online`): keep the model loaded and score each request of the answering party "
         'as it comes, until the session is closed (docs/data.md, "Online scoring").',
+    )
+    overwrite: bool = Field(
+        False,
+        description="Replace this party's model in --model-out and the --predictions file if "
+        "they exist (without it the worker refuses them before it starts). Another party's "
+        "model is never replaced.",
     )
     insecure_http: bool = Field(
         False,

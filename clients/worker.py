@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from clients.checkpoint import CheckpointStore, Fingerprint, WorkerProgress
-from clients.join import admit_prediction_sharing, join, refusal_reported
+from clients.join import admit_prediction_sharing, disclosure_counter, join, refusal_reported
 from clients.model_keeping import ledger_spent, reported_val_accuracy
 from clients.owner_ledger import OwnerLedger
 from clients.pass_driver import PassDriver, ResumedPass
@@ -27,7 +27,7 @@ from clients.policy import (
     admit_session_id,
     session_about,
 )
-from clients.rejoin import next_pass_after, rejoin_pass
+from clients.rejoin import next_pass_after, rejoin_pass, stated_pass_info
 from clients.service_http import ServiceError
 from clients.session_client import SessionClient
 from clients.session_fit import (
@@ -81,8 +81,12 @@ class WorkerRun:
     (clients/model_keeping.py); a scoring session needs the party's trained ``model``
     (:class:`models.artefact.ModelError` when it does not fit the session or the data).
 
-    :meth:`run` is :meth:`resume` (from the checkpoint, or at the start), :meth:`loop` over the
-    passes (with :meth:`skip` past those that went on without it), :meth:`keep_model`."""
+    In a session with ``ready_gate`` a refusal here is told to the service, which closes the
+    session, and :meth:`run` first says the worker is ready and waits until every worker did
+    (clients/join.py), so that nothing is released into a session another worker refused.
+
+    :meth:`run` is the join, :meth:`resume` (from the checkpoint, or at the start), :meth:`loop`
+    over the passes (with :meth:`skip` past those that went on without it), :meth:`keep_model`."""
 
     def __init__(
         self,
@@ -129,6 +133,9 @@ class WorkerRun:
             )
             self.scoring = self.config.kind == "scoring"
             admit_prediction_sharing(policy, self.config, client=service.client_index)
+            self.count_disclosure = disclosure_counter(
+                ledger, self.config, client=service.client_index, session_id=service.session_id
+            )
             if writes_predictions:
                 check_answer_reaches(self.config, client=service.client_index)
             self.privacy = admit_session(
@@ -259,20 +266,26 @@ class WorkerRun:
     def loop(self, progress: WorkerProgress) -> WorkerResult:
         """Run the passes from ``progress.next_pass`` until the session says "done"."""
         service = self.service
+        masked = self.config.secure_aggregation == "masks"
         while True:
-            info = service.pass_info(progress.next_pass)
+            next_pass = progress.next_pass
+            info = stated_pass_info(service, next_pass) if masked else service.pass_info(next_pass)
             if info.kind == "done":
                 break
+            if self._masked_without_this_client(info):
+                self.skip(progress, "not among the pass's participants")
+                continue
             exchanged_before = service.traffic.up + service.traffic.down
             try:
                 driver = PassDriver(
-                    service, gate=self.gate, checkpoints=self.checkpoints, resume=self.resumed
-                )
+                    service, gate=self.gate, checkpoints=self.checkpoints, resume=self.resumed,
+                    on_disclosure=self.count_disclosure,
+                )  # fmt: skip
                 outcome = driver.drive(self.client, info)
             except ServiceError as exc:
                 if not self._went_on_without(exc):
                     raise
-                self.skip(progress, exc)
+                self.skip(progress, exc.slug)
                 continue
             if outcome.kind == "train":
                 exchanged = service.traffic.up + service.traffic.down - exchanged_before
@@ -294,7 +307,7 @@ class WorkerRun:
             skipped=self.skipped,
         )
 
-    def skip(self, progress: WorkerProgress, refusal: ServiceError) -> None:
+    def skip(self, progress: WorkerProgress, why: str) -> None:
         """The pass went on without this client: ask the service to wait for it again (from
         the current pass or the next), and go on at the pass it rejoins."""
         pass_index = progress.next_pass
@@ -303,7 +316,7 @@ class WorkerRun:
             "pass %d went on without client %d (%s); it rejoins at pass %d",
             pass_index,
             self.service.client_index,
-            refusal.slug,
+            why,
             rejoin,
         )
         self.skipped.extend(range(pass_index, rejoin))
@@ -376,6 +389,14 @@ class WorkerRun:
         if self.checkpoints is not None:
             assert self.fingerprint is not None
             self.checkpoints.save(self.client, progress, self.fingerprint)
+
+    def _masked_without_this_client(self, info: PassInfo) -> bool:
+        """Under masks and stragglers "continue", a pass stated without this client (it was
+        left out of a pass before and is not back yet): it takes no part in it and rejoins, as
+        after a 409. Under "wait" the same statement is a lie, which the codec refuses."""
+        if self.config.stragglers != "continue" or info.participants is None:
+            return False
+        return self.service.client_index not in info.participants
 
     def _went_on_without(self, refusal: ServiceError) -> bool:
         """Whether the service refused a pass because it went on without this client

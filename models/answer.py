@@ -15,6 +15,9 @@ import numpy as np
 
 from secure.protocol import ProtocolViolation
 
+#: How far a shared answer's predicted class is put above a near tie the share grid turned
+TIE_MARGIN = 1e-9
+
 
 @dataclass(frozen=True)
 class Answer:
@@ -62,4 +65,9 @@ def decode_answer(total: np.ndarray) -> Answer:
     predicted = np.rint(total[:, classes]).astype(np.int64)
     if (predicted < 0).any() or (predicted >= classes).any():
         raise ProtocolViolation("the shared answer holds a predicted class out of range")
+    # a near tie the grid turned (the classes within 2^-12): the answering party's class wins,
+    # by a margin far below what the probabilities can tell, so the most probable class read
+    # from them is its predicted one
+    turned = np.flatnonzero(probabilities.argmax(axis=1) != predicted)
+    probabilities[turned, predicted[turned]] = probabilities[turned].max(axis=1) + TIE_MARGIN
     return Answer(probabilities, predicted)

@@ -8,6 +8,8 @@ One folder per party::
                       torch.load(weights_only=True) reads without running any code
     evaluation.npz    the best evaluation pass of a party with a head: aligned node indices and
                       class probabilities (stays with the party)
+    claim.json        which party the folder is for: written when a worker starts training into
+                      it, before any release, so that no other party's model lands there
 
 The manifest holds the backbone and every setting needed to rebuild the network, the feature
 schema of ``glasu prepare`` (column names and order, dtype, what prepare did), the session and
@@ -33,6 +35,7 @@ import torch
 
 from models.config import PRECOMPUTED_BACKBONES
 from models.metrics import describe_scores
+from secure.accounting import count_releases
 from secure.files import FileFormat, atomic_write
 from secure.protocol import answering_party
 
@@ -40,6 +43,7 @@ ARTEFACT = FileFormat(kind="glasu-model", version=1, title="glasu model manifest
 MANIFEST = "manifest.json"
 WEIGHTS = "weights.pt"
 EVALUATION = "evaluation.npz"
+CLAIM = "claim.json"
 
 
 class ModelError(ValueError):
@@ -87,6 +91,57 @@ class SavedModel:
 def _names(names: Sequence[str], most: int = 8) -> str:
     shown = ", ".join(repr(n) for n in names[:most])
     return shown + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def holds_model(directory: Path) -> bool:
+    return (Path(directory) / MANIFEST).exists()
+
+
+def model_folder_party(directory: Path) -> int | None:
+    """The party a model folder is for: its model's (the manifest's party index) or, before
+    the model is written, the claim's; None for a folder that does not exist or is empty.
+    :class:`ModelError` for a folder holding other files (not a model folder)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return None
+    if holds_model(directory):
+        return int(read_manifest(directory)["party"]["index"])
+    if (directory / CLAIM).exists():
+        return _claimed_party(directory / CLAIM)
+    others = sorted(p.name for p in directory.iterdir())
+    if others:
+        raise ModelError(
+            f"holds other files than a glasu model ({_names(others, most=3)}): give an empty or "
+            "new folder"
+        )
+    return None
+
+
+def _claimed_party(path: Path) -> int:
+    try:
+        return int(json.loads(path.read_text())["party"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ModelError(f"cannot read {path} ({exc})") from exc
+
+
+def claim_model_folder(directory: Path, *, party: int, session_id: str) -> None:
+    """Mark ``directory`` as party ``party``'s model folder (created if missing) before any
+    training starts; :class:`ModelError` naming the party that claimed it first (two workers
+    started on one folder at once: the second is refused)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    claim = json.dumps({"party": party, "session_id": session_id}) + "\n"
+    try:
+        with open(directory / CLAIM, "x", encoding="utf-8") as handle:
+            handle.write(claim)
+        return
+    except FileExistsError:
+        owner = _claimed_party(directory / CLAIM)
+    if owner != party:
+        raise ModelError(
+            f"{directory} is the model folder of party {owner}, not of this party ({party}): "
+            "give each party its own model folder"
+        )
 
 
 def save_model(
@@ -159,6 +214,15 @@ def load_model(directory: Path) -> SavedModel:
     return SavedModel(manifest=manifest, weights=weights, path=Path(directory))
 
 
+def class_names(manifest: Mapping[str, Any]) -> list[str] | None:
+    """The names of the model's classes, index by index, where its labels table named them
+    (``glasu prepare``); None where the classes are numbers (and for a model saved before)."""
+    classes = manifest.get("classes") or []
+    if classes and all(isinstance(c, str) for c in classes):
+        return list(classes)
+    return None
+
+
 def read_evaluation(directory: Path) -> tuple[np.ndarray, np.ndarray]:
     with np.load(Path(directory) / EVALUATION) as saved:
         return saved["nodes"], saved["probabilities"]
@@ -177,6 +241,17 @@ def answer_line(party: Mapping[str, Any]) -> str:
     )
 
 
+def _alignment(manifest: Mapping[str, Any]) -> str:
+    """Which nodes the model was trained on, for people: the parties' own ids aligned privately
+    (the alignment's digest, where the run recorded it) or a benchmark's shared ids."""
+    digest = manifest.get("alignment_digest")
+    if digest:
+        return f"the parties' own ids, aligned privately (alignment digest {digest})"
+    if manifest.get("features", {}).get("prepared"):  # the party's own `glasu prepare` folder
+        return "the parties' own ids, aligned privately in this run (no digest recorded)"
+    return "a benchmark dataset's partition (every party has the same node ids: no alignment)"
+
+
 def describe(manifest: Mapping[str, Any]) -> str:
     """The manifest for people (``glasu model show``)."""
     model = manifest.get("model", {})
@@ -193,8 +268,7 @@ def describe(manifest: Mapping[str, Any]) -> str:
             "every party" if party.get("label_holder") is None else f"party {party['label_holder']}"
         ),
         answer_line(party),
-        f"session {manifest.get('session_id')}, alignment digest "
-        f"{manifest.get('alignment_digest') or '(a benchmark partition)'}",
+        f"session {manifest.get('session_id')}; {_alignment(manifest)}",
         f"backbone {model.get('backbone')}"
         + (
             f" over {model['hops']} hops, {model.get('feature_scale')} scale"
@@ -204,6 +278,7 @@ def describe(manifest: Mapping[str, Any]) -> str:
         + f", {model.get('layers')} layers, hidden "
         f"{model.get('hidden')}, aggregation at layers {model.get('agg_layers')}, "
         f"{model.get('in_features')} features -> {model.get('num_classes')} classes"
+        + (f" ({', '.join(named)})" if (named := class_names(manifest)) else "")
         + (", private arrangement (layer-1 release)" if model.get("private") else ""),
         f"features: {len(manifest.get('features', {}).get('names', []))} columns "
         f"({_names(manifest.get('features', {}).get('names', []), most=5)})",
@@ -220,7 +295,8 @@ def describe(manifest: Mapping[str, Any]) -> str:
     if privacy:
         lines.append(
             f"privacy spent by the training: epsilon {privacy['epsilon']:.4g} at delta "
-            f"{privacy['delta']:g} ({privacy['releases']} releases, {privacy['accountant']}), "
+            f"{privacy['delta']:g} ({count_releases(privacy['releases'])}, "
+            f"{privacy['accountant']}), "
             f"against {privacy['against']}"
         )
     else:

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from secure.accounting import AccountantName
-from secure.privacy import SessionPrivacy
+from secure.dp import DEFAULT_DEGREE_FLOOR, ReleaseKind
+from secure.privacy import SessionPrivacy, release_fields
 from secure.protocol import AlignedNodes, SecureAggregation, ShareEncoding, StragglerPolicy
 
 SplitName = Literal["paper", "public", "aligned"]  # aligned: glasu train --party
@@ -85,9 +86,13 @@ class TrainConfig:
     occurrence_cap: int = 1
     shared_noise: bool = False  # opt-in, with encryption only: weaker adversary (one curious peer)
     # split discrete Gaussian noise, M >= 3 (docs/privacy.md section 11). None: on under masked
-    # secure aggregation with 3 clients or more and unshared noise asked for, off otherwise
-    # (False keeps the unshared noise under masks: --no-split-noise)
+    # secure aggregation with 3 clients or more, unshared noise asked for and stragglers
+    # "wait", off otherwise (False keeps the unshared noise under masks: --no-split-noise)
     split_noise: bool | None = None
+    # how the layer-1 release is formed (docs/privacy.md 3.7): clipped after the aggregation,
+    # or each node's own row clipped, then a mean with a degree floor d_min
+    release: ReleaseKind = "clip-after"
+    degree_floor: int = DEFAULT_DEGREE_FLOOR
     noise_seed: int | None = None  # reproducible noise, for experiments only
 
     @property
@@ -119,22 +124,32 @@ class TrainConfig:
         """Whether the run's noise is split (``split_noise``, its default resolved)."""
         if self.split_noise is not None:
             return self.split_noise
-        return self.masked and self.private and self.clients >= 3 and not self.shared_noise
+        return (
+            self.masked
+            and self.private
+            and self.clients >= 3
+            and not self.shared_noise
+            and self.stragglers == "wait"
+        )
 
     def privacy_request(self) -> dict[str, Any] | None:
         """The privacy the run asks for: the ``privacy`` object of ``POST /v1/sessions`` (z is
         None unless given: whoever plans the session calibrates it), or None without DP."""
         if not self.private:
             return None
-        return {
-            "epsilon": self.epsilon,
-            "delta": self.delta,
-            "noise_multiplier": self.noise_multiplier,
-            "clip": self.clip,
-            "occurrence_cap": self.occurrence_cap,
-            "accountant": self.accountant,
-            "shared_noise": self.shared_noise and self.encrypted,
-        } | ({"split_noise": True} if self.splits_noise else {})
+        return (
+            {
+                "epsilon": self.epsilon,
+                "delta": self.delta,
+                "noise_multiplier": self.noise_multiplier,
+                "clip": self.clip,
+                "occurrence_cap": self.occurrence_cap,
+                "accountant": self.accountant,
+                "shared_noise": self.shared_noise and self.encrypted,
+            }
+            | ({"split_noise": True} if self.splits_noise else {})
+            | release_fields(self.release, self.degree_floor)
+        )
 
     def session_privacy(self, *, clients: int, passes_total: int) -> SessionPrivacy | None:
         """The run's privacy plan (``secure.privacy``), as the service would plan it."""
@@ -142,7 +157,11 @@ class TrainConfig:
         if request is None:
             return None
         return SessionPrivacy.plan(
-            **request, clients=clients, passes_total=passes_total, encrypted=self.encrypted
+            **request,
+            clients=clients,
+            passes_total=passes_total,
+            encrypted=self.encrypted,
+            masked=self.masked,
         )
 
     def to_dict(self) -> dict[str, Any]:

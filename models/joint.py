@@ -160,7 +160,8 @@ class JointAggregation:
     ) -> Generator[Request, Response, tuple[np.ndarray, int]]:
         """Upload ``share`` (part ``slot.part`` of ``parts`` of wire layer ``slot.layer``);
         return the decoded sum and how many shares it holds: every client's, or (a pass that
-        went on without a straggler) the fewest the release policy and the codec take."""
+        went on without a straggler) the fewest the release policy and the codec take; a masked
+        sum exactly the pass's participants'."""
         rows, cols = share.shape
         layer = slot.layer
         answer = yield ShareRequest(
@@ -173,9 +174,10 @@ class JointAggregation:
         fewest = max(
             self.release.fewest_shares(self.clients), self.codec.fewest_shares(self.clients)
         )
-        if not fewest <= answer.count <= self.clients:
+        most = self.codec.most_shares(self.clients)
+        if not fewest <= answer.count <= most:
             raise ProtocolViolation(
                 f"layer {layer}: the sum holds {answer.count} shares, expected at most "
-                f"{self.clients} and at least {fewest}"
+                f"{most} and at least {fewest}"
             )
         return self.codec.decode_sum(answer.payload, rows=rows, cols=cols), answer.count

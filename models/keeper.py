@@ -26,8 +26,18 @@ from models.federated import GlasuClient
 from models.metrics import classification_metrics
 from models.outcome import PassOutcome
 from models.private import PrivateArrangement
-from secure.privacy import SessionPrivacy
+from secure.privacy import SessionPrivacy, release_fields
 from secure.protocol import answering_party
+
+
+def model_classes(client: GlasuClient) -> list[str] | list[int]:
+    """The classes a model predicts, index by index: their names where the labels table named
+    them (a party with a head), else their indices."""
+    count = int(client.network.classifier.out_features)
+    names = client.partition.class_names
+    if client.holds_labels and names is not None and len(names) == count:
+        return list(names)
+    return list(range(count))
 
 
 @dataclass(frozen=True)
@@ -201,7 +211,7 @@ class ModelKeeper:
                 "dtype": "float32",
                 "prepared": dict(partition.feature_summary or {}),
             },
-            "classes": list(range(int(client.network.classifier.out_features))),
+            "classes": model_classes(client),
             "best": {"pass": kept.pass_index, "round": kept.round, "chosen_by": chosen_by},
             "release": None
             if privacy is None
@@ -213,7 +223,8 @@ class ModelKeeper:
                 "occurrence_cap": privacy.occurrence_cap,
                 "shared_noise": privacy.shared_noise,
             }
-            | ({"split_noise": True} if privacy.split_noise else {}),
+            | ({"split_noise": True} if privacy.split_noise else {})
+            | release_fields(privacy.release, privacy.degree_floor),
             "metrics": self._metrics(kept),
             "privacy": spent,
         }

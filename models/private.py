@@ -8,7 +8,9 @@ never leaves the client. So:
 
 - the release's sensitivity to one node's features is data-independent (the map has no trained
   weights that could carry a node's influence into every row): Delta = 2C sqrt(c + 1) with the
-  occurrence cap c enforced by the sampler at layer 1 (docs/privacy.md);
+  occurrence cap c enforced by the sampler at layer 1 (docs/privacy.md); with the session's
+  ``release: "degree-normalised"`` each node's projected row is clipped first and the mean
+  divides by max(degree, d_min) (:func:`degree_normalised_aggregate`): 2C sqrt(c + 1) / d_min;
 - everything a worker sends after its first release is either another release of the same kind
   (accounted by the ledger) or a node-id set (features do not enter it).
 
@@ -75,6 +77,8 @@ class PrivateArrangement(Arrangement):
         if config.model.receiver_width != settings.width:
             raise ValueError("model.receiver_width must equal the release width")
         self.width = settings.width
+        self.clip = settings.clip
+        self.degree_floor = settings.mechanism.degree_floor  # None: the clip-after release
         generator = torch.Generator().manual_seed(settings.projection_seed)
         projection = (
             torch.randn(partition.features.shape[1], settings.width, generator=generator)
@@ -123,12 +127,18 @@ class PrivateArrangement(Arrangement):
     # with a single label holder the other clients only release; the holder trains on theirs.
 
     def release_map(self, block: Block, input_nodes: torch.Tensor) -> torch.Tensor:
-        """The fixed, weight-free function of the features that is released (before clipping)."""
+        """The fixed, weight-free function of the features that is released (before the final
+        clip): the mean over each target's drawn neighbourhood of the projected rows, or
+        degree-normalised (:func:`degree_normalised_aggregate`)."""
         # normalised as they are read: no normalised copy of the features
         rows = self.client.feature_rows(input_nodes)
         rows = rows / rows.norm(dim=1, keepdim=True).clamp_min(1e-12)
         projected = rows @ self.projection
-        return torch.sparse.mm(block.adjacency, projected)
+        if self.degree_floor is None:
+            return torch.sparse.mm(block.adjacency, projected)
+        return degree_normalised_aggregate(
+            block, projected, clip=self.clip, degree_floor=self.degree_floor
+        )
 
     def forward(
         self, context: PassContext, batch: CachedBatch, *, grad: bool
@@ -231,6 +241,31 @@ class PrivateArrangement(Arrangement):
             reference_test_accuracy=scores.test_accuracy,
             reference_test_metrics=scores.test_metrics,
         )
+
+
+def degree_normalised_aggregate(
+    block: Block, rows: torch.Tensor, *, clip: float, degree_floor: int
+) -> torch.Tensor:
+    """The degree-normalised release of ``rows`` (one per source of ``block``): every row
+    clipped to L2 norm ``clip`` on its own, then each target's clipped rows (itself and its
+    drawn neighbours: the block's edges, self-loops included) summed and divided by
+    ``max(degree, degree_floor)``. Its sensitivity is ``secure.dp.degree_normalised_sensitivity``
+    (docs/privacy.md 3.7). In float64 so that the clip holds to the last bit; the result has the
+    dtype of ``rows``."""
+    own = rows.double()
+    norms = own.norm(dim=1, keepdim=True)
+    own = own * (clip / norms.clamp_min(1e-300)).clamp(max=1.0)
+    # a row the rescaling left a few ulps above the bound: pull it below (as clip_rows does)
+    own = own * torch.where(own.norm(dim=1, keepdim=True) > clip, 1.0 - 2.0**-48, 1.0)
+    sources, targets = block.edge_index
+    degree = torch.bincount(targets, minlength=block.num_targets).clamp_min(degree_floor)
+    weights = torch.sparse_coo_tensor(
+        torch.stack([targets, sources]),
+        1.0 / degree[targets].double(),
+        (block.num_targets, own.shape[0]),
+        check_invariants=False,
+    )
+    return torch.sparse.mm(weights, own).to(rows.dtype)
 
 
 #: Set to 1 in tests only: allows a fixed noise seed in a private run (the report then says the

@@ -8,9 +8,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from models.config import TrainConfig
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 @dataclass
@@ -128,6 +131,12 @@ def build_run_summary(
     best = select_best(evaluated)
     final = evaluated[-1]
     reference = select_reference(evaluated)
+    alone = None
+    if reference is not None:
+        alone = (
+            float(reference.reference_val_accuracy or 0.0),
+            float(reference.reference_test_accuracy or 0.0),
+        )
     if transport == "http":
         traffic = "bytes: request and response bodies as the workers sent and received them"
     else:
@@ -161,26 +170,38 @@ def build_run_summary(
             traffic,
         ],
         stopped_early=stopped_early,
-        reference_test_accuracy=reference[1] if reference else None,
-        reference_val_accuracy=reference[0] if reference else None,
-        gain=float(best.test_accuracy or 0.0) - reference[1] if reference else None,
+        reference_test_accuracy=alone[1] if alone else None,
+        reference_val_accuracy=alone[0] if alone else None,
+        gain=float(best.test_accuracy or 0.0) - alone[1] if alone else None,
         test_metrics=best.test_metrics,
-        reference_test_metrics=best.reference_test_metrics,
+        # from the evaluation its accuracy is taken from: per client, they add up to it
+        reference_test_metrics=reference.reference_test_metrics if reference else None,
     )
 
 
-def select_reference(history: list[HistoryEntry]) -> tuple[float, float] | None:
-    """(validation, test) accuracy of the party-alone reference at its own best validation
-    (the earliest on ties), or None when the run has no reference."""
+def select_reference(history: list[HistoryEntry]) -> HistoryEntry | None:
+    """The evaluation at which the party-alone reference had its best validation accuracy (the
+    earliest on ties), or None when the run has no reference: its accuracy and its per-client
+    metrics are both taken there."""
     rows = [h for h in history if h.reference_val_accuracy is not None]
     if not rows:
         return None
-    best = max(rows, key=lambda h: (h.reference_val_accuracy, -h.round))
-    return float(best.reference_val_accuracy or 0.0), float(best.reference_test_accuracy or 0.0)
+    return max(rows, key=lambda h: (h.reference_val_accuracy or 0.0, -h.round))
 
 
 def plot_history(summary: RunSummary, path: Path) -> None:
-    """Validation/test accuracy per round; bytes and epsilon per round when they were recorded."""
+    """Write :func:`history_figure` to ``path`` (PNG, or the format its suffix names)."""
+    fig = history_figure(summary)  # selects matplotlib's file backend before pyplot is imported
+    import matplotlib.pyplot as plt
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def history_figure(summary: RunSummary) -> Figure:
+    """Validation/test accuracy per round; bytes and epsilon per round when they were recorded,
+    epsilon with the run's target."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -218,12 +239,14 @@ def plot_history(summary: RunSummary, path: Path) -> None:
             ax.plot(rounds, [(h.bytes_up + h.bytes_down) / 2**20 for h in history])
             ax.set_ylabel("MiB sent + received (cumulative)")
         else:
-            ax.plot(rounds, [h.epsilon for h in history])
+            ax.plot(rounds, [h.epsilon for h in history], label="spent")
+            target = (summary.privacy or {}).get("epsilon_target")
+            if target is not None:
+                ax.axhline(target, color="C3", linestyle="--", label=f"target {target:g}")
             ax.set_ylabel("epsilon spent")
+            ax.legend(loc="lower right")
         ax.set_xlabel("round")
         ax.grid(alpha=0.3)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig

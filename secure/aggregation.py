@@ -63,8 +63,18 @@ class EmbeddingCodec(ABC):
 
     def fewest_shares(self, clients: int) -> int:
         """The fewest of ``clients`` shares a sum must hold to decode: any number (masked
-        shares decode only in the sum of all of them)."""
+        shares decode only in the sum of the pass's participants)."""
         return 1
+
+    def most_shares(self, clients: int) -> int:
+        """The most of ``clients`` shares a sum may hold: all of them (masked shares: exactly
+        the pass's participants)."""
+        return clients
+
+    def begin_pass(self, pass_index: int, participants: Sequence[int] | None) -> None:
+        """Pass ``pass_index`` begins over the ``participants`` the service stated (None: it
+        stated none). Codecs that do not mask ignore it."""
+        del pass_index, participants
 
     def for_split_noise(self, *, clip: float, noise_std: float) -> EmbeddingCodec:
         """The codec for shares of rows clipped to ``clip`` plus a party's split noise of std

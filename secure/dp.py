@@ -26,13 +26,25 @@ if TYPE_CHECKING:
 
 Adjacency = Literal["replace", "add-remove"]
 
+#: How a client's layer-1 release is formed (docs/privacy.md sections 3.4 and 3.7):
+#: "clip-after" aggregates then clips each row to C; "degree-normalised" clips each node's own
+#: row to C, then sums over the drawn neighbourhood and divides by max(degree, degree floor).
+ReleaseKind = Literal["clip-after", "degree-normalised"]
+RELEASE_KINDS: tuple[ReleaseKind, ...] = ("clip-after", "degree-normalised")
+#: d_min of the degree-normalised release: a fixed setting, never a statistic of the graph.
+DEFAULT_DEGREE_FLOOR = 4
+
 __all__ = [
+    "DEFAULT_DEGREE_FLOOR",
+    "RELEASE_KINDS",
     "Adjacency",
+    "ReleaseKind",
     "affected_rows",
     "check_int",
     "check_non_negative",
     "check_positive",
     "clip_rows",
+    "degree_normalised_sensitivity",
     "effective_noise_multiplier",
     "node_sensitivity",
     "per_client_noise_std",
@@ -171,6 +183,30 @@ def node_sensitivity(
     if max_rows is not None:
         rows = min(rows, check_int("max_rows", max_rows, minimum=1))
     return _per_row_change(clip, adjacency) * math.sqrt(rows)
+
+
+def degree_normalised_sensitivity(
+    *, clip: float, occurrence_cap: int, degree_floor: int, adjacency: Adjacency = "replace"
+) -> float:
+    """L2 sensitivity of one client's degree-normalised layer-1 release to one node's features.
+
+    ``Delta = 2 * clip * sqrt(occurrence_cap + 1) / degree_floor``
+
+    The release: every source row is clipped to norm <= ``clip`` on its own (before any
+    aggregation), and target u releases the sum of the clipped rows of itself and its drawn
+    neighbours divided by ``max(deg(u), degree_floor)`` (``deg``: the terms of the sum, the
+    self-loop included). Node v's clipped row moves by at most 2C and enters at most
+    ``occurrence_cap + 1`` rows (the targets that drew it, at most c by the sampler's cap, and
+    its own), each through a denominator >= ``degree_floor``: each of those rows moves by at most
+    2C / d_min. Rows are fixed by the sampled structure, which does not see features, and a
+    final clip of the released rows to C cannot add to it (projection onto a ball is
+    non-expansive). One aggregation layer (the release layer) and weight-free maps only; see
+    docs/privacy.md section 3.7.
+    """
+    clip = check_positive("clip", clip)
+    rows = affected_rows(occurrence_cap=occurrence_cap, depth=1)
+    floor = check_int("degree_floor", degree_floor, minimum=1)
+    return _per_row_change(clip, adjacency) * math.sqrt(rows) / floor
 
 
 def row_count_sensitivity(*, clip: float, max_rows: int, adjacency: Adjacency = "replace") -> float:

@@ -3,10 +3,10 @@
 The in-process trainer, the HTTP worker and the aggregation service all build a
 :class:`SessionPrivacy` from the same public parameters and ask it the same questions: the z in
 use (given, or calibrated so that every planned release fits the epsilon target), the
-sensitivity (derived here from the clip and the occurrence cap, never taken from a caller), the
-z the ledger composes, each client's noise std, whether one more release fits, epsilon after n
-releases, and the privacy report. Every pass of a session is one Gaussian release at
-:data:`RELEASE_LAYER` (docs/privacy.md).
+sensitivity (derived here from the clip, the occurrence cap and the release's kind and degree
+floor, never taken from a caller), the z the ledger composes, each client's noise std, whether
+one more release fits, epsilon after n releases, and the privacy report. Every pass of a
+session is one Gaussian release at :data:`RELEASE_LAYER` (docs/privacy.md).
 
 With ``shared_noise`` every client adds only 1/M of the variance, so a peer that subtracts its
 own share faces less noise: the ledger then composes ``secure.dp.effective_noise_multiplier``,
@@ -37,7 +37,11 @@ from secure.accounting import (
     epsilon_after,
 )
 from secure.dp import (
+    DEFAULT_DEGREE_FLOOR,
+    RELEASE_KINDS,
+    ReleaseKind,
     affected_rows,
+    degree_normalised_sensitivity,
     effective_noise_multiplier,
     node_sensitivity,
     per_client_noise_std,
@@ -52,7 +56,6 @@ from secure.split_noise import (
 )
 from secure.split_session import (
     check_split_session,
-    recovered_noise_multipliers,
     session_split,
     split_adversary_rows,
     split_report,
@@ -77,6 +80,8 @@ _SETTINGS = (
     "shared_noise",
     "split_noise",
     "max_releases",
+    "release",
+    "degree_floor",
 )
 
 
@@ -103,9 +108,29 @@ class PrivacyPlanError(ValueError):
     """The privacy parameters cannot make a session: the message says which and why."""
 
 
-def release_sensitivity(*, clip: float, occurrence_cap: int) -> float:
-    """Delta of one client's layer-1 release to one node's features: 2C sqrt(c + 1)."""
+def release_sensitivity(
+    *,
+    clip: float,
+    occurrence_cap: int,
+    release: ReleaseKind = "clip-after",
+    degree_floor: int = DEFAULT_DEGREE_FLOOR,
+) -> float:
+    """Delta of one client's layer-1 release to one node's features: 2C sqrt(c + 1) clipped
+    after the aggregation, 2C sqrt(c + 1) / d_min degree-normalised (docs/privacy.md 3.7)."""
+    if release == "degree-normalised":
+        return degree_normalised_sensitivity(
+            clip=clip, occurrence_cap=occurrence_cap, degree_floor=degree_floor
+        )
     return node_sensitivity(clip=clip, occurrence_cap=occurrence_cap, depth=RELEASE_LAYER)
+
+
+def release_fields(release: ReleaseKind, degree_floor: int) -> dict[str, Any]:
+    """The release settings as a request or a manifest writes them: none for the clip-after
+    release (everyone's default, so what was written before stays as it was), the kind and
+    d_min for a degree-normalised one."""
+    if release == "clip-after":
+        return {}
+    return {"release": release, "degree_floor": degree_floor}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,9 +151,14 @@ class SessionPrivacy:
     shared_noise: bool = False
     split_noise: bool = False  # each of M >= 3 adds z Delta_g / sqrt(M - 1) (under masks)
     max_releases: int | None = None
+    release: ReleaseKind = "clip-after"  # how the layer-1 release is formed (dp.ReleaseKind)
+    degree_floor: int = DEFAULT_DEGREE_FLOOR  # d_min of the degree-normalised release
     clients: int
     passes_total: int
     encrypted: bool  # whether the service adds ciphertexts (it then sees no single share)
+    # whether the shares are pairwise-masked (docs/secure-aggregation.md): only then does the
+    # service with one colluding peer read no single share
+    masked: bool = False
 
     def __post_init__(self) -> None:
         if self.epsilon is not None and not (math.isfinite(self.epsilon) and self.epsilon > 0):
@@ -145,6 +175,12 @@ class SessionPrivacy:
             raise PrivacyPlanError(f"accountant must be 'rdp' or 'prv', got {self.accountant!r}")
         if self.max_releases is not None and self.max_releases < 1:
             raise PrivacyPlanError(f"max_releases must be >= 1, got {self.max_releases}")
+        if self.release not in RELEASE_KINDS:
+            raise PrivacyPlanError(f"release must be one of {RELEASE_KINDS}, got {self.release!r}")
+        if isinstance(self.degree_floor, bool) or not isinstance(self.degree_floor, int):
+            raise PrivacyPlanError(f"degree_floor must be an int, got {self.degree_floor!r}")
+        if self.degree_floor < 1:
+            raise PrivacyPlanError(f"degree_floor must be >= 1, got {self.degree_floor}")
         if self.clients < 1 or self.passes_total < 1:
             raise PrivacyPlanError("a session needs at least one client and one pass")
         if self.split_noise:
@@ -170,9 +206,12 @@ class SessionPrivacy:
         shared_noise: bool = False,
         split_noise: bool = False,
         max_releases: int | None = None,
+        release: ReleaseKind = "clip-after",
+        degree_floor: int = DEFAULT_DEGREE_FLOOR,
         clients: int,
         passes_total: int,
         encrypted: bool,
+        masked: bool = False,
     ) -> SessionPrivacy:
         """Check the parameters, take z as given or calibrate it so that every planned release
         fits ``epsilon``, and check that at least one release fits. :class:`PrivacyPlanError`
@@ -212,9 +251,12 @@ class SessionPrivacy:
                 shared_noise=shared_noise,
                 split_noise=split_noise,
                 max_releases=max_releases,
+                release=release,
+                degree_floor=degree_floor,
                 clients=clients,
                 passes_total=passes_total,
                 encrypted=encrypted,
+                masked=masked,
             )
             if not privacy.release_allowed(0):
                 raise PrivacyPlanError(
@@ -235,7 +277,13 @@ class SessionPrivacy:
 
     @classmethod
     def restore(
-        cls, stored: Mapping[str, Any], *, clients: int, passes_total: int, encrypted: bool
+        cls,
+        stored: Mapping[str, Any],
+        *,
+        clients: int,
+        passes_total: int,
+        encrypted: bool,
+        masked: bool = False,
     ) -> SessionPrivacy:
         """A plan from a stored or received settings mapping whose z is already chosen (the
         fields of :meth:`settings`; unknown keys are an error)."""
@@ -244,7 +292,13 @@ class SessionPrivacy:
             raise PrivacyPlanError(f"unknown privacy settings {unknown}")
         values = dict(stored)
         values.setdefault("noise_multiplier_source", "given")
-        return cls(**values, clients=clients, passes_total=passes_total, encrypted=encrypted)
+        return cls(
+            **values,
+            clients=clients,
+            passes_total=passes_total,
+            encrypted=encrypted,
+            masked=masked,
+        )
 
     def settings(self) -> dict[str, Any]:
         """The session's public privacy parameters, z included (what a worker is given)."""
@@ -254,7 +308,16 @@ class SessionPrivacy:
 
     @property
     def sensitivity(self) -> float:
-        return release_sensitivity(clip=self.clip, occurrence_cap=self.occurrence_cap)
+        return release_sensitivity(
+            clip=self.clip,
+            occurrence_cap=self.occurrence_cap,
+            release=self.release,
+            degree_floor=self.degree_floor,
+        )
+
+    @property
+    def degree_normalised(self) -> bool:
+        return self.release == "degree-normalised"
 
     @property
     def ledger_noise_multiplier(self) -> float:
@@ -303,19 +366,18 @@ class SessionPrivacy:
         """Epsilon against each adversary of split noise after ``releases`` releases of all M
         shares (``secure.split_noise.adversary_epsilons``)."""
         return adversary_epsilons(
-            self.split(), releases=releases, delta=self.delta, accountant=self.accountant
+            self.split(),
+            releases=releases,
+            delta=self.delta,
+            accountant=self.accountant,
+            masked=self.masked,
         )
 
-    def pass_noise_multipliers(self, live_shares: int | None = None) -> dict[str, float | None]:
+    def pass_noise_multipliers(self) -> dict[str, float | None]:
         """The noise multiplier each adversary (by key, :meth:`adversaries`) faces in one
-        release whose sum holds ``live_shares`` shares (None: all M); only split noise accounts
-        a sum of fewer (``secure.split_session.recovered_noise_multipliers``)."""
-        faced = {a.key: a.noise_multiplier for a in self.adversaries()}
-        if live_shares is None or live_shares == self.clients:
-            return faced
-        if not self.split_noise:
-            raise ValueError("only split noise accounts a sum of fewer shares per pass")
-        return faced | recovered_noise_multipliers(self.split(), live_shares=live_shares)
+        release of all M shares (split noise never sums fewer: it refuses stragglers
+        "continue")."""
+        return {a.key: a.noise_multiplier for a in self.adversaries()}
 
     @property
     def planned_releases(self) -> int:
@@ -377,6 +439,8 @@ class SessionPrivacy:
             "shared_noise": self.shared_noise,
             "split_noise": self.split_noise,
             "occurrence_cap": self.occurrence_cap,
+            "release": self.release,
+            "degree_floor": self.degree_floor if self.degree_normalised else None,
             "privacy_unit": PRIVACY_UNIT,
             "not_protected": list(NOT_PROTECTED),
             "adversaries": [
@@ -411,9 +475,9 @@ class SessionPrivacy:
             return self._split_adversaries()
         z, m, shared = self.noise_multiplier, self.clients, self.shared_noise
         per_share = z / math.sqrt(m) if shared else z  # the noise in one client's own share
-        if self.encrypted:
+        if self.encrypted:  # CKKS or masked BFV shares: the session's encoding says which
             service = Adversary(
-                "the service alone", None, "sees only CKKS ciphertexts and their sum", "service"
+                "the service alone", None, "sees only ciphertexts and their sum", "service"
             )
         else:
             service = Adversary(
@@ -444,7 +508,8 @@ class SessionPrivacy:
         return found
 
     def _split_adversaries(self) -> list[Adversary]:
-        return [Adversary(*row) for row in split_adversary_rows(self.split())]
+        rows = split_adversary_rows(self.split(), masked=self.masked)
+        return [Adversary(*row) for row in rows]
 
 
 def check_private_arrangement(agg_layers: Sequence[int]) -> None:

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import rbcl
 
+from secure.masking.secret_material import SecretBytes
+
 ELEMENT_BYTES = rbcl.crypto_core_ristretto255_BYTES  # 32: one encoded group element
 IDENTITY = bytes(ELEMENT_BYTES)  # the neutral element's encoding: never a blinded id
 DOMAIN_TAG = b"glasu/alignment/v1/ristretto255-sha512"
@@ -47,12 +49,17 @@ def hash_to_group(alignment_id: str, node_id: str) -> bytes:
 
 
 class BlindingKey:
-    """One party's secret scalar for one alignment (fresh, never stored)."""
+    """One party's secret scalar for one alignment (fresh; kept only by a party that keeps its
+    alignment for updates, ``clients/alignment_keeping.py``)."""
 
     def __init__(self, scalar: bytes | None = None) -> None:
         if scalar is None:
             scalar = rbcl.crypto_core_ristretto255_scalar_random()
         self._scalar = scalar
+
+    def secret(self, *, kind: str) -> SecretBytes:
+        """The scalar, for a party that keeps it (``clients/alignment_keeping.py``)."""
+        return SecretBytes(self._scalar, kind=kind)
 
     def blind(self, element: bytes) -> bytes:
         """``element`` raised to this key; refuses an invalid or non-canonical encoding or the

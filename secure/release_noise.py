@@ -78,6 +78,11 @@ class ReleaseSecret:
         return "ReleaseSecret(<hidden>)"
 
 
+#: The fields added to :class:`ReleaseMechanism` after v1, at the values every earlier release
+#: had: :meth:`ReleaseMechanism.canonical` leaves them out there.
+_V1_DEFAULTS: Final = {"split_noise": False, "release": "clip-after", "degree_floor": None}
+
+
 @dataclass(frozen=True, kw_only=True)
 class ReleaseMechanism:
     """Every parameter of the mechanism that turns a clean release into the bytes a worker
@@ -100,6 +105,10 @@ class ReleaseMechanism:
     # split discrete Gaussian noise (docs/privacy.md section 11); added after v1, so
     # :meth:`canonical` writes it only when True and every earlier digest stays as it was
     split_noise: bool = False
+    # how the release is formed (``secure.dp.ReleaseKind``) and its degree floor d_min; added
+    # after v1 too: written only for a degree-normalised release
+    release: str = "clip-after"
+    degree_floor: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("noise_multiplier", "ledger_noise_multiplier", "noise_std", "clip"):
@@ -124,6 +133,8 @@ class ReleaseMechanism:
             shared_noise=bool(privacy.shared_noise),
             encoding=str(encoding),
             split_noise=bool(privacy.split_noise),
+            release=str(privacy.release),
+            degree_floor=int(privacy.degree_floor) if privacy.degree_normalised else None,
         )
 
     @classmethod
@@ -132,10 +143,12 @@ class ReleaseMechanism:
 
     def canonical(self) -> str:
         """Sorted-key JSON, floats in their shortest round-trip form (what the ledger keeps);
-        ``split_noise`` only when True."""
+        the fields added after v1 only where they differ from their defaults (``split_noise``
+        True, a degree-normalised ``release`` and its ``degree_floor``)."""
         fields = asdict(self)
-        if not self.split_noise:
-            del fields["split_noise"]
+        for name, default in _V1_DEFAULTS.items():
+            if fields[name] == default:
+                del fields[name]
         return json.dumps(fields, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
     @property

@@ -30,12 +30,48 @@ WHO = {
     "group": "one partner, about a node whose rows sit at every organisation at once",
 }
 
+#: Who could read a partner's share, by the session's share encoding
+#: (``secure.protocol.ShareEncoding``; docs/secure-aggregation.md, docs/threat-model.md).
+SHARES = {
+    "bfv-masked": "masked (secure aggregation): each share masked pairwise and encrypted under"
+    " BFV; the service saw ciphertexts and their sum, and no one, not even the service with one"
+    " partner, could read another partner's share: only the sum of every partner's share decodes",
+    "ckks": "encrypted under CKKS, whose one key every partner holds: the service alone saw"
+    " ciphertexts, but the service with one partner, or a service that served one partner's"
+    " share as a sum, could read that share",
+    "float32": "not encrypted: the service read every partner's share",
+}
+
+
+def shares_sentence(encoding: str | None) -> str:
+    """Who could read a share, for a session whose shares travelled as ``encoding``."""
+    if encoding is None:
+        return "not recorded (a session admitted by an older worker)"
+    return SHARES.get(encoding, f"encoding {encoding!r}")
+
 
 def iso_utc(epoch: float | None) -> str | None:
     """``2025-03-01T14:02:07Z``; None stays None."""
     if epoch is None:
         return None
     return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def cap_figure(
+    name: str, *, limit: float, spent: float, largest_session: bool = False
+) -> dict[str, Any]:
+    """A cap on epsilon, what was spent of it and what is left, and the sentence that says so
+    to a compliance officer; ``largest_session``: a cap on each session, ``spent`` the largest
+    session's."""
+    left = max(limit - spent, 0.0)
+    if largest_session:
+        text = (
+            f"The largest session spent epsilon {spent:.4g} of the cap of {limit:g} per session,"
+            f" {left:.4g} left; each new session may spend up to {limit:g}."
+        )
+    else:
+        text = f"Spent epsilon {spent:.4g} of the {name} of {limit:g}, {left:.4g} left."
+    return {"name": name, "limit": limit, "spent": spent, "left": left, "sentence": text}
 
 
 def local_offset() -> str:
@@ -132,8 +168,11 @@ def session_content(
         )
     ledger_z = privacy.get("ledger_noise_multiplier")
     spent = privacy.get("epsilon")
-    if privacy.get("split_noise"):
-        holds = "any one partner, alone or with the service (split noise)"
+    masked = config.get("encoding") == "bfv-masked"
+    if privacy.get("split_noise") and masked:
+        holds = "any one partner, alone or with the service (split noise under masks)"
+    elif privacy.get("split_noise"):  # CKKS: the service with one partner can read a share
+        holds = "any one partner on its own (split noise without masks)"
     elif privacy.get("shared_noise"):
         holds = "one curious partner that does not collude (shared noise)"
     else:
@@ -157,6 +196,7 @@ def session_content(
         "last_release_at": last,
         "releases": len(entries),
         "by_kind": by_kind,
+        "shares": shares_sentence(config.get("encoding")),
         "epsilon": spent,
         "adversaries": adversaries,
         "accuracy": None,
@@ -192,7 +232,7 @@ def session_content(
         "adversaries": adversaries,
         "caps": []
         if target is None
-        else [{"name": "session target", "limit": target, "spent": spent or 0.0}],
+        else [cap_figure("session target", limit=target, spent=spent or 0.0)],
         "timeline": [{"x": e["release"], "epsilon": e["epsilon"]} for e in entries],
         "timeline_axis": "release",
         "timeline_note": "Epsilon after each release the service counted (its own ledger);"

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
-from secure.report import KINDS, iso_utc
+from secure.report import KINDS
 
 #: The signature's place in an HTML report: this slot is signed, then replaced by the signature.
 SIGNATURE_SLOT = "0" * 128
@@ -109,14 +110,14 @@ def cumulative_chart(
             f'<text x="{left - 6}" y="{sy(y) + 4:.1f}" text-anchor="end" font-size="11">'
             f"{y:.2g}</text>"
         )
-    for i in range(3):
-        x = x0 + (x1 - x0) * i / 2
-        label = (iso_utc(x) or "")[:16].replace("T", " ") if x_is_time else f"{x:.0f}"
+    ticks, axis = _time_ticks(x0, x1) if x_is_time else _release_ticks(x0, x1)
+    for i, (x, label) in enumerate(ticks):
+        # the first and the last label stay inside the chart
+        anchor = "start" if i == 0 else "end" if i == len(ticks) - 1 else "middle"
         parts.append(
-            f'<text x="{sx(x):.1f}" y="{top + plot_h + 16}" text-anchor="middle"'
+            f'<text x="{sx(x):.1f}" y="{top + plot_h + 16}" text-anchor="{anchor}"'
             f' font-size="11">{_esc(label)}</text>'
         )
-    axis = "time (UTC)" if x_is_time else "release"
     parts.append(
         f'<text x="{left + plot_w / 2:.1f}" y="{height - 6}" text-anchor="middle"'
         f' font-size="12">{axis}</text>'
@@ -137,6 +138,36 @@ def cumulative_chart(
         parts.append(f'<path d="{" ".join(path)}" fill="none" stroke="#1f5fa8" stroke-width="2"/>')
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _time_ticks(x0: float, x1: float) -> tuple[list[tuple[float, str]], str]:
+    """Three ticks from ``x0`` to ``x1`` (epoch seconds) with labels that tell them apart: the
+    time of day when every release fell on one day (the date goes in the axis title), else the
+    date, with the time within a few days; and the axis title."""
+    first, last = (datetime.fromtimestamp(x, UTC) for x in (x0, x1))
+    if first.date() == last.date():
+        form = "%H:%M:%S" if x1 - x0 < 600 else "%H:%M"
+        axis = f"time (UTC) on {first:%Y-%m-%d}"
+    else:
+        form = "%Y-%m-%d %H:%M" if x1 - x0 < 3 * 86400 else "%Y-%m-%d"
+        axis = "time (UTC)"
+    return _distinct_ticks(x0, x1, lambda x: datetime.fromtimestamp(x, UTC).strftime(form)), axis
+
+
+def _release_ticks(x0: float, x1: float) -> tuple[list[tuple[float, str]], str]:
+    return _distinct_ticks(x0, x1, lambda x: f"{x:.0f}"), "release"
+
+
+def _distinct_ticks(x0: float, x1: float, label: Callable[[float], str]) -> list[tuple[float, str]]:
+    """Ticks at the start, the middle and the end, each label once (a short span can give two
+    ticks one label)."""
+    ticks: list[tuple[float, str]] = []
+    for i in range(3):
+        x = x0 + (x1 - x0) * i / 2
+        text = label(x)
+        if all(text != seen for _, seen in ticks):
+            ticks.append((x, text))
+    return ticks
 
 
 # -- the page ----------------------------------------------------------------------------------
@@ -202,17 +233,13 @@ def _summary(c: Mapping[str, Any]) -> list[str]:
         f" {_esc(c['last_release_at'] or 'no release')} (UTC).</li>",
         f"<li><b>Released:</b> {total['releases']} release(s) in {len(c['sessions'])}"
         f" session(s): {_esc(_kinds(total['by_kind']))}.</li>",
-        f"<li><b>Spent:</b> epsilon {_fmt(total['epsilon'])} at delta {c['delta']:g}"
+        f"<li><b>Spent:</b> epsilon {_fmt(total['epsilon'], 4)} at delta {c['delta']:g}"
         f" ({_esc(total['holds_against'])}).</li>",
     ]
     for cap in c["caps"]:
-        left = cap["limit"] - (total["epsilon"] or 0.0)
-        lines.append(
-            f"<li><b>Left:</b> epsilon {max(left, 0.0):.3g} of the {_esc(cap['name'])}"
-            f" {cap['limit']:g}.</li>"
-        )
+        lines.append(f"<li><b>Budget:</b> {_esc(cap['sentence'])}</li>")
     if not c["caps"]:
-        lines.append("<li><b>Left:</b> no cap was set for this report.</li>")
+        lines.append("<li><b>Budget:</b> no cap was set for this report.</li>")
     lines.append(f"<li>{_esc(total['sentence'])}</li></ul></div>")
     if c.get("warnings"):
         lines += [f'<p class="warn">{_esc(w)}</p>' for w in c["warnings"]]
@@ -234,13 +261,15 @@ def _who_and_when(c: Mapping[str, Any]) -> list[str]:
         f"<td>{_esc(s['created_at'])}</td>"
         f"<td>{_esc(s['first_release_at'])} to {_esc(s['last_release_at'])}</td>"
         f'<td class="num">{s["releases"]}: {_esc(_kinds(s["by_kind"]))}</td>'
+        f"<td>{_esc(s.get('shares') or '')}</td>"
         for s in c["sessions"]
     )
     return [
         "<h2>Sessions: with whom, when, what was released</h2>",
         *_table(
             "<th>session</th><th>partners</th><th>operator</th><th>kind</th>"
-            "<th>created (UTC)</th><th>releases (UTC)</th><th>released</th>",
+            "<th>created (UTC)</th><th>releases (UTC)</th><th>released</th>"
+            "<th>who could read a share</th>",
             rows,
         ),
     ]
@@ -274,7 +303,7 @@ def _spent(c: Mapping[str, Any], delta: float) -> list[str]:
             (
                 f"<td>{_esc(cap['name'])}</td><td class=num>{cap['limit']:g}</td>"
                 f"<td class=num>{_fmt(cap['spent'])}</td>"
-                f"<td class=num>{max(cap['limit'] - cap['spent'], 0.0):.3g}</td>"
+                f"<td class=num>{cap['left']:.3g}</td>"
                 for cap in c["caps"]
             ),
         )

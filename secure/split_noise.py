@@ -250,17 +250,23 @@ class AdversaryEpsilons:
 
 
 def adversary_epsilons(
-    noise: SplitNoise, *, releases: int, delta: float, accountant: AccountantName = "rdp"
+    noise: SplitNoise,
+    *,
+    releases: int,
+    delta: float,
+    accountant: AccountantName = "rdp",
+    masked: bool = True,
 ) -> AdversaryEpsilons:
     """Epsilon after ``releases`` releases of ``noise`` against one curious peer (z), the
-    service with one colluding peer (z: the masks show it only the sum), M - 1 colluding peers
+    service with one colluding peer (z: the masks show it only the sum; without ``masked``
+    shares it decrypts the victim's share, as M - 1 colluding peers do), M - 1 colluding peers
     (z / sqrt(M - 1): only the victim's own share is left) and, the line ``secure.privacy``
     reports as "group", one curious peer about a node whose rows sit at all M parties
     (z / (M - 1))."""
     m = noise.clients
     cast = (
         ("peer", "one curious peer", 1, False),
-        ("service_peer", "the service with one colluding peer", 1, False),
+        ("service_peer", "the service with one colluding peer", 1 if masked else m - 1, False),
         ("colluding", f"all {m - 1} other peers colluding", m - 1, False),
         ("group", f"one node's features at all {m} parties, against one curious peer", 1, True),
     )

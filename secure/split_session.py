@@ -64,30 +64,34 @@ def check_split_session(privacy: SessionPrivacy) -> None:
         )
 
 
-def split_adversary_rows(noise: SplitNoise) -> list[AdversaryRow]:
+def split_adversary_rows(noise: SplitNoise, *, masked: bool) -> list[AdversaryRow]:
     """Against whom split noise holds: the masks show the service only the sum, so with one
-    peer it faces what that peer faces (z); all M - 1 others isolate the victim's own share."""
+    peer it faces what that peer faces (z); all M - 1 others isolate the victim's own share.
+    Without masks (CKKS, the owners' --allow-shared-noise) the service with one peer decrypts
+    the victim's share itself: it faces what M - 1 colluding peers face."""
     m = noise.clients
     peer = noise.noise_multiplier_against(1)
+    one_share = noise.noise_multiplier_against(m - 1)
+    if masked:
+        service = "sees only ciphertexts of masked shares and their sum"
+        service_peer = (peer, "the masks show them only the sum, less that peer's share")
+    else:
+        service = (
+            "sees only ciphertexts and their sum; the owners' --allow-shared-noise trusts it to"
+            " serve only true sums"
+        )
+        service_peer = (
+            one_share,
+            "without masks the peer's key decrypts this client's share, which carries only its"
+            " split of the noise",
+        )
     return [
-        (
-            "the service alone",
-            None,
-            "sees only ciphertexts of masked shares and their sum (without masks, the owners'"
-            " --allow-shared-noise trusts it to serve only true sums)",
-            "service",
-        ),
+        ("the service alone", None, service, "service"),
         ("one curious peer", peer, "decrypts the sum and subtracts its own share", "peer"),
-        (
-            "the service with one colluding peer",
-            peer,
-            "the masks show them only the sum, less that peer's share (without masks they read"
-            " one share: the next line)",
-            "service_peer",
-        ),
+        ("the service with one colluding peer", *service_peer, "service_peer"),
         (
             "all other peers colluding, with or without the service",
-            noise.noise_multiplier_against(m - 1),
+            one_share,
             "pool their shares and isolate this client's share",
             "colluding",
         ),
@@ -98,23 +102,6 @@ def split_adversary_rows(noise: SplitNoise) -> list[AdversaryRow]:
             "group",
         ),
     ]
-
-
-def recovered_noise_multipliers(noise: SplitNoise, *, live_shares: int) -> dict[str, float]:
-    """What changes for a release whose sum holds ``live_shares`` = M' < M shares (a pass
-    recovered after a dropout): a peer is left M' - 1 shares, as if 1 + M - M' peers colluded
-    (docs/privacy.md section 11.3). The keys that change ("peer", "service_peer", "group"); the
-    others face what they face in a full pass."""
-    live = int(live_shares)
-    if not 2 <= live < noise.clients:
-        raise ValueError(f"a recovered sum holds 2 to {noise.clients - 1} shares, got {live}")
-    colluding = 1 + noise.clients - live
-    peer = noise.noise_multiplier_against(colluding)
-    return {
-        "peer": peer,
-        "service_peer": peer,
-        "group": noise.noise_multiplier_against(colluding, group=True),
-    }
 
 
 def session_split(privacy: SessionPrivacy) -> SplitNoise:

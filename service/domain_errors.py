@@ -144,7 +144,13 @@ class UnknownPass(DomainError):
 
 
 WrongPassReason = Literal[
-    "session-finished", "not-current", "not-started", "metrics-too-early", "too-old", "discarded"
+    "session-finished",
+    "not-current",
+    "not-started",
+    "metrics-too-early",
+    "too-old",
+    "discarded",
+    "voided",
 ]
 
 
@@ -159,6 +165,9 @@ class WrongPass(DomainError):
         "too-old": "the payloads of pass {pass_index} were discarded: the service keeps the"
         " current pass ({current_pass}) and the previous one",
         "discarded": "the payloads of pass {pass_index} have been discarded",
+        "voided": "pass {pass_index} went on without a sum: a participant's masked share did not"
+        " arrive within the session's straggler_wait_seconds, and the masks cancel only in the"
+        " sum of every participant's; go on with the current pass {current_pass}",
     }
 
     def __init__(self, reason: WrongPassReason, pass_index: int, current_pass: int) -> None:

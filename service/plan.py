@@ -98,6 +98,7 @@ class SessionPlan:
                 clients=config.clients,
                 passes_total=schedule.passes_total,
                 encrypted=config.encryption == "ckks",
+                masked=config.secure_aggregation == "masks",
             )
         widths = {a.layer: a.width + (config.nodes == "union") for a in config.agg_layers}
         gradient_layer = answer_layer = None

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import logging
+import socket
 import sys
 
 import uvicorn
@@ -43,12 +45,42 @@ def return_large_blocks_to_the_system() -> bool:
         return False
 
 
+def check_can_listen(host: str, port: int) -> None:
+    """Raise :class:`OSError` (one sentence) when the service could not listen on ``host:port``
+    (another process listens there, a port the user may not bind), before anything is created:
+    uvicorn would say it only after the app had opened (and made) its database, in log lines.
+    Each address the host resolves to is bound as uvicorn binds it (SO_REUSEADDR), then freed."""
+    if port == 0:  # any free port: nothing to check
+        return
+    try:
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror:
+        return  # not a name this machine resolves: uvicorn's own error says so
+    for family, kind, proto, _, address in addresses:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                if exc.errno == errno.EADDRNOTAVAIL:
+                    continue  # a family this machine has not enabled: asyncio skips it too
+                why = (
+                    "another process listens there: stop it or give another --port"
+                    if exc.errno == errno.EADDRINUSE
+                    else exc.strerror
+                )
+                raise OSError(exc.errno, f"cannot listen on {host}:{port} ({why})") from None
+
+
 def serve(settings: ServiceSettings) -> None:
     """Blocks until the server stops. One process per ``glasu serve``: on SQLite (the embedded
     default) it is the database's only writer, and its long polls are woken in memory. To scale
     out, run several ``glasu serve`` replicas on one PostgreSQL database behind a load balancer
     (no stickiness needed: no state that matters lives in a process; long polls are woken across
     replicas by LISTEN/NOTIFY), not uvicorn workers in one replica."""
+    check_can_listen(settings.host, settings.port)
     return_large_blocks_to_the_system()
     app = create_app(settings)
     tls = settings.tls_certfile is not None

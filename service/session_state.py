@@ -12,9 +12,13 @@ Within a running session: a pass's slots (one layer's part, see :class:`service.
 close when every participant's upload is in, or, under stragglers "continue", once the wait
 after the first upload is over (:func:`slot_progress`); the clients a closed slot lacks are left
 out of the rest of the pass and of the passes after it (:func:`left_out`) until they rejoin
-(:func:`rejoin_pass`). A sum is stored once per slot (:func:`sum_pending`); with differential
-privacy the first aggregation layer's sum of a pass is its release (:func:`release_of_pass`).
-Once every part of its last layer is summed the pass ends (:func:`pass_end`).
+(:func:`rejoin_pass`). A masked session's slot that closes without a participant voids its pass
+instead (:func:`voids_pass`): the masks would not cancel in a sum of the others, so none is
+formed, and the next pass is masked over the clients still in, which the service states to them
+(:func:`stated_participants`). A sum is stored once per slot (:func:`sum_pending`); with
+differential privacy the first aggregation layer's sum of a pass is its release
+(:func:`release_of_pass`). Once every part of its last layer is summed the pass ends
+(:func:`pass_end`).
 
 The state values are the strings stored in the database and returned by the API (``SessionStatus``
 .state, ``secure.wire.sessions.SessionStateName``); :attr:`SessionState.done_reason` is the reason
@@ -28,6 +32,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
+from secure.masking.participants import MIN_SHARES_IN_SUM
 from secure.protocol import MIN_CONTRIBUTORS, StragglerPolicy
 
 
@@ -125,21 +130,58 @@ def slot_progress(
     straggler_wait_seconds: float,
     first_upload_at: float | None,
     now: float,
+    masked: bool = False,
 ) -> SlotProgress:
     """The slot's progress, given the clients whose upload is in and the pass's participants:
     it closes once every participant's upload is in, or (stragglers "continue") once the wait
-    since its first upload is over and enough clients arrived."""
+    since its first upload is over and enough clients arrived. A ``masked`` session's slot
+    closes after the wait whoever arrived (its pass is then void: :func:`voids_pass`), and
+    never while the pass has fewer than ``MIN_SHARES_IN_SUM`` participants (a sum of two tells
+    each the other's share): it waits until one rejoins."""
     have = set(received)
     missing = [m for m in sorted(participants) if m not in have]
     continues = stragglers == "continue"
+    enough = 1 if masked else MIN_CONTRIBUTORS
     at = None
-    if continues and len(received) >= MIN_CONTRIBUTORS and first_upload_at is not None:
+    if continues and len(received) >= enough and first_upload_at is not None:
         at = first_upload_at + straggler_wait_seconds
-    if continues and len(received) < min(MIN_CONTRIBUTORS, clients):
+    if masked and len(participants) < MIN_SHARES_IN_SUM:
+        closes, at = False, None
+    elif continues and not masked and len(received) < min(MIN_CONTRIBUTORS, clients):
         closes = False  # the others are absent: wait until one rejoins
     else:
         closes = not missing or (at is not None and now >= at)
     return SlotProgress(received, missing, at, closes)
+
+
+def voids_pass(progress: SlotProgress, *, masked: bool) -> bool:
+    """Whether a closing slot voids its pass: masked shares without every participant's, whose
+    masks would not cancel. No sum is formed; the missing are left out as by any closed slot
+    (:func:`left_out`) and the pass ends (:func:`pass_end`), its other participants going on
+    with the next pass, masked over the clients still in."""
+    return masked and progress.closes and bool(progress.missing)
+
+
+def stated_participants(
+    participants: list[int],
+    *,
+    masked: bool,
+    stragglers: StragglerPolicy,
+    pass_index: int,
+    current_pass: int,
+) -> list[int] | None:
+    """The participants of a masked pass as the service states them (``PassInfo.participants``:
+    every share of the pass is masked over them), or None while they may still change: a
+    pass after the current one (a pass before it may be void and leave clients out) or one with
+    fewer than ``MIN_SHARES_IN_SUM`` (it waits for a rejoin, which joins it while its set is not
+    stated). Under stragglers "wait" every client, always; None without masks."""
+    if not masked:
+        return None
+    if stragglers == "wait":
+        return participants
+    if pass_index > current_pass or len(participants) < MIN_SHARES_IN_SUM:
+        return None
+    return participants
 
 
 def left_out(participants: Iterable[int], contributors: Collection[int]) -> list[int]:
@@ -155,14 +197,17 @@ def rejoin_pass(
     participating: bool,
     absent: bool,
     slots_closed: bool,
+    stated: bool = False,
 ) -> int | None:
     """The pass from which a rejoining client takes part again, or None if there is nothing to
     record (the session no longer runs). The current pass if none of its slots closed without
     the client (``participating``, or ``absent`` from a pass before with nothing of this one
-    closed yet), else the next; later passes wait for it from there."""
+    closed yet), else the next; later passes wait for it from there. A masked pass whose
+    participants were ``stated`` (:func:`stated_participants`) takes no one more: its shares
+    are masked over them."""
     if state != SessionState.RUNNING:
         return None
-    if participating or (absent and not slots_closed):
+    if participating or (absent and not slots_closed and not stated):
         return current_pass
     return current_pass + 1
 

@@ -76,6 +76,7 @@ class SessionManager:
                     clients=request.clients,
                     passes_total=total,
                     encrypted=request.encryption == "ckks",
+                    masked=request.secure_aggregation == "masks",
                 )
             except PrivacyPlanError as exc:
                 raise InvalidSessionRequest(f"privacy: {exc}") from exc

@@ -153,7 +153,12 @@ def describe(report: dict) -> str:
         if report.get("epsilon_planned") is not None
         else "",
         f"mechanism: {_mechanism_name(report)}, {noise}, sensitivity ="
-        f" {report['sensitivity']:.4g}, clip C = {report['clip']:.4g}",
+        f" {report['sensitivity']:.4g}, clip C = {report['clip']:.4g}"
+        + (
+            f", degree-normalised release (degree floor {report['degree_floor']})"
+            if report.get("degree_floor")
+            else ""
+        ),
     ]
     if "NOT PRIVATE" in report.get("noise", ""):
         lines.insert(0, f"WARNING: the noise was {report['noise']}")

@@ -30,7 +30,7 @@ from clients.cli.errors import (
     UsageError,
     describe_error,
 )
-from clients.cli.options import HelpFormatter
+from clients.cli.options import CommandParser, HelpFormatter, usage_hint
 
 log = logging.getLogger("glasu.cli")
 
@@ -65,7 +65,7 @@ def command_module(name: str) -> ModuleType:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="glasu",
         description="Privacy-hardened vertical federated GNN training (GLASU): CKKS-encrypted "
         "aggregation and differential privacy, on by default.",
@@ -112,7 +112,9 @@ def _reader_gone() -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # said by the command they were given to, not by `glasu`
+        args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     logging.basicConfig(
         level=args.cli_log_level,
         format="%(levelname)s %(name)s: %(message)s",
@@ -128,8 +130,7 @@ def _main(argv: Sequence[str] | None) -> int:
     except KeyboardInterrupt:
         return _fail(command, "interrupted", EXIT_INTERRUPTED)
     except UsageError as exc:
-        command.print_usage(sys.stderr)
-        return _fail(command, f"error: {exc}", EXIT_USAGE, exc)
+        return _fail(command, f"error: {exc}\n{usage_hint(command.prog)}", EXIT_USAGE, exc)
     except CliError as exc:
         return _fail(command, f"error: {exc}", exc.exit_code, exc)
     except BrokenPipeError:

@@ -15,9 +15,9 @@ import tempfile
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from clients.cli.errors import CliError, UsageError, failing_as
+from clients.cli.errors import EXIT_USAGE, CliError, UsageError, failing_as
 
 # -- help -------------------------------------------------------------------------------------
 
@@ -52,6 +52,20 @@ class HelpFormatter(argparse.HelpFormatter):
         ):
             return text
         return f"{text} {default_note('%(default)s')}" if text else default_note("%(default)s")
+
+
+def usage_hint(prog: str) -> str:
+    """The line under a usage error: where the usage is, instead of argparse's usage text."""
+    return f"run `{prog} --help` for usage"
+
+
+class CommandParser(argparse.ArgumentParser):
+    """The parser of ``glasu`` and of each of its (sub)commands (``add_subparsers`` hands its
+    class down): a usage error is one line, "glasu train: error: ...", and the line saying where
+    the usage is, not argparse's usage text before it."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n{usage_hint(self.prog)}\n")
 
 
 def add_command(
@@ -229,7 +243,7 @@ def check_output_file(
         raise UsageError(f"{flag} {path} is a directory; give a file name")
     if target.exists():
         if overwrite is False:
-            raise UsageError(f"{flag} {path} exists; pass --overwrite to replace it")
+            raise existing_refused(flag, path)
         if not os.access(target, os.W_OK):
             raise UsageError(f"{flag} {path} is not writable")
     parent = next(p for p in target.parents if p.exists())
@@ -241,6 +255,31 @@ def check_output_file(
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         raise UsageError(f"{flag} {path}: cannot create files in {parent} ({reason})") from None
+
+
+def existing_refused(flag: str, path: Path) -> UsageError:
+    """The refusal of an output that exists: every output flag words it the same."""
+    return UsageError(f"{flag} {path} exists; pass --overwrite to replace it")
+
+
+def check_model_folder(path: Path, flag: str, *, party: int, overwrite: bool) -> None:
+    """A folder a party's model will be kept in: another party's model (or a folder a worker of
+    another party claimed) is refused by name, even with ``overwrite`` (one folder per party);
+    this party's own model is replaced only with ``overwrite``."""
+    from models.artefact import ModelError, holds_model, model_folder_party
+
+    check_output_dir(path, flag)
+    try:
+        owner = model_folder_party(path)
+    except ModelError as exc:
+        raise UsageError(f"{flag} {path}: {exc}") from None
+    if owner is not None and owner != party:
+        raise UsageError(
+            f"{flag} {path} holds the model of party {owner}, not of this party ({party}): give "
+            "each party its own model folder (--overwrite never replaces another party's model)"
+        )
+    if holds_model(path) and not overwrite:
+        raise existing_refused(flag, path)
 
 
 def check_party_folders(folders: Sequence[Path]) -> None:

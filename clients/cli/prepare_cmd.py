@@ -139,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
         f"{counts['undirected_edges']} undirected edges ({counts['self_loops_dropped']} "
         f"self-loops and {counts['duplicate_edges_dropped']} duplicate edges dropped), "
         f"{meta['labeled_rows']} labelled nodes"
+        + (f" (classes {', '.join(meta['class_names'])})" if meta.get("class_names") else "")
     )
     from clients.owner_ledger import organisation_ledger
 

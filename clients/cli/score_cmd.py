@@ -14,6 +14,7 @@ from clients.cli.options import (
     add_command,
     add_output_dir_argument,
     check_output_dir,
+    check_output_file,
     check_party_folders,
     positive_int,
 )
@@ -30,16 +31,19 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         commands,
         "score",
         help="score customers jointly with trained models (predictions out)",
-        description="Align the parties' current tables privately (new customers included), "
-        "start the service and one worker per party on this machine, and score every shared "
-        "node (or the label holder's --ids) with the models of `glasu train --model-dir`. Each "
-        "pass is an evaluation pass with the training's protections: its layer-1 releases are "
-        "encrypted, noised and counted (scoring spends privacy budget). One answer per "
-        "customer: the label holder's (without one, the first party's) prediction is the "
-        "model's, in OUT/<party>.csv (or .parquet): id, predicted class, class probabilities; "
-        "its partners get it too with --share-predictions label-holder. Each party's releases "
-        "are counted in its organisation's privacy "
-        "ledger, the one its training counted in (--ledger), under its lifetime cap.",
+        description="Align the parties' current tables privately (new customers included; "
+        "each party keeps its alignment beside its organisation's ledger, so only the ids "
+        "added since are blinded), start the service and one worker per party on this "
+        "machine, and score every shared node (or the label holder's --ids) with the models "
+        "of `glasu train --model-dir`. Each pass is an evaluation pass with the training's "
+        "protections: its layer-1 releases are encrypted, noised and counted (scoring spends "
+        "privacy budget). One answer per customer: the label holder's (without one, the first "
+        "party's) prediction is the model's, in OUT/<party>.csv (or .parquet), in the order of "
+        "--ids (or of its own table): id, predicted class (by name where the labels table "
+        "named the classes), class probabilities to 4 decimals; its partners get it too with "
+        "--share-predictions label-holder. Each party's releases are counted in its "
+        "organisation's privacy ledger, the one its training counted in (--ledger), under its "
+        "lifetime cap.",
     )
     p.add_argument(
         "--party",
@@ -78,6 +82,18 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "OUT/<label holder>.csv; 'none' (default): nothing; 'label-holder': the same answer, "
         "in OUT/<partner>.csv in the partner's own ids",
     )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace existing predictions files in --out (refused by default)",
+    )
+    p.add_argument(
+        "--realign",
+        action="store_true",
+        help="align afresh with new keys instead of updating the alignment each party keeps "
+        "(beside its ledger, or alignment.kept in its folder; keys also rotate after a number "
+        "of updates or days: docs/data.md)",
+    )
     add_owner_ledger_arguments(p)
     add_encryption_argument(p)
     p.add_argument(
@@ -100,23 +116,29 @@ def check(args: argparse.Namespace) -> None:
     if args.ids is not None and not args.ids.is_file():
         raise UsageError(f"--ids {args.ids} is not a file")
     check_output_dir(args.out, "--out")
+    from clients.local.parties import party_names, predictions_files
+
+    for path in predictions_files(args.out, party_names(args.party), args.format):
+        check_output_file(path, "--out", overwrite=args.overwrite)
     check_ledger_arguments(args)
     args.owner_ledgers = owner_ledgers(args)  # an older ledger beside the data: refused now
 
 
 def run(args: argparse.Namespace) -> int:
     from clients.alignment import AlignmentFailed
+    from clients.local.parties import AlignmentKeeping
     from clients.local.processes import FederationFailed
     from clients.local.scoring import score_locally
     from models.artefact import ModelError
     from models.metrics import describe_scores
+    from secure.accounting import count_releases
 
     holder_ids = None
     if args.ids is not None:
         with failing_as("--ids"):
             holder_ids = [line.strip() for line in args.ids.read_text().splitlines()]
             holder_ids = [i for i in holder_ids if i]
-    with failing_as("glasu score", ModelError, ValueError, OSError, FederationFailed):
+    with failing_as("the scoring failed", ModelError, ValueError, OSError, FederationFailed):
         try:
             summary = score_locally(
                 args.party,
@@ -129,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
                 device=args.device,
                 progress=not args.quiet,
                 ledgers=args.owner_ledgers,
+                keeping=AlignmentKeeping(realign=args.realign),
                 share_predictions=args.share_predictions,
             )
         except AlignmentFailed as exc:
@@ -146,7 +169,8 @@ def run(args: argparse.Namespace) -> int:
     if summary.privacy is not None:
         print(
             f"privacy spent by this scoring: epsilon {summary.privacy['epsilon']:.4g} at delta "
-            f"{summary.privacy['delta']:g} ({summary.privacy['releases']} releases), counted with "
+            f"{summary.privacy['delta']:g} ({count_releases(summary.privacy['releases'])}), "
+            "counted with "
             "everything else in each organisation's ledger (glasu budget --local DIR)",
         )
     else:

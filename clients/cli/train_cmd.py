@@ -20,9 +20,11 @@ from clients.cli.options import (
     PLOT_FORMATS,
     add_command,
     check_device,
+    check_model_folder,
     check_output_dir,
     check_output_file,
     check_party_folders,
+    given_options,
     positive_int,
 )
 from secure.protocol import AlignedNodes
@@ -99,7 +101,8 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     output.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace an existing --report or --plot file (refused by default)",
+        help="replace an existing --report or --plot file, or the parties' models in "
+        "--model-dir (refused by default)",
     )
     output.add_argument(
         "--model-dir",
@@ -150,6 +153,8 @@ def check(args: argparse.Namespace) -> None:
                 "client apart"
             )
         check_output_dir(args.model_dir, "--model-dir")
+        for party, folder in enumerate(model_folders(args) or []):
+            check_model_folder(folder, "--model-dir", party=party, overwrite=args.overwrite)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -306,11 +311,25 @@ def model_folders(args: argparse.Namespace) -> list[Path] | None:
     return parties.model_folders(args.model_dir, names)
 
 
+#: The options that choose or partition a benchmark dataset, which ``--party`` replaces.
+BENCHMARK_OPTIONS = ("--dataset", "--data-dir", "--split", "--edge-fraction")
+
+
 def check_parties(args: argparse.Namespace) -> None:
-    """``--party``: at least two existing folders, no benchmark dataset; M is their number."""
+    """``--party``: at least two existing folders, no benchmark dataset (an option of one is
+    refused, not ignored); M is their number."""
     check_party_folders(args.party)
-    if args.data_dir is not None:
-        raise UsageError("--party trains the organisations' own data: drop --data-dir")
+    given = given_options(args) | ({"--data-dir"} if args.data_dir is not None else set())
+    benchmark = [flag for flag in BENCHMARK_OPTIONS if flag in given]
+    if benchmark:
+        raise UsageError(
+            f"--party trains the organisations' own data: drop {', '.join(benchmark)} (a "
+            "benchmark dataset's)"
+        )
+    if "--clients" in given and args.clients != len(args.party):
+        raise UsageError(
+            f"--clients {args.clients}: there is one client per --party, {len(args.party)} here"
+        )
     args.clients = len(args.party)
 
 

@@ -28,6 +28,8 @@ PRIVACY_OPTIONS = (
     "--accountant",
     "--release-width",
     "--occurrence-cap",
+    "--release",
+    "--degree-floor",
     "--shared-noise",
     "--split-noise",
 )
@@ -71,9 +73,7 @@ def check_federation(args: argparse.Namespace, *, through_service: bool) -> None
         )
     if getattr(args, "secure_aggregation", "none") == "masks":
         try:
-            check_masks(
-                clients=args.clients, encryption=args.encryption, stragglers=args.stragglers
-            )
+            check_masks(clients=args.clients, encryption=args.encryption)
         except ValueError as exc:
             flag = "--secure-aggregation masks"
             raise UsageError(str(exc).replace("secure aggregation 'masks'", flag)) from None
@@ -99,6 +99,11 @@ def check_federation(args: argparse.Namespace, *, through_service: bool) -> None
         raise UsageError(
             "--stragglers continue needs unshared noise: with --shared-noise a pass without a "
             "straggler would carry less noise than the ledger counts"
+        )
+    if private and getattr(args, "split_noise", None) and args.stragglers == "continue":
+        raise UsageError(
+            "--stragglers continue needs unsplit noise: with --split-noise a pass that goes on "
+            "over fewer clients would carry less noise than the ledger counts"
         )
     if through_service and not private and args.hidden > MAX_WIDTH:
         raise UsageError(

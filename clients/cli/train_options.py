@@ -30,6 +30,7 @@ from clients.cli.options import (
 from clients.policy import PrivacyPolicy
 from models.config import DEVICE_NAMES, BackboneName, FeatureScaleName, Mode, TrainConfig
 from secure.accounting import ACCOUNTANTS
+from secure.dp import RELEASE_KINDS
 from secure.protocol import StragglerPolicy
 from secure.wire.common import MAX_CLIENTS, MAX_LAYERS, MAX_ROUNDS, MAX_WIDTH
 
@@ -306,8 +307,12 @@ def add_encryption_argument(p: argparse._ActionsContainer) -> None:
         default=DEFAULTS.secure_aggregation,
         help="masks: every share masked with pairwise masks that cancel only in the sum of all "
         "of them and encrypted under BFV, so neither the service nor the service with one "
-        "worker reads a share (3 clients or more, with encryption, --stragglers wait; "
-        "docs/secure-aggregation.md) (default: none)",
+        "worker reads a share (3 clients or more, with encryption; under --stragglers continue "
+        "a pass that loses a client is redone over the others; docs/secure-aggregation.md). "
+        "Default: none, CKKS without masks: one key for every worker, no per-organisation keys "
+        "to pin out of band when deployed, and it runs with 2 clients and scoring; masks cost "
+        "about the same time and bytes (docs/results.md) and, with DP, split the noise by "
+        "default",
     )
 
 
@@ -375,6 +380,24 @@ def add_privacy_arguments(p: argparse._ActionsContainer, *, noise_seed: bool = T
         type=non_negative_int,
         metavar="C",
     )
+    add_setting(
+        p,
+        "--release",
+        "how each client's layer-1 release is formed (docs/privacy.md 3.7): clip-after "
+        "aggregates, then clips each row to C (sensitivity 2C sqrt(c+1)); degree-normalised "
+        "clips each node's own row to C, then divides the neighbourhood's sum by "
+        "max(degree, --degree-floor) (2C sqrt(c+1) / d_min)",
+        action=StoreGiven,
+        choices=RELEASE_KINDS,
+    )
+    add_setting(
+        p,
+        "--degree-floor",
+        "d_min of --release degree-normalised: a fixed setting, not a statistic of the graph",
+        action=StoreGiven,
+        type=positive_int,
+        metavar="D_MIN",
+    )
     p.add_argument(
         "--shared-noise",
         dest="shared_noise",
@@ -392,8 +415,8 @@ def add_privacy_arguments(p: argparse._ActionsContainer, *, noise_seed: bool = T
         default=None,
         help="split discrete Gaussian noise, 3 clients or more, encrypted, accountant rdp "
         "(docs/privacy.md section 11): each client adds sigma^2/(M-1), so the sum less any one "
-        "share carries sigma^2 (default: on with --secure-aggregation masks, where nobody reads "
-        "a share; --no-split-noise keeps each client's full noise there)",
+        "share carries sigma^2 (default: on with --secure-aggregation masks and --stragglers wait, "
+        "where nobody reads a share; --no-split-noise keeps each client's full noise there)",
     )
     if not noise_seed:
         return

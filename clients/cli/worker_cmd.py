@@ -29,9 +29,16 @@ from clients.cli.errors import (
     EXIT_REFUSED,
     EXIT_UNREACHABLE,
     CliError,
+    UsageError,
     failing_as,
 )
-from clients.cli.options import add_command, check_device, ledger_errors
+from clients.cli.options import (
+    add_command,
+    check_device,
+    check_model_folder,
+    check_output_file,
+    ledger_errors,
+)
 from clients.cli.settings_args import add_settings_arguments, settings_from_args
 from clients.settings import WorkerSettings
 from models.config import PRECOMPUTED_BACKBONES
@@ -88,6 +95,7 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(WorkerSettings, args)
     check_device(settings.device)  # before the data: a missing GPU is a bad setting (exit 2)
+    claim_outputs(settings)
     from clients.data_lock import DataFolderBusy, DataFolderLock
 
     # first of all: a second worker on this folder would resume from the live one's checkpoint
@@ -98,6 +106,24 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--data: {exc}") from exc
     with folder_lock:
         return _run(settings, ledger_path(settings), quiet=args.quiet)
+
+
+def claim_outputs(settings: WorkerSettings) -> None:
+    """``--predictions`` and ``--model-out``, before anything is read or released: an existing
+    one is refused without ``--overwrite``, another party's model folder always; the model
+    folder is then claimed for this party (a second worker started on it is refused)."""
+    from models.artefact import ModelError, claim_model_folder
+
+    check_output_file(settings.predictions, "--predictions", overwrite=settings.overwrite)
+    if settings.model_out is None:
+        return
+    check_model_folder(
+        settings.model_out, "--model-out", party=settings.client, overwrite=settings.overwrite
+    )
+    try:
+        claim_model_folder(settings.model_out, party=settings.client, session_id=settings.session)
+    except ModelError as exc:
+        raise UsageError(f"--model-out: {exc}") from None
 
 
 def worker_codec(settings: WorkerSettings, *, parties: int) -> EmbeddingCodec:
@@ -225,7 +251,7 @@ def run_session(
     from clients.session_client import SessionClient
     from clients.session_fit import SessionMismatch
     from clients.worker import WorkerRun
-    from models.artefact import ModelError
+    from models.artefact import ModelError, class_names
     from secure.aggregation import PayloadError
     from secure.noise import NotPrivateNoiseError
     from secure.protocol import ProtocolViolation
@@ -240,13 +266,12 @@ def run_session(
                 settings.predictions,
                 ids_of_node=loaded.ids_of_node,
                 num_classes=model.manifest["model"]["num_classes"],
+                class_names=class_names(model.manifest),
             )
 
     def progress(info: PassInfo, outcome: PassOutcome) -> None:
         if writer is not None and outcome.answer is not None:  # the model's, one per customer
-            writer.write(
-                info.output_nodes, outcome.answer.probabilities, predicted=outcome.answer.predicted
-            )
+            writer.write(info.output_nodes, outcome.answer.probabilities)
         if not quiet and outcome.kind == "eval":
             print(evaluation_line(settings.client, info.round, outcome), flush=True)
 

@@ -4,18 +4,28 @@ process on a temporary database (no sockets). The same messages as a deployed ``
 signed: each party gets a fresh Ed25519 key and its peers' public keys, so it blinds only sets its
 peer posted.
 Every alignment orders the shared nodes anew (by fully blinded values, which depend on fresh
-keys and on the alignment's id), so two runs with one seed draw different splits."""
+keys and on the alignment's id), so two runs with one seed draw different splits.
+``glasu score`` aligns through the alignment each party keeps (:func:`align_keeping`): only
+the ids added since are blinded."""
 
 from __future__ import annotations
 
 import secrets
 import tempfile
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from clients.admin import AdminClient
 from clients.alignment import AlignmentClient, AlignmentOutcome, align
+from clients.alignment_keeping import (
+    KeptAlignment,
+    check_one_federation,
+    kept_location,
+    read_kept,
+    write_kept,
+)
 from clients.alignment_signing import SetSigning
 from clients.local.asgi import InProcessTransport
 from clients.service_http import ConnectionOptions
@@ -30,9 +40,13 @@ def align_in_process(
     seed: int,
     nodes: str = "intersection",
     progress: bool = False,
+    kept: Sequence[KeptAlignment] | None = None,
+    now: float | None = None,
 ) -> list[AlignmentOutcome]:
     """Align the parties' ids (one sequence per party, in its row order); the outcome of each
-    party, in order. Raises :class:`clients.alignment.AlignmentFailed` (e.g. no shared id)."""
+    party, in order. ``kept``: each party's kept alignment, updated (an outcome's ``kept`` is
+    what the party keeps next, dated ``now`` when fresh). Raises
+    :class:`clients.alignment.AlignmentFailed` (e.g. no shared id)."""
     from service.app import create_app
     from service.settings import ServiceSettings
 
@@ -64,6 +78,8 @@ def align_in_process(
                         ids,
                         signing[m],
                         progress and m == 0,
+                        None if kept is None else kept[m],
+                        now,
                     )
                     for m, ids in enumerate(party_ids)
                 ]
@@ -81,6 +97,8 @@ def _party(
     ids: Sequence[str],
     signing: SetSigning,
     progress: bool,
+    kept: KeptAlignment | None,
+    now: float | None,
 ) -> AlignmentOutcome:
     with AlignmentClient(
         base_url=BASE_URL,
@@ -91,4 +109,56 @@ def _party(
             transport=transport, poll_seconds=5.0, peer_wait_seconds=PEER_WAIT_SECONDS
         ),
     ) as client:
-        return align(client, ids, signing=signing, progress=progress)
+        return align(client, ids, signing=signing, progress=progress, kept=kept, now=now)
+
+
+def align_keeping(
+    folders: Sequence[Path],
+    party_ids: Sequence[Sequence[str]],
+    *,
+    seed: int,
+    nodes: str = "intersection",
+    progress: bool = False,
+    realign: bool = False,
+    now: float | None = None,
+) -> tuple[list[AlignmentOutcome], str]:
+    """:func:`align_in_process` through the alignment each party keeps
+    (``clients/alignment_keeping.py``: with its organisation's ledger, or in its folder):
+    updated, or made afresh (none kept yet, ``realign``, or its keys due to rotate at some
+    party), then kept again. The outcomes, and a note for people
+    on which it was. A kept file that was changed, or is another party's or another
+    federation's, is refused with its path (:class:`KeptAlignmentError`)."""
+    now = time.time() if now is None else now
+    parties = len(folders)
+    paths = [kept_location(folders, m) for m in range(parties)]
+    found = [read_kept(path, parties=parties, party=m) for m, path in enumerate(paths)]
+    kept: list[KeptAlignment] | None = None
+    if realign:
+        note = "a fresh alignment with new keys (--realign)"
+    elif any(one is None for one in found):
+        missing = [p for p, one in zip(paths, found, strict=True) if one is None]
+        note = (
+            f"a fresh alignment with new keys (none kept yet at {len(missing)} of {parties} "
+            f"parties, e.g. {missing[0]}); kept for the next"
+        )
+    else:
+        kept = [one for one in found if one is not None]
+        check_one_federation(kept, [str(path) for path in paths])
+        due = next(
+            (f"{p}: {why}" for p, one in zip(paths, kept, strict=True)
+             if (why := one.rotation_due(now)) is not None),
+            None,
+        )  # fmt: skip
+        if due is not None:
+            kept = None
+            note = f"a fresh alignment with new keys, rotated ({due})"
+        else:
+            note = f"the kept alignment updated (update {kept[0].updates + 1} of its keys)"
+    outcomes = align_in_process(
+        party_ids, seed=seed, nodes=nodes, progress=progress, kept=kept, now=now
+    )
+    for path, outcome in zip(paths, outcomes, strict=True):
+        assert outcome.kept is not None
+        write_kept(outcome.kept, path)
+    blinded = sum(outcome.kept.blinded_last for outcome in outcomes if outcome.kept is not None)
+    return outcomes, f"{note}; {blinded} blindings, at all parties and hops"

@@ -183,7 +183,7 @@ def train_over_http(
             layout.partitions,
             created,
             threads=threads,
-            extra=lambda m: [] if model_dirs is None else ["--model-out", str(model_dirs[m])],
+            extra=lambda m: [] if model_dirs is None else _keeping_model(model_dirs[m]),
             folders=folders,
             ledgers=ledgers,
         )
@@ -193,6 +193,13 @@ def train_over_http(
     return summary_from_workers(
         config, layout, dataset, results, privacy, wall_seconds=time.perf_counter() - started
     )
+
+
+def _keeping_model(folder: Path) -> list[str]:
+    """The worker flags that keep a client's model in ``folder``; ``--overwrite`` because the
+    command that asked for it (``glasu train --model-dir``) has already refused an existing
+    model unless its own ``--overwrite`` was given."""
+    return ["--model-out", str(folder), "--overwrite"]
 
 
 def follow(

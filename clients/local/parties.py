@@ -6,6 +6,7 @@ shared nodes (``models/data/aligned.py``), or, for workers that read folders
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from clients.local.alignment import align_in_process
+from clients.alignment import AlignmentOutcome
+from clients.local.alignment import align_in_process, align_keeping
 from models.data.aligned import (
     AlignedFederation,
     SharedIndex,
@@ -21,6 +23,7 @@ from models.data.aligned import (
     aligned_split,
     party_alignment,
 )
+from models.data.class_names import CLASS_NAMES, class_names_in
 from models.data.partition import ClientPartition, partition
 from models.data.party import (
     IDS,
@@ -28,6 +31,7 @@ from models.data.party import (
     NO_LABEL,
     NOT_SHARED,
     PartyData,
+    read_meta,
     read_party,
     save_array,
     write_alignment,
@@ -43,10 +47,21 @@ def party_names(folders: Sequence[Path]) -> list[str]:
     return [str(folder) for folder in folders]
 
 
+def file_names(names: Sequence[str]) -> list[str]:
+    """Each party's name as a file name: its name, or ``party-<m>`` where the names are paths
+    (because they repeat)."""
+    return [n if "/" not in n else f"party-{m}" for m, n in enumerate(names)]
+
+
 def model_folders(model_dir: Path, names: Sequence[str]) -> list[Path]:
     """Where ``glasu train --model-dir`` keeps each party's model, and ``glasu score`` finds it:
-    ``model_dir/<name>`` (``party-<m>`` where the names are paths, because they repeat)."""
-    return [Path(model_dir) / (n if "/" not in n else f"party-{m}") for m, n in enumerate(names)]
+    ``model_dir/<name>`` (:func:`file_names`)."""
+    return [Path(model_dir) / name for name in file_names(names)]
+
+
+def predictions_files(out: Path, names: Sequence[str], output_format: str) -> list[Path]:
+    """Where ``glasu score --out`` writes each party's predictions: ``out/<name>.<format>``."""
+    return [Path(out) / f"{name}.{output_format}" for name in file_names(names)]
 
 
 def federation_of_parties(
@@ -56,15 +71,46 @@ def federation_of_parties(
     nodes: str = "intersection",
     label_holder: int | None = None,
     progress: bool = False,
+    keeping: AlignmentKeeping | None = None,
 ) -> AlignedFederation:
     """Read every folder, align the parties' ids privately and build the federation over the
     shared nodes, or over the union (``nodes``), their labels merged, the split drawn from
-    ``seed``."""
+    ``seed``. ``keeping``: align through the alignment each party keeps in its folder (the
+    summary says whether it was updated or made afresh)."""
     parties = [read_party(Path(folder)) for folder in folders]
-    index = _aligned_index(parties, seed=seed, nodes=nodes, progress=progress)
-    return aligned_federation(
-        parties, index, names=party_names(folders), seed=seed, label_holder=label_holder
+    note = None
+    if keeping is None:
+        index = _aligned_index(parties, seed=seed, nodes=nodes, progress=progress)
+    else:
+        outcomes, note = align_keeping(
+            folders,
+            [data.ids for data in parties],
+            seed=seed,
+            nodes=nodes,
+            progress=progress,
+            realign=keeping.realign,
+            now=keeping.now,
+        )
+        index = _shared_index(outcomes)
+    federation = aligned_federation(
+        parties,
+        index,
+        names=party_names(folders),
+        seed=seed,
+        label_holder=label_holder,
     )
+    if note is None:
+        return federation
+    return dataclasses.replace(federation, summary=f"{federation.summary} ({note})")
+
+
+@dataclass(frozen=True)
+class AlignmentKeeping:
+    """Align through the parties' kept alignments: ``realign`` forces a fresh one (new keys);
+    ``now`` (seconds since the epoch) dates it and decides whether its keys are due to rotate."""
+
+    realign: bool = False
+    now: float | None = None
 
 
 def _aligned_index(
@@ -73,12 +119,29 @@ def _aligned_index(
     outcomes = align_in_process(
         [data.ids for data in parties], seed=seed, nodes=nodes, progress=progress
     )
+    return _shared_index(outcomes)
+
+
+def _shared_index(outcomes: Sequence[AlignmentOutcome]) -> SharedIndex:
     return SharedIndex(
         alignment_id=outcomes[0].alignment_id,
         digest=outcomes[0].digest,
         aligned_nodes=outcomes[0].aligned_nodes,
         rows=[outcome.rows for outcome in outcomes],
     )
+
+
+def _with_class_names(folder: Path, class_names: tuple[str, ...] | None) -> None:
+    """The run's class names in a worker folder's meta.json, where the party's own differ (a
+    party given the label holders' labels is given their names)."""
+    meta = read_meta(folder)
+    if class_names_in(meta) == class_names:
+        return
+    (folder / META).unlink()  # the link to the party's own meta.json, which stays as it was
+    named = {k: v for k, v in meta.items() if k != CLASS_NAMES}
+    if class_names is not None:
+        named[CLASS_NAMES] = list(class_names)
+    (folder / META).write_text(json.dumps(named, indent=2) + "\n")
 
 
 @dataclass(frozen=True)
@@ -105,9 +168,10 @@ def worker_folders(
     """Align the parties' ids privately (nodes every party holds) and give each party a folder in
     ``out`` that a worker reads as it would the folder of :func:`save_partition
     <models.data.partition.save_partition>` for the same federation: links to the party's own
-    ``features.npy``, ``edges.npy``, ids and meta (never read or copied here), the run's labels
-    in its row order and the alignment with the run's split. The ``passive`` parties (GLASU B.2)
-    get no label and no split."""
+    ``features.npy``, ``edges.npy``, ids and meta (never read or copied here; the meta copied
+    where the run's class names are not the party's own), the run's labels in its row order and
+    the alignment with the run's split. The ``passive`` parties (GLASU B.2) get no label and no
+    split."""
     parties = [read_party(Path(folder)) for folder in folders]  # features stay on disk, mapped
     index = _aligned_index(parties, seed=seed, nodes="intersection", progress=progress)
     names = party_names(folders)
@@ -119,11 +183,12 @@ def worker_folders(
         folder.mkdir(parents=True)
         for name in ("features.npy", "edges.npy", IDS, META):
             (folder / name).symlink_to(Path(source).resolve() / name)
+        if m not in passive:
+            _with_class_names(folder, split.class_names)
         rows = index.rows[m]
-        # as save_partition: the benchmark-style alignment, without the alignment's id or digest
-        alignment = dataclasses.replace(
-            party_alignment(index, split, m), alignment_id=None, digest=None
-        )
+        # as save_partition, without the alignment's id (no service holds it); its digest
+        # names the alignment in the models this run keeps (`glasu model show`)
+        alignment = dataclasses.replace(party_alignment(index, split, m), alignment_id=None)
         if m in passive:
             alignment = dataclasses.replace(
                 alignment, train_nodes=none, val_nodes=none, test_nodes=none

@@ -1,10 +1,11 @@
 """``glasu score --party DIR ... --model-dir DIR``: joint scoring on this machine, as
-``glasu train`` trains: the parties' current tables aligned privately afresh (new customers
-included), the service and one ``glasu worker`` per party over loopback HTTP, a scoring session
-whose passes are the same split forward passes as an evaluation pass, with the same protections
-(each pass's layer-1 releases encrypted, noised and counted). The answering party (the label
-holder, else the first) gets the model's answer in its own ids; its partners get the same
-answer in theirs where the scoring shares it, else nothing."""
+``glasu train`` trains: the parties' current tables aligned privately (new customers included;
+through the alignment each party keeps, so that only the ids added since the last one are
+blinded: ``clients/alignment_keeping.py``), the service and one ``glasu worker`` per party over
+loopback HTTP, a scoring session whose passes are the same split forward passes as an evaluation
+pass, with the same protections (each pass's layer-1 releases encrypted, noised and counted).
+The answering party (the label holder, else the first) gets the model's answer in its own ids;
+its partners get the same answer in theirs where the scoring shares it, else nothing."""
 
 from __future__ import annotations
 
@@ -20,16 +21,23 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from clients.local.federation import follow, local_federation
-from clients.local.parties import federation_of_parties, model_folders, party_names
+from clients.local.parties import (
+    AlignmentKeeping,
+    federation_of_parties,
+    model_folders,
+    party_names,
+    predictions_files,
+)
 from clients.local.session import scoring_request
 from clients.owner_ledger import PartyLedgers, party_ledgers
 from clients.policy import PrivacyPolicy
-from clients.predictions import own_ids_by_node
+from clients.predictions import IdsByNode, own_ids_by_node
 from models.artefact import ModelError, read_manifest
 from models.config import DEFAULT_HOPS, TrainConfig
 from models.data.aligned import AlignedFederation
 from models.data.party import NOT_SHARED, read_party
 from models.metrics import classification_metrics
+from secure.dp import DEFAULT_DEGREE_FLOOR
 from secure.protocol import answering_party
 
 
@@ -86,6 +94,8 @@ def scoring_config(manifests: Sequence[dict[str, Any]], *, encrypted: bool) -> T
             "occurrence_cap": release["occurrence_cap"],
             "shared_noise": release["shared_noise"],
             "split_noise": release.get("split_noise", False),
+            "release": release.get("release", "clip-after"),
+            "degree_floor": release.get("degree_floor", DEFAULT_DEGREE_FLOOR),
             "release_width": model["receiver_width"],
         }
     return TrainConfig(
@@ -109,7 +119,8 @@ def scoring_config(manifests: Sequence[dict[str, Any]], *, encrypted: bool) -> T
 def nodes_to_score(
     federation: AlignedFederation, *, holder: int, holder_ids: Sequence[str] | None, party_ids
 ) -> np.ndarray:
-    """Every aligned node, or the aligned nodes of the label holder's ``holder_ids``."""
+    """Every aligned node, or the aligned nodes of the label holder's ``holder_ids`` in their
+    order (as often as they are listed)."""
     if holder_ids is None:
         return np.arange(federation.index.aligned_nodes, dtype=np.int64)
     rows = federation.index.rows[holder]
@@ -126,7 +137,7 @@ def nodes_to_score(
             f"{int((nodes == NOT_SHARED).sum())} of the ids to score are not shared by the other"
             " parties: only shared nodes can be scored jointly"
         )
-    return np.unique(nodes)
+    return nodes
 
 
 def score_locally(
@@ -141,13 +152,16 @@ def score_locally(
     device: str = "auto",
     progress: bool = True,
     ledgers: PartyLedgers | None = None,
+    keeping: AlignmentKeeping | None = None,
     share_predictions: str = "none",
 ) -> ScoringSummary:
     """``ledgers``: each party's organisation's privacy ledger (default: the organisations'
     own, ``clients.owner_ledger.party_ledgers``, under the owner's default lifetime cap).
-    The answering party (the label holder, else the first) gets the model's answer; its
-    partners get it too with ``share_predictions`` 'label-holder' (its owner, the user here,
-    agrees), nothing with 'none'."""
+    ``keeping``: how the alignment each party keeps is used (default: updated, made afresh
+    when there is none or its keys are due to rotate). The answering party (the label holder,
+    else the first) gets the model's answer; its partners get it too with
+    ``share_predictions`` 'label-holder' (its owner, the user here, agrees), nothing with
+    'none'."""
     if ledgers is None:
         ledgers = PartyLedgers(
             paths=party_ledgers(folders), max_lifetime_epsilon=PrivacyPolicy.max_lifetime_epsilon
@@ -163,13 +177,16 @@ def score_locally(
         nodes=config.nodes,
         label_holder=holder,
         progress=progress,
+        keeping=keeping or AlignmentKeeping(),
     )
     party_ids = [read_party(Path(folder)).ids for folder in folders]
-    nodes = nodes_to_score(
+    listed = nodes_to_score(
         federation, holder=holder or 0, holder_ids=holder_ids, party_ids=party_ids
     )
+    nodes = np.unique(listed)
     answering = answering_party(holder)
     receivers = list(range(len(folders))) if share_predictions != "none" else [answering]
+    files = predictions_files(out, names, output_format)
     out.mkdir(parents=True, exist_ok=True)
     # a fresh service, which never ran the training whose models score (the workers check them)
     with local_federation(encrypted=encrypted, serve_args=("--score-foreign-models",)) as fed:
@@ -201,18 +218,23 @@ def score_locally(
         )
         follow(fed.admin, created["session_id"], fed.processes, created["passes_total"], progress)
         privacy = fed.admin.privacy(created["session_id"]) if config.private else None
-        predictions = [
-            _in_own_ids(
-                raw[m],
-                out / f"{names[m]}.{output_format}",
-                ids=own_ids_by_node(
-                    federation.index.rows[m], party_ids[m], federation.index.aligned_nodes
-                ),
-                labels=federation.dataset.labels.numpy(),
-                party=names[m],
+        predictions = []
+        for m in receivers:
+            ids = own_ids_by_node(
+                federation.index.rows[m], party_ids[m], federation.index.aligned_nodes
             )
-            for m in receivers
-        ]
+            # rows in the order of --ids, or of the party's own table
+            rank = ids.rows_of_nodes if holder_ids is None else first_places(listed)
+            predictions.append(
+                _in_own_ids(
+                    raw[m],
+                    files[m],
+                    ids=ids,
+                    rank=rank,
+                    labels=federation.dataset.labels.numpy(),
+                    party=names[m],
+                )
+            )
     return ScoringSummary(
         session_id=created["session_id"],
         scored_nodes=int(nodes.size),
@@ -224,18 +246,27 @@ def score_locally(
     )
 
 
+def first_places(listed: np.ndarray) -> np.ndarray:
+    """Each node's first place in ``listed`` (a node listed twice keeps its first place)."""
+    rank = np.full(int(listed.max(initial=-1)) + 1, listed.size, dtype=np.int64)
+    rank[listed[::-1]] = np.arange(listed.size - 1, -1, -1)
+    return rank
+
+
 def _in_own_ids(
-    raw: Path, path: Path, *, ids: np.ndarray, labels: np.ndarray, party: str
+    raw: Path, path: Path, *, ids: IdsByNode, rank: np.ndarray, labels: np.ndarray, party: str
 ) -> PartyPredictions:
     """The worker's predictions (its folder's ids are aligned node indices, since this
-    machine wrote its folder) in the party's own ids, and their metrics where labels are
-    known."""
+    machine wrote its folder) in the party's own ids, in the order ``rank`` gives the aligned
+    nodes, and their metrics where labels are known."""
     table = pq.read_table(raw)
     nodes = np.asarray(table.column("id").to_pylist(), dtype=np.int64)
     held = np.array([i is not None for i in ids[nodes]], dtype=bool)
     table = table.filter(pa.array(held)).set_column(
         0, "id", pa.array(ids[nodes[held]].tolist(), pa.string())
     )
+    order = np.argsort(rank[nodes[held]], kind="stable")
+    table, nodes = table.take(pa.array(order)), nodes[held][order]
     if path.suffix == ".csv":
         pa_csv.write_csv(table, path)
     else:
@@ -243,7 +274,7 @@ def _in_own_ids(
     probabilities = np.stack(
         [table.column(name).to_numpy() for name in table.column_names[2:]], axis=1
     )
-    known = labels[nodes[held]]
+    known = labels[nodes]
     labelled = known >= 0
     metrics = classification_metrics(
         known[labelled], probabilities[labelled], num_classes=probabilities.shape[1]

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from models.data.class_names import class_names_in
 from models.data.partition import ClientPartition, aligned_partition, undirected_edges
 from models.data.party import (
     NO_LABEL,
@@ -92,6 +93,29 @@ class AlignedSplit:
     test_nodes: np.ndarray
     note: str
     summary: str  # for people: who holds how many nodes, how many are shared and labelled
+    class_names: tuple[str, ...] | None = None  # the label holders' (glasu prepare), if named
+
+
+def shared_class_names(
+    parties: Sequence[PartyData], names: Sequence[str]
+) -> tuple[str, ...] | None:
+    """The class names of the parties that carry labels: one list (they number the classes),
+    or none where they label with indices; parties naming them differently are an error."""
+    named = {
+        name: class_names_in(data.extra_meta)
+        for name, data in zip(names, parties, strict=True)
+        if data.labeled
+    }
+    if len(set(named.values())) > 1:
+        described = "; ".join(
+            f"{name} {'indices' if classes is None else ', '.join(classes)}"
+            for name, classes in named.items()
+        )
+        raise LabelConflict(
+            f"the label holders name their classes differently ({described}): label with the "
+            "same class names (or indices) everywhere"
+        )
+    return next(iter(named.values()), None)
 
 
 def aligned_split(
@@ -117,8 +141,10 @@ def aligned_split(
             "(glasu prepare --labels)"
         )
     if label_holder is None:
+        class_names = shared_class_names(parties, names)  # first: they number the labels
         labels = merged_labels(parties, index, names)
     else:
+        class_names = class_names_in(parties[label_holder].extra_meta)
         labels = merged_labels(
             [parties[label_holder]],
             dataclasses.replace(index, rows=[index.rows[label_holder]]),
@@ -148,7 +174,7 @@ def aligned_split(
         f"{len(parties)} parties (nodes held: {held}) {coverage}, {labelled.size} of them "
         f"labelled; {note}"
     )
-    return AlignedSplit(labels, train, val, test, note, summary)
+    return AlignedSplit(labels, train, val, test, note, summary, class_names)
 
 
 def party_alignment(index: SharedIndex, split: AlignedSplit, party: int) -> PartyAlignment:
@@ -181,7 +207,12 @@ def aligned_federation(
     theirs in the layout)."""
     split = aligned_split(parties, index, names=names, seed=seed, label_holder=label_holder)
     partitions = [
-        aligned_partition(data, party_alignment(index, split, m), labels=split.labels)
+        aligned_partition(
+            data,
+            party_alignment(index, split, m),
+            labels=split.labels,
+            class_names=split.class_names,
+        )
         for m, data in enumerate(parties)
     ]
     pooled_edges = undirected_edges(

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from models.data.class_names import CLASS_NAMES, class_names_in
 from models.data.party import (
     ALIGNED_CHUNK_ROWS,
     NO_LABEL,
@@ -55,6 +56,9 @@ class ClientPartition:
     # int64 (N,): the row of ``features`` of each aligned node (NOT_SHARED where the party lacks
     # it); None: ``features`` is in aligned order already
     rows_of_nodes: np.ndarray | None = dataclasses.field(default=None, compare=False)
+    # the names of the classes, index by index, where the labels table named them (glasu
+    # prepare); None: the classes are numbers
+    class_names: tuple[str, ...] | None = None
 
     @property
     def num_nodes(self) -> int:
@@ -192,7 +196,8 @@ def save_partition(part: ClientPartition, directory: Path) -> Path:
         edges=part.edge_index.numpy().astype(np.int64),
         labels=part.labels.numpy().astype(np.int64),
         summary=dict(part.feature_summary or {}),
-        extra_meta={"dataset": part.dataset, "feature_columns": part.feature_columns.tolist()},
+        extra_meta={"dataset": part.dataset, "feature_columns": part.feature_columns.tolist()}
+        | ({} if part.class_names is None else {CLASS_NAMES: list(part.class_names)}),
     )
     write_party(data, out)
     write_alignment(
@@ -260,21 +265,28 @@ def without_labels(part: ClientPartition) -> ClientPartition:
         train_nodes=none,
         val_nodes=none,
         test_nodes=none,
+        class_names=None,
     )
 
 
 def aligned_partition(
-    data: PartyData, alignment: PartyAlignment, *, labels: np.ndarray | None = None
+    data: PartyData,
+    alignment: PartyAlignment,
+    *,
+    labels: np.ndarray | None = None,
+    class_names: tuple[str, ...] | None = None,
 ) -> ClientPartition:
     """A party's partition over the aligned index: its features and labels in aligned order and
     its edges between shared nodes. ``labels`` (aligned order) replaces the party's own (the
-    local federation gives every client the label holders' labels). Over an alignment of the
-    union, a node the party lacks has zero features, no label and no edge."""
+    local federation gives every client the label holders' labels), and ``class_names`` their
+    names. Over an alignment of the union, a node the party lacks has zero features, no label
+    and no edge."""
     order = alignment.local_rows()
     held = order != NOT_SHARED
     in_order = order.size == len(data.features) and np.array_equal(order, np.arange(order.size))
     if labels is None:
         own = in_aligned_order(data.labels, order, fill=NO_LABEL)
+        class_names = class_names_in(data.extra_meta)
     else:
         own = np.asarray(labels, dtype=np.int64)
     columns = data.extra_meta.get("feature_columns", range(data.features.shape[1]))
@@ -293,4 +305,5 @@ def aligned_partition(
         feature_names=tuple(data.feature_names),
         feature_summary=dict(data.summary),
         rows_of_nodes=None if in_order else order,
+        class_names=class_names,
     )

@@ -34,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from models.data.class_names import CLASS_NAMES
 from secure.files import atomic_write
 
 FORMAT_VERSION = 2
@@ -273,7 +274,8 @@ def read_party(folder: Path, *, with_ids: bool = True) -> PartyData:
         ids = read_ids(folder).to_pylist()
         if len(ids) != rows:
             raise ValueError(f"{folder}/{IDS} has {len(ids)} ids, expected {rows}")
-    extra = {k: v for k, v in meta.items() if k in ("dataset", "feature_columns", "client")}
+    kept = ("dataset", "feature_columns", "client", CLASS_NAMES)
+    extra = {k: v for k, v in meta.items() if k in kept}
     return PartyData(
         ids=ids,
         features=features,

@@ -12,6 +12,7 @@ id is its decimal text, and CSV ids are read as text as written (``42`` and ``04
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from models.data.class_names import CLASS_NAMES, ClassNames, holds_names
 from models.data.npy_stream import NpyStream
 from models.data.party import NO_LABEL, save_array, write_ids, write_meta
 from models.data.table_file import TableError, TableFile
@@ -52,8 +54,9 @@ def write_party_tables(
     ids, feature_names = _write_nodes(tables, folder / "features.npy", progress)
     edge_counts = _write_edges(tables, ids, folder / "edges.npy", progress)
     labeled = 0
+    class_names = None
     if tables.labels is not None:
-        labels = _read_labels(tables, ids, progress)
+        labels, class_names = _read_labels(tables, ids, progress)
         labeled = int((labels != NO_LABEL).sum())
         save_array(folder / "labels.npy", labels)
     write_ids(folder, ids)
@@ -72,7 +75,8 @@ def write_party_tables(
         labeled=labeled,
         undirected_edges=edge_counts["undirected_edges"],
         summary=summary,
-        extra=None if organisation is None else {"organisation": organisation},
+        extra=({} if organisation is None else {"organisation": organisation})
+        | ({} if class_names is None else {CLASS_NAMES: class_names}),
     )
 
 
@@ -147,7 +151,11 @@ def _write_edges(tables: PartyTables, ids: pa.Array, out: Path, progress: bool) 
     }
 
 
-def _read_labels(tables: PartyTables, ids: pa.Array, progress: bool) -> np.ndarray:
+def _read_labels(
+    tables: PartyTables, ids: pa.Array, progress: bool
+) -> tuple[np.ndarray, list[str] | None]:
+    """The class index of each row (NO_LABEL where none) and, for a column of class names
+    (text, none of it a number), the names in the order that numbers them (sorted)."""
     path = tables.labels
     assert path is not None
     source = TableFile(path, progress, what="label table")
@@ -166,10 +174,18 @@ def _read_labels(tables: PartyTables, ids: pa.Array, progress: bool) -> np.ndarr
     labels = np.full(len(ids), NO_LABEL, dtype=np.int64)
     labelled_at = np.zeros(len(ids), dtype=np.int64)  # the label table's row of each node
     total = 0
+    names: ClassNames | None = None  # a column of class names (not indices): their codes
     for first_row, batch in source.batches():
         node_ids = _ids(path, batch, tables.id_column, first_row)
         rows = _rows_of(path, node_ids, ids, tables.id_column, first_row, tables.nodes)
-        values = _class_indices(path, batch, label_column, first_row)
+        if names is None and total == 0 and holds_names(batch.column(label_column)):
+            names = ClassNames()
+        if names is None:
+            values = _class_indices(path, batch, label_column, first_row)
+        else:
+            values = names.codes(
+                path, _labels(path, batch, label_column, first_row), label_column, first_row
+            )
         by_node = np.argsort(rows, kind="stable")
         again = np.zeros(rows.size, dtype=bool)  # a node labelled earlier in this batch
         again[by_node[1:]] = rows[by_node[1:]] == rows[by_node[:-1]]
@@ -189,17 +205,32 @@ def _read_labels(tables: PartyTables, ids: pa.Array, progress: bool) -> np.ndarr
         total += len(rows)
     if total == 0:
         raise TableError(path, "the table has no rows")
-    return labels
+    if names is None:
+        return labels, None
+    return names.numbered(labels, unlabelled=NO_LABEL), names.sorted()
 
 
 # -- checking columns ------------------------------------------------------------------------------
 
 
+#: A table with more columns than this is not listed whole when a column is missing.
+COLUMNS_LISTED = 8
+
+
 def _require_column(path: Path, columns: list[str], name: str, flag: str) -> None:
     if name not in columns:
-        raise TableError(
-            path, f"no column {name!r} ({flag}); the columns are: {', '.join(columns)}"
-        )
+        raise TableError(path, f"no column {name!r} ({flag}); {_columns_like(name, columns)}")
+
+
+def _columns_like(name: str, columns: list[str]) -> str:
+    """The columns a mistyped ``name`` may have meant: every column of a narrow table, else the
+    closest few by name and the count (a table of 479 columns is not one line to read)."""
+    if len(columns) <= COLUMNS_LISTED:
+        return f"the columns are: {', '.join(columns)}"
+    closest = difflib.get_close_matches(name, columns, n=3, cutoff=0.6)
+    if closest:
+        return f"the closest of its {len(columns)} columns: {', '.join(closest)}"
+    return f"its {len(columns)} columns begin with {', '.join(columns[:3])}, ..."
 
 
 def _first_null(values: pa.Array) -> int | None:
@@ -279,13 +310,19 @@ def _numbers(path: Path, batch: pa.RecordBatch, name: str, first_row: int) -> np
     return numbers
 
 
-def _class_indices(path: Path, batch: pa.RecordBatch, name: str, first_row: int) -> np.ndarray:
-    """A label column: class indices, non-negative integers (the same numbering at every
-    party)."""
+def _labels(path: Path, batch: pa.RecordBatch, name: str, first_row: int) -> pa.Array:
+    """A label column, every row labelled."""
     values = batch.column(name)
     missing = _first_null(values)
     if missing is not None:
         raise TableError(path, "missing label", row=first_row + missing, column=name)
+    return values
+
+
+def _class_indices(path: Path, batch: pa.RecordBatch, name: str, first_row: int) -> np.ndarray:
+    """A label column: class indices, non-negative integers (the same numbering at every
+    party)."""
+    values = _labels(path, batch, name, first_row)
     wanted = "a class index (a non-negative integer)"
     if not (
         pa.types.is_integer(values.type)

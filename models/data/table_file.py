@@ -1,10 +1,12 @@
 """One table file, CSV (``.csv``, ``.csv.gz``) or Parquet (``.parquet``), read with pyarrow in
 batches (CSV blocks, Parquet row groups, one at a time) so that a large file streams, with a
-progress bar; and :class:`TableError`, a bad input said for people (file, row, column)."""
+progress bar (a CSV file's bytes read of its size, a Parquet file's rows of its row count); and
+:class:`TableError`, a bad input said for people (file, row, column)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import pyarrow as pa
@@ -14,6 +16,8 @@ from tqdm.auto import tqdm
 
 CSV_BLOCK_BYTES = 8 << 20
 PARQUET_BATCH_ROWS = 65_536
+#: A CSV file's progress: the share of its bytes read, and the time so far and left.
+CSV_BAR = "{desc}: {percentage:3.0f}%|{bar}| {elapsed}<{remaining}"
 FORMATS = (".csv", ".csv.gz", ".parquet")
 
 
@@ -74,47 +78,59 @@ class TableFile:
                 )
 
     def batches(self) -> Iterator[tuple[int, pa.RecordBatch]]:
+        # a CSV file's row count is unknown until it has been read: the share of its bytes read
+        # is shown (tqdm's scaled counts read "0.00" at the start)
+        in_bytes = self.kind == "csv"
         bar = tqdm(
-            total=self.total,
+            total=self.path.stat().st_size if in_bytes else self.total,
             desc=self.path.name,
             unit=" rows",
-            unit_scale=True,
+            bar_format=CSV_BAR if in_bytes else None,
             disable=not self.progress,
             leave=False,
         )
         first_row = 1
         try:
-            for batch in self._raw_batches():
+            for batch, position in self._raw_batches():
                 yield first_row, batch
                 first_row += batch.num_rows
-                bar.update(batch.num_rows)
+                bar.update(position - bar.n if in_bytes else batch.num_rows)
         except pa.ArrowInvalid as exc:
             raise self._unreadable(exc, f"not readable after row {first_row - 1}") from None
         finally:
             bar.close()
 
-    def _raw_batches(self) -> Iterator[pa.RecordBatch]:
+    def _raw_batches(self) -> Iterator[tuple[pa.RecordBatch, int]]:
+        """Each batch, and how many bytes of a CSV file have been read by then."""
         if self.kind == "parquet":
             # a row group at a time: pyarrow's iter_batches reads ahead, holding several
             for group in range(self._parquet.num_row_groups):
                 table = self._parquet.read_row_group(group)
-                yield from table.to_batches(max_chunksize=PARQUET_BATCH_ROWS)
+                for batch in table.to_batches(max_chunksize=PARQUET_BATCH_ROWS):
+                    yield batch, 0
             return
         # closed here, not by the garbage collector: a reader left to the interpreter's exit
         # (its parser still holding the Python row handler) can abort the process
-        reader = self._open_csv({name: pa.string() for name in self.columns})
-        try:
-            yield from reader
-        finally:
-            reader.close()
+        with ExitStack() as opened:
+            source = opened.enter_context(pa.OSFile(str(self.path)))  # its position: the bytes read
+            reader = self._open_csv({name: pa.string() for name in self.columns}, source)
+            opened.callback(reader.close)
+            for batch in reader:
+                yield batch, source.tell()
 
-    def _open_csv(self, column_types: dict[str, pa.DataType]) -> pa_csv.CSVStreamingReader:
+    def _open_csv(
+        self, column_types: dict[str, pa.DataType], source: pa.NativeFile | None = None
+    ) -> pa_csv.CSVStreamingReader:
+        """A reader of the file, or of ``source`` (the file opened by the caller)."""
+
         def refuse(row: pa_csv.InvalidRow) -> str:
             self._bad_rows.append(row)
             return "error"
 
+        if source is not None and self.path.name.lower().endswith(".gz"):
+            source = pa.CompressedInputStream(source, "gzip")
         return pa_csv.open_csv(
-            self.path,
+            self.path if source is None else source,
             # one thread: the parser then knows the line numbers of the rows it refuses
             read_options=pa_csv.ReadOptions(block_size=CSV_BLOCK_BYTES, use_threads=False),
             parse_options=pa_csv.ParseOptions(invalid_row_handler=refuse),

@@ -31,6 +31,7 @@ from secure.accounting.budget import (
     PrivacyBudget,
     ReleaseDecision,
     ReleaseRefused,
+    count_releases,
     decide_release,
 )
 from secure.accounting.calibration import (
@@ -53,6 +54,7 @@ __all__ = [
     "calibrate_session_noise_multiplier",
     "composed_epsilon",
     "composed_noise_multiplier",
+    "count_releases",
     "decide_release",
     "epsilon_after",
     "gaussian_dp_mu",

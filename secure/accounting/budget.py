@@ -31,6 +31,11 @@ from secure.accounting.analysis import (
 Refusal = Literal["max_releases", "epsilon"]
 
 
+def count_releases(count: int) -> str:
+    """A number of releases for people: "1 release", "3 releases"."""
+    return f"{count} release{'' if count == 1 else 's'}"
+
+
 class ReleaseRefused(RuntimeError):
     """One more release would take the session past its epsilon target or its release cap."""
 
@@ -180,14 +185,14 @@ class PrivacyBudget:
             if decision.refusal == "max_releases":
                 raise ReleaseRefused(
                     f"privacy budget exhausted: release {self.releases + 1} would pass the cap"
-                    f" of {self.max_releases} releases"
+                    f" of {count_releases(self.max_releases)}"
                 )
             if decision.refusal == "epsilon":
                 raise ReleaseRefused(
                     f"privacy budget exhausted: release {self.releases + 1} would bring "
                     f"epsilon to {decision.epsilon:.4g} > target {self.epsilon_target:.4g} at "
                     f"delta={self.delta:g} (noise multiplier {self.noise_multiplier:.4g}, "
-                    f"{self.accountant} accountant); {self.releases} releases so far spent "
+                    f"{self.accountant} accountant); {count_releases(self.releases)} so far spent "
                     f"epsilon {self.epsilon:.4g}"
                 )
             self.releases += 1

@@ -3,14 +3,18 @@ under BFV, and the service's aggregator that adds BFV ciphertexts it can neither
 
 Encoding ``bfv-masked`` (docs/secure-aggregation.md). A share's values, on the 2^-12 share grid,
 become integers modulo ``t`` (:mod:`secure.masking.bfv`); the worker adds its pairwise mask for
-the slot (session id, pass, layer, part: :mod:`secure.masking.streams`) and encrypts the masked
-residues with the session's shared BFV key. The service adds the ciphertexts with a context that
-holds the parameters alone (no key of the session: SEAL adds ciphertexts under any context of
-the same parameters), so it needs no key file. Workers hold the secret key and encrypt with it,
-each ciphertext saved seeded as the CKKS path's (``secure/ckks_packing.py``): about 6 bytes a
-value, where TenSEAL's public-key ``bfv_vector`` takes 12. The masks cancel only in the sum of
-every party's share: a sum of fewer, or a single share served as a sum, decodes to uniform
-noise, so a masked session's sums hold every share (:meth:`MaskedBfvCodec.fewest_shares`).
+the slot (session id, pass, layer, part, and the pass's participants:
+:mod:`secure.masking.streams`) and encrypts the masked residues with the session's shared BFV
+key. The service adds the ciphertexts with a context that holds the parameters alone (no key of
+the session: SEAL adds ciphertexts under any context of the same parameters), so it needs no key
+file. Workers hold the secret key and encrypt with it, each ciphertext saved seeded as the CKKS
+path's (``secure/ckks_packing.py``): about 6 bytes a value, where TenSEAL's public-key
+``bfv_vector`` takes 12. The masks cancel only in the sum of the share of every participant of
+the pass (every party, unless a pass went on without one under stragglers "continue":
+:meth:`MaskedBfvCodec.begin_pass` takes the set the service states and checks it): a sum of
+fewer, or a single share served as a sum, decodes to uniform noise, so a masked sum must hold
+exactly the pass's participants (:meth:`MaskedBfvCodec.fewest_shares`,
+:meth:`MaskedBfvCodec.most_shares`).
 
 Chunks travel in the CKKS path's frame (``secure/ckks_frame.py``: magic, key id of the BFV public
 context, length-prefixed chunks) and are checked by its chunk layout before SEAL parses them
@@ -23,7 +27,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,9 +65,10 @@ from secure.masking.bfv import (
     public_bfv_context,
 )
 from secure.masking.keys import MaskingKeyPair, PinnedPeerKeys
-from secure.masking.recovery import MIN_SHARES_IN_SUM
+from secure.masking.participants import MIN_SHARES_IN_SUM, participants_refusal
 from secure.masking.secret_material import SecretBytes
 from secure.masking.streams import MaskSlot, party_mask
+from secure.protocol import ProtocolViolation
 
 ENCODING = "bfv-masked"
 SECRET_CONTEXT_NAME = "bfv-secret.context"
@@ -162,6 +167,9 @@ class MaskedBfvCodec(EmbeddingCodec):
         self.party, self.parties, self.session_id = party, parties, session_id
         self._pair_secrets = dict(pair_secrets)
         self._wraps = False  # shares reduced modulo t, not bounded: for_split_noise
+        # (pass, its participants) as the service stated them (begin_pass); until then every
+        # party, as in-process runs have it
+        self._pass: tuple[int, tuple[int, ...]] | None = None
 
     @classmethod
     def from_keys(
@@ -210,8 +218,32 @@ class MaskedBfvCodec(EmbeddingCodec):
         return wrapping
 
     def fewest_shares(self, clients: int) -> int:
-        """Every share: the masks cancel only in the sum of all of them."""
-        return clients
+        """Every participant's share: the masks cancel only in the sum of all of them."""
+        return len(self._participants(None))
+
+    def most_shares(self, clients: int) -> int:
+        """No share beyond the participants': a sum holds exactly their shares."""
+        return len(self._participants(None))
+
+    def begin_pass(self, pass_index: int, participants: Sequence[int] | None) -> None:
+        """Mask the shares of pass ``pass_index`` over ``participants`` (the service's word);
+        :class:`ProtocolViolation`, before anything leaves, unless they are a set this party
+        may mask over (:func:`secure.masking.participants.participants_refusal`)."""
+        refusal = participants_refusal(participants, party=self.party, parties=self.parties)
+        if refusal is not None:
+            raise ProtocolViolation(f"pass {pass_index}: {refusal}; nothing of it is sent")
+        assert participants is not None
+        self._pass = (pass_index, tuple(sorted(participants)))
+
+    def _participants(self, pass_index: int | None) -> tuple[int, ...]:
+        """The participants of pass ``pass_index`` (None: of the pass begun last): as
+        :meth:`begin_pass` was told, or every party if it never was."""
+        if self._pass is None:
+            return tuple(range(self.parties))
+        begun, members = self._pass
+        if pass_index is not None and pass_index != begun:
+            raise ProtocolViolation(f"a share of pass {pass_index} in pass {begun}")
+        return members
 
     def encode(self, matrix: np.ndarray, *, slot: ShareSlot | None = None) -> bytes:
         if slot is None:
@@ -230,7 +262,12 @@ class MaskedBfvCodec(EmbeddingCodec):
                 f"share has |value| {largest:.4g} > {bound:g}: a sum of {self.parties} shares "
                 f"could wrap modulo t (bound shares with value_bound first)"
             )
-        where = MaskSlot(self.session_id, slot.pass_index, slot.layer, slot.part, slot.rows)
+        members = self._participants(slot.pass_index)
+        # a pass of every party leaves the set unbound (it is the session's), any other binds it
+        bound = members if len(members) < self.parties else ()
+        where = MaskSlot(
+            self.session_id, slot.pass_index, slot.layer, slot.part, slot.rows, participants=bound
+        )
         mask = party_mask(
             self._pair_secrets, where, party=self.party, count=values.size, modulus=PLAIN_MODULUS
         )

@@ -9,9 +9,9 @@ modulus and rejection-sampled, so that each mask value is exactly uniform modulo
 slots, or two pairs, never share a stream unless HKDF collides.
 
 The lower-indexed party of a pair adds the pair's stream and the higher subtracts it, so the sum
-of every party's mask is 0 modulo ``t``. Slot seeds are 16 bytes because that is what the
-dropout recovery Shamir-shares (:mod:`secure.masking.recovery`): revealing one slot's seed
-reveals that slot's masks and nothing of another slot's.
+of every party's mask is 0 modulo ``t``: over the slot's participants (a pass that went on
+without a client is masked over the others, :mod:`secure.masking.participants`), which the slot
+binds, so that two stories of who takes part never share a stream.
 """
 
 from __future__ import annotations
@@ -46,6 +46,9 @@ class MaskSlot:
     # SHA-256 of the node ids of the part's rows, which every party was sent alike (empty: not
     # bound): a slot asked for again with other rows gets other masks
     rows_digest: bytes = b""
+    # the parties the slot's shares are masked over, ascending (empty: every party of the
+    # session, not bound)
+    participants: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.session_id:
@@ -53,11 +56,18 @@ class MaskSlot:
         negative = [n for n in (self.pass_index, self.layer, self.part) if n < 0]
         if negative:
             raise ValueError(f"pass, layer and part are counts from 0, got {negative}")
+        if list(self.participants) != sorted(set(self.participants)):
+            raise ValueError(f"participants must ascend without repeats: {self.participants}")
 
     def fields(self) -> tuple[bytes, ...]:
         numbers = (n.to_bytes(8, "big") for n in (self.pass_index, self.layer, self.part))
         rows = (self.rows_digest,) if self.rows_digest else ()
-        return (self.session_id.encode("utf-8"), *numbers, *rows)
+        members = (
+            (b"participants", b"".join(m.to_bytes(8, "big") for m in self.participants))
+            if self.participants
+            else ()
+        )
+        return (self.session_id.encode("utf-8"), *numbers, *rows, *members)
 
 
 def pair_sign(party: int, peer: int) -> int:
@@ -135,6 +145,11 @@ def party_mask(
     count: int,
     modulus: int,
 ) -> np.ndarray:
-    """The mask ``party`` adds to its ``count`` values in ``slot`` (int64 in [0, modulus))."""
+    """The mask ``party`` adds to its ``count`` values in ``slot`` (int64 in [0, modulus)): its
+    pairs with the slot's participants (all of ``pair_secrets`` when the slot names none)."""
+    if slot.participants:
+        if party not in slot.participants:
+            raise ValueError(f"party {party} is not a participant of the slot {slot.participants}")
+        pair_secrets = {p: s for p, s in pair_secrets.items() if p in slot.participants}
     seeds = slot_seeds(pair_secrets, slot, party=party)
     return mask_of_seeds(seeds, party=party, count=count, modulus=modulus)

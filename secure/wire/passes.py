@@ -20,6 +20,14 @@ class PassInfo(ResponseModel):
     round: int | None
     output_nodes: list[int] = Field(description="S[L], sorted; empty when kind is 'done'.")
     reason: DoneReason | None = None
+    participants: list[int] | None = Field(
+        None,
+        exclude_if=lambda members: members is None,  # sessions without masks: as before
+        description="Masked sessions: the clients every share of this pass is masked over "
+        "(each worker checks it includes itself and holds 3 at least). Null without masks, and "
+        "while they may still change (a pass after the current one, or one waiting for a "
+        "rejoin to have 3): a masked worker asks again.",
+    )
 
 
 class UploadReceipt(ResponseModel):

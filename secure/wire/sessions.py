@@ -10,6 +10,7 @@ import numpy as np
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from secure.accounting import AccountantName
+from secure.dp import DEFAULT_DEGREE_FLOOR, ReleaseKind
 from secure.protocol import (
     PART_VALUES,
     AlignedNodes,
@@ -73,6 +74,21 @@ class PrivacySettings(StrictModel):
         description="c: how often a node may be drawn as a neighbour per layer up to the release"
         " (the clients' samplers enforce it). The service derives the sensitivity of one release"
         " from clip and c: Delta = 2 C sqrt(c + 1).",
+    )
+    release: ReleaseKind = Field(
+        "clip-after",
+        description="How each client's layer-1 release is formed (docs/privacy.md 3.7):"
+        " 'clip-after' aggregates over the sender's graph, then clips each row to C;"
+        " 'degree-normalised' clips each node's own row to C, sums it over the drawn"
+        " neighbourhood and divides by max(degree, degree_floor): Delta = 2 C sqrt(c + 1) /"
+        " degree_floor.",
+    )
+    degree_floor: int = Field(
+        DEFAULT_DEGREE_FLOOR,
+        ge=1,
+        le=MAX_COUNT,
+        description="d_min of the degree-normalised release (a fixed setting, never a statistic"
+        " of the graph); unused by 'clip-after'.",
     )
 
     @model_validator(mode="after")
@@ -144,7 +160,9 @@ class SessionCreate(StrictModel):
         "sum of every client's share and encrypted under BFV (encoding 'bfv-masked', "
         "docs/secure-aggregation.md): the service alone sees ciphertexts, the service with one "
         "worker uniformly masked shares. Needs encryption 'ckks' (the workers then hold the "
-        "shared BFV key instead of the CKKS one), 3 clients or more, and stragglers 'wait'.",
+        "shared BFV key instead of the CKKS one) and 3 clients or more. Under stragglers "
+        "'continue' a pass that loses a client is void and the next is masked over the others "
+        "(`participants` of the pass descriptor); split noise then needs stragglers 'wait'.",
     )
     privacy: PrivacySettings | None = None
     nodes: AlignedNodes = Field(
@@ -291,9 +309,7 @@ class SessionCreate(StrictModel):
         if self.online and self.kind != "scoring":
             raise ValueError("online is a scoring session's setting")
         if self.secure_aggregation == "masks":
-            check_masks(
-                clients=self.clients, encryption=self.encryption, stragglers=self.stragglers
-            )
+            check_masks(clients=self.clients, encryption=self.encryption)
         if self.stragglers == "continue":
             if self.clients < 3:
                 raise ValueError(
@@ -306,6 +322,8 @@ class SessionCreate(StrictModel):
                     " carries 1/M of the noise, so a sum over fewer clients would carry less"
                     " than the ledger counts"
                 )
+            if self.privacy is not None and self.privacy.split_noise:
+                raise ValueError(SPLIT_NOISE_NEEDS_WAIT)
         return self
 
     @property
@@ -315,9 +333,17 @@ class SessionCreate(StrictModel):
         return "ckks" if self.encryption == "ckks" else "float32"
 
 
-def check_masks(*, clients: int, encryption: str, stragglers: str) -> None:
+#: Why split noise refuses stragglers "continue", masked or not.
+SPLIT_NOISE_NEEDS_WAIT = (
+    "stragglers 'continue' needs unsplit noise: each client adds sigma^2/(M-1), so a pass that"
+    " goes on over fewer than the session's M clients would carry less noise than the ledger"
+    " counts (--no-split-noise keeps each client's full noise)"
+)
+
+
+def check_masks(*, clients: int, encryption: str) -> None:
     """ValueError (one sentence) unless masked secure aggregation can run: 3 clients or more,
-    encrypted, every share waited for."""
+    encrypted."""
     if clients < 3:
         raise ValueError(
             "secure aggregation 'masks' needs 3 clients or more: with 2 the sum tells each "
@@ -327,11 +353,6 @@ def check_masks(*, clients: int, encryption: str, stragglers: str) -> None:
         raise ValueError(
             "secure aggregation 'masks' needs encryption: masked shares travel encrypted under "
             "BFV, and encryption 'none' sends plaintext"
-        )
-    if stragglers == "continue":
-        raise ValueError(
-            "secure aggregation 'masks' needs stragglers 'wait': the masks cancel only in the "
-            "sum of every client's share, and recovering a dropped client's masks is not built"
         )
 
 

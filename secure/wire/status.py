@@ -124,6 +124,12 @@ class PrivacyReport(ResponseModel):
         " line each (empty otherwise).",
     )
     occurrence_cap: int | None = None
+    release: str | None = Field(
+        None, description="'clip-after' or 'degree-normalised' (docs/privacy.md 3.7)."
+    )
+    degree_floor: int | None = Field(
+        None, description="d_min of a degree-normalised release (null otherwise)."
+    )
     privacy_unit: str | None = Field(None, description="What one unit of privacy protects.")
     not_protected: list[str] = Field(
         default_factory=list, description="What the mechanism does not hide."

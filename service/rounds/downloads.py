@@ -17,7 +17,13 @@ from service.notify import Pending
 from service.plan import SessionPlan
 from service.rounds.gate import check_downloadable, check_in_pass, load_session, open_layer
 from service.rounds.services import RoundComponent, RoundServices
-from service.rounds.slots import UPLOAD_KIND, layer_parts, slot_progress
+from service.rounds.slots import (
+    UPLOAD_KIND,
+    layer_parts,
+    masked,
+    slot_progress,
+    stated_participants,
+)
 from service.rounds.sums import ShareSums
 from service.rounds.types import Caller, Payload
 from service.rounds.uploads import close_union
@@ -36,9 +42,13 @@ class Downloads(RoundComponent):
         self.on_change = on_change
 
     def pass_info(self, session_id: str, pass_index: int) -> PassInfo:
-        """Kind, round and output nodes of a pass; kind 'done' once the session has no such pass."""
+        """Kind, round and output nodes of a pass (and a masked pass's participants, once they
+        are fixed); kind 'done' once the session has no such pass."""
         with self.store.transaction() as tx:
             row, plan = load_session(tx, self.plans, session_id)
+            members = None
+            if pass_index < plan.passes_total:
+                members = stated_participants(tx, plan, row, pass_index)
         if pass_index > plan.passes_total:
             raise UnknownPass.past_end(pass_index, plan.passes_total)
         if pass_is_done(row.state, row.current_pass, pass_index, plan.passes_total):
@@ -55,6 +65,7 @@ class Downloads(RoundComponent):
             kind=spec.kind,
             round=spec.round,
             output_nodes=plan.output_nodes(pass_index).tolist(),
+            participants=members,
         )
 
     def get(
@@ -94,6 +105,8 @@ class Downloads(RoundComponent):
             result = tx.result(*slot[:3], kind, slot.part)
             if result is None:
                 _check_part(tx, plan, slot)
+                if masked(plan) and pass_index < row.current_pass:
+                    raise WrongPass("voided", pass_index, row.current_pass)  # ended without it
                 progress = slot_progress(tx, plan, slot, upload_kind)
                 return Pending(progress.missing, progress.received, progress.closes_at)
         body = result.body if kind == "union" else self.sums.sum_body(slot)

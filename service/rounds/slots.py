@@ -50,6 +50,26 @@ def slot_progress(tx: Transaction, plan: SessionPlan, slot: Slot, kind: UploadKi
         straggler_wait_seconds=plan.config.straggler_wait_seconds,
         first_upload_at=first,
         now=tx.now(),
+        masked=masked(plan),
+    )
+
+
+def masked(plan: SessionPlan) -> bool:
+    """The session masks its shares (secure aggregation 'masks')."""
+    return plan.config.secure_aggregation == "masks"
+
+
+def stated_participants(
+    tx: Transaction, plan: SessionPlan, row: SessionRow, pass_index: int
+) -> list[int] | None:
+    """The participants of a masked pass, once the service may state them
+    (:func:`service.session_state.stated_participants`)."""
+    return session_state.stated_participants(
+        participants(tx, plan, pass_index),
+        masked=masked(plan),
+        stragglers=plan.config.stragglers,
+        pass_index=pass_index,
+        current_pass=row.current_pass,
     )
 
 
@@ -79,6 +99,7 @@ def rejoin(tx: Transaction, plan: SessionPlan, row: SessionRow, client: int) -> 
         participating=client in participants(tx, plan, row.current_pass),
         absent=client in tx.absent_clients(plan.session_id, row.current_pass),
         slots_closed=bool(tx.result_slots(plan.session_id, row.current_pass)),
+        stated=stated_participants(tx, plan, row, row.current_pass) is not None,
     )
     if back_at is None:
         return row.current_pass

@@ -18,6 +18,9 @@ stores the sum (:meth:`ShareSums.complete`).
 
 Which slot closes, who it leaves out, what a release does to the ledger and where the session
 goes once a pass completed are decided by :mod:`service.session_state`; this module applies it.
+A masked session's slot that closes without a participant voids its pass (:func:`void_pass`):
+no sum, the missing left out, the pass ended; a void release slot is still a release in the
+ledger (the shares that arrived were released by their owners, whose ledgers count them).
 
 With DP on, storing the first aggregation layer's sum of a pass is its release: the sum's body is
 synced to disk, then the ledger row and the sum's row are written in one durable transaction (on
@@ -51,11 +54,12 @@ from service.rounds.services import RoundComponent, RoundServices
 from service.rounds.slots import (
     layer_summed,
     mark_left_out,
+    masked,
     part_rows_of,
     slot_progress,
     sum_pending,
 )
-from service.session_state import pass_end, release_of_pass
+from service.session_state import SlotProgress, pass_end, release_of_pass, voids_pass
 from service.store import SessionRow, Slot, Transaction
 
 # Sums are served from memory while they fit (one part's sum is 0.1 to 10 MB; every client
@@ -120,9 +124,15 @@ class ShareSums(RoundComponent):
                     self._forget(slot, in_memory)
                     return False
                 committed = tx.uploads(*slot[:3], "share", slot.part)
-                if not slot_progress(tx, plan, slot, "share").closes:
+                progress = slot_progress(tx, plan, slot, "share")
+                if not progress.closes:
                     return False
+                voids = voids_pass(progress, masked=masked(plan))
                 rows = part_rows_of(tx, plan, slot)
+            if voids:
+                self._void(slot)
+                self._forget(slot, in_memory)
+                return True
             aggregator = self.aggregators.for_session(plan)
             if in_memory.running is None:
                 in_memory.running = aggregator.new_sum(rows=rows, cols=plan.widths[slot.layer])
@@ -176,6 +186,10 @@ class ShareSums(RoundComponent):
             row, plan = load_session(tx, self.plans, slot.session_id)
             if not _sum_closes(tx, row, plan, slot):
                 return False  # another request stored it while we waited for the lock
+            progress = slot_progress(tx, plan, slot, "share")
+            if voids_pass(progress, masked=masked(plan)):
+                void_pass(tx, row, plan, slot.pass_index, progress, release=is_release)
+                return True
             rows = part_rows_of(tx, plan, slot)
             aggregator = self.aggregators.for_session(plan)
             running = aggregator.new_sum(rows=rows, cols=plan.widths[slot.layer])
@@ -188,6 +202,17 @@ class ShareSums(RoundComponent):
             stored = self._insert_sum(tx, row, plan, slot, rows, sorted(running.clients))
         self._after_store(plan, slot, body, stored)
         return True
+
+    def _void(self, slot: Slot) -> None:
+        """:func:`void_pass` for a slot whose pass it voids, in a durable transaction (a void
+        release slot appends the pass's ledger row)."""
+        with self.store.transaction(durable=True) as tx:
+            row, plan = load_session(tx, self.plans, slot.session_id)
+            progress = slot_progress(tx, plan, slot, "share")
+            if not sum_pending(tx, row, slot) or not voids_pass(progress, masked=masked(plan)):
+                return
+            release = _is_release(plan, slot.layer)
+            void_pass(tx, row, plan, slot.pass_index, progress, release=release)
 
     def _due_sum_plan(self, slot: Slot) -> SessionPlan | None:
         """The session's plan if the slot closes and has no sum yet (its own transaction)."""
@@ -280,6 +305,29 @@ class _Stored:
 
     sum_stored: bool  # False: the release did not fit the budget and the session stopped
     completed_kind: str | None = None  # the kind of the pass the sum completed, if it did
+
+
+def void_pass(
+    tx: Transaction,
+    row: SessionRow,
+    plan: SessionPlan,
+    pass_index: int,
+    progress: SlotProgress,
+    *,
+    release: bool,
+) -> None:
+    """Apply :func:`service.session_state.voids_pass`: a masked slot of ``pass_index`` closed
+    with ``progress.received`` only, so no sum is formed. The missing are absent from the next
+    pass on; a void ``release`` slot (shares of the release layer) is recorded as the pass's
+    release (its uploaders released their shares: a service holding them with a colluder's key
+    could have summed them); the pass ends, so its other participants are answered that it went
+    on without a sum (409 ``wrong-pass``, reason 'voided') and go on with the next, masked over
+    the clients still in. Unions void a pass as sums do: a pass's later slots are masked over
+    its participants."""
+    mark_left_out(tx, plan, pass_index, progress.received)
+    if release and _record_release(tx, row, plan, pass_index, progress.received) is None:
+        return  # the session stopped at its budget
+    _end_pass(tx, row, plan, pass_index)
 
 
 def _sum_closes(tx: Transaction, row: SessionRow, plan: SessionPlan, slot: Slot) -> bool:

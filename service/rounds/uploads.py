@@ -48,11 +48,14 @@ from service.rounds.slots import (
     layer_rows,
     layer_summed,
     mark_left_out,
+    masked,
     rejoin,
     slot_progress,
+    sum_pending,
 )
-from service.rounds.sums import ShareSums
+from service.rounds.sums import ShareSums, void_pass
 from service.rounds.types import Caller, UploadOutcome
+from service.session_state import voids_pass
 from service.store import KIND_NAME, Slot, Transaction, UploadKind
 
 
@@ -269,13 +272,21 @@ def _layer_nodes(plan: SessionPlan, pass_index: int, layer: int) -> str:
 
 
 def close_union(tx: Transaction, plan: SessionPlan, slot: Slot) -> bool:
-    """Store the layer's node union if its slot closes now (``session_state.slot_progress``);
-    whether it did."""
+    """Store the layer's node union if its slot closes now (``session_state.slot_progress``),
+    or void the pass of a masked slot that closes without a participant
+    (:func:`service.rounds.sums.void_pass`); whether it did either."""
     if tx.result(*slot[:3], "union") is not None:
         return False
     progress = slot_progress(tx, plan, slot, "nodes")
     if not progress.closes:
         return False
+    if voids_pass(progress, masked=masked(plan)):
+        row = tx.session(plan.session_id)
+        assert row is not None
+        if not sum_pending(tx, row, slot):  # the session runs another pass, or stopped
+            return False
+        void_pass(tx, row, plan, slot.pass_index, progress, release=False)
+        return True
     mark_left_out(tx, plan, slot.pass_index, progress.received)
     union = union_of(tx.upload_bodies(*slot[:3], "nodes"))
     tx.insert_result(

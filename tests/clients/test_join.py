@@ -7,17 +7,20 @@ the service of a session with the join gate before it goes on up."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
-from clients.join import admit_prediction_sharing, refusal_reported
+from clients.join import admit_prediction_sharing, disclosure_counter, refusal_reported
+from clients.owner_ledger import OwnerLedger
 from clients.policy import PolicyRefusal, PrivacyPolicy
 from clients.session_fit import SessionMismatch, check_answer_reaches, session_partition
 from models.config import TrainConfig
 from models.layout import layout_federation
+from secure.protocol import ShareRequest
 
 
 def _session(**settings: Any) -> Any:
@@ -71,3 +74,19 @@ def test_a_refusal_is_told_to_a_gated_session_and_goes_on_up(gated: bool) -> Non
     with pytest.raises(RuntimeError), refusal_reported(service, _session()):  # type: ignore[arg-type]
         raise RuntimeError("not a refusal: a bug")
     assert len(service.refusals) == int(gated)
+
+
+def test_the_shared_answer_is_counted_in_the_answering_owner_s_ledger(tmp_path: Path) -> None:
+    shared = _session(label_holder=1, share_predictions="label-holder")
+    part = ShareRequest(layer=2, payload=b"", rows=40, cols=16, disclosure=True)
+    with OwnerLedger(tmp_path / "ledger.sqlite3") as ledger:
+        assert disclosure_counter(ledger, shared, client=0, session_id="s") is None  # a partner
+        assert (
+            disclosure_counter(ledger, _session(label_holder=1), client=1, session_id="s") is None
+        )
+        count = disclosure_counter(ledger, shared, client=1, session_id="s")
+        assert count is not None
+        count(part)
+        count(part)
+        assert ledger.predictions_shared("s") == 80 and ledger.predictions_shared("t") == 0
+        assert ledger.releases(session_id="s") == 0  # not a noisy release: no epsilon

@@ -9,7 +9,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from clients.admin import AdminClient
+from clients.cli.keyfiles import read_masking_key_pair, read_pinned_masking_keys
+from clients.cli.options import write_private_file
 from clients.local.processes import (
     ManagedProcess,
     glasu_command,
@@ -21,6 +25,7 @@ from clients.local.session import session_request, worker_arguments
 from models.config import TrainConfig
 from models.data.partition import save_partition
 from models.layout import layout_federation
+from secure.masking.keys import PRIVATE_KEY_FILE, PUBLIC_KEY_FILE, MaskingKeyPair, PinnedPeerKeys
 
 
 @dataclass
@@ -79,3 +84,34 @@ def start_federation(
         workers.append(worker)
         processes.append(worker)
     return Federation(service, workers, admin, created["session_id"], created["passes_total"], root)
+
+
+def correlation(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.corrcoef(np.ravel(a), np.ravel(b))[0, 1])
+
+
+def fixed_masking_keys(root: Path, clients: int) -> list[list[str]]:
+    """Masking key files from fixed bytes (deterministic masks) and each worker's arguments."""
+    folders = [root / f"masking-{m}" for m in range(clients)]
+    for m, folder in enumerate(folders):
+        pair = MaskingKeyPair.from_private_bytes(bytes([41 + m]) * 32)
+        folder.mkdir(parents=True)
+        write_private_file(folder / PRIVATE_KEY_FILE, pair.private_bytes().reveal().hex())
+        (folder / PUBLIC_KEY_FILE).write_text(pair.public_bytes().hex() + "\n")
+    return [
+        [
+            "--masking-key",
+            str(folders[m] / PRIVATE_KEY_FILE),
+            "--masking-peer-keys",
+            ",".join(f"{j}={f / PUBLIC_KEY_FILE}" for j, f in enumerate(folders) if j != m),
+        ]
+        for m in range(clients)
+    ]
+
+
+def masking_keys_of(arguments: list[str]) -> tuple[MaskingKeyPair, PinnedPeerKeys]:
+    """A worker's key material, read from the key files of its :func:`fixed_masking_keys`
+    arguments as the worker reads it."""
+    own = read_masking_key_pair(Path(arguments[1]), "--masking-key")
+    pins = [(int(a), Path(b)) for a, b in (i.split("=") for i in arguments[3].split(","))]
+    return own, read_pinned_masking_keys(pins, "--masking-peer-keys")

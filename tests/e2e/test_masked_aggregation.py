@@ -14,11 +14,9 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from e2e_kit import start_federation
+from e2e_kit import correlation, fixed_masking_keys, masking_keys_of, start_federation
 from lying_service import Exchange, lying_service
 
-from clients.cli.keyfiles import read_masking_key_pair, read_pinned_masking_keys
-from clients.cli.options import write_private_file
 from clients.local.federation import train_over_http
 from clients.local.processes import ManagedProcess, free_port
 from models.config import TrainConfig
@@ -28,7 +26,7 @@ from secure.aggregation import SHARE_GRID, PlainCodec, rows_digest
 from secure.ckks_frame import parse_frame
 from secure.masking.bfv import PLAIN_MODULUS, decode_sum, decrypt
 from secure.masking.codec import MaskedBfvCodec, generate_bfv_keys, load_bfv_secret_context
-from secure.masking.keys import PRIVATE_KEY_FILE, PUBLIC_KEY_FILE, MaskingKeyPair, PinnedPeerKeys
+from secure.masking.keys import MaskingKeyPair, PinnedPeerKeys
 from secure.masking.secret_material import SecretBytes
 from secure.masking.streams import MaskSlot, party_mask
 
@@ -90,29 +88,6 @@ def run_attack(
     return attack, fed.session_id
 
 
-def correlation(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.corrcoef(np.ravel(a), np.ravel(b))[0, 1])
-
-
-def fixed_masking_keys(root: Path, clients: int) -> list[list[str]]:
-    """Masking key files from fixed bytes (deterministic masks) and each worker's arguments."""
-    folders = [root / f"masking-{m}" for m in range(clients)]
-    for m, folder in enumerate(folders):
-        pair = MaskingKeyPair.from_private_bytes(bytes([41 + m]) * 32)
-        folder.mkdir(parents=True)
-        write_private_file(folder / PRIVATE_KEY_FILE, pair.private_bytes().reveal().hex())
-        (folder / PUBLIC_KEY_FILE).write_text(pair.public_bytes().hex() + "\n")
-    return [
-        [
-            "--masking-key",
-            str(folders[m] / PRIVATE_KEY_FILE),
-            "--masking-peer-keys",
-            ",".join(f"{j}={f / PUBLIC_KEY_FILE}" for j, f in enumerate(folders) if j != m),
-        ]
-        for m in range(clients)
-    ]
-
-
 def test_a_single_masked_share_served_as_a_sum_decodes_to_noise_and_a_colluder_reads_nothing(
     tmp_path: Path, cora, processes: list[ManagedProcess]
 ) -> None:
@@ -128,10 +103,7 @@ def test_a_single_masked_share_served_as_a_sum_decodes_to_noise_and_a_colluder_r
     context = load_bfv_secret_context(secret)
 
     def keys_of(m: int) -> tuple[MaskingKeyPair, PinnedPeerKeys]:
-        """Worker m's key material, read from its key files as the worker reads it."""
-        own = read_masking_key_pair(Path(masking[m][1]), "--masking-key")
-        pins = [(int(a), Path(b)) for a, b in (i.split("=") for i in masking[m][3].split(","))]
-        return own, read_pinned_masking_keys(pins, "--masking-peer-keys")
+        return masking_keys_of(masking[m])
 
     def pair_secrets(m: int) -> dict[int, SecretBytes]:
         own, peers = keys_of(m)

@@ -39,6 +39,7 @@ PRIVATE = dataclasses.replace(PLAIN, dp=True, epsilon=4.0)
 # to score alike
 SIGN = dataclasses.replace(PLAIN, backbone="sign", hops=2, layers=1, agg_layers=1)
 LIFETIME_16 = ("--max-lifetime-epsilon", "16")
+ROUNDED = 1.01e-4  # a predictions file's probabilities have 4 decimals
 
 
 def train(config: TrainConfig, cora, root: Path, processes: list[ManagedProcess]) -> Federation:
@@ -116,7 +117,8 @@ def test_scoring_the_evaluation_nodes_reproduces_the_best_evaluation_pass(
     nodes, expected = read_evaluation(tmp_path / "models" / "0")
     ids, got, predicted = read_predictions(tmp_path / "scoring" / "predictions-0.csv")
     assert [int(i) for i in ids] == nodes.tolist()  # the benchmark's ids: node ids
-    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
+    # as the evaluation pass computed them, to the 4 decimals a predictions file gives
+    np.testing.assert_allclose(got, expected, rtol=0, atol=ROUNDED)
     assert predicted == expected.argmax(1).tolist()
     assert not (tmp_path / "scoring" / "predictions-1.csv").exists()
 
@@ -139,7 +141,7 @@ def test_new_customers_without_labels_are_scored_and_a_partner_gets_the_answer_a
     fed = train(PLAIN, cora, tmp_path, processes)
     current = without_labels(tmp_path, PLAIN.clients)
     # shared with the partner: party 0's owner agrees, the partner writes the same answer
-    _, workers = score(
+    session, workers = score(
         fed, PLAIN, data_dir, processes, partitions=current, predictions=(0, 1),
         session_extra=("--share-predictions", "label-holder"),
         worker_extra=lambda m: ["--share-predictions"] if m == 0 else [],
@@ -150,10 +152,15 @@ def test_new_customers_without_labels_are_scored_and_a_partner_gets_the_answer_a
     answer = read_predictions(tmp_path / "scoring" / "predictions-0.csv")
     shared = read_predictions(tmp_path / "scoring" / "predictions-1.csv")
     assert [int(i) for i in answer[0]] == nodes.tolist() and shared[0] == answer[0]
-    np.testing.assert_allclose(answer[1], expected, rtol=0, atol=1e-6)
-    # through the service on the share grid: to half its step, the class exactly
-    np.testing.assert_allclose(shared[1], answer[1], rtol=0, atol=SHARE_GRID / 2)
+    np.testing.assert_allclose(answer[1], expected, rtol=0, atol=ROUNDED)
+    # through the service on the share grid: to half its step (then rounded), the class exactly
+    np.testing.assert_allclose(shared[1], answer[1], rtol=0, atol=SHARE_GRID / 2 + ROUNDED)
     assert shared[2] == answer[2] == expected.argmax(1).tolist()
+    # counted in the answering party's ledger before it left (not a noisy release: no epsilon)
+    for m, shared_rows in ((0, len(nodes)), (1, 0)):
+        with OwnerLedger(tmp_path / current / f"client-{m}" / LEDGER_FILENAME) as ledger:
+            assert ledger.predictions_shared(session) == shared_rows
+            assert ledger.releases(session_id=session) == 0
     own = read_evaluation(tmp_path / "models" / "1")[1]
     assert shared[2] != own.argmax(1).tolist()  # not the partner's own head
 

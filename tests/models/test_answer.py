@@ -57,6 +57,7 @@ def test_the_answer_keeps_its_class_exactly_and_a_sum_without_one_is_refused() -
     answer = Answer(probabilities, np.array([1, 2]))  # a tie broken as the holder broke it
     decoded = decode_answer(encode_answer(answer, rows=2, width=8))
     assert decoded.predicted.tolist() == [1, 2]
+    assert decoded.probabilities.argmax(axis=1).tolist() == [1, 2]  # read as the holder read it
     with pytest.raises(ValueError, match="needs 5 columns"):
         encode_answer(answer, rows=2, width=4)
     with pytest.raises(ProtocolViolation, match="classes"):

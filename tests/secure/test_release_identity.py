@@ -55,6 +55,8 @@ OTHER_MECHANISM = {
     "shared_noise": True,
     "encoding": "none",
     "split_noise": True,
+    "release": "degree-normalised",
+    "degree_floor": 4,
 }
 
 

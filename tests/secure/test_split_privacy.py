@@ -8,7 +8,6 @@ import math
 
 import pytest
 
-from secure.accounting import epsilon_after
 from secure.privacy import PrivacyPlanError, SessionPrivacy
 from secure.split_noise import SplitNoise, adversary_epsilons, grid_sensitivity
 from secure.wire.sessions import PrivacySettings
@@ -17,8 +16,9 @@ BASE = dict(delta=1e-6, clip=1.0, occurrence_cap=1, passes_total=50, encrypted=T
 
 
 def split(clients: int = 3, **overrides: object) -> SessionPrivacy:
+    """A split session under masks (split noise's default home) unless overridden."""
     return SessionPrivacy.plan(
-        **{"epsilon": 4.0, **BASE, **overrides}, clients=clients, split_noise=True
+        **{"epsilon": 4.0, **BASE, "masked": True, **overrides}, clients=clients, split_noise=True
     )
 
 
@@ -62,12 +62,17 @@ def test_restore_keeps_the_split_and_refuses_what_plan_refuses() -> None:
     planned = split()
     settings = planned.settings()
     assert settings["split_noise"] is True
-    assert SessionPrivacy.restore(settings, clients=3, passes_total=50, encrypted=True) == planned
+    restored = SessionPrivacy.restore(
+        settings, clients=3, passes_total=50, encrypted=True, masked=True
+    )
+    assert restored == planned
     with pytest.raises(PrivacyPlanError, match="at least 3"):
         SessionPrivacy.restore(settings, clients=2, passes_total=50, encrypted=True)
     # the service's body takes it, and plans the same session from it
     body = PrivacySettings(epsilon=4.0, delta=1e-6, clip=1.0, split_noise=True)
-    again = SessionPrivacy.plan(**body.model_dump(), clients=3, passes_total=50, encrypted=True)
+    again = SessionPrivacy.plan(
+        **body.model_dump(), clients=3, passes_total=50, encrypted=True, masked=True
+    )
     assert again == planned
     assert PrivacySettings(epsilon=4.0, delta=1e-6, clip=1.0).split_noise is False
 
@@ -99,20 +104,17 @@ def test_each_adversary_faces_its_share_of_the_split(clients: int) -> None:
     assert plain["split"] is None and plain["adversary_lines"] == []
 
 
-def test_a_pass_recovered_with_fewer_shares_counts_more_colluding_peers() -> None:
-    planned = split(4)
-    z = planned.noise_multiplier
-    full = planned.pass_noise_multipliers()
-    assert full == planned.pass_noise_multipliers(4) and full["peer"] == z
-    recovered = planned.pass_noise_multipliers(3)  # M' = 3 of 4: as if 2 peers colluded
-    assert recovered["peer"] == pytest.approx(z * math.sqrt(2 / 3))
-    assert recovered["service_peer"] == recovered["peer"]
-    assert recovered["group"] == pytest.approx(z * math.sqrt(2 / 3) / 2)
-    assert recovered["colluding"] == full["colluding"] and recovered["service"] is None
-    assert epsilon_after(noise_multiplier=recovered["peer"], releases=1, delta=1e-6) == (
-        pytest.approx(planned.split().epsilon(colluding=2, releases=1, delta=1e-6), rel=1e-9)
-    )
-    with pytest.raises(ValueError, match="2 to 3"):
-        planned.pass_noise_multipliers(1)
-    with pytest.raises(ValueError, match="only split noise"):
-        SessionPrivacy.plan(epsilon=4.0, **BASE, clients=4).pass_noise_multipliers(3)
+@pytest.mark.parametrize("clients", [3, 5])
+def test_without_masks_the_service_with_one_peer_faces_one_share(clients: int) -> None:
+    """A split session on CKKS (the owners' --allow-shared-noise): the colluding peer's key
+    decrypts the victim's share, so the service with it faces what M - 1 colluders face."""
+    masked, unmasked = split(clients), split(clients, masked=False)
+    faced = {a.key: a.noise_multiplier for a in unmasked.adversaries()}
+    assert faced["service_peer"] == pytest.approx(faced["colluding"])
+    assert faced["service_peer"] < faced["peer"]
+    epsilons = unmasked.split_epsilons(50)
+    assert epsilons.epsilon("service_peer") == pytest.approx(epsilons.epsilon("colluding"))
+    assert epsilons.epsilon("service_peer") > masked.split_epsilons(50).epsilon("service_peer")
+    lines = unmasked.report(releases=50)["adversaries"]
+    service_peer = next(line for line in lines if line["key"] == "service_peer")
+    assert service_peer["epsilon"] == pytest.approx(epsilons.epsilon("service_peer"), rel=1e-9)

@@ -66,7 +66,13 @@ async def test_a_service_without_keys_adds_masked_shares(make_app: Callable[...,
     [
         ({"clients": 2}, "needs 3 clients or more"),
         ({"encryption": "none"}, "needs encryption"),
-        ({"stragglers": "continue"}, "needs stragglers 'wait'"),
+        (
+            {
+                "stragglers": "continue",
+                "privacy": {"epsilon": 4, "delta": 1e-5, "clip": 1.0, "split_noise": True},
+            },
+            "needs unsplit noise",
+        ),
         ({"clients": 17}, "at most 16 clients"),
     ],
 )

@@ -209,3 +209,24 @@ def test_a_ledger_that_cannot_be_used_is_one_sentence(tmp_path: Path) -> None:
     settings = argparse.Namespace(data=tmp_path, ledger=None)
     with pytest.raises(CliError, match=reason):
         ledger_path(settings)  # type: ignore[arg-type]
+
+
+def test_a_failed_scoring_names_the_command_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """Not "glasu score: error: glasu score: ...": the prefix once, then what failed."""
+    from clients.cli import score_cmd
+    from clients.local import scoring
+    from models.artefact import ModelError
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise ModelError("the models come from different trainings")
+
+    monkeypatch.setattr(score_cmd, "check", lambda args: setattr(args, "owner_ledgers", None))
+    monkeypatch.setattr(scoring, "score_locally", fail)
+    argv = ["score", "--party", str(tmp_path), "--model-dir", str(tmp_path), "--out",
+            str(tmp_path / "out"), "--quiet"]  # fmt: skip
+    assert main(argv) == EXIT_FAILED
+    assert capsys.readouterr().err == (
+        "glasu score: error: the scoring failed: the models come from different trainings\n"
+    )

@@ -109,6 +109,33 @@ def test_every_command_is_listed_and_every_option_has_help() -> None:
         assert parser.formatter_class is HelpFormatter, prog
 
 
+def test_a_usage_error_of_any_command_is_one_line_and_where_the_usage_is(
+    capsys: pytest.CaptureFixture,
+) -> None:
+    """Every (sub)command, an unknown option or a missing argument: "glasu CMD: error: ..." and
+    the line naming `glasu CMD --help`, not argparse's usage text (tens of lines for some)."""
+    progs = [prog for prog in _parsers() if prog != "glasu"]
+    for prog in progs:
+        with pytest.raises(SystemExit) as stopped:
+            main([*prog.split()[1:], "--no-such-option"])
+        assert stopped.value.code == 2, prog
+        error, hint = capsys.readouterr().err.splitlines()
+        assert error.startswith(f"{prog}: error: "), error  # a required one, or the unknown one
+        assert hint == f"run `{prog} --help` for usage"
+    with pytest.raises(SystemExit):
+        main(["budget", "--no-such-option"])  # said by the command it was given to
+    assert capsys.readouterr().err.splitlines()[0] == (
+        "glasu budget: error: unrecognized arguments: --no-such-option"
+    )
+    with pytest.raises(SystemExit):
+        main(["session", "create"])
+    assert capsys.readouterr().err.splitlines() == [
+        "glasu session create: error: the following arguments are required: --server, "
+        "--admin-token-file, --out",
+        "run `glasu session create --help` for usage",
+    ]
+
+
 def test_defaults_are_shown_one_way(capsys: pytest.CaptureFixture) -> None:
     texts = {}
     for prog, parser in _parsers().items():

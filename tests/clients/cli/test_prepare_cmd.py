@@ -300,3 +300,52 @@ def test_an_empty_file_names_its_table(
     err = capsys.readouterr().err
     assert code == 1, err
     assert f"{paths[table]}: the {what} table is an empty file (0 bytes)" in err
+
+
+def test_a_wrong_id_column_of_a_wide_table_names_the_closest_and_the_count(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Not all 479 names on one line: the closest few, and how many there are."""
+    header = ["customer_id", *(f"feature_{c}" for c in range(478))]
+    nodes = [header, ["c-1", *("1" for _ in range(478))]]
+    code, _ = prepare(tmp_path, nodes=nodes, labels=None)  # --id-column customer
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1, err
+    assert err.rstrip().endswith(
+        "no column 'customer' (--id-column); the closest of its 479 columns: customer_id"
+    )
+    (tmp_path / "other").mkdir()
+    nodes = [["x", *header[1:]], nodes[1]]  # nothing like it: the first few
+    code, _ = prepare(tmp_path / "other", nodes=nodes, labels=None)
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("feature_") == 2, err
+    assert err.rstrip().endswith("its 479 columns begin with x, feature_0, feature_1, ...")
+
+
+def test_the_progress_bars_count_a_csv_files_bytes_and_a_parquet_files_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """Totals known from the start (the file's size, the Parquet row count), no "0.00 rows"."""
+    counted: dict[str, tuple[float, float | None]] = {}
+
+    class Counted(table_file.tqdm):  # type: ignore[misc,name-defined]
+        def close(self) -> None:
+            counted.setdefault(self.desc, (self.n, self.total))
+            super().close()
+
+    monkeypatch.setattr(table_file, "tqdm", Counted)
+    monkeypatch.setattr(table_file, "CSV_BLOCK_BYTES", 64)  # many blocks
+    nodes = write_csv(
+        tmp_path / "nodes.csv", [["customer", "x"]] + [[f"c-{i}", "1"] for i in range(300)]
+    )
+    source = table_file.TableFile(nodes, True, what="node table")
+    assert sum(batch.num_rows for _, batch in source.batches()) == 300
+    parquet = tmp_path / "nodes.parquet"
+    pq.write_table(
+        pa.table({"customer": [f"c-{i}" for i in range(300)], "x": [1.0] * 300}), parquet
+    )
+    source = table_file.TableFile(parquet, True, what="node table")
+    assert sum(batch.num_rows for _, batch in source.batches()) == 300
+    size = nodes.stat().st_size
+    assert counted == {"nodes.csv": (size, size), "nodes.parquet": (300, 300)}
+    assert "0.00" not in capsys.readouterr().err

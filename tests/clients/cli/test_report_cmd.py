@@ -188,9 +188,13 @@ def test_the_report_answers_the_officer_and_matches_glasu_budget(
         assert keys == ["service", "peer", "colluding", "group"]
         group = ours["adversaries"][-1]
         assert group["epsilon"] > ours["epsilon"]  # the larger unit: more than the target's
+    spent = report["total"]["epsilon"]
     assert report["caps"][0] == {
-        "name": "lifetime cap", "limit": 20.0, "spent": report["total"]["epsilon"]
+        "name": "lifetime cap", "limit": 20.0, "spent": spent, "left": 20.0 - spent,
+        "sentence": f"Spent epsilon {spent:.4g} of the lifetime cap of 20, {20 - spent:.4g} left.",
     }  # fmt: skip
+    largest = max(s["epsilon"] for s in report["sessions"])
+    assert report["caps"][1]["spent"] == largest
     code, text = _cli(capsys, "report", "verify", str(tmp_path / "report.json"))
     assert code == 0 and "valid, signed by key" in text
 

@@ -321,3 +321,15 @@ def test_a_worker_s_own_setting_given_to_session_create_goes_to_the_workers(
     printed = capsys.readouterr().out
     assert "--lr 0.05" in printed and "  --lr" not in printed  # given: not in the block
     assert _view(server, tmp_path)["worker_defaults"]["lr"] == 0.05
+
+
+def test_share_predictions_is_a_scoring_session_s_and_every_session_has_the_join_gate(
+    server: dict[str, str], tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture
+) -> None:
+    assert _create(server, tmp_path / "a", data_dir, "--share-predictions", "label-holder") == 2
+    assert "give --score-with" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists()
+    assert _create(server, tmp_path / "b", data_dir, "--no-dp") == 0
+    with _admin(server) as admin:
+        config = admin.session((tmp_path / "b" / "session.id").read_text())["config"]
+    assert config["ready_gate"] and config["share_predictions"] == "none"

@@ -16,6 +16,7 @@ import pytest
 from clients.cli.main import main
 from clients.local import parties
 from clients.local.parties import federation_of_parties
+from clients.predictions import ids_by_aligned_node
 from models.config import TrainConfig
 from models.data.aligned import AlignedFederation, SharedIndex, aligned_federation
 from models.data.partition import load_partition, save_partition
@@ -278,6 +279,20 @@ def test_the_workers_folders_hold_what_the_written_partitions_held(
             assert np.array_equal(getattr(read, name), getattr(written, name))
         assert read.feature_names == written.feature_names
         assert (passed.folders[m] / "features.npy").resolve() == folders[m] / "features.npy"
+
+
+def test_the_workers_folders_keep_the_alignments_digest_for_the_models(
+    prepared: tuple[CoraParties, list[Path]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model `glasu train --party` keeps names the alignment it was trained on (`glasu model
+    show`), not "a benchmark partition"."""
+    _, folders = prepared
+    index = federation_of_parties(folders, seed=3).index
+    monkeypatch.setattr(parties, "_aligned_index", lambda *a, **k: index)
+    passed = parties.worker_folders(folders, tmp_path / "passed", seed=3)
+    assert index.digest is not None
+    for folder in passed.folders:
+        assert ids_by_aligned_node(folder)[1] == index.digest
 
 
 def test_a_private_run_reports_the_party_alone_the_gain_and_the_regime_of_its_data(

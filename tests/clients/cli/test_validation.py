@@ -1,15 +1,17 @@
-"""Bad arguments are refused at once (exit code 2, argparse's format), before any dataset, torch
-or process is touched; output paths that cannot be written are refused before training."""
+"""Bad arguments are refused at once (exit code 2: one line and where the usage is), before any
+dataset, torch or process is touched; output paths that cannot be written are refused before
+training; a service whose port is taken stops before it creates anything."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from clients.cli import session_cmd, train_cmd
-from clients.cli.errors import EXIT_USAGE
+from clients.cli.errors import EXIT_FAILED, EXIT_USAGE
 from clients.cli.main import main
 
 
@@ -64,8 +66,8 @@ def _exit_code(argv: list[str]) -> int:
         ),
         (["--secure-aggregation", "masks", "--no-he"], "--secure-aggregation masks needs encrypt"),
         (
-            ["--secure-aggregation", "masks", "--stragglers", "continue"],
-            "--secure-aggregation masks needs stragglers 'wait'",
+            ["--secure-aggregation", "masks", "--stragglers", "continue", "--split-noise"],
+            "--stragglers continue needs unsplit noise",
         ),
         (["--clients", "1"], "--clients 1: a federation needs 2 clients or more"),
         (["--clients", "1", "--mode", "simulated"], "--clients 1: a federation needs 2 clients"),
@@ -90,8 +92,9 @@ def test_train_refuses_bad_values_at_once(
     code = _exit_code(["train", *argv])
     err = capsys.readouterr().err
     assert code == EXIT_USAGE, err
-    assert err.startswith("usage: glasu train"), err
-    assert f"glasu train: error: {says}" in err
+    error, hint = err.splitlines()  # one line, and where the usage is: no usage text
+    assert error.startswith(f"glasu train: error: {says}"), err
+    assert hint == "run `glasu train --help` for usage"
     assert "Traceback" not in err
 
 
@@ -176,9 +179,10 @@ def test_in_a_fresh_interpreter_the_refusal_is_one_usage_error(glasu) -> None:
     done = glasu("train", "--rounds", "-1", "--epsilon", "4")
     assert done.returncode == EXIT_USAGE
     assert done.stdout == ""
-    assert done.stderr.splitlines()[-1] == (
-        "glasu train: error: argument --rounds: must be an integer from 1 to 100000, got -1"
-    )
+    assert done.stderr.splitlines() == [
+        "glasu train: error: argument --rounds: must be an integer from 1 to 100000, got -1",
+        "run `glasu train --help` for usage",
+    ]
     assert "Traceback" not in done.stderr
 
 
@@ -194,6 +198,47 @@ def test_service_settings_are_checked_before_the_service_starts(glasu, tmp_path:
     assert worker.returncode == EXIT_USAGE
     assert "--server (or GLASU_SERVER) is required" in worker.stderr
     assert "Traceback" not in worker.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--dataset", "cora"], "--party trains the organisations' own data: drop --dataset"),
+        (["--dataset", "pubmed", "--split", "public", "--edge-fraction", "0.5"],
+         "own data: drop --dataset, --split, --edge-fraction (a benchmark dataset's)"),
+        (["--data-dir", "data"], "--party trains the organisations' own data: drop --data-dir"),
+        (["--clients", "3"], "--clients 3: there is one client per --party, 2 here"),
+    ],
+)  # fmt: skip
+def test_train_with_parties_refuses_the_options_of_a_benchmark(
+    argv: list[str], says: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """--party replaces the benchmark dataset: its options are refused, not silently ignored
+    (--clients as many as the parties is no contradiction)."""
+    parties = []
+    for name in ("bank", "insurer"):
+        (tmp_path / name).mkdir()
+        parties += ["--party", str(tmp_path / name)]
+    assert _exit_code(["train", *parties, *argv]) == EXIT_USAGE
+    assert "glasu train: error: " in (err := capsys.readouterr().err) and says in err
+    with pytest.raises(AssertionError, match="started"):  # checked, then run
+        _exit_code(["train", *parties, "--clients", "2", "--transport", "inprocess"])
+
+
+def test_a_port_in_use_is_one_line_and_leaves_no_database(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    database = tmp_path / "service.sqlite3"
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        code = _exit_code(["serve", "--host", "127.0.0.1", "--port", str(port), "--database",
+                           str(database), "--admin-token", "a" * 32])  # fmt: skip
+    assert code == EXIT_FAILED
+    assert capsys.readouterr().err == (
+        f"glasu serve: error: the service cannot start: cannot listen on 127.0.0.1:{port} "
+        "(another process listens there: stop it or give another --port)\n"
+    )
+    assert list(tmp_path.iterdir()) == []  # no database, no payload folder
 
 
 def test_session_create_refuses_one_client_and_privacy_options_without_dp(
@@ -249,8 +294,9 @@ def test_a_missing_gpu_is_refused_at_once(
               "--device", "cuda"]  # fmt: skip
     assert _exit_code(worker) == EXIT_USAGE  # before the data (which does not exist here)
     err = capsys.readouterr().err
-    assert err.strip().endswith(
+    assert (
         "glasu worker: error: --device cuda was requested but no CUDA device is available"
+        in err.splitlines()
     )
 
 
