@@ -13,10 +13,11 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from clients.service_http import ConnectionOptions, PeerConnection
+from clients.service_http import ConnectionOptions, PeerConnection, ServiceError
 from secure.protocol import NODE_ENCODING, SharesSum, decode_nodes, encode_nodes
 from secure.wire.headers import COUNT_HEADER, ENCODING_HEADER, SHAPE_HEADER
 from secure.wire.passes import PassInfo, RejoinReceipt
+from secure.wire.sessions import ScoringRequestOpened
 from secure.wire.status import SessionStatus
 
 
@@ -45,6 +46,37 @@ class SessionClient(PeerConnection):
     def session(self) -> SessionStatus:
         response = self._request("GET", f"/v1/sessions/{self.session_id}")
         return SessionStatus.model_validate_json(response.content)
+
+    def request_session(self, session_id: str) -> SessionStatus | None:
+        """An online session's request session (``service/online.py``), or None while it is
+        not opened."""
+        try:
+            response = self._request("GET", f"/v1/sessions/{session_id}")
+        except ServiceError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return SessionStatus.model_validate_json(response.content)
+
+    def refusal(self, session_id: str) -> str | None:
+        """Why a party refused request session ``session_id`` at join (None if none did)."""
+        path = f"/v1/sessions/{session_id}/clients/{self.client_index}/readiness"
+        try:
+            self._request("GET", path, params={"wait": 0})
+        except ServiceError as exc:
+            if exc.slug == "session-refused":
+                return str(exc.problem.get("detail"))
+            raise
+        return None
+
+    def ask(self, nodes: np.ndarray) -> ScoringRequestOpened:
+        """The answering party asks its online session to score ``nodes`` (aligned ids)."""
+        response = self._request(
+            "POST",
+            f"/v1/sessions/{self.session_id}/requests",
+            json={"nodes": [int(n) for n in nodes]},
+        )
+        return ScoringRequestOpened.model_validate_json(response.content)
 
     def rejoin(self) -> int:
         """After a pass went on without this client (stragglers "continue"): the pass from

@@ -167,7 +167,13 @@ class WorkerSettings(BaseSettings):
         None,
         description="A scoring session, a party with a head: the file the predictions go to, "
         "one row per scored node of this party's own ids, in the order of its table (.csv or "
-        ".parquet).",
+        ".parquet); with --online, the folder that gets one <request session>.csv per request.",
+    )
+    online: bool = Field(
+        False,
+        description="--session is an online scoring session (`glasu session create --score-with"
+        " ... --online`): keep the model loaded and score each request of the answering party "
+        'as it comes, until the session is closed (docs/data.md, "Online scoring").',
     )
     overwrite: bool = Field(
         False,

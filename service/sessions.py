@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import uuid
 
+import numpy as np
+
 from secure.body_limits import BodyLimitTooSmall, share_part_bytes, share_part_values
 from secure.privacy import PrivacyPlanError, SessionPrivacy, check_private_arrangement
 from secure.protocol import PART_VALUES, part_count
 from secure.schedule import passes_total
-from secure.wire.sessions import MAX_PART_VALUES, SessionCreate, SessionCreated, SessionSummary
+from secure.wire.sessions import (
+    MAX_PART_VALUES,
+    ScoringRequestOpened,
+    SessionCreate,
+    SessionCreated,
+    SessionSummary,
+)
 from secure.wire.status import (
     ClientTraffic,
     LayerProgress,
@@ -20,6 +28,7 @@ from secure.wire.status import (
 )
 from service.aggregators import Aggregators
 from service.domain_errors import InvalidSessionRequest, SessionNotFound
+from service.online import asker_of, open_request
 from service.plan import PlanCache, PlanOutline, SessionPlan
 from service.rounds import RoundEngine
 from service.rounds.slots import layer_rows, layer_summed
@@ -93,6 +102,17 @@ class SessionManager:
             passes_total=plan.passes_total,
             noise_multiplier=plan.privacy.noise_multiplier if plan.privacy else None,
         )
+
+    def open_request(self, online_id: str, nodes: np.ndarray) -> ScoringRequestOpened:
+        """A request of an online scoring session: its request session (``service/online.py``)."""
+        opened, plan = open_request(self.store, self.engine, online_id, nodes)
+        self.plans.put(plan)
+        return opened
+
+    def answering_client(self, session_id: str) -> int:
+        with self.store.transaction() as tx:
+            _, plan = self.engine.session(tx, session_id)
+        return asker_of(plan)
 
     def _check_model_session(self, request: SessionCreate) -> None:
         """A scoring session names the training session whose models score: one of this

@@ -48,6 +48,7 @@ COMMANDS: dict[str, str] = {
     "session": "clients.cli.session_cmd",
     "budget": "clients.cli.budget_cmd",
     "report": "clients.cli.report_cmd",
+    "ask": "clients.cli.ask_cmd",
 }
 LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
 

@@ -76,6 +76,14 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "like every share (its worker takes part only if its owner agreed: glasu worker "
         "--share-predictions)",
     )
+    create.add_argument(
+        "--online",
+        action="store_true",
+        help="with --score-with: an online scoring session, open until closed: the workers "
+        "(`glasu worker --online`) keep their models loaded, and the answering party asks for "
+        "a few of its ids at a time (`glasu ask`); each request is one scoring pass over them "
+        '(docs/data.md, "Online scoring")',
+    )
     train_options.add_setting(
         create,
         "--backbone",
@@ -126,6 +134,8 @@ def check(args: argparse.Namespace) -> None:
     if args.action == "create":
         if args.share_predictions is not None and args.score_with is None:
             raise UsageError("--share-predictions is a scoring session's: give --score-with")
+        if args.online and args.score_with is None:
+            raise UsageError("--online is a scoring session's: give --score-with")
         train_config.check_federation(args, through_service=True)
         check_output_dir(args.out, "--out")
 
@@ -236,6 +246,7 @@ def _scoring_body(admin: AdminClient, args: argparse.Namespace, config: TrainCon
         share_predictions=args.share_predictions or "none",
     )
     body["label"] = args.label or body["label"]
+    body["online"] = args.online
     return body
 
 

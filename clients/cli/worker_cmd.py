@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +44,12 @@ from clients.settings import WorkerSettings
 from models.config import PRECOMPUTED_BACKBONES
 
 if TYPE_CHECKING:
+    import torch
+
+    from clients.predictions import IdsByNode
     from clients.session_fit import LocalModelOptions
+    from models.artefact import SavedModel
+    from models.data.partition import ClientPartition
     from models.outcome import PassOutcome
     from secure.aggregation import EmbeddingCodec
     from secure.wire.passes import PassInfo
@@ -158,30 +164,32 @@ def ledger_path(settings: WorkerSettings) -> Path:
         return ledger_location(settings.data, ledger=settings.ledger)
 
 
-def _run(settings: WorkerSettings, ledger_file: Path, *, quiet: bool) -> int:
-    import torch
-    from pydantic import ValidationError
+@dataclass(frozen=True)
+class LoadedWorker:
+    """What a worker loads once: its token, partition, own ids, model, device, codec and TLS
+    settings; an online worker (``--online``) keeps them for every request it scores."""
 
-    from clients.checkpoint import CheckpointError, CheckpointStore
-    from clients.owner_ledger import OwnerLedger
-    from clients.policy import PolicyRefusal
-    from clients.predictions import PredictionWriter, ids_by_aligned_node
-    from clients.service_http import (
-        ConnectionOptions,
-        PeersMissing,
-        ServiceError,
-        ServiceUnavailable,
-        tls_verification,
-    )
-    from clients.session_client import SessionClient
-    from clients.session_fit import LocalModelOptions, SessionMismatch
-    from clients.worker import WorkerRun
-    from models.artefact import ModelError, class_names, load_model
+    token: str
+    partition: ClientPartition
+    ids_of_node: IdsByNode
+    alignment_digest: str | None
+    model: SavedModel | None
+    device: torch.device
+    codec: EmbeddingCodec
+    verify: Any
+    options: LocalModelOptions
+    given: frozenset[str]
+
+
+def load_worker(settings: WorkerSettings) -> LoadedWorker:
+    import torch
+
+    from clients.predictions import ids_by_aligned_node
+    from clients.service_http import tls_verification
+    from clients.session_fit import LocalModelOptions
+    from models.artefact import ModelError, load_model
     from models.data.partition import load_partition
     from models.device import resolve_device
-    from secure.aggregation import PayloadError
-    from secure.noise import NotPrivateNoiseError
-    from secure.protocol import ProtocolViolation
 
     torch.set_num_threads(settings.torch_threads())
     token = read_token(settings.token_file, flag="--token-file")
@@ -199,9 +207,56 @@ def _run(settings: WorkerSettings, ledger_file: Path, *, quiet: bool) -> int:
         verify = tls_verification(settings.ca_file)
     # each of the local model's options is the worker setting of the same name
     local_fields = {field.name for field in dataclasses.fields(LocalModelOptions)}
-    options = LocalModelOptions(**settings.model_dump(include=local_fields))
-    given = frozenset(settings.model_fields_set & local_fields)  # flag, variable or file
+    return LoadedWorker(
+        token=token,
+        partition=partition,
+        ids_of_node=ids_of_node,
+        alignment_digest=alignment_digest,
+        model=model,
+        device=device,
+        codec=codec,
+        verify=verify,
+        options=LocalModelOptions(**settings.model_dump(include=local_fields)),
+        given=frozenset(settings.model_fields_set & local_fields),  # flag, variable or file
+    )
 
+
+def _run(settings: WorkerSettings, ledger_file: Path, *, quiet: bool) -> int:
+    loaded = load_worker(settings)
+    if settings.online:
+        from clients.cli.worker_online import serve_requests
+
+        return serve_requests(
+            settings, loaded, lambda each: run_session(each, loaded, ledger_file, quiet=quiet)
+        )
+    return run_session(settings, loaded, ledger_file, quiet=quiet)
+
+
+def run_session(
+    settings: WorkerSettings, loaded: LoadedWorker, ledger_file: Path, *, quiet: bool
+) -> int:
+    """Take part in ``settings.session`` with what ``loaded`` holds: the worker's exit code."""
+    from pydantic import ValidationError
+
+    from clients.checkpoint import CheckpointError, CheckpointStore
+    from clients.owner_ledger import OwnerLedger
+    from clients.policy import PolicyRefusal
+    from clients.predictions import PredictionWriter
+    from clients.service_http import (
+        ConnectionOptions,
+        PeersMissing,
+        ServiceError,
+        ServiceUnavailable,
+    )
+    from clients.session_client import SessionClient
+    from clients.session_fit import SessionMismatch
+    from clients.worker import WorkerRun
+    from models.artefact import ModelError, class_names
+    from secure.aggregation import PayloadError
+    from secure.noise import NotPrivateNoiseError
+    from secure.protocol import ProtocolViolation
+
+    model, given = loaded.model, loaded.given
     writer = None
     if settings.predictions is not None:
         with failing_as("--predictions", ValueError, OSError):
@@ -209,7 +264,7 @@ def _run(settings: WorkerSettings, ledger_file: Path, *, quiet: bool) -> int:
                 raise ValueError("predictions come from a scoring session: give --model DIR")
             writer = PredictionWriter(
                 settings.predictions,
-                ids_of_node=ids_of_node,
+                ids_of_node=loaded.ids_of_node,
                 num_classes=model.manifest["model"]["num_classes"],
                 class_names=class_names(model.manifest),
             )
@@ -238,9 +293,9 @@ def _run(settings: WorkerSettings, ledger_file: Path, *, quiet: bool) -> int:
             base_url=settings.server,
             session_id=settings.session,
             client_index=settings.client,
-            token=token,
+            token=loaded.token,
             options=ConnectionOptions(
-                verify=verify,
+                verify=loaded.verify,
                 peer_wait_seconds=settings.peer_wait_seconds,
                 poll_seconds=settings.poll_seconds,
             ),
@@ -250,18 +305,18 @@ def _run(settings: WorkerSettings, ledger_file: Path, *, quiet: bool) -> int:
         try:
             run = WorkerRun(
                 service,
-                partition,
-                options=options,
-                codec=codec,
+                loaded.partition,
+                options=loaded.options,
+                codec=loaded.codec,
                 policy=settings.policy(),
                 ledger=ledger,
-                device=device,
+                device=loaded.device,
                 on_pass=progress,
                 checkpoints=checkpoints,
                 on_resume=resumed,
                 model=model,
                 model_out=settings.model_out,
-                alignment_digest=alignment_digest,
+                alignment_digest=loaded.alignment_digest,
                 given_options=given,
                 writes_predictions=writer is not None,
             )
@@ -296,7 +351,7 @@ def _run(settings: WorkerSettings, ledger_file: Path, *, quiet: bool) -> int:
         summary = {
             "session_id": settings.session,
             "client": settings.client,
-            "device": str(device),
+            "device": str(loaded.device),
             "passes": result.passes,
             "finished_reason": result.finished_reason,
             "resumed_from": result.resumed_from,

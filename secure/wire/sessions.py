@@ -110,6 +110,12 @@ BACKBONE_PATTERN = SETTING_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
 WorkerDefault = bool | int | float | Annotated[str, Field(max_length=64)]
 
 
+def one_node_at_least(nodes: np.ndarray, what: str) -> np.ndarray:
+    if not nodes.size:
+        raise ValueError(f"{what} one node at least")
+    return nodes
+
+
 class SessionCreate(StrictModel):
     kind: SessionKind = Field(
         "training",
@@ -233,6 +239,13 @@ class SessionCreate(StrictModel):
         "service at layer `layers + 1` (the top aggregation layer's width) to which the others "
         "add zeros; its worker sends them only if its owner agreed.",
     )
+    online: bool = Field(
+        False,
+        description='A scoring session that stays open for requests (docs/data.md, "Online '
+        'scoring"): its workers keep their models loaded, and each `POST /v1/sessions/{id}/'
+        "requests` of the answering party opens one scoring session over the asked nodes (of "
+        "this session's `eval_nodes`), run by the same workers with this session's tokens.",
+    )
     label: Label | None = None
     partners: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
         None,
@@ -262,9 +275,7 @@ class SessionCreate(StrictModel):
     @field_validator("eval_nodes")
     @classmethod
     def _evaluation_needs_nodes(cls, nodes: np.ndarray) -> np.ndarray:
-        if not nodes.size:
-            raise ValueError("eval_nodes needs one node at least")
-        return nodes
+        return one_node_at_least(nodes, "eval_nodes needs")
 
     @model_validator(mode="after")
     def _fits_the_model_and_graph(self) -> SessionCreate:
@@ -295,6 +306,8 @@ class SessionCreate(StrictModel):
             )
         if self.share_predictions != "none" and self.kind != "scoring":
             raise ValueError("share_predictions is a scoring session's setting")
+        if self.online and self.kind != "scoring":
+            raise ValueError("online is a scoring session's setting")
         if self.secure_aggregation == "masks":
             check_masks(clients=self.clients, encryption=self.encryption)
         if self.stragglers == "continue":
@@ -389,9 +402,47 @@ class SessionConfigView(ResponseModel):
     worker_defaults: dict[str, bool | int | float | str] | None = None
     ready_gate: bool = False
     share_predictions: SharePredictions = "none"
+    online: bool = False
     label: str | None
     partners: list[str] | None = None
     operator: str | None = None
+
+
+#: Session ids are hex (uuid4): a request session's id ``<online id>-<n>`` is unambiguous
+REQUEST_SEPARATOR = "-"
+
+
+def request_session_id(online_id: str, number: int) -> str:
+    """The session that answers request ``number`` (1, 2, ...) of online session ``online_id``."""
+    return f"{online_id}{REQUEST_SEPARATOR}{number}"
+
+
+def online_session_of(session_id: str) -> str | None:
+    """The online session a request session belongs to (None for any other id)."""
+    online_id, separator, number = session_id.rpartition(REQUEST_SEPARATOR)
+    return online_id if separator and number.isdigit() else None
+
+
+class ScoringRequest(StrictModel):
+    """``POST /v1/sessions/{id}/requests``: the aligned nodes an online session scores now."""
+
+    nodes: NodeList = Field(
+        description="Aligned node ids (of the online session's `eval_nodes`), encoded like "
+        "`eval_nodes` or a JSON list."
+    )
+
+    @field_validator("nodes")
+    @classmethod
+    def _one_node_at_least(cls, nodes: np.ndarray) -> np.ndarray:
+        return one_node_at_least(nodes, "a request scores")
+
+
+class ScoringRequestOpened(ResponseModel):
+    request: int = Field(description="The request's number in its online session (1, 2, ...).")
+    session_id: str = Field(
+        description="The scoring session that answers it (`GET /v1/sessions/{session_id}`): "
+        "the online session's workers run it with their tokens of the online session."
+    )
 
 
 class SessionSummary(ResponseModel):

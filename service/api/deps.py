@@ -22,6 +22,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from secure.wire.common import MAX_CLIENTS
 from secure.wire.headers import AUTHORIZATION_HEADER
+from secure.wire.sessions import online_session_of
 from service.alignment import AlignmentManager
 from service.alignment.manager import PartyCaller
 from service.context import ServiceContext
@@ -94,6 +95,9 @@ class Membership:
     owner_of: Callable[[ServiceContext, bytes], tuple[str, int] | None]  # token -> (id, index)
     exists: Callable[[ServiceContext, str], bool]
     not_found: Callable[[str], DomainError]
+    # the group whose member tokens also act in ``group_id`` (an online session's, in its
+    # request sessions: service/online.py), or None
+    parent_of: Callable[[str], str | None] = lambda _: None
 
     def index_of(self, context: ServiceContext, token_hash: bytes, group_id: str) -> int:
         """The member index of a (non-admin) token of group ``group_id``: 401 for an unknown
@@ -103,7 +107,7 @@ class Membership:
             raise invalid_token()
         if not self.exists(context, group_id):
             raise self.not_found(group_id)
-        if owner[0] != group_id:
+        if owner[0] != group_id and owner[0] != self.parent_of(group_id):
             raise ProblemError(403, "forbidden", f"this token belongs to another {self.group}")
         return owner[1]
 
@@ -155,6 +159,7 @@ SESSION_CLIENTS = Membership(
     owner_of=lambda context, token_hash: context.sessions.client_of_token(token_hash),
     exists=lambda context, session_id: context.sessions.exists(session_id),
     not_found=SessionNotFound,
+    parent_of=online_session_of,
 )
 ALIGNMENT_PARTIES = Membership(
     group="alignment",
@@ -203,6 +208,27 @@ def require_session_reader(
     SESSION_CLIENTS.require_reader(context, credentials, session_id)
 
 
+def require_asker(
+    context: ContextDep, credentials: CredentialsDep, session_id: SessionIdPath
+) -> None:
+    """Only the answering party's token of an online session (``service/online.py``): the
+    party whose head's prediction is the model's asks for predictions."""
+    token_hash = token_hash_of(credentials)
+    if is_admin(context, token_hash):
+        raise ProblemError(
+            403, "forbidden", "the admin token cannot ask for predictions: the answering party's"
+        )
+    index = SESSION_CLIENTS.index_of(context, token_hash, session_id)
+    asker = context.sessions.answering_client(session_id)
+    if index != asker:
+        raise ProblemError(
+            403,
+            "forbidden",
+            f"only the answering party (client {asker}) asks this session for predictions; "
+            f"this token is client {index}'s",
+        )
+
+
 def require_alignment_admin(context: ContextDep, credentials: CredentialsDep) -> None:
     _require_admin(
         context,
@@ -232,6 +258,7 @@ def require_alignment_reader(
 AdminDep = Annotated[None, Depends(require_admin)]
 ClientDep = Annotated[Caller, Depends(require_client)]
 SessionReaderDep = Annotated[None, Depends(require_session_reader)]
+AskerDep = Annotated[None, Depends(require_asker)]
 AlignmentAdminDep = Annotated[None, Depends(require_alignment_admin)]
 PartyDep = Annotated[PartyCaller, Depends(require_party)]
 AlignmentReaderDep = Annotated[None, Depends(require_alignment_reader)]

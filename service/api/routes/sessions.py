@@ -1,4 +1,5 @@
-"""Admin routes: create, list, read and close sessions; read their privacy report."""
+"""Admin routes: create, list, read and close sessions; read their privacy report. The answering
+party's route of an online scoring session: ask it for predictions."""
 
 from __future__ import annotations
 
@@ -10,10 +11,16 @@ from fastapi.responses import HTMLResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from secure.wire.sessions import SessionCreate, SessionCreated, SessionSummary
+from secure.wire.sessions import (
+    ScoringRequest,
+    ScoringRequestOpened,
+    SessionCreate,
+    SessionCreated,
+    SessionSummary,
+)
 from secure.wire.status import PrivacyReport, SessionStatus
 from service.api.body import api_router, takes_large_json
-from service.api.deps import AdminDep, ContextDep, SessionIdPath, SessionReaderDep
+from service.api.deps import AdminDep, AskerDep, ContextDep, SessionIdPath, SessionReaderDep
 
 router = api_router("/v1/sessions", "sessions")
 
@@ -70,6 +77,29 @@ def list_sessions(
         next_page = urlencode({"limit": query.limit, "after": page[-1].session_id})
         response.headers["Link"] = f'</v1/sessions?{next_page}>; rel="next"'
     return page
+
+
+@router.post(
+    "/{sid}/requests",
+    status_code=201,
+    response_model=ScoringRequestOpened,
+    summary="Ask an online scoring session for predictions",
+)
+@takes_large_json
+def open_scoring_request(
+    _: AskerDep,
+    context: ContextDep,
+    session_id: SessionIdPath,
+    request: ScoringRequest,
+    response: Response,
+) -> ScoringRequestOpened:
+    """The answering party's token only. Opens one scoring session over `nodes` (a request
+    session, one evaluation pass: one release in every owner's ledger), which the online
+    session's workers run; its answer is the answering party's worker's. 422 for a node the
+    online session does not cover (named), 409 once the online session is closed."""
+    opened = context.sessions.open_request(session_id, request.nodes)
+    response.headers["Location"] = f"/v1/sessions/{opened.session_id}"
+    return opened
 
 
 @router.get("/{sid}", response_model=SessionStatus, summary="Session status and progress")
