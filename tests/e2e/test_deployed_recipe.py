@@ -2,7 +2,8 @@
 runs `glasu session create --backbone sign` without the settings the recipe chooses, and each
 organisation's `glasu worker`, given none of them, trains the sign model with the printed
 settings (the session's, and the session's defaults for the workers' own); a worker given
-another backbone refuses the session before it sends anything."""
+another backbone refuses the session before it sends anything, and its refusal at join closes
+the session for its partners before any of them releases (the join gate)."""
 
 from __future__ import annotations
 
@@ -25,9 +26,12 @@ pytestmark = pytest.mark.e2e
 CLIENTS = 2
 
 
-def _worker(root: Path, url: str, client: int, *extra: str) -> ManagedProcess:
-    """`glasu worker` for ``client`` with only what a deployment must give it."""
-    session = root / "session"
+def _worker(
+    root: Path, url: str, client: int, *extra: str, session_dir: str = "session"
+) -> ManagedProcess:
+    """`glasu worker` for ``client`` of the session written to ``root / session_dir``, with only
+    what a deployment must give it."""
+    session = root / session_dir
     args = [
         "worker", "--server", url, "--session", (session / "session.id").read_text(),
         "--client", str(client), "--token-file", str(session / f"client-{client}.token"),
@@ -49,11 +53,15 @@ def test_the_workers_train_with_the_recipe_that_session_create_printed(
     served = start_serve(tmp_path, admin_token=secrets.token_urlsafe(32))
     processes.append(served.managed)
     served.wait_healthy()
-    assert main(["session", "create", "--server", served.url, "--admin-token-file",
-                 str(served.admin_token_file), "--dataset", "cora", "--data-dir", str(data_dir),
-                 "--clients", str(CLIENTS), "--rounds", "4", "--eval-every", "2",
-                 "--hidden", "16", "--no-dp", "--no-he", "--backbone", "sign",
-                 "--out", str(tmp_path / "session")]) == 0  # fmt: skip
+
+    def create_session(out: str) -> None:
+        assert main(["session", "create", "--server", served.url, "--admin-token-file",
+                     str(served.admin_token_file), "--dataset", "cora", "--data-dir",
+                     str(data_dir), "--clients", str(CLIENTS), "--rounds", "4", "--eval-every",
+                     "2", "--hidden", "16", "--no-dp", "--no-he", "--backbone", "sign",
+                     "--out", str(tmp_path / out)]) == 0  # fmt: skip
+
+    create_session("refused-session")
     printed = capsys.readouterr().out
     labelled = cora.train_nodes.size
     recipe = choose_recipe(backbone="sign", labelled=labelled)
@@ -64,12 +72,18 @@ def test_the_workers_train_with_the_recipe_that_session_create_printed(
     for part in layout.partitions:
         save_partition(part, tmp_path / "partitions")
 
-    # a worker given another backbone than the session's refuses it (exit 1), naming both
-    refused = _worker(tmp_path, served.url, 0, "--backbone", "gcnii")
+    # a worker given another backbone than the session's refuses it (exit 1), naming both; its
+    # refusal at join closes the session, so its partner stops before any release (exit 3)
+    refused = _worker(tmp_path, served.url, 0, "--backbone", "gcnii", session_dir="refused-session")
     processes.append(refused)
     assert refused.process.wait(timeout=600) == 1, refused.tail()
     assert "--backbone gcnii differs from the session's backbone sign" in refused.tail()
+    partner = _worker(tmp_path, served.url, 1, session_dir="refused-session")
+    processes.append(partner)
+    assert partner.process.wait(timeout=600) == 3, partner.tail()
+    assert "session-refused" in partner.tail() and "client 0 refused it" in partner.tail()
 
+    create_session("session")
     workers = [_worker(tmp_path, served.url, m) for m in range(CLIENTS)]
     processes.extend(workers)
     for m, worker in enumerate(workers):
