@@ -110,11 +110,20 @@ def run(args: argparse.Namespace) -> int:
 
 def claim_outputs(settings: WorkerSettings) -> None:
     """``--predictions`` and ``--model-out``, before anything is read or released: an existing
-    one is refused without ``--overwrite``, another party's model folder always; the model
-    folder is then claimed for this party (a second worker started on it is refused)."""
+    one is refused without ``--overwrite`` (an online worker's ``--predictions`` is a folder
+    that may exist: a restarted worker goes on writing a file per request into it), another
+    party's model folder always; the model folder is then claimed for this party (a second
+    worker started on it is refused)."""
     from models.artefact import ModelError, claim_model_folder
 
-    check_output_file(settings.predictions, "--predictions", overwrite=settings.overwrite)
+    if not settings.online:
+        check_output_file(settings.predictions, "--predictions", overwrite=settings.overwrite)
+    elif settings.predictions is not None and settings.predictions.is_file():
+        # online: a folder of one file per request session, whose ids never repeat
+        raise UsageError(
+            f"--predictions {settings.predictions} is a file; with --online it is a folder "
+            "(one file per request)"
+        )
     if settings.model_out is None:
         return
     check_model_folder(

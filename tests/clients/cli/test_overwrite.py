@@ -144,3 +144,19 @@ def test_score_refuses_existing_predictions_before_aligning(
     assert f"--out {out / 'insurer.csv'} exists; pass --overwrite to replace it" in err
     assert (out / "insurer.csv").read_text() == "kept\n" and not scored
     assert main([*argv, "--overwrite"]) == 0 and len(scored) == 1
+
+
+def test_an_online_workers_predictions_folder_may_exist_but_not_be_a_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An online worker restarted on its predictions folder (one file per request) goes on; a
+    file given as that folder is refused before any work."""
+    folder = tmp_path / "answers"
+    folder.mkdir()
+    assert worker(tmp_path, 0, "--online", "--predictions", str(folder)) == EXIT_FAILED
+    assert "--data" in capsys.readouterr().err  # past the output checks, stopped at the data
+    answers = tmp_path / "answers.csv"
+    answers.write_text("id\n")
+    assert worker(tmp_path, 0, "--online", "--predictions", str(answers)) == EXIT_USAGE
+    assert "with --online it is a folder" in capsys.readouterr().err
+    assert answers.read_text() == "id\n"
