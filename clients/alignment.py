@@ -175,6 +175,7 @@ def align(
     progress: bool = False,
     workers: int | None = None,
     kept: KeptAlignment | None = None,
+    keep: bool = False,
     now: float | None = None,
 ) -> AlignmentOutcome:
     """Run this party's side of the alignment over ``ids`` (its own node ids, distinct, in row
@@ -182,8 +183,9 @@ def align(
     posted and, given peer keys, blind only sets the peer posted. ``workers``: processes that
     blind (default: the cores available). ``kept``: this party's kept alignment
     (``clients/alignment_keeping.py``): its key and hash domain, and only what it did not blind
-    before is blinded; the outcome's ``kept`` is the alignment to keep (made at ``now``, seconds
-    since the epoch, when none is given)."""
+    before is blinded. With ``kept`` or ``keep``, the outcome's ``kept`` is the alignment to keep
+    (made at ``now``, seconds since the epoch, when none is given); else None, and nothing is
+    remembered (a fresh alignment that is not kept builds no lookup of what it blinded)."""
     workers = available_cores() if workers is None else workers
     _check_distinct(ids)
     status = client.status()
@@ -203,6 +205,7 @@ def align(
             now=time.time() if now is None else now,
         ),
         workers=workers,
+        remember=kept is not None or keep,
     )
     signing = signing or SetSigning()
     try:
@@ -282,7 +285,7 @@ def align(
         digest=status.digest,
         nodes=nodes,
         shared_nodes=shared,
-        kept=blinding.result(updated=kept is not None),
+        kept=blinding.result(updated=kept is not None) if blinding.remember else None,
     )
 
 

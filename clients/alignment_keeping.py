@@ -147,10 +147,12 @@ class RunBlinding:
     """One alignment's blinding at one party, through its kept alignment: what it blinded before
     is looked up, the rest blinded with its key; what this run blinded becomes the new memory."""
 
-    def __init__(self, kept: KeptAlignment, *, workers: int) -> None:
+    def __init__(self, kept: KeptAlignment, *, workers: int, remember: bool = True) -> None:
         self.kept = kept
         self.key = kept.key
         self.workers = workers
+        # False: an alignment nobody keeps (a fresh one's memory is empty): no lookup, no memory
+        self.remember = remember
         self.blinded = 0
         self._own = Memory.empty("S1")
         self._hops: dict[int, Memory] = {}
@@ -160,6 +162,13 @@ class RunBlinding:
     ) -> list[bytes]:
         """Each id hashed under the kept domain and blinded, in order; ``done(n)`` as each n
         are (for a progress bar)."""
+        if not self.remember:
+            blinded = []
+            for chunk in self.key.blind_ids(self.kept.domain, ids, workers=self.workers):
+                blinded.extend(chunk)
+                done(len(chunk))
+            self.blinded += len(ids)
+            return blinded
         queries = np.array([_id_key(node) for node in ids], dtype=bytes)
         found, outputs = self.kept.own.lookup(queries)
         missing = np.flatnonzero(~found)
@@ -180,6 +189,11 @@ class RunBlinding:
         """Each element of a set received at ``hop`` blinded, in order, after the checks of
         :func:`secure.psi.check_elements` (an element it blinded before was checked then: only
         its distinctness is checked again)."""
+        if not self.remember:
+            check_elements(elements)
+            self.blinded += len(elements)
+            fresh = self.key.blind_elements(elements, workers=self.workers)
+            return [element for chunk in fresh for element in chunk]
         queries = _elements(elements)
         memory = self.kept.hops[hop - 1] if hop - 1 < len(self.kept.hops) else Memory.empty()
         found, outputs = memory.lookup(queries)
@@ -197,6 +211,8 @@ class RunBlinding:
 
     def result(self, *, updated: bool) -> KeptAlignment:
         """The kept alignment after this run (``updated``: it ran on a kept one)."""
+        if not self.remember:
+            raise ValueError("this alignment's blinding was not remembered: nothing to keep")
         return dataclasses.replace(
             self.kept,
             updates=self.kept.updates + 1 if updated else 0,

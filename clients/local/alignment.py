@@ -41,11 +41,12 @@ def align_in_process(
     nodes: str = "intersection",
     progress: bool = False,
     kept: Sequence[KeptAlignment] | None = None,
+    keep: bool = False,
     now: float | None = None,
 ) -> list[AlignmentOutcome]:
     """Align the parties' ids (one sequence per party, in its row order); the outcome of each
-    party, in order. ``kept``: each party's kept alignment, updated (an outcome's ``kept`` is
-    what the party keeps next, dated ``now`` when fresh). Raises
+    party, in order. ``kept``: each party's kept alignment, updated; with it or ``keep`` an
+    outcome's ``kept`` is what the party keeps next, dated ``now`` when fresh. Raises
     :class:`clients.alignment.AlignmentFailed` (e.g. no shared id)."""
     from service.app import create_app
     from service.settings import ServiceSettings
@@ -79,6 +80,7 @@ def align_in_process(
                         signing[m],
                         progress and m == 0,
                         None if kept is None else kept[m],
+                        keep,
                         now,
                     )
                     for m, ids in enumerate(party_ids)
@@ -98,6 +100,7 @@ def _party(
     signing: SetSigning,
     progress: bool,
     kept: KeptAlignment | None,
+    keep: bool,
     now: float | None,
 ) -> AlignmentOutcome:
     with AlignmentClient(
@@ -109,7 +112,7 @@ def _party(
             transport=transport, poll_seconds=5.0, peer_wait_seconds=PEER_WAIT_SECONDS
         ),
     ) as client:
-        return align(client, ids, signing=signing, progress=progress, kept=kept, now=now)
+        return align(client, ids, signing=signing, progress=progress, kept=kept, keep=keep, now=now)
 
 
 def align_keeping(
@@ -155,7 +158,7 @@ def align_keeping(
         else:
             note = f"the kept alignment updated (update {kept[0].updates + 1} of its keys)"
     outcomes = align_in_process(
-        party_ids, seed=seed, nodes=nodes, progress=progress, kept=kept, now=now
+        party_ids, seed=seed, nodes=nodes, progress=progress, kept=kept, keep=True, now=now
     )
     for path, outcome in zip(paths, outcomes, strict=True):
         assert outcome.kept is not None

@@ -58,7 +58,7 @@ def folders(tmp_path: Path, name: str = "fed") -> list[Path]:
 def test_an_update_aligns_the_same_nodes_as_a_fresh_alignment_of_the_updated_tables(
     nodes: str,
 ) -> None:
-    first = align_in_process(TABLES, seed=3, nodes=nodes)
+    first = align_in_process(TABLES, seed=3, nodes=nodes, keep=True)
     kept = [outcome.kept for outcome in first]
     tables = updated(TABLES)
     update = align_in_process(tables, seed=3, nodes=nodes, kept=kept)  # type: ignore[arg-type]
@@ -66,6 +66,7 @@ def test_an_update_aligns_the_same_nodes_as_a_fresh_alignment_of_the_updated_tab
     assert aligned_ids(update, tables) == aligned_ids(fresh, tables)
     assert ("new-a", "new-a", "new-a") in aligned_ids(update, tables)
     assert update[0].aligned_nodes == fresh[0].aligned_nodes
+    assert all(o.kept is None for o in fresh)  # not asked to keep: nothing remembered
     assert {o.digest for o in update} == {update[0].digest}
     # and a second update, from the first update's kept alignment
     again = [ids[:-1] for ids in tables]
@@ -75,7 +76,7 @@ def test_an_update_aligns_the_same_nodes_as_a_fresh_alignment_of_the_updated_tab
 
 
 def test_an_update_blinds_only_the_ids_added_since() -> None:
-    first = align_in_process(TABLES, seed=3)
+    first = align_in_process(TABLES, seed=3, keep=True)
     assert [o.kept.blinded_last for o in first] == [len(TABLES[0]) * 3] * 3
     tables = updated(TABLES)
     update = align_in_process(tables, seed=3, kept=[o.kept for o in first])
