@@ -18,6 +18,7 @@ import pyarrow.csv as pa_csv
 
 from clients.session_client import SessionClient
 from models.data.party import NOT_SHARED, read_alignment, read_ids, read_meta
+from secure.wire.request_signature import RequestSignature
 
 
 class UnknownIds(ValueError):
@@ -64,11 +65,13 @@ def ask(
     predictions: Path,
     wait_seconds: float,
     sleep: Callable[[float], None],
+    signature: RequestSignature | None = None,
 ) -> Answer:
-    """Ask for ``nodes`` (``ids`` in the same order) and wait for the answer file the answering
-    worker writes into ``predictions``; :class:`RequestFailed` when the request session ends
-    without one (a party refused it: its reason), TimeoutError after ``wait_seconds``."""
-    opened = online.ask(np.unique(nodes))
+    """Ask for ``nodes`` (``ids`` in the same order), signed by ``signature``, and wait for the
+    answer file the answering worker writes into ``predictions``; :class:`RequestFailed` when
+    the request session ends without one (a party refused it: its reason), TimeoutError after
+    ``wait_seconds``."""
+    opened = online.ask(np.unique(nodes), signature)
     path = Path(predictions) / f"{opened.session_id}.csv"
     waited = 0.0
     while not path.exists():

@@ -83,6 +83,11 @@ CREATE TABLE IF NOT EXISTS noise_secret (
     id INTEGER PRIMARY KEY CHECK (id = 1),
     secret BLOB NOT NULL
 );
+CREATE TABLE IF NOT EXISTS request_nonces (
+    nonce TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    used_at REAL NOT NULL
+);
 """
 # Ledgers from before release digests (and release kinds, and mechanisms) gain the columns
 # (their rows keep NULL, and read as before); the unique index makes "one row per release" a
@@ -392,6 +397,22 @@ class OwnerLedger:
                 " COALESCE(sessions.predictions_shared, 0) + excluded.predictions_shared",
                 (session_id, time.time(), rows),
             )
+
+    def claim_request_nonce(self, nonce: str, session_id: str) -> str | None:
+        """Keep ``nonce`` (of a signed online request, ``clients/request_signing.py``) as
+        request session ``session_id``'s: None when it is new or already that session's (a
+        restarted worker), else the request session that used it first (a replay)."""
+        with self._transaction() as tx:
+            row = tx.execute(
+                "SELECT session_id FROM request_nonces WHERE nonce = ?", (nonce,)
+            ).fetchone()
+            if row is None:
+                tx.execute(
+                    "INSERT INTO request_nonces (nonce, session_id, used_at) VALUES (?, ?, ?)",
+                    (nonce, session_id, time.time()),
+                )
+                return None
+        return None if row[0] == session_id else str(row[0])
 
     def predictions_shared(self, session_id: str) -> int:
         """How many of this organisation's predictions went to its partners in the session."""

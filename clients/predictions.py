@@ -143,6 +143,7 @@ class PredictionWriter:
             [(ROW, pa.int64())] + [(f"p{c}", pa.float64()) for c in range(num_classes)]
         )
         self._writer = pq.ParquetWriter(self.partial, self._schema)
+        self._done = False
 
     def write(self, nodes: np.ndarray, probabilities: np.ndarray) -> None:
         """The rows of ``nodes`` this party holds, ``WRITE_ROWS`` at a time."""
@@ -164,6 +165,7 @@ class PredictionWriter:
         """The rows in the party's table order, as people read them (:func:`prediction_table`),
         in ``<file>.partial`` first, then renamed to the file."""
         self._writer.close()
+        self._done = True
         scored = pq.read_table(self.partial, memory_map=False).sort_by(ROW)
         self.partial.unlink()
         rows = scored.column(ROW).to_numpy()
@@ -187,8 +189,15 @@ class PredictionWriter:
 
     def abandon(self) -> None:
         """Close without making the file appear: the rows so far stay in ``<file>.partial``
-        (Parquet, as scored: the party's row of each node and its probabilities)."""
+        (Parquet, as scored: the party's row of each node and its probabilities); with none
+        scored (a session refused at join), nothing stays. Nothing once finished or
+        abandoned."""
+        if self._done:
+            return
+        self._done = True
         self._writer.close()
+        if not self.rows:
+            self.partial.unlink(missing_ok=True)
 
 
 def _table_writer(path: Path, schema: pa.Schema) -> pa_csv.CSVWriter | pq.ParquetWriter:

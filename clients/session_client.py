@@ -17,6 +17,7 @@ from clients.service_http import ConnectionOptions, PeerConnection, ServiceError
 from secure.protocol import NODE_ENCODING, SharesSum, decode_nodes, encode_nodes
 from secure.wire.headers import COUNT_HEADER, ENCODING_HEADER, SHAPE_HEADER
 from secure.wire.passes import PassInfo, RejoinReceipt
+from secure.wire.request_signature import RequestSignature
 from secure.wire.sessions import ScoringRequestOpened
 from secure.wire.status import SessionStatus
 
@@ -69,13 +70,15 @@ class SessionClient(PeerConnection):
             raise
         return None
 
-    def ask(self, nodes: np.ndarray) -> ScoringRequestOpened:
-        """The answering party asks its online session to score ``nodes`` (aligned ids)."""
-        response = self._request(
-            "POST",
-            f"/v1/sessions/{self.session_id}/requests",
-            json={"nodes": [int(n) for n in nodes]},
-        )
+    def ask(
+        self, nodes: np.ndarray, signature: RequestSignature | None = None
+    ) -> ScoringRequestOpened:
+        """The answering party asks its online session to score ``nodes`` (aligned ids), with
+        its ``signature`` of the request (``clients/request_signing.py``)."""
+        body: dict[str, object] = {"nodes": [int(n) for n in nodes]}
+        if signature is not None:
+            body["signature"] = signature.model_dump(mode="json")
+        response = self._request("POST", f"/v1/sessions/{self.session_id}/requests", json=body)
         return ScoringRequestOpened.model_validate_json(response.content)
 
     def rejoin(self) -> int:

@@ -175,6 +175,25 @@ class WorkerSettings(BaseSettings):
         " ... --online`): keep the model loaded and score each request of the answering party "
         'as it comes, until the session is closed (docs/data.md, "Online scoring").',
     )
+    answering_party_key: str | None = Field(
+        None,
+        description="With --online: the answering party's public signing key (signing.pub of "
+        "its `glasu align keygen`), pinned by client index, received out of band: M=PATH. "
+        "The worker takes part only in requests that party signed (`glasu ask --signing-key`), "
+        "each once, over the signed nodes.",
+    )
+    accept_unsigned_requests: bool = Field(
+        False,
+        description="With --online and no --answering-party-key: take part in every request "
+        "session of the online session, signed or not (a service that deviates can then open "
+        "requests nobody asked for, each a release in this organisation's ledger).",
+    )
+    request_max_age_seconds: float = Field(
+        600.0,
+        gt=0,
+        description="With --answering-party-key: refuse a request signed longer ago (or "
+        "further ahead, by this host's clock) than this.",
+    )
     overwrite: bool = Field(
         False,
         description="Replace this party's model in --model-out and the --predictions file if "
@@ -227,6 +246,19 @@ class WorkerSettings(BaseSettings):
         if text is not None:
             parse_peer_keys(text)
         return text
+
+    @field_validator("answering_party_key")
+    @classmethod
+    def _one_pinned_key(cls, text: str | None) -> str | None:
+        if text is not None and len(parse_peer_keys(text)) != 1:
+            raise ValueError("give the answering party's key as M=PATH (one party)")
+        return text
+
+    def pinned_answering_key(self) -> tuple[int, Path] | None:
+        """``answering_party_key`` as (client index, public key file)."""
+        if self.answering_party_key is None:
+            return None
+        return parse_peer_keys(self.answering_party_key)[0]
 
     def pinned_masking_keys(self) -> list[tuple[int, Path]]:
         """``masking_peer_keys`` as (client index, public key file) pairs."""
@@ -309,5 +341,5 @@ def parse_peer_keys(text: str) -> list[tuple[int, Path]]:
         pairs.append((int(party), Path(path.strip())))
     parties = [m for m, _ in pairs]
     if len(set(parties)) != len(parties):
-        raise ValueError(f"a client's masking key is pinned twice in {text!r}")
+        raise ValueError(f"a client's key is pinned twice in {text!r}")
     return pairs

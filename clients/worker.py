@@ -28,6 +28,7 @@ from clients.policy import (
     session_about,
 )
 from clients.rejoin import next_pass_after, rejoin_pass, stated_pass_info
+from clients.request_signing import RequestCheck
 from clients.service_http import ServiceError
 from clients.session_client import SessionClient
 from clients.session_fit import (
@@ -81,6 +82,9 @@ class WorkerRun:
     (clients/model_keeping.py); a scoring session needs the party's trained ``model``
     (:class:`models.artefact.ModelError` when it does not fit the session or the data).
 
+    A request session of an online session is checked first by ``request_check`` (signed by
+    the answering party, over the signed nodes, never replayed: clients/request_signing.py).
+
     In a session with ``ready_gate`` a refusal here is told to the service, which closes the
     session, and :meth:`run` first says the worker is ready and waits until every worker did
     (clients/join.py), so that nothing is released into a session another worker refused.
@@ -106,6 +110,7 @@ class WorkerRun:
         alignment_digest: str | None = None,
         given_options: frozenset[str] = frozenset(),
         writes_predictions: bool = False,
+        request_check: RequestCheck | None = None,
     ) -> None:
         self.service = service
         self.on_pass = on_pass
@@ -127,7 +132,12 @@ class WorkerRun:
         # fingerprint, the model's manifest) and the owner's policy
         self.session_json = self.status.model_dump(mode="json", by_alias=True)
         self.config = self.status.config
+        self.request_check = request_check
         with refusal_reported(service, self.config):
+            if request_check is not None:  # a request of an online session: signed, new
+                if ledger is None:
+                    raise ValueError("a request of an online session needs the owner's ledger")
+                request_check.admit(self.status, lambda: service.pass_info(0).output_nodes, ledger)
             self.partition = fit_to_session(
                 partition, self.config, client=service.client_index, codec=codec, model=model
             )
@@ -270,6 +280,8 @@ class WorkerRun:
         while True:
             next_pass = progress.next_pass
             info = stated_pass_info(service, next_pass) if masked else service.pass_info(next_pass)
+            if self.request_check is not None:
+                self.request_check.check_pass(self.status, info)
             if info.kind == "done":
                 break
             if self._masked_without_this_client(info):

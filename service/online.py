@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from secure.protocol import answering_party
+from secure.wire.request_signature import RequestSignature
 from secure.wire.sessions import ScoringRequestOpened, request_session_id
 from service.domain_errors import InvalidSessionRequest, SessionClosed
 from service.plan import SessionPlan
@@ -27,10 +28,15 @@ def asker_of(plan: SessionPlan) -> int:
 
 
 def open_request(
-    store: Store, engine: RoundEngine, online_id: str, nodes: np.ndarray
+    store: Store,
+    engine: RoundEngine,
+    online_id: str,
+    nodes: np.ndarray,
+    signature: RequestSignature | None = None,
 ) -> tuple[ScoringRequestOpened, SessionPlan]:
     """Open the next request session of ``online_id`` over ``nodes`` (sorted, distinct): refused
-    (nothing opened) unless the session is an open online session and covers every node."""
+    (nothing opened) unless the session is an open online session and covers every node. The
+    answering party's ``signature`` is kept with it as given: the workers check it."""
     with store.transaction() as tx:
         row, online = engine.session(tx, online_id)
         _check_open(online_id, row.state, online)
@@ -49,6 +55,7 @@ def open_request(
                 "online": False,
                 "eval_nodes": nodes,
                 "label": f"request {number} of online session {online_id}",
+                "request_signature": signature,
             }
         )
         plan = SessionPlan.build(

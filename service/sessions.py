@@ -10,6 +10,7 @@ from secure.body_limits import BodyLimitTooSmall, share_part_bytes, share_part_v
 from secure.privacy import PrivacyPlanError, SessionPrivacy, check_private_arrangement
 from secure.protocol import PART_VALUES, part_count
 from secure.schedule import passes_total
+from secure.wire.request_signature import RequestSignature
 from secure.wire.sessions import (
     MAX_PART_VALUES,
     ScoringRequestOpened,
@@ -103,9 +104,11 @@ class SessionManager:
             noise_multiplier=plan.privacy.noise_multiplier if plan.privacy else None,
         )
 
-    def open_request(self, online_id: str, nodes: np.ndarray) -> ScoringRequestOpened:
+    def open_request(
+        self, online_id: str, nodes: np.ndarray, signature: RequestSignature | None = None
+    ) -> ScoringRequestOpened:
         """A request of an online scoring session: its request session (``service/online.py``)."""
-        opened, plan = open_request(self.store, self.engine, online_id, nodes)
+        opened, plan = open_request(self.store, self.engine, online_id, nodes, signature)
         self.plans.put(plan)
         return opened
 

@@ -25,7 +25,8 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         description="The answering party (the label holder) asks its online scoring session "
         "(`glasu session create --score-with ... --online`) to score a few of its own ids: "
         "each request is one scoring pass, a release counted in every owner's ledger before "
-        "anything leaves. The answer is the one its own `glasu worker --online --predictions "
+        "anything leaves, signed with --signing-key so that the workers answer only what it "
+        "asked. The answer is the one its own `glasu worker --online --predictions "
         'DIR` writes into DIR; it is printed as CSV in the order of --ids (docs/data.md, "Online '
         'scoring").',
     )
@@ -38,6 +39,14 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
          " --predictions)"),
     ):  # fmt: skip
         p.add_argument(flag, type=Path, required=True, metavar=metavar, help=text + " (required)")
+    p.add_argument(
+        "--signing-key",
+        type=Path,
+        metavar="PATH",
+        help="this organisation's signing key (signing.key of `glasu align keygen`): the "
+        "request is signed with it, and the workers whose owners pinned its public key "
+        "(--answering-party-key) answer only signed requests",
+    )
     p.add_argument("--ids", nargs="+", required=True, metavar="ID", help="own ids to score")
     p.add_argument(
         "--wait-seconds",
@@ -52,11 +61,21 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from clients.admin import tls_verification
     from clients.online import RequestFailed, UnknownIds, aligned_nodes_of, ask
+    from clients.request_signing import sign_request
     from clients.service_http import ConnectionOptions, ServiceError
     from clients.session_client import SessionClient
     from secure.protocol import answering_party
 
     token = read_token(args.token_file, flag="--token-file")
+    signing_key = None
+    if args.signing_key is not None:
+        from nacl.signing import SigningKey
+
+        from clients.cli.keyfiles import read_key_bytes
+
+        signing_key = SigningKey(
+            read_key_bytes(args.signing_key, "--signing-key", made_by="glasu align keygen")
+        )
     with failing_as("--ca-file"):
         verify = tls_verification(args.ca_file)
     try:
@@ -74,9 +93,13 @@ def run(args: argparse.Namespace) -> int:
     with service:
         try:
             service.client_index = answering_party(service.session().config.label_holder)
+            signature = None if signing_key is None else sign_request(
+                signing_key, online_id=args.session, party=service.client_index, nodes=nodes,
+                now=time.time(),
+            )  # fmt: skip
             answer = ask(
                 service, nodes, args.ids, predictions=args.predictions,
-                wait_seconds=args.wait_seconds, sleep=time.sleep,
+                wait_seconds=args.wait_seconds, sleep=time.sleep, signature=signature,
             )  # fmt: skip
         except (RequestFailed, ServiceError) as exc:
             # refused by the service (exit 3), or by a party at join (its owner's policy: 6)

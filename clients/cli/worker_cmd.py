@@ -46,7 +46,8 @@ from models.config import PRECOMPUTED_BACKBONES
 if TYPE_CHECKING:
     import torch
 
-    from clients.predictions import IdsByNode
+    from clients.predictions import IdsByNode, PredictionWriter
+    from clients.request_signing import RequestCheck
     from clients.session_fit import LocalModelOptions
     from models.artefact import SavedModel
     from models.data.partition import ClientPartition
@@ -231,26 +232,97 @@ def load_worker(settings: WorkerSettings) -> LoadedWorker:
 
 
 def _run(settings: WorkerSettings, ledger_file: Path, *, quiet: bool) -> int:
-    loaded = load_worker(settings)
     if settings.online:
         from clients.cli.worker_online import serve_requests
 
+        check = online_request_check(settings)
+        loaded = load_worker(settings)
         return serve_requests(
-            settings, loaded, lambda each: run_session(each, loaded, ledger_file, quiet=quiet)
+            settings,
+            loaded,
+            lambda each: run_session(each, loaded, ledger_file, quiet=quiet, request_check=check),
         )
-    return run_session(settings, loaded, ledger_file, quiet=quiet)
+    return run_session(settings, load_worker(settings), ledger_file, quiet=quiet)
+
+
+def online_request_check(settings: WorkerSettings) -> RequestCheck:
+    """What an online worker checks of each request (``clients/request_signing.py``): the
+    signature of the answering party its owner pinned; with neither a pinned key nor
+    ``--accept-unsigned-requests``, online mode is refused (:class:`UsageError`)."""
+    from nacl.signing import VerifyKey
+
+    from clients.cli.keyfiles import read_key_bytes
+    from clients.request_signing import RequestCheck
+
+    pinned = settings.pinned_answering_key()
+    if pinned is None:
+        if not settings.accept_unsigned_requests:
+            raise UsageError(
+                "--online needs --answering-party-key M=PATH (the answering party's signing.pub"
+                " of `glasu align keygen`), so that only requests it signed are answered; "
+                "--accept-unsigned-requests takes part in any request the service opens"
+            )
+        return RequestCheck(online_id=settings.session)
+    party, path = pinned
+    key = read_key_bytes(path, "--answering-party-key", made_by="glasu align keygen")
+    return RequestCheck(
+        online_id=settings.session,
+        party=party,
+        key=VerifyKey(key),
+        max_age_seconds=settings.request_max_age_seconds,
+    )
 
 
 def run_session(
-    settings: WorkerSettings, loaded: LoadedWorker, ledger_file: Path, *, quiet: bool
+    settings: WorkerSettings,
+    loaded: LoadedWorker,
+    ledger_file: Path,
+    *,
+    quiet: bool,
+    request_check: RequestCheck | None = None,
 ) -> int:
-    """Take part in ``settings.session`` with what ``loaded`` holds: the worker's exit code."""
+    """Take part in ``settings.session`` with what ``loaded`` holds (a request session of an
+    online session: checked by ``request_check`` at join): the worker's exit code. Its
+    predictions file appears only once the session finished; a session it did not finish
+    (refused, failed) leaves the rows scored so far in ``<file>.partial``, or nothing where none
+    was scored (a request refused at join)."""
+    from clients.predictions import PredictionWriter
+    from models.artefact import class_names
+
+    writer = None
+    if settings.predictions is not None:
+        with failing_as("--predictions", ValueError, OSError):
+            if loaded.model is None:
+                raise ValueError("predictions come from a scoring session: give --model DIR")
+            writer = PredictionWriter(
+                settings.predictions,
+                ids_of_node=loaded.ids_of_node,
+                num_classes=loaded.model.manifest["model"]["num_classes"],
+                class_names=class_names(loaded.model.manifest),
+            )
+    try:
+        return _take_part(
+            settings, loaded, ledger_file, writer, quiet=quiet, request_check=request_check
+        )
+    finally:
+        if writer is not None:
+            writer.abandon()  # nothing once finished
+
+
+def _take_part(
+    settings: WorkerSettings,
+    loaded: LoadedWorker,
+    ledger_file: Path,
+    writer: PredictionWriter | None,
+    *,
+    quiet: bool,
+    request_check: RequestCheck | None,
+) -> int:
     from pydantic import ValidationError
 
     from clients.checkpoint import CheckpointError, CheckpointStore
     from clients.owner_ledger import OwnerLedger
     from clients.policy import PolicyRefusal
-    from clients.predictions import PredictionWriter
     from clients.service_http import (
         ConnectionOptions,
         PeersMissing,
@@ -260,23 +332,12 @@ def run_session(
     from clients.session_client import SessionClient
     from clients.session_fit import SessionMismatch
     from clients.worker import WorkerRun
-    from models.artefact import ModelError, class_names
+    from models.artefact import ModelError
     from secure.aggregation import PayloadError
     from secure.noise import NotPrivateNoiseError
     from secure.protocol import ProtocolViolation
 
     model, given = loaded.model, loaded.given
-    writer = None
-    if settings.predictions is not None:
-        with failing_as("--predictions", ValueError, OSError):
-            if model is None:
-                raise ValueError("predictions come from a scoring session: give --model DIR")
-            writer = PredictionWriter(
-                settings.predictions,
-                ids_of_node=loaded.ids_of_node,
-                num_classes=model.manifest["model"]["num_classes"],
-                class_names=class_names(model.manifest),
-            )
 
     def progress(info: PassInfo, outcome: PassOutcome) -> None:
         if writer is not None and outcome.answer is not None:  # the model's, one per customer
@@ -328,6 +389,7 @@ def run_session(
                 alignment_digest=loaded.alignment_digest,
                 given_options=given,
                 writes_predictions=writer is not None,
+                request_check=request_check,
             )
             print(
                 settings_line(settings.client, run.options, run.config.model_dump(), given=given),
@@ -369,15 +431,12 @@ def run_session(
             "bytes_down": service.traffic.down,
             "history": result.history,
         }
-    if writer is not None:
-        if result.finished_reason == "finished":
-            path = writer.finish()
-            print(
-                f"glasu worker {settings.client}: {writer.rows} predictions in {path}",
-                file=sys.stderr,
-            )
-        else:
-            writer.abandon()
+    if writer is not None and result.finished_reason == "finished":
+        path = writer.finish()
+        print(
+            f"glasu worker {settings.client}: {writer.rows} predictions in {path}",
+            file=sys.stderr,
+        )
     if result.model_path is not None:
         summary["model"] = str(result.model_path)
         print(

@@ -30,6 +30,7 @@ from secure.wire.common import (
     StrictModel,
 )
 from secure.wire.node_lists import NodeList
+from secure.wire.request_signature import RequestSignature
 
 # the values of service.session_state.SessionState (secure/ never imports service/; a test
 # checks that they stay the same)
@@ -246,6 +247,12 @@ class SessionCreate(StrictModel):
         "requests` of the answering party opens one scoring session over the asked nodes (of "
         "this session's `eval_nodes`), run by the same workers with this session's tokens.",
     )
+    request_signature: RequestSignature | None = Field(
+        None,
+        description="A request session: the answering party's signature of the request, as "
+        "asked (`POST .../requests`); the service only keeps and shows it, each online worker "
+        "checks it at join.",
+    )
     label: Label | None = None
     partners: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
         None,
@@ -308,6 +315,8 @@ class SessionCreate(StrictModel):
             raise ValueError("share_predictions is a scoring session's setting")
         if self.online and self.kind != "scoring":
             raise ValueError("online is a scoring session's setting")
+        if self.request_signature is not None and (self.kind != "scoring" or self.online):
+            raise ValueError("request_signature is a request session's setting")
         if self.secure_aggregation == "masks":
             check_masks(clients=self.clients, encryption=self.encryption)
         if self.stragglers == "continue":
@@ -403,6 +412,7 @@ class SessionConfigView(ResponseModel):
     ready_gate: bool = False
     share_predictions: SharePredictions = "none"
     online: bool = False
+    request_signature: RequestSignature | None = None
     label: str | None
     partners: list[str] | None = None
     operator: str | None = None
@@ -429,6 +439,13 @@ class ScoringRequest(StrictModel):
     nodes: NodeList = Field(
         description="Aligned node ids (of the online session's `eval_nodes`), encoded like "
         "`eval_nodes` or a JSON list."
+    )
+
+    signature: RequestSignature | None = Field(
+        None,
+        description="The answering party's signature of this request (`glasu ask --signing-key`):"
+        " kept with the request session for the workers to check; a worker whose owner pinned "
+        "the answering party's key refuses a request without it.",
     )
 
     @field_validator("nodes")

@@ -95,9 +95,11 @@ def open_scoring_request(
 ) -> ScoringRequestOpened:
     """The answering party's token only. Opens one scoring session over `nodes` (a request
     session, one evaluation pass: one release in every owner's ledger), which the online
-    session's workers run; its answer is the answering party's worker's. 422 for a node the
-    online session does not cover (named), 409 once the online session is closed."""
-    opened = context.sessions.open_request(session_id, request.nodes)
+    session's workers run; its answer is the answering party's worker's. The answering party's
+    `signature` of the request is kept with it and shown in its configuration, for the workers
+    to check at join. 422 for a node the online session does not cover (named), 409 once the
+    online session is closed."""
+    opened = context.sessions.open_request(session_id, request.nodes, request.signature)
     response.headers["Location"] = f"/v1/sessions/{opened.session_id}"
     return opened
 
