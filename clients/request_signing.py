@@ -147,9 +147,10 @@ class RequestCheck:
             ) from None
         age = self.clock() - signed.signed_at
         if abs(age) > self.max_age_seconds:
+            when = f"{age:.0f} s ago" if age > 0 else f"{-age:.0f} s ahead of this host's clock"
             raise RequestRefused(
-                f"request {session_id} was signed {age:.0f} s from now, more than "
-                f"{self.max_age_seconds:.0f} s (--request-max-age-seconds)"
+                f"request {session_id} was signed {when}, more than the "
+                f"{self.max_age_seconds:.0f} s this owner allows (--request-max-age-seconds)"
             )
 
     def check_pass(self, status: SessionStatus, info: PassInfo) -> None:

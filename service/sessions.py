@@ -32,6 +32,7 @@ from service.domain_errors import InvalidSessionRequest, SessionNotFound
 from service.online import asker_of, open_request
 from service.plan import PlanCache, PlanOutline, SessionPlan
 from service.rounds import RoundEngine
+from service.rounds.readiness import client_readiness
 from service.rounds.slots import layer_rows, layer_summed
 from service.session_state import SessionState
 from service.store import LedgerRow, SessionRow, Store, Transaction
@@ -230,6 +231,7 @@ class SessionManager:
             metrics = tx.metrics(session_id)
             traffic = tx.traffic(session_id)
             ledger = tx.ledger(session_id)
+            readiness = client_readiness(tx, plan)
         per_client = [
             ClientTraffic(client=m, bytes_up=up, bytes_down=down)
             for m, (up, down) in sorted(traffic.items())
@@ -261,6 +263,7 @@ class SessionManager:
             bytes_down=sum(t.bytes_down for t in per_client),
             traffic=per_client,
             privacy=self._privacy_report(plan, ledger),
+            readiness=readiness,
         )
 
     def report_page(self, session_id: str, *, now: float) -> str:

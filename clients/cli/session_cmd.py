@@ -314,6 +314,9 @@ def describe(status: dict[str, Any]) -> str:
                 f"  going on without clients {absent} (left out of an earlier pass; they rejoin "
                 "when their workers are back)"
             )
+    join = _join_line(status.get("readiness"))
+    if join:
+        lines.append(join)
     privacy = status.get("privacy") or {}
     if privacy.get("enabled"):
         lines.append(
@@ -323,6 +326,20 @@ def describe(status: dict[str, Any]) -> str:
     else:
         lines.append("privacy: differential privacy off")
     return "\n".join(lines)
+
+
+def _join_line(readiness: list[dict[str, Any]] | None) -> str | None:
+    """The join gate: who said ready, who refused and why, who has not said yet."""
+    if not readiness:
+        return None
+    if all(answer["state"] == "ready" for answer in readiness):
+        return "  join: every client said ready"
+    said = [
+        f"client {answer['client']} {answer['state']}"
+        + (f" ({answer['reason']})" if answer.get("reason") else "")
+        for answer in readiness
+    ]
+    return "  join: " + ", ".join(said)
 
 
 def describe_listed(summary: dict[str, Any]) -> str:

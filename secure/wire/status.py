@@ -147,6 +147,16 @@ class PrivacyReport(ResponseModel):
     )
 
 
+class ClientReadiness(ResponseModel):
+    client: int
+    state: Literal["ready", "refused", "waiting"] = Field(
+        description="What the client said at join: ready, refused (the session is then closed),"
+        " or nothing yet."
+    )
+    reason: str | None = Field(None, description="Why it refused (its worker's sentence).")
+    reported_at: float | None = Field(None, description="When it said so (Unix time).")
+
+
 class SessionStatus(ResponseModel):
     session_id: str
     label: str | None
@@ -166,3 +176,8 @@ class SessionStatus(ResponseModel):
     bytes_down: int
     traffic: list[ClientTraffic]
     privacy: PrivacyReport
+    readiness: list[ClientReadiness] | None = Field(
+        None,
+        description="A session with `ready_gate`: each client's answer at join, by client "
+        "(null without the gate).",
+    )

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from secure.wire.passes import ReadinessReport, ReadinessStatus
+from secure.wire.status import ClientReadiness
 from service.domain_errors import ClientsNotReady, SessionRefused
 from service.notify import Pending
 from service.plan import PlanCache, SessionPlan
@@ -37,12 +38,34 @@ CREATE TABLE IF NOT EXISTS client_readiness (
 READINESS_MIGRATIONS = (Migration(1, "each client's readiness at join", schema(READINESS_SCHEMA)),)
 
 
-def _reports(tx: Transaction, session_id: str) -> dict[int, tuple[bool, str | None]]:
+def _rows(tx: Transaction, session_id: str) -> dict[int, tuple[bool, str | None, float]]:
+    """Each client's answer: (ready, reason, reported_at) by client index."""
     rows = tx.connection.execute(
-        "SELECT client_index, ready, reason FROM client_readiness WHERE session_id = ?",
+        "SELECT client_index, ready, reason, reported_at FROM client_readiness"
+        " WHERE session_id = ?",
         (session_id,),
     ).fetchall()
-    return {int(client): (bool(ready), reason) for client, ready, reason in rows}
+    return {int(client): (bool(ready), reason, at) for client, ready, reason, at in rows}
+
+
+def _reports(tx: Transaction, session_id: str) -> dict[int, tuple[bool, str | None]]:
+    return {m: (ready, reason) for m, (ready, reason, _) in _rows(tx, session_id).items()}
+
+
+def client_readiness(tx: Transaction, plan: SessionPlan) -> list[ClientReadiness] | None:
+    """Each client's answer at join, for the session's status (None without the gate)."""
+    if not plan.config.ready_gate:
+        return None
+    said = _rows(tx, plan.session_id)
+    answers = []
+    for m in range(plan.clients):
+        if m not in said:
+            answers.append(ClientReadiness(client=m, state="waiting"))
+            continue
+        ready, reason, at = said[m]
+        state = "ready" if ready else "refused"
+        answers.append(ClientReadiness(client=m, state=state, reason=reason, reported_at=at))
+    return answers
 
 
 def _refusal(session_id: str, reports: dict[int, tuple[bool, str | None]]) -> None:

@@ -13,6 +13,7 @@ import pytest
 from fastapi.security import HTTPAuthorizationCredentials
 from service_testkit import session_request
 
+from secure.wire.request_signature import RequestSignature, nodes_sha256
 from secure.wire.sessions import SessionCreate, online_session_of, request_session_id
 from service.api.deps import SESSION_CLIENTS, require_asker
 from service.context import ServiceContext, build_context
@@ -101,3 +102,21 @@ def test_online_tokens_act_in_their_request_sessions_and_only_the_answerer_asks(
     for token in (tokens[0], tokens[2]):
         with pytest.raises(ProblemError, match="only the answering party"):
             require_asker(context, _bearer(token), online)
+
+
+def test_the_answering_party_s_signature_is_kept_with_its_request_and_shown_to_workers(
+    context: ServiceContext,
+) -> None:
+    online, _ = _online(context)
+    signature = RequestSignature(
+        party=1, nonce="ab" * 16, nodes_sha256=nodes_sha256(np.array([44, 41])),
+        signed_at=1.5e9, signature="cd" * 64,
+    )  # fmt: skip
+    signed = context.sessions.open_request(online, np.array([41, 44]), signature).session_id
+    unsigned = context.sessions.open_request(online, np.array([41])).session_id
+    assert context.sessions.status(signed).config.request_signature == signature
+    assert context.sessions.status(unsigned).config.request_signature is None
+    with pytest.raises(ValueError, match="request_signature is a request session's setting"):
+        SessionCreate.model_validate(
+            session_request(request_signature=signature.model_dump(mode="json"))
+        )

@@ -99,3 +99,18 @@ def test_a_scoring_session_that_shares_its_answer_plans_layer_l_plus_1() -> None
     assert kept.answer_layer is None and 4 not in kept.widths and kept.last_layer(0) == 3
     with pytest.raises(ValueError, match="scoring session's setting"):
         SessionCreate.model_validate(session_request(share_predictions="label-holder"))
+
+
+def test_the_status_shows_who_said_ready_who_refused_and_why(context: ServiceContext) -> None:
+    session = _gated(context)
+    assert [r.state for r in context.sessions.status(session).readiness] == ["waiting"] * 3
+    context.readiness.report(Caller(session, 0), READY)
+    why = "request 3 is not signed by the answering party 0"
+    context.readiness.report(Caller(session, 2), ReadinessReport(ready=False, reason=why))
+    shown = context.sessions.status(session).readiness
+    assert [(r.client, r.state, r.reason) for r in shown] == [
+        (0, "ready", None), (1, "waiting", None), (2, "refused", why),
+    ]  # fmt: skip
+    assert shown[0].reported_at is not None and shown[1].reported_at is None
+    ungated = context.sessions.create(SessionCreate.model_validate(session_request()))
+    assert context.sessions.status(ungated.session_id).readiness is None

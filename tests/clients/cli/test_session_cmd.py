@@ -14,6 +14,7 @@ import pytest
 from clients.admin import AdminClient
 from clients.cli.errors import EXIT_FAILED, EXIT_REFUSED, EXIT_UNREACHABLE
 from clients.cli.main import main
+from clients.cli.session_cmd import describe
 from clients.local.processes import free_port, start_serve, without_glasu_settings
 from clients.local.session import session_request
 from clients.session_fit import session_defaultable
@@ -142,7 +143,7 @@ def test_status_names_the_missing_clients_and_close_closes(
     shown = capsys.readouterr().out
     assert f"session {sid}" in shown and "running, pass 0 of" in shown
     assert f"current step: layer {lower[-1]} node sets from [0], missing [1, 2]\n" in shown
-    assert "differential privacy off" in shown
+    assert "differential privacy off" in shown and "  join: every client said ready\n" in shown
     assert main(["session", "status", *args, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["state"] == "running"
     assert main(["session", "close", *args, "--json"]) == 0
@@ -333,3 +334,12 @@ def test_share_predictions_is_a_scoring_session_s_and_every_session_has_the_join
     with _admin(server) as admin:
         config = admin.session((tmp_path / "b" / "session.id").read_text())["config"]
     assert config["ready_gate"] and config["share_predictions"] == "none"
+
+
+def test_status_says_who_refused_at_join_and_why() -> None:
+    why = "request 3 replays the signed request of s-2 (its nonce was used before)"
+    status = {"session_id": "s-3", "label": None, "state": "closed", "current_pass": 0,
+              "passes_total": 1, "progress": None, "privacy": {"enabled": False},
+              "readiness": [{"client": 0, "state": "ready"}, {"client": 1, "state": "waiting"},
+                            {"client": 2, "state": "refused", "reason": why}]}  # fmt: skip
+    assert f"  join: client 0 ready, client 1 waiting, client 2 refused ({why})" in describe(status)
