@@ -120,6 +120,9 @@ RELEASE_ADVERSARIES = "adversaries"
 #: How the session's shares travelled (``secure.protocol.ShareEncoding``: who could read a
 #: share); a snapshot shows it only where it is set, so older ledgers keep their digest.
 SESSION_ENCODING = "encoding"
+#: How many of the organisation's predictions went to its partners in the session (a scoring
+#: session that shares its answer); shown, like the encoding, only where it is set.
+SESSION_PREDICTIONS_SHARED = "predictions_shared"
 SESSION_FIELDS = (
     "session_id",
     "label",
@@ -442,8 +445,8 @@ class OwnerLedger:
                 " ORDER BY id"
             ).fetchall()
             sessions = tx.execute(
-                f"SELECT {', '.join(SESSION_FIELDS)}, {SESSION_ENCODING} FROM sessions"
-                " ORDER BY admitted_at"
+                f"SELECT {', '.join(SESSION_FIELDS)}, {SESSION_ENCODING},"
+                f" {SESSION_PREDICTIONS_SHARED} FROM sessions ORDER BY admitted_at"
             ).fetchall()
         records = {}
         for row in sessions:
@@ -451,8 +454,8 @@ class OwnerLedger:
             for name in ("partners", "adversaries"):
                 if record[name] is not None:
                     record[name] = json.loads(record[name])
-            if row[-1] is not None:
-                record[SESSION_ENCODING] = row[-1]
+            optional = zip((SESSION_ENCODING, SESSION_PREDICTIONS_SHARED), row[-2:], strict=True)
+            record.update({name: value for name, value in optional if value is not None})
             records[record["session_id"]] = record
         return LedgerSnapshot(
             path=self.path, releases=[_release_row(row) for row in releases], sessions=records

@@ -124,6 +124,7 @@ def organisation_content(
                 "releases": len(own),
                 "by_kind": _by_kind(own),
                 "shares": shares_sentence(record.get("encoding")),
+                "predictions_shared": record.get("predictions_shared") or 0,
                 "epsilon": epsilon(inverse),
                 "adversaries": adversaries,
                 "accuracy": measured if measured.get("federated") is not None else None,
@@ -182,6 +183,7 @@ def organisation_content(
         "total": {
             "releases": len(rows),
             "by_kind": _by_kind(rows),
+            "predictions_shared": sum(s["predictions_shared"] for s in sessions),
             "epsilon": total,
             "holds_against": f"the caps' figure, against {LEDGER_WHO}",
             "sentence": sentence(

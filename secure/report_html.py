@@ -236,6 +236,12 @@ def _summary(c: Mapping[str, Any]) -> list[str]:
         f"<li><b>Spent:</b> epsilon {_fmt(total['epsilon'], 4)} at delta {c['delta']:g}"
         f" ({_esc(total['holds_against'])}).</li>",
     ]
+    if total.get("predictions_shared"):
+        lines.append(
+            f"<li><b>Predictions shared:</b> {total['predictions_shared']} of this"
+            " organisation's predictions went to its partners, as its owner agreed (a disclosure"
+            " of the model's answers, not a noisy release: no epsilon).</li>"
+        )
     for cap in c["caps"]:
         lines.append(f"<li><b>Budget:</b> {_esc(cap['sentence'])}</li>")
     if not c["caps"]:
@@ -253,6 +259,11 @@ def _kinds(by_kind: Mapping[str, int]) -> str:
     return ", ".join(parts) or "none"
 
 
+def _predictions_shared(session: Mapping[str, Any]) -> str:
+    shared = session.get("predictions_shared")
+    return f"; {shared} prediction(s) shared with the partners" if shared else ""
+
+
 def _who_and_when(c: Mapping[str, Any]) -> list[str]:
     rows = (
         f"<td>{_esc(s['label'] or 'no label')}<br><code class=muted>"
@@ -260,7 +271,8 @@ def _who_and_when(c: Mapping[str, Any]) -> list[str]:
         f"<td>{_esc(s['operator'])}</td><td>{_esc(s['kind'])}</td>"
         f"<td>{_esc(s['created_at'])}</td>"
         f"<td>{_esc(s['first_release_at'])} to {_esc(s['last_release_at'])}</td>"
-        f'<td class="num">{s["releases"]}: {_esc(_kinds(s["by_kind"]))}</td>'
+        f'<td class="num">{s["releases"]}: {_esc(_kinds(s["by_kind"]))}'
+        f"{_esc(_predictions_shared(s))}</td>"
         f"<td>{_esc(s.get('shares') or '')}</td>"
         for s in c["sessions"]
     )

@@ -87,7 +87,7 @@ def _local(args: argparse.Namespace) -> int:
         # One read: a worker writing meanwhile must not make a session's figure count rows the
         # lifetime figure does not (a session above the lifetime spend of the same releases).
         sessions = ledger.sessions()
-        labels = {k: v["label"] for k, v in ledger.snapshot().sessions.items()}
+        records = ledger.snapshot().sessions
 
     def epsilon(inverse_square_sum: float) -> float:
         return composed_epsilon(
@@ -98,8 +98,10 @@ def _local(args: argparse.Namespace) -> int:
     rows = [
         {
             "session": s.session_id,
-            "label": labels.get(s.session_id),
+            "label": records.get(s.session_id, {}).get("label"),
             "releases": s.releases,
+            # answers sent to the partners as its owner agreed: no epsilon, counted apart
+            "predictions_shared": records.get(s.session_id, {}).get("predictions_shared", 0),
             "epsilon": epsilon(s.inverse_square_sum),
             "last_release_at": s.last_at,
             "last_release_at_utc": iso_utc(s.last_at),
@@ -112,6 +114,7 @@ def _local(args: argparse.Namespace) -> int:
         "accountant": args.accountant,
         "releases": sum(s.releases for s in sessions),
         "epsilon": total,
+        "predictions_shared": sum(row["predictions_shared"] for row in rows),
         "sessions": rows,
     }
     if args.json:
@@ -121,12 +124,23 @@ def _local(args: argparse.Namespace) -> int:
         f"{path}: {summary['releases']} release(s) of this data in {len(rows)} session(s);\n"
         f"lifetime spend: epsilon = {total:.4g} at delta = {args.delta:g} ({args.accountant}; "
         f"sessions compose exactly as Gaussian releases)"
+        + (
+            f";\n{summary['predictions_shared']} prediction(s) shared with the partners (as its "
+            "owner agreed; not a noisy release, no epsilon)"
+            if summary["predictions_shared"]
+            else ""
+        )
     )
     for row in rows:
         label = f" ({row['label']})" if row["label"] else ""
         print(
             f"  {row['session']}{label}: {row['releases']} release(s), epsilon = "
             f"{row['epsilon']:.4g}, last at {row['last_release_at_utc']}"
+            + (
+                f", {row['predictions_shared']} prediction(s) shared"
+                if row["predictions_shared"]
+                else ""
+            )
         )
     return 0
 
