@@ -177,10 +177,10 @@ class WorkerSettings(BaseSettings):
     )
     answering_party_key: str | None = Field(
         None,
-        description="With --online: the answering party's public signing key (signing.pub of "
-        "its `glasu align keygen`), pinned by client index, received out of band: M=PATH. "
-        "The worker takes part only in requests that party signed (`glasu ask --signing-key`), "
-        "each once, over the signed nodes.",
+        description="With --online: the answering party's public signing key (its "
+        "alignment-signing.pub of `glasu align keygen`, pinned as for the alignment), by client "
+        "index: M=PATH. The worker takes part only in requests that party signed (`glasu ask "
+        "--signing-key`), each once, over the signed nodes.",
     )
     accept_unsigned_requests: bool = Field(
         False,

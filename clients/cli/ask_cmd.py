@@ -43,9 +43,9 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--signing-key",
         type=Path,
         metavar="PATH",
-        help="this organisation's signing key (signing.key of `glasu align keygen`): the "
-        "request is signed with it, and the workers whose owners pinned its public key "
-        "(--answering-party-key) answer only signed requests",
+        help="this organisation's signing key (alignment-signing.key of `glasu align keygen`): "
+        "the request is signed with it, and the workers whose owners pinned its public key "
+        "(--answering-party-key) answer only requests it signed",
     )
     p.add_argument("--ids", nargs="+", required=True, metavar="ID", help="own ids to score")
     p.add_argument(

@@ -258,8 +258,9 @@ def online_request_check(settings: WorkerSettings) -> RequestCheck:
     if pinned is None:
         if not settings.accept_unsigned_requests:
             raise UsageError(
-                "--online needs --answering-party-key M=PATH (the answering party's signing.pub"
-                " of `glasu align keygen`), so that only requests it signed are answered; "
+                "--online needs --answering-party-key M=PATH (the answering party's "
+                "alignment-signing.pub of `glasu align keygen`), so that only requests it signed "
+                "are answered; "
                 "--accept-unsigned-requests takes part in any request the service opens"
             )
         return RequestCheck(online_id=settings.session)
@@ -323,6 +324,7 @@ def _take_part(
     from clients.checkpoint import CheckpointError, CheckpointStore
     from clients.owner_ledger import OwnerLedger
     from clients.policy import PolicyRefusal
+    from clients.request_signing import RequestRefused
     from clients.service_http import (
         ConnectionOptions,
         PeersMissing,
@@ -404,7 +406,8 @@ def _take_part(
         except SessionMismatch as exc:
             raise CliError(f"cannot take part in session {settings.session}: {exc}") from exc
         except (PolicyRefusal, NotPrivateNoiseError) as exc:
-            print(f"glasu worker {settings.client}: privacy policy: {exc}", file=sys.stderr)
+            why = "refused the request" if isinstance(exc, RequestRefused) else "privacy policy"
+            print(f"glasu worker {settings.client}: {why}: {exc}", file=sys.stderr)
             return EXIT_POLICY
         except (ProtocolViolation, PayloadError, ValidationError) as exc:
             # a sum whose body does not fit its slot, an answer that is not the wire model: the
