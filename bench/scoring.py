@@ -98,9 +98,12 @@ def online_latency(size: int, *, requests: int, root: Path) -> list[dict]:
     """One row per request of an online session over ``size`` customers (module docstring)."""
     import dataclasses
 
+    from nacl.signing import SigningKey
+
     from clients.local.federation import local_federation
     from clients.local.session import scoring_request
     from clients.online import ask
+    from clients.request_signing import sign_request
     from clients.service_http import ConnectionOptions
     from clients.session_client import SessionClient
     from models.artefact import read_manifest
@@ -131,10 +134,13 @@ def online_latency(size: int, *, requests: int, root: Path) -> list[dict]:
         )
         created = fed.admin.create_session({**body, "online": True})
         answers = fed.root / "answers"
+        asker = SigningKey.generate()  # party 0 signs its requests; every worker pins its key
+        (fed.root / "asker.pub").write_text(bytes(asker.verify_key).hex())
         fed.start_workers(
             run, layout.partitions, created, threads=1,
             extra=lambda m: ["--model", str(models[m]), "--max-lifetime-epsilon", "1e6",
-                             "--online", *(["--predictions", str(answers)] if m == 0 else [])],
+                             "--online", *(["--predictions", str(answers)] if m == 0 else []),
+                             "--answering-party-key", f"0={fed.root / 'asker.pub'}"],
         )  # fmt: skip
         options = ConnectionOptions()
         with SessionClient(
@@ -145,9 +151,12 @@ def online_latency(size: int, *, requests: int, root: Path) -> list[dict]:
             for index, asked in enumerate(plan):
                 nodes = np.sort(rng.choice(size, size=asked, replace=False))
                 started = time.perf_counter()
+                signed = sign_request(
+                    asker, online_id=online.session_id, party=0, nodes=nodes, now=time.time()
+                )
                 answer = ask(
                     online, nodes, [str(n) for n in nodes], predictions=answers,
-                    wait_seconds=3600, sleep=time.sleep,
+                    wait_seconds=3600, sleep=time.sleep, signature=signed,
                 )  # fmt: skip
                 latency = time.perf_counter() - started
                 status = fed.admin.session(answer.request_session)

@@ -123,6 +123,22 @@ class Online:
         return code, capsys.readouterr()
 
 
+def trained_and_online(
+    config: TrainConfig, cora, root: Path, data_dir: Path, processes: list[ManagedProcess]
+) -> tuple[Federation, Online, list[ManagedProcess]]:
+    """A training that keeps each party's model, then its online session (docs/data.md's
+    commands) with its three online workers started."""
+    models = root / "models"
+    fed = start_federation(
+        config, cora, root, processes, extra=lambda m: ["--model-out", str(models / f"{m}")]
+    )
+    for worker in fed.workers:
+        assert worker.process.wait(timeout=600) == 0, worker.tail()
+    online_flow = Online(fed, data_dir)
+    online_flow.create()
+    return fed, online_flow, [online_flow.worker(m, processes) for m in range(3)]
+
+
 def releases(fed: Federation, m: int, session_id: str) -> int:
     with OwnerLedger(fed.root / "partitions" / f"client-{m}" / LEDGER_FILENAME) as ledger:
         return ledger.releases(session_id=session_id)
@@ -136,15 +152,8 @@ def test_online_session_answers_requests_each_counted_once_refused_past_a_cap(
     processes: list[ManagedProcess],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    models = tmp_path / "models"
-    fed = start_federation(
-        PRIVATE, cora, tmp_path, processes, extra=lambda m: ["--model-out", str(models / f"{m}")]
-    )
-    for worker in fed.workers:
-        assert worker.process.wait(timeout=600) == 0, worker.tail()
-    online_flow = Online(fed, data_dir)
-    online = online_flow.create()
-    workers = [online_flow.worker(m, processes) for m in range(3)]
+    fed, online_flow, workers = trained_and_online(PRIVATE, cora, tmp_path, data_dir, processes)
+    online = (online_flow.out / "session.id").read_text()
     # two requests (evaluation nodes: the session's), in the asked order, each one release
     # in every owner's ledger
     scored = [str(n) for n in eval_nodes(cora)[-4:]]
@@ -207,17 +216,9 @@ def test_requests_nobody_signed_replayed_or_altered_are_refused_at_join_by_every
     signed one again, (c) a signed one over other nodes: no worker says ready, no ledger counts
     a release, the reason is in the request session's status, and nothing is left in the
     predictions folder; the requests the party signed are answered."""
-    models = tmp_path / "models"
     lean = dataclasses.replace(PRIVATE, rounds=2)
-    fed = start_federation(
-        lean, cora, tmp_path, processes, extra=lambda m: ["--model-out", str(models / f"{m}")]
-    )
-    for worker in fed.workers:
-        assert worker.process.wait(timeout=600) == 0, worker.tail()
-    online_flow = Online(fed, data_dir)
-    online = online_flow.create()
-    for m in range(3):
-        online_flow.worker(m, processes)
+    fed, online_flow, _ = trained_and_online(lean, cora, tmp_path, data_dir, processes)
+    online = (online_flow.out / "session.id").read_text()
     scored = [int(n) for n in eval_nodes(cora)[-3:]]
     code, printed = online_flow.ask([str(scored[0])], capsys)
     assert code == 0, printed.err
