@@ -1,16 +1,19 @@
 """Key files, as ``glasu align keygen`` and ``glasu report keygen`` write them: the 32-byte
 private key (an Ed25519 seed, or an X25519 key for the pairwise masks) in hex (mode 0600) and the
-32-byte public key in hex beside it."""
+32-byte public key in hex beside it; and the keys a worker pins (its peers' masking keys, the
+answering party's signing key of an online session)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from clients.cli.errors import CliError, failing_as
+from clients.cli.errors import CliError, UsageError, failing_as
 from clients.cli.options import write_private_file
 
 if TYPE_CHECKING:
+    from clients.request_signing import RequestCheck
+    from clients.settings import WorkerSettings
     from secure.masking.keys import MaskingKeyPair, PinnedPeerKeys
 
 KEY_BYTES = 32
@@ -70,4 +73,32 @@ def read_pinned_masking_keys(peer_keys: list[tuple[int, Path]], flag: str) -> Pi
 
     return PinnedPeerKeys(
         {m: read_key_bytes(path, flag, made_by=MASKING_KEYGEN) for m, path in peer_keys}
+    )
+
+
+def online_request_check(settings: WorkerSettings) -> RequestCheck:
+    """What an online worker checks of each request (``clients/request_signing.py``): the
+    signature of the answering party its owner pinned; with neither a pinned key nor
+    ``--accept-unsigned-requests``, online mode is refused (:class:`UsageError`)."""
+    from nacl.signing import VerifyKey
+
+    from clients.request_signing import RequestCheck
+
+    pinned = settings.pinned_answering_key()
+    if pinned is None:
+        if not settings.accept_unsigned_requests:
+            raise UsageError(
+                "--online needs --answering-party-key M=PATH (the answering party's "
+                "alignment-signing.pub of `glasu align keygen`), so that only requests it signed "
+                "are answered; "
+                "--accept-unsigned-requests takes part in any request the service opens"
+            )
+        return RequestCheck(online_id=settings.session)
+    party, path = pinned
+    key = read_key_bytes(path, "--answering-party-key", made_by="glasu align keygen")
+    return RequestCheck(
+        online_id=settings.session,
+        party=party,
+        key=VerifyKey(key),
+        max_age_seconds=settings.request_max_age_seconds,
     )

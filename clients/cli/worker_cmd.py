@@ -233,6 +233,7 @@ def load_worker(settings: WorkerSettings) -> LoadedWorker:
 
 def _run(settings: WorkerSettings, ledger_file: Path, *, quiet: bool) -> int:
     if settings.online:
+        from clients.cli.keyfiles import online_request_check
         from clients.cli.worker_online import serve_requests
 
         check = online_request_check(settings)
@@ -243,35 +244,6 @@ def _run(settings: WorkerSettings, ledger_file: Path, *, quiet: bool) -> int:
             lambda each: run_session(each, loaded, ledger_file, quiet=quiet, request_check=check),
         )
     return run_session(settings, load_worker(settings), ledger_file, quiet=quiet)
-
-
-def online_request_check(settings: WorkerSettings) -> RequestCheck:
-    """What an online worker checks of each request (``clients/request_signing.py``): the
-    signature of the answering party its owner pinned; with neither a pinned key nor
-    ``--accept-unsigned-requests``, online mode is refused (:class:`UsageError`)."""
-    from nacl.signing import VerifyKey
-
-    from clients.cli.keyfiles import read_key_bytes
-    from clients.request_signing import RequestCheck
-
-    pinned = settings.pinned_answering_key()
-    if pinned is None:
-        if not settings.accept_unsigned_requests:
-            raise UsageError(
-                "--online needs --answering-party-key M=PATH (the answering party's "
-                "alignment-signing.pub of `glasu align keygen`), so that only requests it signed "
-                "are answered; "
-                "--accept-unsigned-requests takes part in any request the service opens"
-            )
-        return RequestCheck(online_id=settings.session)
-    party, path = pinned
-    key = read_key_bytes(path, "--answering-party-key", made_by="glasu align keygen")
-    return RequestCheck(
-        online_id=settings.session,
-        party=party,
-        key=VerifyKey(key),
-        max_age_seconds=settings.request_max_age_seconds,
-    )
 
 
 def run_session(

@@ -15,7 +15,8 @@ from nacl.signing import SigningKey
 
 import clients.worker
 from clients.cli.errors import EXIT_POLICY, UsageError
-from clients.cli.worker_cmd import online_request_check, run_session
+from clients.cli.keyfiles import online_request_check
+from clients.cli.worker_cmd import run_session
 from clients.predictions import own_ids_by_node
 from clients.request_signing import RequestRefused
 from clients.settings import WorkerSettings
