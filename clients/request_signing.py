@@ -88,11 +88,11 @@ class RequestCheck:
     clock: Callable[[], float] = field(default=time.time)
 
     def admit(
-        self, status: SessionStatus, output_nodes: Callable[[], list[int]], ledger: OwnerLedger
+        self, status: SessionStatus, first_pass: Callable[[], PassInfo], ledger: OwnerLedger
     ) -> None:
         """:class:`RequestRefused` unless request session ``status`` is one scoring pass of this
-        online session over ``output_nodes()`` (its pass's, as the service states them), signed
-        by the pinned party within ``max_age_seconds``, under a nonce ``ledger`` has not seen in
+        online session (``first_pass()``: as the service states it) over the nodes the pinned
+        party signed within ``max_age_seconds``, under a nonce ``ledger`` has not seen in
         another request session (which it then keeps)."""
         session_id = status.session_id
         if online_session_of(session_id) != self.online_id:
@@ -120,7 +120,10 @@ class RequestCheck:
                 "nobody asked for it that this owner can tell"
             )
         self._check_signature(session_id, signed)
-        if nodes_sha256(np.asarray(output_nodes(), dtype=np.int64)) != signed.nodes_sha256:
+        info = first_pass()
+        if info.kind != "eval":
+            raise RequestRefused(f"request {session_id} has no pass to run ({info.reason})")
+        if nodes_sha256(np.asarray(info.output_nodes, dtype=np.int64)) != signed.nodes_sha256:
             raise RequestRefused(
                 f"request {session_id} scores other nodes than party {self.party} signed"
             )

@@ -137,7 +137,7 @@ class WorkerRun:
             if request_check is not None:  # a request of an online session: signed, new
                 if ledger is None:
                     raise ValueError("a request of an online session needs the owner's ledger")
-                request_check.admit(self.status, lambda: service.pass_info(0).output_nodes, ledger)
+                request_check.admit(self.status, lambda: service.pass_info(0), ledger)
             self.partition = fit_to_session(
                 partition, self.config, client=service.client_index, codec=codec, model=model
             )

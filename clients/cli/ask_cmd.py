@@ -1,9 +1,11 @@
 """``glasu ask``: the answering party asks its online scoring session for the predictions of a
-few of its own ids (clients/online.py) and prints them, in the asked order, as CSV.
+few of its own ids (clients/online.py), each request signed with its key (``--signing-key``,
+clients/request_signing.py), and prints them, in the asked order, as CSV.
 
 Exit codes: 0 answered, 1 an id not among this party's aligned nodes (named; nothing asked) or
 no answer in time, 3 the service refused the request (a node the session does not cover, a
-closed session), 6 a party refused the request at join (its owner's caps: nothing released)."""
+closed session), 6 a party refused the request at join (its owner's caps, or a request it cannot
+verify as this party's: nothing released)."""
 
 from __future__ import annotations
 

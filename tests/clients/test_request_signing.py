@@ -49,6 +49,11 @@ def _signed(nodes: list[int] = NODES, *, key: SigningKey = ASKER, **overrides: A
     return sign_request(key, **{**values, **overrides})
 
 
+def _pass(nodes: list[int]) -> PassInfo:
+    """The request session's one pass as the service states it."""
+    return PassInfo(pass_index=0, kind="eval", round=0, output_nodes=nodes)
+
+
 @pytest.fixture
 def ledger(tmp_path: Path) -> Iterator[OwnerLedger]:
     with OwnerLedger(tmp_path / "ledger.sqlite3") as opened:
@@ -60,13 +65,13 @@ def test_a_signed_request_is_admitted_once_and_its_restart_too(
 ) -> None:
     signed = _signed()
     check = _check()
-    check.admit(_request(1, signed), lambda: sorted(NODES), ledger)
-    check.admit(_request(1, signed), lambda: sorted(NODES), ledger)  # the same request again
+    check.admit(_request(1, signed), lambda: _pass(sorted(NODES)), ledger)
+    check.admit(_request(1, signed), lambda: _pass(sorted(NODES)), ledger)  # the same request again
     # a replay in another request session is refused, by a restarted worker too (the file)
     with OwnerLedger(tmp_path / "ledger.sqlite3") as reopened, pytest.raises(
         RequestRefused, match=r"replays the signed request of .*-1"
     ):  # fmt: skip
-        check.admit(_request(2, signed), lambda: sorted(NODES), reopened)
+        check.admit(_request(2, signed), lambda: _pass(sorted(NODES)), reopened)
     assert issubclass(RequestRefused, PolicyRefusal)  # told to the service at join
 
 
@@ -74,8 +79,8 @@ def test_an_unsigned_request_is_refused_unless_its_owner_accepts_them(
     ledger: OwnerLedger,
 ) -> None:
     with pytest.raises(RequestRefused, match="not signed by the answering party 1"):
-        _check().admit(_request(1, None), lambda: NODES, ledger)
-    RequestCheck(online_id=ONLINE).admit(_request(1, None), lambda: NODES, ledger)
+        _check().admit(_request(1, None), lambda: _pass(NODES), ledger)
+    RequestCheck(online_id=ONLINE).admit(_request(1, None), lambda: _pass(NODES), ledger)
 
 
 @pytest.mark.parametrize(
@@ -98,7 +103,7 @@ def test_a_request_not_signed_as_asked_is_refused_and_keeps_no_nonce(
 ) -> None:
     request = signed()
     with pytest.raises(RequestRefused, match=why):
-        _check().admit(_request(1, request), lambda: sorted(NODES), ledger)
+        _check().admit(_request(1, request), lambda: _pass(sorted(NODES)), ledger)
     assert ledger.claim_request_nonce(request.nonce, "other") is None
 
 
@@ -118,18 +123,22 @@ def test_a_request_session_other_than_one_pass_of_this_online_session_is_refused
     ledger: OwnerLedger, request_session: Any, why: str
 ) -> None:
     with pytest.raises(RequestRefused, match=why):
-        _check().admit(request_session(_signed()), lambda: sorted(NODES), ledger)
+        _check().admit(request_session(_signed()), lambda: _pass(sorted(NODES)), ledger)
+
+
+def test_a_request_another_party_refused_first_is_refused_as_over(ledger: OwnerLedger) -> None:
+    closed = PassInfo(pass_index=0, kind="done", round=None, output_nodes=[], reason="closed")
+    with pytest.raises(RequestRefused, match=r"has no pass to run \(closed\)"):
+        _check().admit(_request(1, _signed()), lambda: closed, ledger)
 
 
 def test_every_pass_of_a_signed_request_is_its_one_pass_over_the_signed_nodes() -> None:
     request = _request(1, _signed())
     check = _check()
 
-    def info(pass_index: int, nodes: list[int]) -> PassInfo:
-        return PassInfo(pass_index=pass_index, kind="eval", round=0, output_nodes=nodes)
-
-    check.check_pass(request, info(0, sorted(NODES)))
+    check.check_pass(request, _pass(sorted(NODES)))
     check.check_pass(request, PassInfo(pass_index=1, kind="done", round=None, output_nodes=[]))
-    for wrong in (info(0, [7, 19]), info(1, sorted(NODES))):
+    wrong_pass = _pass(sorted(NODES)).model_copy(update={"pass_index": 1})
+    for wrong in (_pass([7, 19]), wrong_pass):
         with pytest.raises(ProtocolViolation, match="other nodes than the signed"):
             check.check_pass(request, wrong)
