@@ -30,6 +30,8 @@ PRIVACY_OPTIONS = (
     "--occurrence-cap",
     "--release",
     "--degree-floor",
+    "--sign-occurrence-cap",
+    "--sign-degree-floor",
     "--shared-noise",
     "--split-noise",
 )
