@@ -29,7 +29,7 @@ from models.private_sign import (
 from models.sampler import SamplingGraph
 from models.trainer import train_inprocess
 from secure.noise import GaussianNoise
-from tests.models.test_degree_release import GRAPHS, IN_FEATURES, star
+from tests.models.test_degree_release import GRAPHS, IN_FEATURES, replacements, star
 
 CLIP = 0.25  # below the projected rows' norms (about 1), so each own row's clip binds
 WIDTH = 16
@@ -70,12 +70,7 @@ def worst_ratio(drawn: SignRelease, bounded: SignRelease) -> float:
         for seed in range(2):
             base = clean_release(as_partition(graph, features), drawn, seed=seed).double()
             for v in range(n):
-                for changed in (
-                    -features[v],
-                    rng.normal(size=IN_FEATURES) * 10,
-                    np.eye(IN_FEATURES)[v % IN_FEATURES],
-                    np.zeros(IN_FEATURES),
-                ):
+                for changed in replacements(features, v, rng):
                     other = features.copy()
                     other[v] = changed
                     after = clean_release(as_partition(graph, other), drawn, seed=seed).double()
