@@ -35,11 +35,16 @@ import torch
 from models.client_config import ClientConfig
 from models.config import TrainConfig
 from models.data.partition import ClientPartition
-from models.data.propagation import HopFeatures, propagate_hops, scale_statistics
+from models.data.propagation import (
+    PROPAGATION_CHUNK_NODES,
+    HopFeatures,
+    propagate_hops,
+    scale_statistics,
+)
 from models.federated import GlasuClient
 from models.layers import Block
 from models.layerwise import EVAL_CHUNK_NODES
-from models.node_arrays import node_array
+from models.node_arrays import chunk_rows, node_array
 from models.private import (
     degree_normalised_aggregate,
     noise_source,
@@ -51,6 +56,8 @@ from models.sampler import NeighbourSampler, SamplingGraph, sampling_rng
 from secure.dp import degree_normalised_sensitivity
 from secure.noise import NoiseSource
 from secure.privacy import RELEASE_LAYER, SessionPrivacy
+
+CPU = torch.device("cpu")
 
 
 @dataclass(frozen=True)
@@ -126,9 +133,9 @@ def clean_release(partition: ClientPartition, release: SignRelease, *, seed: int
         partition.num_features, release.width, seed=release.projection_seed
     )
     rng = sampling_rng(seed=seed, client=partition.client, pass_index=None, layer=RELEASE_LAYER)
-    released = node_array(partition.num_nodes, release.width, device=torch.device("cpu"))
+    released = node_array(partition.num_nodes, release.width, device=CPU)
     for layer in sampler.sample_all(chunk=EVAL_CHUNK_NODES, rng=rng):
-        block = Block.from_sampled(layer, torch.device("cpu"))
+        block = Block.from_sampled(layer, CPU)
         rows = normalised_projection(partition.feature_rows(layer.sources), projection)
         released[torch.from_numpy(layer.targets)] = degree_normalised_aggregate(
             block, rows, clip=release.clip, degree_floor=release.degree_floor
@@ -154,19 +161,34 @@ def released_block(
     return propagate_hops(noisy, hops=hops - 1)
 
 
-def received_hops(blocks: Sequence[HopFeatures], *, num_nodes: int, width: int) -> HopFeatures:
-    """The sum of the other parties' blocks, hop by hop, after a zero hop 0 (what the service's
-    sum gives a receiver)."""
-    zero = torch.zeros(num_nodes, width)
-    summed = [torch.stack(hop).sum(0) for hop in zip(*(b.hops for b in blocks), strict=True)]
-    return HopFeatures((zero, *summed))
+def received_hops(
+    blocks: Sequence[HopFeatures], *, num_nodes: int, width: int, hops: int
+) -> HopFeatures:
+    """The sum of the other parties' blocks (``hops`` hops each), hop by hop, after a zero hop 0
+    (what the service's sum gives a receiver); zeros where no other party released."""
+    summed = []
+    for hop in range(hops + 1):
+        total = node_array(num_nodes, width, device=CPU)
+        for span in chunk_rows(num_nodes, chunk=PROPAGATION_CHUNK_NODES):
+            total[span] = 0.0
+            if hop > 0:
+                for block in blocks:
+                    total[span] += block.hops[hop - 1][span]
+        summed.append(total)
+    return HopFeatures(tuple(summed))
 
 
 def beside(own: HopFeatures, received: HopFeatures) -> HopFeatures:
     """Hop k of the receiver's own features beside hop k of the received block."""
-    return HopFeatures(
-        tuple(torch.cat([a, b], dim=1) for a, b in zip(own.hops, received.hops, strict=True))
-    )
+    out = []
+    for mine, theirs in zip(own.hops, received.hops, strict=True):
+        rows, width = len(mine), mine.shape[1]
+        both = node_array(rows, width + theirs.shape[1], device=CPU)
+        for span in chunk_rows(rows, chunk=PROPAGATION_CHUNK_NODES):
+            both[span, :width] = mine[span]
+            both[span, width:] = theirs[span]
+        out.append(both)
+    return HopFeatures(tuple(out))
 
 
 def interleaved(own: torch.Tensor, received: torch.Tensor, *, hops: int) -> torch.Tensor:
@@ -250,6 +272,7 @@ def sign_receivers(
             [b for m, b in blocks.items() if m != r],
             num_nodes=part.num_nodes,
             width=config.release_width,
+            hops=config.hops,
         )
         receivers.append(make_receiver(part, local, received, device=device))
     return receivers

@@ -20,6 +20,7 @@ from models.data.propagation import HopFeatures, propagate_hops
 from models.private import REPRODUCIBLE_NOISE_ENV
 from models.private_sign import (
     SignRelease,
+    beside,
     clean_release,
     received_hops,
     released_block,
@@ -125,8 +126,13 @@ def test_the_later_hops_propagate_the_noisy_release_only(monkeypatch) -> None:
 def test_a_receiver_gets_the_others_blocks_summed_after_a_zero_hop() -> None:
     a = HopFeatures((torch.ones(4, 2), torch.full((4, 2), 2.0)))
     b = HopFeatures((torch.full((4, 2), 10.0), torch.full((4, 2), 20.0)))
-    received = received_hops([a, b], num_nodes=4, width=2)
+    received = received_hops([a, b], num_nodes=4, width=2, hops=2)
     assert [float(h[0, 0]) for h in received.hops] == [0.0, 11.0, 22.0]
+    own = HopFeatures(tuple(torch.full((4, 3), float(k)) for k in range(3)))
+    rows = beside(own, received).rows(np.array([1]))
+    assert rows.tolist() == [[0.0] * 5 + [1.0] * 3 + [11.0] * 2 + [2.0] * 3 + [22.0] * 2]
+    alone = received_hops([], num_nodes=4, width=2, hops=2)  # nobody else released
+    assert [float(h.abs().sum()) for h in alone.hops] == [0.0, 0.0, 0.0]
 
 
 def test_the_label_holder_releases_nothing_and_the_others_once() -> None:
