@@ -233,6 +233,7 @@ def make_receiver(
     assert reference.hop_features is not None and reference.feature_scale is not None
     own = reference.hop_features
     client = GlasuClient(alone, config, device=device, hop_features=beside(own, received))
+    start_as_alone(client, reference, own_width=partition.num_features)
     assert client.network.scale is not None
     hops = len(own.hops)
     own_shift, own_factor = scale_statistics(own, partition.held, scale=reference.feature_scale)
@@ -242,6 +243,20 @@ def make_receiver(
         interleaved(own_factor, block_factor, hops=hops).to(device),
     )
     return SignReceiver(client=client, reference=reference)
+
+
+def start_as_alone(client: GlasuClient, reference: GlasuClient, *, own_width: int) -> None:
+    """Start ``client`` as its party-alone ``reference`` (the same weights on its own columns,
+    zero on the block's, the same dropout stream), so that the block enters only as far as
+    training finds it useful (as the private arrangement's receiver starts at zero,
+    ``models.private``)."""
+    state = reference.network.state_dict()
+    per_hop = torch.zeros_like(client.network.state_dict()["input.per_hop"])
+    per_hop[:, :own_width] = state["input.per_hop"]
+    state["input.per_hop"] = per_hop
+    state["scale.shift"] = client.network.state_dict()["scale.shift"]
+    state["scale.factor"] = client.network.state_dict()["scale.factor"]
+    client.network.load_state_dict(state)  # in place: the optimiser holds the same tensors
 
 
 def sign_receivers(
