@@ -18,7 +18,9 @@ Privacy unit: one node's feature row at one party, replace-one; edges are not pr
    service only ever returns sums; here a plain sum) and trains the sign head on its own hops
    ``[X, ÂX, ..., Â^K X]`` with the received block beside them (hop k of the block beside its own
    hop k; hop 0 of the block is zero, the partners' raw features are never released), each
-   column standardised. Training and every evaluation read the same release: post-processing.
+   column standardised, starting as its party-alone head (the block's weights at zero), which
+   trains beside it as the run's reference. Training and every evaluation read the same
+   release: post-processing.
 
 Split or shared noise does not apply: each party propagates its noisy ``H1`` before the sum, so
 the sum does not carry one Gaussian of the summed variance (docs/privacy.md 3.8); both are refused.
