@@ -1,5 +1,6 @@
-"""Evaluation passes computed layer by layer over all aligned nodes (models/layerwise.py), and
-shares that travel in parts (secure.protocol.part_span)."""
+"""Evaluation passes computed layer by layer over all aligned nodes (models/layerwise.py), a
+scoring session's sampled pass over the asked nodes' neighbourhoods only, and shares that travel
+in parts (secure.protocol.part_span)."""
 
 from __future__ import annotations
 
@@ -58,10 +59,13 @@ def federation(
     keyed: bool = False,
     noiseless: bool = False,
     part_values: int | None = None,
+    sampled_eval: bool = False,
 ):
     layout = layout_federation(config, dataset)
     security = prepare_security(config, passes_total=8, clients=config.clients)
-    client_config = dataclasses.replace(layout.client_config, part_values=part_values)
+    client_config = dataclasses.replace(
+        layout.client_config, part_values=part_values, sampled_eval=sampled_eval
+    )
     clients = [
         make_client(
             part,
@@ -385,3 +389,49 @@ def test_combine_of_the_mean_is_the_mean() -> None:
     total = own + other
     mean = combine(total / 2 - own / 2, own, count=2)
     torch.testing.assert_close(mean, total / 2)
+
+
+def test_a_sampled_scoring_pass_infers_only_the_asked_nodes_neighbourhoods(
+    cora, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scoring session's ``sampled`` pass (an online request): node sets exchanged below the
+    top as in a training pass, shares of the union's rows and of the asked nodes' (not all
+    N), and, with a fanout at least the largest degree, the asked nodes' full-neighbourhood
+    predictions, as the pass over all nodes computes them."""
+    config = TrainConfig(**{**PLAIN, "fanout": 1000})
+    clients, aggregator = federation(config, cora, sampled_eval=True)
+    nodes = cora.test_nodes[:50]
+    asked = record(monkeypatch)
+    steps = [c.run_pass(pass_index=0, kind="eval", output_nodes=nodes) for c in clients]
+    outcomes = inprocess.answer_in_step(steps, aggregator)
+    kinds = [(type(rnd[0]).__name__, rnd[0].layer) for rnd in asked]
+    assert kinds == [("NodesRequest", 2), ("ShareRequest", 2), ("ShareRequest", 3)]
+    union = np.unique(np.concatenate([r.nodes for r in asked[0]]))
+    assert all(r.rows == len(union) < cora.num_nodes for r in asked[1])
+    assert all(r.rows == len(nodes) for r in asked[2])
+    for client in clients:
+        client.network.eval()
+    expected = full_graph_probabilities(clients, nodes)
+    got = outcomes[0].probabilities
+    assert got is not None and got.shape == expected.shape
+    assert float(np.abs(got - expected).max()) < 1e-4
+
+
+def test_a_private_sampled_scoring_pass_releases_the_agreed_rows_only(
+    cora, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under DP the sampled pass's one release holds the rows of the layer-1 union the clients
+    agreed on (a capped draw, as in a training pass), and the label holder still measures its
+    party-alone reference on the same blocks."""
+    config = TrainConfig(**PRIVATE)
+    clients, aggregator = federation(config, cora, keyed=True, sampled_eval=True)
+    nodes = cora.test_nodes[:20]
+    asked = record(monkeypatch)
+    steps = [c.run_pass(pass_index=0, kind="eval", output_nodes=nodes) for c in clients]
+    outcomes = inprocess.answer_in_step(steps, aggregator)
+    assert [type(rnd[0]).__name__ for rnd in asked] == ["NodesRequest", "ShareRequest"]
+    assert asked[0][0].layer == asked[1][0].layer == 1
+    union = np.unique(np.concatenate([r.nodes for r in asked[0]]))
+    assert all(r.rows == len(union) < cora.num_nodes for r in asked[1])
+    assert outcomes[0].probabilities is not None and len(outcomes[0].probabilities) == 20
+    assert outcomes[0].reference_test_accuracy is not None
