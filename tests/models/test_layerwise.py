@@ -435,3 +435,24 @@ def test_a_private_sampled_scoring_pass_releases_the_agreed_rows_only(
     assert all(r.rows == len(union) < cora.num_nodes for r in asked[1])
     assert outcomes[0].probabilities is not None and len(outcomes[0].probabilities) == 20
     assert outcomes[0].reference_test_accuracy is not None
+
+
+def test_a_sampled_pass_of_a_precomputed_backbone_reads_the_asked_rows_only(
+    cora, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sign``: the features propagated once; a sampled pass shares the asked rows alone and
+    predicts them as the pass over all nodes does."""
+    config = TrainConfig(**{**PLAIN, "backbone": "sign", "layers": 1, "agg_layers": 1, "hops": 2})
+    nodes = cora.test_nodes[:50]
+    every = run_pass_inprocess(
+        *federation(config, cora), pass_index=0, kind="eval", output_nodes=nodes
+    )[0].probabilities
+    clients, aggregator = federation(config, cora, sampled_eval=True)
+    asked = record(monkeypatch)
+    steps = [c.run_pass(pass_index=0, kind="eval", output_nodes=nodes) for c in clients]
+    got = inprocess.answer_in_step(steps, aggregator)[0].probabilities
+    assert [(type(r).__name__, r.rows) for rnd in asked for r in rnd] == [
+        ("ShareRequest", len(nodes))
+    ] * len(clients)
+    assert got is not None and every is not None
+    assert float(np.abs(got - every).max()) < 1e-5
