@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     import torch
 
     from clients.predictions import IdsByNode
+    from clients.service_http import KeptTransport
     from clients.session_fit import LocalModelOptions
     from models.artefact import SavedModel
     from models.data.partition import ClientPartition
@@ -188,6 +189,8 @@ class LoadedWorker:
     verify: Any
     options: LocalModelOptions
     given: frozenset[str]
+    # an online worker's one transport for all its request sessions (None: a fresh one each)
+    transport: KeptTransport | None = None
 
 
 def load_worker(settings: WorkerSettings) -> LoadedWorker:
@@ -234,10 +237,16 @@ def _run(settings: WorkerSettings, ledger_file: Path, *, quiet: bool) -> int:
     loaded = load_worker(settings)
     if settings.online:
         from clients.cli.worker_online import serve_requests
+        from clients.service_http import KeptTransport
 
-        return serve_requests(
-            settings, loaded, lambda each: run_session(each, loaded, ledger_file, quiet=quiet)
-        )
+        transport = KeptTransport(loaded.verify)
+        loaded = dataclasses.replace(loaded, transport=transport)
+        try:
+            return serve_requests(
+                settings, loaded, lambda each: run_session(each, loaded, ledger_file, quiet=quiet)
+            )
+        finally:
+            transport.shut()
     return run_session(settings, loaded, ledger_file, quiet=quiet)
 
 
@@ -304,6 +313,7 @@ def run_session(
             client_index=settings.client,
             token=loaded.token,
             options=ConnectionOptions(
+                transport=loaded.transport,
                 verify=loaded.verify,
                 peer_wait_seconds=settings.peer_wait_seconds,
                 poll_seconds=settings.poll_seconds,

@@ -43,7 +43,9 @@ def serve_requests(
         session_id=settings.session,
         client_index=settings.client,
         token=loaded.token,
-        options=ConnectionOptions(verify=loaded.verify, poll_seconds=settings.poll_seconds),
+        options=ConnectionOptions(
+            transport=loaded.transport, verify=loaded.verify, poll_seconds=settings.poll_seconds
+        ),
     ) as online:
         if not online.session().config.online:
             raise CliError(f"--online: session {settings.session} is not an online session")

@@ -61,7 +61,7 @@ def test_requests_are_waited_for_in_turn_and_run_under_their_own_ids(
         server="http://127.0.0.1:9", session=ONLINE, client=1, token_file=token, data=tmp_path,
         online=True,
     )  # fmt: skip
-    loaded = SimpleNamespace(token="t" * 32, verify=True)
+    loaded = SimpleNamespace(token="t" * 32, verify=True, transport=None)
     ran: list[str] = []
 
     def run_session(each: WorkerSettings) -> int:
