@@ -12,7 +12,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from secure.wire.common import MAX_COUNT, Waiting
+from secure.wire.common import MAX_COUNT
 from secure.wire.sessions import (
     ScoringRequest,
     ScoringRequestOpened,
@@ -23,8 +23,7 @@ from secure.wire.sessions import (
 from secure.wire.status import PrivacyReport, SessionStatus
 from service.api.body import api_router, takes_large_json
 from service.api.deps import AdminDep, AskerDep, ContextDep, SessionIdPath, SessionReaderDep
-from service.api.polling import WaitQuery, poll
-from service.notify import Pending
+from service.api.polling import WaitQuery, long_poll_responses, poll_or_waiting
 
 router = api_router("/v1/sessions", "sessions")
 
@@ -107,31 +106,24 @@ def open_scoring_request(
     return opened
 
 
-@router.get(
-    "/{sid}/requests/{n}",
-    response_model=SessionStatus,
-    responses={
-        202: {"model": Waiting, "description": "Not opened yet (owed by the answering party)."},
-        409: {"description": "`session-closed`: the online session takes no more requests."},
-    },
-    summary="Wait for an online session's request n (long poll)",
+RequestPath = Annotated[int, Path(alias="n", ge=1, le=MAX_COUNT, description="Request number.")]
+REQUEST_WAITS = long_poll_responses(
+    waiting="Not opened yet (owed by the answering party).",
+    refused="`session-closed`: the online session takes no more requests.",
 )
+
+
+@router.get("/{sid}/requests/{n}", response_model=SessionStatus, responses=REQUEST_WAITS,
+            summary="Wait for an online session's request n (long poll)")  # fmt: skip
 async def get_scoring_request(
-    _: SessionReaderDep,
-    context: ContextDep,
-    session_id: SessionIdPath,
-    number: Annotated[int, Path(alias="n", ge=1, le=MAX_COUNT, description="Request number.")],
+    _: SessionReaderDep, context: ContextDep, session_id: SessionIdPath, number: RequestPath,
     wait: WaitQuery = None,
-) -> SessionStatus | JSONResponse:
+) -> SessionStatus | JSONResponse:  # fmt: skip
     """The admin or any client of the online session: the status of its request session n
     (`<sid>-<n>`) once it is opened, woken by its opening; 202 until then. An online worker
     waits here for the next request instead of polling."""
     check = partial(context.sessions.next_request, session_id, number)
-    result = await poll(context, session_id, check, wait)
-    if isinstance(result, Pending):
-        waiting = Waiting(missing=result.missing)
-        return JSONResponse(waiting.model_dump(mode="json"), status_code=202)
-    return result
+    return await poll_or_waiting(context, session_id, check, wait)
 
 
 @router.get("/{sid}", response_model=SessionStatus, summary="Session status and progress")
