@@ -17,7 +17,10 @@ that keeps the models, then an online scoring session with CKKS and DP on (the t
 over all N customers, its three `glasu worker --online` started once; the answering party
 asks for 1 and for 50 customers `--requests` times each (interleaved, after one warm-up
 request). A request's latency runs from its POST to the answer file its worker writes; bytes
-are the request session's bodies, every party's, both directions (the service's count).
+are the request session's bodies, every party's, both directions (the service's count); CPU the
+service's and the workers' user + system seconds meanwhile. Each request's pass is a sampled
+one (the asked customers' neighbourhoods); the runs made before it (every loaded customer in
+every request) stay in the results to compare with.
 
     python -m bench.scoring --online [--sizes 10000 100000] [--requests 10]
 
@@ -206,9 +209,10 @@ def render_online(result: dict) -> None:
         "by every party. The request pass samples the asked customers' neighbourhoods "
         "(`scoring_pass` `sampled`, docs/data.md); the figures before it (every loaded "
         "customer inferred in every request) are the previous session's runs of the same "
-        "bench, kept in bench/results/scoring_online.json. p99 of a handful of requests is "
-        "their slowest; CPU is the service's and the three workers' user + system seconds "
-        "during the request; epsilon is one request's, at delta 1e-5.",
+        "bench, kept in bench/results/scoring_online.json (load average about 13; they "
+        "measured no CPU). p99 of a handful of requests is their slowest; CPU is the "
+        "service's and the three workers' user + system seconds during the request, the "
+        "figure that does not depend on the load; epsilon is one request's, at delta 1e-5.",
         "",
         "```",
         *(f"{run['command']}  # {run.get('note', 'before the sampled request pass')}"
