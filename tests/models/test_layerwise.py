@@ -25,7 +25,7 @@ from models.sampler import NeighbourSampler, SampledLayer, SamplingGraph
 from models.trainer import prepare_security
 from models.workset import combine
 from secure.noise import NoiseSource
-from secure.protocol import NodesRequest, ShareRequest
+from secure.protocol import NodesRequest, ProtocolViolation, ShareRequest
 from secure.release_noise import ReleaseKeyedNoise, ReleaseSecret, part_key
 
 PLAIN = dict(
@@ -456,3 +456,22 @@ def test_a_sampled_pass_of_a_precomputed_backbone_reads_the_asked_rows_only(
     ] * len(clients)
     assert got is not None and every is not None
     assert float(np.abs(got - every).max()) < 1e-5
+
+
+def test_a_sampled_pass_checks_the_union_as_a_training_pass_does(cora) -> None:
+    """A union that lacks a node this client sent is refused before anything is released; one
+    with a node added (a lying service) is taken, and only makes the release one row longer."""
+    config = TrainConfig(**PLAIN)
+    nodes = cora.test_nodes[:5]
+    client = federation(config, cora, sampled_eval=True)[0][0]
+    steps = client.run_pass(pass_index=0, kind="eval", output_nodes=nodes)
+    asked = next(steps)
+    assert isinstance(asked, NodesRequest)
+    with pytest.raises(ProtocolViolation, match="lacks nodes this client sent"):
+        steps.send(asked.nodes[1:])
+    client = federation(config, cora, sampled_eval=True)[0][0]
+    steps = client.run_pass(pass_index=0, kind="eval", output_nodes=nodes)
+    asked = next(steps)
+    extra = np.setdiff1d(np.arange(cora.num_nodes), asked.nodes)[:1]
+    share = steps.send(np.union1d(asked.nodes, extra))
+    assert isinstance(share, ShareRequest) and share.rows == len(asked.nodes) + 1
