@@ -59,6 +59,19 @@ class SessionClient(PeerConnection):
             raise
         return SessionStatus.model_validate_json(response.content)
 
+    def next_request(self, number: int) -> SessionStatus | None:
+        """Request ``number`` of this online session once it is opened, waiting for it one long
+        poll (``poll_seconds``) at most: None while it is not; :class:`ServiceError` 409
+        ``session-closed`` once the online session takes no more requests."""
+        response = self._request(
+            "GET",
+            f"/v1/sessions/{self.session_id}/requests/{number}",
+            params={"wait": self.options.poll_seconds},
+        )
+        if response.status_code == 202:
+            return None
+        return SessionStatus.model_validate_json(response.content)
+
     def refusal(self, session_id: str) -> str | None:
         """Why a party refused request session ``session_id`` at join (None if none did)."""
         path = f"/v1/sessions/{session_id}/clients/{self.client_index}/readiness"

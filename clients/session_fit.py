@@ -163,6 +163,7 @@ def client_config_from_session(
         seed=session_config["seed"] if options.seed is None else options.seed,
         part_values=session_config.get("part_values"),
         shared_answer_width=shared_answer_width(session_config),
+        sampled_eval=session_config.get("scoring_pass") == "sampled",
     )
 
 

@@ -63,8 +63,20 @@ class Arrangement(ABC):
         """Every layer of every aligned node (an evaluation pass): the top layers, this
         client's network's first."""
 
+    def infer_batch(
+        self, context: PassContext, batch: CachedBatch
+    ) -> Generator[Request, Response, list[Stack]]:
+        """A sampled evaluation pass (``ClientConfig.sampled_eval``): the top layer of
+        ``batch``'s output nodes, of the networks :meth:`infer_all` infers, by the forward pass
+        of a training pass (its exchanges) in inference mode."""
+        client = self.client
+        client.network.eval()
+        h = yield from self.forward(context, batch, grad=False)
+        return [Stack(client.network, client.generator, h, h, nodes=context.output_nodes)]
+
     def outcome(self, tops: Sequence[Stack], output_nodes: np.ndarray) -> PassOutcome:
-        """The outcome of an evaluation pass from the top layers :meth:`infer_all` computed."""
+        """The outcome of an evaluation pass from the top layers :meth:`infer_all` (or
+        :meth:`infer_batch`) computed."""
         return self.client.evaluation.outcome(tops[0], output_nodes)
 
     @abstractmethod

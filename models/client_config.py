@@ -35,6 +35,9 @@ class ClientConfig:
     # a scoring session that shares the answering party's predictions (models/answer.py): the
     # width of its answer layer, L + 1 (None: not shared)
     shared_answer_width: int | None = None
+    # an evaluation pass samples its output nodes' neighbourhoods as a training pass does (node
+    # sets exchanged; a scoring session's "sampled" pass) instead of inferring every node
+    sampled_eval: bool = False
     # values per part of a share (secure.protocol.part_rows): the session's, sized by the
     # service to its body limit (None: the protocol's default)
     part_values: int | None = None

@@ -5,7 +5,9 @@ union of the clients' node sets at an aggregation layer of a training pass, and 
 :class:`ShareRequest` when it uploads a part of its share of an aggregation layer (a share
 travels in ``secure.protocol.part_count`` parts); it is resumed with the answer (the union, or the
 summed part and how many shares it holds). An evaluation pass asks for no node set: it computes
-every layer over all aligned nodes (``models/layerwise.py``). These are the wire messages of
+every layer over all aligned nodes (``models/layerwise.py``); a scoring session's ``sampled``
+pass (``ClientConfig.sampled_eval``: an online request) samples and exchanges its output nodes'
+neighbourhoods as a training pass does, and infers only them. These are the wire messages of
 ``secure/protocol.py``. The in-process trainer answers all clients' requests with function
 calls; the HTTP worker answers its one client's requests through the service. Both run exactly
 this code.
@@ -36,16 +38,13 @@ from models.arrangement import Arrangement, GlasuArrangement
 from models.backbone import ClientNetwork
 from models.client_config import ClientConfig
 from models.config import ScaleName
+from models.data.derived import hop_features as kept_hop_features
+from models.data.derived import hop_scaling
 from models.data.partition import ClientPartition
-from models.data.propagation import (
-    HopFeatures,
-    chosen_scale,
-    propagate_hops,
-    scale_statistics,
-)
+from models.data.propagation import HopFeatures, chosen_scale, scale_statistics
 from models.joint import JointAggregation
 from models.layers import Block
-from models.layerwise import LayerwiseEvaluation
+from models.layerwise import LayerwiseEvaluation, Stack
 from models.outcome import PassOutcome
 from models.release import PassContext, ReleasePolicy
 from models.sampler import PassSampling, SampledLayer
@@ -86,10 +85,12 @@ class GlasuClient:
         self.partition = partition
         self.config = config
         self.device = torch.device(device)
-        # a precomputed backbone's input: its own features propagated over its own graph, once,
-        # unless given (the private sign design's: its own hops beside the received block)
+        # a precomputed backbone's input: its own features propagated over its own graph, once
+        # per loaded partition, unless given (the private sign design's: its own hops beside the
+        # received block)
+        given_hops = hop_features is not None
         if hop_features is None and config.model.precomputed:
-            hop_features = propagate_hops(partition, hops=config.model.hops)
+            hop_features = kept_hop_features(partition, hops=config.model.hops)
         self.hop_features = hop_features
         in_features = partition.num_features
         if hop_features is not None:
@@ -112,10 +113,16 @@ class GlasuClient:
         # statistics; a saved model's state replaces them when it scores
         self.feature_scale: ScaleName | None = None
         if self.hop_features is not None and self.network.scale is not None:
-            self.feature_scale = chosen_scale(partition, config.model.feature_scale)
-            self.network.scale.set_statistics(
-                *scale_statistics(self.hop_features, partition.held, scale=self.feature_scale)
-            )
+            if given_hops:
+                self.feature_scale = chosen_scale(partition, config.model.feature_scale)
+                statistics = scale_statistics(
+                    self.hop_features, partition.held, scale=self.feature_scale
+                )
+            else:
+                self.feature_scale, statistics = hop_scaling(
+                    partition, hops=config.model.hops, feature_scale=config.model.feature_scale
+                )
+            self.network.scale.set_statistics(*statistics)
         self.network.to(self.device)
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(client_seed)
@@ -183,8 +190,19 @@ class GlasuClient:
         if not output_nodes.size:  # the service never plans an empty pass
             raise ProtocolViolation(f"pass {pass_index} has no output nodes")
         context = PassContext(pass_index=pass_index, kind=kind, output_nodes=output_nodes)
-        if kind == "eval":
-            return (yield from self._evaluate(context))
+        if kind == "eval" and not self.config.sampled_eval:
+            return (yield from self._evaluate(context, self.arrangement.infer_all(context)))
+        batch = yield from self._sampled_batch(pass_index, output_nodes)
+        if kind == "eval":  # a sampled scoring pass: the output nodes' neighbourhoods only
+            inference = self.arrangement.infer_batch(context, batch)
+            return (yield from self._evaluate(context, inference))
+        return (yield from self._train(context, batch))
+
+    def _sampled_batch(
+        self, pass_index: int, output_nodes: np.ndarray
+    ) -> Generator[Request, Response, CachedBatch]:
+        """The output nodes' sampled L-hop neighbourhoods (the session's fanout, capped), the
+        node sets agreed through the service at the aggregation layers below the top."""
         sampled = yield from self.sampling.walk(pass_index, output_nodes, self.config.fanout)
         blocks = [Block.from_sampled(layer, self.device) for layer in sampled]
         input_nodes = torch.from_numpy(sampled[0].sources).to(self.device)
@@ -192,14 +210,13 @@ class GlasuClient:
             torch.from_numpy(np.searchsorted(sampled[0].sources, layer.targets)).to(self.device)
             for layer in sampled
         ]
-        batch = CachedBatch(
+        return CachedBatch(
             blocks,
             input_nodes,
             h0_rows,
             labels=self.labels[torch.from_numpy(output_nodes).to(self.device)],
             presence=self._presence(sampled),
         )
-        return (yield from self._train(context, batch))
 
     def _presence(self, sampled: Sequence[SampledLayer]) -> dict[int, torch.Tensor]:
         """Per aggregation layer, a column with 1 where this client holds the node (count-aware
@@ -222,10 +239,13 @@ class GlasuClient:
             return self.hop_features.rows(nodes).to(self.device)
         return self.partition.feature_rows(nodes).to(self.device)
 
-    def _evaluate(self, context: PassContext) -> Generator[Request, Response, PassOutcome]:
-        """Joint inference of every aligned node, layer by layer, scored at the output nodes;
-        this client's own head predicts (a client without labels only takes part)."""
-        tops = yield from self.arrangement.infer_all(context)
+    def _evaluate(
+        self, context: PassContext, inference: Generator[Request, Response, list[Stack]]
+    ) -> Generator[Request, Response, PassOutcome]:
+        """The joint ``inference`` (of every aligned node, or of a sampled batch), scored at the
+        output nodes; this client's own head predicts (a client without labels only takes
+        part)."""
+        tops = yield from inference
         if self.holds_labels:
             outcome = self.arrangement.outcome(tops, context.output_nodes)
         else:

@@ -40,12 +40,17 @@ EVAL_CHUNK_NODES = 4096
 @dataclass
 class Stack:
     """One network's representations of every node: the input projection and the current
-    layer (both N x hidden)."""
+    layer (both N x hidden); of a sampled pass, the top layer of its output ``nodes`` alone."""
 
     network: ClientNetwork
     generator: torch.Generator
     h0: torch.Tensor
     h: torch.Tensor
+    nodes: np.ndarray | None = None  # the (sorted) node ids of h's rows; None: 0..N-1
+
+    def rows_of(self, nodes: np.ndarray) -> np.ndarray:
+        """Where ``nodes`` (among :attr:`nodes`) sit in ``h``."""
+        return nodes if self.nodes is None else np.searchsorted(self.nodes, nodes)
 
 
 def project_all(
@@ -152,9 +157,10 @@ class LayerwiseEvaluation:
     def score(self, top: Stack, output_nodes: np.ndarray) -> EvaluationScores:
         """``top``'s network's predictions at the output nodes, scored."""
         nodes = torch.from_numpy(output_nodes).to(self.device)
+        rows = torch.from_numpy(top.rows_of(output_nodes)).to(self.device)
         with torch.no_grad():
             logits = torch.cat([
-                top.network.classify(top.h[nodes[span]], generator=top.generator)
+                top.network.classify(top.h[rows[span]], generator=top.generator)
                 for span in chunk_rows(len(nodes), chunk=EVAL_CHUNK_NODES)
             ])  # fmt: skip
         return score_evaluation(logits, self.labels[nodes], output_nodes, self.partition)

@@ -228,6 +228,23 @@ class PrivateArrangement(Arrangement):
             propagate_all(depth, stacks, evaluation.layer_chunks(depth), device=device)
         return stacks
 
+    def infer_batch(
+        self, context: PassContext, batch: CachedBatch
+    ) -> Generator[Request, Response, list[Stack]]:
+        """The release of a sampled batch and the network's top layer of its output nodes, and
+        (a client with labels) its party-alone reference's on the same blocks."""
+        stacks = yield from super().infer_batch(context, batch)
+        if self.client.holds_labels:
+            self.reference.eval()
+            with torch.no_grad():
+                h = self.local_forward(
+                    self.reference, self.reference_generator, batch.blocks, batch.input_nodes,
+                    batch.h0_rows, received=None,
+                )  # fmt: skip
+            reference = Stack(self.reference, self.reference_generator, h, h, nodes=stacks[0].nodes)
+            stacks.append(reference)
+        return stacks
+
     def outcome(self, tops: Sequence[Stack], output_nodes: np.ndarray) -> PassOutcome:
         """The federated scores and the party-alone reference's."""
         scores = self.client.evaluation.score(tops[1], output_nodes)

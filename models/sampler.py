@@ -348,13 +348,15 @@ class PassSampling:
     one :class:`IdentitySampler` for every layer and fanout."""
 
     def __init__(self, partition: ClientPartition, config: ClientConfig) -> None:
+        from models.data.derived import sampling_graph
+
         self.partition = partition
         self.config = config
         self._identity = IdentitySampler(partition.num_nodes) if config.model.precomputed else None
         if self._identity is not None:
             self._samplers: dict[tuple[int, bool], NeighbourSampler] = {}
             return
-        graph = SamplingGraph.from_edge_index(partition.edge_index, num_nodes=partition.num_nodes)
+        graph = sampling_graph(partition)  # built once per loaded partition
         self._samplers = {
             (fanout, capped): NeighbourSampler(
                 graph,

@@ -2,8 +2,11 @@
 stays open, and each request of its answering party opens one scoring session over the asked
 nodes, its *request session* ``<online id>-<n>``. A request session is planned, gated and
 accounted exactly as a batch scoring session (one evaluation pass, one release in every
-owner's ledger); the online session's workers run it with their tokens of the online session
-(``service/api/deps.py``), so that a request needs no token handed out."""
+owner's ledger); its pass is a ``sampled`` one (the asked nodes' sampled neighbourhoods only, as
+a training pass samples them), so what a request costs grows with the nodes asked, not with
+those loaded. The online session's workers run it with their tokens of the online session
+(``service/api/deps.py``), so that a request needs no token handed out; they wait for the next
+request with :func:`next_request` (a long poll)."""
 
 from __future__ import annotations
 
@@ -54,6 +57,8 @@ def open_request(
             update={
                 "online": False,
                 "eval_nodes": nodes,
+                # the asked nodes' neighbourhoods only: a request costs its nodes, not N
+                "scoring_pass": "sampled",
                 "label": f"request {number} of online session {online_id}",
                 "request_signature": signature,
             }
@@ -102,3 +107,14 @@ def _next_number(tx: Transaction, online_id: str) -> int:
         else:
             free = middle
     return free
+
+
+def request_opened(tx: Transaction, engine: RoundEngine, online_id: str, number: int) -> bool:
+    """Whether request ``number`` of ``online_id`` is opened; :class:`SessionClosed` when it is
+    not and the online session no longer takes requests (a worker waiting for the next request
+    stops)."""
+    if tx.session(request_session_id(online_id, number)) is not None:
+        return True
+    row, online = engine.session(tx, online_id)
+    _check_open(online_id, row.state, online)
+    return False

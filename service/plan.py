@@ -181,6 +181,14 @@ class SessionPlan:
             return self.answer_layer
         return self.config.agg_layers[-1].layer
 
+    def samples(self, pass_index: int) -> bool:
+        """Whether the pass's rows are its output nodes' sampled neighbourhoods (node sets
+        exchanged below the top): a training pass, or a scoring session's ``sampled`` pass;
+        otherwise an evaluation pass over every aligned node."""
+        if self.passes[pass_index].kind == "train":
+            return True
+        return self.config.kind == "scoring" and self.config.scoring_pass == "sampled"
+
     def agg_layers_below(self, layer: int) -> list[int]:
         return [a.layer for a in self.config.agg_layers if a.layer < layer]
 

@@ -17,6 +17,7 @@ from secure.wire.sessions import (
     SessionCreate,
     SessionCreated,
     SessionSummary,
+    request_session_id,
 )
 from secure.wire.status import (
     ClientTraffic,
@@ -29,7 +30,8 @@ from secure.wire.status import (
 )
 from service.aggregators import Aggregators
 from service.domain_errors import InvalidSessionRequest, SessionNotFound
-from service.online import asker_of, open_request
+from service.notify import Pending
+from service.online import asker_of, open_request, request_opened
 from service.plan import PlanCache, PlanOutline, SessionPlan
 from service.rounds import RoundEngine
 from service.rounds.readiness import client_readiness
@@ -112,6 +114,14 @@ class SessionManager:
         opened, plan = open_request(self.store, self.engine, online_id, nodes, signature)
         self.plans.put(plan)
         return opened
+
+    def next_request(self, online_id: str, number: int) -> SessionStatus | Pending:
+        """Request ``number`` of an online session, once it is opened (its status); Pending,
+        owed by the answering party, until then (``service/online.py``, ``request_opened``)."""
+        with self.store.transaction() as tx:
+            if not request_opened(tx, self.engine, online_id, number):
+                return Pending(missing=[asker_of(self.engine.session(tx, online_id)[1])])
+        return self.status(request_session_id(online_id, number))
 
     def answering_client(self, session_id: str) -> int:
         with self.store.transaction() as tx:
@@ -305,7 +315,7 @@ class SessionManager:
         if p >= plan.passes_total or row.state != SessionState.RUNNING:
             return None
         layers = []
-        exchanges_nodes = plan.passes[p].kind == "train"  # evaluation: all nodes, no node sets
+        exchanges_nodes = plan.samples(p)  # an evaluation over all nodes: no node sets
         for agg in plan.config.agg_layers:
             has_union = exchanges_nodes and agg.layer < plan.top_layer
             union = tx.result(row.id, p, agg.layer, "union") if has_union else None

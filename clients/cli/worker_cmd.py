@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 
     from clients.predictions import IdsByNode, PredictionWriter
     from clients.request_signing import RequestCheck
+    from clients.service_http import KeptTransport
     from clients.session_fit import LocalModelOptions
     from models.artefact import SavedModel
     from models.data.partition import ClientPartition
@@ -189,6 +190,8 @@ class LoadedWorker:
     verify: Any
     options: LocalModelOptions
     given: frozenset[str]
+    # an online worker's one transport for all its request sessions (None: a fresh one each)
+    transport: KeptTransport | None = None
 
 
 def load_worker(settings: WorkerSettings) -> LoadedWorker:
@@ -235,14 +238,22 @@ def _run(settings: WorkerSettings, ledger_file: Path, *, quiet: bool) -> int:
     if settings.online:
         from clients.cli.keyfiles import online_request_check
         from clients.cli.worker_online import serve_requests
+        from clients.service_http import KeptTransport
 
         check = online_request_check(settings)
         loaded = load_worker(settings)
-        return serve_requests(
-            settings,
-            loaded,
-            lambda each: run_session(each, loaded, ledger_file, quiet=quiet, request_check=check),
-        )
+        transport = KeptTransport(loaded.verify)
+        loaded = dataclasses.replace(loaded, transport=transport)
+        try:
+            return serve_requests(
+                settings,
+                loaded,
+                lambda each: run_session(
+                    each, loaded, ledger_file, quiet=quiet, request_check=check
+                ),
+            )
+        finally:
+            transport.shut()
     return run_session(settings, load_worker(settings), ledger_file, quiet=quiet)
 
 
@@ -339,6 +350,7 @@ def _take_part(
             client_index=settings.client,
             token=loaded.token,
             options=ConnectionOptions(
+                transport=loaded.transport,
                 verify=loaded.verify,
                 peer_wait_seconds=settings.peer_wait_seconds,
                 poll_seconds=settings.poll_seconds,

@@ -3,7 +3,9 @@ scoring"). It loads its partition and model once, then takes part in each reques
 its online session as it opens (``service/online.py``: ``<online id>-1``, ``-2``, ...), each
 exactly as a batch scoring worker would (the join gate, the owner's policy and ledger, one
 release), until the operator closes the online session. A request this worker refuses (its
-owner's caps) is refused at join, before any party releases; the worker goes on with the next."""
+owner's caps) is refused at join, before any party releases; the worker goes on with the next.
+Between requests it waits in a long poll that the next request's opening wakes
+(``GET /v1/sessions/{id}/requests/{n}``), not by polling."""
 
 from __future__ import annotations
 
@@ -17,9 +19,6 @@ from clients.settings import WorkerSettings
 if TYPE_CHECKING:
     from clients.cli.worker_cmd import LoadedWorker
 
-#: How often the worker looks for the next request while none is open (loopback: one GET)
-REQUEST_POLL_SECONDS = 0.05
-
 
 def serve_requests(
     settings: WorkerSettings,
@@ -29,7 +28,7 @@ def serve_requests(
     """Run ``run_session`` for every request session of ``settings.session`` as it opens; 0
     once the online session is closed, or the exit code of a request that failed otherwise
     than by this owner's refusal."""
-    from clients.service_http import ConnectionOptions
+    from clients.service_http import ConnectionOptions, ServiceError
     from clients.session_client import SessionClient
     from secure.wire.sessions import request_session_id
 
@@ -44,20 +43,24 @@ def serve_requests(
         session_id=settings.session,
         client_index=settings.client,
         token=loaded.token,
-        options=ConnectionOptions(verify=loaded.verify),
+        options=ConnectionOptions(
+            transport=loaded.transport, verify=loaded.verify, poll_seconds=settings.poll_seconds
+        ),
     ) as online:
         if not online.session().config.online:
             raise CliError(f"--online: session {settings.session} is not an online session")
         number = 1
         while True:
-            request_id = request_session_id(settings.session, number)
-            request = online.request_session(request_id)
+            try:
+                request = online.next_request(number)  # a long poll, woken by the request
+            except ServiceError as exc:
+                if exc.status != 409 or exc.slug != "session-closed":
+                    raise
+                print(f"glasu worker {settings.client}: online session closed", file=sys.stderr)
+                return 0
             if request is None:
-                if online.session().state != "running":
-                    print(f"glasu worker {settings.client}: online session closed", file=sys.stderr)
-                    return 0
-                online.options.sleep(REQUEST_POLL_SECONDS)
                 continue
+            request_id = request_session_id(settings.session, number)  # the id this owner keys
             number += 1
             if request.state != "running":  # answered or refused before this worker started
                 continue

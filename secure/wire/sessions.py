@@ -107,6 +107,8 @@ SharePredictions = Literal["none", "label-holder"]
 # models.config.BackboneName's spelling, and a worker setting's name: the service stores them
 # and never reads them (the workers check them against their own)
 BACKBONE_PATTERN = SETTING_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
+#: How a scoring session's pass covers its nodes (``scoring_pass``)
+ScoringPass = Literal["all-nodes", "sampled"]
 #: A worker setting's value in ``worker_defaults``
 WorkerDefault = bool | int | float | Annotated[str, Field(max_length=64)]
 
@@ -240,6 +242,14 @@ class SessionCreate(StrictModel):
         "service at layer `layers + 1` (the top aggregation layer's width) to which the others "
         "add zeros; its worker sends them only if its owner agreed.",
     )
+    scoring_pass: ScoringPass = Field(
+        "all-nodes",
+        description="A scoring session's pass. 'all-nodes': every aligned node is inferred "
+        "layer by layer and each share holds all `num_nodes` rows. 'sampled': only the "
+        "`eval_nodes`' sampled neighbourhoods, as a training pass samples them (the session's "
+        "`fanout`, the occurrence cap, node sets exchanged at the aggregation layers below the "
+        "top), so a pass over a few nodes costs a few rows (an online session's requests).",
+    )
     online: bool = Field(
         False,
         description='A scoring session that stays open for requests (docs/data.md, "Online '
@@ -317,6 +327,8 @@ class SessionCreate(StrictModel):
             raise ValueError("online is a scoring session's setting")
         if self.request_signature is not None and (self.kind != "scoring" or self.online):
             raise ValueError("request_signature is a request session's setting")
+        if self.scoring_pass != "all-nodes" and self.kind != "scoring":
+            raise ValueError("scoring_pass is a scoring session's setting")
         if self.secure_aggregation == "masks":
             check_masks(clients=self.clients, encryption=self.encryption)
         if self.stragglers == "continue":
@@ -411,6 +423,7 @@ class SessionConfigView(ResponseModel):
     worker_defaults: dict[str, bool | int | float | str] | None = None
     ready_gate: bool = False
     share_predictions: SharePredictions = "none"
+    scoring_pass: ScoringPass = "all-nodes"
     online: bool = False
     request_signature: RequestSignature | None = None
     label: str | None

@@ -53,7 +53,7 @@ def open_layer(
     check_pass_in_schedule(plan, pass_index)
     if kind == "nodes":
         check_node_layer(plan, layer)
-        if plan.passes[pass_index].kind == "eval":
+        if not plan.samples(pass_index):
             raise WrongLayer.nodes_in_evaluation(layer, pass_index)
     else:
         check_aggregation_layer(plan, layer)

@@ -108,13 +108,13 @@ def rejoin(tx: Transaction, plan: SessionPlan, row: SessionRow, client: int) -> 
 
 
 def layer_rows(tx: Transaction, plan: SessionPlan, pass_index: int, layer: int) -> int:
-    """Rows of the layer's embeddings: in an evaluation pass every aligned node (``num_nodes``,
-    at every layer); else the output nodes at the top (and for the gradient above it), and the
-    node union below (which must be complete); a scoring session's answer, one row per output
-    node."""
+    """Rows of the layer's embeddings: in an evaluation pass over all nodes every aligned node
+    (``num_nodes``, at every layer); else (a pass that samples: ``SessionPlan.samples``) the
+    output nodes at the top (and for the gradient above it), and the node union below (which
+    must be complete); a scoring session's answer, one row per output node."""
     if layer == plan.answer_layer:
         return plan.output_rows(pass_index)
-    if plan.passes[pass_index].kind == "eval":
+    if not plan.samples(pass_index):
         return plan.config.num_nodes
     if layer >= plan.top_layer:
         return plan.output_rows(pass_index)

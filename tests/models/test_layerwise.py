@@ -1,5 +1,6 @@
-"""Evaluation passes computed layer by layer over all aligned nodes (models/layerwise.py), and
-shares that travel in parts (secure.protocol.part_span)."""
+"""Evaluation passes computed layer by layer over all aligned nodes (models/layerwise.py), a
+scoring session's sampled pass over the asked nodes' neighbourhoods only, and shares that travel
+in parts (secure.protocol.part_span)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from models.sampler import NeighbourSampler, SampledLayer, SamplingGraph
 from models.trainer import prepare_security
 from models.workset import combine
 from secure.noise import NoiseSource
-from secure.protocol import NodesRequest, ShareRequest
+from secure.protocol import NodesRequest, ProtocolViolation, ShareRequest
 from secure.release_noise import ReleaseKeyedNoise, ReleaseSecret, part_key
 
 PLAIN = dict(
@@ -58,10 +59,13 @@ def federation(
     keyed: bool = False,
     noiseless: bool = False,
     part_values: int | None = None,
+    sampled_eval: bool = False,
 ):
     layout = layout_federation(config, dataset)
     security = prepare_security(config, passes_total=8, clients=config.clients)
-    client_config = dataclasses.replace(layout.client_config, part_values=part_values)
+    client_config = dataclasses.replace(
+        layout.client_config, part_values=part_values, sampled_eval=sampled_eval
+    )
     clients = [
         make_client(
             part,
@@ -385,3 +389,89 @@ def test_combine_of_the_mean_is_the_mean() -> None:
     total = own + other
     mean = combine(total / 2 - own / 2, own, count=2)
     torch.testing.assert_close(mean, total / 2)
+
+
+def test_a_sampled_scoring_pass_infers_only_the_asked_nodes_neighbourhoods(
+    cora, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scoring session's ``sampled`` pass (an online request): node sets exchanged below the
+    top as in a training pass, shares of the union's rows and of the asked nodes' (not all
+    N), and, with a fanout at least the largest degree, the asked nodes' full-neighbourhood
+    predictions, as the pass over all nodes computes them."""
+    config = TrainConfig(**{**PLAIN, "fanout": 1000})
+    clients, aggregator = federation(config, cora, sampled_eval=True)
+    nodes = cora.test_nodes[:50]
+    asked = record(monkeypatch)
+    steps = [c.run_pass(pass_index=0, kind="eval", output_nodes=nodes) for c in clients]
+    outcomes = inprocess.answer_in_step(steps, aggregator)
+    kinds = [(type(rnd[0]).__name__, rnd[0].layer) for rnd in asked]
+    assert kinds == [("NodesRequest", 2), ("ShareRequest", 2), ("ShareRequest", 3)]
+    union = np.unique(np.concatenate([r.nodes for r in asked[0]]))
+    assert all(r.rows == len(union) < cora.num_nodes for r in asked[1])
+    assert all(r.rows == len(nodes) for r in asked[2])
+    for client in clients:
+        client.network.eval()
+    expected = full_graph_probabilities(clients, nodes)
+    got = outcomes[0].probabilities
+    assert got is not None and got.shape == expected.shape
+    assert float(np.abs(got - expected).max()) < 1e-4
+
+
+def test_a_private_sampled_scoring_pass_releases_the_agreed_rows_only(
+    cora, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under DP the sampled pass's one release holds the rows of the layer-1 union the clients
+    agreed on (a capped draw, as in a training pass), and the label holder still measures its
+    party-alone reference on the same blocks."""
+    config = TrainConfig(**PRIVATE)
+    clients, aggregator = federation(config, cora, keyed=True, sampled_eval=True)
+    nodes = cora.test_nodes[:20]
+    asked = record(monkeypatch)
+    steps = [c.run_pass(pass_index=0, kind="eval", output_nodes=nodes) for c in clients]
+    outcomes = inprocess.answer_in_step(steps, aggregator)
+    assert [type(rnd[0]).__name__ for rnd in asked] == ["NodesRequest", "ShareRequest"]
+    assert asked[0][0].layer == asked[1][0].layer == 1
+    union = np.unique(np.concatenate([r.nodes for r in asked[0]]))
+    assert all(r.rows == len(union) < cora.num_nodes for r in asked[1])
+    assert outcomes[0].probabilities is not None and len(outcomes[0].probabilities) == 20
+    assert outcomes[0].reference_test_accuracy is not None
+
+
+def test_a_sampled_pass_of_a_precomputed_backbone_reads_the_asked_rows_only(
+    cora, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sign``: the features propagated once; a sampled pass shares the asked rows alone and
+    predicts them as the pass over all nodes does."""
+    config = TrainConfig(**{**PLAIN, "backbone": "sign", "layers": 1, "agg_layers": 1, "hops": 2})
+    nodes = cora.test_nodes[:50]
+    every = run_pass_inprocess(
+        *federation(config, cora), pass_index=0, kind="eval", output_nodes=nodes
+    )[0].probabilities
+    clients, aggregator = federation(config, cora, sampled_eval=True)
+    asked = record(monkeypatch)
+    steps = [c.run_pass(pass_index=0, kind="eval", output_nodes=nodes) for c in clients]
+    got = inprocess.answer_in_step(steps, aggregator)[0].probabilities
+    assert [(type(r).__name__, r.rows) for rnd in asked for r in rnd] == [
+        ("ShareRequest", len(nodes))
+    ] * len(clients)
+    assert got is not None and every is not None
+    assert float(np.abs(got - every).max()) < 1e-5
+
+
+def test_a_sampled_pass_checks_the_union_as_a_training_pass_does(cora) -> None:
+    """A union that lacks a node this client sent is refused before anything is released; one
+    with a node added (a lying service) is taken, and only makes the release one row longer."""
+    config = TrainConfig(**PLAIN)
+    nodes = cora.test_nodes[:5]
+    client = federation(config, cora, sampled_eval=True)[0][0]
+    steps = client.run_pass(pass_index=0, kind="eval", output_nodes=nodes)
+    asked = next(steps)
+    assert isinstance(asked, NodesRequest)
+    with pytest.raises(ProtocolViolation, match="lacks nodes this client sent"):
+        steps.send(asked.nodes[1:])
+    client = federation(config, cora, sampled_eval=True)[0][0]
+    steps = client.run_pass(pass_index=0, kind="eval", output_nodes=nodes)
+    asked = next(steps)
+    extra = np.setdiff1d(np.arange(cora.num_nodes), asked.nodes)[:1]
+    share = steps.send(np.union1d(asked.nodes, extra))
+    assert isinstance(share, ShareRequest) and share.rows == len(asked.nodes) + 1

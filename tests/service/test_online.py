@@ -2,10 +2,13 @@
 HTTP: each request opens the next request session, one evaluation pass over the asked nodes with
 the online session's settings; nodes the online session does not cover are refused by number
 and nothing is opened; only the answering party's token asks, and the online session's tokens
-act in its request sessions only."""
+act in its request sessions only. A request's pass samples the asked nodes' neighbourhoods
+(node sets exchanged, rows grow with the nodes asked), and a worker waits for the next request
+in a long poll that its opening wakes."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -15,10 +18,16 @@ from service_testkit import session_request
 
 from secure.wire.request_signature import RequestSignature, nodes_sha256
 from secure.wire.sessions import SessionCreate, online_session_of, request_session_id
+from secure.wire.status import SessionStatus
 from service.api.deps import SESSION_CLIENTS, require_asker
+from service.api.polling import poll
+from service.clock import ManualClock
 from service.context import ServiceContext, build_context
-from service.domain_errors import InvalidSessionRequest, SessionClosed
+from service.domain_errors import InvalidSessionRequest, NotReady, SessionClosed, WrongLayer
 from service.errors import ProblemError
+from service.notify import Pending
+from service.rounds.gate import open_layer
+from service.rounds.slots import layer_rows
 from service.settings import ServiceSettings
 from service.tokens import token_sha256
 
@@ -120,3 +129,65 @@ def test_the_answering_party_s_signature_is_kept_with_its_request_and_shown_to_w
         SessionCreate.model_validate(
             session_request(request_signature=signature.model_dump(mode="json"))
         )
+
+
+def test_a_request_pass_samples_the_asked_nodes_the_online_session_does_not(
+    context: ServiceContext,
+) -> None:
+    """A request session's pass takes node sets below the top and its rows are the asked nodes
+    and their union, as a training pass's; the online session and a batch scoring session
+    over all nodes refuse node sets (every row is an aligned node)."""
+    online, _ = _online(context)
+    request = context.sessions.open_request(online, np.array([44, 41])).session_id
+    batch = context.sessions.create(SessionCreate.model_validate(session_request(**SCORING)))
+    with context.store.transaction() as tx:
+        _, plan = open_layer(tx, context.engine.plans, request, 0, 1, "nodes")
+        assert plan.samples(0) and plan.config.scoring_pass == "sampled"
+        assert layer_rows(tx, plan, 0, plan.top_layer) == 2  # the asked nodes, not num_nodes
+        with pytest.raises(NotReady):  # below the top: the union of the node sets
+            layer_rows(tx, plan, 0, 1)
+        for session_id in (online, batch.session_id):
+            with pytest.raises(WrongLayer, match="exchanges no node sets"):
+                open_layer(tx, context.engine.plans, session_id, 0, 1, "nodes")
+            _, all_nodes = context.engine.session(tx, session_id)
+            assert layer_rows(tx, all_nodes, 0, 1) == all_nodes.config.num_nodes
+    with pytest.raises(ValueError, match="scoring_pass is a scoring session's setting"):
+        SessionCreate.model_validate(session_request(scoring_pass="sampled"))
+
+
+def test_the_next_request_is_waited_for_until_opened_and_refused_once_closed(
+    context: ServiceContext,
+) -> None:
+    online, _ = _online(context)
+    assert context.sessions.next_request(online, 1) == Pending(missing=[1])  # the asker's
+    opened = context.sessions.open_request(online, np.array([45]))
+    status = context.sessions.next_request(online, 1)
+    assert isinstance(status, SessionStatus) and status.session_id == opened.session_id
+    assert status.config.scoring_pass == "sampled" and status.config.eval_nodes_count == 1
+    context.sessions.close(online)
+    assert isinstance(context.sessions.next_request(online, 1), SessionStatus)  # opened before
+    with pytest.raises(SessionClosed):
+        context.sessions.next_request(online, 2)
+
+
+@pytest.mark.anyio
+async def test_a_worker_waiting_for_the_next_request_is_woken_by_its_opening(
+    make_settings: Callable[..., ServiceSettings],
+) -> None:
+    """The long poll behind ``GET /v1/sessions/{id}/requests/{n}``: on a clock that never
+    moves, only the request's opening (and its notification) can end the wait."""
+    context = build_context(make_settings(score_foreign_models=True), clock=ManualClock())
+    try:
+        online, _ = _online(context)
+        waiting = asyncio.ensure_future(
+            poll(context, online, lambda: context.sessions.next_request(online, 1), wait=60)
+        )
+        await asyncio.sleep(0)  # let it check once and wait
+        assert not waiting.done()
+        await asyncio.to_thread(context.sessions.open_request, online, np.array([45]))
+        context.notifier.notify(online)  # as the asking route does
+        status = await waiting
+        assert isinstance(status, SessionStatus)
+        assert status.session_id == request_session_id(online, 1)
+    finally:
+        context.close()

@@ -21,7 +21,7 @@ from fastapi import Depends, Header, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from secure.wire.common import MAX_COUNT, MAX_LAYERS, Waiting
+from secure.wire.common import MAX_COUNT, MAX_LAYERS
 from secure.wire.headers import COUNT_HEADER, ENCODING_HEADER, SHAPE_HEADER
 from secure.wire.passes import (
     Metrics,
@@ -34,7 +34,7 @@ from secure.wire.passes import (
 )
 from service.api.body import api_router, binary_body
 from service.api.deps import ClientDep, ContextDep
-from service.api.polling import WaitQuery, poll
+from service.api.polling import WaitQuery, long_poll_responses, poll, poll_or_waiting
 from service.api.routes.docs import BINARY_REQUEST_BODY, OCTET_STREAM, binary_response
 from service.context import ServiceContext
 from service.notify import Pending
@@ -107,10 +107,10 @@ async def put_readiness(
 @router.get(
     "/readiness",
     response_model=ReadinessStatus,
-    responses={
-        202: {"model": Waiting, "description": "Not every client has said it is ready."},
-        409: {"description": "`session-refused`: a client refused the session (closed)."},
-    },
+    responses=long_poll_responses(
+        waiting="Not every client has said it is ready.",
+        refused="`session-refused`: a client refused the session (closed).",
+    ),
     summary="Wait until every client is ready (long poll)",
 )
 async def get_readiness(
@@ -118,11 +118,7 @@ async def get_readiness(
 ) -> ReadinessStatus | JSONResponse:
     """200 once every client said it is ready; 202 naming those that did not yet."""
     check = partial(context.readiness.check, caller)
-    result = await poll(context, caller.session_id, check, wait)
-    if isinstance(result, Pending):
-        waiting = Waiting(missing=result.missing)
-        return JSONResponse(waiting.model_dump(mode="json"), status_code=202)
-    return result
+    return await poll_or_waiting(context, caller.session_id, check, wait)
 
 
 @router.get("/passes/{p}", response_model=PassInfo, summary="Describe pass p")

@@ -3,14 +3,16 @@ party's route of an online scoring session: ask it for predictions."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated
 from urllib.parse import urlencode
 
-from fastapi import Query, Response
-from fastapi.responses import HTMLResponse
+from fastapi import Path, Query, Response
+from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
+from secure.wire.common import MAX_COUNT
 from secure.wire.sessions import (
     ScoringRequest,
     ScoringRequestOpened,
@@ -21,6 +23,7 @@ from secure.wire.sessions import (
 from secure.wire.status import PrivacyReport, SessionStatus
 from service.api.body import api_router, takes_large_json
 from service.api.deps import AdminDep, AskerDep, ContextDep, SessionIdPath, SessionReaderDep
+from service.api.polling import WaitQuery, long_poll_responses, poll_or_waiting
 
 router = api_router("/v1/sessions", "sessions")
 
@@ -100,8 +103,29 @@ def open_scoring_request(
     to check at join. 422 for a node the online session does not cover (named), 409 once the
     online session is closed."""
     opened = context.sessions.open_request(session_id, request.nodes, request.signature)
+    context.notifier.notify_threadsafe(session_id)  # the workers waiting for it
     response.headers["Location"] = f"/v1/sessions/{opened.session_id}"
     return opened
+
+
+RequestPath = Annotated[int, Path(alias="n", ge=1, le=MAX_COUNT, description="Request number.")]
+REQUEST_WAITS = long_poll_responses(
+    waiting="Not opened yet (owed by the answering party).",
+    refused="`session-closed`: the online session takes no more requests.",
+)
+
+
+@router.get("/{sid}/requests/{n}", response_model=SessionStatus, responses=REQUEST_WAITS,
+            summary="Wait for an online session's request n (long poll)")  # fmt: skip
+async def get_scoring_request(
+    _: SessionReaderDep, context: ContextDep, session_id: SessionIdPath, number: RequestPath,
+    wait: WaitQuery = None,
+) -> SessionStatus | JSONResponse:  # fmt: skip
+    """The admin or any client of the online session: the status of its request session n
+    (`<sid>-<n>`) once it is opened, woken by its opening; 202 until then. An online worker
+    waits here for the next request instead of polling."""
+    check = partial(context.sessions.next_request, session_id, number)
+    return await poll_or_waiting(context, session_id, check, wait)
 
 
 @router.get("/{sid}", response_model=SessionStatus, summary="Session status and progress")
