@@ -58,7 +58,7 @@ def test_a_request_refused_at_join_leaves_no_partial_file(
     )
     loaded = SimpleNamespace(
         token="t", verify=True, given=frozenset(), partition=None, options=None, codec=None,
-        device="cpu", alignment_digest=None,
+        device="cpu", alignment_digest=None, transport=None,
         model=SimpleNamespace(manifest={"model": {"num_classes": 2}}),
         ids_of_node=own_ids_by_node(np.array([0]), pa.array(["c-1"]), aligned_nodes=1),
     )  # fmt: skip
