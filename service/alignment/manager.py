@@ -28,12 +28,14 @@ from secure.wire.alignment import (
     SET_ENCODING,
     AlignmentCreate,
     AlignmentCreated,
+    AlignmentChanges,
     AlignmentStatus,
     SetProgress,
     set_part_span,
     set_parts,
 )
 from secure.wire.headers import ENCODING_HEADER, SHAPE_HEADER, SIGNATURE_HEADER
+from service.alignment import updates
 from service.alignment.tables import (
     AlignmentRow,
     AlignmentTables,
@@ -51,7 +53,7 @@ from service.domain_errors import (
     WrongShape,
 )
 from service.notify import Pending
-from service.store import Store
+from service.store import Store, Transaction
 from service.tokens import new_tokens, token_sha256
 
 POSITIONS_ENCODING = "int64"
@@ -113,7 +115,10 @@ class AlignmentManager:
         assert request.part_elements is not None
         alignment_id = uuid.uuid4().hex
         tokens = new_tokens(request.parties)
+        if (request.keep or request.base) and request.nodes != "intersection":
+            raise AlignmentConflict("only an alignment of the intersection is kept and updated")
         with self.store.transaction() as tx:
+            statement = None if request.base is None else updates.base_statement(tx, request)
             AlignmentTables(tx).insert(
                 alignment_id,
                 parties=request.parties,
@@ -122,6 +127,9 @@ class AlignmentManager:
                 nodes=request.nodes,
                 part_elements=request.part_elements,
                 token_hashes=[token_sha256(t) for t in tokens],
+                keep=request.keep or request.base is not None,
+                base=request.base,
+                base_kept_digest=statement,
             )
         return AlignmentCreated(
             alignment_id=alignment_id,
@@ -137,11 +145,14 @@ class AlignmentManager:
             tables = AlignmentTables(tx)
             row = _alignment(tables, alignment_id)
             sets = tables.sets(alignment_id)
+            removed = updates.removed_counts(tx, alignment_id) if row.base else {}
         progress = []
         for owner in range(row.parties):
             own = [s for s in sets if s.owner == owner]
             size = next((s.size for s in own if s.hop == 0), None)
-            progress.append(SetProgress(owner=owner, size=size, hops=len(own)))
+            progress.append(
+                SetProgress(owner=owner, size=size, hops=len(own), removed=removed.get(owner))
+            )
         return AlignmentStatus(
             alignment_id=row.id,
             label=row.label,
@@ -156,6 +167,10 @@ class AlignmentManager:
             aligned_nodes=row.aligned_nodes,
             shared_nodes=row.shared_nodes,
             digest=row.digest.hex() if row.digest is not None else None,
+            keep=row.keep,
+            kept_digest=row.kept_digest,
+            base=row.base,
+            base_kept_digest=row.base_kept_digest,
         )
 
     def party_of_token(self, token_hash: bytes) -> tuple[str, int] | None:
@@ -174,10 +189,10 @@ class AlignmentManager:
         """The checks of :meth:`put_set` that need no body (headers, part, who posts the
         slot), run before the body is read so that a refused upload is answered on its head;
         the set's size, its signature's bytes, the part's span and the set's part count."""
-        size = _declared_size(head.shape, head.encoding)
         signed = _declared_signature(head.signature)
         with self.store.transaction() as tx:
             row = _alignment(AlignmentTables(tx), caller.alignment_id)
+        size = _declared_size(head.shape, head.encoding, update=row.base is not None)
         span = _span(part, size, row.part_elements)
         _check_poster(row, caller, owner, hop)
         return size, signed, span, set_parts(size, row.part_elements)
@@ -233,7 +248,7 @@ class AlignmentManager:
                     signature=signed,
                 )
                 if hop == row.parties - 1:
-                    _complete_if_ready(tables, row)
+                    _complete_if_ready(tx, row)
         return SetUpload(created=True, size=size, parts=parts)
 
     def get_set(self, caller: PartyCaller, owner: int, hop: int, part: int) -> SetPart | Pending:
@@ -271,6 +286,10 @@ class AlignmentManager:
         with self.store.transaction() as tx:
             tables = AlignmentTables(tx)
             row = _alignment(tables, caller.alignment_id)
+            if row.base is not None:
+                raise AlignmentConflict(
+                    f"alignment {row.id!r} updates {row.base!r}: fetch your changes instead"
+                )
             if row.state == "done":
                 own = tables.set(row.id, caller.party, 0)
                 if own is None:
@@ -282,6 +301,32 @@ class AlignmentManager:
                 return SetPart(body, own.size)
             sets = tables.sets(row.id)
         return Pending(missing=_owing(sets, row.parties))
+
+    def put_removed(self, caller: PartyCaller, body: bytes) -> bool:
+        """An update's removed positions of ``caller``'s kept set (False: a duplicate)."""
+        with self.store.transaction() as tx:
+            row = _alignment(AlignmentTables(tx), caller.alignment_id)
+            created = updates.put_removed(tx, row, caller.party, body)
+            if created:
+                _complete_if_ready(tx, row)
+        return created
+
+    def changes(self, caller: PartyCaller) -> AlignmentChanges | Pending:
+        """What an update changed for ``caller``, once done."""
+        with self.store.transaction() as tx:
+            tables = AlignmentTables(tx)
+            row = _alignment(tables, caller.alignment_id)
+            if row.base is None:
+                raise AlignmentConflict(
+                    f"alignment {row.id!r} is not an update: fetch your positions instead"
+                )
+            found = updates.changes(tx, row, caller.party)
+            if found is not None:
+                return found
+            sets = tables.sets(row.id)
+            owing = set(_owing(sets, row.parties))
+            owing |= set(range(row.parties)) - set(updates.removed_counts(tx, row.id))
+        return Pending(missing=sorted(owing))
 
 
 def _part_index(row: PartRow) -> int:
@@ -346,14 +391,18 @@ def _check_poster(row: AlignmentRow, caller: PartyCaller, owner: int, hop: int) 
         )
 
 
-def _declared_size(shape: str | None, encoding: str | None) -> int:
+def _declared_size(shape: str | None, encoding: str | None, *, update: bool = False) -> int:
+    """The set's element count: >= 1, or >= 0 in an update (a party that added no id)."""
     if encoding is None or shape is None:
         missing = ENCODING_HEADER if encoding is None else SHAPE_HEADER
         raise BadHeader(f"a blinded set needs the header {missing}")
     if encoding != SET_ENCODING:
         raise BadHeader(f"a blinded set's {ENCODING_HEADER} is {SET_ENCODING!r}, not {encoding!r}")
-    if not shape.isdigit() or int(shape) < 1:
-        raise BadHeader(f"{SHAPE_HEADER} of a blinded set is its element count >= 1, not {shape!r}")
+    least = 0 if update else 1
+    if not shape.isdigit() or int(shape) < least:
+        raise BadHeader(
+            f"{SHAPE_HEADER} of a blinded set is its element count >= {least}, not {shape!r}"
+        )
     return int(shape)
 
 
@@ -397,20 +446,30 @@ def _owing(sets: list[SetRow], parties: int) -> list[int]:
     )
 
 
-def _complete_if_ready(tables: AlignmentTables, row: AlignmentRow) -> None:
+def _complete_if_ready(tx: Transaction, row: AlignmentRow) -> None:
     """Once every owner's fully blinded set is in: intersect (or unite), sort, map each owner's
-    positions to the aligned index, and drop the bodies."""
+    positions to the aligned index, keep the sets where asked, and drop the bodies. An update
+    applies its deltas instead (:func:`updates.complete_update`)."""
+    if row.base is not None:
+        updates.complete_update(tx, row)
+        return
+    tables = AlignmentTables(tx)
     last = row.parties - 1
     if any(tables.set(row.id, owner, last) is None for owner in range(row.parties)):
         return
-    indexed = index_sets(
-        [tables.set_body(row.id, owner, last) for owner in range(row.parties)],
-        union=row.nodes == "union",
-    )  # every stored part was checked to hold distinct elements (check_elements)
+    bodies = [tables.set_body(row.id, owner, last) for owner in range(row.parties)]
+    # every stored part was checked to hold distinct elements (check_elements)
+    indexed = index_sets(bodies, union=row.nodes == "union")
+    kept_digest = None
+    if row.keep:
+        kept_digest = updates.keep_fresh(
+            tx, row, bodies, indexed.positions, indexed.aligned_nodes
+        )
     tables.complete(
         row.id,
         aligned_nodes=indexed.aligned_nodes,
         shared_nodes=indexed.shared_nodes,
         digest=indexed.digest,
         positions=indexed.positions,
+        kept_digest=kept_digest,
     )
