@@ -97,7 +97,9 @@ def check_removed(removed: np.ndarray, elements: np.ndarray) -> None:
         raise UpdateRefused("a removed position was removed before (it is a hole)")
 
 
-def apply_update(base: KeptSets, added: list[np.ndarray], removed: list[np.ndarray]) -> UpdateResult:
+def apply_update(
+    base: KeptSets, added: list[np.ndarray], removed: list[np.ndarray]
+) -> UpdateResult:
     """``added[m]``: owner m's new fully blinded elements (ELEMENT), which take the positions
     after its kept set's, in order; ``removed[m]``: its removed positions (int64)."""
     owners = len(base.elements)

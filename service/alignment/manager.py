@@ -26,9 +26,9 @@ import numpy as np
 from secure.psi import ELEMENT_BYTES, check_elements, index_sets, unpack
 from secure.wire.alignment import (
     SET_ENCODING,
+    AlignmentChanges,
     AlignmentCreate,
     AlignmentCreated,
-    AlignmentChanges,
     AlignmentStatus,
     SetProgress,
     set_part_span,
@@ -462,9 +462,7 @@ def _complete_if_ready(tx: Transaction, row: AlignmentRow) -> None:
     indexed = index_sets(bodies, union=row.nodes == "union")
     kept_digest = None
     if row.keep:
-        kept_digest = updates.keep_fresh(
-            tx, row, bodies, indexed.positions, indexed.aligned_nodes
-        )
+        kept_digest = updates.keep_fresh(tx, row, bodies, indexed.positions, indexed.aligned_nodes)
     tables.complete(
         row.id,
         aligned_nodes=indexed.aligned_nodes,

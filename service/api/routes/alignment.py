@@ -22,10 +22,10 @@ from secure.body_limits import BodyLimitTooSmall, set_part_elements
 from secure.psi import ELEMENT_BYTES
 from secure.wire.alignment import (
     SET_ENCODING,
+    AlignmentChanges,
     AlignmentCreate,
     AlignmentCreated,
     AlignmentStatus,
-    AlignmentChanges,
     AlignmentWaiting,
     SetReceipt,
 )
