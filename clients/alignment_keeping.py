@@ -274,7 +274,7 @@ def read_kept(path: Path, *, parties: int, party: int) -> KeptAlignment | None:
             header = json.loads(arrays["header"].tobytes().decode("utf-8"))
             problem = KEPT_FORMAT.problem(header, name=where)
             if problem is not None:
-                raise KeptAlignmentError(problem)
+                raise KeptAlignmentError(f"{problem}: realign to start a fresh one")
             ids, id_positions, aligned = arrays["ids"], arrays["id_positions"], arrays["aligned"]
     except (KeyError, ValueError, OSError) as exc:
         if isinstance(exc, KeptAlignmentError):
@@ -299,12 +299,18 @@ def read_kept(path: Path, *, parties: int, party: int) -> KeptAlignment | None:
 
 
 def check_one_federation(kept: Sequence[KeptAlignment], where: Sequence[str]) -> None:
-    """Every party's kept alignment hashes under the same domain (else no id would match):
-    :class:`KeptAlignmentError` naming the first that differs from party 0's."""
+    """Every party's kept alignment hashes under the same domain (else no id would match) and
+    keeps the same alignment (the next update's base): :class:`KeptAlignmentError` naming the
+    first that differs from party 0's."""
     for m, (one, name) in enumerate(zip(kept, where, strict=True)):
         if one.domain != kept[0].domain:
             raise KeptAlignmentError(
                 f"{name} is a kept alignment of another federation (domain {one.domain[:12]}..., "
                 f"party 0's is {kept[0].domain[:12]}...), so party {m}'s ids would match none "
                 "of the others': realign"
+            )
+        if one.alignment_id != kept[0].alignment_id:
+            raise KeptAlignmentError(
+                f"{name} keeps alignment {one.alignment_id[:12]}..., party 0's keeps "
+                f"{kept[0].alignment_id[:12]}...: one of them was not updated last time; realign"
             )
