@@ -227,6 +227,21 @@ def kept_location(folders: Sequence[Path], party: int) -> Path:
     return organisations_folder() / "alignments" / own / f"federation-{federation[:16]}.kept"
 
 
+def deployed_kept_location(folder: Path, server: str, party: int) -> Path:
+    """Where ``glasu align run`` keeps party ``party``'s alignment through the service at
+    ``server``: with the folder's organisation's ledger
+    (``$XDG_DATA_HOME/glasu/alignments/<organisation>/service-<digest>-party-<m>.kept``, named
+    by a digest of the service's address), so that tables prepared again find it; in a folder
+    without an organisation, ``<folder>/alignment.kept``."""
+    from clients.owner_ledger import folder_organisation, organisations_folder
+
+    own = folder_organisation(Path(folder))
+    if own is None:
+        return Path(folder) / KEPT_FILE
+    service = hashlib.sha256(server.rstrip("/").encode("utf-8")).hexdigest()[:16]
+    return organisations_folder() / "alignments" / own / f"service-{service}-party-{party}.kept"
+
+
 def write_kept(kept: KeptAlignment, path: Path) -> Path:
     """The kept alignment at ``path``, mode 0600, written atomically."""
     header = {

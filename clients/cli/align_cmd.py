@@ -8,17 +8,24 @@ session with ``glasu session create --alignment ID`` and each organisation runs
 ``glasu worker --data DIR``. ``glasu align status`` shows the progress. ``glasu align keygen``
 writes an organisation's Ed25519 key pair: with ``--signing-key`` and its peers' public keys
 (``--peer-key``), a party signs its sets and blinds only sets its peer signed, so that the
-service cannot have it blind guessed ids (docs/threat-model.md)."""
+service cannot have it blind guessed ids (docs/threat-model.md). An alignment created with
+``--keep`` is kept (the service keeps its fully blinded sets, each party its key and map); one
+created with ``--base ID`` updates it: each party moves only the ids it added or removed since
+(docs/data.md, "The kept alignment")."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, get_args
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from clients.alignment import AlignmentClient, AlignmentOutcome
     from clients.alignment_signing import SetSigning
 
 from clients.cli.connection import (
@@ -84,6 +91,18 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="index the ids every party holds (intersection), or every id any party holds "
         "(union: partly shared nodes, trained with the count-aware mean; docs/data.md)",
     )
+    create.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the alignment (the service its fully blinded sets, each party its key and "
+        "map), so that the next one can be an update of it (--base); intersection only",
+    )
+    create.add_argument(
+        "--base",
+        metavar="ID",
+        help="an update of kept alignment ID (the last of its chain): each party moves only the "
+        "ids added or removed since; kept in turn",
+    )
     create.add_argument("--label", default=None, help="free text shown in the status")
     add_output_dir_argument(create)
     run_ = add_command(
@@ -134,6 +153,19 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         metavar="N",
         help="processes that blind the ids (libsodium's scalar multiplications): auto (the "
         "default: the cores available) or a number",
+    )
+    run_.add_argument(
+        "--kept",
+        type=Path,
+        metavar="PATH",
+        help="this organisation's kept alignment: written by an alignment created with --keep, "
+        "read and updated by one created with --base (default: with the organisation's ledger, "
+        "or DIR/alignment.kept)",
+    )
+    run_.add_argument(
+        "--realign",
+        action="store_true",
+        help="let an alignment created with --keep (new keys) replace the kept one",
     )
     run_.add_argument("--quiet", action="store_true", help="no progress bar")
     keygen = add_command(
@@ -236,6 +268,8 @@ def _create(args: argparse.Namespace) -> int:
                 "seed": args.seed,
                 "nodes": args.nodes,
                 "label": args.label,
+                "keep": args.keep,
+                "base": args.base,
             }
         )
     with failing_as(f"cannot write --out {args.out}"):
@@ -276,7 +310,8 @@ def _signing(args: argparse.Namespace) -> SetSigning:
 
 
 def _run_party(args: argparse.Namespace) -> int:
-    from clients.alignment import AlignmentClient, AlignmentFailed, align
+    from clients.alignment import AlignmentClient, AlignmentFailed
+    from clients.alignment_keeping import deployed_kept_location, write_kept
     from clients.service_http import ConnectionOptions, PeersMissing, tls_verification
     from models.data.party import NO_LABEL, read_party, write_alignment
     from models.data.shared_split import deployed_alignment
@@ -287,6 +322,7 @@ def _run_party(args: argparse.Namespace) -> int:
         data = read_party(args.data)
     with failing_as("--ca-file"):
         verify = tls_verification(args.ca_file)
+    kept_path = args.kept or deployed_kept_location(args.data, args.server, args.party)
     with AlignmentClient(
         base_url=args.server,
         alignment_id=args.alignment,
@@ -295,14 +331,19 @@ def _run_party(args: argparse.Namespace) -> int:
         options=ConnectionOptions(verify=verify, peer_wait_seconds=args.peer_wait_seconds),
     ) as client:
         try:
-            outcome = align(
-                client, data.ids, signing=signing, progress=not args.quiet, workers=args.workers
-            )
+            outcome = _take_part(client, args, data.ids, signing, kept_path)
         except AlignmentFailed as exc:
             raise CliError(f"the alignment failed: {exc}") from exc
         except PeersMissing as exc:
             print(f"glasu align run: {exc}", file=sys.stderr)
             return EXIT_PEERS_MISSING
+    if outcome.kept is not None:
+        with failing_as(f"cannot write the kept alignment {kept_path}"):
+            write_kept(outcome.kept, kept_path)
+        print(
+            f"kept in {kept_path} ({outcome.kept.blinded_last} blindings here; update "
+            f"{outcome.kept.updates} of its keys)"
+        )
     alignment = deployed_alignment(
         alignment_id=outcome.alignment_id,
         party=outcome.party,
@@ -334,6 +375,45 @@ def _run_party(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def _take_part(
+    client: AlignmentClient,
+    args: argparse.Namespace,
+    ids: Sequence[str],
+    signing: SetSigning,
+    kept_path: Path,
+) -> AlignmentOutcome:
+    """A fresh alignment, kept where it was created with --keep, or an update of the kept one
+    where it names a base: refused before anything is posted where the kept file does not fit."""
+    from clients.alignment import align
+    from clients.alignment_keeping import read_kept
+    from clients.alignment_update import update_alignment
+
+    status = client.status()
+    options = {"signing": signing, "progress": not args.quiet, "workers": args.workers}
+    if status.base is None:
+        if status.keep and kept_path.exists() and not args.realign:
+            raise CliError(
+                f"{kept_path} holds this organisation's kept alignment, and alignment "
+                f"{args.alignment} is a fresh one (new keys): give --realign to replace it, or "
+                "ask the operator for an update of it (glasu align create --base)"
+            )
+        return align(client, ids, keep=status.keep, **options)
+    with failing_as("the kept alignment"):
+        kept = read_kept(kept_path, parties=status.parties, party=args.party)
+    if kept is None:
+        raise CliError(
+            f"alignment {args.alignment} updates alignment {status.base}, and no kept alignment "
+            f"is at {kept_path} (--kept): this organisation takes part in a fresh one instead"
+        )
+    due = kept.rotation_due(time.time())
+    if due is not None:
+        raise CliError(
+            f"{kept_path}: {due}: its keys rotate, so ask the operator for a fresh alignment "
+            "(glasu align create --keep) and take part with --realign"
+        )
+    return update_alignment(client, ids, kept, **options)
 
 
 def describe(status: dict) -> str:
