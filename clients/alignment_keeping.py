@@ -65,6 +65,7 @@ class Delta:
     removed_positions: np.ndarray  # kept positions whose ids are gone (sorted)
     row_positions: np.ndarray  # each current row's kept position (-1: added)
     keys: np.ndarray  # each current row's id key
+    order: np.ndarray  # the rows by key (``keys[order]`` sorted)
 
 
 @dataclass
@@ -121,10 +122,12 @@ class KeptAlignment:
     def placed(
         self, *, alignment_id: str, kept_digest: str, aligned_nodes: int, keys: np.ndarray,
         positions: np.ndarray, aligned: np.ndarray, updated: bool, blinded: int,
+        order: np.ndarray | None = None,
     ) -> KeptAlignment:  # fmt: skip
         """This kept alignment after an alignment that placed ``keys`` (each id's key) at
-        kept ``positions``, whose aligned index per position is ``aligned``."""
-        order = np.argsort(keys, kind="stable")
+        kept ``positions``, whose aligned index per position is ``aligned``; ``order``: the
+        keys' sorting order, where known."""
+        order = np.argsort(keys, kind="stable") if order is None else order
         return dataclasses.replace(
             self,
             updates=self.updates + 1 if updated else 0,
@@ -138,8 +141,13 @@ class KeptAlignment:
         )
 
     def delta(self, ids: Sequence[str]) -> Delta:
-        """The current ``ids`` (distinct, in row order) against what is kept."""
+        """The current ``ids`` (in row order) against what is kept; ValueError naming an id
+        found twice."""
         keys = id_keys(ids)
+        order = np.argsort(keys, kind="stable")
+        twice = np.flatnonzero(keys[order][1:] == keys[order][:-1])
+        if twice.size:
+            raise ValueError(f"the ids are not distinct: {ids[order[twice[0]]]!r} twice")
         row_positions = np.full(keys.size, -1, np.int64)
         live = np.zeros(self.ids.size, dtype=bool)
         if self.ids.size and keys.size:
@@ -148,6 +156,7 @@ class KeptAlignment:
             row_positions[found] = self.id_positions[at[found]]
             live[at[found]] = True
         return Delta(
+            order=order,
             added_rows=np.flatnonzero(row_positions < 0),
             removed_positions=np.sort(self.id_positions[~live]),
             row_positions=row_positions,

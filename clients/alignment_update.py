@@ -25,7 +25,6 @@ from clients.alignment import (
     AlignmentFailed,
     AlignmentOutcome,
     blind_own_ids,
-    check_distinct,
     checked_outcome,
     checked_signing,
     progress_bar,
@@ -51,7 +50,6 @@ def update_alignment(
     alignment after it. Raises :class:`AlignmentFailed` before posting anything when the
     service's base is not the one kept."""
     workers = available_cores() if workers is None else workers
-    check_distinct(ids)
     status = client.status()
     parties, m = status.parties, client.party
     try:
@@ -60,7 +58,7 @@ def update_alignment(
         raise AlignmentFailed(str(exc)) from None
     check_base(status, kept)
     signing = checked_signing(signing, parties, m)
-    delta = kept.delta(ids)
+    delta = kept.delta(ids)  # checks that the ids are distinct
     shuffled = delta.added_rows.tolist()
     random.SystemRandom().shuffle(shuffled)  # the added ids' positions reveal nothing about them
     order = np.asarray(shuffled, dtype=np.int64)
@@ -99,6 +97,7 @@ def update_alignment(
         aligned=aligned,
         updated=True,
         blinded=blinded,
+        order=delta.order,
     )
     return dataclasses.replace(outcome, kept=updated)
 

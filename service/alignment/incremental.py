@@ -152,8 +152,9 @@ def _find(elements: np.ndarray, queries: np.ndarray) -> np.ndarray:
     if not queries.size or not elements.size:
         return found
     heads = np.ascontiguousarray(elements).view(np.uint64)[:: ELEMENT_BYTES // 8]
-    wanted = np.ascontiguousarray(queries).view(np.uint64)[:: ELEMENT_BYTES // 8]
-    hits = np.flatnonzero(np.isin(heads, wanted))
+    wanted = np.sort(np.ascontiguousarray(queries).view(np.uint64)[:: ELEMENT_BYTES // 8])
+    near = np.minimum(np.searchsorted(wanted, heads), wanted.size - 1)  # O(N log delta)
+    hits = np.flatnonzero(wanted[near] == heads)
     at = np.searchsorted(queries, elements[hits])
     inside = at < queries.size
     same = np.zeros(hits.size, dtype=bool)

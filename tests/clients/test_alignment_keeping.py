@@ -18,7 +18,6 @@ import clients.alignment_keeping as keeping
 from clients.alignment import AlignmentOutcome
 from clients.alignment_keeping import KEPT_FILE, KeptAlignmentError, read_kept
 from clients.local.alignment import align_in_process, align_keeping
-from secure.psi import hash_to_group
 
 DAY = 86400.0
 START = 1_800_000_000.0

@@ -25,7 +25,7 @@ from service.app import create_app, service_context
 from service.settings import ServiceSettings
 
 BASE_URL = "http://glasu.test"
-TABLES = [[f"c{i}" for i in range(0, 30)], [f"c{i}" for i in range(5, 35)], [f"c{i}" for i in range(3, 33)]]  # fmt: skip
+TABLES = [[f"c{i}" for i in range(start, start + 30)] for start in (0, 5, 3)]
 UPDATED = [[*ids[1:], "new"] for ids in TABLES]
 
 
