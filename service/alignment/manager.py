@@ -12,7 +12,10 @@ set, the same on each part), which the service relays
 without checking (it holds no key: the parties do, docs/threat-model.md). When all M are in,
 the service intersects them, sorts the intersection (the aligned index) and keeps, for each
 owner, the aligned index of every position of its set (-1 where not shared); then it drops
-every set body and signature.
+every set body and signature, except, for an alignment created with ``keep``, the fully blinded
+sets, which an update (``base``) then extends with the parties' deltas
+(:mod:`service.alignment.updates`). The checks of a part that need no state are
+:mod:`service.alignment.set_checks`.
 """
 
 from __future__ import annotations
@@ -21,21 +24,25 @@ import hashlib
 import uuid
 from dataclasses import dataclass
 
-import numpy as np
-
-from secure.psi import ELEMENT_BYTES, check_elements, index_sets, unpack
+from secure.psi import ELEMENT_BYTES, index_sets
 from secure.wire.alignment import (
-    SET_ENCODING,
     AlignmentChanges,
     AlignmentCreate,
     AlignmentCreated,
     AlignmentStatus,
     SetProgress,
-    set_part_span,
     set_parts,
 )
-from secure.wire.headers import ENCODING_HEADER, SHAPE_HEADER, SIGNATURE_HEADER
+from secure.wire.headers import SHAPE_HEADER
 from service.alignment import updates
+from service.alignment.set_checks import (
+    check_body,
+    check_distinct,
+    check_like_the_other_parts,
+    declared_signature,
+    declared_size,
+    part_span,
+)
 from service.alignment.tables import (
     AlignmentRow,
     AlignmentTables,
@@ -48,8 +55,6 @@ from service.domain_errors import (
     AlignmentNotFound,
     AlignmentNotReady,
     AlignmentSlotForbidden,
-    BadHeader,
-    BadPayload,
     WrongShape,
 )
 from service.notify import Pending
@@ -57,7 +62,6 @@ from service.store import Store, Transaction
 from service.tokens import new_tokens, token_sha256
 
 POSITIONS_ENCODING = "int64"
-SIGNATURE_BYTES = 64  # Ed25519
 
 
 @dataclass(frozen=True)
@@ -189,11 +193,11 @@ class AlignmentManager:
         """The checks of :meth:`put_set` that need no body (headers, part, who posts the
         slot), run before the body is read so that a refused upload is answered on its head;
         the set's size, its signature's bytes, the part's span and the set's part count."""
-        signed = _declared_signature(head.signature)
+        signed = declared_signature(head.signature)
         with self.store.transaction() as tx:
             row = _alignment(AlignmentTables(tx), caller.alignment_id)
-        size = _declared_size(head.shape, head.encoding, update=row.base is not None)
-        span = _span(part, size, row.part_elements)
+        size = declared_size(head.shape, head.encoding, update=row.base is not None)
+        span = part_span(part, size, row.part_elements)
         _check_poster(row, caller, owner, hop)
         return size, signed, span, set_parts(size, row.part_elements)
 
@@ -203,7 +207,7 @@ class AlignmentManager:
         """Store part ``part`` of the set of ``owner`` at ``hop``, posted by ``caller``;
         complete the alignment when it was the last part of the last fully blinded set."""
         size, signed, span, parts = self.check_set_head(caller, owner, hop, part, head)
-        _check_body(body, len(span))  # before the store's lock: it costs ~10 us an element
+        check_body(body, len(span))  # before the store's lock: it costs ~10 us an element
         digest = hashlib.sha256(body).digest()
         with self.store.transaction() as tx:
             tables = AlignmentTables(tx)
@@ -218,7 +222,7 @@ class AlignmentManager:
                         "posted with a different body, size or signature; a part is posted once"
                     )
                 return SetUpload(created=False, size=size, parts=parts)
-            _check_like_the_other_parts(posted, size=size, signature=signed)
+            check_like_the_other_parts(posted, size=size, signature=signed)
             if hop > 0:
                 previous = tables.set(row.id, owner, hop - 1)
                 if previous is None:
@@ -236,7 +240,7 @@ class AlignmentManager:
             )
             if len(posted) + 1 == parts:
                 if parts > 1:
-                    _check_distinct(tables.set_body(row.id, owner, hop))
+                    check_distinct(tables.set_body(row.id, owner, hop))
                 every = sorted([*posted, PartRow(part, size, digest, signed)], key=_part_index)
                 digests = b"".join(p.sha256 for p in every)
                 tables.insert_set(
@@ -274,7 +278,7 @@ class AlignmentManager:
                     f"alignment {row.id!r} is complete and its blinded sets are discarded; "
                     "fetch your positions"
                 )
-            span = _span(part, found.size, row.part_elements)
+            span = part_span(part, found.size, row.part_elements)
             body = tables.part_body(row.id, owner, hop, part)
         if body is None or len(body) != len(span) * ELEMENT_BYTES:
             raise LookupError(f"part {part} of a complete set of alignment {row.id} is missing")
@@ -294,7 +298,7 @@ class AlignmentManager:
                 own = tables.set(row.id, caller.party, 0)
                 if own is None:
                     raise LookupError(f"alignment {row.id} is done without party sets")
-                span = _span(part, own.size, row.part_elements)
+                span = part_span(part, own.size, row.part_elements)
                 body = tables.positions(row.id, caller.party, span)
                 if body is None:  # every owner's positions are written with the state
                     raise LookupError(f"alignment {row.id} is done without positions")
@@ -333,39 +337,6 @@ def _part_index(row: PartRow) -> int:
     return row.part
 
 
-def _span(part: int, size: int, part_elements: int) -> range:
-    try:
-        return set_part_span(part, size=size, part_elements=part_elements)
-    except ValueError as exc:
-        raise WrongShape(str(exc)) from None
-
-
-def _check_distinct(body: bytes) -> None:
-    """The elements of a whole set distinct (each part's are checked as it comes)."""
-    elements = np.frombuffer(body, dtype=f"V{ELEMENT_BYTES}")
-    if np.unique(elements).size != elements.size:
-        raise BadPayload("the set holds the same element twice (in two of its parts)")
-
-
-def _check_like_the_other_parts(
-    posted: list[PartRow], *, size: int, signature: bytes | None
-) -> None:
-    """Every part of a set declares the same size and carries the same signature."""
-    if not posted:
-        return
-    first = posted[0]
-    if first.size != size:
-        raise WrongShape(
-            f"part {first.part} of this set declared {first.size} elements in all, "
-            f"{SHAPE_HEADER} says {size}"
-        )
-    if first.signature != signature:
-        raise AlignmentConflict(
-            f"part {first.part} of this set came with a different {SIGNATURE_HEADER}: a set's "
-            "signature covers the whole set and travels with each of its parts"
-        )
-
-
 def _alignment(tables: AlignmentTables, alignment_id: str) -> AlignmentRow:
     row = tables.alignment(alignment_id)
     if row is None:
@@ -389,49 +360,6 @@ def _check_poster(row: AlignmentRow, caller: PartyCaller, owner: int, hop: int) 
             f"party {caller.party} cannot post hop {hop} of the set of party {owner}: "
             f"party {expected} blinds it there"
         )
-
-
-def _declared_size(shape: str | None, encoding: str | None, *, update: bool = False) -> int:
-    """The set's element count: >= 1, or >= 0 in an update (a party that added no id)."""
-    if encoding is None or shape is None:
-        missing = ENCODING_HEADER if encoding is None else SHAPE_HEADER
-        raise BadHeader(f"a blinded set needs the header {missing}")
-    if encoding != SET_ENCODING:
-        raise BadHeader(f"a blinded set's {ENCODING_HEADER} is {SET_ENCODING!r}, not {encoding!r}")
-    least = 0 if update else 1
-    if not shape.isdigit() or int(shape) < least:
-        raise BadHeader(
-            f"{SHAPE_HEADER} of a blinded set is its element count >= {least}, not {shape!r}"
-        )
-    return int(shape)
-
-
-def _declared_signature(header: str | None) -> bytes | None:
-    """The X-Glasu-Signature header's bytes: only its form is checked (the parties verify it)."""
-    if header is None:
-        return None
-    try:
-        signature = bytes.fromhex(header)
-    except ValueError:
-        signature = b""
-    if len(signature) != SIGNATURE_BYTES:
-        raise BadHeader(
-            f"{SIGNATURE_HEADER} is an Ed25519 signature, {SIGNATURE_BYTES} bytes in hex, not "
-            f"{header[:140]!r}"
-        )
-    return signature
-
-
-def _check_body(body: bytes, size: int) -> None:
-    if len(body) != size * ELEMENT_BYTES:
-        raise BadPayload(
-            f"{size} elements take {size * ELEMENT_BYTES} bytes ({ELEMENT_BYTES} each), the body "
-            f"has {len(body)}"
-        )
-    try:
-        check_elements(unpack(body))
-    except ValueError as exc:
-        raise BadPayload(f"the blinded set is not usable: {exc}") from None
 
 
 def _owing(sets: list[SetRow], parties: int) -> list[int]:

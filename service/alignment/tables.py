@@ -8,8 +8,9 @@ An alignment keeps: its parties' token hashes; every blinded set a party posted,
 hop, in the parts it travelled in (each part's body and the poster's signature, if any, until
 the alignment is complete, then only their sizes and SHA-256s; a set counts as posted once all
 its parts are in); and, once complete, for each owner the aligned index of every position of
-the set it posted. No node id,
-and no value anyone could test an id against, is ever stored (docs/threat-model.md).
+the set it posted; a kept alignment keeps each owner's fully blinded set
+(``KEPT_SCHEMA``, :mod:`service.alignment.kept_tables`). No node id, and no value anyone could
+test an id against without every party's key, is ever stored (docs/threat-model.md).
 """
 
 from __future__ import annotations
