@@ -24,6 +24,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import httpx
 import numpy as np
@@ -46,6 +47,7 @@ from secure.wire.headers import ENCODING_HEADER, SHAPE_HEADER, SIGNATURE_HEADER
 
 log = logging.getLogger(__name__)
 
+Answer = TypeVar("Answer")
 POSITION_BYTES = 8  # little-endian int64: one aligned index per element posted
 
 
@@ -222,10 +224,7 @@ def align(
     try:
         own = blind_own_ids(key, client.alignment_id, [ids[row] for row in order], workers, bar)
         blinded = len(ids) + run_ring(client, signing, key, own, parties, workers, bar.update)
-        try:
-            positions = client.fetch_positions()
-        except ValueError as exc:
-            raise AlignmentFailed(f"the service's positions are not usable: {exc}") from None
+        positions = answered(client.fetch_positions, "positions")
     finally:
         bar.close()
     if positions.shape != (len(ids),):
@@ -259,6 +258,15 @@ def align(
         blinded=blinded,
     )
     return dataclasses.replace(outcome, kept=kept)
+
+
+def answered(fetch: Callable[[], Answer], what: str) -> Answer:
+    """``fetch()``, the service's answer at the end of an alignment; AlignmentFailed where it
+    is not usable."""
+    try:
+        return fetch()
+    except ValueError as exc:
+        raise AlignmentFailed(f"the service's {what} are not usable: {exc}") from None
 
 
 def checked_signing(signing: SetSigning | None, parties: int, party: int) -> SetSigning:

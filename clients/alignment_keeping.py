@@ -120,7 +120,7 @@ class KeptAlignment:
             )
 
     def placed(
-        self, *, alignment_id: str, kept_digest: str, aligned_nodes: int, keys: np.ndarray,
+        self, alignment_id: str, kept_digest: str, aligned_nodes: int, *, keys: np.ndarray,
         positions: np.ndarray, aligned: np.ndarray, updated: bool, blinded: int,
         order: np.ndarray | None = None,
     ) -> KeptAlignment:  # fmt: skip

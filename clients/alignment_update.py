@@ -24,6 +24,7 @@ from clients.alignment import (
     AlignmentClient,
     AlignmentFailed,
     AlignmentOutcome,
+    answered,
     blind_own_ids,
     checked_outcome,
     checked_signing,
@@ -70,10 +71,7 @@ def update_alignment(
         blinded = order.size + run_ring(
             client, signing, kept.key, own, parties, workers, bar.update
         )
-        try:
-            changes = client.fetch_changes()
-        except ValueError as exc:
-            raise AlignmentFailed(f"the service's changes are not usable: {exc}") from None
+        changes = answered(client.fetch_changes, "changes")
     finally:
         bar.close()
     status = client.status()
@@ -89,16 +87,10 @@ def update_alignment(
     rows = aligned[row_positions]
     outcome = checked_outcome(client, status, rows, own_size=order.size)
     updated = kept.placed(
-        alignment_id=client.alignment_id,
-        kept_digest=status.kept_digest,
-        aligned_nodes=outcome.aligned_nodes,
-        keys=delta.keys,
-        positions=row_positions,
-        aligned=aligned,
-        updated=True,
-        blinded=blinded,
-        order=delta.order,
-    )
+        client.alignment_id, status.kept_digest, outcome.aligned_nodes,
+        keys=delta.keys, positions=row_positions, aligned=aligned, updated=True,
+        blinded=blinded, order=delta.order,
+    )  # fmt: skip
     return dataclasses.replace(outcome, kept=updated)
 
 

@@ -32,11 +32,7 @@ class KeptTables:
         return [bytes(row[0]) for row in rows], [bytes(row[1]) for row in rows]
 
     def kept_elements(self, alignment_id: str, owner: int) -> bytes | None:
-        row = self._db.execute(
-            "SELECT elements FROM alignment_kept WHERE alignment_id = ? AND owner = ?",
-            (alignment_id, owner),
-        ).fetchone()
-        return bytes(row[0]) if row else None
+        return self._owners_blob("alignment_kept", "elements", alignment_id, owner)
 
     def drop_kept(self, alignment_id: str) -> None:
         self._db.execute("DELETE FROM alignment_kept WHERE alignment_id = ?", (alignment_id,))
@@ -60,8 +56,11 @@ class KeptTables:
         )
 
     def changes(self, alignment_id: str, owner: int) -> bytes | None:
+        return self._owners_blob("alignment_changes", "body", alignment_id, owner)
+
+    def _owners_blob(self, table: str, column: str, alignment_id: str, owner: int) -> bytes | None:
         row = self._db.execute(
-            "SELECT body FROM alignment_changes WHERE alignment_id = ? AND owner = ?",
+            f"SELECT {column} FROM {table} WHERE alignment_id = ? AND owner = ?",
             (alignment_id, owner),
         ).fetchone()
         return bytes(row[0]) if row else None
