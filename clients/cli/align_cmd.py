@@ -422,7 +422,12 @@ def describe(status: dict) -> str:
         f"{s['hops']}/{status['parties']} blindings"
         for s in status["sets"]
     )
-    line = f"alignment {status['alignment_id']} ({status.get('label') or 'no label'}): "
+    line = f"alignment {status['alignment_id']} ({status.get('label') or 'no label'}"
+    if status.get("base"):
+        line += f"; an update of {status['base']}"
+    elif status.get("keep"):
+        line += "; kept"
+    line += "): "
     line += f"{status['state']}; {sets}"
     if status["state"] == "done" and status.get("nodes") == "union":
         line += (

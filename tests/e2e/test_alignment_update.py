@@ -63,3 +63,4 @@ def test_a_deployed_update_aligns_as_a_fresh_alignment_of_the_same_tables(
     assert "give --realign to replace it" in capsys.readouterr().err
     assert main(["align", "status", "--server", server["url"], "--alignment", first,
                  "--token-file", server["token_file"]]) == 0  # fmt: skip
+    assert f"alignment {first} (no label; kept): done" in capsys.readouterr().out
