@@ -23,6 +23,7 @@ from clients.admin import AdminClient
 from clients.alignment import AlignmentClient, AlignmentOutcome, align
 from clients.alignment_keeping import (
     KeptAlignment,
+    KeptAlignmentError,
     check_one_federation,
     kept_location,
     read_kept,
@@ -31,7 +32,7 @@ from clients.alignment_keeping import (
 from clients.alignment_signing import SetSigning
 from clients.alignment_update import update_alignment
 from clients.local.asgi import InProcessTransport
-from clients.service_http import ConnectionOptions
+from clients.service_http import ConnectionOptions, ServiceError
 
 BASE_URL = "http://glasu.inprocess"
 PEER_WAIT_SECONDS = 120.0  # the parties are threads of this process: none is ever far behind
@@ -175,16 +176,25 @@ def align_keeping(
         note = "a fresh alignment with new keys (the union is aligned afresh every time)"
     if kept is None:
         database.unlink(missing_ok=True)  # a fresh alignment: what the service kept is moot
-    outcomes = align_in_process(
-        party_ids,
-        seed=seed,
-        nodes=nodes,
-        progress=progress,
-        kept=kept,
-        keep=nodes == "intersection",
-        now=now,
-        database=database,
-    )
+    try:
+        outcomes = align_in_process(
+            party_ids,
+            seed=seed,
+            nodes=nodes,
+            progress=progress,
+            kept=kept,
+            keep=nodes == "intersection",
+            now=now,
+            database=database,
+        )
+    except ServiceError as exc:
+        if kept is None or exc.status not in (404, 409):
+            raise
+        raise KeptAlignmentError(
+            f"the service's database {database} cannot update the kept alignment "
+            f"{kept[0].alignment_id} ({exc.problem.get('detail', exc)}): realign (--realign) to "
+            "start afresh"
+        ) from None
     for path, outcome in zip(paths, outcomes, strict=True):
         if outcome.kept is not None:
             write_kept(outcome.kept, path)

@@ -236,3 +236,15 @@ def test_ids_that_differ_only_by_trailing_nul_are_told_apart() -> None:
     delta = kept.delta(["a\x00", "a"])
     assert delta.added_rows.tolist() == [0] and delta.row_positions.tolist() == [-1, 0]
     assert delta.removed_positions.size == 0
+
+
+def test_a_lost_service_database_is_refused_with_the_way_out(tmp_path: Path) -> None:
+    from clients.local.alignment import service_database
+
+    parties = folders(tmp_path)
+    align_keeping(parties, TABLES, seed=3, now=START)
+    service_database(parties[0] / KEPT_FILE).unlink()
+    with pytest.raises(KeptAlignmentError, match=r"cannot update the kept alignment .* realign"):
+        align_keeping(parties, updated(TABLES), seed=3, now=START + DAY)
+    _, note = align_keeping(parties, updated(TABLES), seed=3, now=START + DAY, realign=True)
+    assert note.startswith("a fresh alignment with new keys (--realign)")
