@@ -7,7 +7,8 @@ Then, for hops 1..M-1, it fetches the set of party m - h blinded by parties m - 
 checks it (signed by party m - 1 when given peer keys, distinct canonical elements, the size its
 owner declared: a service that deviates could otherwise hand it guessed ids to blind), blinds it
 in place (the order stays, so that its owner can find its rows again) and posts it, signed when
-given a signing key (``clients/alignment_signing.py``).
+given a signing key (``clients/alignment_signing.py``; the ring's turns are
+``clients/alignment_ring.py``).
 Last it fetches, for each position of the set it posted, the index of that id in the aligned
 node index (-1 where not every party holds it), and undoes its permutation. An update of a kept
 alignment runs the same ring over the parties' deltas only (``clients/alignment_update.py``).
@@ -31,15 +32,15 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from clients.alignment_keeping import KeptAlignment, id_keys
-from clients.alignment_signing import SetSigning, SetSlot
+from clients.alignment_ring import AlignmentFailed, checked_signing, declared_set, run_ring
+from clients.alignment_signing import SetSigning
 from clients.cores import available_cores
 from clients.service_http import ConnectionOptions, PeerConnection
-from secure.psi import ELEMENT_BYTES, BlindingKey, check_elements, pack, unpack
+from secure.psi import ELEMENT_BYTES, BlindingKey
 from secure.wire.alignment import (
     SET_ENCODING,
     AlignmentChanges,
     AlignmentStatus,
-    SetProgress,
     set_part_span,
     set_parts,
 )
@@ -49,10 +50,6 @@ log = logging.getLogger(__name__)
 
 Answer = TypeVar("Answer")
 POSITION_BYTES = 8  # little-endian int64: one aligned index per element posted
-
-
-class AlignmentFailed(RuntimeError):
-    """The alignment finished without a usable shared node index."""
 
 
 @dataclass(frozen=True)
@@ -269,15 +266,6 @@ def answered(fetch: Callable[[], Answer], what: str) -> Answer:
         raise AlignmentFailed(f"the service's {what} are not usable: {exc}") from None
 
 
-def checked_signing(signing: SetSigning | None, parties: int, party: int) -> SetSigning:
-    signing = signing or SetSigning()
-    try:
-        signing.check_ring(parties, party)
-    except ValueError as exc:
-        raise AlignmentFailed(str(exc)) from None
-    return signing
-
-
 def progress_bar(total: int, party: int, progress: bool) -> tqdm:
     return tqdm(
         total=total,
@@ -297,42 +285,6 @@ def blind_own_ids(
     for chunk in key.blind_ids(domain, ids, workers=workers):
         blinded.extend(chunk)
         bar.update(len(chunk))
-    return blinded
-
-
-def run_ring(
-    client: AlignmentClient,
-    signing: SetSigning,
-    key: BlindingKey,
-    own: list[bytes],
-    parties: int,
-    workers: int,
-    done: Callable[[int], object],
-) -> int:
-    """Post this party's set (``own``: its blinded elements in the order posted) at hop 0,
-    then blind what the ring relays at hops 1..M-1, each set checked first (signed by its
-    poster given peer keys, the size declared, distinct canonical elements); the
-    exponentiations it took."""
-    m = client.party
-
-    def post(owner: int, hop: int, elements: list[bytes]) -> None:
-        body = pack(elements)
-        slot = SetSlot(client.alignment_id, parties, owner, hop)
-        client.post_set(owner, hop, body, signature=signing.sign(slot, body))
-
-    post(m, 0, own)
-    blinded = 0
-    for hop in range(1, parties):
-        slot = SetSlot(client.alignment_id, parties, (m - hop) % parties, hop - 1)
-        received = _relayed(client, signing, slot)
-        try:
-            check_elements(received)
-        except ValueError as exc:
-            raise _not_blinding(slot, exc) from None
-        fresh = key.blind_elements(received, workers=workers)
-        post(slot.owner, hop, [element for chunk in fresh for element in chunk])
-        blinded += len(received)
-        done(len(received))
     return blinded
 
 
@@ -384,51 +336,9 @@ def check_distinct(ids: Sequence[str]) -> None:
         seen.add(node)
 
 
-def _relayed(client: AlignmentClient, signing: SetSigning, slot: SetSlot) -> list[bytes]:
-    """The set at ``slot``, once it is sure to be worth blinding: signed by the party that
-    posted it (given peer keys), as many elements as the status declares for its owner (that they
-    are distinct and canonical, :func:`run_ring` checks). A service that deviates
-    could otherwise have guessed ids blinded."""
-    try:
-        relayed = client.fetch_set(slot.owner, slot.hop)
-        signing.verify(slot, relayed.body, relayed.signature)
-        elements = unpack(relayed.body)
-        _check_declared(client.status(), slot, len(elements))
-    except ValueError as exc:
-        raise _not_blinding(slot, exc) from None
-    return elements
-
-
-def _not_blinding(slot: SetSlot, exc: ValueError) -> AlignmentFailed:
-    return AlignmentFailed(
-        f"the service relayed hop {slot.hop} of party {slot.owner}'s set to blind, and "
-        f"{exc}: not blinding it"
-    )
-
-
-def _declared(status: AlignmentStatus, owner: int) -> SetProgress:
-    declared = {s.owner: s for s in status.sets}.get(owner)
-    if declared is None:
-        raise ValueError(f"the status declares no set of party {owner}")
-    return declared
-
-
-def _check_declared(status: AlignmentStatus, slot: SetSlot, size: int) -> None:
-    """What the status says of the set's owner: its hop-0 size and that hop ``slot.hop`` is in.
-    Only consistency (the service writes the status), which the owner checks in turn."""
-    declared = _declared(status, slot.owner)
-    if declared.size != size:
-        raise ValueError(
-            f"it has {size} elements where the status declares {declared.size} for party "
-            f"{slot.owner}'s set"
-        )
-    if declared.hops <= slot.hop:
-        raise ValueError(f"the status shows only {declared.hops} hops of it posted")
-
-
 def _check_own_size(status: AlignmentStatus, party: int, size: int) -> None:
     try:
-        declared = _declared(status, party).size
+        declared = declared_set(status, party).size
     except ValueError as exc:
         raise AlignmentFailed(str(exc)) from None
     if declared != size:

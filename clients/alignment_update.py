@@ -22,16 +22,14 @@ import numpy as np
 
 from clients.alignment import (
     AlignmentClient,
-    AlignmentFailed,
     AlignmentOutcome,
     answered,
     blind_own_ids,
     checked_outcome,
-    checked_signing,
     progress_bar,
-    run_ring,
 )
 from clients.alignment_keeping import KeptAlignment
+from clients.alignment_ring import AlignmentFailed, checked_signing, run_ring
 from clients.alignment_signing import SetSigning
 from clients.cores import available_cores
 from secure.wire.alignment import AlignmentStatus
