@@ -16,6 +16,17 @@ from clients.cli.connection import read_token
 from clients.cli.errors import EXIT_PEERS_MISSING, CliError, failing_as
 from clients.cli.keyfiles import read_key_bytes
 
+OUTCOME_FIELDS = (
+    "alignment_id",
+    "party",
+    "parties",
+    "digest",
+    "rows",
+    "seed",
+    "nodes",
+    "aligned_nodes",
+)
+
 if TYPE_CHECKING:
     from clients.alignment import AlignmentClient, AlignmentOutcome
     from clients.alignment_signing import SetSigning
@@ -73,16 +84,8 @@ def run_party(args: argparse.Namespace) -> int:
             f"kept in {kept_path} ({outcome.kept.blinded_last} blindings here; update "
             f"{outcome.kept.updates} of its keys)"
         )
-    alignment = deployed_alignment(
-        alignment_id=outcome.alignment_id,
-        party=outcome.party,
-        parties=outcome.parties,
-        digest=outcome.digest,
-        rows=outcome.rows,
-        seed=outcome.seed,
-        nodes=outcome.nodes,
-        aligned_nodes=outcome.aligned_nodes,
-    )
+    # the folder's alignment is the outcome's fields of the same names
+    alignment = deployed_alignment(**{name: getattr(outcome, name) for name in OUTCOME_FIELDS})
     with failing_as(f"cannot write the alignment into {args.data}"):
         write_alignment(alignment, args.data)
     unlabelled = int((data.labels[outcome.rows >= 0] == NO_LABEL).sum())
