@@ -7,35 +7,40 @@ Then, for hops 1..M-1, it fetches the set of party m - h blinded by parties m - 
 checks it (signed by party m - 1 when given peer keys, distinct canonical elements, the size its
 owner declared: a service that deviates could otherwise hand it guessed ids to blind), blinds it
 in place (the order stays, so that its owner can find its rows again) and posts it, signed when
-given a signing key (``clients/alignment_signing.py``).
+given a signing key (``clients/alignment_signing.py``; the ring's turns are
+``clients/alignment_ring.py``).
 Last it fetches, for each position of the set it posted, the index of that id in the aligned
-node index (-1 where not every party holds it), and undoes its permutation. The ids, their
-hashes and anything blinded by fewer than all keys never reach anyone who could test an id
-against them (against a service that deviates, only with signatures: docs/threat-model.md);
-node ids never leave this process.
+node index (-1 where not every party holds it), and undoes its permutation. An update of a kept
+alignment runs the same ring over the parties' deltas only (``clients/alignment_update.py``).
+The ids, their hashes and anything blinded by fewer than all keys never reach anyone who could
+test an id against them (against a service that deviates, only with signatures:
+docs/threat-model.md); node ids never leave this process.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import httpx
 import numpy as np
 from tqdm.auto import tqdm
 
-from clients.alignment_keeping import KeptAlignment, RunBlinding
-from clients.alignment_signing import SetSigning, SetSlot
+from clients.alignment_keeping import KeptAlignment, id_keys
+from clients.alignment_ring import AlignmentFailed, checked_signing, declared_set, run_ring
+from clients.alignment_signing import SetSigning
 from clients.cores import available_cores
 from clients.service_http import ConnectionOptions, PeerConnection
-from secure.psi import ELEMENT_BYTES, BlindingKey, pack, unpack
+from secure.psi import ELEMENT_BYTES, BlindingKey
 from secure.wire.alignment import (
     SET_ENCODING,
+    AlignmentChanges,
     AlignmentStatus,
-    SetProgress,
     set_part_span,
     set_parts,
 )
@@ -43,11 +48,8 @@ from secure.wire.headers import ENCODING_HEADER, SHAPE_HEADER, SIGNATURE_HEADER
 
 log = logging.getLogger(__name__)
 
+Answer = TypeVar("Answer")
 POSITION_BYTES = 8  # little-endian int64: one aligned index per element posted
-
-
-class AlignmentFailed(RuntimeError):
-    """The alignment finished without a usable shared node index."""
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,20 @@ class AlignmentClient(PeerConnection):
         body = b"".join(part.content for part in parts)
         return np.frombuffer(body, dtype="<i8").astype(np.int64)
 
+    def post_removed(self, positions: np.ndarray) -> None:
+        """An update's removed positions of this party's kept set (int64 each)."""
+        self._request(
+            "PUT",
+            f"{self._party_path}/removed",
+            content=np.asarray(positions, dtype="<i8").tobytes(),
+            headers={"Content-Type": "application/octet-stream"},
+        )
+
+    def fetch_changes(self) -> AlignmentChanges:
+        """What an update changed for this party (long-polled)."""
+        response = self._wait_for(f"{self._party_path}/changes")
+        return AlignmentChanges.model_validate_json(response.content)
+
     def _spans(self, size: int) -> list[range]:
         part_elements = self.part_elements
         parts = set_parts(size, part_elements)
@@ -174,77 +190,38 @@ def align(
     signing: SetSigning | None = None,
     progress: bool = False,
     workers: int | None = None,
-    kept: KeptAlignment | None = None,
     keep: bool = False,
     now: float | None = None,
 ) -> AlignmentOutcome:
-    """Run this party's side of the alignment over ``ids`` (its own node ids, distinct, in row
-    order) and return where each row sits in the aligned node index. ``signing``: sign the sets
-    posted and, given peer keys, blind only sets the peer posted. ``workers``: processes that
-    blind (default: the cores available). ``kept``: this party's kept alignment
-    (``clients/alignment_keeping.py``): its key and hash domain, and only what it did not blind
-    before is blinded. With ``kept`` or ``keep``, the outcome's ``kept`` is the alignment to keep
-    (made at ``now``, seconds since the epoch, when none is given); else None, and nothing is
-    remembered (a fresh alignment that is not kept builds no lookup of what it blinded)."""
+    """Run this party's side of a fresh alignment over ``ids`` (its own node ids, distinct, in
+    row order) and return where each row sits in the aligned node index. ``signing``: sign the
+    sets posted and, given peer keys, blind only sets the peer posted. ``workers``: processes
+    that blind (default: the cores available). ``keep``: the service keeps the alignment (it was
+    created with keep) and the outcome's ``kept`` is what this party keeps for an update
+    (``clients/alignment_update.py``), made at ``now`` (seconds since the epoch)."""
     workers = available_cores() if workers is None else workers
-    _check_distinct(ids)
+    check_distinct(ids)
     status = client.status()
     parties, m = status.parties, client.party
-    if kept is not None:
-        try:
-            kept.check_fits(parties=parties, party=m, where="the kept alignment given")
-        except ValueError as exc:
-            raise AlignmentFailed(str(exc)) from None
-    blinding = RunBlinding(
-        kept
-        or KeptAlignment.with_key(
-            key or BlindingKey(),
-            domain=client.alignment_id,
-            parties=parties,
-            party=m,
-            now=time.time() if now is None else now,
-        ),
-        workers=workers,
-        remember=kept is not None or keep,
-    )
-    signing = signing or SetSigning()
-    try:
-        signing.check_ring(parties, m)
-    except ValueError as exc:
-        raise AlignmentFailed(str(exc)) from None
+    if status.base is not None:
+        raise AlignmentFailed(
+            f"alignment {client.alignment_id} updates alignment {status.base}: take part with "
+            "this party's kept alignment of it"
+        )
+    if keep and not status.keep:
+        raise AlignmentFailed(
+            f"alignment {client.alignment_id} was not created to be kept (keep): the service "
+            "will not keep it, so it could not be updated"
+        )
+    key = key or BlindingKey()
+    signing = checked_signing(signing, parties, m)
     order = list(range(len(ids)))
     random.SystemRandom().shuffle(order)  # positions reveal nothing about the ids
-    bar = tqdm(
-        total=len(ids) * parties,
-        desc=f"alignment (party {m})",
-        unit=" ids",
-        unit_scale=True,
-        disable=not progress,
-        leave=False,
-    )
-
-    def post(owner: int, hop: int, elements: list[bytes]) -> None:
-        body = pack(elements)
-        slot = SetSlot(client.alignment_id, parties, owner, hop)
-        client.post_set(owner, hop, body, signature=signing.sign(slot, body))
-
+    bar = progress_bar(len(ids) * parties, m, progress)
     try:
-        shuffled = [ids[row] for row in order]
-        post(m, 0, blinding.own(shuffled, done=bar.update))
-        del shuffled
-        for hop in range(1, parties):
-            slot = SetSlot(client.alignment_id, parties, (m - hop) % parties, hop - 1)
-            received = _relayed(client, signing, slot)
-            try:
-                posted = blinding.relayed(hop, received)
-            except ValueError as exc:
-                raise _not_blinding(slot, exc) from None
-            post(slot.owner, hop, posted)
-            bar.update(len(ids))
-        try:
-            positions = client.fetch_positions()
-        except ValueError as exc:
-            raise AlignmentFailed(f"the service's positions are not usable: {exc}") from None
+        own = blind_own_ids(key, client.alignment_id, [ids[row] for row in order], workers, bar)
+        blinded = len(ids) + run_ring(client, signing, key, own, parties, workers, bar.update)
+        positions = answered(client.fetch_positions, "positions")
     finally:
         bar.close()
     if positions.shape != (len(ids),):
@@ -254,7 +231,70 @@ def align(
     rows = np.empty(len(ids), dtype=np.int64)
     rows[np.asarray(order, dtype=np.int64)] = positions
     status = client.status()
-    _check_own_size(status, m, len(ids))
+    outcome = checked_outcome(client, status, rows, own_size=len(ids))
+    if not keep:
+        return outcome
+    if status.kept_digest is None:
+        raise AlignmentFailed("the service answered without keeping the alignment it was to keep")
+    row_positions = np.empty(len(ids), dtype=np.int64)
+    row_positions[np.asarray(order, dtype=np.int64)] = np.arange(len(ids))
+    kept = KeptAlignment.with_key(
+        key,
+        domain=client.alignment_id,
+        parties=parties,
+        party=m,
+        now=time.time() if now is None else now,
+    ).placed(
+        alignment_id=client.alignment_id,
+        kept_digest=status.kept_digest,
+        aligned_nodes=outcome.aligned_nodes,
+        keys=id_keys(ids),
+        positions=row_positions,
+        aligned=positions,
+        updated=False,
+        blinded=blinded,
+    )
+    return dataclasses.replace(outcome, kept=kept)
+
+
+def answered(fetch: Callable[[], Answer], what: str) -> Answer:
+    """``fetch()``, the service's answer at the end of an alignment; AlignmentFailed where it
+    is not usable."""
+    try:
+        return fetch()
+    except ValueError as exc:
+        raise AlignmentFailed(f"the service's {what} are not usable: {exc}") from None
+
+
+def progress_bar(total: int, party: int, progress: bool) -> tqdm:
+    return tqdm(
+        total=total,
+        desc=f"alignment (party {party})",
+        unit=" ids",
+        unit_scale=True,
+        disable=not progress,
+        leave=False,
+    )
+
+
+def blind_own_ids(
+    key: BlindingKey, domain: str, ids: Sequence[str], workers: int, bar: tqdm
+) -> list[bytes]:
+    """Each id hashed under ``domain`` and blinded, in order."""
+    blinded: list[bytes] = []
+    for chunk in key.blind_ids(domain, ids, workers=workers):
+        blinded.extend(chunk)
+        bar.update(len(chunk))
+    return blinded
+
+
+def checked_outcome(
+    client: AlignmentClient, status: AlignmentStatus, rows: np.ndarray, *, own_size: int
+) -> AlignmentOutcome:
+    """The outcome of ``rows`` (each own row's aligned index), checked against the status:
+    this party's set of ``own_size`` declared, done, a shared node, one to one."""
+    m = client.party
+    _check_own_size(status, m, own_size)
     nodes = status.nodes
     if status.aligned_nodes is None or status.digest is None:
         raise AlignmentFailed("the service answered the positions before the alignment was done")
@@ -264,12 +304,12 @@ def align(
     shared = mine.size if status.shared_nodes is None else status.shared_nodes
     if shared == 0:
         raise AlignmentFailed(
-            f"the {parties} parties share no node id, so there is nothing to train on. Check "
-            "that every party took its ids from the same kind of column and writes them the "
-            "same way (ids are compared as text: '42' and '042' differ)"
+            f"the {status.parties} parties share no node id, so there is nothing to train on. "
+            "Check that every party took its ids from the same kind of column and writes them "
+            "the same way (ids are compared as text: '42' and '042' differ)"
         )
     one_to_one = np.unique(mine).size == mine.size and np.all(mine < aligned)
-    covered = mine.size == len(ids) if nodes == "union" else mine.size == aligned
+    covered = mine.size == rows.size if nodes == "union" else mine.size == aligned
     if not (one_to_one and covered):
         raise AlignmentFailed(
             f"the positions do not map this party's ids one to one onto the {aligned} aligned "
@@ -278,18 +318,17 @@ def align(
     return AlignmentOutcome(
         alignment_id=client.alignment_id,
         party=m,
-        parties=parties,
+        parties=status.parties,
         seed=status.seed,
         rows=rows,
         aligned_nodes=aligned,
         digest=status.digest,
         nodes=nodes,
         shared_nodes=shared,
-        kept=blinding.result(updated=kept is not None) if blinding.remember else None,
     )
 
 
-def _check_distinct(ids: Sequence[str]) -> None:
+def check_distinct(ids: Sequence[str]) -> None:
     seen: set[str] = set()
     for node in ids:
         if node in seen:
@@ -297,51 +336,9 @@ def _check_distinct(ids: Sequence[str]) -> None:
         seen.add(node)
 
 
-def _relayed(client: AlignmentClient, signing: SetSigning, slot: SetSlot) -> list[bytes]:
-    """The set at ``slot``, once it is sure to be worth blinding: signed by the party that
-    posted it (given peer keys), as many elements as the status declares for its owner (that they
-    are distinct and canonical, :meth:`RunBlinding.relayed` checks). A service that deviates
-    could otherwise have guessed ids blinded."""
-    try:
-        relayed = client.fetch_set(slot.owner, slot.hop)
-        signing.verify(slot, relayed.body, relayed.signature)
-        elements = unpack(relayed.body)
-        _check_declared(client.status(), slot, len(elements))
-    except ValueError as exc:
-        raise _not_blinding(slot, exc) from None
-    return elements
-
-
-def _not_blinding(slot: SetSlot, exc: ValueError) -> AlignmentFailed:
-    return AlignmentFailed(
-        f"the service relayed hop {slot.hop} of party {slot.owner}'s set to blind, and "
-        f"{exc}: not blinding it"
-    )
-
-
-def _declared(status: AlignmentStatus, owner: int) -> SetProgress:
-    declared = {s.owner: s for s in status.sets}.get(owner)
-    if declared is None:
-        raise ValueError(f"the status declares no set of party {owner}")
-    return declared
-
-
-def _check_declared(status: AlignmentStatus, slot: SetSlot, size: int) -> None:
-    """What the status says of the set's owner: its hop-0 size and that hop ``slot.hop`` is in.
-    Only consistency (the service writes the status), which the owner checks in turn."""
-    declared = _declared(status, slot.owner)
-    if declared.size != size:
-        raise ValueError(
-            f"it has {size} elements where the status declares {declared.size} for party "
-            f"{slot.owner}'s set"
-        )
-    if declared.hops <= slot.hop:
-        raise ValueError(f"the status shows only {declared.hops} hops of it posted")
-
-
 def _check_own_size(status: AlignmentStatus, party: int, size: int) -> None:
     try:
-        declared = _declared(status, party).size
+        declared = declared_set(status, party).size
     except ValueError as exc:
         raise AlignmentFailed(str(exc)) from None
     if declared != size:

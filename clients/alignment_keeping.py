@@ -1,15 +1,17 @@
-"""A kept alignment: what one party keeps of an alignment so that the next one blinds only the ids
-added since (docs/data.md, "Scoring new customers"; docs/threat-model.md, "Entity alignment").
+"""A kept alignment: what one party keeps of an alignment so that the next one, an update, costs
+only the ids added or removed since (docs/data.md, "The kept alignment"; docs/protocol.md,
+"Alignment updates"; docs/threat-model.md, "Entity alignment").
 
 The private set intersection (``clients/alignment.py``) costs one libsodium exponentiation per id
-per party and hop. With a fresh secret key every time, scoring 50 new customers re-blinds every
-table. A party that keeps its key instead (and the hash domain: the first alignment's id) turns
-every id it blinded before into the same element again, so it keeps what it computed: its own
-ids' blinded elements and, for each hop it blinds, each element it received with the element it
-posted back. The next alignment runs the same ring over the parties' whole current tables, with
-the same messages and checks, but a party looks up what it blinded before and blinds only the
-rest: the ids added since, at every hop. The ids removed since are simply absent from its
-tables, and their memories are dropped. The outcome is the alignment of the current tables.
+per party and hop. A party that keeps its secret key and the hash domain (the first alignment's
+id) turns every id it blinds again into the same element; the service keeps every owner's fully
+blinded set of a kept alignment (``service/alignment/incremental.py``). An update then moves only
+deltas: each party blinds the ids it added (and the others' added ids, around the ring) and posts
+the positions of its kept set whose ids it removed; the service answers what changed. So a party
+keeps, besides its key: the last alignment's id and the service's digest of what it keeps of it
+(the next update's base must match both), the aligned index's size, and its own per-position
+map: its ids (sorted, with their kept positions) and each position's aligned index (-1: not
+shared, or a hole where an id was removed). Every lookup is a numpy search over sorted arrays.
 
 The kept file (:func:`kept_location`: with the organisation's ledger, or ``alignment.kept`` in
 the party's own folder; mode 0600) holds the secret scalar
@@ -26,7 +28,7 @@ import hashlib
 import hmac
 import io
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,70 +36,41 @@ import numpy as np
 
 from secure.files import FileFormat, atomic_write
 from secure.masking.secret_material import SecretBytes
-from secure.psi import ELEMENT_BYTES, BlindingKey, check_elements
+from secure.psi import BlindingKey
+from secure.wire.alignment import AlignmentChanges
 
 KEPT_FILE = "alignment.kept"
-KEPT_FORMAT = FileFormat("glasu-kept-alignment", 1, "glasu kept alignment")
+KEPT_FORMAT = FileFormat("glasu-kept-alignment", 2, "glasu kept alignment")
 SCALAR_KIND = "alignment blinding scalar"
 MAX_UPDATES = 30  # updates under one key before the next alignment is a fresh one
 MAX_AGE_SECONDS = 30 * 24 * 3600.0  # the same, for the key's age
 _TAG_PERSON = b"glasu-kept-tag"  # blake2b personalisation of the file's MAC key
-_ELEMENT = f"S{ELEMENT_BYTES}"  # numpy bytes: equal, ordered and looked up as the 32 bytes
 
 
 class KeptAlignmentError(ValueError):
     """A kept alignment that cannot be used (its message names the file)."""
 
 
-def _elements(values: Sequence[bytes]) -> np.ndarray:
-    return np.frombuffer(b"".join(values), dtype=_ELEMENT) if values else np.empty(0, _ELEMENT)
-
-
-def _id_key(node: str) -> bytes:
-    """An id as numpy bytes compare it: numpy drops trailing NULs, so a last byte that is none
-    keeps "a" and "a\\0" apart."""
-    return node.encode("utf-8") + b"."
-
-
-def _as_list(array: np.ndarray) -> list[bytes]:
-    raw = np.ascontiguousarray(array, dtype=_ELEMENT).tobytes()
-    return [raw[i : i + ELEMENT_BYTES] for i in range(0, len(raw), ELEMENT_BYTES)]
+def id_keys(ids: Sequence[str]) -> np.ndarray:
+    """The ids as numpy bytes, compared and searched as their UTF-8: numpy drops trailing NULs,
+    so a last byte that is none keeps "a" and "a\\0" apart."""
+    return np.array([node.encode("utf-8") + b"." for node in ids], dtype=bytes)
 
 
 @dataclass(frozen=True)
-class Memory:
-    """Inputs (sorted, distinct) and what this party's key made of each."""
+class Delta:
+    """A party's current ids against its kept alignment."""
 
-    inputs: np.ndarray
-    outputs: np.ndarray
-
-    @classmethod
-    def empty(cls, dtype: str = _ELEMENT) -> Memory:
-        return cls(np.empty(0, dtype), np.empty(0, _ELEMENT))
-
-    @classmethod
-    def of(cls, inputs: np.ndarray, outputs: np.ndarray) -> Memory:
-        order = np.argsort(inputs, kind="stable")
-        return cls(inputs[order], outputs[order])
-
-    @property
-    def distinct(self) -> bool:
-        return not (self.inputs[1:] == self.inputs[:-1]).any()
-
-    def lookup(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(found, outputs): which queries it holds, and their outputs (zeros elsewhere)."""
-        outputs = np.zeros(queries.size, dtype=_ELEMENT)
-        if not self.inputs.size or not queries.size:
-            return np.zeros(queries.size, dtype=bool), outputs
-        at = np.minimum(np.searchsorted(self.inputs, queries), self.inputs.size - 1)
-        found = self.inputs[at] == queries
-        outputs[found] = self.outputs[at[found]]
-        return found, outputs
+    added_rows: np.ndarray  # rows of the current ids that the kept alignment does not hold
+    removed_positions: np.ndarray  # kept positions whose ids are gone (sorted)
+    row_positions: np.ndarray  # each current row's kept position (-1: added)
+    keys: np.ndarray  # each current row's id key
+    order: np.ndarray  # the rows by key (``keys[order]`` sorted)
 
 
 @dataclass
 class KeptAlignment:
-    """One party's kept alignment: its key, the hash domain and what it blinded last time."""
+    """One party's kept alignment: its key, the hash domain, and its per-position map."""
 
     domain: str  # the id of the alignment that made the keys: every id is hashed under it
     parties: int
@@ -105,8 +78,12 @@ class KeptAlignment:
     scalar: SecretBytes
     created_at: float  # when the key was made (seconds since the epoch)
     updates: int = 0  # alignments run with it after the one that made it
-    own: Memory = field(default_factory=lambda: Memory.empty("S1"), repr=False)  # id -> blinded
-    hops: list[Memory] = field(default_factory=list, repr=False)  # hop 1..M-1: received -> posted
+    alignment_id: str = ""  # the last alignment: the next update's base
+    kept_digest: str = ""  # the service's digest of what it keeps of that one
+    aligned_nodes: int = 0
+    ids: np.ndarray = field(default_factory=lambda: np.empty(0, "S1"), repr=False)  # sorted
+    id_positions: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64), repr=False)
+    aligned: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64), repr=False)
     blinded_last: int = 0  # exponentiations the last alignment took here (not kept on disk)
 
     @classmethod
@@ -142,84 +119,97 @@ class KeptAlignment:
                 f"party {party} of {parties}: each party keeps its own (or realign)"
             )
 
-
-class RunBlinding:
-    """One alignment's blinding at one party, through its kept alignment: what it blinded before
-    is looked up, the rest blinded with its key; what this run blinded becomes the new memory."""
-
-    def __init__(self, kept: KeptAlignment, *, workers: int, remember: bool = True) -> None:
-        self.kept = kept
-        self.key = kept.key
-        self.workers = workers
-        # False: an alignment nobody keeps (a fresh one's memory is empty): no lookup, no memory
-        self.remember = remember
-        self.blinded = 0
-        self._own = Memory.empty("S1")
-        self._hops: dict[int, Memory] = {}
-
-    def own(
-        self, ids: Sequence[str], *, done: Callable[[int], object] = lambda n: None
-    ) -> list[bytes]:
-        """Each id hashed under the kept domain and blinded, in order; ``done(n)`` as each n
-        are (for a progress bar)."""
-        if not self.remember:
-            blinded = []
-            for chunk in self.key.blind_ids(self.kept.domain, ids, workers=self.workers):
-                blinded.extend(chunk)
-                done(len(chunk))
-            self.blinded += len(ids)
-            return blinded
-        queries = np.array([_id_key(node) for node in ids], dtype=bytes)
-        found, outputs = self.kept.own.lookup(queries)
-        missing = np.flatnonzero(~found)
-        done(len(ids) - missing.size)
-        fresh: list[bytes] = []
-        for chunk in self.key.blind_ids(
-            self.kept.domain, [ids[i] for i in missing], workers=self.workers
-        ):
-            fresh.extend(chunk)
-            done(len(chunk))
-        if missing.size:
-            outputs[missing] = _elements(fresh)
-            self.blinded += missing.size
-        self._own = Memory.of(queries, outputs)
-        return _as_list(outputs)
-
-    def relayed(self, hop: int, elements: Sequence[bytes]) -> list[bytes]:
-        """Each element of a set received at ``hop`` blinded, in order, after the checks of
-        :func:`secure.psi.check_elements` (an element it blinded before was checked then: only
-        its distinctness is checked again)."""
-        if not self.remember:
-            check_elements(elements)
-            self.blinded += len(elements)
-            fresh = self.key.blind_elements(elements, workers=self.workers)
-            return [element for chunk in fresh for element in chunk]
-        queries = _elements(elements)
-        memory = self.kept.hops[hop - 1] if hop - 1 < len(self.kept.hops) else Memory.empty()
-        found, outputs = memory.lookup(queries)
-        missing = np.flatnonzero(~found)
-        if missing.size:
-            new = [elements[i] for i in missing]
-            check_elements(new)
-            fresh = self.key.blind_elements(new, workers=self.workers)
-            outputs[missing] = _elements([e for chunk in fresh for e in chunk])
-            self.blinded += missing.size
-        self._hops[hop] = Memory.of(queries, outputs)
-        if not self._hops[hop].distinct:
-            check_elements(elements)  # it names the element found twice
-        return _as_list(outputs)
-
-    def result(self, *, updated: bool) -> KeptAlignment:
-        """The kept alignment after this run (``updated``: it ran on a kept one)."""
-        if not self.remember:
-            raise ValueError("this alignment's blinding was not remembered: nothing to keep")
+    def placed(
+        self, alignment_id: str, kept_digest: str, aligned_nodes: int, *, keys: np.ndarray,
+        positions: np.ndarray, aligned: np.ndarray, updated: bool, blinded: int,
+        order: np.ndarray | None = None,
+    ) -> KeptAlignment:  # fmt: skip
+        """This kept alignment after an alignment that placed ``keys`` (each id's key) at
+        kept ``positions``, whose aligned index per position is ``aligned``; ``order``: the
+        keys' sorting order, where known."""
+        order = np.argsort(keys, kind="stable") if order is None else order
         return dataclasses.replace(
-            self.kept,
-            updates=self.kept.updates + 1 if updated else 0,
-            own=self._own,
-            hops=[self._hops.get(hop, Memory.empty()) for hop in range(1, self.kept.parties)],
-            blinded_last=self.blinded,
+            self,
+            updates=self.updates + 1 if updated else 0,
+            alignment_id=alignment_id,
+            kept_digest=kept_digest,
+            aligned_nodes=aligned_nodes,
+            ids=keys[order],
+            id_positions=positions[order].astype(np.int64),
+            aligned=aligned.astype(np.int64),
+            blinded_last=blinded,
         )
+
+    def delta(self, ids: Sequence[str]) -> Delta:
+        """The current ``ids`` (in row order) against what is kept; ValueError naming an id
+        found twice."""
+        keys = id_keys(ids)
+        order = np.argsort(keys, kind="stable")
+        twice = np.flatnonzero(keys[order][1:] == keys[order][:-1])
+        if twice.size:
+            raise ValueError(f"the ids are not distinct: {ids[order[twice[0]]]!r} twice")
+        row_positions = np.full(keys.size, -1, np.int64)
+        live = np.zeros(self.ids.size, dtype=bool)
+        if self.ids.size and keys.size:
+            at = np.minimum(np.searchsorted(self.ids, keys), self.ids.size - 1)
+            found = self.ids[at] == keys
+            row_positions[found] = self.id_positions[at[found]]
+            live[at[found]] = True
+        return Delta(
+            order=order,
+            added_rows=np.flatnonzero(row_positions < 0),
+            removed_positions=np.sort(self.id_positions[~live]),
+            row_positions=row_positions,
+            keys=keys,
+        )
+
+    def applied(self, delta: Delta, added_positions: np.ndarray, changes: AlignmentChanges,
+                aligned_nodes: int) -> np.ndarray:  # fmt: skip
+        """Each kept position's aligned index after an update (the base's map, ``changes``
+        and this party's ``delta`` with its added rows at ``added_positions``), checked: a
+        service whose changes do not fit this party's kept alignment raises ValueError."""
+        removed = np.asarray(changes.removed, np.int64)
+        inserted = np.asarray(changes.inserted, np.int64)
+        positions = np.asarray(changes.positions, np.int64)
+        old = self.aligned_nodes
+        added = delta.added_rows.size
+        if changes.kept_positions != self.aligned.size + added:
+            raise ValueError(
+                f"they count {changes.kept_positions} kept positions where this party has "
+                f"{self.aligned.size} and added {added}"
+            )
+        if not (_indices(removed, old) and _indices(inserted, aligned_nodes)):
+            raise ValueError("their removed or inserted aligned nodes are not distinct indices")
+        if old - removed.size != aligned_nodes - inserted.size or positions.size != inserted.size:
+            raise ValueError(
+                f"{old} aligned nodes less {removed.size} removed plus {inserted.size} inserted "
+                f"are not the {aligned_nodes} the status declares"
+            )
+        lost = self.aligned[delta.removed_positions]
+        if not np.isin(lost[lost >= 0], removed).all():
+            raise ValueError("they keep an aligned node whose id this party removed")
+        survivors = np.ones(old, dtype=bool)
+        survivors[removed] = False
+        old_to_new = np.full(old, -1, np.int64)
+        old_to_new[survivors] = np.setdiff1d(np.arange(aligned_nodes), inserted)
+        aligned = np.concatenate([self.aligned, np.full(added, -1, np.int64)])
+        aligned = np.where(aligned >= 0, old_to_new[np.maximum(aligned, 0)], -1)
+        aligned[delta.removed_positions] = -1
+        live = np.zeros(aligned.size, dtype=bool)
+        live[delta.row_positions[delta.row_positions >= 0]] = True
+        live[added_positions] = True
+        if not _indices(positions, aligned.size) or not (
+            live[positions].all() and (aligned[positions] < 0).all()
+        ):
+            raise ValueError("an inserted node's position is not one of this party's unaligned ids")
+        aligned[positions] = inserted
+        return aligned
+
+
+def _indices(values: np.ndarray, size: int) -> bool:
+    """Distinct indices into ``size`` items."""
+    inside = values.size == 0 or (values.min() >= 0 and values.max() < size)
+    return bool(inside and np.unique(values).size == values.size)
 
 
 # -- the file ------------------------------------------------------------------------------------
@@ -246,6 +236,21 @@ def kept_location(folders: Sequence[Path], party: int) -> Path:
     return organisations_folder() / "alignments" / own / f"federation-{federation[:16]}.kept"
 
 
+def deployed_kept_location(folder: Path, server: str, party: int) -> Path:
+    """Where ``glasu align run`` keeps party ``party``'s alignment through the service at
+    ``server``: with the folder's organisation's ledger
+    (``$XDG_DATA_HOME/glasu/alignments/<organisation>/service-<digest>-party-<m>.kept``, named
+    by a digest of the service's address), so that tables prepared again find it; in a folder
+    without an organisation, ``<folder>/alignment.kept``."""
+    from clients.owner_ledger import folder_organisation, organisations_folder
+
+    own = folder_organisation(Path(folder))
+    if own is None:
+        return Path(folder) / KEPT_FILE
+    service = hashlib.sha256(server.rstrip("/").encode("utf-8")).hexdigest()[:16]
+    return organisations_folder() / "alignments" / own / f"service-{service}-party-{party}.kept"
+
+
 def write_kept(kept: KeptAlignment, path: Path) -> Path:
     """The kept alignment at ``path``, mode 0600, written atomically."""
     header = {
@@ -255,15 +260,16 @@ def write_kept(kept: KeptAlignment, path: Path) -> Path:
         "party": kept.party,
         "created_at": kept.created_at,
         "updates": kept.updates,
+        "alignment_id": kept.alignment_id,
+        "kept_digest": kept.kept_digest,
+        "aligned_nodes": kept.aligned_nodes,
     }
     arrays = {
         "header": np.frombuffer(json.dumps(header).encode("utf-8"), dtype=np.uint8),
-        "own_inputs": kept.own.inputs,
-        "own_outputs": kept.own.outputs,
+        "ids": kept.ids,
+        "id_positions": kept.id_positions,
+        "aligned": kept.aligned,
     }
-    for hop, memory in enumerate(kept.hops, start=1):
-        arrays[f"hop{hop}_inputs"] = memory.inputs
-        arrays[f"hop{hop}_outputs"] = memory.outputs
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     payload = buffer.getvalue()
@@ -292,12 +298,8 @@ def read_kept(path: Path, *, parties: int, party: int) -> KeptAlignment | None:
             header = json.loads(arrays["header"].tobytes().decode("utf-8"))
             problem = KEPT_FORMAT.problem(header, name=where)
             if problem is not None:
-                raise KeptAlignmentError(problem)
-            hops = [
-                Memory(arrays[f"hop{h}_inputs"], arrays[f"hop{h}_outputs"])
-                for h in range(1, int(header["parties"]))
-            ]
-            own = Memory(arrays["own_inputs"], arrays["own_outputs"])
+                raise KeptAlignmentError(f"{problem}: realign to start a fresh one")
+            ids, id_positions, aligned = arrays["ids"], arrays["id_positions"], arrays["aligned"]
     except (KeyError, ValueError, OSError) as exc:
         if isinstance(exc, KeptAlignmentError):
             raise
@@ -309,20 +311,30 @@ def read_kept(path: Path, *, parties: int, party: int) -> KeptAlignment | None:
         scalar=scalar,
         created_at=float(header["created_at"]),
         updates=int(header["updates"]),
-        own=own,
-        hops=hops,
+        alignment_id=str(header["alignment_id"]),
+        kept_digest=str(header["kept_digest"]),
+        aligned_nodes=int(header["aligned_nodes"]),
+        ids=ids,
+        id_positions=id_positions,
+        aligned=aligned,
     )
     kept.check_fits(parties=parties, party=party, where=where)
     return kept
 
 
 def check_one_federation(kept: Sequence[KeptAlignment], where: Sequence[str]) -> None:
-    """Every party's kept alignment hashes under the same domain (else no id would match):
-    :class:`KeptAlignmentError` naming the first that differs from party 0's."""
+    """Every party's kept alignment hashes under the same domain (else no id would match) and
+    keeps the same alignment (the next update's base): :class:`KeptAlignmentError` naming the
+    first that differs from party 0's."""
     for m, (one, name) in enumerate(zip(kept, where, strict=True)):
         if one.domain != kept[0].domain:
             raise KeptAlignmentError(
                 f"{name} is a kept alignment of another federation (domain {one.domain[:12]}..., "
                 f"party 0's is {kept[0].domain[:12]}...), so party {m}'s ids would match none "
                 "of the others': realign"
+            )
+        if one.alignment_id != kept[0].alignment_id:
+            raise KeptAlignmentError(
+                f"{name} keeps alignment {one.alignment_id[:12]}..., party 0's keeps "
+                f"{kept[0].alignment_id[:12]}...: one of them was not updated last time; realign"
             )

@@ -8,18 +8,17 @@ session with ``glasu session create --alignment ID`` and each organisation runs
 ``glasu worker --data DIR``. ``glasu align status`` shows the progress. ``glasu align keygen``
 writes an organisation's Ed25519 key pair: with ``--signing-key`` and its peers' public keys
 (``--peer-key``), a party signs its sets and blinds only sets its peer signed, so that the
-service cannot have it blind guessed ids (docs/threat-model.md)."""
+service cannot have it blind guessed ids (docs/threat-model.md). An alignment created with
+``--keep`` is kept (the service keeps its fully blinded sets, each party its key and map); one
+created with ``--base ID`` updates it: each party moves only the ids it added or removed since
+(docs/data.md, "The kept alignment")."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, get_args
-
-if TYPE_CHECKING:
-    from clients.alignment_signing import SetSigning
+from typing import get_args
 
 from clients.cli.connection import (
     add_admin_arguments,
@@ -27,8 +26,8 @@ from clients.cli.connection import (
     admin_client,
     read_token,
 )
-from clients.cli.errors import EXIT_PEERS_MISSING, CliError, UsageError, failing_as
-from clients.cli.keyfiles import read_key_bytes, write_key_pair
+from clients.cli.errors import UsageError, failing_as
+from clients.cli.keyfiles import write_key_pair
 from clients.cli.options import (
     add_actions,
     add_command,
@@ -84,6 +83,18 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="index the ids every party holds (intersection), or every id any party holds "
         "(union: partly shared nodes, trained with the count-aware mean; docs/data.md)",
     )
+    create.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the alignment (the service its fully blinded sets, each party its key and "
+        "map), so that the next one can be an update of it (--base); intersection only",
+    )
+    create.add_argument(
+        "--base",
+        metavar="ID",
+        help="an update of kept alignment ID (the last of its chain): each party moves only the "
+        "ids added or removed since; kept in turn",
+    )
     create.add_argument("--label", default=None, help="free text shown in the status")
     add_output_dir_argument(create)
     run_ = add_command(
@@ -134,6 +145,19 @@ def add_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
         metavar="N",
         help="processes that blind the ids (libsodium's scalar multiplications): auto (the "
         "default: the cores available) or a number",
+    )
+    run_.add_argument(
+        "--kept",
+        type=Path,
+        metavar="PATH",
+        help="this organisation's kept alignment: written by an alignment created with --keep, "
+        "read and updated by one created with --base (default: with the organisation's ledger, "
+        "or DIR/alignment.kept)",
+    )
+    run_.add_argument(
+        "--realign",
+        action="store_true",
+        help="let an alignment created with --keep (new keys) replace the kept one",
     )
     run_.add_argument("--quiet", action="store_true", help="no progress bar")
     keygen = add_command(
@@ -224,7 +248,9 @@ def run(args: argparse.Namespace) -> int:
             body = reader.alignment(args.alignment)
         print(json.dumps(body, indent=2) if args.json else describe(body))
         return 0
-    return _run_party(args)
+    from clients.cli.align_run import run_party
+
+    return run_party(args)
 
 
 def _create(args: argparse.Namespace) -> int:
@@ -236,6 +262,8 @@ def _create(args: argparse.Namespace) -> int:
                 "seed": args.seed,
                 "nodes": args.nodes,
                 "label": args.label,
+                "keep": args.keep,
+                "base": args.base,
             }
         )
     with failing_as(f"cannot write --out {args.out}"):
@@ -259,90 +287,18 @@ def _keygen(out: Path) -> int:
     return 0
 
 
-def _key_bytes(path: Path, flag: str) -> bytes:
-    return read_key_bytes(path, flag, made_by="glasu align keygen")
-
-
-def _signing(args: argparse.Namespace) -> SetSigning:
-    from nacl.signing import SigningKey, VerifyKey
-
-    from clients.alignment_signing import SetSigning
-
-    own = args.signing_key
-    return SetSigning(
-        signing_key=None if own is None else SigningKey(_key_bytes(own, "--signing-key")),
-        peer_keys={m: VerifyKey(_key_bytes(path, "--peer-key")) for m, path in args.peer_key or []},
-    )
-
-
-def _run_party(args: argparse.Namespace) -> int:
-    from clients.alignment import AlignmentClient, AlignmentFailed, align
-    from clients.service_http import ConnectionOptions, PeersMissing, tls_verification
-    from models.data.party import NO_LABEL, read_party, write_alignment
-    from models.data.shared_split import deployed_alignment
-
-    token = read_token(args.token_file, flag="--token-file")
-    signing = _signing(args)
-    with failing_as(f"cannot read --data {args.data}"):
-        data = read_party(args.data)
-    with failing_as("--ca-file"):
-        verify = tls_verification(args.ca_file)
-    with AlignmentClient(
-        base_url=args.server,
-        alignment_id=args.alignment,
-        party=args.party,
-        token=token,
-        options=ConnectionOptions(verify=verify, peer_wait_seconds=args.peer_wait_seconds),
-    ) as client:
-        try:
-            outcome = align(
-                client, data.ids, signing=signing, progress=not args.quiet, workers=args.workers
-            )
-        except AlignmentFailed as exc:
-            raise CliError(f"the alignment failed: {exc}") from exc
-        except PeersMissing as exc:
-            print(f"glasu align run: {exc}", file=sys.stderr)
-            return EXIT_PEERS_MISSING
-    alignment = deployed_alignment(
-        alignment_id=outcome.alignment_id,
-        party=outcome.party,
-        parties=outcome.parties,
-        digest=outcome.digest,
-        rows=outcome.rows,
-        seed=outcome.seed,
-        nodes=outcome.nodes,
-        aligned_nodes=outcome.aligned_nodes,
-    )
-    with failing_as(f"cannot write the alignment into {args.data}"):
-        write_alignment(alignment, args.data)
-    unlabelled = int((data.labels[outcome.rows >= 0] == NO_LABEL).sum())
-    if outcome.nodes == "union":
-        coverage = (
-            f"its {data.num_rows} nodes are among the {outcome.aligned_nodes} nodes of the "
-            f"union, {outcome.shared_nodes} of them held by all {outcome.parties} parties"
-        )
-    else:
-        coverage = (
-            f"{outcome.aligned_nodes} of its {data.num_rows} nodes are shared by all "
-            f"{outcome.parties} parties"
-        )
-    print(f"{args.data}: {coverage} (digest {outcome.digest[:16]}...); {alignment.split_note}")
-    if unlabelled:
-        print(
-            f"glasu align run: warning: {unlabelled} of its aligned nodes have no label here; "
-            "the worker needs a label for every aligned node it holds (docs/data.md)",
-            file=sys.stderr,
-        )
-    return 0
-
-
 def describe(status: dict) -> str:
     sets = ", ".join(
         f"party {s['owner']}: {s['size'] if s['size'] is not None else '?'} ids, "
         f"{s['hops']}/{status['parties']} blindings"
         for s in status["sets"]
     )
-    line = f"alignment {status['alignment_id']} ({status.get('label') or 'no label'}): "
+    line = f"alignment {status['alignment_id']} ({status.get('label') or 'no label'}"
+    if status.get("base"):
+        line += f"; an update of {status['base']}"
+    elif status.get("keep"):
+        line += "; kept"
+    line += "): "
     line += f"{status['state']}; {sets}"
     if status["state"] == "done" and status.get("nodes") == "union":
         line += (

@@ -5,8 +5,10 @@ signed: each party gets a fresh Ed25519 key and its peers' public keys, so it bl
 peer posted.
 Every alignment orders the shared nodes anew (by fully blinded values, which depend on fresh
 keys and on the alignment's id), so two runs with one seed draw different splits.
-``glasu score`` aligns through the alignment each party keeps (:func:`align_keeping`): only
-the ids added since are blinded."""
+``glasu score`` aligns through the alignment each party keeps (:func:`align_keeping`): an
+update that moves only the ids added or removed since, through a service database kept for the
+federation beside party 0's kept alignment (this machine is the service: it keeps the fully
+blinded sets, as a deployed service does)."""
 
 from __future__ import annotations
 
@@ -21,14 +23,16 @@ from clients.admin import AdminClient
 from clients.alignment import AlignmentClient, AlignmentOutcome, align
 from clients.alignment_keeping import (
     KeptAlignment,
+    KeptAlignmentError,
     check_one_federation,
     kept_location,
     read_kept,
     write_kept,
 )
 from clients.alignment_signing import SetSigning
+from clients.alignment_update import update_alignment
 from clients.local.asgi import InProcessTransport
-from clients.service_http import ConnectionOptions
+from clients.service_http import ConnectionOptions, ServiceError
 
 BASE_URL = "http://glasu.inprocess"
 PEER_WAIT_SECONDS = 120.0  # the parties are threads of this process: none is ever far behind
@@ -43,18 +47,23 @@ def align_in_process(
     kept: Sequence[KeptAlignment] | None = None,
     keep: bool = False,
     now: float | None = None,
+    database: Path | None = None,
 ) -> list[AlignmentOutcome]:
     """Align the parties' ids (one sequence per party, in its row order); the outcome of each
-    party, in order. ``kept``: each party's kept alignment, updated; with it or ``keep`` an
-    outcome's ``kept`` is what the party keeps next, dated ``now`` when fresh. Raises
-    :class:`clients.alignment.AlignmentFailed` (e.g. no shared id)."""
+    party, in order. ``kept``: each party's kept alignment, updated (an update of their
+    alignment, which the service's ``database`` keeps); with it or ``keep`` an outcome's
+    ``kept`` is what the party keeps next, dated ``now`` when fresh. ``database``: the
+    service's (default: a temporary one). Raises :class:`clients.alignment.AlignmentFailed`
+    (e.g. no shared id)."""
     from service.app import create_app
     from service.settings import ServiceSettings
 
     admin_token = secrets.token_urlsafe(32)
     with tempfile.TemporaryDirectory(prefix="glasu-align-") as tmp:
         app = create_app(
-            ServiceSettings(database=Path(tmp) / "alignment.sqlite3", admin_token=admin_token)
+            ServiceSettings(
+                database=database or Path(tmp) / "alignment.sqlite3", admin_token=admin_token
+            )
         )
         transport = InProcessTransport(app)
         try:
@@ -64,7 +73,9 @@ def align_in_process(
                         "parties": len(party_ids),
                         "seed": seed,
                         "nodes": nodes,
-                        "label": "glasu train --party",
+                        "label": "glasu score" if keep or kept else "glasu train --party",
+                        "keep": keep,
+                        "base": None if kept is None else kept[0].alignment_id,
                     }
                 )
             signing = SetSigning.generate(len(party_ids))
@@ -112,7 +123,9 @@ def _party(
             transport=transport, poll_seconds=5.0, peer_wait_seconds=PEER_WAIT_SECONDS
         ),
     ) as client:
-        return align(client, ids, signing=signing, progress=progress, kept=kept, keep=keep, now=now)
+        if kept is not None:
+            return update_alignment(client, ids, kept, signing=signing, progress=progress)
+        return align(client, ids, signing=signing, progress=progress, keep=keep, now=now)
 
 
 def align_keeping(
@@ -157,11 +170,39 @@ def align_keeping(
             note = f"a fresh alignment with new keys, rotated ({due})"
         else:
             note = f"the kept alignment updated (update {kept[0].updates + 1} of its keys)"
-    outcomes = align_in_process(
-        party_ids, seed=seed, nodes=nodes, progress=progress, kept=kept, keep=True, now=now
-    )
+    database = service_database(paths[0])
+    if nodes != "intersection":
+        kept = None  # only an intersection is kept and updated
+        note = "a fresh alignment with new keys (the union is aligned afresh every time)"
+    if kept is None:
+        database.unlink(missing_ok=True)  # a fresh alignment: what the service kept is moot
+    try:
+        outcomes = align_in_process(
+            party_ids,
+            seed=seed,
+            nodes=nodes,
+            progress=progress,
+            kept=kept,
+            keep=nodes == "intersection",
+            now=now,
+            database=database,
+        )
+    except ServiceError as exc:
+        if kept is None or exc.status not in (404, 409):
+            raise
+        raise KeptAlignmentError(
+            f"the service's database {database} cannot update the kept alignment "
+            f"{kept[0].alignment_id} ({exc.problem.get('detail', exc)}): realign (--realign) to "
+            "start afresh"
+        ) from None
     for path, outcome in zip(paths, outcomes, strict=True):
-        assert outcome.kept is not None
-        write_kept(outcome.kept, path)
+        if outcome.kept is not None:
+            write_kept(outcome.kept, path)
     blinded = sum(outcome.kept.blinded_last for outcome in outcomes if outcome.kept is not None)
     return outcomes, f"{note}; {blinded} blindings, at all parties and hops"
+
+
+def service_database(kept_path: Path) -> Path:
+    """Where this machine, the federation's service, keeps its alignments: beside party 0's
+    kept alignment (its fully blinded sets: docs/threat-model.md, "Entity alignment")."""
+    return kept_path.with_name(kept_path.stem + "-service.sqlite3")

@@ -62,6 +62,19 @@ class AlignmentCreate(StrictModel):
         f"service picks the most (up to {SET_PART_ELEMENTS}) whose parts fit its body limit "
         "(`max_body_bytes`, in the alignment's status); it refuses a given value over it.",
     )
+    keep: bool = Field(
+        False,
+        description="Keep every owner's fully blinded set once done, so that an update can "
+        "follow (`base`); intersection only.",
+    )
+    base: str | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        description="An update of this kept, done alignment (the last of its chain): each party "
+        "posts only the ids it added (blinded around the ring) and the positions it removed, "
+        "and fetches only what changed. It is kept in turn; the base's kept sets move to it.",
+    )
 
 
 class AlignmentCreated(ResponseModel):
@@ -77,6 +90,9 @@ class SetProgress(ResponseModel):
     owner: int = Field(description="The party whose node ids the set holds (blinded).")
     size: int | None = Field(description="Elements in the set (null until its owner posts it).")
     hops: int = Field(description="Blinded versions posted so far (M when fully blinded).")
+    removed: int | None = Field(
+        None, description="An update's removed positions posted by the owner (null: not yet)."
+    )
 
 
 class AlignmentStatus(ResponseModel):
@@ -105,6 +121,29 @@ class AlignmentStatus(ResponseModel):
     digest: str | None = Field(
         description="SHA-256 (hex) of the sorted aligned index of fully blinded values, once "
         "done: every party records it, so all can check they hold the same alignment."
+    )
+    keep: bool = Field(False, description="The service keeps the fully blinded sets.")
+    kept_digest: str | None = Field(
+        None,
+        description="SHA-256 (hex) of what the service keeps of it, once done and kept: each "
+        "party records it and checks it against `base_kept_digest` of the next update.",
+    )
+    base: str | None = Field(None, description="The kept alignment this update updates.")
+    base_kept_digest: str | None = Field(
+        None, description="SHA-256 (hex) of what the service keeps of the base, read anew."
+    )
+
+
+class AlignmentChanges(ResponseModel):
+    """What an update changed for one party (docs/protocol.md, "Alignment updates")."""
+
+    removed: list[int] = Field(description="The base's aligned indices no longer aligned.")
+    inserted: list[int] = Field(description="The new aligned indices of nodes new to the index.")
+    positions: list[int] = Field(
+        description="This party's kept position of each inserted node, in the same order."
+    )
+    kept_positions: int = Field(
+        description="Positions of this party's kept set now: the base's, then its added ids."
     )
 
 

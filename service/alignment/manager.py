@@ -12,7 +12,10 @@ set, the same on each part), which the service relays
 without checking (it holds no key: the parties do, docs/threat-model.md). When all M are in,
 the service intersects them, sorts the intersection (the aligned index) and keeps, for each
 owner, the aligned index of every position of its set (-1 where not shared); then it drops
-every set body and signature.
+every set body and signature, except, for an alignment created with ``keep``, the fully blinded
+sets, which an update (``base``) then extends with the parties' deltas
+(:mod:`service.alignment.updates`). The checks of a part that need no state are
+:mod:`service.alignment.set_checks`.
 """
 
 from __future__ import annotations
@@ -21,19 +24,25 @@ import hashlib
 import uuid
 from dataclasses import dataclass
 
-import numpy as np
-
-from secure.psi import ELEMENT_BYTES, check_elements, index_sets, unpack
+from secure.psi import ELEMENT_BYTES, index_sets
 from secure.wire.alignment import (
-    SET_ENCODING,
+    AlignmentChanges,
     AlignmentCreate,
     AlignmentCreated,
     AlignmentStatus,
     SetProgress,
-    set_part_span,
     set_parts,
 )
-from secure.wire.headers import ENCODING_HEADER, SHAPE_HEADER, SIGNATURE_HEADER
+from secure.wire.headers import SHAPE_HEADER
+from service.alignment import updates
+from service.alignment.set_checks import (
+    check_body,
+    check_distinct,
+    check_like_the_other_parts,
+    declared_signature,
+    declared_size,
+    part_span,
+)
 from service.alignment.tables import (
     AlignmentRow,
     AlignmentTables,
@@ -46,16 +55,13 @@ from service.domain_errors import (
     AlignmentNotFound,
     AlignmentNotReady,
     AlignmentSlotForbidden,
-    BadHeader,
-    BadPayload,
     WrongShape,
 )
 from service.notify import Pending
-from service.store import Store
+from service.store import Store, Transaction
 from service.tokens import new_tokens, token_sha256
 
 POSITIONS_ENCODING = "int64"
-SIGNATURE_BYTES = 64  # Ed25519
 
 
 @dataclass(frozen=True)
@@ -113,7 +119,10 @@ class AlignmentManager:
         assert request.part_elements is not None
         alignment_id = uuid.uuid4().hex
         tokens = new_tokens(request.parties)
+        if (request.keep or request.base) and request.nodes != "intersection":
+            raise AlignmentConflict("only an alignment of the intersection is kept and updated")
         with self.store.transaction() as tx:
+            statement = None if request.base is None else updates.base_statement(tx, request)
             AlignmentTables(tx).insert(
                 alignment_id,
                 parties=request.parties,
@@ -122,6 +131,9 @@ class AlignmentManager:
                 nodes=request.nodes,
                 part_elements=request.part_elements,
                 token_hashes=[token_sha256(t) for t in tokens],
+                keep=request.keep or request.base is not None,
+                base=request.base,
+                base_kept_digest=statement,
             )
         return AlignmentCreated(
             alignment_id=alignment_id,
@@ -137,11 +149,14 @@ class AlignmentManager:
             tables = AlignmentTables(tx)
             row = _alignment(tables, alignment_id)
             sets = tables.sets(alignment_id)
+            removed = updates.removed_counts(tx, alignment_id) if row.base else {}
         progress = []
         for owner in range(row.parties):
             own = [s for s in sets if s.owner == owner]
             size = next((s.size for s in own if s.hop == 0), None)
-            progress.append(SetProgress(owner=owner, size=size, hops=len(own)))
+            progress.append(
+                SetProgress(owner=owner, size=size, hops=len(own), removed=removed.get(owner))
+            )
         return AlignmentStatus(
             alignment_id=row.id,
             label=row.label,
@@ -156,6 +171,10 @@ class AlignmentManager:
             aligned_nodes=row.aligned_nodes,
             shared_nodes=row.shared_nodes,
             digest=row.digest.hex() if row.digest is not None else None,
+            keep=row.keep,
+            kept_digest=row.kept_digest,
+            base=row.base,
+            base_kept_digest=row.base_kept_digest,
         )
 
     def party_of_token(self, token_hash: bytes) -> tuple[str, int] | None:
@@ -174,11 +193,11 @@ class AlignmentManager:
         """The checks of :meth:`put_set` that need no body (headers, part, who posts the
         slot), run before the body is read so that a refused upload is answered on its head;
         the set's size, its signature's bytes, the part's span and the set's part count."""
-        size = _declared_size(head.shape, head.encoding)
-        signed = _declared_signature(head.signature)
+        signed = declared_signature(head.signature)
         with self.store.transaction() as tx:
             row = _alignment(AlignmentTables(tx), caller.alignment_id)
-        span = _span(part, size, row.part_elements)
+        size = declared_size(head.shape, head.encoding, update=row.base is not None)
+        span = part_span(part, size, row.part_elements)
         _check_poster(row, caller, owner, hop)
         return size, signed, span, set_parts(size, row.part_elements)
 
@@ -188,7 +207,7 @@ class AlignmentManager:
         """Store part ``part`` of the set of ``owner`` at ``hop``, posted by ``caller``;
         complete the alignment when it was the last part of the last fully blinded set."""
         size, signed, span, parts = self.check_set_head(caller, owner, hop, part, head)
-        _check_body(body, len(span))  # before the store's lock: it costs ~10 us an element
+        check_body(body, len(span))  # before the store's lock: it costs ~10 us an element
         digest = hashlib.sha256(body).digest()
         with self.store.transaction() as tx:
             tables = AlignmentTables(tx)
@@ -203,7 +222,7 @@ class AlignmentManager:
                         "posted with a different body, size or signature; a part is posted once"
                     )
                 return SetUpload(created=False, size=size, parts=parts)
-            _check_like_the_other_parts(posted, size=size, signature=signed)
+            check_like_the_other_parts(posted, size=size, signature=signed)
             if hop > 0:
                 previous = tables.set(row.id, owner, hop - 1)
                 if previous is None:
@@ -221,7 +240,7 @@ class AlignmentManager:
             )
             if len(posted) + 1 == parts:
                 if parts > 1:
-                    _check_distinct(tables.set_body(row.id, owner, hop))
+                    check_distinct(tables.set_body(row.id, owner, hop))
                 every = sorted([*posted, PartRow(part, size, digest, signed)], key=_part_index)
                 digests = b"".join(p.sha256 for p in every)
                 tables.insert_set(
@@ -233,7 +252,7 @@ class AlignmentManager:
                     signature=signed,
                 )
                 if hop == row.parties - 1:
-                    _complete_if_ready(tables, row)
+                    _complete_if_ready(tx, row)
         return SetUpload(created=True, size=size, parts=parts)
 
     def get_set(self, caller: PartyCaller, owner: int, hop: int, part: int) -> SetPart | Pending:
@@ -259,7 +278,7 @@ class AlignmentManager:
                     f"alignment {row.id!r} is complete and its blinded sets are discarded; "
                     "fetch your positions"
                 )
-            span = _span(part, found.size, row.part_elements)
+            span = part_span(part, found.size, row.part_elements)
             body = tables.part_body(row.id, owner, hop, part)
         if body is None or len(body) != len(span) * ELEMENT_BYTES:
             raise LookupError(f"part {part} of a complete set of alignment {row.id} is missing")
@@ -271,11 +290,15 @@ class AlignmentManager:
         with self.store.transaction() as tx:
             tables = AlignmentTables(tx)
             row = _alignment(tables, caller.alignment_id)
+            if row.base is not None:
+                raise AlignmentConflict(
+                    f"alignment {row.id!r} updates {row.base!r}: fetch your changes instead"
+                )
             if row.state == "done":
                 own = tables.set(row.id, caller.party, 0)
                 if own is None:
                     raise LookupError(f"alignment {row.id} is done without party sets")
-                span = _span(part, own.size, row.part_elements)
+                span = part_span(part, own.size, row.part_elements)
                 body = tables.positions(row.id, caller.party, span)
                 if body is None:  # every owner's positions are written with the state
                     raise LookupError(f"alignment {row.id} is done without positions")
@@ -283,42 +306,35 @@ class AlignmentManager:
             sets = tables.sets(row.id)
         return Pending(missing=_owing(sets, row.parties))
 
+    def put_removed(self, caller: PartyCaller, body: bytes) -> bool:
+        """An update's removed positions of ``caller``'s kept set (False: a duplicate)."""
+        with self.store.transaction() as tx:
+            row = _alignment(AlignmentTables(tx), caller.alignment_id)
+            created = updates.put_removed(tx, row, caller.party, body)
+            if created:
+                _complete_if_ready(tx, row)
+        return created
+
+    def changes(self, caller: PartyCaller) -> AlignmentChanges | Pending:
+        """What an update changed for ``caller``, once done."""
+        with self.store.transaction() as tx:
+            tables = AlignmentTables(tx)
+            row = _alignment(tables, caller.alignment_id)
+            if row.base is None:
+                raise AlignmentConflict(
+                    f"alignment {row.id!r} is not an update: fetch your positions instead"
+                )
+            found = updates.changes(tx, row, caller.party)
+            if found is not None:
+                return found
+            sets = tables.sets(row.id)
+            owing = set(_owing(sets, row.parties))
+            owing |= set(range(row.parties)) - set(updates.removed_counts(tx, row.id))
+        return Pending(missing=sorted(owing))
+
 
 def _part_index(row: PartRow) -> int:
     return row.part
-
-
-def _span(part: int, size: int, part_elements: int) -> range:
-    try:
-        return set_part_span(part, size=size, part_elements=part_elements)
-    except ValueError as exc:
-        raise WrongShape(str(exc)) from None
-
-
-def _check_distinct(body: bytes) -> None:
-    """The elements of a whole set distinct (each part's are checked as it comes)."""
-    elements = np.frombuffer(body, dtype=f"V{ELEMENT_BYTES}")
-    if np.unique(elements).size != elements.size:
-        raise BadPayload("the set holds the same element twice (in two of its parts)")
-
-
-def _check_like_the_other_parts(
-    posted: list[PartRow], *, size: int, signature: bytes | None
-) -> None:
-    """Every part of a set declares the same size and carries the same signature."""
-    if not posted:
-        return
-    first = posted[0]
-    if first.size != size:
-        raise WrongShape(
-            f"part {first.part} of this set declared {first.size} elements in all, "
-            f"{SHAPE_HEADER} says {size}"
-        )
-    if first.signature != signature:
-        raise AlignmentConflict(
-            f"part {first.part} of this set came with a different {SIGNATURE_HEADER}: a set's "
-            "signature covers the whole set and travels with each of its parts"
-        )
 
 
 def _alignment(tables: AlignmentTables, alignment_id: str) -> AlignmentRow:
@@ -346,45 +362,6 @@ def _check_poster(row: AlignmentRow, caller: PartyCaller, owner: int, hop: int) 
         )
 
 
-def _declared_size(shape: str | None, encoding: str | None) -> int:
-    if encoding is None or shape is None:
-        missing = ENCODING_HEADER if encoding is None else SHAPE_HEADER
-        raise BadHeader(f"a blinded set needs the header {missing}")
-    if encoding != SET_ENCODING:
-        raise BadHeader(f"a blinded set's {ENCODING_HEADER} is {SET_ENCODING!r}, not {encoding!r}")
-    if not shape.isdigit() or int(shape) < 1:
-        raise BadHeader(f"{SHAPE_HEADER} of a blinded set is its element count >= 1, not {shape!r}")
-    return int(shape)
-
-
-def _declared_signature(header: str | None) -> bytes | None:
-    """The X-Glasu-Signature header's bytes: only its form is checked (the parties verify it)."""
-    if header is None:
-        return None
-    try:
-        signature = bytes.fromhex(header)
-    except ValueError:
-        signature = b""
-    if len(signature) != SIGNATURE_BYTES:
-        raise BadHeader(
-            f"{SIGNATURE_HEADER} is an Ed25519 signature, {SIGNATURE_BYTES} bytes in hex, not "
-            f"{header[:140]!r}"
-        )
-    return signature
-
-
-def _check_body(body: bytes, size: int) -> None:
-    if len(body) != size * ELEMENT_BYTES:
-        raise BadPayload(
-            f"{size} elements take {size * ELEMENT_BYTES} bytes ({ELEMENT_BYTES} each), the body "
-            f"has {len(body)}"
-        )
-    try:
-        check_elements(unpack(body))
-    except ValueError as exc:
-        raise BadPayload(f"the blinded set is not usable: {exc}") from None
-
-
 def _owing(sets: list[SetRow], parties: int) -> list[int]:
     posted = {(s.owner, s.hop) for s in sets}
     return sorted(
@@ -397,20 +374,28 @@ def _owing(sets: list[SetRow], parties: int) -> list[int]:
     )
 
 
-def _complete_if_ready(tables: AlignmentTables, row: AlignmentRow) -> None:
+def _complete_if_ready(tx: Transaction, row: AlignmentRow) -> None:
     """Once every owner's fully blinded set is in: intersect (or unite), sort, map each owner's
-    positions to the aligned index, and drop the bodies."""
+    positions to the aligned index, keep the sets where asked, and drop the bodies. An update
+    applies its deltas instead (:func:`updates.complete_update`)."""
+    if row.base is not None:
+        updates.complete_update(tx, row)
+        return
+    tables = AlignmentTables(tx)
     last = row.parties - 1
     if any(tables.set(row.id, owner, last) is None for owner in range(row.parties)):
         return
-    indexed = index_sets(
-        [tables.set_body(row.id, owner, last) for owner in range(row.parties)],
-        union=row.nodes == "union",
-    )  # every stored part was checked to hold distinct elements (check_elements)
+    bodies = [tables.set_body(row.id, owner, last) for owner in range(row.parties)]
+    # every stored part was checked to hold distinct elements (check_elements)
+    indexed = index_sets(bodies, union=row.nodes == "union")
+    kept_digest = None
+    if row.keep:
+        kept_digest = updates.keep_fresh(tx, row, bodies, indexed.positions, indexed.aligned_nodes)
     tables.complete(
         row.id,
         aligned_nodes=indexed.aligned_nodes,
         shared_nodes=indexed.shared_nodes,
         digest=indexed.digest,
         positions=indexed.positions,
+        kept_digest=kept_digest,
     )

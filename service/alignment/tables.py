@@ -8,8 +8,9 @@ An alignment keeps: its parties' token hashes; every blinded set a party posted,
 hop, in the parts it travelled in (each part's body and the poster's signature, if any, until
 the alignment is complete, then only their sizes and SHA-256s; a set counts as posted once all
 its parts are in); and, once complete, for each owner the aligned index of every position of
-the set it posted. No node id,
-and no value anyone could test an id against, is ever stored (docs/threat-model.md).
+the set it posted; a kept alignment keeps each owner's fully blinded set
+(``KEPT_SCHEMA``, :mod:`service.alignment.kept_tables`). No node id, and no value anyone could
+test an id against without every party's key, is ever stored (docs/threat-model.md).
 """
 
 from __future__ import annotations
@@ -104,10 +105,48 @@ def _sets_in_parts(connection: Connection) -> None:
     connection.execute("UPDATE alignment_sets SET body = NULL")
 
 
+# an alignment the service keeps (``keep``) or that updates a kept one (``base``): each owner's
+# kept set and positions (service/alignment/incremental.py), an update's removed positions and,
+# once done, each owner's changes (JSON, secure.wire.alignment.AlignmentChanges)
+KEPT_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS alignment_kept (
+    {ALIGNMENT_ID_COLUMN},
+    owner INTEGER NOT NULL,
+    elements BLOB NOT NULL,
+    positions BLOB NOT NULL,
+    PRIMARY KEY (alignment_id, owner)
+);
+CREATE TABLE IF NOT EXISTS alignment_removed (
+    {ALIGNMENT_ID_COLUMN},
+    owner INTEGER NOT NULL,
+    body BLOB NOT NULL,
+    PRIMARY KEY (alignment_id, owner)
+);
+CREATE TABLE IF NOT EXISTS alignment_changes (
+    {ALIGNMENT_ID_COLUMN},
+    owner INTEGER NOT NULL,
+    body BLOB NOT NULL,
+    PRIMARY KEY (alignment_id, owner)
+);
+"""
+KEPT_COLUMNS = (
+    ("alignments", "keep", "INTEGER NOT NULL DEFAULT 0"),
+    ("alignments", "base", "TEXT"),
+    ("alignments", "base_kept_digest", "TEXT"),
+    ("alignments", "kept_digest", "TEXT"),
+)
+
+
+def _kept_alignments(connection: Connection) -> None:
+    connection.run_schema(KEPT_SCHEMA)
+    added_columns(KEPT_COLUMNS)(connection)
+
+
 ALIGNMENT_MIGRATIONS = (
     Migration(1, "alignments, their tokens, sets and positions", schema(ALIGNMENT_SCHEMA)),
     Migration(2, "columns added after the first release", added_columns(ADDED_COLUMNS)),
     Migration(3, "sets travel in parts", _sets_in_parts),
+    Migration(4, "kept alignments and their updates", _kept_alignments),
 )
 WHOLE_SETS = 2**62  # the part_elements of an alignment created before sets travelled in parts
 
@@ -125,6 +164,10 @@ class AlignmentRow:
     nodes: str  # "intersection" or "union": which ids the aligned index covers
     shared_nodes: int | None  # ids every party holds (the intersection's size), once done
     part_elements: int  # elements per part of its sets and positions
+    keep: bool = False  # the service keeps its fully blinded sets (an update may follow)
+    base: str | None = None  # the kept alignment this one updates
+    base_kept_digest: str | None = None  # what the service keeps of the base, when created
+    kept_digest: str | None = None  # what it keeps of this one, once done
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,14 +211,19 @@ class AlignmentTables:
         nodes: str,
         part_elements: int,
         token_hashes: list[bytes],
+        keep: bool = False,
+        base: str | None = None,
+        base_kept_digest: str | None = None,
     ) -> None:
         now = self._now()
         self._db.execute(
             "INSERT INTO alignments"
-            " (id, parties, seed, label, state, created_at, updated_at, nodes, part_elements)"
-            " VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?)",
-            (alignment_id, parties, seed, label, now, now, nodes, part_elements),
-        )
+            " (id, parties, seed, label, state, created_at, updated_at, nodes, part_elements,"
+            " keep, base, base_kept_digest)"
+            " VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?)",
+            (alignment_id, parties, seed, label, now, now, nodes, part_elements, int(keep), base,
+             base_kept_digest),
+        )  # fmt: skip
         self._db.executemany(
             "INSERT INTO alignment_tokens (alignment_id, party, token_sha256) VALUES (?, ?, ?)",
             [(alignment_id, m, h) for m, h in enumerate(token_hashes)],
@@ -189,14 +237,15 @@ class AlignmentTables:
         self._lock("alignment", alignment_id)
         row = self._db.execute(
             "SELECT id, parties, seed, label, state, aligned_nodes, digest, created_at, nodes,"
-            " shared_nodes, part_elements FROM alignments WHERE id = ?",
+            " shared_nodes, part_elements, keep, base, base_kept_digest, kept_digest"
+            " FROM alignments WHERE id = ?",
             (alignment_id,),
         ).fetchone()
         if not row:
             return None
         digest = bytes(row[6]) if row[6] is not None else None
         part_elements = WHOLE_SETS if row[10] is None else int(row[10])
-        return AlignmentRow(*row[:6], digest, *row[7:10], part_elements)
+        return AlignmentRow(*row[:6], digest, *row[7:10], part_elements, bool(row[11]), *row[12:])
 
     def token_owner(self, token_sha256: bytes) -> tuple[str, int] | None:
         row = self._db.execute(
@@ -296,18 +345,19 @@ class AlignmentTables:
         aligned_nodes: int,
         shared_nodes: int,
         digest: bytes,
-        positions: list[bytes],
+        positions: list[bytes] | None,
+        kept_digest: str | None = None,
     ) -> None:
-        """Store each owner's positions, mark the alignment done and drop every set body (and
-        signature)."""
+        """Store each owner's positions (None: an update's, which answers changes instead),
+        mark the alignment done and drop every set body (and signature)."""
         self._db.executemany(
             "INSERT INTO alignment_positions (alignment_id, owner, body) VALUES (?, ?, ?)",
-            [(alignment_id, owner, body) for owner, body in enumerate(positions)],
+            [(alignment_id, owner, body) for owner, body in enumerate(positions or [])],
         )
         self._db.execute(
             "UPDATE alignments SET state = 'done', aligned_nodes = ?, shared_nodes = ?,"
-            " digest = ?, updated_at = ? WHERE id = ?",
-            (aligned_nodes, shared_nodes, digest, self._now(), alignment_id),
+            " digest = ?, kept_digest = ?, updated_at = ? WHERE id = ?",
+            (aligned_nodes, shared_nodes, digest, kept_digest, self._now(), alignment_id),
         )
         for table in ("alignment_sets", "alignment_set_parts"):
             self._db.execute(

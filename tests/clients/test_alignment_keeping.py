@@ -1,7 +1,9 @@
-"""The kept alignment (clients/alignment_keeping.py): an update aligns the same nodes as a fresh
-alignment of the updated tables and blinds only the ids added since; the kept file is private,
-and one that was changed or is another party's or federation's is refused by its path; keys
-rotate. Every alignment runs through the service's routes in this process (no sockets)."""
+"""The kept alignment (clients/alignment_keeping.py, clients/alignment_update.py): an update
+aligns the same nodes as a fresh alignment of the updated tables (additions, removals, an id a
+partner added that a party already had, an empty delta) and blinds only the ids added since; the
+kept file is private, and one that was changed or is another party's or federation's is refused
+by its path; keys rotate. Every alignment runs through the service's routes in this process (no
+sockets), updates through a service database that keeps the fully blinded sets."""
 
 from __future__ import annotations
 
@@ -9,13 +11,13 @@ import stat
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import clients.alignment_keeping as keeping
 from clients.alignment import AlignmentOutcome
 from clients.alignment_keeping import KEPT_FILE, KeptAlignmentError, read_kept
 from clients.local.alignment import align_in_process, align_keeping
-from secure.psi import hash_to_group
 
 DAY = 86400.0
 START = 1_800_000_000.0
@@ -54,32 +56,48 @@ def folders(tmp_path: Path, name: str = "fed") -> list[Path]:
     return made
 
 
-@pytest.mark.parametrize("nodes", ["intersection", "union"])
 def test_an_update_aligns_the_same_nodes_as_a_fresh_alignment_of_the_updated_tables(
-    nodes: str,
+    tmp_path: Path,
 ) -> None:
-    first = align_in_process(TABLES, seed=3, nodes=nodes, keep=True)
+    service = tmp_path / "service.sqlite3"
+    first = align_in_process(TABLES, seed=3, keep=True, database=service)
     kept = [outcome.kept for outcome in first]
+    # party 0 also adds c65, which parties 1 and 2 held already: an old id of theirs aligns now
     tables = updated(TABLES)
-    update = align_in_process(tables, seed=3, nodes=nodes, kept=kept)  # type: ignore[arg-type]
-    fresh = align_in_process(tables, seed=3, nodes=nodes)
+    tables[0].append("c65")
+    update = align_in_process(tables, seed=3, kept=kept, database=service)  # type: ignore[arg-type]
+    fresh = align_in_process(tables, seed=3)
     assert aligned_ids(update, tables) == aligned_ids(fresh, tables)
-    assert ("new-a", "new-a", "new-a") in aligned_ids(update, tables)
+    assert {("new-a",) * 3, ("c65",) * 3} <= aligned_ids(update, tables)
     assert update[0].aligned_nodes == fresh[0].aligned_nodes
     assert all(o.kept is None for o in fresh)  # not asked to keep: nothing remembered
     assert {o.digest for o in update} == {update[0].digest}
-    # and a second update, from the first update's kept alignment
+    # a second update, from the first update's kept alignment; then an empty delta
     again = [ids[:-1] for ids in tables]
-    second = align_in_process(again, seed=3, nodes=nodes, kept=[o.kept for o in update])
-    fresh_again = align_in_process(again, seed=3, nodes=nodes)
+    second = align_in_process(again, seed=3, kept=[o.kept for o in update], database=service)
+    fresh_again = align_in_process(again, seed=3)
     assert aligned_ids(second, again) == aligned_ids(fresh_again, again)
+    same = align_in_process(again, seed=3, kept=[o.kept for o in second], database=service)
+    assert [o.kept.blinded_last for o in same] == [0, 0, 0]
+    assert same[0].digest == second[0].digest
+    for before, after in zip(second, same, strict=True):
+        assert after.rows.tolist() == before.rows.tolist()
 
 
-def test_an_update_blinds_only_the_ids_added_since() -> None:
-    first = align_in_process(TABLES, seed=3, keep=True)
+def test_the_union_is_aligned_afresh_every_time(tmp_path: Path) -> None:
+    parties = folders(tmp_path)
+    align_keeping(parties, TABLES, seed=3, nodes="union", now=START)
+    outcomes, note = align_keeping(parties, updated(TABLES), seed=3, nodes="union", now=START)
+    assert note.startswith("a fresh alignment with new keys (the union is aligned afresh")
+    assert outcomes[0].aligned_nodes == len(set.union(*map(set, updated(TABLES))))
+
+
+def test_an_update_blinds_only_the_ids_added_since(tmp_path: Path) -> None:
+    service = tmp_path / "service.sqlite3"
+    first = align_in_process(TABLES, seed=3, keep=True, database=service)
     assert [o.kept.blinded_last for o in first] == [len(TABLES[0]) * 3] * 3
     tables = updated(TABLES)
-    update = align_in_process(tables, seed=3, kept=[o.kept for o in first])
+    update = align_in_process(tables, seed=3, kept=[o.kept for o in first], database=service)
     added = [len(set(new) - set(old)) for new, old in zip(tables, TABLES, strict=True)]
     assert added == [3, 2, 3]  # c3, removed and taken back, is no new id to the kept alignment
     # party m blinds its own new ids and, at hops 1 and 2, those of parties m - 1 and m - 2
@@ -210,35 +228,23 @@ def test_scoring_finds_the_kept_alignment_of_each_organisation_in_a_new_copy_of_
     assert "(a fresh alignment with new keys (--realign)" in again.summary
 
 
-def kept_after_blinding(elements: list[bytes], ids: list[str]) -> keeping.KeptAlignment:
-    run = keeping.RunBlinding(
-        keeping.KeptAlignment.fresh(domain="d", parties=2, party=0, now=START), workers=1
-    )
-    run.own(ids)
-    run.relayed(1, elements)
-    return run.result(updated=False)
-
-
-def test_a_kept_party_still_refuses_a_relayed_set_that_repeats_or_spells_badly() -> None:
-    """What it blinded before is looked up, not checked again: the checks of the rest, and the
-    distinctness of the whole set, still hold."""
-    elements = [hash_to_group("x", str(i)) for i in range(3)]
-    kept = kept_after_blinding(elements, ["a"])
-    run = keeping.RunBlinding(kept, workers=1)
-    with pytest.raises(ValueError, match="the same element twice"):
-        run.relayed(1, [elements[0], elements[1], elements[0]])
-    with pytest.raises(ValueError, match="not a valid ristretto255 group element"):
-        run.relayed(1, [elements[0], bytes(32)])
-    assert run.blinded == 0  # neither set was worth blinding
-    posted = run.relayed(1, [elements[2], hash_to_group("x", "new"), elements[0]])
-    assert run.blinded == 1
-    assert posted[0] == kept.key.blind(elements[2]) and posted[2] == kept.key.blind(elements[0])
-
-
 def test_ids_that_differ_only_by_trailing_nul_are_told_apart() -> None:
-    kept = kept_after_blinding([], ["a", "a\x00"])
-    run = keeping.RunBlinding(kept, workers=1)
-    assert run.own(["a\x00", "a"]) == kept.key.blind_all(
-        [hash_to_group("d", "a\x00"), hash_to_group("d", "a")]
-    )
-    assert run.blinded == 0
+    kept = keeping.KeptAlignment.fresh(domain="d", parties=2, party=0, now=START).placed(
+        alignment_id="d", kept_digest="k", aligned_nodes=0, keys=keeping.id_keys(["a"]),
+        positions=np.array([0]), aligned=np.array([-1]), updated=False, blinded=1,
+    )  # fmt: skip
+    delta = kept.delta(["a\x00", "a"])
+    assert delta.added_rows.tolist() == [0] and delta.row_positions.tolist() == [-1, 0]
+    assert delta.removed_positions.size == 0
+
+
+def test_a_lost_service_database_is_refused_with_the_way_out(tmp_path: Path) -> None:
+    from clients.local.alignment import service_database
+
+    parties = folders(tmp_path)
+    align_keeping(parties, TABLES, seed=3, now=START)
+    service_database(parties[0] / KEPT_FILE).unlink()
+    with pytest.raises(KeptAlignmentError, match=r"cannot update the kept alignment .* realign"):
+        align_keeping(parties, updated(TABLES), seed=3, now=START + DAY)
+    _, note = align_keeping(parties, updated(TABLES), seed=3, now=START + DAY, realign=True)
+    assert note.startswith("a fresh alignment with new keys (--realign)")

@@ -22,6 +22,7 @@ from secure.body_limits import BodyLimitTooSmall, set_part_elements
 from secure.psi import ELEMENT_BYTES
 from secure.wire.alignment import (
     SET_ENCODING,
+    AlignmentChanges,
     AlignmentCreate,
     AlignmentCreated,
     AlignmentStatus,
@@ -98,12 +99,17 @@ def _notify_key(alignment_id: str) -> str:
 def _binary(result: SetPart | Pending, *, encoding: str) -> Response:
     """A part (X-Glasu-Shape: the whole set's element count), or the 202 of a long poll."""
     if isinstance(result, Pending):
-        waiting = AlignmentWaiting(missing=result.missing)
-        return JSONResponse(waiting.model_dump(mode="json"), status_code=202)
+        return _waiting(result)
     headers = {SHAPE_HEADER: str(result.size), ENCODING_HEADER: encoding}
     if result.signature is not None:
         headers[SIGNATURE_HEADER] = result.signature.hex()
     return Response(result.body, media_type=OCTET_STREAM, headers=headers)
+
+
+def _waiting(pending: Pending) -> JSONResponse:
+    """The 202 of a long poll that ran out: the parties still owing."""
+    waiting = AlignmentWaiting(missing=pending.missing)
+    return JSONResponse(waiting.model_dump(mode="json"), status_code=202)
 
 
 def _long_poll_route(path: str, *, summary: str, part_is: str) -> Callable[[Route], Route]:
@@ -248,3 +254,40 @@ async def get_positions(
     # covers the positions of part k of the set this party posted.
     check = partial(alignments.positions, caller, part)
     return await _polled_part(context, caller, check, wait, encoding=POSITIONS_ENCODING)
+
+
+@router.put(
+    "/{aid}/parties/{m}/removed",
+    status_code=201,
+    responses={200: {"description": "Identical duplicate."}},
+    openapi_extra=BINARY_REQUEST_BODY,
+    summary="Post an update's removed positions",
+)
+async def put_removed(
+    caller: PartyDep, context: ContextDep, alignments: AlignmentsDep, request: Request
+) -> Response:
+    # An update only: the positions of this party's kept set whose ids it removed since the
+    # base, little-endian int64 (empty: none), posted once. (No docstring: OpenAPI description.)
+    async with binary_body(request) as body:
+        created = await run_in_threadpool(alignments.put_removed, caller, body)
+    context.notifier.notify(_notify_key(caller.alignment_id))
+    return Response(status_code=201 if created else 200)
+
+
+@router.get(
+    "/{aid}/parties/{m}/changes",
+    response_model=AlignmentChanges,
+    responses=WAITING_RESPONSE,
+    summary="Fetch what an update changed for this party (long poll)",
+)
+async def get_changes(
+    caller: PartyDep, context: ContextDep, alignments: AlignmentsDep, wait: WaitQuery = None
+) -> Response:
+    # An update only, once every party's delta is in and the service applied them to the
+    # base's kept sets: the base's aligned indices removed, the new indices inserted and this
+    # party's kept position of each.
+    check = partial(alignments.changes, caller)
+    result = await poll(context, _notify_key(caller.alignment_id), check, wait)
+    if isinstance(result, Pending):
+        return _waiting(result)
+    return JSONResponse(result.model_dump(mode="json"))

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -104,14 +104,15 @@ def run_alignment(
     nodes: str = "intersection",
     party_args: Callable[[int], list[str]] = lambda m: [],
     codes_expected: dict[int, int] | None = None,
+    create_args: Sequence[str] = (),
 ) -> str:
-    """`glasu align create` and every party's `glasu align run` (with ``party_args(m)``), in
-    parallel; the alignment id."""
+    """`glasu align create` (with ``create_args``) and every party's `glasu align run` (with
+    ``party_args(m)``), in parallel; the alignment id."""
     connection = ["--server", server["url"]]
     alignment = root / "alignment"
     assert main(["align", "create", *connection, "--admin-token-file", server["token_file"],
                  "--parties", str(len(folders)), "--seed", "7", "--nodes", nodes,
-                 "--out", str(alignment)]) == 0  # fmt: skip
+                 "--out", str(alignment), *create_args]) == 0  # fmt: skip
     aid = (alignment / "alignment.id").read_text()
     assert (alignment / "party-0.token").stat().st_mode & 0o777 == 0o600
     codes: dict[int, int] = {}
