@@ -18,6 +18,8 @@ import torch
 
 from clients.pass_driver import PassDriver
 from clients.policy import PolicyRefusal
+from clients.rejoin import stated_pass_info
+from clients.session_client import SessionClient
 from clients.session_fit import SessionMismatch
 from models.client_config import ClientConfig
 from models.config import PRECOMPUTED_BACKBONES
@@ -60,6 +62,24 @@ def check_one_release(session: Mapping[str, Any], privacy: SessionPrivacy) -> No
         )
 
 
+def check_release_session(
+    session: Mapping[str, Any], privacy: SessionPrivacy | None, *, keeps_model: bool
+) -> SessionPrivacy:
+    """What a worker checks of a release session before anything leaves: it is private, it
+    plans one release (:func:`check_one_release`), and nobody asks to keep its model
+    (:class:`SessionMismatch`: a new node would need a new release of every partner's
+    block)."""
+    if privacy is None:
+        raise SessionMismatch("a release session (the private sign design) needs privacy")
+    check_one_release(session, privacy)
+    if keeps_model:
+        raise SessionMismatch(
+            "the private sign design keeps no model yet (scoring a new node needs a new "
+            "release of every partner's block, docs/privacy.md 3.8): run without --model-out"
+        )
+    return privacy
+
+
 def check_done(info: PassInfo) -> None:
     """After the release the session is done: a service that offers another pass asks this
     worker to release its data again, which it refuses (:class:`ProtocolViolation`)."""
@@ -84,6 +104,7 @@ class SignWorker:
     noise: ReleaseKeyedNoise | None
     noise_seed: int | None
     device: torch.device | str = "cpu"
+    finished: str | None = None  # why the session ended, once its one pass is done
 
     def __post_init__(self) -> None:
         model = self.config.model
@@ -177,6 +198,23 @@ class SignWorker:
             clean=clean,
         )  # fmt: skip
         return block, key.hex()
+
+    def session_passes(
+        self, service: SessionClient, driver: PassDriver, masked: bool
+    ) -> Iterator[tuple[PassInfo, PassOutcome]]:
+        """The session's one pass (the release), the check that the service offers no other
+        (:func:`check_done`), then each local pass, as pass 0's post-processing (its epsilon);
+        :attr:`finished` then holds why the session ended."""
+        info = (
+            stated_pass_info(service, RELEASE_PASS) if masked else service.pass_info(RELEASE_PASS)
+        )
+        received = self.release(driver, info)
+        after = service.pass_info(info.pass_index + 1)
+        check_done(after)
+        self.finished = after.reason or "finished"
+        for spec, outcome in self.local_passes(received):
+            local = {"pass": info.pass_index, "kind": spec.kind, "round": spec.round}
+            yield PassInfo.model_validate({**local, "output_nodes": []}), outcome
 
     def local_passes(self, received: HopFeatures) -> Iterator[tuple[PassSpec, PassOutcome]]:
         """The session's rounds, trained and evaluated here on the received blocks (no pass

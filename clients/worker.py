@@ -32,14 +32,13 @@ from clients.service_http import ServiceError
 from clients.session_client import SessionClient
 from clients.session_fit import (
     LocalModelOptions,
-    SessionMismatch,
     check_answer_reaches,
     client_config_from_session,
     fit_to_session,
     options_for_session,
     options_of_model,
 )
-from clients.sign_session import SignWorker, check_done, check_one_release
+from clients.sign_session import SignWorker, check_release_session
 from models.artefact import SavedModel
 from models.client_config import ClientConfig
 from models.data.partition import ClientPartition
@@ -219,47 +218,30 @@ class WorkerRun:
         *,
         device: torch.device | str,
     ) -> None:
-        """A release session (the private sign design, clients/sign_session.py): one release
-        at most, checked against the plan before anything leaves; no checkpoint (a restart
-        after the release joins a new session: the ledger refuses the same id again), no kept
-        model (a new node would need a new release of every partner's block)."""
-        if self.privacy is None:
-            raise SessionMismatch("a release session needs differential privacy")
-        check_one_release(self.session_json, self.privacy)
-        if self.model_out is not None:
-            raise SessionMismatch(
-                "the private sign design keeps no model yet (scoring a new node needs a new "
-                "release of every partner's block, docs/privacy.md 3.8): run without --model-out"
-            )
+        """A release session (clients/sign_session.py): one release at most, checked against
+        the plan before anything leaves; no checkpoint (a restart after the release joins a new
+        session: the ledger refuses the same id again), no kept model."""
+        privacy = check_release_session(
+            self.session_json, self.privacy, keeps_model=self.model_out is not None
+        )
         self.sign = SignWorker(
-            self.partition, client_config, self.config, self.privacy, codec,
+            self.partition, client_config, self.config, privacy, codec,
             noise=noise, noise_seed=self.options.noise_seed, device=device,
         )  # fmt: skip
-        self.checkpoints = None
-        self.keeper = None
-        self.fingerprint = None
+        self.checkpoints = self.keeper = self.fingerprint = None
         self.gate = self._gate(self.sign.mechanism)
 
     def run_release(self, sign: SignWorker) -> WorkerResult:
         """The release session's one pass, then its rounds trained here (no more passes)."""
-        service = self.service
+        progress = WorkerProgress(passes=1)
         masked = self.config.secure_aggregation == "masks"
-        info = stated_pass_info(service, 0) if masked else service.pass_info(0)
-        received = sign.release(PassDriver(service, gate=self.gate), info)
-        after = service.pass_info(info.pass_index + 1)
-        check_done(after)
-        progress = WorkerProgress(passes=1, bytes_up=service.traffic.up)
-        for spec, outcome in sign.local_passes(received):
-            # every local pass is post-processing of the one release (pass 0): its epsilon
-            local = PassInfo.model_validate(
-                {"pass": info.pass_index, "kind": spec.kind, "round": spec.round,
-                 "output_nodes": []}
-            )  # fmt: skip
-            self._record(progress, local, outcome)
+        passes = sign.session_passes(self.service, PassDriver(self.service, gate=self.gate), masked)
+        for info, outcome in passes:
+            self._record(progress, info, outcome)
             if self.on_pass and sign.receives:
-                self.on_pass(local, outcome)
+                self.on_pass(info, outcome)
         return WorkerResult(
-            passes=1, finished_reason=after.reason or "finished", history=progress.history
+            passes=1, finished_reason=sign.finished or "finished", history=progress.history
         )
 
     def _gate(self, mechanism: ReleaseMechanism | None = None) -> ReleaseGate | None:

@@ -128,6 +128,17 @@ def sign_privacy(config: TrainConfig, *, clients: int) -> SessionPrivacy:
     return planned
 
 
+def design_note(privacy: SessionPrivacy, *, releasing: Sequence[int], hops: int) -> str:
+    """The run summary's note on the design's one release (in process and over the service)."""
+    return (
+        f"privacy: the private sign design: one degree-normalised release per party "
+        f"(parties {list(releasing)}; cap {privacy.occurrence_cap}, floor "
+        f"{privacy.degree_floor}, sensitivity {privacy.sensitivity:.4g}, z "
+        f"{privacy.noise_multiplier:.4g}), propagated {hops - 1} more hops by its sender; "
+        "training and every evaluation are post-processing of it (docs/privacy.md 3.8)"
+    )
+
+
 def release_settings(privacy: SessionPrivacy, *, width: int, seed: int, party: int) -> SignRelease:
     return SignRelease(
         width=width,

@@ -21,7 +21,13 @@ from models.keeper import KeepModels, ModelKeeper, mean_over_holders, privacy_sp
 from models.layout import FederationLayout, layout_federation, session_schedule
 from models.outcome import PassOutcome
 from models.private import make_client
-from models.private_sign import receiver_outcome, senders, sign_privacy, sign_receivers
+from models.private_sign import (
+    design_note,
+    receiver_outcome,
+    senders,
+    sign_privacy,
+    sign_receivers,
+)
 from models.run_summary import (
     HistoryEntry,
     RunSummary,
@@ -237,13 +243,7 @@ def train_private_sign(
         wall_seconds=time.perf_counter() - started,
         privacy=report,
     )
-    summary.notes.append(
-        f"privacy: the private sign design: one degree-normalised release per party "
-        f"(parties {releasing}; cap {privacy.occurrence_cap}, floor {privacy.degree_floor}, "
-        f"sensitivity {privacy.sensitivity:.4g}, z {privacy.noise_multiplier:.4g}), propagated "
-        f"{config.hops - 1} more hops by its sender; training and every evaluation are "
-        "post-processing of it (docs/privacy.md 3.8)"
-    )
+    summary.notes.append(design_note(privacy, releasing=releasing, hops=config.hops))
     return summary
 
 
