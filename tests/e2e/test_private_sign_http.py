@@ -21,6 +21,7 @@ from models.config import TrainConfig
 from models.layout import layout_federation
 from models.private import REPRODUCIBLE_NOISE_ENV
 from models.trainer import train_inprocess
+from secure.privacy import SessionPrivacy
 from tests.e2e.e2e_kit import start_federation
 from tests.e2e.lying_service import Exchange, lying_service
 
@@ -28,11 +29,13 @@ pytestmark = pytest.mark.e2e
 
 CONFIG = TrainConfig(
     backbone="sign", layers=1, agg_layers=1, stale=1, hops=2, hidden=16, batch_size=140,
-    rounds=4, eval_every=2, encryption="none", epsilon=4.0, noise_seed=3, device="cpu",
+    rounds=20, eval_every=10, encryption="ckks", epsilon=4.0, noise_seed=3, device="cpu",
     label_holder=0, seed=5,
 )  # fmt: skip
 VICTIM = 1
-UNSEEDED = dataclasses.replace(CONFIG, noise_seed=None)  # the workers' own noise
+# the workers' own noise, plain shares (the federation kit provisions no CKKS keys)
+UNSEEDED = dataclasses.replace(CONFIG, noise_seed=None, encryption="none")
+GENEROUS_POLICY = ["--max-session-epsilon", "100", "--max-lifetime-epsilon", "100"]
 
 
 def ledger_releases(root: Path, client: int) -> list[tuple[str, int]]:
@@ -48,19 +51,20 @@ def ledger_releases(root: Path, client: int) -> list[tuple[str, int]]:
 def test_the_private_sign_design_over_http_equals_the_in_process_run(
     cora, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Seeded noise and plain shares: the workers release what the in-process parties
-    release, so the label holder's head trains on the same blocks up to the share grid
-    (plain shares travel rounded to 2^-12, ``secure.aggregation.to_grid``; in process the sum
-    is exact), which moves an accuracy by a test node or so (0.113 against 0.114 in one run):
-    within 0.005; the party alone, which reads no block, exactly. The service and each
-    releasing party count one release, the holder none."""
+    """Seeded noise, CKKS shares: the workers release what the in-process parties release,
+    so the label holder's head trains on the same blocks up to the encoding (CKKS decodes the
+    sum within about 1e-4 of the clip; plain shares travel rounded to the 2^-12 grid; in
+    process the sum is exact), which can move a near-chance head's accuracy by a few test
+    nodes (0.158 against 0.163 in one plain run): within 0.01; the party alone, which reads no
+    block, exactly. The service and each releasing party count one release, the holder
+    none."""
     monkeypatch.setenv(REPRODUCIBLE_NOISE_ENV, "1")  # the workers inherit it
     over_http = train_over_http(
         CONFIG, layout_federation(CONFIG, cora), cora, progress=False, work_dir=tmp_path
     )
     in_process = train_inprocess(CONFIG, dataset=cora, progress=False)
     assert [h.test_accuracy for h in over_http.history] == pytest.approx(
-        [h.test_accuracy for h in in_process.history], abs=0.005
+        [h.test_accuracy for h in in_process.history], abs=0.01
     )
     assert over_http.reference_test_accuracy == pytest.approx(
         in_process.reference_test_accuracy, abs=1e-9
@@ -84,11 +88,17 @@ def offers_a_second_pass(exchange: Exchange) -> httpx.Response:
 
 
 def plans_two_passes(exchange: Exchange) -> httpx.Response:
-    """The session's status says two passes (a plan of two releases)."""
+    """The session's status says two passes (a plan of two releases) and the epsilon of two
+    releases, consistently (the victim's policy allows it: only the design's own check stands
+    in the way)."""
     answer = exchange.forward()
     if exchange.method == "GET" and re.fullmatch(r"/v1/sessions/[^/]+", exchange.path):
         body = answer.json()
         body["passes_total"] = 2
+        two = SessionPrivacy.restore(
+            body["config"]["privacy"], clients=3, passes_total=2, encrypted=False, masked=False
+        )
+        body["privacy"]["epsilon_planned"] = two.epsilon_planned
         return httpx.Response(200, content=json.dumps(body).encode(), headers=answer.headers)
     return answer
 
@@ -104,11 +114,13 @@ def test_a_lying_service_cannot_make_a_worker_release_twice(
         (plans_two_passes, 0, "plans 2 passes"),
     ):
         root = tmp_path / lie.__name__
+        root.mkdir()
         port = free_port()
         with lying_service(f"http://127.0.0.1:{port}", lie) as proxy:
             fed = start_federation(
                 UNSEEDED, cora, root, processes, port=port,
                 server_for=lambda client, url, proxy=proxy: proxy if client == VICTIM else url,
+                extra=lambda client: GENEROUS_POLICY if client == VICTIM else [],
             )  # fmt: skip
             victim = fed.workers[VICTIM]
             assert victim.process.wait(timeout=300) != 0, victim.tail()
