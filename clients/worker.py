@@ -270,8 +270,9 @@ class WorkerRun:
             mechanism=mechanism.canonical(),
         )
         return ReleaseGate(
-            self.policy, self.privacy, self.ledger, session_id, mechanism, scoring=self.scoring
-        )
+            self.policy, self.privacy, self.ledger, session_id, mechanism, scoring=self.scoring,
+            one_release=self.config.kind == "release",
+        )  # fmt: skip
 
     def run(self) -> WorkerResult:
         join(self.service, self.config)
