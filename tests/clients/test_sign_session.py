@@ -18,6 +18,7 @@ from models.joint import JointAggregation
 from models.private_sign import exchange_release, sign_privacy, sign_release_config
 from secure.aggregation import PlainCodec
 from secure.protocol import ProtocolViolation, ShareRequest, SharesSum
+from secure.report import session_content
 from secure.wire.node_lists import encode_nodes
 from secure.wire.passes import PassInfo
 from secure.wire.sessions import SessionCreate
@@ -106,3 +107,15 @@ def test_the_one_pass_sends_the_block_in_parts_and_keeps_the_sum_less_its_own() 
     received, sent = drive(steps, other)
     assert all(r.release is None and r.disclosure for r in sent)
     assert [float(h[-1, 1]) for h in received.hops] == [0.0, 10.0, 20.0]
+
+
+def test_the_operators_report_counts_the_one_release_as_training() -> None:
+    """The service's report (``secure.report``): a release session's one pass (an evaluation
+    pass in the schedule) feeds training, as the owner's ledger records it."""
+    release = {"pass_index": 0, "released_at": 0.0, "release": 1, "epsilon": 4.0}
+    status = {
+        "session_id": "s", "config": {"kind": "release"},
+        "privacy": {"enabled": True, "delta": 1e-6, "ledger": [release]},
+    }  # fmt: skip
+    content = session_content(status, pass_kinds=["eval"], generated_at=0.0)
+    assert content["sessions"][0]["by_kind"] == {"training": 1}
