@@ -29,9 +29,10 @@ the sum does not carry one Gaussian of the summed variance (docs/privacy.md 3.8)
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from models.client_config import ClientConfig
@@ -44,9 +45,12 @@ from models.data.propagation import (
     scale_statistics,
 )
 from models.federated import GlasuClient
+from models.inprocess import run_pass_inprocess
+from models.joint import JointAggregation
 from models.layers import Block
 from models.layerwise import EVAL_CHUNK_NODES
 from models.node_arrays import chunk_rows, node_array
+from models.outcome import PassOutcome
 from models.private import (
     degree_normalised_aggregate,
     noise_source,
@@ -55,9 +59,11 @@ from models.private import (
     release_projection_seed,
 )
 from models.sampler import NeighbourSampler, SamplingGraph, sampling_rng
+from secure.aggregation import PlainSumAggregator
 from secure.dp import degree_normalised_sensitivity
 from secure.noise import NoiseSource
 from secure.privacy import RELEASE_LAYER, SessionPrivacy
+from secure.protocol import Request, Response
 
 CPU = torch.device("cpu")
 
@@ -93,23 +99,44 @@ def senders(partitions: Sequence[ClientPartition], label_holder: int | None) -> 
     return [p.client for p in partitions if holders - {p.client}]
 
 
-def sign_privacy(config: TrainConfig, *, clients: int) -> SessionPrivacy:
-    """The session's privacy plan: ONE degree-normalised release per party at the design's cap
-    and floor, z calibrated by the project's accountant for ``config``'s epsilon and delta."""
+#: A private sign session's one pass (over the service: a session of kind "release")
+RELEASE_PASS = 0
+
+
+def sign_release_config(config: TrainConfig) -> TrainConfig:
+    """``config`` with the design's release: degree-normalised, at its cap and floor (what
+    ``privacy_request`` then asks of the service)."""
     if config.shared_noise or config.splits_noise:
         raise ValueError(
             "the private sign design adds each party's whole noise to its own release: shared "
             "or split noise does not apply (each party propagates its noisy release before the "
             "sum, docs/privacy.md 3.8); leave --shared-noise and --split-noise off"
         )
-    planned = dataclasses.replace(
+    return dataclasses.replace(
         config,
         release="degree-normalised",
         occurrence_cap=config.sign_occurrence_cap,
         degree_floor=config.sign_degree_floor,
-    ).session_privacy(clients=clients, passes_total=1)
+    )
+
+
+def sign_privacy(config: TrainConfig, *, clients: int) -> SessionPrivacy:
+    """The session's privacy plan: ONE degree-normalised release per party at the design's cap
+    and floor, z calibrated by the project's accountant for ``config``'s epsilon and delta."""
+    planned = sign_release_config(config).session_privacy(clients=clients, passes_total=1)
     assert planned is not None
     return planned
+
+
+def design_note(privacy: SessionPrivacy, *, releasing: Sequence[int], hops: int) -> str:
+    """The run summary's note on the design's one release (in process and over the service)."""
+    return (
+        f"privacy: the private sign design: one degree-normalised release per party "
+        f"(parties {list(releasing)}; cap {privacy.occurrence_cap}, floor "
+        f"{privacy.degree_floor}, sensitivity {privacy.sensitivity:.4g}, z "
+        f"{privacy.noise_multiplier:.4g}), propagated {hops - 1} more hops by its sender; "
+        "training and every evaluation are post-processing of it (docs/privacy.md 3.8)"
+    )
 
 
 def release_settings(privacy: SessionPrivacy, *, width: int, seed: int, party: int) -> SignRelease:
@@ -152,12 +179,14 @@ def released_block(
     hops: int,
     noise: NoiseSource,
     seed: int,
+    clean: torch.Tensor | None = None,
 ) -> HopFeatures:
     """Party ``partition``'s one release, noised, and its K - 1 further hops over the party's own
-    graph (post-processing): ``[H1, Â H1, ..., Â^(K-1) H1]``."""
+    graph (post-processing): ``[H1, Â H1, ..., Â^(K-1) H1]``. ``clean``: the release before
+    the noise (:func:`clean_release`) where the caller computed it already (noised in place)."""
     if hops < 1:
         raise ValueError(f"the private sign design propagates 1 hop at least, got {hops}")
-    released = clean_release(partition, release, seed=seed)
+    released = clean_release(partition, release, seed=seed) if clean is None else clean
     released += torch.from_numpy(noise.sample(tuple(released.shape), std=release.noise_std))
     noisy = dataclasses.replace(partition, features=released, rows_of_nodes=None)
     return propagate_hops(noisy, hops=hops - 1)
@@ -178,6 +207,23 @@ def received_hops(
                     total[span] += block.hops[hop - 1][span]
         summed.append(total)
     return HopFeatures(tuple(summed))
+
+
+def block_rows(block: HopFeatures, span: slice) -> np.ndarray:
+    """Rows ``span`` of a released block as its sender uploads them: its hops side by side
+    (``[H1, Â H1, ..., Â^(K-1) H1]``, float32)."""
+    return torch.cat([hop[span] for hop in block.hops], dim=1).numpy()
+
+
+def hops_of_sum(summed: torch.Tensor, *, width: int, hops: int) -> HopFeatures:
+    """The others' blocks as :func:`received_hops` gives them, from their sum over the service
+    (``summed``: N x hops * width, in :func:`block_rows`'s order): a zero hop 0, then the
+    sum's hops."""
+    if summed.shape[1] != width * hops:
+        raise ValueError(f"a sum of {summed.shape[1]} columns is not {hops} hops of {width}")
+    zero = node_array(len(summed), width, device=CPU)
+    zero.zero_()
+    return HopFeatures((zero, *summed.split(width, dim=1)))
 
 
 def beside(own: HopFeatures, received: HopFeatures) -> HopFeatures:
@@ -293,3 +339,56 @@ def sign_receivers(
         )
         receivers.append(make_receiver(part, local, received, device=device))
     return receivers
+
+
+def receiver_outcome(
+    receiver: SignReceiver, *, pass_index: int, kind: str, output_nodes: np.ndarray
+) -> PassOutcome:
+    """One local pass of a receiver's head (a training step or an evaluation), its party-alone
+    reference's beside it: no exchange, each alone (a plain sum of one share)."""
+    own, alone = (
+        run_pass_inprocess(
+            [client], PlainSumAggregator(),
+            pass_index=pass_index, kind=kind, output_nodes=output_nodes,
+        )[0]
+        for client in (receiver.client, receiver.reference)
+    )  # fmt: skip
+    return dataclasses.replace(
+        own,
+        reference_val_accuracy=alone.val_accuracy,
+        reference_test_accuracy=alone.test_accuracy,
+        reference_test_metrics=alone.test_metrics,
+    )
+
+
+def exchange_release(
+    joint: JointAggregation,
+    block: HopFeatures | None,
+    *,
+    rows: int,
+    width: int,
+    hops: int,
+    release: str | None,
+) -> Generator[Request, Response, HopFeatures]:
+    """A worker's share of its private sign session's one pass, in parts (sans-IO, as every
+    share travels: ``JointAggregation.exchange_parts``): its released ``block`` over every
+    aligned node (``release``: its digest, which the owner's gate records), or zeros where it
+    releases nothing (a label holder with the only labels: no release, no gate). Returns the
+    others' blocks (:func:`hops_of_sum`): the sum less what it sent."""
+    cols = width * hops
+    others = node_array(rows, cols, device=CPU)
+
+    def share_of(part: int, start: int, stop: int) -> np.ndarray:
+        if block is None:
+            return np.zeros((stop - start, cols), dtype=np.float32)
+        return joint.within_bound(block_rows(block, slice(start, stop)))
+
+    def on_sum(start: int, stop: int, sent: np.ndarray, total: np.ndarray, shares: int) -> None:
+        others[start:stop] = torch.from_numpy(total - sent)
+
+    yield from joint.exchange_parts(
+        RELEASE_LAYER, pass_index=RELEASE_PASS, rows=rows, cols=cols, share_of=share_of,
+        on_sum=on_sum, release=release, nodes=np.arange(rows, dtype=np.int64),
+        disclosure=block is None,
+    )  # fmt: skip
+    return hops_of_sum(others, width=width, hops=hops)

@@ -51,11 +51,12 @@ def test_a_backbone_given_and_a_private_run_keep_the_defaults_and_print_nothing(
         assert capsys.readouterr().out == ""
 
 
-def test_sign_under_privacy_runs_in_process_with_its_settings_and_is_refused_over_http(
+def test_sign_under_privacy_runs_with_its_settings_and_keeps_no_model(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The private sign design (docs/privacy.md 3.8): `--transport inprocess` takes sign's recipe
-    and the release's cap and floor; through the service the same flags are refused."""
+    and the release's cap and floor; through the service too (a release session), but neither
+    keeps a model (--model-dir)."""
     from clients.cli.errors import UsageError
 
     argv = ["--backbone", "sign", "--no-he", "--sign-occurrence-cap", "3", "--sign-degree-floor"]
@@ -65,5 +66,7 @@ def test_sign_under_privacy_runs_in_process_with_its_settings_and_is_refused_ove
     assert printed.startswith("recipe for --backbone sign")
     args = build_parser().parse_args(["train", *argv, "4", "--transport", "inprocess"])
     train_config.check_federation(args, through_service=False)
-    with pytest.raises(UsageError, match="runs in process only"):
+    train_config.check_federation(args, through_service=True)
+    args.model_dir = "models"
+    with pytest.raises(UsageError, match="keeps no model yet"):
         train_config.check_federation(args, through_service=True)
