@@ -104,10 +104,13 @@ def write_map(
 
     The map has one cell per (nodes, labelled, degree, epsilon), each with, per design, the gain
     per signal (``[mean, std]`` over its seeds) and its number of seeds (the fewest over the
-    signals). ``party_degree`` is the degree of one party's own graph (it keeps
-    ``party_edge_fraction`` of the edges), which is what a party can measure of its own data.
+    signals). ``party_degree`` is the degree of one party's own graph, which is what a party can
+    measure of its own data: a point's own ``party_degree`` where it gives one (the parties'
+    graphs differ), else the graph's degree times ``party_edge_fraction`` (each party keeps
+    that share of one graph's edges).
     """
     cells: dict[tuple[int, float, float, float], dict[str, dict[str, Any]]] = {}
+    party_degrees: dict[tuple[int, float, float, float], float] = {}
     for point in points:
         if point.get("epsilon") is None or not point.get("gain"):
             continue
@@ -117,6 +120,9 @@ def write_map(
             float(point["degree"]),
             float(point["epsilon"]),
         )
+        party_degree = round(float(point.get("party_degree") or key[2] * party_edge_fraction), 2)
+        if party_degrees.setdefault(key, party_degree) != party_degree:
+            raise ValueError(f"the points of cell {key} give two party degrees")
         design = cells.setdefault(key, {}).setdefault(
             str(point["design"]), {"gain": {}, "seeds": None}
         )
@@ -133,7 +139,7 @@ def write_map(
                 "nodes": nodes,
                 "labelled": labelled,
                 "degree": degree,
-                "party_degree": round(degree * party_edge_fraction, 2),
+                "party_degree": party_degrees[(nodes, labelled, degree, epsilon)],
                 "epsilon": epsilon,
                 "designs": {name: designs[name] for name in sorted(designs)},
             }
@@ -239,7 +245,7 @@ def _verdict(gains: Sequence[DesignGain]) -> str:
         best = max(always, key=lambda g: g.low)
         return (
             f"Private federation paid there: {best.design} gained at least {best.low:+.1f} "
-            "points over the party alone whatever the signal"
+            f"points over the party alone whatever the signal{_how_to_run(best.design)}"
         )
     sometimes = [g for g in gains if g.high >= PAYS and g.high > g.seed_std]
     if sometimes:
@@ -247,10 +253,20 @@ def _verdict(gains: Sequence[DesignGain]) -> str:
         return (
             f"Private federation paid there only with a {best.best_signal} signal ("
             f"{best.design} {best.high:+.1f} points), which your features may not have"
+            f"{_how_to_run(best.design)}"
         )
     if any(g.high > 0 for g in gains):
         return f"No private design gained {PAYS:g} points over the party alone there"
     return "No private design beat the party alone there"
+
+
+#: how a user runs a design the map names, by the start of its name
+HOW_TO_RUN = {"the private sign design": "glasu train --backbone sign"}
+
+
+def _how_to_run(design: str) -> str:
+    how = next((run for name, run in HOW_TO_RUN.items() if design.startswith(name)), None)
+    return "" if how is None else f" (run it with `{how}`)"
 
 
 def _design_gain(name: str, design: Mapping[str, Any]) -> DesignGain:

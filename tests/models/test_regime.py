@@ -150,3 +150,28 @@ def test_a_partys_own_degree_from_its_prepared_folders_meta() -> None:
     party = PartyScale(nodes=1_000, labelled=0.1, degree=0.0)
     meta = {"num_rows": 1_200, "undirected_edges": 3_000}
     assert party.with_degree_of(meta) == PartyScale(nodes=1_000, labelled=0.1, degree=5.0)
+
+
+def test_a_cell_of_differing_graphs_is_found_by_the_party_s_own_degree_and_says_how_to_run(
+    tmp_path: Path,
+) -> None:
+    """A point may give its party's own degree (the parties' graphs differ): the cell keeps it,
+    the nearest cell is found by it, and a design the product runs is named with its command."""
+    sign = "the private sign design (one release) with partners of own degree 16"
+    points = [
+        row(20_000, 16.0, "weak", ARRANGEMENT, 4.0, -2.0),
+        {**row(20_000, 35.0, "weak", sign, 4.0, 20.0), "party_degree": 4.0},
+    ]
+    written = write_map(points, path=tmp_path / "map.json", source="t", party_edge_fraction=0.8)
+    assert [c["party_degree"] for c in written["cells"]] == [12.8, 4.0]
+    party = PartyScale(nodes=20_000, labelled=0.01, degree=4.5)
+    assert nearest_regime(written, party=party, epsilon=4.0).degree == 35.0
+    text = describe_regime(written, party=party, epsilon=4.0)
+    assert "paid there" in text and "(run it with `glasu train --backbone sign`)" in text
+    dense = describe_regime(written, party=PartyScale(20_000, 0.01, 13.0), epsilon=4.0)
+    assert "glasu train --backbone sign" not in dense
+    with pytest.raises(ValueError, match="two party degrees"):
+        write_map(
+            [*points, {**row(20_000, 35.0, "strong", sign, 4.0, 1.0), "party_degree": 5.0}],
+            path=tmp_path / "other.json", source="t", party_edge_fraction=0.8,
+        )  # fmt: skip
