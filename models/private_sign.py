@@ -18,9 +18,8 @@ Privacy unit: one node's feature row at one party, replace-one; edges are not pr
    service only ever returns sums; here a plain sum) and trains the sign head on its own hops
    ``[X, ÂX, ..., Â^K X]`` with the received block beside them (hop k of the block beside its own
    hop k; hop 0 of the block is zero, the partners' raw features are never released), each
-   column standardised, starting as its party-alone head (the block's weights at zero), which
-   trains beside it as the run's reference. Training and every evaluation read the same
-   release: post-processing.
+   column standardised; its party-alone head trains beside it as the run's reference. Training
+   and every evaluation read the same release: post-processing.
 
 Split or shared noise does not apply: each party propagates its noisy ``H1`` before the sum, so
 the sum does not carry one Gaussian of the summed variance (docs/privacy.md 3.8); both are refused.
@@ -281,7 +280,6 @@ def make_receiver(
     assert reference.hop_features is not None and reference.feature_scale is not None
     own = reference.hop_features
     client = GlasuClient(alone, config, device=device, hop_features=beside(own, received))
-    start_as_alone(client, reference, own_width=partition.num_features)
     assert client.network.scale is not None
     hops = len(own.hops)
     own_shift, own_factor = scale_statistics(own, partition.held, scale=reference.feature_scale)
@@ -291,20 +289,6 @@ def make_receiver(
         interleaved(own_factor, block_factor, hops=hops).to(device),
     )
     return SignReceiver(client=client, reference=reference)
-
-
-def start_as_alone(client: GlasuClient, reference: GlasuClient, *, own_width: int) -> None:
-    """Start ``client`` as its party-alone ``reference`` (the same weights on its own columns,
-    zero on the block's, the same dropout stream), so that the block enters only as far as
-    training finds it useful (as the private arrangement's receiver starts at zero,
-    ``models.private``)."""
-    state = reference.network.state_dict()
-    per_hop = torch.zeros_like(client.network.state_dict()["input.per_hop"])
-    per_hop[:, :own_width] = state["input.per_hop"]
-    state["input.per_hop"] = per_hop
-    state["scale.shift"] = client.network.state_dict()["scale.shift"]
-    state["scale.factor"] = client.network.state_dict()["scale.factor"]
-    client.network.load_state_dict(state)  # in place: the optimiser holds the same tensors
 
 
 def sign_receivers(

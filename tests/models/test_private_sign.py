@@ -17,7 +17,6 @@ import models.private_sign as private_sign
 from models.config import TrainConfig
 from models.data.partition import ClientPartition
 from models.data.propagation import HopFeatures, propagate_hops
-from models.layout import client_config
 from models.private import REPRODUCIBLE_NOISE_ENV
 from models.private_sign import (
     SignRelease,
@@ -27,7 +26,6 @@ from models.private_sign import (
     released_block,
     senders,
     sign_privacy,
-    sign_receivers,
 )
 from models.sampler import SamplingGraph
 from models.trainer import train_inprocess
@@ -188,36 +186,3 @@ def test_a_run_releases_once_per_party_whatever_its_evaluations(monkeypatch, cor
         assert privacy["epsilon"] == pytest.approx(4.0, rel=1e-2)
         assert len(summary.history) == 2 and summary.reference_test_accuracy is not None
         assert "one degree-normalised release per party" in summary.notes[-1]
-
-
-def test_a_receiver_starts_as_its_party_alone(monkeypatch) -> None:
-    """Before any step the head on [own hops, block] computes what the party-alone head computes
-    on its own hops: the block's weights start at zero, the rest as the reference's."""
-    monkeypatch.setenv(REPRODUCIBLE_NOISE_ENV, "1")
-    graph, n = star(12)
-    rng = np.random.default_rng(2)
-    parts = [
-        dataclasses.replace(
-            as_partition(graph, rng.normal(size=(n, IN_FEATURES))), client=m,
-            labels=torch.from_numpy(rng.integers(0, 3, n)),
-        )
-        for m in range(2)
-    ]  # fmt: skip
-    config = TrainConfig(
-        backbone="sign", layers=1, agg_layers=1, hops=2, hidden=8, clients=2, encryption="none",
-        epsilon=4.0, noise_seed=1, device="cpu",
-    )  # fmt: skip
-    privacy = sign_privacy(config, clients=2)
-    receivers = sign_receivers(
-        config, parts, client_config(config), privacy, device=torch.device("cpu")
-    )
-    nodes = np.arange(n)
-    for receiver in receivers:
-        outputs = []
-        for client in (receiver.client, receiver.reference):
-            client.network.eval()
-            h = client.network.project(client.feature_rows(nodes), generator=client.generator)
-            outputs.append(client.network.classify(h, generator=client.generator))
-        torch.testing.assert_close(outputs[0], outputs[1])
-        block = receiver.client.network.input.per_hop[:, IN_FEATURES:]
-        assert block.abs().sum() == 0 and receiver.client.feature_rows(nodes).abs().sum() > 0
