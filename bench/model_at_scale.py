@@ -12,7 +12,12 @@ partners dense ones, partly overlapping; only the label holder has labels), per 
   GraphSAGE and SGC (K = 3), and the SGC logistic regression above (K on the validation nodes);
 - **federated**: non-private GLASU through the product's entry point
   (``models.trainer.train_inprocess``, encryption off) with what ``glasu train --no-dp`` runs:
-  the recipe's backbone and choices (``models.recipe``), or ``--backbone``'s with its recipe.
+  the recipe's backbone and choices (``models.recipe``), or ``--backbone``'s with its recipe;
+- **federated private** (issue 40, ``--epsilons`` / ``--gcnii-epsilons``): the private sign
+  design and the per-pass private gcnii at each epsilon (bench/model_at_scale_private.py).
+
+``--classes 2`` draws two-class graphs instead (keys ending in ``-c2``; the 5-class keys are
+unchanged): their SGC and federated rows record the test ROC-AUC too.
 
 The PyG models train full batch on a sparse adjacency (memory: the edges once, no per-edge
 messages), with Adam, and keep the test accuracy of the epoch with the best validation accuracy
