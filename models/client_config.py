@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from models.backbone import ModelConfig
-from models.config import backbone_problem
 
 
 @dataclass(frozen=True)
@@ -56,10 +55,13 @@ class ClientConfig:
             raise ValueError(f"the weight threshold is a cosine, got {self.weight_threshold}")
         if self.model.hops < 0:
             raise ValueError(f"hops must be >= 0, got {self.model.hops}")
-        # the private arrangement's model is the one with a receiver of the others' release
-        problem = backbone_problem(self.model.backbone, private=self.model.receiver_width > 0)
-        if problem is not None:
-            raise ValueError(problem)
+        # the private arrangement's model is the one with a receiver of the others' release;
+        # a precomputed backbone has none (the private sign design trains locally)
+        if self.model.precomputed and self.model.receiver_width > 0:
+            raise ValueError(
+                f"the {self.model.backbone} backbone reads the others' release as propagated "
+                "features, not through a receiver layer (models/private_sign.py)"
+            )
 
 
 def uniform_agg_layers(*, layers: int, count: int) -> tuple[int, ...]:

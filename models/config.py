@@ -20,6 +20,11 @@ BackboneName = Literal["gcnii", "gcn", "gat", "sign"]
 #: passes sample no neighbour, and their input reaches K hops, which the private arrangement's
 #: sensitivity bound does not cover (docs/privacy.md)
 PRECOMPUTED_BACKBONES: frozenset[str] = frozenset({"sign"})
+#: The private sign design's one release (models/private_sign.py, docs/privacy.md 3.8): its
+#: occurrence cap c and degree floor d_min, fixed before any data is seen. d_min = c + 1: a node
+#: drawn c times and its own row fill d_min rows, so Delta = 2C / sqrt(c + 1) wherever a
+#: target's drawn neighbourhood is full; c = 7 fills it at degree 7 and above.
+SIGN_OCCURRENCE_CAP, SIGN_DEGREE_FLOOR = 7, 8
 #: Hops of the precomputed propagation (``--hops``): SGC's K, as the SGC party-alone reference
 DEFAULT_HOPS = 3
 #: How a precomputed backbone scales its propagated columns (models/data/propagation.py)
@@ -93,6 +98,9 @@ class TrainConfig:
     # or each node's own row clipped, then a mean with a degree floor d_min
     release: ReleaseKind = "clip-after"
     degree_floor: int = DEFAULT_DEGREE_FLOOR
+    # the private sign design's one release (models/private_sign.py): occurrence cap, floor
+    sign_occurrence_cap: int = SIGN_OCCURRENCE_CAP
+    sign_degree_floor: int = SIGN_DEGREE_FLOOR
     noise_seed: int | None = None  # reproducible noise, for experiments only
 
     @property
@@ -170,14 +178,15 @@ class TrainConfig:
         }
 
 
-def backbone_problem(backbone: str, *, private: bool) -> str | None:
+def backbone_problem(backbone: str, *, private: bool, in_process: bool = False) -> str | None:
     """Why ``backbone`` cannot train a run with (``private``) or without differential privacy,
-    or None: a precomputed backbone is refused under DP, whose layer-1 release would then read
-    rows into which a node's features reach K hops (docs/privacy.md)."""
-    if private and backbone in PRECOMPUTED_BACKBONES:
+    or None. Under DP a precomputed backbone trains the private sign design
+    (models/private_sign.py: one release per party, then local training), in process only for
+    now: through the service (``in_process`` False) it is refused."""
+    if private and backbone in PRECOMPUTED_BACKBONES and not in_process:
         return (
-            f"the {backbone} backbone cannot train under differential privacy: its propagated "
-            "features carry each node's features K hops, which the release's sensitivity bound "
-            "does not cover (docs/privacy.md); train it with --no-dp, or choose another backbone"
+            f"the {backbone} backbone under differential privacy (one degree-normalised release "
+            "per party, docs/privacy.md 3.8) runs in process only for now: use --transport "
+            "inprocess, or --no-dp, or another backbone"
         )
     return None

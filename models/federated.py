@@ -81,14 +81,19 @@ class GlasuClient:
         device: torch.device | str = "cpu",
         release: ReleasePolicy | None = None,
         arrangement: Callable[[GlasuClient], Arrangement] = GlasuArrangement,
+        hop_features: HopFeatures | None = None,
     ) -> None:
         self.partition = partition
         self.config = config
         self.device = torch.device(device)
-        # a precomputed backbone's input: its own features propagated over its own graph, once
-        self.hop_features: HopFeatures | None = (
-            propagate_hops(partition, hops=config.model.hops) if config.model.precomputed else None
-        )
+        # a precomputed backbone's input: its own features propagated over its own graph, once,
+        # unless given (the private sign design's: its own hops beside the received block)
+        if hop_features is None and config.model.precomputed:
+            hop_features = propagate_hops(partition, hops=config.model.hops)
+        self.hop_features = hop_features
+        in_features = partition.num_features
+        if hop_features is not None:
+            in_features = hop_features.width // len(hop_features.hops)
         self.layers = config.model.layers
         self.client_seed = client_seed = int(
             np.random.SeedSequence([config.seed, partition.client]).generate_state(1)[0]
@@ -99,7 +104,7 @@ class GlasuClient:
         with _GLOBAL_RNG_LOCK, torch.random.fork_rng(devices=[]):
             torch.manual_seed(client_seed)
             self.network = ClientNetwork(
-                in_features=partition.features.shape[1],
+                in_features=in_features,
                 num_classes=config.num_classes or partition.num_classes,
                 config=config.model,
             )

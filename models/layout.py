@@ -10,7 +10,7 @@ import numpy as np
 
 from models.backbone import ModelConfig
 from models.client_config import ClientConfig, uniform_agg_layers
-from models.config import TrainConfig
+from models.config import PRECOMPUTED_BACKBONES, TrainConfig
 from models.data.partition import ClientPartition, partition, without_labels
 from models.data.planetoid import GraphDataset
 from secure.privacy import RELEASE_LAYER
@@ -36,7 +36,10 @@ def client_config(config: TrainConfig) -> ClientConfig:
         layers=config.layers,
         hidden=config.hidden,
         dropout=config.dropout,
-        receiver_width=config.release_width if config.private else 0,
+        # the private sign design reads the others' release as propagated features instead
+        receiver_width=config.release_width
+        if config.private and config.backbone not in PRECOMPUTED_BACKBONES
+        else 0,
     )
     base = dict(
         model=model,

@@ -79,10 +79,8 @@ class PrivateArrangement(Arrangement):
         self.width = settings.width
         self.clip = settings.clip
         self.degree_floor = settings.mechanism.degree_floor  # None: the clip-after release
-        generator = torch.Generator().manual_seed(settings.projection_seed)
-        projection = (
-            torch.randn(partition.features.shape[1], settings.width, generator=generator)
-            / settings.width**0.5
+        projection = release_projection(
+            partition.num_features, settings.width, seed=settings.projection_seed
         )
         self.projection = projection.to(client.device)
         receiver = client.network.receiver
@@ -131,9 +129,7 @@ class PrivateArrangement(Arrangement):
         clip): the mean over each target's drawn neighbourhood of the projected rows, or
         degree-normalised (:func:`degree_normalised_aggregate`)."""
         # normalised as they are read: no normalised copy of the features
-        rows = self.client.feature_rows(input_nodes)
-        rows = rows / rows.norm(dim=1, keepdim=True).clamp_min(1e-12)
-        projected = rows @ self.projection
+        projected = normalised_projection(self.client.feature_rows(input_nodes), self.projection)
         if self.degree_floor is None:
             return torch.sparse.mm(block.adjacency, projected)
         return degree_normalised_aggregate(
@@ -241,6 +237,19 @@ class PrivateArrangement(Arrangement):
             reference_test_accuracy=scores.test_accuracy,
             reference_test_metrics=scores.test_metrics,
         )
+
+
+def release_projection(num_features: int, width: int, *, seed: int) -> torch.Tensor:
+    """P_m: the (features x width) Gaussian random projection of a party's release, drawn from
+    the public ``seed`` (:func:`release_projection_seed`) before any data is seen."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(num_features, width, generator=generator) / width**0.5
+
+
+def normalised_projection(rows: torch.Tensor, projection: torch.Tensor) -> torch.Tensor:
+    """normalize(rows) P: each feature row scaled to unit L2 norm (a zero row stays zero), then
+    projected."""
+    return (rows / rows.norm(dim=1, keepdim=True).clamp_min(1e-12)) @ projection
 
 
 def degree_normalised_aggregate(

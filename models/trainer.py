@@ -3,6 +3,7 @@ standalone, simulated and GLASU modes), answered by function calls instead of HT
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -11,7 +12,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from models.config import TrainConfig
+from models.config import PRECOMPUTED_BACKBONES, TrainConfig
 from models.data.partition import ClientPartition
 from models.data.planetoid import GraphDataset, load_dataset
 from models.device import resolve_device
@@ -21,6 +22,7 @@ from models.keeper import KeepModels, ModelKeeper, mean_over_holders, privacy_sp
 from models.layout import FederationLayout, layout_federation, session_schedule
 from models.outcome import PassOutcome
 from models.private import make_client
+from models.private_sign import senders, sign_privacy, sign_receivers
 from models.run_summary import (
     HistoryEntry,
     RunSummary,
@@ -132,6 +134,15 @@ def train_inprocess(
     device = resolve_device(config.device)
     layout = layout or layout_federation(config, dataset)
     schedule = session_schedule(config, dataset)
+    if config.private and config.backbone in PRECOMPUTED_BACKBONES:
+        if security is not None or keep is not None:
+            raise ValueError(
+                "the private sign design sums its releases in process and keeps no model yet: "
+                "run it without a security or keep argument"
+            )
+        return train_private_sign(
+            config, dataset, layout, schedule, device=device, progress=progress, started=started
+        )
     security = security or prepare_security(
         config, passes_total=schedule.passes_total, clients=len(layout.partitions)
     )
@@ -181,6 +192,79 @@ def train_inprocess(
     )
 
 
+def train_private_sign(
+    config: TrainConfig,
+    dataset: GraphDataset,
+    layout: FederationLayout,
+    schedule: SessionSchedule,
+    *,
+    device: torch.device,
+    progress: bool,
+    started: float,
+) -> RunSummary:
+    """The private sign design (models/private_sign.py): each party's one release, recorded in
+    the ledger before anything is released, then every receiver's local training and
+    evaluations on it, each beside its party-alone reference."""
+    parts = layout.partitions
+    privacy = sign_privacy(config, clients=len(parts))
+    privacy.budget().record_release()  # refused (ReleaseRefused) if epsilon cannot cover one
+    releasing = senders(parts, config.label_holder)
+    receivers = sign_receivers(config, parts, layout.client_config, privacy, device=device)
+    aggregator = PlainSumAggregator()
+
+    def run_pass(pass_index: int, kind: str, output_nodes: np.ndarray) -> list[PassOutcome]:
+        outcomes = []
+        for receiver in receivers:
+            own, alone = (
+                run_pass_inprocess(
+                    [client], aggregator,
+                    pass_index=pass_index, kind=kind, output_nodes=output_nodes,
+                )[0]
+                for client in (receiver.client, receiver.reference)
+            )  # fmt: skip
+            outcomes.append(with_reference(own, alone))
+        return outcomes
+
+    security = Security(codec_factory=PlainCodec, aggregator=aggregator)
+    clients = [r.client for r in receivers]
+    history, _, _ = _run_schedule(
+        clients, security, schedule, config, "private sign", progress, run_pass=run_pass
+    )
+    ledger = [{"pass": 0, "clients": releasing}]
+    report = privacy.report(releases=1, ledger=ledger)
+    for entry in history:
+        entry.epsilon = report["epsilon"]
+    summary = build_run_summary(
+        config,
+        transport="inprocess",
+        history=history,
+        agg_layers=(),
+        stale=1,
+        split_note=dataset.split_note,
+        devices=[str(device)],
+        wall_seconds=time.perf_counter() - started,
+        privacy=report,
+    )
+    summary.notes.append(
+        f"privacy: the private sign design: one degree-normalised release per party "
+        f"(parties {releasing}; cap {privacy.occurrence_cap}, floor {privacy.degree_floor}, "
+        f"sensitivity {privacy.sensitivity:.4g}, z {privacy.noise_multiplier:.4g}), propagated "
+        f"{config.hops - 1} more hops by its sender; training and every evaluation are "
+        "post-processing of it (docs/privacy.md 3.8)"
+    )
+    return summary
+
+
+def with_reference(own: PassOutcome, alone: PassOutcome) -> PassOutcome:
+    """``own`` with ``alone``'s scores as its party-alone reference."""
+    return dataclasses.replace(
+        own,
+        reference_val_accuracy=alone.val_accuracy,
+        reference_test_accuracy=alone.test_accuracy,
+        reference_test_metrics=alone.test_metrics,
+    )
+
+
 def _run_schedule(
     clients: Sequence[GlasuClient],
     security: Security,
@@ -189,13 +273,23 @@ def _run_schedule(
     label: str,
     progress: bool,
     keepers: Sequence[ModelKeeper] = (),
+    run_pass: Callable[[int, str, np.ndarray], list[PassOutcome]] | None = None,
 ) -> tuple[list[HistoryEntry], int, str | None]:
     """Every pass of the schedule; with DP on, a pass that the session's budget cannot cover is
     refused (the release decision the service makes, ``secure.accounting.decide_release``) and
-    the run stops there."""
+    the run stops there. ``run_pass``: each client's outcome of one pass (default: the clients'
+    pass in lock-step)."""
     history: list[HistoryEntry] = []
     losses: list[float] = []
     budget = security.privacy.budget() if security.privacy is not None else None
+    if run_pass is None:
+
+        def run_pass(pass_index: int, kind: str, output_nodes: np.ndarray) -> list[PassOutcome]:
+            return run_pass_inprocess(
+                clients, security.aggregator,
+                pass_index=pass_index, kind=kind, output_nodes=output_nodes,
+            )  # fmt: skip
+
     bar = tqdm(total=config.rounds, desc=label, unit="round", disable=not progress, leave=False)
     stopped = None
     for spec in schedule.passes:
@@ -206,13 +300,7 @@ def _run_schedule(
                 stopped = "budget-exhausted"
                 break
         output_nodes = schedule.output_nodes(spec.index)
-        outcomes = run_pass_inprocess(
-            clients,
-            security.aggregator,
-            pass_index=spec.index,
-            kind=spec.kind,
-            output_nodes=output_nodes,
-        )
+        outcomes = run_pass(spec.index, spec.kind, output_nodes)
         if keepers:
             info = {"pass": spec.index, "round": spec.round, "output_nodes": output_nodes}
             for keeper, outcome in zip(keepers, outcomes, strict=True):

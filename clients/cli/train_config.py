@@ -30,6 +30,8 @@ PRIVACY_OPTIONS = (
     "--occurrence-cap",
     "--release",
     "--degree-floor",
+    "--sign-occurrence-cap",
+    "--sign-degree-floor",
     "--shared-noise",
     "--split-noise",
 )
@@ -62,7 +64,9 @@ def check_federation(args: argparse.Namespace, *, through_service: bool) -> None
         )
     check_privacy_options(args)
     problem = backbone_problem(
-        getattr(args, "backbone", "gcnii"), private=getattr(args, "dp", False)
+        getattr(args, "backbone", "gcnii"),
+        private=getattr(args, "dp", False),
+        in_process=not through_service,
     )
     if problem is not None:
         raise UsageError(problem)

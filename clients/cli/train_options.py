@@ -398,6 +398,22 @@ def add_privacy_arguments(p: argparse._ActionsContainer, *, noise_seed: bool = T
         type=positive_int,
         metavar="D_MIN",
     )
+    add_setting(
+        p,
+        "--sign-occurrence-cap",
+        "c of --backbone sign's one release under DP (the private sign design, docs/privacy.md "
+        "3.8): a node enters at most c + 1 rows of it",
+        type=non_negative_int,
+        metavar="C",
+    )
+    add_setting(
+        p,
+        "--sign-degree-floor",
+        "d_min of --backbone sign's one release under DP: each row divided by max(degree, "
+        "d_min), sensitivity 2C sqrt(c + 1) / d_min",
+        type=positive_int,
+        metavar="D_MIN",
+    )
     p.add_argument(
         "--shared-noise",
         dest="shared_noise",

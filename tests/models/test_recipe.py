@@ -29,7 +29,7 @@ def test_without_privacy_a_backbone_not_given_is_sign_and_under_privacy_the_defa
     assert chosen == {"backbone": "sign", **_values("sign", 140)}
     private = choose_recipe(backbone=None, labelled=140, private=True)
     assert (private.backbone, private.choices) == (TrainConfig.backbone, ())
-    assert "refused" in private.describe()
+    assert "private sign design" in private.describe()
     config, _ = choose_recipe(backbone=None, labelled=140).apply(TrainConfig(dp=False), given=())
     assert (config.backbone, config.hops, config.layers) == ("sign", RECIPE_HOPS, 1)
 

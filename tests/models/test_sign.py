@@ -1,7 +1,7 @@
 """The sign backbone (models/layers/sign.py): its precomputed propagation
 (models/data/propagation.py) against a dense computation, chunk by chunk as in one chunk; its
 passes sample no neighbour; it learns Cora in process; a kept model scores as it evaluated; and
-differential privacy refuses it."""
+a private session over HTTP refuses it."""
 
 from __future__ import annotations
 
@@ -166,14 +166,12 @@ def test_a_kept_sign_model_scores_as_its_best_evaluation(cora, tmp_path: Path) -
         np.testing.assert_allclose(outcome.probabilities, read_evaluation(folder)[1], atol=1e-6)
 
 
-def test_differential_privacy_refuses_the_sign_backbone(cora) -> None:
-    with pytest.raises(ValueError, match="cannot train under differential privacy"):
-        train_inprocess(
-            TrainConfig(backbone="sign", encryption="none", rounds=1), dataset=cora, progress=False
-        )
+def test_a_private_session_refuses_the_sign_backbone_over_http() -> None:
+    """Under DP sign runs the private sign design in process only (tests/models/
+    test_private_sign.py); a worker of a private session refuses it."""
     private_session = {
         "privacy": {"occurrence_cap": 1}, "agg_layers": [{"layer": 1, "width": 16}],
         "layers": 2, "stale": 1, "fanout": 3, "seed": 0,
     }  # fmt: skip
-    with pytest.raises(SessionMismatch, match="cannot train under differential privacy"):
+    with pytest.raises(SessionMismatch, match="runs in process only"):
         client_config_from_session(private_session, LocalModelOptions(backbone="sign"))
