@@ -234,8 +234,20 @@ def federated(
         "per_party": per_party,
         "recipe": recipe,
         **mean_roc_auc(report.test_metrics),
-        **({"privacy": report.privacy} if privacy else {}),
+        # a private run's own party-alone reference (the sign design: its head on its own hops)
+        **(
+            {"privacy": _privacy(report.privacy), "reference_test": report.reference_test_accuracy}
+            if privacy
+            else {}
+        ),
     }
+
+
+def _privacy(summary: dict[str, Any] | None) -> dict[str, Any]:
+    """What a row keeps of a private run's privacy summary."""
+    kept = ("epsilon", "delta", "noise_multiplier", "sensitivity", "noise_std", "releases",
+            "accountant", "release", "occurrence_cap", "degree_floor")  # fmt: skip
+    return {k: (summary or {}).get(k) for k in kept}
 
 
 def methods(
