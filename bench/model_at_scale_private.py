@@ -138,6 +138,13 @@ def _mean_std(values: list[float], sign: bool = False) -> str:
     return mean if len(values) == 1 else f"{mean} ± {np.std(values):.1f}"
 
 
+def _verdict(cell: dict[str, Any]) -> str:
+    """Whether a cell passes the bar; one seed has no spread to subtract, so it only hints."""
+    if not cell["passes"]:
+        return "no"
+    return "**yes**" if len(cell["gain"]) > 1 else "yes (1 seed: no std)"
+
+
 def private_table(runs: list[dict[str, Any]], *, alone: Sequence[str]) -> str:
     """Markdown: per cell, each method's headline metric (accuracy, or ROC-AUC for two classes)
     and accuracy, mean ± std over seeds, its gain over the best party alone (mean ± std of the
@@ -154,7 +161,7 @@ def private_table(runs: list[dict[str, Any]], *, alone: Sequence[str]) -> str:
             f"| {'ROC-AUC' if c['metric'] == 'roc_auc' else 'accuracy'} "
             f"| {_mean_std(c['value'])} | {_mean_std(c['accuracy'])} "
             f"| {_mean_std(c['gain'], sign=True)} | {_mean_std(c['vs_reference'], sign=True)} "
-            f"| {c['cpu_s']:.0f} | {('**yes**' if c['passes'] else 'no') if private else ''} |"
+            f"| {c['cpu_s']:.0f} | {_verdict(c) if private else ''} |"
         )
     return "\n".join(lines)
 
