@@ -5,9 +5,9 @@ and with checkpoints each share's plaintext digest journaled before it leaves.""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -17,10 +17,12 @@ from clients.service_http import ServiceError
 from clients.session_client import SessionClient
 from models.federated import GlasuClient
 from models.outcome import PassOutcome
-from secure.protocol import NodesRequest, ShareRequest, SharesSum
+from secure.protocol import NodesRequest, Request, Response, ShareRequest, SharesSum
 from secure.wire.passes import PassInfo
 
 log = logging.getLogger(__name__)
+
+Result = TypeVar("Result")
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,14 @@ class PassDriver:
             kind=info.kind,
             output_nodes=np.asarray(info.output_nodes, dtype=np.int64),
         )
+        return self.answer(steps, info, encoding=client.joint.codec.encoding)
+
+    def answer(
+        self, steps: Generator[Request, Response, Result], info: PassInfo, *, encoding: str
+    ) -> Result:
+        """Answer the requests of ``steps`` (a sans-IO pass of pass ``info``, whose shares are
+        encoded as ``encoding``) with calls to the service; what ``steps`` returns."""
+        pass_index = info.pass_index
         answer: Any = None
         while True:
             try:
@@ -72,9 +82,7 @@ class PassDriver:
                     admit_release(self.gate, pass_index, request, pass_kind=info.kind)
                 if request.disclosure and self.on_disclosure is not None:
                     self.on_disclosure(request)
-                answer = self.exchange_share(
-                    pass_index, request, encoding=client.joint.codec.encoding
-                )
+                answer = self.exchange_share(pass_index, request, encoding=encoding)
             else:
                 raise TypeError(f"unexpected request {request!r}")
 

@@ -302,6 +302,8 @@ class ReleaseGate:
     session_id: str
     mechanism: ReleaseMechanism  # the release mechanism of this worker's shares
     scoring: bool = False  # a scoring session: its (evaluation) passes are recorded as scoring
+    # a release session (the private sign design): its one pass feeds training, recorded so
+    one_release: bool = False
 
     def admit(
         self,
@@ -360,6 +362,8 @@ class ReleaseGate:
     def release_kind(self, pass_kind: str | None) -> ReleaseKind | None:
         if self.scoring:
             return "scoring"
+        if self.one_release:
+            return "training"
         return {"train": "training", "eval": "evaluation"}.get(pass_kind or "")
 
 

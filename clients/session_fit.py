@@ -120,7 +120,11 @@ def client_config_from_session(
         options, backbone=session_backbone(session_config, options.backbone)
     )
     privacy = session_config.get("privacy")
-    problem = backbone_problem(options.backbone, private=privacy is not None)
+    # a release session: the private sign design's one release, its training local
+    one_release = session_config.get("kind") == "release"
+    problem = backbone_problem(
+        options.backbone, private=privacy is not None, one_release=one_release
+    )
     if problem is not None:
         raise SessionMismatch(problem)
     widths = {a["width"] for a in session_config["agg_layers"]}
@@ -144,7 +148,9 @@ def client_config_from_session(
         hidden=hidden,
         dropout=options.dropout,
         # the private arrangement's release is the session's only aggregation layer
-        receiver_width=session_config["agg_layers"][0]["width"] if privacy else 0,
+        receiver_width=session_config["agg_layers"][0]["width"]
+        if privacy and not one_release
+        else 0,
     )
     return ClientConfig(
         model=model,

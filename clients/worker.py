@@ -38,7 +38,9 @@ from clients.session_fit import (
     options_for_session,
     options_of_model,
 )
+from clients.sign_session import SignWorker, check_release_session
 from models.artefact import SavedModel
+from models.client_config import ClientConfig
 from models.data.partition import ClientPartition
 from models.federated import GlasuClient
 from models.keeper import ModelKeeper
@@ -48,7 +50,7 @@ from models.release import DpRelease
 from models.run_summary import recent_training_loss
 from secure.aggregation import EmbeddingCodec
 from secure.protocol import ProtocolViolation
-from secure.release_noise import ReleaseKeyedNoise, release_keyed_noise
+from secure.release_noise import ReleaseKeyedNoise, ReleaseMechanism, release_keyed_noise
 from secure.wire.passes import PassInfo
 
 log = logging.getLogger(__name__)
@@ -153,6 +155,11 @@ class WorkerRun:
                 options = options_of_model(model, options)
             self.options = options
             client_config = client_config_from_session(self.session_json["config"], options)
+            self.sign: SignWorker | None = None
+            if self.config.kind == "release":
+                self._join_release(client_config, codec, noise, device=device)
+                self.resumed, self.skipped = None, []
+                return
             if model is not None:
                 client_config = dataclasses.replace(
                     client_config, num_classes=model.manifest["model"]["num_classes"]
@@ -203,16 +210,52 @@ class WorkerRun:
             self.ledger.noise_secret(), scope=scope, split_noise=self.privacy.split_noise
         )
 
-    def _gate(self) -> ReleaseGate | None:
+    def _join_release(
+        self,
+        client_config: ClientConfig,
+        codec: EmbeddingCodec,
+        noise: ReleaseKeyedNoise | None,
+        *,
+        device: torch.device | str,
+    ) -> None:
+        """A release session (clients/sign_session.py): one release at most, checked against
+        the plan before anything leaves; no checkpoint (a restart after the release joins a new
+        session: the ledger refuses the same id again), no kept model."""
+        privacy = check_release_session(
+            self.session_json, self.privacy, keeps_model=self.model_out is not None
+        )
+        self.sign = SignWorker(
+            self.partition, client_config, self.config, privacy, codec,
+            noise=noise, noise_seed=self.options.noise_seed, device=device,
+        )  # fmt: skip
+        self.checkpoints = self.keeper = self.fingerprint = None
+        self.gate = self._gate(self.sign.mechanism)
+
+    def run_release(self, sign: SignWorker) -> WorkerResult:
+        """The release session's one pass, then its rounds trained here (no more passes)."""
+        progress = WorkerProgress(passes=1)
+        masked = self.config.secure_aggregation == "masks"
+        passes = sign.session_passes(self.service, PassDriver(self.service, gate=self.gate), masked)
+        for info, outcome in passes:
+            self._record(progress, info, outcome)
+            if self.on_pass and sign.receives:
+                self.on_pass(info, outcome)
+        return WorkerResult(
+            passes=1, finished_reason=sign.finished or "finished", history=progress.history
+        )
+
+    def _gate(self, mechanism: ReleaseMechanism | None = None) -> ReleaseGate | None:
         """A private session's release gate (the owner's ledger), once the session id passed
         the owner's rule (``clients.policy.admit_session_id``: :class:`PolicyRefusal` for an id
         that released this data before, unless resumed from this worker's checkpoint, or with
         another mechanism); the ledger then keeps the session and its mechanism."""
         if self.privacy is None:
             return None
-        release = self.client.joint.release
-        assert self.ledger is not None and isinstance(release, DpRelease)
-        mechanism = release.settings.mechanism
+        assert self.ledger is not None
+        if mechanism is None:
+            release = self.client.joint.release
+            assert isinstance(release, DpRelease)
+            mechanism = release.settings.mechanism
         session_id = self.service.session_id
         checkpoints = self.checkpoints
         admit_session_id(
@@ -227,12 +270,13 @@ class WorkerRun:
             mechanism=mechanism.canonical(),
         )
         return ReleaseGate(
-            self.policy, self.privacy, self.ledger, session_id, mechanism, scoring=self.scoring
-        )
+            self.policy, self.privacy, self.ledger, session_id, mechanism, scoring=self.scoring,
+            one_release=self.config.kind == "release",
+        )  # fmt: skip
 
     def run(self) -> WorkerResult:
         join(self.service, self.config)
-        result = self.loop(self.resume())
+        result = self.run_release(self.sign) if self.sign is not None else self.loop(self.resume())
         if result.finished_reason == "finished":
             result.model_path = self.keep_model()
         if self.gate is not None:

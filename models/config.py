@@ -178,15 +178,17 @@ class TrainConfig:
         }
 
 
-def backbone_problem(backbone: str, *, private: bool, in_process: bool = False) -> str | None:
+def backbone_problem(backbone: str, *, private: bool, one_release: bool = False) -> str | None:
     """Why ``backbone`` cannot train a run with (``private``) or without differential privacy,
     or None. Under DP a precomputed backbone trains the private sign design
-    (models/private_sign.py: one release per party, then local training), in process only for
-    now: through the service (``in_process`` False) it is refused."""
-    if private and backbone in PRECOMPUTED_BACKBONES and not in_process:
+    (models/private_sign.py: one release per party, then local training), in process or over
+    the service in a session planned as that one release (``one_release``: kind "release"); a
+    private session of passes (kind "training") refuses it."""
+    if private and backbone in PRECOMPUTED_BACKBONES and not one_release:
         return (
             f"the {backbone} backbone under differential privacy (one degree-normalised release "
-            "per party, docs/privacy.md 3.8) runs in process only for now: use --transport "
-            "inprocess, or --no-dp, or another backbone"
+            "per party, docs/privacy.md 3.8) needs a session planned as that one release (kind "
+            "'release', which glasu train creates), not a session of training passes: use "
+            "--no-dp, or another backbone"
         )
     return None

@@ -18,7 +18,9 @@ Privacy unit: one node's feature row at one party, replace-one; edges are not pr
    service only ever returns sums; here a plain sum) and trains the sign head on its own hops
    ``[X, ÂX, ..., Â^K X]`` with the received block beside them (hop k of the block beside its own
    hop k; hop 0 of the block is zero, the partners' raw features are never released), each
-   column standardised. Training and every evaluation read the same release: post-processing.
+   column standardised, starting as its party-alone head (the block's weights at zero), which
+   trains beside it as the run's reference. Training and every evaluation read the same
+   release: post-processing.
 
 Split or shared noise does not apply: each party propagates its noisy ``H1`` before the sum, so
 the sum does not carry one Gaussian of the summed variance (docs/privacy.md 3.8); both are refused.
@@ -27,19 +29,28 @@ the sum does not carry one Gaussian of the summed variance (docs/privacy.md 3.8)
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from models.client_config import ClientConfig
 from models.config import TrainConfig
 from models.data.partition import ClientPartition
-from models.data.propagation import HopFeatures, propagate_hops, scale_statistics
+from models.data.propagation import (
+    PROPAGATION_CHUNK_NODES,
+    HopFeatures,
+    propagate_hops,
+    scale_statistics,
+)
 from models.federated import GlasuClient
+from models.inprocess import run_pass_inprocess
+from models.joint import JointAggregation
 from models.layers import Block
 from models.layerwise import EVAL_CHUNK_NODES
-from models.node_arrays import node_array
+from models.node_arrays import chunk_rows, node_array
+from models.outcome import PassOutcome
 from models.private import (
     degree_normalised_aggregate,
     noise_source,
@@ -48,9 +59,13 @@ from models.private import (
     release_projection_seed,
 )
 from models.sampler import NeighbourSampler, SamplingGraph, sampling_rng
+from secure.aggregation import PlainSumAggregator
 from secure.dp import degree_normalised_sensitivity
 from secure.noise import NoiseSource
 from secure.privacy import RELEASE_LAYER, SessionPrivacy
+from secure.protocol import Request, Response
+
+CPU = torch.device("cpu")
 
 
 @dataclass(frozen=True)
@@ -84,23 +99,44 @@ def senders(partitions: Sequence[ClientPartition], label_holder: int | None) -> 
     return [p.client for p in partitions if holders - {p.client}]
 
 
-def sign_privacy(config: TrainConfig, *, clients: int) -> SessionPrivacy:
-    """The session's privacy plan: ONE degree-normalised release per party at the design's cap
-    and floor, z calibrated by the project's accountant for ``config``'s epsilon and delta."""
+#: A private sign session's one pass (over the service: a session of kind "release")
+RELEASE_PASS = 0
+
+
+def sign_release_config(config: TrainConfig) -> TrainConfig:
+    """``config`` with the design's release: degree-normalised, at its cap and floor (what
+    ``privacy_request`` then asks of the service)."""
     if config.shared_noise or config.splits_noise:
         raise ValueError(
             "the private sign design adds each party's whole noise to its own release: shared "
             "or split noise does not apply (each party propagates its noisy release before the "
             "sum, docs/privacy.md 3.8); leave --shared-noise and --split-noise off"
         )
-    planned = dataclasses.replace(
+    return dataclasses.replace(
         config,
         release="degree-normalised",
         occurrence_cap=config.sign_occurrence_cap,
         degree_floor=config.sign_degree_floor,
-    ).session_privacy(clients=clients, passes_total=1)
+    )
+
+
+def sign_privacy(config: TrainConfig, *, clients: int) -> SessionPrivacy:
+    """The session's privacy plan: ONE degree-normalised release per party at the design's cap
+    and floor, z calibrated by the project's accountant for ``config``'s epsilon and delta."""
+    planned = sign_release_config(config).session_privacy(clients=clients, passes_total=1)
     assert planned is not None
     return planned
+
+
+def design_note(privacy: SessionPrivacy, *, releasing: Sequence[int], hops: int) -> str:
+    """The run summary's note on the design's one release (in process and over the service)."""
+    return (
+        f"privacy: the private sign design: one degree-normalised release per party "
+        f"(parties {list(releasing)}; cap {privacy.occurrence_cap}, floor "
+        f"{privacy.degree_floor}, sensitivity {privacy.sensitivity:.4g}, z "
+        f"{privacy.noise_multiplier:.4g}), propagated {hops - 1} more hops by its sender; "
+        "training and every evaluation are post-processing of it (docs/privacy.md 3.8)"
+    )
 
 
 def release_settings(privacy: SessionPrivacy, *, width: int, seed: int, party: int) -> SignRelease:
@@ -126,9 +162,9 @@ def clean_release(partition: ClientPartition, release: SignRelease, *, seed: int
         partition.num_features, release.width, seed=release.projection_seed
     )
     rng = sampling_rng(seed=seed, client=partition.client, pass_index=None, layer=RELEASE_LAYER)
-    released = node_array(partition.num_nodes, release.width, device=torch.device("cpu"))
+    released = node_array(partition.num_nodes, release.width, device=CPU)
     for layer in sampler.sample_all(chunk=EVAL_CHUNK_NODES, rng=rng):
-        block = Block.from_sampled(layer, torch.device("cpu"))
+        block = Block.from_sampled(layer, CPU)
         rows = normalised_projection(partition.feature_rows(layer.sources), projection)
         released[torch.from_numpy(layer.targets)] = degree_normalised_aggregate(
             block, rows, clip=release.clip, degree_floor=release.degree_floor
@@ -143,30 +179,64 @@ def released_block(
     hops: int,
     noise: NoiseSource,
     seed: int,
+    clean: torch.Tensor | None = None,
 ) -> HopFeatures:
     """Party ``partition``'s one release, noised, and its K - 1 further hops over the party's own
-    graph (post-processing): ``[H1, Â H1, ..., Â^(K-1) H1]``."""
+    graph (post-processing): ``[H1, Â H1, ..., Â^(K-1) H1]``. ``clean``: the release before
+    the noise (:func:`clean_release`) where the caller computed it already (noised in place)."""
     if hops < 1:
         raise ValueError(f"the private sign design propagates 1 hop at least, got {hops}")
-    released = clean_release(partition, release, seed=seed)
+    released = clean_release(partition, release, seed=seed) if clean is None else clean
     released += torch.from_numpy(noise.sample(tuple(released.shape), std=release.noise_std))
     noisy = dataclasses.replace(partition, features=released, rows_of_nodes=None)
     return propagate_hops(noisy, hops=hops - 1)
 
 
-def received_hops(blocks: Sequence[HopFeatures], *, num_nodes: int, width: int) -> HopFeatures:
-    """The sum of the other parties' blocks, hop by hop, after a zero hop 0 (what the service's
-    sum gives a receiver)."""
-    zero = torch.zeros(num_nodes, width)
-    summed = [torch.stack(hop).sum(0) for hop in zip(*(b.hops for b in blocks), strict=True)]
-    return HopFeatures((zero, *summed))
+def received_hops(
+    blocks: Sequence[HopFeatures], *, num_nodes: int, width: int, hops: int
+) -> HopFeatures:
+    """The sum of the other parties' blocks (``hops`` hops each), hop by hop, after a zero hop 0
+    (what the service's sum gives a receiver); zeros where no other party released."""
+    summed = []
+    for hop in range(hops + 1):
+        total = node_array(num_nodes, width, device=CPU)
+        for span in chunk_rows(num_nodes, chunk=PROPAGATION_CHUNK_NODES):
+            total[span] = 0.0
+            if hop > 0:
+                for block in blocks:
+                    total[span] += block.hops[hop - 1][span]
+        summed.append(total)
+    return HopFeatures(tuple(summed))
+
+
+def block_rows(block: HopFeatures, span: slice) -> np.ndarray:
+    """Rows ``span`` of a released block as its sender uploads them: its hops side by side
+    (``[H1, Â H1, ..., Â^(K-1) H1]``, float32)."""
+    return torch.cat([hop[span] for hop in block.hops], dim=1).numpy()
+
+
+def hops_of_sum(summed: torch.Tensor, *, width: int, hops: int) -> HopFeatures:
+    """The others' blocks as :func:`received_hops` gives them, from their sum over the service
+    (``summed``: N x hops * width, in :func:`block_rows`'s order): a zero hop 0, then the
+    sum's hops."""
+    if summed.shape[1] != width * hops:
+        raise ValueError(f"a sum of {summed.shape[1]} columns is not {hops} hops of {width}")
+    zero = node_array(len(summed), width, device=CPU)
+    zero.zero_()
+    return HopFeatures((zero, *summed.split(width, dim=1)))
 
 
 def beside(own: HopFeatures, received: HopFeatures) -> HopFeatures:
     """Hop k of the receiver's own features beside hop k of the received block."""
-    return HopFeatures(
-        tuple(torch.cat([a, b], dim=1) for a, b in zip(own.hops, received.hops, strict=True))
-    )
+    out = []
+    for mine, theirs in zip(own.hops, received.hops, strict=True):
+        rows, width = len(mine), mine.shape[1]
+        both = node_array(rows, width + theirs.shape[1], device=CPU)
+        for span in chunk_rows(rows, chunk=PROPAGATION_CHUNK_NODES):
+            both[span, :width] = mine[span]
+            both[span, width:] = theirs[span]
+        out.append(both)
+    return HopFeatures(tuple(out))
 
 
 def interleaved(own: torch.Tensor, received: torch.Tensor, *, hops: int) -> torch.Tensor:
@@ -211,6 +281,7 @@ def make_receiver(
     assert reference.hop_features is not None and reference.feature_scale is not None
     own = reference.hop_features
     client = GlasuClient(alone, config, device=device, hop_features=beside(own, received))
+    start_as_alone(client, reference, own_width=partition.num_features)
     assert client.network.scale is not None
     hops = len(own.hops)
     own_shift, own_factor = scale_statistics(own, partition.held, scale=reference.feature_scale)
@@ -220,6 +291,20 @@ def make_receiver(
         interleaved(own_factor, block_factor, hops=hops).to(device),
     )
     return SignReceiver(client=client, reference=reference)
+
+
+def start_as_alone(client: GlasuClient, reference: GlasuClient, *, own_width: int) -> None:
+    """Start ``client`` as its party-alone ``reference`` (the same weights on its own columns,
+    zero on the block's, the same dropout stream), so that the block enters only as far as
+    training finds it useful (as the private arrangement's receiver starts at zero,
+    ``models.private``)."""
+    state = reference.network.state_dict()
+    per_hop = torch.zeros_like(client.network.state_dict()["input.per_hop"])
+    per_hop[:, :own_width] = state["input.per_hop"]
+    state["input.per_hop"] = per_hop
+    state["scale.shift"] = client.network.state_dict()["scale.shift"]
+    state["scale.factor"] = client.network.state_dict()["scale.factor"]
+    client.network.load_state_dict(state)  # in place: the optimiser holds the same tensors
 
 
 def sign_receivers(
@@ -250,6 +335,60 @@ def sign_receivers(
             [b for m, b in blocks.items() if m != r],
             num_nodes=part.num_nodes,
             width=config.release_width,
+            hops=config.hops,
         )
         receivers.append(make_receiver(part, local, received, device=device))
     return receivers
+
+
+def receiver_outcome(
+    receiver: SignReceiver, *, pass_index: int, kind: str, output_nodes: np.ndarray
+) -> PassOutcome:
+    """One local pass of a receiver's head (a training step or an evaluation), its party-alone
+    reference's beside it: no exchange, each alone (a plain sum of one share)."""
+    own, alone = (
+        run_pass_inprocess(
+            [client], PlainSumAggregator(),
+            pass_index=pass_index, kind=kind, output_nodes=output_nodes,
+        )[0]
+        for client in (receiver.client, receiver.reference)
+    )  # fmt: skip
+    return dataclasses.replace(
+        own,
+        reference_val_accuracy=alone.val_accuracy,
+        reference_test_accuracy=alone.test_accuracy,
+        reference_test_metrics=alone.test_metrics,
+    )
+
+
+def exchange_release(
+    joint: JointAggregation,
+    block: HopFeatures | None,
+    *,
+    rows: int,
+    width: int,
+    hops: int,
+    release: str | None,
+) -> Generator[Request, Response, HopFeatures]:
+    """A worker's share of its private sign session's one pass, in parts (sans-IO, as every
+    share travels: ``JointAggregation.exchange_parts``): its released ``block`` over every
+    aligned node (``release``: its digest, which the owner's gate records), or zeros where it
+    releases nothing (a label holder with the only labels: no release, no gate). Returns the
+    others' blocks (:func:`hops_of_sum`): the sum less what it sent."""
+    cols = width * hops
+    others = node_array(rows, cols, device=CPU)
+
+    def share_of(part: int, start: int, stop: int) -> np.ndarray:
+        if block is None:
+            return np.zeros((stop - start, cols), dtype=np.float32)
+        return joint.within_bound(block_rows(block, slice(start, stop)))
+
+    def on_sum(start: int, stop: int, sent: np.ndarray, total: np.ndarray, shares: int) -> None:
+        others[start:stop] = torch.from_numpy(total - sent)
+
+    yield from joint.exchange_parts(
+        RELEASE_LAYER, pass_index=RELEASE_PASS, rows=rows, cols=cols, share_of=share_of,
+        on_sum=on_sum, release=release, nodes=np.arange(rows, dtype=np.int64),
+        disclosure=block is None,
+    )  # fmt: skip
+    return hops_of_sum(others, width=width, hops=hops)

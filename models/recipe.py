@@ -8,9 +8,9 @@ map's CSBM graphs the product's message-passing default (gcnii, batch 16, Q=4 st
 stays 40 points under one party's SGC, while sign with this recipe comes within 2 points of
 centralised training (docs/results.md, "Is the federated model worth having at scale?"). Under
 differential privacy sign runs the private sign design (``models.private_sign``: one release per
-party, in process only); the recipe keeps gcnii there until the map shows that design pays
-(:data:`SIGN_UNDER_DP`); the message-passing backbones keep ``TrainConfig``'s defaults, which the
-golden histories pin.
+party, in process or over the service); the recipe keeps gcnii there until the map shows that
+design pays (:data:`SIGN_UNDER_DP`); the message-passing backbones keep ``TrainConfig``'s
+defaults, which the golden histories pin.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def choose_recipe(*, backbone: str | None, labelled: int | None, private: bool =
                 TrainConfig.backbone,
                 (),
                 note="the defaults: under differential privacy the recipe keeps them until the "
-                "map shows the private sign design pays (--backbone sign runs it in process, "
+                "map shows the private sign design pays (--backbone sign runs it, "
                 "docs/privacy.md 3.8)",
             )
         backbone = "sign"

@@ -3,7 +3,6 @@ standalone, simulated and GLASU modes), answered by function calls instead of HT
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,7 +21,13 @@ from models.keeper import KeepModels, ModelKeeper, mean_over_holders, privacy_sp
 from models.layout import FederationLayout, layout_federation, session_schedule
 from models.outcome import PassOutcome
 from models.private import make_client
-from models.private_sign import senders, sign_privacy, sign_receivers
+from models.private_sign import (
+    design_note,
+    receiver_outcome,
+    senders,
+    sign_privacy,
+    sign_receivers,
+)
 from models.run_summary import (
     HistoryEntry,
     RunSummary,
@@ -213,17 +218,10 @@ def train_private_sign(
     aggregator = PlainSumAggregator()
 
     def run_pass(pass_index: int, kind: str, output_nodes: np.ndarray) -> list[PassOutcome]:
-        outcomes = []
-        for receiver in receivers:
-            own, alone = (
-                run_pass_inprocess(
-                    [client], aggregator,
-                    pass_index=pass_index, kind=kind, output_nodes=output_nodes,
-                )[0]
-                for client in (receiver.client, receiver.reference)
-            )  # fmt: skip
-            outcomes.append(with_reference(own, alone))
-        return outcomes
+        return [
+            receiver_outcome(r, pass_index=pass_index, kind=kind, output_nodes=output_nodes)
+            for r in receivers
+        ]
 
     security = Security(codec_factory=PlainCodec, aggregator=aggregator)
     clients = [r.client for r in receivers]
@@ -245,24 +243,8 @@ def train_private_sign(
         wall_seconds=time.perf_counter() - started,
         privacy=report,
     )
-    summary.notes.append(
-        f"privacy: the private sign design: one degree-normalised release per party "
-        f"(parties {releasing}; cap {privacy.occurrence_cap}, floor {privacy.degree_floor}, "
-        f"sensitivity {privacy.sensitivity:.4g}, z {privacy.noise_multiplier:.4g}), propagated "
-        f"{config.hops - 1} more hops by its sender; training and every evaluation are "
-        "post-processing of it (docs/privacy.md 3.8)"
-    )
+    summary.notes.append(design_note(privacy, releasing=releasing, hops=config.hops))
     return summary
-
-
-def with_reference(own: PassOutcome, alone: PassOutcome) -> PassOutcome:
-    """``own`` with ``alone``'s scores as its party-alone reference."""
-    return dataclasses.replace(
-        own,
-        reference_val_accuracy=alone.val_accuracy,
-        reference_test_accuracy=alone.test_accuracy,
-        reference_test_metrics=alone.test_metrics,
-    )
 
 
 def _run_schedule(

@@ -138,14 +138,16 @@ def session_content(
     /v1/sessions/{id}`` (its ``privacy`` field, the service's ledger), ``pass_kinds`` each
     pass's kind ("train", "eval")."""
     config, privacy = status["config"], status["privacy"]
-    scoring = config.get("kind") == "scoring"
+    # a scoring session's pass is a scoring release; a release session's (the private sign
+    # design's one pass) a training release
+    one_kind = {"scoring": "scoring", "release": "training"}.get(config.get("kind", ""))
     delta = privacy.get("delta") or 0.0
     entries = privacy.get("ledger", [])
     by_kind: dict[str, int] = {}
     for e in entries:
         kind = (
-            "scoring"
-            if scoring
+            one_kind
+            if one_kind is not None
             else {"train": "training", "eval": "evaluation"}.get(
                 pass_kinds[e["pass_index"]], "not recorded"
             )

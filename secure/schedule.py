@@ -40,8 +40,13 @@ def pass_schedule(*, rounds: int, eval_every: int) -> list[PassSpec]:
     return passes
 
 
+#: The session kinds planned as ONE evaluation pass (:meth:`SessionSchedule.scoring_passes`):
+#: scoring, and the private sign design's release (its training is local, with no pass)
+ONE_PASS_KINDS = ("scoring", "release")
+
+
 def passes_total(*, scoring: bool, rounds: int, eval_every: int) -> int:
-    """How many passes a session has: a scoring session one evaluation pass
+    """How many passes a session has: a session of :data:`ONE_PASS_KINDS` one evaluation pass
     (:meth:`SessionSchedule.scoring_passes`), a training session its :func:`pass_schedule`."""
     return 1 if scoring else len(pass_schedule(rounds=rounds, eval_every=eval_every))
 

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 
 from secure.privacy import NoiseMultiplierSource, SessionPrivacy
 from secure.protocol import PART_VALUES, ShareEncoding
-from secure.schedule import PassSpec, SessionSchedule, passes_total
+from secure.schedule import ONE_PASS_KINDS, PassSpec, SessionSchedule, passes_total
 from secure.wire.sessions import SessionConfigView, SessionCreate
 
 
@@ -34,7 +34,9 @@ class PlanOutline:
         ``json.loads``)."""
         config = _StoredOutline.model_validate_json(text).config
         total = passes_total(
-            scoring=config.kind == "scoring", rounds=config.rounds, eval_every=config.eval_every
+            scoring=config.kind in ONE_PASS_KINDS,
+            rounds=config.rounds,
+            eval_every=config.eval_every,
         )
         return cls(label=config.label, clients=config.clients, passes_total=total)
 
@@ -75,7 +77,7 @@ class SessionPlan:
         public_context_sha256: str | None = None,
     ) -> SessionPlan:
         """``config.privacy`` must hold the z in use (see ``secure.privacy.SessionPrivacy``)."""
-        if config.kind == "scoring":
+        if config.kind in ONE_PASS_KINDS:
             schedule = SessionSchedule.scoring_passes(
                 score_nodes=config.eval_nodes, seed=config.seed
             )

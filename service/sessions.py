@@ -9,7 +9,7 @@ import numpy as np
 from secure.body_limits import BodyLimitTooSmall, share_part_bytes, share_part_values
 from secure.privacy import PrivacyPlanError, SessionPrivacy, check_private_arrangement
 from secure.protocol import PART_VALUES, part_count
-from secure.schedule import passes_total
+from secure.schedule import ONE_PASS_KINDS, passes_total
 from secure.wire.sessions import (
     MAX_PART_VALUES,
     ScoringRequestOpened,
@@ -57,7 +57,9 @@ class SessionManager:
 
     def create(self, request: SessionCreate) -> SessionCreated:
         total = passes_total(
-            scoring=request.kind == "scoring", rounds=request.rounds, eval_every=request.eval_every
+            scoring=request.kind in ONE_PASS_KINDS,
+            rounds=request.rounds,
+            eval_every=request.eval_every,
         )
         self._check_model_session(request)
         context_sha256 = None

@@ -8,9 +8,11 @@ from typing import Any
 import numpy as np
 
 from clients.local.processes import FederationFailed
+from clients.local.session import plans_sign_release
 from models.config import TrainConfig
 from models.data.planetoid import GraphDataset
 from models.layout import FederationLayout
+from models.private_sign import design_note, senders, sign_privacy
 from models.run_summary import HistoryEntry, RunSummary, build_run_summary, mean_or_none
 
 
@@ -55,7 +57,7 @@ def summary_from_workers(
     reasons = {res["finished_reason"] for res in results}
     stopped = next((r for r in reasons if r != "finished"), None)
     try:
-        return build_run_summary(
+        summary = build_run_summary(
             config,
             transport="http",
             history=history,
@@ -71,3 +73,8 @@ def summary_from_workers(
         )
     except ValueError as exc:  # no evaluation before the session ended
         raise FederationFailed(str(exc)) from exc
+    if plans_sign_release(config):
+        planned = sign_privacy(config, clients=len(layout.partitions))
+        releasing = senders(layout.partitions, config.label_holder)
+        summary.notes.append(design_note(planned, releasing=releasing, hops=config.hops))
+    return summary

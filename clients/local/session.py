@@ -11,10 +11,12 @@ from typing import Any
 import numpy as np
 
 from models.client_config import ClientConfig
-from models.config import TrainConfig
+from models.config import PRECOMPUTED_BACKBONES, TrainConfig
 from models.data.planetoid import GraphDataset
 from models.data.shared_split import split_nodes
 from models.layout import FederationLayout, client_config, eval_nodes
+from models.private_sign import sign_release_config
+from secure.privacy import RELEASE_LAYER
 from secure.schedule import pass_schedule
 from secure.wire.alignment import AlignmentStatus
 from secure.wire.common import MAX_LABEL
@@ -68,10 +70,17 @@ def session_body(
     eval_nodes: np.ndarray,
 ) -> dict[str, Any]:
     width = config.release_width if config.private else config.hidden
+    agg_layers = [{"layer": layer, "width": width} for layer in client_settings.agg_layers]
+    kind = "training"
+    if plans_sign_release(config):
+        # the private sign design: one pass, its share every released hop side by side
+        config, kind = sign_release_config(config), "release"
+        agg_layers = [{"layer": RELEASE_LAYER, "width": config.release_width * config.hops}]
     return {
+        "kind": kind,
         "clients": clients,
         "layers": config.layers,
-        "agg_layers": [{"layer": layer, "width": width} for layer in client_settings.agg_layers],
+        "agg_layers": agg_layers,
         "stale": client_settings.stale,
         "rounds": config.rounds,
         "eval_every": config.eval_every,
@@ -91,6 +100,12 @@ def session_body(
         "backbone": config.backbone,
         "label": f"glasu train {config.dataset} {config.mode}"[:MAX_LABEL],
     }
+
+
+def plans_sign_release(config: TrainConfig) -> bool:
+    """Whether ``config`` runs the private sign design (``models.private_sign``), which the
+    service plans as one release pass (a session of kind "release")."""
+    return config.private and config.backbone in PRECOMPUTED_BACKBONES
 
 
 def worker_arguments(
@@ -139,6 +154,8 @@ def worker_arguments(
         args += ["--secret-context", str(secret_context)]
     if config.noise_seed is not None:
         args += ["--noise-seed", str(config.noise_seed)]
+    if plans_sign_release(config):
+        config = sign_release_config(config)
     privacy = config.session_privacy(clients=config.clients, passes_total=passes_total)
     if privacy is None:
         return [*args, "--no-require-dp"]

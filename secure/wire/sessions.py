@@ -100,7 +100,7 @@ class PrivacySettings(StrictModel):
         return self
 
 
-SessionKind = Literal["training", "scoring"]
+SessionKind = Literal["training", "scoring", "release"]
 #: What a scoring session's partners of the answering party receive (``share_predictions``)
 SharePredictions = Literal["none", "label-holder"]
 # models.config.BackboneName's spelling, and a worker setting's name: the service stores them
@@ -122,7 +122,11 @@ class SessionCreate(StrictModel):
         description="'scoring': no training; the workers load their trained models and score "
         "`eval_nodes` jointly in ONE evaluation pass (a release like a training pass: encrypted, "
         "noised and counted; its shares travel in parts, so no request grows with the nodes). "
-        "`rounds`, `eval_every`, `stale` and `train_nodes` are ignored.",
+        "`rounds`, `eval_every`, `stale` and `train_nodes` are ignored. 'release': the private "
+        "sign design (docs/privacy.md 3.8): ONE evaluation pass in which each releasing worker "
+        "uploads its released block over every aligned node (`agg_layers`: layer 1, the "
+        "block's width), then each worker with labels trains locally for `rounds` rounds, with "
+        "no more passes; needs `privacy`.",
     )
     model_session: str | None = Field(
         None,
@@ -308,6 +312,11 @@ class SessionCreate(StrictModel):
             raise ValueError("share_predictions is a scoring session's setting")
         if self.online and self.kind != "scoring":
             raise ValueError("online is a scoring session's setting")
+        if self.kind == "release" and (self.privacy is None or len(self.agg_layers) != 1):
+            raise ValueError(
+                "a release session (the private sign design) needs privacy and one aggregation"
+                " layer, its release"
+            )
         if self.secure_aggregation == "masks":
             check_masks(clients=self.clients, encryption=self.encryption)
         if self.stragglers == "continue":

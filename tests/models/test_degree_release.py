@@ -81,6 +81,17 @@ def release(
     return clip_rows(aggregate.double().numpy(), clip=CLIP)
 
 
+def replacements(features: np.ndarray, v: int, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    """What node ``v``'s row is replaced by: its negation, a large random row, a one-hot row and
+    the zero row."""
+    return (
+        -features[v],
+        rng.normal(size=IN_FEATURES) * 10,
+        np.eye(IN_FEATURES)[v % IN_FEATURES],
+        np.zeros(IN_FEATURES),
+    )
+
+
 def worst_ratio(*, cap: int | None, floor: int, bound_cap: int, bound_floor: int) -> float:
     """The largest distance over the bound, over every graph, sample seed, changed node and
     change (the node's row negated, a random one, a one-hot one, the zero row)."""
@@ -99,12 +110,7 @@ def worst_ratio(*, cap: int | None, floor: int, bound_cap: int, bound_floor: int
             features = rng.normal(size=(n, IN_FEATURES))
             base = release(features, layer, block, projection, floor=floor)
             for v in range(n):
-                for changed in (
-                    -features[v],
-                    rng.normal(size=IN_FEATURES) * 10,
-                    np.eye(IN_FEATURES)[v % IN_FEATURES],
-                    np.zeros(IN_FEATURES),
-                ):
+                for changed in replacements(features, v, rng):
                     other = features.copy()
                     other[v] = changed
                     after = release(other, layer, block, projection, floor=floor)

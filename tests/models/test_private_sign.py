@@ -17,19 +17,22 @@ import models.private_sign as private_sign
 from models.config import TrainConfig
 from models.data.partition import ClientPartition
 from models.data.propagation import HopFeatures, propagate_hops
+from models.layout import client_config
 from models.private import REPRODUCIBLE_NOISE_ENV
 from models.private_sign import (
     SignRelease,
+    beside,
     clean_release,
     received_hops,
     released_block,
     senders,
     sign_privacy,
+    sign_receivers,
 )
 from models.sampler import SamplingGraph
 from models.trainer import train_inprocess
 from secure.noise import GaussianNoise
-from tests.models.test_degree_release import GRAPHS, IN_FEATURES, star
+from tests.models.test_degree_release import GRAPHS, IN_FEATURES, replacements, star
 
 CLIP = 0.25  # below the projected rows' norms (about 1), so each own row's clip binds
 WIDTH = 16
@@ -70,12 +73,7 @@ def worst_ratio(drawn: SignRelease, bounded: SignRelease) -> float:
         for seed in range(2):
             base = clean_release(as_partition(graph, features), drawn, seed=seed).double()
             for v in range(n):
-                for changed in (
-                    -features[v],
-                    rng.normal(size=IN_FEATURES) * 10,
-                    np.eye(IN_FEATURES)[v % IN_FEATURES],
-                    np.zeros(IN_FEATURES),
-                ):
+                for changed in replacements(features, v, rng):
                     other = features.copy()
                     other[v] = changed
                     after = clean_release(as_partition(graph, other), drawn, seed=seed).double()
@@ -130,8 +128,13 @@ def test_the_later_hops_propagate_the_noisy_release_only(monkeypatch) -> None:
 def test_a_receiver_gets_the_others_blocks_summed_after_a_zero_hop() -> None:
     a = HopFeatures((torch.ones(4, 2), torch.full((4, 2), 2.0)))
     b = HopFeatures((torch.full((4, 2), 10.0), torch.full((4, 2), 20.0)))
-    received = received_hops([a, b], num_nodes=4, width=2)
+    received = received_hops([a, b], num_nodes=4, width=2, hops=2)
     assert [float(h[0, 0]) for h in received.hops] == [0.0, 11.0, 22.0]
+    own = HopFeatures(tuple(torch.full((4, 3), float(k)) for k in range(3)))
+    rows = beside(own, received).rows(np.array([1]))
+    assert rows.tolist() == [[0.0] * 5 + [1.0] * 3 + [11.0] * 2 + [2.0] * 3 + [22.0] * 2]
+    alone = received_hops([], num_nodes=4, width=2, hops=2)  # nobody else released
+    assert [float(h.abs().sum()) for h in alone.hops] == [0.0, 0.0, 0.0]
 
 
 def test_the_label_holder_releases_nothing_and_the_others_once() -> None:
@@ -185,3 +188,36 @@ def test_a_run_releases_once_per_party_whatever_its_evaluations(monkeypatch, cor
         assert privacy["epsilon"] == pytest.approx(4.0, rel=1e-2)
         assert len(summary.history) == 2 and summary.reference_test_accuracy is not None
         assert "one degree-normalised release per party" in summary.notes[-1]
+
+
+def test_a_receiver_starts_as_its_party_alone(monkeypatch) -> None:
+    """Before any step the head on [own hops, block] computes what the party-alone head computes
+    on its own hops: the block's weights start at zero, the rest as the reference's."""
+    monkeypatch.setenv(REPRODUCIBLE_NOISE_ENV, "1")
+    graph, n = star(12)
+    rng = np.random.default_rng(2)
+    parts = [
+        dataclasses.replace(
+            as_partition(graph, rng.normal(size=(n, IN_FEATURES))), client=m,
+            labels=torch.from_numpy(rng.integers(0, 3, n)),
+        )
+        for m in range(2)
+    ]  # fmt: skip
+    config = TrainConfig(
+        backbone="sign", layers=1, agg_layers=1, hops=2, hidden=8, clients=2, encryption="none",
+        epsilon=4.0, noise_seed=1, device="cpu",
+    )  # fmt: skip
+    privacy = sign_privacy(config, clients=2)
+    receivers = sign_receivers(
+        config, parts, client_config(config), privacy, device=torch.device("cpu")
+    )
+    nodes = np.arange(n)
+    for receiver in receivers:
+        outputs = []
+        for client in (receiver.client, receiver.reference):
+            client.network.eval()
+            h = client.network.project(client.feature_rows(nodes), generator=client.generator)
+            outputs.append(client.network.classify(h, generator=client.generator))
+        torch.testing.assert_close(outputs[0], outputs[1])
+        block = receiver.client.network.input.per_hop[:, IN_FEATURES:]
+        assert block.abs().sum() == 0 and receiver.client.feature_rows(nodes).abs().sum() > 0

@@ -166,12 +166,17 @@ def test_a_kept_sign_model_scores_as_its_best_evaluation(cora, tmp_path: Path) -
         np.testing.assert_allclose(outcome.probabilities, read_evaluation(folder)[1], atol=1e-6)
 
 
-def test_a_private_session_refuses_the_sign_backbone_over_http() -> None:
-    """Under DP sign runs the private sign design in process only (tests/models/
-    test_private_sign.py); a worker of a private session refuses it."""
+def test_a_private_session_of_passes_refuses_the_sign_backbone() -> None:
+    """Under DP sign runs the private sign design (tests/models/test_private_sign.py), over the
+    service as a release session (tests/clients/test_sign_session.py); a worker of a private
+    session of training passes refuses it."""
     private_session = {
         "privacy": {"occurrence_cap": 1}, "agg_layers": [{"layer": 1, "width": 16}],
         "layers": 2, "stale": 1, "fanout": 3, "seed": 0,
     }  # fmt: skip
-    with pytest.raises(SessionMismatch, match="runs in process only"):
+    with pytest.raises(SessionMismatch, match="needs a session planned as that one release"):
         client_config_from_session(private_session, LocalModelOptions(backbone="sign"))
+    release = client_config_from_session(
+        {**private_session, "kind": "release"}, LocalModelOptions(backbone="sign")
+    )
+    assert release.model.receiver_width == 0  # the block is read as propagated features
