@@ -108,8 +108,8 @@ def summary(runs: list[dict[str, Any]], *, alone: Sequence[str]) -> list[dict[st
         reference = _per_seed(rows, metric, [REFERENCE])
         ran = [m for m in alone if any(r["method"] == m and metric in r for r in rows)]
         # of the party-alone methods, the best on average: the others stay in issue 37's table
-        best = max(ran, key=lambda m: np.mean([r[metric] for r in rows if r["method"] == m]))
-        methods = [m for m in (best, REFERENCE) if any(r["method"] == m for r in rows)]
+        shown = [max(ran, key=lambda m: _mean_of(rows, m, metric))] if ran else []
+        methods = [m for m in (*shown, REFERENCE) if any(r["method"] == m for r in rows)]
         methods += sorted({r["method"] for r in rows if is_private(r["method"])}, key=_order)
         for method in methods:
             mine = [r for r in rows if r["method"] == method]
@@ -124,6 +124,10 @@ def summary(runs: list[dict[str, Any]], *, alone: Sequence[str]) -> list[dict[st
                 "passes": bool(gains) and np.mean(gains) - np.std(gains) >= BAR,
             })  # fmt: skip
     return out
+
+
+def _mean_of(rows: list[dict[str, Any]], method: str, metric: str) -> float:
+    return float(np.mean([r[metric] for r in rows if r["method"] == method and metric in r]))
 
 
 def _order(method: str) -> tuple[bool, float]:
