@@ -44,7 +44,7 @@ import numpy as np
 
 from bench import regime_map
 from bench.predictor_release import PredictorRelease
-from bench.results_doc import write_section
+from bench.results_doc import mean_roc_auc, roc_auc_field, write_section
 from models.config import TrainConfig
 from models.data.csbm import SIGNALS, csbm
 from models.data.partition import partition
@@ -164,7 +164,7 @@ def runs_of_graph(
                     None,
                     float(report.reference_test_accuracy or 0.0),
                     started,
-                    **_roc_auc(report.reference_test_metrics),
+                    **mean_roc_auc(report.reference_test_metrics),
                 )
             privacy = report.privacy or {}
             add(
@@ -172,7 +172,7 @@ def runs_of_graph(
                 eps,
                 report.test_accuracy,
                 started,
-                **_roc_auc(report.test_metrics),
+                **mean_roc_auc(report.test_metrics),
                 noise_multiplier=privacy.get("noise_multiplier"),
                 releases=privacy.get("releases"),
             )
@@ -197,7 +197,7 @@ def runs_of_graph(
                 eps,
                 report.test_accuracy,
                 started,
-                **_roc_auc(report.test_metrics),
+                **mean_roc_auc(report.test_metrics),
                 noise_multiplier=z,
                 releases=releases.total,
                 releases_of_worst_node=releases.worst,
@@ -221,7 +221,7 @@ def runs_of_graph(
                 None,
                 report.test_accuracy,
                 started,
-                **_roc_auc(report.test_metrics),
+                **mean_roc_auc(report.test_metrics),
             )
         return
     parts = None
@@ -238,10 +238,10 @@ def runs_of_graph(
                 epsilon=eps, delta=DELTA, steps=settings.steps, release_share=release_share
             )
         scores = PredictorRelease(parts, budget=budget, settings=settings, seed=graph.seed)
-        mean, auc = scores.mean_scores(), scores.mean_roc_auc()
+        mean, auc = scores.mean_scores(), scores.meanmean_roc_auc()
         if eps is None:
-            add(ALONE[1], None, mean["alone"], started, **_roc_auc_field(auc["alone"]))
-        extra = _roc_auc_field(auc["with release"])
+            add(ALONE[1], None, mean["alone"], started, **roc_auc_field(auc["alone"]))
+        extra = roc_auc_field(auc["with release"])
         if budget is not None:
             extra |= {
                 "sgd_noise_multiplier": budget.sgd_noise_multiplier,
@@ -274,17 +274,6 @@ def _train(graph: ScaleGraph, dataset: GraphDataset | None, schedule: dict, **se
         return train_inprocess(
             _config(graph, schedule, **settings), dataset=dataset, progress=False
         )
-
-
-def _roc_auc_field(value: float | None) -> dict[str, float]:
-    """A run row's ``roc_auc`` (a two-class task only: 5-class rows stay as they were)."""
-    return {} if value is None else {"roc_auc": value}
-
-
-def _roc_auc(metrics: list[dict[str, Any] | None] | None) -> dict[str, float]:
-    """The mean over clients of the test ROC-AUC in a run report's per-client metrics."""
-    values = [m["roc_auc"] for m in metrics or [] if m and "roc_auc" in m]
-    return _roc_auc_field(float(np.mean(values)) if values else None)
 
 
 def summarize(runs: list[dict]) -> list[dict]:

@@ -12,7 +12,12 @@ partners dense ones, partly overlapping; only the label holder has labels), per 
   GraphSAGE and SGC (K = 3), and the SGC logistic regression above (K on the validation nodes);
 - **federated**: non-private GLASU through the product's entry point
   (``models.trainer.train_inprocess``, encryption off) with what ``glasu train --no-dp`` runs:
-  the recipe's backbone and choices (``models.recipe``), or ``--backbone``'s with its recipe.
+  the recipe's backbone and choices (``models.recipe``), or ``--backbone``'s with its recipe;
+- **federated private** (issue 40, ``--epsilons`` / ``--gcnii-epsilons``): the private sign
+  design and the per-pass private gcnii at each epsilon (bench/model_at_scale_private.py).
+
+``--classes 2`` draws two-class graphs instead (keys ending in ``-c2``; the 5-class keys are
+unchanged): their SGC and federated rows record the test ROC-AUC too.
 
 The PyG models train full batch on a sparse adjacency (memory: the edges once, no per-edge
 messages), with Adam, and keep the test accuracy of the epoch with the best validation accuracy
@@ -36,7 +41,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.results_doc import mean_std, single_thread, write_json, write_section
+from bench import model_at_scale_private as private
+from bench.results_doc import (
+    mean_roc_auc,
+    mean_std,
+    roc_auc_field,
+    single_thread,
+    write_json,
+    write_section,
+)
 from models.config import TrainConfig
 from models.data.csbm import SIGNALS, csbm
 from models.data.partition import ClientPartition, partition
@@ -50,6 +63,7 @@ from models.trainer import train_inprocess
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "model_at_scale.json"
 CHART = ROOT / "docs" / "model_at_scale.svg"
+PRIVATE_CHART = ROOT / "docs" / "private_at_scale.svg"
 SECTION = "model-at-scale-table"
 CLASSES, DEGREE, LABELLED, PARTIES, HOPS = 5, 16.0, 0.01, 3, 3
 SGC_HOPS = (2, 3, 5, 10)  # the SGC logistic regressions' K, chosen on the validation nodes
@@ -68,18 +82,21 @@ class Graph:
     seed: int
     degrees: tuple[float, ...]
     overlap: float
+    classes: int = CLASSES
 
     @property
     def key(self) -> str:
-        return f"{self.family}-n{self.nodes}-s{self.seed}"
+        """The 5-class graphs keep the keys they had before the classes axis (the JSON resumes)."""
+        tail = "" if self.classes == CLASSES else f"-c{self.classes}"
+        return f"{self.family}-n{self.nodes}-s{self.seed}{tail}"
 
     @property
     def label_holder(self) -> int | None:
         return LABEL_HOLDER if self.family == "differing" else None
 
     def load(self) -> tuple[GraphDataset, list[ClientPartition]]:
-        per_class = max(1, round(LABELLED * self.nodes / CLASSES))
-        common = dict(classes=CLASSES, signal=SIGNALS["weak"], train_per_class=per_class)
+        per_class = max(1, round(LABELLED * self.nodes / self.classes))
+        common = dict(classes=self.classes, signal=SIGNALS["weak"], train_per_class=per_class)
         if self.family == "differing":  # the nodes of a CSBM (its own sparse graph unused)
             nodes = csbm(nodes=self.nodes, degree=min(self.degrees), seed=self.seed, **common)
             graphs = differing_party_graphs(
@@ -159,25 +176,37 @@ def fit_sgc_lr(
     width = x.shape[1]
     scores = {k: fit_receiver(widest[:, : (k + 1) * width], part, seed=seed) for k in SGC_HOPS}
     hops = max(SGC_HOPS, key=lambda k: scores[k].val)
-    return {"val": scores[hops].val, "test": scores[hops].test, "hops": hops}
+    best = scores[hops]
+    return {"val": best.val, "test": best.test, "hops": hops, **roc_auc_field(best.test_roc_auc)}
 
 
 def federated(
-    graph: Graph, joined: GraphDataset, parts: list[ClientPartition], args: argparse.Namespace
+    graph: Graph,
+    joined: GraphDataset,
+    parts: list[ClientPartition],
+    args: argparse.Namespace,
+    *,
+    backbone: str = "",
+    **privacy: Any,
 ) -> dict[str, Any]:
-    """Non-private GLASU as ``glasu train --no-dp`` runs it: the recipe's backbone and choices
-    (``models.recipe``), or ``--backbone``'s; ``--rounds`` given wins, as on the command line."""
+    """GLASU through the product's entry point as ``glasu train`` runs it: the recipe's backbone
+    and choices (``models.recipe``), or ``backbone``'s (default ``--backbone``'s); ``--rounds``
+    given wins, as on the command line. Without ``privacy`` what ``--no-dp`` runs; with it
+    (``epsilon`` and the release's settings, as flags given) a private run at ``DELTA``."""
+    backbone = backbone or args.backbone
     overrides: dict[str, Any] = {"rounds": args.rounds} if args.rounds else {}
-    if args.backbone:
-        overrides["backbone"] = args.backbone
+    if backbone:
+        overrides["backbone"] = backbone
     config = TrainConfig(
-        dataset=joined.name, seed=graph.seed, clients=len(parts), dp=False, encryption="none",
-        device="cpu", label_holder=graph.label_holder, **overrides,
+        dataset=joined.name, seed=graph.seed, clients=len(parts), dp=bool(privacy),
+        encryption="none", device="cpu", label_holder=graph.label_holder,
+        **overrides, **privacy,
     )  # fmt: skip
     recipe = choose_recipe(
-        backbone=args.backbone or None, labelled=len(joined.train_nodes), private=False
+        backbone=backbone or None, labelled=len(joined.train_nodes), private=bool(privacy)
     )
-    config, _ = recipe.apply(config, given=[f"--{field}" for field in overrides])
+    given = ["--" + field.replace("_", "-") for field in (*overrides, *privacy)]
+    config, _ = recipe.apply(config, given=given)
     layout = layout_federation(config, joined, partitions=parts)
     report = train_inprocess(config, dataset=joined, layout=layout, progress=False)
     recipe = {
@@ -204,7 +233,21 @@ def federated(
         "best_round": report.best_round,
         "per_party": per_party,
         "recipe": recipe,
+        **mean_roc_auc(report.test_metrics),
+        # a private run's own party-alone reference (the sign design: its head on its own hops)
+        **(
+            {"privacy": _privacy(report.privacy), "reference_test": report.reference_test_accuracy}
+            if privacy
+            else {}
+        ),
     }
+
+
+def _privacy(summary: dict[str, Any] | None) -> dict[str, Any]:
+    """What a row keeps of a private run's privacy summary."""
+    kept = ("epsilon", "delta", "noise_multiplier", "sensitivity", "noise_std", "releases",
+            "accountant", "release", "occurrence_cap", "degree_floor")  # fmt: skip
+    return {k: (summary or {}).get(k) for k in kept}
 
 
 def methods(
@@ -220,6 +263,7 @@ def methods(
                 "test": float(np.mean([s["test"] for s in scores])),
                 "val": float(np.mean([s["val"] for s in scores])),
                 "per_party": [s["test"] for s in scores],
+                **mean_roc_auc(scores),
             }
 
         return run
@@ -248,7 +292,16 @@ def methods(
         CENTRAL[2]: central("SGC"),
         CENTRAL[3]: joined_sgc,
         federated_name(args): lambda: federated(graph, joined, parts, args),
+        **private.private_methods(
+            lambda **settings: federated(graph, joined, parts, args, **settings),
+            sign=_floats(args.epsilons),
+            gcnii=_floats(args.gcnii_epsilons),
+        ),
     }
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x]
 
 
 def federated_name(args: argparse.Namespace) -> str:
@@ -270,9 +323,10 @@ def graphs(args: argparse.Namespace) -> list[Graph]:
     """Seed-major: a run cut short has every size and family of its first seeds."""
     degrees = tuple(float(d) for d in args.degrees.split(","))
     return [
-        Graph(family, int(float(n)), seed, degrees, args.overlap)
+        Graph(family, int(float(n)), seed, degrees, args.overlap, classes)
         for seed in range(args.seeds)
         for n in args.nodes.split(",")
+        for classes in (int(c) for c in args.classes.split(","))
         for family in args.families.split(",")
     ]
 
@@ -284,6 +338,8 @@ def run_all(args: argparse.Namespace, payload: dict[str, Any]) -> None:
     for graph in graphs(args):
         loaded: tuple[GraphDataset, list[ClientPartition]] | None = None
         names = [*ALONE, *CENTRAL, federated_name(args)]
+        names += [private.private_sign_name(e) for e in _floats(args.epsilons)]
+        names += [private.private_gcnii_name(e) for e in _floats(args.gcnii_epsilons)]
         for name in names:
             if (graph.key, name) in done or (wanted is not None and name not in wanted):
                 continue
@@ -294,6 +350,7 @@ def run_all(args: argparse.Namespace, payload: dict[str, Any]) -> None:
                 "family": graph.family,
                 "nodes": graph.nodes,
                 "seed": graph.seed,
+                "classes": graph.classes,
                 "method": name,
                 **measure(run),
             }
@@ -410,6 +467,19 @@ def main(argv: list[str] | None = None) -> int:
         "--rounds", type=int, default=0, help="federated: rounds (0: TrainConfig's default)"
     )
     parser.add_argument(
+        "--classes", default=str(CLASSES), help="classes of the graphs, e.g. 5,2 (2: ROC-AUC too)"
+    )
+    parser.add_argument(
+        "--epsilons",
+        default="",
+        help="federated private sign at these epsilons, e.g. 1,2,4,8 (default: none)",
+    )
+    parser.add_argument(
+        "--gcnii-epsilons",
+        default="",
+        help="federated private gcnii (degree-normalised release) at these epsilons, e.g. 4,8",
+    )
+    parser.add_argument(
         "--methods", default="", help="only these methods (comma-separated names as in the table)"
     )
     parser.add_argument("--hidden", type=int, default=16, help="PyG GCN/GraphSAGE width")
@@ -439,11 +509,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     if not args.report_only:
         run_all(args, payload)
-    markdown = table(payload.get("runs", []))
-    print(markdown)
+    runs = payload.get("runs", [])
+    # issue 37's table and chart: its methods on the 5-class graphs, as they were
+    before = [r for r in runs if not private.is_private(r["method"]) and "-c" not in r["graph"]]
+    markdown = table(before)
+    private_markdown = private.private_table(runs, alone=ALONE)
+    print(markdown, private_markdown, sep="\n\n")
     if args.write_doc:
-        chart(payload.get("runs", []), CHART)
+        chart(before, CHART)
         write_section(SECTION, markdown)
+        private.private_chart(runs, PRIVATE_CHART, alone=ALONE)
+        write_section(private.SECTION, private_markdown)
     return 0
 
 

@@ -41,6 +41,17 @@ def mean_std(values: list[float]) -> str:
     return f"{100 * np.mean(values):.1f} ± {100 * np.std(values):.1f}"
 
 
+def roc_auc_field(value: float | None) -> dict[str, float]:
+    """A run row's ``roc_auc`` (a two-class task only: 5-class rows stay as they were)."""
+    return {} if value is None else {"roc_auc": value}
+
+
+def mean_roc_auc(metrics: Sequence[Mapping[str, Any] | None] | None) -> dict[str, float]:
+    """The mean over clients of the test ROC-AUC in a run report's per-client metrics."""
+    values = [m["roc_auc"] for m in metrics or [] if m and "roc_auc" in m]
+    return roc_auc_field(sum(values) / len(values) if values else None)
+
+
 def rounded_mean_std(values: Sequence[float], digits: int = 4) -> tuple[float, float]:
     import numpy as np
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
-#: helpers of the benchmarks, not benchmarks: the docs sections and results files, and the
-#: predictors the scale map trains (bench/frontier_scale.py)
-HELPERS = {"results_doc", "predictor_release", "alignment_update"}
+#: helpers of the benchmarks, not benchmarks: the docs sections and results files, the
+#: predictors the scale map trains (bench/frontier_scale.py), model_at_scale's private methods
+HELPERS = {"results_doc", "predictor_release", "alignment_update", "model_at_scale_private"}
 
 # Imports every module of bench/ (a package's __main__ for a subpackage) and prints, as JSON,
 # each one's name and whether it has a callable main.
