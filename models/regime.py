@@ -221,7 +221,7 @@ def describe_regime(
     )
     cell = (
         f"{regime.nodes:,} nodes, {_percent(regime.labelled)} labelled, degree "
-        f"{regime.degree:g} ({regime.party_degree:g} per party), ε={regime.epsilon:g}"
+        f"{regime.degree:g} (a party's own {regime.party_degree:g}), ε={regime.epsilon:g}"
     )
     if regime.outside:
         where = (
@@ -245,7 +245,7 @@ def _verdict(gains: Sequence[DesignGain]) -> str:
         best = max(always, key=lambda g: g.low)
         return (
             f"Private federation paid there: {best.design} gained at least {best.low:+.1f} "
-            f"points over the party alone whatever the signal{_how_to_run(best.design)}"
+            f"points over the party alone {_over_signals(best)}{_how_to_run(best.design)}"
         )
     sometimes = [g for g in gains if g.high >= PAYS and g.high > g.seed_std]
     if sometimes:
@@ -258,6 +258,12 @@ def _verdict(gains: Sequence[DesignGain]) -> str:
     if any(g.high > 0 for g in gains):
         return f"No private design gained {PAYS:g} points over the party alone there"
     return "No private design beat the party alone there"
+
+
+def _over_signals(gain: DesignGain) -> str:
+    if len(gain.signals) == 1:
+        return f"with a {gain.signals[0]} signal (the only one measured)"
+    return "whatever the signal"
 
 
 #: how a user runs a design the map names, by the start of its name

@@ -92,7 +92,7 @@ def test_a_regime_where_nothing_pays_says_so_with_the_numbers(
     party = PartyScale(nodes=25_000, labelled=0.01, degree=3.0)
     text = describe_regime(regime_map, party=party, epsilon=4.0, whose="bank, the label holder")
     assert "bank, the label holder: 25,000 nodes, 1% labelled, own mean degree 3.0" in text
-    assert "lies in the regime 20,000 nodes, 1% labelled, degree 4 (3.2 per party), ε=4" in text
+    assert "lies in the regime 20,000 nodes, 1% labelled, degree 4 (a party's own 3.2), ε=4" in text
     assert "this run's private arrangement -11.0 points, -12.0 to -10.0 over strong and weak " \
         "signal, 3 seeds, ± 0.5" in text  # fmt: skip
     assert "a later design -1.0 points" in text
@@ -118,7 +118,9 @@ def test_data_far_from_the_map_is_named_with_its_nearest_regime(
     )
     assert "5% labelled is far above the largest measured, 1% labelled" in text
     assert "ε=16.00 is far above the largest measured, ε=4.00" in text
-    assert "nearest measured regime: 20,000 nodes, 1% labelled, degree 4 (3.2 per party)" in text
+    assert (
+        "nearest measured regime: 20,000 nodes, 1% labelled, degree 4 (a party's own 3.2)" in text
+    )
 
 
 def test_the_shipped_map_is_the_scale_benchs_and_reads() -> None:
@@ -130,14 +132,24 @@ def test_the_shipped_map_is_the_scale_benchs_and_reads() -> None:
     # the map is drawn from the 5-class points (the two-class slice has a table of its own)
     private = {(r["nodes"], r["labelled"], r["degree"], r["epsilon"]) for r in summary
                if r["epsilon"] is not None and r.get("classes", 5) == 5}  # fmt: skip
+    # and issue 40's private sign cells (bench/model_at_scale.py: 5 classes, 1% labelled)
+    runs = json.loads(
+        (Path(__file__).resolve().parents[2] / "bench/results/model_at_scale.json").read_text()
+    )["runs"]
+    degree = {"shared": 16.0, "differing": 35.0}
+    sign = {(r["nodes"], 0.01, degree[r["family"]], float(eps.group(1))) for r in runs
+            if (eps := re.search(r"private sign \(eps=([0-9.]+)\)", r["method"]))
+            and r.get("classes", 5) == 5}  # fmt: skip
     cells = {(c["nodes"], c["labelled"], c["degree"], c["epsilon"]) for c in shipped["cells"]}
-    assert cells == private
+    assert cells == private | sign
     # each design by what it is, never by the bench's label ("design 2")
     names = {name for cell in shipped["cells"] for name in cell["designs"]}
     assert names == {
-        "this run's private arrangement",
+        "the per-pass private arrangement (gcnii)",
         "a privately trained predictor released once",
         "the private arrangement with per-node accounting",
+        "the private sign design (one release)",
+        "the private sign design (one release) with partners of own degree 16",
     }
     text = describe_regime(shipped, party=PartyScale(nodes=20_000, labelled=0.01, degree=12.8),
                            epsilon=4.0)  # fmt: skip
