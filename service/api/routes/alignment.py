@@ -47,7 +47,7 @@ from service.api.deps import (
     ContextDep,
     PartyDep,
 )
-from service.api.polling import WaitQuery, poll
+from service.api.polling import WaitQuery, poll, poll_or_waiting
 from service.api.routes.docs import BINARY_REQUEST_BODY, OCTET_STREAM, binary_response
 from service.context import ServiceContext
 from service.errors import ProblemError
@@ -282,12 +282,9 @@ async def put_removed(
 )
 async def get_changes(
     caller: PartyDep, context: ContextDep, alignments: AlignmentsDep, wait: WaitQuery = None
-) -> Response:
+) -> AlignmentChanges | JSONResponse:
     # An update only, once every party's delta is in and the service applied them to the
     # base's kept sets: the base's aligned indices removed, the new indices inserted and this
     # party's kept position of each.
     check = partial(alignments.changes, caller)
-    result = await poll(context, _notify_key(caller.alignment_id), check, wait)
-    if isinstance(result, Pending):
-        return _waiting(result)
-    return JSONResponse(result.model_dump(mode="json"))
+    return await poll_or_waiting(context, _notify_key(caller.alignment_id), check, wait)
