@@ -166,14 +166,16 @@ class ModelKeeper:
         extra: Mapping[str, Any] | None = None,
         files: Mapping[str, bytes] | None = None,
         config: ClientConfig | None = None,
+        partition: ClientPartition | None = None,
     ) -> Path:
         """Write the kept model; ``spent``: the privacy the training spent of this party's data
         (its owner's ledger), ``privacy``: the session's plan (its release settings);
         ``extra``: more manifest entries, ``files``: more files of the folder (by name),
-        ``config``: the settings it records (default: the client's)."""
+        ``config`` and ``partition``: the settings and the party it records (default: the
+        client's)."""
         client = self.client
         manifest = model_manifest(
-            client.partition,
+            partition or client.partition,
             config or client.config,
             holds_head=client.holds_labels,
             feature_scale=client.feature_scale,

@@ -45,7 +45,9 @@ class KeptRelease:
                 f"a kept release of {tuple(self.h1.shape)} with {self.keys.shape} row keys"
             )
         if self.keys.dtype.kind not in "Ui":
-            raise ValueError(f"a kept release's rows are keyed by ids or nodes, not {self.keys.dtype}")
+            raise ValueError(
+                f"a kept release's rows are keyed by ids or nodes, not {self.keys.dtype}"
+            )
         if len(np.unique(self.keys)) != len(self.keys):
             raise ValueError("a kept release names a node twice")
 

@@ -28,8 +28,8 @@ import torch
 from models.artefact import PRIVATE_SIGN, ModelError, SavedModel, is_private_sign, save_model
 from models.client_config import ClientConfig
 from models.config import TrainConfig
-from models.data.partition import ClientPartition
 from models.data.derived import hop_features as derived_hop_features
+from models.data.partition import ClientPartition
 from models.data.propagation import HopFeatures
 from models.federated import GlasuClient
 from models.inprocess import run_pass_inprocess
@@ -109,7 +109,7 @@ def save_sign_model(
         snapshot, chosen_by = keeper.choose(dict)  # private: its own best, never asked
         return keeper.save(
             directory, kept=snapshot, chosen_by=chosen_by, extra=extra, files=files,
-            config=config, **where,
+            config=config, partition=partition, **where,
         )  # fmt: skip
     manifest = model_manifest(
         partition, config, holds_head=False, feature_scale=None, num_classes=1,
@@ -137,7 +137,9 @@ def kept_release(model: SavedModel) -> KeptRelease | None:
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise ModelError(f"the private sign model {model.path} has no kept release ({exc})") from exc
+        raise ModelError(
+            f"the private sign model {model.path} has no kept release ({exc})"
+        ) from exc
     if hashlib.sha256(data).hexdigest() != sign.get("sha256"):
         raise ModelError(f"{path} is not the release the model kept (its digest differs)")
     try:

@@ -48,6 +48,12 @@ def test_every_party_keeps_its_part_and_it_loads_back(kept) -> None:
     holder, *senders = (load_model(folder) for folder in folders)
     assert holder.manifest["design"] == "private-sign"
     assert holder.manifest["party"]["holds_head"] is True
+    for saved in (holder, *senders):  # the federation's parties, not the head's own view
+        assert (saved.manifest["party"]["parties"], saved.manifest["party"]["label_holder"]) == (
+            3,
+            0,
+        )
+        assert saved.manifest["model"]["agg_layers"] == [1]
     assert "scale.factor" in holder.weights
     assert holder.manifest["sign_release"]["file"] is None  # the holder released nothing
     assert kept_release(holder) is None
@@ -92,9 +98,7 @@ def test_scoring_from_the_kept_releases_gives_the_best_evaluation(kept) -> None:
     holder = load_model(folders[0])
     options = options_of_model(holder, LocalModelOptions())
     config = client_config_from_session(holder.manifest["session_config"], options)
-    outcome = kept_head_outcome(
-        holder, parts[0], config, torch.from_numpy(received), nodes=nodes
-    )
+    outcome = kept_head_outcome(holder, parts[0], config, torch.from_numpy(received), nodes=nodes)
     np.testing.assert_allclose(outcome.probabilities, expected, atol=1e-5)
 
 
@@ -136,8 +140,9 @@ def test_a_new_customer_row_is_filled_from_its_neighbours_not_its_features(kept)
     changed = part.features.clone()
     changed[7] = 100.0
     rows = [
-        scored_block_rows(release, keys, dataclasses.replace(part, features=f), hops=2,
-                          nodes=np.array([7]))  # fmt: skip
+        scored_block_rows(
+            release, keys, dataclasses.replace(part, features=f), hops=2, nodes=np.array([7])
+        )
         for f in (part.features, changed)
     ]
     np.testing.assert_array_equal(rows[0], rows[1])
