@@ -299,6 +299,14 @@ def describe(manifest: Mapping[str, Any]) -> str:
         f"kept: round {best.get('round')} (pass {best.get('pass')}), chosen by "
         f"{best.get('chosen_by')}",
     ]
+    if is_private_sign(manifest):
+        sign = manifest.get("sign_release", {})
+        kept = (
+            f"its noisy release ({sign.get('rows')} rows, keyed by {sign.get('rows_keyed_by')})"
+            if sign.get("file")
+            else "no release (it released nothing)"
+        )
+        lines.append(f"private sign design: keeps {kept}; scoring is {sign.get('scoring')}")
     for split in ("val", "test"):
         metrics = manifest.get("metrics", {}).get(split)
         if metrics and metrics.get("count"):

@@ -15,7 +15,7 @@ import torch
 
 from clients.local.session import session_view
 from clients.session_fit import LocalModelOptions, client_config_from_session, options_of_model
-from models.artefact import ModelError, load_model, read_evaluation
+from models.artefact import ModelError, describe, load_model, read_evaluation
 from models.config import TrainConfig
 from models.keeper import KeepModels
 from models.layout import layout_federation
@@ -67,6 +67,7 @@ def test_every_party_keeps_its_part_and_it_loads_back(kept) -> None:
         assert release is not None and release.h1.shape == (2708, 8)
         assert release.h1.dtype == torch.float32
         np.testing.assert_array_equal(release.keys, np.arange(2708))
+        assert "keeps its noisy release (2708 rows, keyed by nodes)" in describe(saved.manifest)
 
 
 def test_a_changed_release_file_is_refused(kept, tmp_path: Path) -> None:

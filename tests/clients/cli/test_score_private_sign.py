@@ -104,3 +104,31 @@ def new_customer_labels(tables: Path, labels: np.ndarray) -> dict[str, int]:
     with (tables / PARTIES[0] / "edges.csv").open() as handle:
         rows = list(csv.reader(handle))
     return {a: int(labels[by_id[b]]) for a, b in rows if a.startswith("new-")}
+
+
+@pytest.mark.slow  # a training in process, then a scoring over the service
+def test_in_process_the_kept_releases_are_keyed_by_the_parties_own_ids(
+    tmp_path: Path, cora: GraphDataset, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tables = write_cora_parties(cora, tmp_path / "tables")
+    folders = prepare(tmp_path / "tables", tmp_path / "prepared")
+    models = tmp_path / "models"
+    given = [arg for folder in folders for arg in ("--party", str(folder))]
+    code = main(["train", *given, *TRAINING, "--transport", "inprocess", "--model-dir",
+                 str(models), "--quiet"])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    shared = {node_id(int(n)) for n in tables.shared}  # the nodes every party holds
+    for party in PARTIES:
+        release = kept_release(load_model(models / party))
+        assert release is not None and release.keyed_by == "ids"
+        assert set(release.keys.tolist()) == shared
+    new_ids = add_new_customers(tables, cora, tmp_path / "tables-now")
+    folders_now = prepare(tmp_path / "tables-now", tmp_path / "prepared-now")
+    ids_file = tmp_path / "new.txt"
+    ids_file.write_text("\n".join(new_ids) + "\n")
+    given_now = [arg for folder in folders_now for arg in ("--party", str(folder))]
+    out = tmp_path / "predictions"
+    code = main(["score", *given_now, "--model-dir", str(models), "--ids", str(ids_file),
+                 "--out", str(out), "--quiet"])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    assert sorted(read_answer(out / "bank.csv", cora.num_classes)) == sorted(new_ids)
