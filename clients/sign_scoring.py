@@ -14,7 +14,7 @@ join, :func:`check_scoring_session`; a second pass after the one pass, :func:`ch
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,7 +35,7 @@ from models.private_sign import RELEASE_PASS, exchange_rows
 from models.private_sign_kept import KeptRelease
 from models.private_sign_model import kept_head_outcome, kept_release, scored_block_rows
 from secure.aggregation import EmbeddingCodec
-from secure.protocol import ProtocolViolation, answering_party
+from secure.protocol import ProtocolViolation, Request, Response, answering_party
 from secure.wire.passes import PassInfo
 from secure.wire.sessions import SessionConfigView
 
@@ -141,18 +141,25 @@ class KeptSignScorer:
             outcome = dataclasses.replace(outcome, answer=Answer.of(outcome.probabilities))
         yield info, outcome
 
-    def _exchange(self, nodes: np.ndarray, info: PassInfo):
+    def _exchange(
+        self, nodes: np.ndarray, info: PassInfo
+    ) -> Generator[Request, Response, torch.Tensor]:
+        """The pass's exchange (sans-IO): this worker's kept block's rows of ``nodes`` (zeros
+        where it released nothing) up, the others' rows down."""
         kept, hops = self.kept, self.config.model.hops
-        rows = None
+        rows_of = None
         if kept is not None:
             block = scored_block_rows(kept, self.own_ids, self.partition, hops=hops, nodes=nodes)
-            rows = lambda start, stop: block[start:stop]  # noqa: E731
+
+            def rows_of(start: int, stop: int) -> np.ndarray:
+                return block[start:stop]
+
         joint = JointAggregation(
             self.codec, clients=self.session.clients, part_values=self.session.part_values,
             device=CPU,
         )  # fmt: skip
         self.codec.begin_pass(RELEASE_PASS, info.participants)
         return exchange_rows(
-            joint, rows, nodes=nodes, cols=self.session.agg_layers[0].width, release=None,
+            joint, rows_of, nodes=nodes, cols=self.session.agg_layers[0].width, release=None,
             disclosure=False,
         )  # fmt: skip
