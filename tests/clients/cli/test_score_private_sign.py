@@ -20,7 +20,9 @@ from models.private_sign_model import kept_release
 from tests.clients.cli.cora_parties import PARTIES, node_id, write_cora_parties
 from tests.clients.cli.test_score import NEW_CUSTOMERS, add_new_customers, prepare, read_answer
 
-TRAINING = ("--backbone", "sign", "--rounds", "20", "--eval-every", "10", "--hidden", "32",
+# local training after the one release is cheap: enough rounds for the head to learn (measured:
+# 0.77 test accuracy at the bank, 0.78 on the 50 new customers)
+TRAINING = ("--backbone", "sign", "--rounds", "200", "--eval-every", "50", "--hidden", "32",
             "--hops", "2", "--epsilon", "4")  # fmt: skip
 
 
@@ -86,11 +88,13 @@ def test_a_private_sign_model_is_kept_and_scores_new_customers_for_nothing(
         assert len(scorings) == 1
         assert scorings[0]["post_processes"] in training
         assert ledger_releases_of(path, scorings[0]["session_id"]) == 0
-    # the new customers are copies of labelled Cora nodes: the answer is better than chance
+    # the new customers copy labelled Cora nodes (features, one edge to the node): the answer
+    # reads their neighbours' kept rows and their own features at the bank (0.78 measured; a
+    # majority class scores 0.3)
     labels = cora.labels.numpy()
     truth = new_customer_labels(tmp_path / "tables-now", labels)
     hits = [answer[i][1] == truth[i] for i in new_ids if truth[i] >= 0]
-    assert np.mean(hits) > 1.0 / cora.num_classes
+    assert np.mean(hits) >= 0.6
 
 
 def ledger_releases_of(path: Path, session_id: str) -> int:
@@ -114,8 +118,8 @@ def test_in_process_the_kept_releases_are_keyed_by_the_parties_own_ids(
     folders = prepare(tmp_path / "tables", tmp_path / "prepared")
     models = tmp_path / "models"
     given = [arg for folder in folders for arg in ("--party", str(folder))]
-    code = main(["train", *given, *TRAINING, "--transport", "inprocess", "--model-dir",
-                 str(models), "--quiet"])  # fmt: skip
+    code = main(["train", *given, *TRAINING, "--rounds", "20", "--transport", "inprocess",
+                 "--model-dir", str(models), "--quiet"])  # fmt: skip
     assert code == 0, capsys.readouterr().err
     shared = {node_id(int(n)) for n in tables.shared}  # the nodes every party holds
     for party in PARTIES:
