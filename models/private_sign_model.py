@@ -113,7 +113,7 @@ def save_sign_model(
         )  # fmt: skip
     manifest = model_manifest(
         partition, config, holds_head=False, feature_scale=None, num_classes=1,
-        private=True, classes=[0], **where,
+        private=False, classes=[0], **where,
     )  # fmt: skip
     manifest["best"] = {
         "pass": 0,
