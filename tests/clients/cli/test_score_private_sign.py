@@ -17,7 +17,7 @@ from clients.owner_ledger import OwnerLedger, party_ledgers
 from models.artefact import load_model
 from models.data.planetoid import GraphDataset
 from models.private_sign_model import kept_release
-from tests.clients.cli.cora_parties import PARTIES, node_id, write_cora_parties
+from tests.clients.cli.cora_parties import PARTIES, CoraParties, node_id, write_cora_parties
 from tests.clients.cli.test_score import NEW_CUSTOMERS, add_new_customers, prepare, read_answer
 
 # local training after the one release is cheap: enough rounds for the head to learn (measured:
@@ -35,38 +35,59 @@ def spend(folders: list[Path]) -> list[tuple[int, float]]:
     return spent
 
 
-@pytest.mark.slow  # two runs of the service and three workers (training, then scoring)
-def test_a_private_sign_model_is_kept_and_scores_new_customers_for_nothing(
-    tmp_path: Path, cora: GraphDataset, capsys: pytest.CaptureFixture[str]
-) -> None:
+def trained(
+    tmp_path: Path, cora: GraphDataset, capsys: pytest.CaptureFixture[str], *extra: str
+) -> tuple[CoraParties, Path]:
+    """Three parties' tables and their private sign models (``extra``: more `glasu train`
+    flags), each party's kept release keyed by its own ids of the shared nodes."""
     tables = write_cora_parties(cora, tmp_path / "tables")
     folders = prepare(tmp_path / "tables", tmp_path / "prepared")
     models = tmp_path / "models"
     given = [arg for folder in folders for arg in ("--party", str(folder))]
-    code = main(["train", *given, *TRAINING, "--model-dir", str(models), "--quiet"])
+    code = main(["train", *given, *TRAINING, *extra, "--model-dir", str(models), "--quiet"])
     assert code == 0, capsys.readouterr().err
-    training = {load_model(models / party).manifest["session_id"] for party in PARTIES}
-    assert len(training) == 1
+    shared = {node_id(int(n)) for n in tables.shared}  # the aligned nodes: every party's
     for party in PARTIES:
         saved = load_model(models / party)
         assert saved.manifest["design"] == "private-sign"
-        release = kept_release(saved)
-        assert release is not None and release.keyed_by == "ids"  # the parties' own ids
-        assert set(release.keys.tolist()) <= {node_id(n) for n in range(cora.num_nodes)}
         assert saved.manifest["privacy"]["releases"] == 1
+        release = kept_release(saved)
+        assert release is not None and release.keyed_by == "ids"
+        assert set(release.keys.tolist()) == shared
+    return tables, models
 
+
+def current_tables(
+    tmp_path: Path, cora: GraphDataset, tables: CoraParties
+) -> tuple[list[str], list[Path]]:
+    """The parties' current tables, with the new customers (listed in new.txt): their ids and
+    the prepared folders."""
     new_ids = add_new_customers(tables, cora, tmp_path / "tables-now")
-    folders_now = prepare(tmp_path / "tables-now", tmp_path / "prepared-now")
-    before = spend(folders_now)
-    assert [releases for releases, _ in before] == [1, 1, 1]
-    ids_file = tmp_path / "new.txt"
-    ids_file.write_text("\n".join(new_ids) + "\n")
+    (tmp_path / "new.txt").write_text("\n".join(new_ids) + "\n")
+    return new_ids, prepare(tmp_path / "tables-now", tmp_path / "prepared-now")
+
+
+def score_new_customers(tmp_path: Path, folders_now: list[Path], models: Path) -> Path:
+    """`glasu score` of the new customers: the predictions folder."""
     given_now = [arg for folder in folders_now for arg in ("--party", str(folder))]
     out = tmp_path / "predictions"
+    code = main(["score", *given_now, "--model-dir", str(models), "--ids",
+                 str(tmp_path / "new.txt"), "--out", str(out), "--quiet"])  # fmt: skip
+    assert code == 0
+    return out
+
+
+@pytest.mark.slow  # two runs of the service and three workers (training, then scoring)
+def test_a_private_sign_model_is_kept_and_scores_new_customers_for_nothing(
+    tmp_path: Path, cora: GraphDataset, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tables, models = trained(tmp_path, cora, capsys)
+    training = load_model(models / PARTIES[0]).manifest["session_id"]
+    new_ids, folders_now = current_tables(tmp_path, cora, tables)
+    before = spend(folders_now)
+    assert [releases for releases, _ in before] == [1, 1, 1]
     capsys.readouterr()
-    code = main(["score", *given_now, "--model-dir", str(models), "--ids", str(ids_file),
-                 "--out", str(out), "--quiet"])  # fmt: skip
-    assert code == 0, capsys.readouterr().err
+    out = score_new_customers(tmp_path, folders_now, models)
     printed = capsys.readouterr().out
     assert f"scored {NEW_CUSTOMERS} shared nodes" in printed
     # the service's statement of the scoring session: no release
@@ -86,7 +107,7 @@ def test_a_private_sign_model_is_kept_and_scores_new_customers_for_nothing(
                 s for s in ledger.snapshot().sessions.values() if s.get("kind") == "scoring"
             ]
         assert len(scorings) == 1
-        assert scorings[0]["post_processes"] in training
+        assert scorings[0]["post_processes"] == training
         assert ledger_releases_of(path, scorings[0]["session_id"]) == 0
     # the new customers copy labelled Cora nodes (features, one edge to the node): the answer
     # reads their neighbours' kept rows and their own features at the bank (0.78 measured; a
@@ -114,25 +135,7 @@ def new_customer_labels(tables: Path, labels: np.ndarray) -> dict[str, int]:
 def test_in_process_the_kept_releases_are_keyed_by_the_parties_own_ids(
     tmp_path: Path, cora: GraphDataset, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    tables = write_cora_parties(cora, tmp_path / "tables")
-    folders = prepare(tmp_path / "tables", tmp_path / "prepared")
-    models = tmp_path / "models"
-    given = [arg for folder in folders for arg in ("--party", str(folder))]
-    code = main(["train", *given, *TRAINING, "--rounds", "20", "--transport", "inprocess",
-                 "--model-dir", str(models), "--quiet"])  # fmt: skip
-    assert code == 0, capsys.readouterr().err
-    shared = {node_id(int(n)) for n in tables.shared}  # the nodes every party holds
-    for party in PARTIES:
-        release = kept_release(load_model(models / party))
-        assert release is not None and release.keyed_by == "ids"
-        assert set(release.keys.tolist()) == shared
-    new_ids = add_new_customers(tables, cora, tmp_path / "tables-now")
-    folders_now = prepare(tmp_path / "tables-now", tmp_path / "prepared-now")
-    ids_file = tmp_path / "new.txt"
-    ids_file.write_text("\n".join(new_ids) + "\n")
-    given_now = [arg for folder in folders_now for arg in ("--party", str(folder))]
-    out = tmp_path / "predictions"
-    code = main(["score", *given_now, "--model-dir", str(models), "--ids", str(ids_file),
-                 "--out", str(out), "--quiet"])  # fmt: skip
-    assert code == 0, capsys.readouterr().err
+    tables, models = trained(tmp_path, cora, capsys, "--rounds", "20", "--transport", "inprocess")
+    new_ids, folders_now = current_tables(tmp_path, cora, tables)
+    out = score_new_customers(tmp_path, folders_now, models)
     assert sorted(read_answer(out / "bank.csv", cora.num_classes)) == sorted(new_ids)
