@@ -157,10 +157,11 @@ def keep_sign_models(
     *,
     blocks: Mapping[int, HopFeatures],
     keepers: Mapping[int, ModelKeeper],
-    spent: dict[str, Any] | None,
+    spent: Mapping[int, dict[str, Any]],
 ) -> None:
     """Every party's model of an in-process private sign run (``blocks``: the senders'
-    released blocks, ``keepers``: the receivers' heads, by party)."""
+    released blocks, ``keepers``: the receivers' heads, ``spent``: what the run spent of each
+    party's data, by party)."""
     for part, folder in zip(partitions, keep.folders, strict=True):
         m = part.client
         own_ids = None if keep.own_ids is None else keep.own_ids[m]
@@ -171,7 +172,7 @@ def keep_sign_models(
             ),
             kept=None if m not in blocks else KeptRelease.of(blocks[m].hops[0], own_ids),
             last_round=config.rounds, session_config=keep.session_config,
-            session_id=keep.session_id, alignment_digest=None, privacy=privacy, spent=spent,
+            session_id=keep.session_id, alignment_digest=None, privacy=privacy, spent=spent[m],
         )  # fmt: skip
 
 

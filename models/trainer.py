@@ -245,11 +245,14 @@ def train_private_sign(
         keep_sign_models(
             keep, config, parts, layout.client_config, privacy, blocks=blocks,
             keepers=dict(zip(holders, keepers, strict=True)),
-            spent=privacy_spent(
-                privacy, epsilon=report["epsilon"], delta=report["delta"],
-                accountant=report["accountant"], releases=1,
-                source="the in-process run's ledger",
-            ),
+            spent={
+                m: privacy_spent(
+                    privacy, epsilon=report["epsilon"] if m in blocks else 0.0,
+                    delta=report["delta"], accountant=report["accountant"],
+                    releases=int(m in blocks), source="the in-process run's ledger",
+                )
+                for m in range(len(parts))
+            },
         )  # fmt: skip
     for entry in history:
         entry.epsilon = report["epsilon"]

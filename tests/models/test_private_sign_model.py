@@ -57,6 +57,7 @@ def test_every_party_keeps_its_part_and_it_loads_back(kept) -> None:
     assert "scale.factor" in holder.weights
     assert holder.manifest["sign_release"]["file"] is None  # the holder released nothing
     assert kept_release(holder) is None
+    assert (holder.manifest["privacy"]["releases"], holder.manifest["privacy"]["epsilon"]) == (0, 0)
     assert holder.manifest["session_config"]["kind"] == "release"
     for saved in senders:
         sign = saved.manifest["sign_release"]
@@ -68,6 +69,7 @@ def test_every_party_keeps_its_part_and_it_loads_back(kept) -> None:
         assert release.h1.dtype == torch.float32
         np.testing.assert_array_equal(release.keys, np.arange(2708))
         assert "keeps its noisy release (2708 rows, keyed by nodes)" in describe(saved.manifest)
+        assert saved.manifest["privacy"]["releases"] == 1
 
 
 def test_a_changed_release_file_is_refused(kept, tmp_path: Path) -> None:
