@@ -99,7 +99,12 @@ _RELEASE_COLUMNS = {
     "mechanism": "TEXT",
     "adversaries": "TEXT",
 }
-_SESSION_COLUMNS = {"mechanism": "TEXT", "encoding": "TEXT", "predictions_shared": "INTEGER"}
+_SESSION_COLUMNS = {
+    "mechanism": "TEXT",
+    "encoding": "TEXT",
+    "predictions_shared": "INTEGER",
+    "post_processes": "TEXT",
+}
 #: What a release was for: a training pass, an evaluation pass, or a scoring session's pass.
 ReleaseKind = Literal["training", "evaluation", "scoring"]
 #: The columns of a release as reports and the ledger digest see them (never the noise secret).
@@ -123,6 +128,9 @@ SESSION_ENCODING = "encoding"
 #: How many of the organisation's predictions went to its partners in the session (a scoring
 #: session that shares its answer); shown, like the encoding, only where it is set.
 SESSION_PREDICTIONS_SHARED = "predictions_shared"
+#: A scoring session of a kept private sign model: the training session whose release it
+#: post-processes (it releases nothing itself); shown only where it is set.
+SESSION_POST_PROCESSES = "post_processes"
 SESSION_FIELDS = (
     "session_id",
     "label",
@@ -137,6 +145,8 @@ SESSION_FIELDS = (
     "reference_test_accuracy",
     "mechanism",
 )
+#: Shown by a snapshot only where set, so that older ledgers keep their digest.
+OPTIONAL_SESSION_FIELDS = (SESSION_ENCODING, SESSION_PREDICTIONS_SHARED, SESSION_POST_PROCESSES)
 # the index of ledgers from before the mechanism was part of a release's identity is replaced
 _OLD_RELEASE_INDEX = "DROP INDEX IF EXISTS one_row_per_release"
 _RELEASE_INDEX = (
@@ -169,6 +179,8 @@ class SessionAbout:
     clients: int | None = None
     adversaries: Sequence[dict[str, Any]] | None = None
     encoding: str | None = None  # the session's share encoding ("bfv-masked": masked shares)
+    # a scoring of a kept release: the training session whose release it post-processes
+    post_processes: str | None = None
 
 
 @dataclass(frozen=True)
@@ -359,8 +371,8 @@ class OwnerLedger:
         with self._transaction() as tx:
             tx.execute(
                 "INSERT INTO sessions (session_id, label, partners, operator, kind, created_at,"
-                " admitted_at, clients, adversaries, mechanism, encoding)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                " admitted_at, clients, adversaries, mechanism, encoding, post_processes)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
                 (
                     session_id,
                     about.label,
@@ -373,6 +385,7 @@ class OwnerLedger:
                     adversaries,
                     mechanism,
                     about.encoding,
+                    about.post_processes,
                 ),
             )
             if mechanism is not None:
@@ -445,8 +458,8 @@ class OwnerLedger:
                 " ORDER BY id"
             ).fetchall()
             sessions = tx.execute(
-                f"SELECT {', '.join(SESSION_FIELDS)}, {SESSION_ENCODING},"
-                f" {SESSION_PREDICTIONS_SHARED} FROM sessions ORDER BY admitted_at"
+                f"SELECT {', '.join(SESSION_FIELDS)}, {', '.join(OPTIONAL_SESSION_FIELDS)}"
+                " FROM sessions ORDER BY admitted_at"
             ).fetchall()
         records = {}
         for row in sessions:
@@ -454,7 +467,7 @@ class OwnerLedger:
             for name in ("partners", "adversaries"):
                 if record[name] is not None:
                     record[name] = json.loads(record[name])
-            optional = zip((SESSION_ENCODING, SESSION_PREDICTIONS_SHARED), row[-2:], strict=True)
+            optional = zip(OPTIONAL_SESSION_FIELDS, row[len(SESSION_FIELDS) :], strict=True)
             record.update({name: value for name, value in optional if value is not None})
             records[record["session_id"]] = record
         return LedgerSnapshot(

@@ -18,6 +18,7 @@ computed at the policy's delta with the policy's accountant, whatever the sessio
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -101,10 +102,13 @@ def admit_session(
     session_id: str,
     encrypted: bool,
     ledger: OwnerLedger | None,
+    post_processing: bool = False,
 ) -> SessionPrivacy | None:
     """The session's privacy plan as this worker computes it, or :class:`PolicyRefusal` saying
     why the worker will not take part. ``session`` is ``GET /v1/sessions/{id}``; ``session_id``
-    is the id the owner configured (what its ledger is keyed by)."""
+    is the id the owner configured (what its ledger is keyed by). ``post_processing``: the
+    worker's own knowledge that the session releases nothing (a scoring of its kept private
+    sign model): its plan spends epsilon 0, admitted even at the lifetime cap."""
     config = session["config"]
     if not config.get("privacy"):
         if policy.require_dp:
@@ -130,6 +134,8 @@ def admit_session(
         )
     except (PrivacyPlanError, TypeError) as exc:
         raise PolicyRefusal(f"the session's privacy settings are not usable: {exc}") from exc
+    if post_processing:
+        privacy = dataclasses.replace(privacy, post_processing=True)
     if privacy.split_noise:
         _check_split_noise(policy, config)
     if privacy.shared_noise and not policy.allow_shared_noise:
@@ -173,7 +179,7 @@ def admit_session(
             f" {privacy.ledger_noise_multiplier:.4g}); the policy allows"
             f" {policy.max_session_epsilon:g} per session"
         )
-    if ledger is not None:
+    if ledger is not None and not privacy.post_processing:
         # A resumed session's own rows are part of its plan, not on top of it (more rows than
         # planned: recomputed passes with other inputs, each a release of its own).
         spent = ledger.inverse_square_sum()

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, get_args
 
 from models.answer import answer_columns
-from models.artefact import ModelError, SavedModel
+from models.artefact import ModelError, SavedModel, is_private_sign
 from models.backbone import ModelConfig
 from models.client_config import ClientConfig
 from models.config import DEFAULT_HOPS, BackboneName, TrainConfig, backbone_problem
@@ -120,8 +120,9 @@ def client_config_from_session(
         options, backbone=session_backbone(session_config, options.backbone)
     )
     privacy = session_config.get("privacy")
-    # a release session: the private sign design's one release, its training local
-    one_release = session_config.get("kind") == "release"
+    # a release session: the private sign design's one release, its training local (or a
+    # scoring session of such a model, post-processing of its release)
+    one_release = "release" in (session_config.get("kind"), session_config.get("model_kind"))
     problem = backbone_problem(
         options.backbone, private=privacy is not None, one_release=one_release
     )
@@ -249,6 +250,7 @@ def check_model_fits(
                 f"the scoring session has {name} {value}, the model {model.path} was trained "
                 f"with {saved.get(name)}: create the scoring session from the model's manifest"
             )
+    check_model_kind(model, config)
     release = model.manifest.get("release")
     privacy = config.privacy
     if (release is None) != (privacy is None):
@@ -292,6 +294,20 @@ def check_model_fits(
         raise ModelError(
             f"the data has {int(partition.features.shape[1])} feature columns, the model "
             f"{model.path} {saved['in_features']}"
+        )
+
+
+def check_model_kind(model: SavedModel, config: SessionConfigView) -> None:
+    """A private sign model scores by post-processing of its kept release, in a session that
+    says so (``model_kind`` 'release', which the service plans without a release), and only
+    there: :class:`ModelError` otherwise, whatever else the session says."""
+    kept_release = is_private_sign(model.manifest)
+    if kept_release != (config.model_kind == "release"):
+        raise ModelError(
+            f"the scoring session's model_kind is {config.model_kind!r}, but {model.path} is "
+            + ("" if kept_release else "not ")
+            + "a private sign model (scored by post-processing of its kept release, model_kind "
+            "'release'): create the scoring session from the model's manifest"
         )
 
 

@@ -3,7 +3,8 @@
 aligned node (``models.private_sign``) as its share, encrypted and in parts through its owner's
 release gate, as an evaluation pass's share travels; it gets the sum, keeps the others' blocks
 (the sum less its own share) and, where it holds labels, trains its sign head locally for the
-session's rounds with no more passes. The owner's ledger counts one release; a plan that asks
+session's rounds with no more passes, and with ``--model-out`` keeps its model (its head's
+best round, its noisy release). The owner's ledger counts one release; a plan that asks
 for more passes is refused before anything leaves (:func:`check_one_release`), and a service
 that offers a second pass after the release is refused too (:func:`check_done`)."""
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,10 +28,12 @@ from models.config import PRECOMPUTED_BACKBONES
 from models.data.partition import ClientPartition
 from models.data.propagation import HopFeatures
 from models.joint import JointAggregation
+from models.keeper import ModelKeeper
 from models.outcome import PassOutcome
 from models.private import noise_source
 from models.private_sign import (
     RELEASE_PASS,
+    SignRelease,
     clean_release,
     exchange_release,
     make_receiver,
@@ -38,6 +42,8 @@ from models.private_sign import (
     release_settings,
     released_block,
 )
+from models.private_sign_kept import KeptRelease
+from models.private_sign_model import save_sign_model
 from secure.aggregation import EmbeddingCodec
 from secure.privacy import RELEASE_LAYER, SessionPrivacy
 from secure.protocol import ProtocolViolation, part_rows
@@ -63,20 +69,13 @@ def check_one_release(session: Mapping[str, Any], privacy: SessionPrivacy) -> No
 
 
 def check_release_session(
-    session: Mapping[str, Any], privacy: SessionPrivacy | None, *, keeps_model: bool
+    session: Mapping[str, Any], privacy: SessionPrivacy | None
 ) -> SessionPrivacy:
-    """What a worker checks of a release session before anything leaves: it is private, it
-    plans one release (:func:`check_one_release`), and nobody asks to keep its model
-    (:class:`SessionMismatch`: a new node would need a new release of every partner's
-    block)."""
+    """What a worker checks of a release session before anything leaves: it is private and it
+    plans one release (:func:`check_one_release`)."""
     if privacy is None:
         raise SessionMismatch("a release session (the private sign design) needs privacy")
     check_one_release(session, privacy)
-    if keeps_model:
-        raise SessionMismatch(
-            "the private sign design keeps no model yet (scoring a new node needs a new "
-            "release of every partner's block, docs/privacy.md 3.8): run without --model-out"
-        )
     return privacy
 
 
@@ -104,7 +103,10 @@ class SignWorker:
     noise: ReleaseKeyedNoise | None
     noise_seed: int | None
     device: torch.device | str = "cpu"
+    keeps_model: bool = False  # its head's best round is kept (``--model-out``)
     finished: str | None = None  # why the session ended, once its one pass is done
+    kept_h1: torch.Tensor | None = None  # its noisy release H1, once released
+    keeper: ModelKeeper | None = None  # its head's best round, once it trains
 
     def __post_init__(self) -> None:
         model = self.config.model
@@ -176,8 +178,7 @@ class SignWorker:
         records), or nothing where it releases nothing."""
         if not self.releases:
             return None, None
-        seed = self.session.seed
-        settings = release_settings(self.privacy, width=self.width, seed=seed, party=self.client)
+        seed, settings = self.session.seed, self.settings
         clean = clean_release(self.partition, settings, seed=seed)
         key = release_digest(
             pass_index=RELEASE_PASS,
@@ -197,7 +198,13 @@ class SignWorker:
             self.partition, settings, hops=self.config.model.hops, noise=noise, seed=seed,
             clean=clean,
         )  # fmt: skip
+        self.kept_h1 = block.hops[0]  # the release itself (before its K - 1 hops)
         return block, key.hex()
+
+    @property
+    def settings(self) -> SignRelease:
+        seed = self.session.seed
+        return release_settings(self.privacy, width=self.width, seed=seed, party=self.client)
 
     def session_passes(
         self, service: SessionClient, driver: PassDriver, masked: bool
@@ -235,9 +242,35 @@ class SignWorker:
             return
         local = receiver_config(self.config)
         receiver = make_receiver(partition, local, received, device=torch.device(self.device))
+        if self.keeps_model:
+            self.keeper = ModelKeeper(receiver.client, private=True)
         for spec in schedule.passes:
             nodes = schedule.output_nodes(spec.index)
             outcome = receiver_outcome(
                 receiver, pass_index=spec.index, kind=spec.kind, output_nodes=nodes
             )
+            if self.keeper is not None:
+                info = {"pass": spec.index, "round": spec.round, "output_nodes": nodes}
+                self.keeper.observe(info, outcome)
             yield spec, outcome
+
+    def save_model(
+        self,
+        directory: Path,
+        *,
+        own_ids: np.ndarray | None,
+        session_id: str,
+        session_config: Mapping[str, Any],
+        alignment_digest: str | None,
+        spent: dict[str, Any] | None,
+    ) -> Path:
+        """Keep this party's private sign model (models/private_sign_model.py): its head's
+        best round where it holds labels, its noisy release (its rows keyed by ``own_ids``)
+        where it released one."""
+        kept = None if self.kept_h1 is None else KeptRelease.of(self.kept_h1, own_ids)
+        return save_sign_model(
+            directory, partition=self.partition, config=self.config, keeper=self.keeper,
+            release=self.settings, kept=kept, last_round=self.session.rounds,
+            session_config=session_config, session_id=session_id,
+            alignment_digest=alignment_digest, privacy=self.privacy, spent=spent,
+        )  # fmt: skip

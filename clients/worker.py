@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from clients.checkpoint import CheckpointStore, Fingerprint, WorkerProgress
@@ -27,6 +28,7 @@ from clients.policy import (
     admit_session_id,
     session_about,
 )
+from clients.predictions import IdsByNode
 from clients.rejoin import next_pass_after, rejoin_pass, stated_pass_info
 from clients.request_signing import RequestCheck
 from clients.service_http import ServiceError
@@ -39,8 +41,9 @@ from clients.session_fit import (
     options_for_session,
     options_of_model,
 )
+from clients.sign_scoring import KeptSignScorer, check_scoring_session, note_scoring
 from clients.sign_session import SignWorker, check_release_session
-from models.artefact import SavedModel
+from models.artefact import SavedModel, is_private_sign
 from models.client_config import ClientConfig
 from models.data.partition import ClientPartition
 from models.federated import GlasuClient
@@ -113,6 +116,7 @@ class WorkerRun:
         given_options: frozenset[str] = frozenset(),
         writes_predictions: bool = False,
         request_check: RequestCheck | None = None,
+        ids_of_node: IdsByNode | None = None,
     ) -> None:
         self.service = service
         self.on_pass = on_pass
@@ -122,6 +126,7 @@ class WorkerRun:
         self.ledger = ledger
         self.checkpoints = checkpoints
         self.model_out = model_out
+        self.ids_of_node = ids_of_node
         self.status = service.session()
         if self.status.session_id != service.session_id:
             # the owner's ledger is keyed by the id it configured: a service that answers for
@@ -150,12 +155,16 @@ class WorkerRun:
             )
             if writes_predictions:
                 check_answer_reaches(self.config, client=service.client_index)
+            # a scoring of a kept private sign model releases nothing: the worker knows it from
+            # its own model (``fit_to_session`` checked that the session says so too)
+            kept_release = self.scoring and model is not None and is_private_sign(model.manifest)
             self.privacy = admit_session(
                 policy,
                 self.session_json,
                 session_id=service.session_id,
                 encrypted=codec.encoding != "float32",
                 ledger=ledger,
+                post_processing=kept_release,
             )
             # the backbone the session's settings were chosen for, and the session's defaults for
             # the options this worker's owner did not give (``given_options``)
@@ -165,9 +174,14 @@ class WorkerRun:
                 options = options_of_model(model, options)
             self.options = options
             client_config = client_config_from_session(self.session_json["config"], options)
-            self.sign: SignWorker | None = None
+            self.sign: SignWorker | KeptSignScorer | None = None
             if self.config.kind == "release":
                 self._join_release(client_config, codec, noise, device=device)
+                self.resumed, self.skipped = None, []
+                return
+            if kept_release:
+                assert model is not None
+                self._join_kept_scoring(client_config, codec, model, device=device)
                 self.resumed, self.skipped = None, []
                 return
             if model is not None:
@@ -230,19 +244,49 @@ class WorkerRun:
     ) -> None:
         """A release session (clients/sign_session.py): one release at most, checked against
         the plan before anything leaves; no checkpoint (a restart after the release joins a new
-        session: the ledger refuses the same id again), no kept model."""
-        privacy = check_release_session(
-            self.session_json, self.privacy, keeps_model=self.model_out is not None
-        )
+        session: the ledger refuses the same id again); with ``model_out`` its model is kept
+        (its head's best round, its noisy release)."""
+        privacy = check_release_session(self.session_json, self.privacy)
         self.sign = SignWorker(
             self.partition, client_config, self.config, privacy, codec,
             noise=noise, noise_seed=self.options.noise_seed, device=device,
+            keeps_model=self.model_out is not None,
         )  # fmt: skip
         self.checkpoints = self.keeper = self.fingerprint = None
         self.gate = self._gate(self.sign.mechanism)
 
-    def run_release(self, sign: SignWorker) -> WorkerResult:
-        """The release session's one pass, then its rounds trained here (no more passes)."""
+    def _join_kept_scoring(
+        self,
+        client_config: ClientConfig,
+        codec: EmbeddingCodec,
+        model: SavedModel,
+        *,
+        device: torch.device | str,
+    ) -> None:
+        """A scoring session of a kept private sign model (clients/sign_scoring.py): one pass,
+        post-processing of the kept release; no gate (nothing it sends is a release), the
+        session in the owner's ledger with no release."""
+        check_scoring_session(self.config, model, passes_total=self.status.passes_total)
+        classes = model.manifest["model"]["num_classes"]
+        self.sign = KeptSignScorer(
+            self.partition, dataclasses.replace(client_config, num_classes=classes),
+            self.config, model, codec,
+            own_ids=self._own_ids(), device=device,
+        )  # fmt: skip
+        self.checkpoints = self.keeper = self.fingerprint = self.gate = None
+        note_scoring(self.ledger, self.service.session_id, model, self.config)
+
+    def _own_ids(self) -> np.ndarray:
+        """Each aligned node's key in a kept release: the party's own id (None where it lacks
+        the node), or its index where this worker has no ids of its own."""
+        nodes = np.arange(self.partition.num_nodes, dtype=np.int64)
+        if self.ids_of_node is None:
+            return nodes.astype(object)
+        return self.ids_of_node[nodes]
+
+    def run_release(self, sign: SignWorker | KeptSignScorer) -> WorkerResult:
+        """The session's one pass, then (a release session) its rounds trained here (no more
+        passes)."""
         progress = WorkerProgress(passes=1)
         masked = self.config.secure_aggregation == "masks"
         passes = sign.session_passes(self.service, PassDriver(self.service, gate=self.gate), masked)
@@ -382,6 +426,15 @@ class WorkerRun:
 
     def keep_model(self) -> Path | None:
         """With ``model_out`` (training): keep the best evaluation round's model there."""
+        if isinstance(self.sign, SignWorker) and self.model_out is not None:
+            return self.sign.save_model(
+                self.model_out,
+                own_ids=None if self.ids_of_node is None else self._own_ids(),
+                session_id=self.service.session_id,
+                session_config=self.session_json["config"],
+                alignment_digest=self.alignment_digest,
+                spent=ledger_spent(self.privacy, self.policy, self.ledger, self.service.session_id),
+            )
         if self.keeper is None:
             return None
         assert self.model_out is not None

@@ -150,10 +150,14 @@ def save_model(
     manifest: Mapping[str, Any],
     weights: Mapping[str, torch.Tensor],
     evaluation: tuple[np.ndarray, np.ndarray] | None = None,
+    files: Mapping[str, bytes] | None = None,
 ) -> Path:
-    """Write the model folder (each file atomically); returns the folder."""
+    """Write the model folder (each file atomically, the manifest last); ``files``: more
+    files by name (a private sign sender's kept release); returns the folder."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    for name, data in (files or {}).items():
+        atomic_write(directory / name, data)
     buffer = io.BytesIO()
     torch.save({k: v.detach().cpu().contiguous() for k, v in weights.items()}, buffer)
     atomic_write(directory / WEIGHTS, buffer.getvalue())
@@ -204,14 +208,24 @@ def load_model(directory: Path) -> SavedModel:
         isinstance(v, torch.Tensor) for v in weights.values()
     ):
         raise ModelError(f"{path} holds something other than tensors")
+    release_only = manifest.get("party", {}).get("holds_head") is False
     if manifest.get("model", {}).get("backbone") in PRECOMPUTED_BACKBONES and (
-        "scale.factor" not in weights
+        "scale.factor" not in weights and not (release_only and is_private_sign(manifest))
     ):
         raise ModelError(
             f"the model {directory} was saved before a sign model kept the scale of its "
             "propagated features (it would score with another table's): train it again"
         )
     return SavedModel(manifest=manifest, weights=weights, path=Path(directory))
+
+
+#: The manifest's ``design`` of a private sign model (models/private_sign.py)
+PRIVATE_SIGN = "private-sign"
+
+
+def is_private_sign(manifest: Mapping[str, Any]) -> bool:
+    """A model of the private sign design: scored by post-processing of its kept release."""
+    return manifest.get("design") == PRIVATE_SIGN
 
 
 def class_names(manifest: Mapping[str, Any]) -> list[str] | None:
@@ -285,6 +299,14 @@ def describe(manifest: Mapping[str, Any]) -> str:
         f"kept: round {best.get('round')} (pass {best.get('pass')}), chosen by "
         f"{best.get('chosen_by')}",
     ]
+    if is_private_sign(manifest):
+        sign = manifest.get("sign_release", {})
+        kept = (
+            f"its noisy release ({sign.get('rows')} rows, keyed by {sign.get('rows_keyed_by')})"
+            if sign.get("file")
+            else "no release (it released nothing)"
+        )
+        lines.append(f"private sign design: keeps {kept}; scoring is {sign.get('scoring')}")
     for split in ("val", "test"):
         metrics = manifest.get("metrics", {}).get(split)
         if metrics and metrics.get("count"):

@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 
 from models.artefact import save_model
+from models.client_config import ClientConfig
+from models.data.partition import ClientPartition
 from models.federated import GlasuClient
 from models.metrics import classification_metrics
 from models.outcome import PassOutcome
@@ -47,6 +49,9 @@ class KeepModels:
     folders: Sequence[Path]
     session_config: Mapping[str, Any]  # as GET /v1/sessions/{id} shows it (no node lists)
     session_id: str
+    # each party's own id of each aligned node (None where it lacks it), where the parties
+    # have ids of their own (their prepared folders): what a kept release's rows are keyed by
+    own_ids: Sequence[np.ndarray] | None = None
 
 
 def privacy_spent(
@@ -158,80 +163,45 @@ class ModelKeeper:
         alignment_digest: str | None,
         privacy: SessionPrivacy | None,
         spent: dict[str, Any] | None,
+        extra: Mapping[str, Any] | None = None,
+        files: Mapping[str, bytes] | None = None,
+        config: ClientConfig | None = None,
+        partition: ClientPartition | None = None,
     ) -> Path:
         """Write the kept model; ``spent``: the privacy the training spent of this party's data
-        (its owner's ledger), ``privacy``: the session's plan (its release settings)."""
+        (its owner's ledger), ``privacy``: the session's plan (its release settings);
+        ``extra``: more manifest entries, ``files``: more files of the folder (by name),
+        ``config`` and ``partition``: the settings and the party it records (default: the
+        client's)."""
         client = self.client
-        partition = client.partition
-        config = client.config
-        model = config.model
-        names = partition.feature_names or tuple(
-            f"{partition.dataset} feature {c}" for c in partition.feature_columns.tolist()
+        manifest = model_manifest(
+            partition or client.partition,
+            config or client.config,
+            holds_head=client.holds_labels,
+            feature_scale=client.feature_scale,
+            num_classes=int(client.network.classifier.out_features),
+            private=isinstance(client.arrangement, PrivateArrangement),
+            classes=model_classes(client),
+            session_config=session_config,
+            session_id=session_id,
+            alignment_digest=alignment_digest,
+            privacy=privacy,
+            spent=spent,
         )
-        manifest: dict[str, Any] = {
-            "session_id": session_id,
-            "session_config": dict(session_config),  # without node lists: public settings
-            "alignment_digest": alignment_digest,
-            "party": {
-                "index": partition.client,
-                "parties": partition.clients,
-                "label_holder": config.label_holder,
-                "holds_head": client.holds_labels,
-                # one answer per customer: this party's prediction is the model's only where
-                # it is the answering party; its partners get what each scoring session shares
-                "answering_party": answering_party(config.label_holder),
-                "partners_receive": "what each scoring session shares (share_predictions: "
-                "none by default, or label-holder)",
-            },
-            "model": {
-                "backbone": model.backbone,
-                "hops": model.hops,
-                "feature_scale": client.feature_scale,
-                "layers": model.layers,
-                "hidden": model.hidden,
-                "dropout": model.dropout,
-                "alpha": model.alpha,
-                "theta": model.theta,
-                "gat_heads": model.gat_heads,
-                "receiver_width": model.receiver_width,
-                "agg_layers": list(config.agg_layers),
-                "widths": [a["width"] for a in session_config["agg_layers"]],
-                "fanout": config.fanout,
-                "eval_fanout": config.eval_fanout,
-                "occurrence_cap": config.occurrence_cap,
-                "nodes": session_config.get("nodes", "intersection"),
-                "seed": config.seed,
-                "session_seed": session_config["seed"],
-                "in_features": int(partition.features.shape[1]),
-                "num_classes": int(client.network.classifier.out_features),
-                "private": isinstance(client.arrangement, PrivateArrangement),
-            },
-            "features": {
-                "names": list(names),
-                "dtype": "float32",
-                "prepared": dict(partition.feature_summary or {}),
-            },
-            "classes": model_classes(client),
+        # the order the manifest has always had: the kept round before the release settings
+        manifest = {k: v for k, v in manifest.items() if k not in ("release", "privacy")} | {
             "best": {"pass": kept.pass_index, "round": kept.round, "chosen_by": chosen_by},
-            "release": None
-            if privacy is None
-            else {
-                "noise_multiplier": privacy.noise_multiplier,
-                "delta": privacy.delta,
-                "accountant": privacy.accountant,
-                "clip": privacy.clip,
-                "occurrence_cap": privacy.occurrence_cap,
-                "shared_noise": privacy.shared_noise,
-            }
-            | ({"split_noise": True} if privacy.split_noise else {})
-            | release_fields(privacy.release, privacy.degree_floor),
+            "release": manifest["release"],
             "metrics": self._metrics(kept),
-            "privacy": spent,
+            "privacy": manifest["privacy"],
         }
         evaluation = None
         if kept.probabilities is not None:
             evaluation = (kept.nodes, kept.probabilities)
-        return save_model(directory, manifest=manifest, weights=kept.weights, evaluation=evaluation)
+        return save_model(
+            directory, manifest={**manifest, **(extra or {})}, weights=kept.weights,
+            evaluation=evaluation, files=files,
+        )  # fmt: skip
 
     def _metrics(self, kept: Snapshot) -> dict[str, Any]:
         if kept.probabilities is None:
@@ -246,3 +216,83 @@ class ModelKeeper:
                 labels[rows], kept.probabilities[rows], num_classes=num_classes
             )
         return metrics
+
+
+def model_manifest(
+    partition: ClientPartition,
+    config: ClientConfig,
+    *,
+    holds_head: bool,
+    feature_scale: str | None,
+    num_classes: int,
+    private: bool,
+    classes: list[str] | list[int],
+    session_config: Mapping[str, Any],
+    session_id: str,
+    alignment_digest: str | None,
+    privacy: SessionPrivacy | None,
+    spent: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """A kept model's manifest (``models/artefact.py``) but its kept round and metrics."""
+    model = config.model
+    names = partition.feature_names or tuple(
+        f"{partition.dataset} feature {c}" for c in partition.feature_columns.tolist()
+    )
+    return {
+        "session_id": session_id,
+        "session_config": dict(session_config),  # without node lists: public settings
+        "alignment_digest": alignment_digest,
+        "party": {
+            "index": partition.client,
+            "parties": partition.clients,
+            "label_holder": config.label_holder,
+            "holds_head": holds_head,
+            # one answer per customer: this party's prediction is the model's only where
+            # it is the answering party; its partners get what each scoring session shares
+            "answering_party": answering_party(config.label_holder),
+            "partners_receive": "what each scoring session shares (share_predictions: "
+            "none by default, or label-holder)",
+        },
+        "model": {
+            "backbone": model.backbone,
+            "hops": model.hops,
+            "feature_scale": feature_scale,
+            "layers": model.layers,
+            "hidden": model.hidden,
+            "dropout": model.dropout,
+            "alpha": model.alpha,
+            "theta": model.theta,
+            "gat_heads": model.gat_heads,
+            "receiver_width": model.receiver_width,
+            "agg_layers": list(config.agg_layers),
+            "widths": [a["width"] for a in session_config["agg_layers"]],
+            "fanout": config.fanout,
+            "eval_fanout": config.eval_fanout,
+            "occurrence_cap": config.occurrence_cap,
+            "nodes": session_config.get("nodes", "intersection"),
+            "seed": config.seed,
+            "session_seed": session_config["seed"],
+            "in_features": int(partition.features.shape[1]),
+            "num_classes": num_classes,
+            "private": private,
+        },
+        "features": {
+            "names": list(names),
+            "dtype": "float32",
+            "prepared": dict(partition.feature_summary or {}),
+        },
+        "classes": classes,
+        "release": None
+        if privacy is None
+        else {
+            "noise_multiplier": privacy.noise_multiplier,
+            "delta": privacy.delta,
+            "accountant": privacy.accountant,
+            "clip": privacy.clip,
+            "occurrence_cap": privacy.occurrence_cap,
+            "shared_noise": privacy.shared_noise,
+        }
+        | ({"split_noise": True} if privacy.split_noise else {})
+        | release_fields(privacy.release, privacy.degree_floor),
+        "privacy": spent,
+    }

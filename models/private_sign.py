@@ -28,7 +28,7 @@ the sum does not carry one Gaussian of the summed variance (docs/privacy.md 3.8)
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -291,19 +291,15 @@ def make_receiver(
     return SignReceiver(client=client, reference=reference)
 
 
-def sign_receivers(
+def sign_blocks(
     config: TrainConfig,
     partitions: Sequence[ClientPartition],
-    client_config: ClientConfig,
     privacy: SessionPrivacy,
     *,
-    device: torch.device,
     noise: Sequence[NoiseSource] | None = None,
-) -> list[SignReceiver]:
-    """Every party that some receiver needs releases once (:func:`released_block`); each party
-    with labels gets the sum of the others' blocks and its :class:`SignReceiver`. ``noise``:
-    each party's noise source (default: ``models.private.noise_source``)."""
-    local = receiver_config(client_config)
+) -> dict[int, HopFeatures]:
+    """Every party that some receiver needs releases once (:func:`released_block`): its block
+    by party. ``noise``: each party's noise source (default: ``models.private.noise_source``)."""
     blocks = {}
     for m in senders(partitions, config.label_holder):
         part = partitions[m]
@@ -312,6 +308,24 @@ def sign_receivers(
             noise_seed=config.noise_seed, client=m
         )  # fmt: skip
         blocks[m] = released_block(part, release, hops=config.hops, noise=source, seed=config.seed)
+    return blocks
+
+
+def sign_receivers(
+    config: TrainConfig,
+    partitions: Sequence[ClientPartition],
+    client_config: ClientConfig,
+    privacy: SessionPrivacy,
+    *,
+    device: torch.device,
+    noise: Sequence[NoiseSource] | None = None,
+    blocks: Mapping[int, HopFeatures] | None = None,
+) -> list[SignReceiver]:
+    """Each party with labels gets the sum of the others' blocks (``blocks``, default:
+    :func:`sign_blocks`) and its :class:`SignReceiver`."""
+    local = receiver_config(client_config)
+    if blocks is None:
+        blocks = sign_blocks(config, partitions, privacy, noise=noise)
     receivers = []
     for r in receiving(partitions, config.label_holder):
         part = partitions[r]
@@ -359,20 +373,42 @@ def exchange_release(
     aligned node (``release``: its digest, which the owner's gate records), or zeros where it
     releases nothing (a label holder with the only labels: no release, no gate). Returns the
     others' blocks (:func:`hops_of_sum`): the sum less what it sent."""
-    cols = width * hops
+    others = yield from exchange_rows(
+        joint,
+        None if block is None else lambda start, stop: block_rows(block, slice(start, stop)),
+        nodes=np.arange(rows, dtype=np.int64),
+        cols=width * hops,
+        release=release,
+        disclosure=block is None,
+    )
+    return hops_of_sum(others, width=width, hops=hops)
+
+
+def exchange_rows(
+    joint: JointAggregation,
+    rows_of: Callable[[int, int], np.ndarray] | None,
+    *,
+    nodes: np.ndarray,
+    cols: int,
+    release: str | None,
+    disclosure: bool,
+) -> Generator[Request, Response, torch.Tensor]:
+    """The block rows of ``nodes`` through the service's sum, in parts: ``rows_of(start,
+    stop)`` makes rows ``start:stop`` of this worker's share (None: zeros); returns the sum
+    less what it sent (len(nodes) x cols)."""
+    rows = len(nodes)
     others = node_array(rows, cols, device=CPU)
 
     def share_of(part: int, start: int, stop: int) -> np.ndarray:
-        if block is None:
+        if rows_of is None:
             return np.zeros((stop - start, cols), dtype=np.float32)
-        return joint.within_bound(block_rows(block, slice(start, stop)))
+        return joint.within_bound(rows_of(start, stop))
 
     def on_sum(start: int, stop: int, sent: np.ndarray, total: np.ndarray, shares: int) -> None:
         others[start:stop] = torch.from_numpy(total - sent)
 
     yield from joint.exchange_parts(
         RELEASE_LAYER, pass_index=RELEASE_PASS, rows=rows, cols=cols, share_of=share_of,
-        on_sum=on_sum, release=release, nodes=np.arange(rows, dtype=np.int64),
-        disclosure=block is None,
+        on_sum=on_sum, release=release, nodes=nodes, disclosure=disclosure,
     )  # fmt: skip
-    return hops_of_sum(others, width=width, hops=hops)
+    return others

@@ -24,10 +24,13 @@ from models.private import make_client
 from models.private_sign import (
     design_note,
     receiver_outcome,
+    receiving,
     senders,
+    sign_blocks,
     sign_privacy,
     sign_receivers,
 )
+from models.private_sign_model import keep_sign_models
 from models.run_summary import (
     HistoryEntry,
     RunSummary,
@@ -140,14 +143,15 @@ def train_inprocess(
     layout = layout or layout_federation(config, dataset)
     schedule = session_schedule(config, dataset)
     if config.private and config.backbone in PRECOMPUTED_BACKBONES:
-        if security is not None or keep is not None:
+        if security is not None:
             raise ValueError(
-                "the private sign design sums its releases in process and keeps no model yet: "
-                "run it without a security or keep argument"
+                "the private sign design sums its releases in process: run it without a "
+                "security argument"
             )
         return train_private_sign(
-            config, dataset, layout, schedule, device=device, progress=progress, started=started
-        )
+            config, dataset, layout, schedule, device=device, progress=progress,
+            started=started, keep=keep,
+        )  # fmt: skip
     security = security or prepare_security(
         config, passes_total=schedule.passes_total, clients=len(layout.partitions)
     )
@@ -206,15 +210,21 @@ def train_private_sign(
     device: torch.device,
     progress: bool,
     started: float,
+    keep: KeepModels | None = None,
 ) -> RunSummary:
     """The private sign design (models/private_sign.py): each party's one release, recorded in
     the ledger before anything is released, then every receiver's local training and
-    evaluations on it, each beside its party-alone reference."""
+    evaluations on it, each beside its party-alone reference. ``keep``: keep every party's
+    model (models/private_sign_model.py)."""
     parts = layout.partitions
     privacy = sign_privacy(config, clients=len(parts))
     privacy.budget().record_release()  # refused (ReleaseRefused) if epsilon cannot cover one
     releasing = senders(parts, config.label_holder)
-    receivers = sign_receivers(config, parts, layout.client_config, privacy, device=device)
+    blocks = sign_blocks(config, parts, privacy)
+    receivers = sign_receivers(
+        config, parts, layout.client_config, privacy, device=device, blocks=blocks
+    )
+    keepers = [ModelKeeper(r.client, private=True) for r in receivers] if keep else []
     aggregator = PlainSumAggregator()
 
     def run_pass(pass_index: int, kind: str, output_nodes: np.ndarray) -> list[PassOutcome]:
@@ -226,10 +236,24 @@ def train_private_sign(
     security = Security(codec_factory=PlainCodec, aggregator=aggregator)
     clients = [r.client for r in receivers]
     history, _, _ = _run_schedule(
-        clients, security, schedule, config, "private sign", progress, run_pass=run_pass
+        clients, security, schedule, config, "private sign", progress, keepers, run_pass
     )
     ledger = [{"pass": 0, "clients": releasing}]
     report = privacy.report(releases=1, ledger=ledger)
+    if keep is not None:
+        holders = receiving(parts, config.label_holder)
+        keep_sign_models(
+            keep, config, parts, layout.client_config, privacy, blocks=blocks,
+            keepers=dict(zip(holders, keepers, strict=True)),
+            spent={
+                m: privacy_spent(
+                    privacy, epsilon=report["epsilon"] if m in blocks else 0.0,
+                    delta=report["delta"], accountant=report["accountant"],
+                    releases=int(m in blocks), source="the in-process run's ledger",
+                )
+                for m in range(len(parts))
+            },
+        )  # fmt: skip
     for entry in history:
         entry.epsilon = report["epsilon"]
     summary = build_run_summary(

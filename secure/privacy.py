@@ -159,6 +159,9 @@ class SessionPrivacy:
     # whether the shares are pairwise-masked (docs/secure-aggregation.md): only then does the
     # service with one colluding peer read no single share
     masked: bool = False
+    # a scoring session of a kept release (the private sign design, docs/privacy.md 3.8): its
+    # pass is post-processing of each sender's one release, so it plans none
+    post_processing: bool = False
 
     def __post_init__(self) -> None:
         if self.epsilon is not None and not (math.isfinite(self.epsilon) and self.epsilon > 0):
@@ -381,6 +384,8 @@ class SessionPrivacy:
 
     @property
     def planned_releases(self) -> int:
+        if self.post_processing:
+            return 0
         if self.max_releases is None:
             return self.passes_total
         return min(self.passes_total, self.max_releases)

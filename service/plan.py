@@ -4,6 +4,7 @@ cached per session."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from collections import OrderedDict
@@ -102,6 +103,8 @@ class SessionPlan:
                 encrypted=config.encryption == "ckks",
                 masked=config.secure_aggregation == "masks",
             )
+            if post_processes_release(config):
+                privacy = dataclasses.replace(privacy, post_processing=True)
         widths = {a.layer: a.width + (config.nodes == "union") for a in config.agg_layers}
         gradient_layer = answer_layer = None
         if config.kind == "scoring":
@@ -152,6 +155,12 @@ class SessionPlan:
     @property
     def clients(self) -> int:
         return self.config.clients
+
+    @property
+    def post_processing(self) -> bool:
+        """A scoring session of a kept release: its pass releases nothing (its shares are
+        post-processing of each sender's one release) and holds the scored nodes' rows."""
+        return post_processes_release(self.config)
 
     @property
     def encoding(self) -> ShareEncoding:
@@ -216,6 +225,12 @@ class SessionPlan:
             encoding=self.encoding,
             public_context_sha256=self.public_context_sha256,
         )
+
+
+def post_processes_release(config: SessionCreate) -> bool:
+    """A scoring session with the models of a release session (the private sign design):
+    each sender's share is its kept release's block (docs/privacy.md 3.8)."""
+    return config.kind == "scoring" and config.model_kind == "release"
 
 
 class PlanCache:

@@ -152,9 +152,10 @@ class SessionManager:
                     " on another are scored where GLASU_SCORE_FOREIGN_MODELS is on)"
                 )
             _, trained = self.engine.session(tx, named)
-        if trained.config.kind != "training":
+        if trained.config.kind != request.model_kind:
             raise InvalidSessionRequest(
-                f"model_session {named!r} is a {trained.config.kind} session, not a training"
+                f"model_session {named!r} is a {trained.config.kind} session, not a "
+                f"{request.model_kind} session (model_kind)"
             )
         if row.state == SessionState.RUNNING:
             raise InvalidSessionRequest(

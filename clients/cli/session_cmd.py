@@ -229,7 +229,7 @@ def _scoring_body(admin: AdminClient, args: argparse.Namespace, config: TrainCon
     from clients.local.session import scoring_request
 
     training = admin.session(args.score_with)["config"]
-    if training.get("kind", "training") != "training":
+    if training.get("kind", "training") not in ("training", "release"):
         raise CliError(f"--score-with {args.score_with} is not a training session")
     if args.alignment is not None:
         alignment = admin.alignment(args.alignment)

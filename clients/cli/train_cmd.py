@@ -30,6 +30,8 @@ from clients.cli.options import (
 from secure.protocol import AlignedNodes
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from models.config import TrainConfig
     from models.data.partition import ClientPartition
     from models.data.planetoid import GraphDataset
@@ -190,8 +192,9 @@ def _train_federation(
         resolve_device(config.device)
     if args.party is not None and _workers_read_folders(args, config):
         return _train_party_folders(config, args)
+    own_ids = None  # each party's own id of each aligned node (what a kept release is keyed by)
     if args.party is not None:
-        dataset, partitions = _aligned_parties(args.party, config, progress=not args.quiet)
+        dataset, partitions, own_ids = _aligned_parties(args.party, config, progress=not args.quiet)
     else:
         dataset = train_options.load_benchmark(config)
         partitions = None
@@ -214,6 +217,7 @@ def _train_federation(
                     **train_options.session_about(args),
                 },
                 session_id=f"inprocess-{uuid.uuid4().hex}",
+                own_ids=own_ids,
             )
         with failing_as(f"the options do not fit {config.dataset}", ValueError):
             summary = train_inprocess(
@@ -355,9 +359,15 @@ def party_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def _aligned_parties(
     folders: list[Path], config: TrainConfig, *, progress: bool
-) -> tuple[GraphDataset, list[ClientPartition]]:
+) -> tuple[GraphDataset, list[ClientPartition], list[np.ndarray]]:
+    """The parties aligned privately: the pooled dataset, each party's partition, and each
+    party's own id of each aligned node (None where it lacks it)."""
+    import numpy as np
+
     from clients.alignment import AlignmentFailed
     from clients.local.parties import federation_of_parties
+    from clients.predictions import own_ids_by_node
+    from models.data.party import read_ids
 
     with failing_as("--party", ValueError, OSError):
         try:
@@ -371,7 +381,13 @@ def _aligned_parties(
         except AlignmentFailed as exc:
             raise CliError(f"the alignment failed: {exc}") from exc
     print(f"aligned privately: {federation.summary}", flush=True)
-    return federation.dataset, federation.partitions
+    index = federation.index
+    nodes = np.arange(index.aligned_nodes, dtype=np.int64)
+    own_ids = [
+        own_ids_by_node(index.rows[m], read_ids(Path(folder)), index.aligned_nodes)[nodes]
+        for m, folder in enumerate(folders)
+    ]
+    return federation.dataset, federation.partitions, own_ids
 
 
 @contextmanager

@@ -14,7 +14,7 @@ from typing import Any
 from clients.cli.errors import UsageError
 from clients.cli.options import given_options
 from clients.cli.train_options import DEFAULTS
-from models.config import PRECOMPUTED_BACKBONES, TrainConfig
+from models.config import TrainConfig
 from models.recipe import choose_recipe
 from secure.wire.common import MAX_CLIENTS, MAX_WIDTH
 from secure.wire.sessions import check_masks
@@ -63,8 +63,6 @@ def check_federation(args: argparse.Namespace, *, through_service: bool) -> None
             "centralized or standalone trains without one)"
         )
     check_privacy_options(args)
-    if getattr(args, "dp", False) and getattr(args, "backbone", None) in PRECOMPUTED_BACKBONES:
-        check_sign_release(args)
     if args.stragglers == "continue" and args.clients < 3:
         raise UsageError(
             "--stragglers continue needs 3 clients or more: a pass goes on with 2 clients at "
@@ -150,15 +148,3 @@ def with_recipe(
     if recipe.choices:
         print(taken.describe(), flush=True)
     return chosen
-
-
-def check_sign_release(args: argparse.Namespace) -> None:
-    """The private sign design (one release per party, then local training; in process, or
-    over the service as a session of kind "release"): it keeps no model yet, since a new
-    customer's row would need a new release of every partner's block."""
-    if getattr(args, "model_dir", None) is not None:
-        raise UsageError(
-            f"--model-dir: the {args.backbone} backbone under differential privacy keeps no "
-            "model yet (scoring a new node needs a new release of every partner's block, "
-            "docs/privacy.md 3.8): train it without --model-dir"
-        )

@@ -376,6 +376,7 @@ def _take_part(
                 given_options=given,
                 writes_predictions=writer is not None,
                 request_check=request_check,
+                ids_of_node=loaded.ids_of_node,
             )
             print(
                 settings_line(settings.client, run.options, run.config.model_dump(), given=given),

@@ -15,7 +15,7 @@ from models.config import PRECOMPUTED_BACKBONES, TrainConfig
 from models.data.planetoid import GraphDataset
 from models.data.shared_split import split_nodes
 from models.layout import FederationLayout, client_config, eval_nodes
-from models.private_sign import sign_release_config
+from models.private_sign import sign_privacy, sign_release_config
 from secure.privacy import RELEASE_LAYER
 from secure.schedule import pass_schedule
 from secure.wire.alignment import AlignmentStatus
@@ -201,11 +201,15 @@ def session_view(
     and a scoring session is built from. The noise multiplier is the one the run calibrates."""
     body = session_request(config, layout, dataset)
     view = {k: v for k, v in body.items() if k not in ("train_nodes", "eval_nodes")}
-    passes = len(pass_schedule(rounds=config.rounds, eval_every=config.eval_every))
-    planned = config.session_privacy(clients=len(layout.partitions), passes_total=passes)
+    clients = len(layout.partitions)
+    if plans_sign_release(config):  # the private sign design: its one release (kind "release")
+        planned = sign_privacy(config, clients=clients)
+    else:
+        passes = len(pass_schedule(rounds=config.rounds, eval_every=config.eval_every))
+        planned = config.session_privacy(clients=clients, passes_total=passes)
     if view["privacy"] is not None and planned is not None:
         view["privacy"] = {**view["privacy"], "noise_multiplier": planned.noise_multiplier}
-    return {**view, "kind": "training", "encoding": config.encoding}
+    return {**view, "encoding": config.encoding}
 
 
 def scoring_request(
@@ -227,6 +231,8 @@ def scoring_request(
     return {
         "kind": "scoring",
         "model_session": model_session,
+        # models of a release session (the private sign design) score by post-processing
+        "model_kind": training.get("kind", "training"),
         "clients": training["clients"],
         "layers": training["layers"],
         "agg_layers": training["agg_layers"],

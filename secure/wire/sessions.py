@@ -102,6 +102,8 @@ class PrivacySettings(StrictModel):
 
 
 SessionKind = Literal["training", "scoring", "release"]
+#: The kind of session whose models a scoring session uses (``model_kind``)
+ModelKind = Literal["training", "release"]
 #: What a scoring session's partners of the answering party receive (``share_predictions``)
 SharePredictions = Literal["none", "label-holder"]
 # models.config.BackboneName's spelling, and a worker setting's name: the service stores them
@@ -136,6 +138,14 @@ class SessionCreate(StrictModel):
         max_length=64,
         description="A scoring session: the training session whose models score (each worker "
         "refuses a model from another).",
+    )
+    model_kind: ModelKind = Field(
+        "training",
+        description="A scoring session: the kind of the `model_session`. 'release': models of "
+        "the private sign design (docs/privacy.md 3.8), whose scoring is post-processing of "
+        "each sender's kept release: ONE pass in which each sender uploads its kept block's "
+        "rows of the `eval_nodes` (no release, epsilon 0; each worker checks it against its own "
+        "model).",
     )
     clients: int = Field(ge=1, le=MAX_CLIENTS, description="M, the number of clients.")
     layers: int = Field(ge=1, le=MAX_LAYERS, description="L, the number of GNN layers.")
@@ -333,6 +343,15 @@ class SessionCreate(StrictModel):
             raise ValueError("request_signature is a request session's setting")
         if self.scoring_pass != "all-nodes" and self.kind != "scoring":
             raise ValueError("scoring_pass is a scoring session's setting")
+        if self.model_kind != "training" and self.kind != "scoring":
+            raise ValueError("model_kind is a scoring session's setting")
+        if self.model_kind == "release" and (
+            self.privacy is None or self.online or self.scoring_pass != "all-nodes"
+        ):
+            raise ValueError(
+                "a scoring session of a kept release (model_kind 'release') needs privacy and "
+                "runs one pass over its nodes' kept rows: no online session, no sampled pass"
+            )
         if self.kind == "release" and (self.privacy is None or len(self.agg_layers) != 1):
             raise ValueError(
                 "a release session (the private sign design) needs privacy and one aggregation"
@@ -398,6 +417,7 @@ class SessionConfigView(ResponseModel):
 
     kind: SessionKind = "training"
     model_session: str | None = None
+    model_kind: ModelKind = "training"
     clients: int
     layers: int
     agg_layers: list[AggLayer]

@@ -111,8 +111,9 @@ def layer_rows(tx: Transaction, plan: SessionPlan, pass_index: int, layer: int) 
     """Rows of the layer's embeddings: in an evaluation pass over all nodes every aligned node
     (``num_nodes``, at every layer); else (a pass that samples: ``SessionPlan.samples``) the
     output nodes at the top (and for the gradient above it), and the node union below (which
-    must be complete); a scoring session's answer, one row per output node."""
-    if layer == plan.answer_layer:
+    must be complete); a scoring session's answer, and every layer of a scoring session of a
+    kept release, one row per output node."""
+    if layer == plan.answer_layer or plan.post_processing:
         return plan.output_rows(pass_index)
     if not plan.samples(pass_index):
         return plan.config.num_nodes

@@ -336,8 +336,9 @@ def _sum_closes(tx: Transaction, row: SessionRow, plan: SessionPlan, slot: Slot)
 
 
 def _is_release(plan: SessionPlan, layer: int) -> bool:
-    """Storing this layer's sum releases the pass (differential privacy)."""
-    return plan.privacy is not None and layer == plan.first_agg_layer
+    """Storing this layer's sum releases the pass (differential privacy; a scoring session
+    of a kept release releases nothing)."""
+    return plan.privacy is not None and not plan.post_processing and layer == plan.first_agg_layer
 
 
 def _record_release(

@@ -264,6 +264,8 @@ class Uploads(RoundComponent):
 
 def _layer_nodes(plan: SessionPlan, pass_index: int, layer: int) -> str:
     """What a layer's rows are (``slots.layer_rows``), in words."""
+    if plan.post_processing:
+        return "the pass's output nodes"
     if not plan.samples(pass_index):
         return "all num_nodes aligned nodes"
     if layer >= plan.top_layer:

@@ -51,13 +51,12 @@ def test_a_backbone_given_and_a_private_run_keep_the_defaults_and_print_nothing(
         assert capsys.readouterr().out == ""
 
 
-def test_sign_under_privacy_runs_with_its_settings_and_keeps_no_model(
+def test_sign_under_privacy_runs_with_its_settings_and_keeps_its_model(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The private sign design (docs/privacy.md 3.8): `--transport inprocess` takes sign's recipe
-    and the release's cap and floor; through the service too (a release session), but neither
-    keeps a model (--model-dir)."""
-    from clients.cli.errors import UsageError
+    and the release's cap and floor; through the service too (a release session), and both keep
+    a model (--model-dir)."""
 
     argv = ["--backbone", "sign", "--no-he", "--sign-occurrence-cap", "3", "--sign-degree-floor"]
     config, printed = _config([*argv, "4", "--transport", "inprocess"], capsys)
@@ -67,6 +66,5 @@ def test_sign_under_privacy_runs_with_its_settings_and_keeps_no_model(
     args = build_parser().parse_args(["train", *argv, "4", "--transport", "inprocess"])
     train_config.check_federation(args, through_service=False)
     train_config.check_federation(args, through_service=True)
-    args.model_dir = "models"
-    with pytest.raises(UsageError, match="keeps no model yet"):
-        train_config.check_federation(args, through_service=True)
+    args.model_dir = "models"  # a private sign model is kept (models/private_sign_model.py)
+    train_config.check_federation(args, through_service=True)
