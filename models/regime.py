@@ -267,12 +267,15 @@ def _over_signals(gain: DesignGain) -> str:
 
 
 #: how a user runs a design the map names, by the start of its name
-HOW_TO_RUN = {"the private sign design": "glasu train --backbone sign"}
+HOW_TO_RUN = {
+    "the private sign design": "`glasu train` runs it by default under differential privacy; "
+    "`--backbone sign` names it"
+}
 
 
 def _how_to_run(design: str) -> str:
     how = next((run for name, run in HOW_TO_RUN.items() if design.startswith(name)), None)
-    return "" if how is None else f" (run it with `{how}`)"
+    return "" if how is None else f" ({how})"
 
 
 def _design_gain(name: str, design: Mapping[str, Any]) -> DesignGain:

@@ -23,12 +23,13 @@ def test_sign_trains_full_batches_of_the_labelled_nodes_without_stale_rounds() -
     assert _values("sign", 200)["batch_size"] == 200
 
 
-def test_without_privacy_a_backbone_not_given_is_sign_and_under_privacy_the_default() -> None:
+def test_a_backbone_not_given_is_sign_with_or_without_privacy() -> None:
     chosen = _values(None, 140)
     assert chosen["backbone"] == "sign"
     assert chosen == {"backbone": "sign", **_values("sign", 140)}
     private = choose_recipe(backbone=None, labelled=140, private=True)
-    assert (private.backbone, private.choices) == (TrainConfig.backbone, ())
+    assert private.backbone == "sign"
+    assert {c.field: c.value for c in private.choices} == chosen
     assert "private sign design" in private.describe()
     config, _ = choose_recipe(backbone=None, labelled=140).apply(TrainConfig(dp=False), given=())
     assert (config.backbone, config.hops, config.layers) == ("sign", RECIPE_HOPS, 1)

@@ -179,9 +179,9 @@ def test_a_cell_of_differing_graphs_is_found_by_the_party_s_own_degree_and_says_
     party = PartyScale(nodes=20_000, labelled=0.01, degree=4.5)
     assert nearest_regime(written, party=party, epsilon=4.0).degree == 35.0
     text = describe_regime(written, party=party, epsilon=4.0)
-    assert "paid there" in text and "(run it with `glasu train --backbone sign`)" in text
+    assert "paid there" in text and "`glasu train` runs it by default" in text
     dense = describe_regime(written, party=PartyScale(20_000, 0.01, 13.0), epsilon=4.0)
-    assert "glasu train --backbone sign" not in dense
+    assert "runs it by default" not in dense
     with pytest.raises(ValueError, match="two party degrees"):
         write_map(
             [*points, {**row(20_000, 35.0, "strong", sign, 4.0, 1.0), "party_degree": 5.0}],

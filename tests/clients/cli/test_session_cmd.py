@@ -59,7 +59,9 @@ def test_create_writes_the_session_and_private_token_files(
     server: dict[str, str], tmp_path: Path, data_dir: Path, cora, capsys: pytest.CaptureFixture
 ) -> None:
     out = tmp_path / "session"
-    assert _create(server, out, data_dir) == 0
+    # a message-passing backbone: passes through the service (the default's one release is
+    # test_the_recipe_chooses_the_backbone_when_not_given's)
+    assert _create(server, out, data_dir, "--backbone", "gcnii") == 0
     summary = json.loads((out / "session.json").read_text())
     expected_passes = len(pass_schedule(rounds=5, eval_every=2))
     assert summary["passes_total"] == expected_passes
@@ -69,7 +71,8 @@ def test_create_writes_the_session_and_private_token_files(
     assert all(t.stat().st_mode & 0o777 == 0o600 for t in tokens)
     assert len({t.read_text() for t in tokens}) == 3
     assert summary["session_id"] in capsys.readouterr().out
-    # The session is the one `glasu train` builds from the same settings: private by default.
+    # The session is the one `glasu train --backbone gcnii` builds from the same settings:
+    # private by default.
     config = TrainConfig(rounds=5, eval_every=2, hidden=32, data_dir=data_dir)
     body = session_request(config, layout_federation(config, cora), cora)
     with _admin(server) as admin:
@@ -275,20 +278,16 @@ def test_a_flag_given_to_a_sign_session_wins(
 def test_the_recipe_chooses_the_backbone_when_not_given(
     server: dict[str, str], tmp_path: Path, data_dir: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    """As in `glasu train`: without differential privacy the recipe's backbone (and its
-    settings); under it the defaults, with no block."""
+    """As in `glasu train`: the recipe's backbone and its settings, without differential privacy
+    and under it (where sign makes a session of kind "release", the private sign design)."""
     chosen = choose_recipe(backbone=None, labelled=None, private=False).backbone
     assert _create(server, tmp_path / "plain", data_dir, "--no-dp", "--no-he") == 0
     assert f"--backbone {chosen}" in capsys.readouterr().out
     assert _view(server, tmp_path / "plain")["backbone"] == chosen
     assert _create(server, tmp_path / "private", data_dir, "--no-he") == 0
-    assert "recipe for" not in capsys.readouterr().out
+    assert "--backbone sign" in capsys.readouterr().out
     view = _view(server, tmp_path / "private")
-    defaults = TrainConfig()
-    assert (view["batch_size"], view["stale"], view["layers"]) == (
-        defaults.batch_size, defaults.stale, defaults.layers,
-    )  # fmt: skip
-    assert view["backbone"] == defaults.backbone and view.get("worker_defaults") is None
+    assert (view["backbone"], view["kind"], view["layers"]) == ("sign", "release", 1)
 
 
 def test_a_recipe_choice_of_a_worker_s_own_setting_goes_to_the_workers(

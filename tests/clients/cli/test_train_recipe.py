@@ -40,15 +40,25 @@ def test_without_privacy_the_backbone_not_given_is_sign_with_its_recipe(
     assert "--backbone sign" in printed
 
 
-def test_a_backbone_given_and_a_private_run_keep_the_defaults_and_print_nothing(
+def test_a_backbone_given_keeps_the_defaults_and_prints_nothing(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    for argv in (["--backbone", "gcnii", "--no-dp", "--no-he"], ["--no-he"]):
+    for argv in (["--backbone", "gcnii", "--no-dp", "--no-he"], ["--backbone", "gcnii"]):
         args = build_parser().parse_args(["train", *argv])
         base = train_config.config_from_args(args)
         assert train_config.with_recipe(base, args, labelled=140) == base
         assert base.backbone == "gcnii"
         assert capsys.readouterr().out == ""
+
+
+def test_a_private_run_without_a_backbone_runs_the_private_sign_design(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Under differential privacy (the default) the recipe chooses sign, which runs the private
+    sign design, and says why."""
+    config, printed = _config(["--no-he"], capsys)
+    assert (config.backbone, config.dp, config.layers) == ("sign", True, 1)
+    assert "--backbone sign" in printed and "private sign design" in printed
 
 
 def test_sign_under_privacy_runs_with_its_settings_and_keeps_its_model(
