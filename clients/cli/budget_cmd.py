@@ -108,6 +108,22 @@ def _local(args: argparse.Namespace) -> int:
         }
         for s in sessions
     ]
+    # a scoring of a kept private sign model: recorded, nothing released (its training's release)
+    released = {s.session_id for s in sessions}
+    rows += [
+        {
+            "session": session_id,
+            "label": record.get("label"),
+            "releases": 0,
+            "predictions_shared": record.get("predictions_shared", 0),
+            "epsilon": 0.0,
+            "last_release_at": None,
+            "last_release_at_utc": None,
+            "post_processes": record["post_processes"],
+        }
+        for session_id, record in records.items()
+        if record.get("post_processes") and session_id not in released
+    ]
     summary = {
         "ledger": str(path),
         "delta": args.delta,
@@ -133,9 +149,14 @@ def _local(args: argparse.Namespace) -> int:
     )
     for row in rows:
         label = f" ({row['label']})" if row["label"] else ""
+        when = (
+            f"post-processing of session {row['post_processes']}'s release"
+            if "post_processes" in row
+            else f"last at {row['last_release_at_utc']}"
+        )
         print(
             f"  {row['session']}{label}: {row['releases']} release(s), epsilon = "
-            f"{row['epsilon']:.4g}, last at {row['last_release_at_utc']}"
+            f"{row['epsilon']:.4g}, {when}"
             + (
                 f", {row['predictions_shared']} prediction(s) shared"
                 if row["predictions_shared"]

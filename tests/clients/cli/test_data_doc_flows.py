@@ -73,6 +73,8 @@ def test_the_one_machine_flow_runs_as_written_with_new_customers(
             assert f"scored {len(new_ids)} shared nodes" in shown
         if argv[:2] == ["budget", "--local"] and argv[2].startswith("current/"):
             assert "in 2 session(s)" in shown  # the training's and the scoring's
+            # the default design's scoring post-processes the training's release
+            assert "0 release(s), epsilon = 0, post-processing of session" in shown
     # one answer per customer: the bank's (the first party, every party holding labels)
     assert sorted(path.name for path in Path("predictions").iterdir()) == ["bank.csv"]
     with Path("predictions/bank.csv").open() as handle:
