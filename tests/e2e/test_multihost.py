@@ -273,7 +273,8 @@ class Federation:
                 str(self.admin_token_file), "--ca-file", str(self.ca), "--dataset", "cora",
                 "--data-dir", str(self.root / "data"), "--clients", str(CLIENTS),
                 "--rounds", str(rounds), "--eval-every", "0", "--hidden", "32",
-                "--label", name, "--out", str(out),
+                # passes through the service, one per round (the default's one release is not)
+                "--backbone", "gcnii", "--label", name, "--out", str(out),
             ),
             timeout=120,
         )  # fmt: skip
