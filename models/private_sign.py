@@ -187,6 +187,8 @@ def released_block(
         raise ValueError(f"the private sign design propagates 1 hop at least, got {hops}")
     released = clean_release(partition, release, seed=seed) if clean is None else clean
     released += torch.from_numpy(noise.sample(tuple(released.shape), std=release.noise_std))
+    if partition.held is not None:  # over the union: nothing for a node it lacks (post-processing)
+        released[torch.from_numpy(~partition.held)] = 0.0
     noisy = dataclasses.replace(partition, features=released, rows_of_nodes=None)
     return propagate_hops(noisy, hops=hops - 1)
 

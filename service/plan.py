@@ -105,7 +105,10 @@ class SessionPlan:
             )
             if post_processes_release(config):
                 privacy = dataclasses.replace(privacy, post_processing=True)
-        widths = {a.layer: a.width + (config.nodes == "union") for a in config.agg_layers}
+        # a presence column over the union, but in the private sign design's blocks: a sender's
+        # block is zero where it lacks a node, and its receiver reads the others' sum as it is
+        presence = config.nodes == "union" and not releases_blocks(config)
+        widths = {a.layer: a.width + presence for a in config.agg_layers}
         gradient_layer = answer_layer = None
         if config.kind == "scoring":
             if config.share_predictions != "none":
@@ -225,6 +228,12 @@ class SessionPlan:
             encoding=self.encoding,
             public_context_sha256=self.public_context_sha256,
         )
+
+
+def releases_blocks(config: SessionCreate) -> bool:
+    """A session whose shares are the private sign design's blocks: its one release, or a
+    scoring of its kept releases."""
+    return config.kind == "release" or post_processes_release(config)
 
 
 def post_processes_release(config: SessionCreate) -> bool:
