@@ -4,7 +4,11 @@ over its current table from its kept ``H1`` alone (``models.private_sign_model.
 scored_block_rows``: new customers' rows filled from their covered neighbours, their own
 features never read) and uploads the rows of the scored nodes through the service's sum; the
 answering party computes its kept head on its own hops beside the others' rows and writes the
-model's answer.
+model's answer. Where the session shares it (``share_predictions: label-holder``, agreed by the
+answering party's owner), the answer then goes through the same pass as every design's does
+(``models.answer.share_answer``: a sum at layer L + 1 to which the partners add zeros, each part
+counted in the answering party's ledger as predictions shared before it leaves), and the partners
+write it in their own ids.
 
 The owner's guarantee holds whatever the service says: the worker computes no release in such a
 session, so its ledger records the session with no release (naming the training session whose
@@ -25,7 +29,7 @@ from clients.pass_driver import PassDriver
 from clients.rejoin import stated_pass_info
 from clients.session_client import SessionClient
 from clients.session_fit import SessionMismatch
-from models.answer import Answer
+from models.answer import Answer, share_answer
 from models.artefact import SavedModel
 from models.client_config import ClientConfig
 from models.data.partition import ClientPartition
@@ -46,8 +50,9 @@ def check_scoring_session(
     session: SessionConfigView, model: SavedModel, *, passes_total: int
 ) -> None:
     """:class:`SessionMismatch` unless the session is one pass over blocks as wide as the kept
-    release's (its width times its hops) and shares no prediction: a session that asks for
-    another width or more passes asks for what only a new release could give."""
+    release's (its width times its hops): a session that asks for another width or more passes
+    asks for what only a new release could give. (Its answer, where the session shares it, is
+    no release: the answering party's worker counts it as predictions shared.)"""
     sign = model.manifest["sign_release"]
     kept_width = int(sign["width"]) * int(sign["hops"])
     asked = session.agg_layers[0].width
@@ -56,11 +61,6 @@ def check_scoring_session(
             f"the scoring session asks for {passes_total} passes of blocks {asked} columns wide,"
             f" the kept release gives one pass of {kept_width}: a private sign model scores by "
             "post-processing of its one kept release, and this worker releases nothing new"
-        )
-    if session.share_predictions != "none":
-        raise SessionMismatch(
-            "a private sign model's scoring shares no predictions (share_predictions none): "
-            "each partner scores with its own kept head, if it holds one"
         )
 
 
@@ -117,8 +117,9 @@ class KeptSignScorer:
     def session_passes(
         self, service: SessionClient, driver: PassDriver, masked: bool
     ) -> Iterator[tuple[PassInfo, PassOutcome]]:
-        """The one pass (its kept block's rows of the scored nodes up, the sum down), the check
-        that the service offers no other, then the answer (the answering party's)."""
+        """The one pass (its kept block's rows of the scored nodes up, the sum down; the
+        answering party's answer, where the session shares it), then the check that the service
+        offers no other."""
         info = stated_pass_info(service, RELEASE_PASS) if masked else service.pass_info(0)
         if info.pass_index != RELEASE_PASS or info.kind != "eval":
             raise ProtocolViolation(
@@ -128,24 +129,17 @@ class KeptSignScorer:
         nodes = np.asarray(info.output_nodes, dtype=np.int64)
         if nodes.size and (nodes.min() < 0 or nodes.max() >= self.partition.num_nodes):
             raise ProtocolViolation("the pass's output nodes are not aligned nodes")
-        others = driver.answer(self._exchange(nodes, info), info, encoding=self.codec.encoding)
+        outcome = driver.answer(self._pass(nodes, info), info, encoding=self.codec.encoding)
         after = service.pass_info(info.pass_index + 1)
         check_one_pass(after)
         self.finished = after.reason or "finished"
-        outcome = PassOutcome(kind="eval", loss=float("nan"))
-        if self.receives:
-            outcome = kept_head_outcome(
-                self.model, self.partition, self.config, others, nodes=nodes, device=self.device
-            )
-            assert outcome.probabilities is not None
-            outcome = dataclasses.replace(outcome, answer=Answer.of(outcome.probabilities))
         yield info, outcome
 
-    def _exchange(
-        self, nodes: np.ndarray, info: PassInfo
-    ) -> Generator[Request, Response, torch.Tensor]:
-        """The pass's exchange (sans-IO): this worker's kept block's rows of ``nodes`` (zeros
-        where it released nothing) up, the others' rows down."""
+    def _pass(self, nodes: np.ndarray, info: PassInfo) -> Generator[Request, Response, PassOutcome]:
+        """The pass's exchanges (sans-IO): this worker's kept block's rows of ``nodes`` (zeros
+        where it released nothing) up, the others' rows down; the answering party's kept head
+        on them; then, where the session shares it, the answer through the service
+        (``models.answer.share_answer``: the partners receive it)."""
         kept, hops = self.kept, self.config.model.hops
         rows_of = None
         if kept is not None:
@@ -159,7 +153,21 @@ class KeptSignScorer:
             device=CPU,
         )  # fmt: skip
         self.codec.begin_pass(RELEASE_PASS, info.participants)
-        return exchange_rows(
+        others = yield from exchange_rows(
             joint, rows_of, nodes=nodes, cols=self.session.agg_layers[0].width, release=None,
             disclosure=False,
         )  # fmt: skip
+        outcome, answer = PassOutcome(kind="eval", loss=float("nan")), None
+        if self.receives:
+            outcome = kept_head_outcome(
+                self.model, self.partition, self.config, others, nodes=nodes, device=self.device
+            )
+            assert outcome.probabilities is not None
+            answer = Answer.of(outcome.probabilities)
+        width = self.config.shared_answer_width
+        if width is not None:
+            answer = yield from share_answer(
+                joint, answer, layer=self.session.layers + 1, pass_index=RELEASE_PASS,
+                rows=len(nodes), width=width,
+            )  # fmt: skip
+        return dataclasses.replace(outcome, answer=answer)

@@ -285,14 +285,16 @@ class WorkerRun:
         return self.ids_of_node[nodes]
 
     def run_release(self, sign: SignWorker | KeptSignScorer) -> WorkerResult:
-        """The session's one pass, then (a release session) its rounds trained here (no more
-        passes)."""
+        """The session's one pass (a scoring that shares its answer: each part counted in the
+        answering party's ledger before it leaves), then (a release session) its rounds trained
+        here (no more passes)."""
         progress = WorkerProgress(passes=1)
         masked = self.config.secure_aggregation == "masks"
-        passes = sign.session_passes(self.service, PassDriver(self.service, gate=self.gate), masked)
-        for info, outcome in passes:
+        driver = PassDriver(self.service, gate=self.gate, on_disclosure=self.count_disclosure)
+        for info, outcome in sign.session_passes(self.service, driver, masked):
             self._record(progress, info, outcome)
-            if self.on_pass and sign.receives:
+            # a partner that receives the scoring's shared answer writes it too
+            if self.on_pass and (sign.receives or outcome.answer is not None):
                 self.on_pass(info, outcome)
         return WorkerResult(
             passes=1, finished_reason=sign.finished or "finished", history=progress.history

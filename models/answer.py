@@ -9,11 +9,16 @@ even where the encrypted sum's decoding moves the probabilities a little."""
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from secure.protocol import ProtocolViolation
+from secure.protocol import ProtocolViolation, Request, Response
+
+if TYPE_CHECKING:  # models.joint needs torch; this module's readers of answers do not
+    from models.joint import JointAggregation
 
 #: How far a shared answer's predicted class is put above a near tie the share grid turned
 TIE_MARGIN = 1e-9
@@ -71,3 +76,22 @@ def decode_answer(total: np.ndarray) -> Answer:
     turned = np.flatnonzero(probabilities.argmax(axis=1) != predicted)
     probabilities[turned, predicted[turned]] = probabilities[turned].max(axis=1) + TIE_MARGIN
     return Answer(probabilities, predicted)
+
+
+def share_answer(
+    joint: JointAggregation,
+    answer: Answer | None,
+    *,
+    layer: int,
+    pass_index: int,
+    rows: int,
+    width: int,
+) -> Generator[Request, Response, Answer]:
+    """A scoring session that shares the answer: the answering party sends its ``answer`` as a
+    sum at wire ``layer`` (L + 1, ``width`` columns), every other client (``answer`` None)
+    zeros; each gets the answering party's. Its parts are disclosures
+    (``secure.protocol.ShareRequest.disclosure``), which the answering party's worker counts in
+    its owner's ledger before each leaves."""
+    share = joint.within_bound(encode_answer(answer, rows=rows, width=width))
+    total = yield from joint.sum_of(layer, share, pass_index=pass_index, disclosure=True)
+    return answer if answer is not None else decode_answer(total)

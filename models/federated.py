@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from models.answer import Answer, decode_answer, encode_answer
+from models.answer import Answer, share_answer
 from models.arrangement import Arrangement, GlasuArrangement
 from models.backbone import ClientNetwork
 from models.client_config import ClientConfig
@@ -254,40 +254,13 @@ class GlasuClient:
         if self.partition.client == answering_party(self.config.label_holder):
             assert outcome.probabilities is not None
             answer = Answer.of(outcome.probabilities)
-        if self.config.shared_answer_width is not None:
-            answer = yield from self._share_answer(
-                answer, pass_index=context.pass_index, rows=len(context.output_nodes)
-            )
-        return dataclasses.replace(outcome, answer=answer)
-
-    def _share_answer(
-        self, answer: Answer | None, *, pass_index: int, rows: int
-    ) -> Generator[Request, Response, Answer]:
-        """A scoring session that shares the answer: the answering party sends its ``answer``
-        as a sum at wire layer L + 1, every other client zeros (models/answer.py); each gets
-        the answering party's."""
         width = self.config.shared_answer_width
-        assert width is not None
-        share = self.joint.within_bound(encode_answer(answer, rows=rows, width=width))
-        total = yield from self._sum_through_service(share, pass_index=pass_index, disclosure=True)
-        return answer if answer is not None else decode_answer(total)
-
-    def _sum_through_service(
-        self, share: np.ndarray, *, pass_index: int, disclosure: bool = False
-    ) -> Generator[Request, Response, np.ndarray]:
-        """The sum of every client's ``share`` at wire layer L + 1, in its parts."""
-        rows, cols = share.shape
-        total = np.empty_like(share)
-
-        def on_sum(start: int, stop: int, _: np.ndarray, part: np.ndarray, __: int) -> None:
-            total[start:stop] = part
-
-        yield from self.joint.exchange_parts(
-            self.layers + 1, pass_index=pass_index, rows=rows, cols=cols,
-            share_of=lambda _, start, stop: share[start:stop], on_sum=on_sum,
-            disclosure=disclosure,
-        )  # fmt: skip
-        return total
+        if width is not None:  # a scoring session that shares it (models/answer.py)
+            answer = yield from share_answer(
+                self.joint, answer, layer=self.layers + 1, pass_index=context.pass_index,
+                rows=len(context.output_nodes), width=width,
+            )  # fmt: skip
+        return dataclasses.replace(outcome, answer=answer)
 
     def _train(
         self, context: PassContext, fresh: CachedBatch
@@ -366,5 +339,5 @@ class GlasuClient:
         else:
             share = np.zeros((rows, cols), dtype=np.float32)
         share = self.joint.within_bound(share)
-        total = yield from self._sum_through_service(share, pass_index=pass_index)
+        total = yield from self.joint.sum_of(self.layers + 1, share, pass_index=pass_index)
         return torch.from_numpy(total / rows).to(self.device, torch.float32)

@@ -113,6 +113,24 @@ class JointAggregation:
             presence,
         )
 
+    def sum_of(
+        self, layer: int, share: np.ndarray, *, pass_index: int, disclosure: bool = False
+    ) -> Generator[Request, Response, np.ndarray]:
+        """The sum of every client's ``share`` of wire layer ``layer`` (one above the model's
+        layers: the broadcast gradient, the shared answer), in its parts."""
+        rows, cols = share.shape
+        total = np.empty_like(share)
+
+        def on_sum(start: int, stop: int, _: np.ndarray, part: np.ndarray, __: int) -> None:
+            total[start:stop] = part
+
+        yield from self.exchange_parts(
+            layer, pass_index=pass_index, rows=rows, cols=cols,
+            share_of=lambda _, start, stop: share[start:stop], on_sum=on_sum,
+            disclosure=disclosure,
+        )  # fmt: skip
+        return total
+
     def within_bound(self, share: np.ndarray) -> np.ndarray:
         """``share`` clipped to what keeps the encrypted sum decodable (post-processing)."""
         bound = self.codec.value_bound(shares=self.clients)

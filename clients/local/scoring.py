@@ -32,7 +32,7 @@ from clients.local.session import scoring_request
 from clients.owner_ledger import PartyLedgers, party_ledgers
 from clients.policy import PrivacyPolicy
 from clients.predictions import IdsByNode, own_ids_by_node
-from models.artefact import ModelError, is_private_sign, read_manifest
+from models.artefact import ModelError, read_manifest
 from models.config import DEFAULT_HOPS, TrainConfig
 from models.data.aligned import AlignedFederation
 from models.data.party import NOT_SHARED, read_party
@@ -169,11 +169,6 @@ def score_locally(
     names = party_names(folders)
     models = model_folders(model_dir, names)
     manifests = read_models(models)
-    if share_predictions != "none" and is_private_sign(manifests[0]):
-        raise ModelError(
-            "a private sign model's answer is not shared with the partners "
-            "(--share-predictions): each partner with labels holds its own kept head"
-        )
     config = dataclasses.replace(scoring_config(manifests, encrypted=encrypted), device=device)
     holder = config.label_holder
     federation = federation_of_parties(

@@ -2,7 +2,9 @@
 `glasu train --party ... --backbone sign --model-dir` under DP keeps every party's model (its
 head, its noisy release), and `glasu score` on tables with new customers scores exactly them,
 by post-processing of the kept releases: each owner's ledger records the scoring session with no
-release (naming the training it post-processes), and no owner's budget moves."""
+release (naming the training it post-processes), and no owner's budget moves. With
+--share-predictions label-holder the partners receive the answer as for every design (counted in
+the answering party's ledger as predictions shared, not as a release)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from clients.owner_ledger import OwnerLedger, party_ledgers
 from models.artefact import load_model
 from models.data.planetoid import GraphDataset
 from models.private_sign_model import kept_release
+from secure.aggregation import SHARE_GRID
 from tests.clients.cli.cora_parties import PARTIES, CoraParties, node_id, write_cora_parties
 from tests.clients.cli.test_score import NEW_CUSTOMERS, add_new_customers, prepare, read_answer
 
@@ -67,12 +70,12 @@ def current_tables(
     return new_ids, prepare(tmp_path / "tables-now", tmp_path / "prepared-now")
 
 
-def score_new_customers(tmp_path: Path, folders_now: list[Path], models: Path) -> Path:
-    """`glasu score` of the new customers: the predictions folder."""
+def score_new_customers(tmp_path: Path, folders_now: list[Path], models: Path, *extra: str) -> Path:
+    """`glasu score` of the new customers (``extra``: more flags): the predictions folder."""
     given_now = [arg for folder in folders_now for arg in ("--party", str(folder))]
     out = tmp_path / "predictions"
     code = main(["score", *given_now, "--model-dir", str(models), "--ids",
-                 str(tmp_path / "new.txt"), "--out", str(out), "--quiet"])  # fmt: skip
+                 str(tmp_path / "new.txt"), "--out", str(out), "--quiet", *extra])  # fmt: skip
     assert code == 0
     return out
 
@@ -132,10 +135,32 @@ def new_customer_labels(tables: Path, labels: np.ndarray) -> dict[str, int]:
 
 
 @pytest.mark.slow  # a training in process, then a scoring over the service
-def test_in_process_the_kept_releases_are_keyed_by_the_parties_own_ids(
+def test_in_process_kept_releases_keyed_by_own_ids_score_and_the_answer_is_shared(
     tmp_path: Path, cora: GraphDataset, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """The scoring shares its answer (--share-predictions label-holder): after the one block
+    pass it travels as every design's answer does, and each partner writes it in its own ids;
+    the answering party's ledger counts it as predictions shared, and still no release."""
     tables, models = trained(tmp_path, cora, capsys, "--rounds", "20", "--transport", "inprocess")
     new_ids, folders_now = current_tables(tmp_path, cora, tables)
-    out = score_new_customers(tmp_path, folders_now, models)
-    assert sorted(read_answer(out / "bank.csv", cora.num_classes)) == sorted(new_ids)
+    before = spend(folders_now)
+    out = score_new_customers(tmp_path, folders_now, models, "--share-predictions", "label-holder")
+    answer = read_answer(out / "bank.csv", cora.num_classes)
+    assert sorted(answer) == sorted(new_ids)
+    assert sorted(path.name for path in out.iterdir()) == [f"{p}.csv" for p in PARTIES]
+    for party in PARTIES[1:]:
+        received = read_answer(out / f"{party}.csv", cora.num_classes)
+        assert sorted(received) == sorted(answer)
+        for customer, (probabilities, predicted) in received.items():
+            np.testing.assert_allclose(probabilities, answer[customer][0], atol=SHARE_GRID)
+            assert predicted == answer[customer][1]
+    assert spend(folders_now) == before  # no release, no budget spent
+    shared = []
+    for path in party_ledgers(folders_now):
+        with OwnerLedger(path) as ledger:
+            (scoring,) = [
+                s for s in ledger.snapshot().sessions.values() if s.get("kind") == "scoring"
+            ]
+            assert ledger.releases(session_id=scoring["session_id"]) == 0
+            shared.append(ledger.predictions_shared(scoring["session_id"]))
+    assert shared == [NEW_CUSTOMERS, 0, 0]  # the answering party's (the bank's) rows
