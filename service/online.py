@@ -6,9 +6,9 @@ owner's ledger); its pass is a ``sampled`` one (the asked nodes' sampled neighbo
 a training pass samples them), so what a request costs grows with the nodes asked, not with
 those loaded. The requests of a private sign model's online session (``model_kind``
 'release') are planned as its batch scoring is, with no release: each sender's kept block's
-rows of the asked nodes (:func:`request_pass`). The online session's workers run it with their tokens of the online session
-(``service/api/deps.py``), so that a request needs no token handed out; they wait for the next
-request with :func:`next_request` (a long poll)."""
+rows of the asked nodes (:func:`request_pass`). The online session's workers run it with their
+tokens of the online session (``service/api/deps.py``), so that a request needs no token handed
+out; they wait for the next request with :func:`next_request` (a long poll)."""
 
 from __future__ import annotations
 

@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:

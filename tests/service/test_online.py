@@ -28,8 +28,8 @@ from service.context import ServiceContext, build_context
 from service.domain_errors import InvalidSessionRequest, NotReady, SessionClosed, WrongLayer
 from service.errors import ProblemError
 from service.notify import Pending
-from service.rounds.gate import open_layer
 from service.plan import SessionPlan
+from service.rounds.gate import open_layer
 from service.rounds.slots import layer_rows
 from service.rounds.sums import _is_release
 from service.settings import ServiceSettings
