@@ -18,7 +18,7 @@ join, :func:`check_scoring_session`; a second pass after the one pass, :func:`ch
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Hashable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,12 +32,18 @@ from clients.session_fit import SessionMismatch
 from models.answer import Answer, share_answer
 from models.artefact import SavedModel
 from models.client_config import ClientConfig
+from models.data.derived import kept_release_block
 from models.data.partition import ClientPartition
 from models.joint import JointAggregation
 from models.outcome import PassOutcome
 from models.private_sign import RELEASE_PASS, exchange_rows
 from models.private_sign_kept import KeptRelease
-from models.private_sign_model import kept_head_outcome, kept_release, scored_block_rows
+from models.private_sign_model import (
+    block_rows,
+    kept_head_outcome,
+    kept_release,
+    scored_block_rows,
+)
 from secure.aggregation import EmbeddingCodec
 from secure.protocol import ProtocolViolation, Request, Response, answering_party
 from secure.wire.passes import PassInfo
@@ -105,6 +111,12 @@ class KeptSignScorer:
     device: torch.device | str = "cpu"
     finished: str | None = None  # why the session ended, once its one pass is done
     kept: KeptRelease | None = None  # its kept release (a sender's)
+    # a request of an online session: each pass the service states is checked against the
+    # signed request (``clients.request_signing.RequestCheck.check_pass``)
+    check_pass: Callable[[PassInfo], None] | None = None
+    # what names ``own_ids`` (where the worker read them, loaded with its partition): its kept
+    # block is then computed once for every request of an online worker; None: each session
+    keys: Hashable | None = None
 
     def __post_init__(self) -> None:
         self.kept = kept_release(self.model)
@@ -129,8 +141,10 @@ class KeptSignScorer:
         nodes = np.asarray(info.output_nodes, dtype=np.int64)
         if nodes.size and (nodes.min() < 0 or nodes.max() >= self.partition.num_nodes):
             raise ProtocolViolation("the pass's output nodes are not aligned nodes")
+        self._checked(info)
         outcome = driver.answer(self._pass(nodes, info), info, encoding=self.codec.encoding)
         after = service.pass_info(info.pass_index + 1)
+        self._checked(after)
         check_one_pass(after)
         self.finished = after.reason or "finished"
         yield info, outcome
@@ -140,10 +154,10 @@ class KeptSignScorer:
         where it released nothing) up, the others' rows down; the answering party's kept head
         on them; then, where the session shares it, the answer through the service
         (``models.answer.share_answer``: the partners receive it)."""
-        kept, hops = self.kept, self.config.model.hops
+        kept = self.kept
         rows_of = None
         if kept is not None:
-            block = scored_block_rows(kept, self.own_ids, self.partition, hops=hops, nodes=nodes)
+            block = self._block_rows(kept, nodes)
 
             def rows_of(start: int, stop: int) -> np.ndarray:
                 return block[start:stop]
@@ -171,3 +185,19 @@ class KeptSignScorer:
                 rows=len(nodes), width=width,
             )  # fmt: skip
         return dataclasses.replace(outcome, answer=answer)
+
+    def _checked(self, info: PassInfo) -> None:
+        if self.check_pass is not None:
+            self.check_pass(info)
+
+    def _block_rows(self, kept: KeptRelease, nodes: np.ndarray) -> np.ndarray:
+        """Its kept block's rows of ``nodes``: the block over the current table computed once
+        per partition where the keys are named (``keys``), else for this session."""
+        hops = self.config.model.hops
+        if self.keys is None:
+            return scored_block_rows(kept, self.own_ids, self.partition, hops=hops, nodes=nodes)
+        block = kept_release_block(
+            self.partition, kept, self.own_ids, hops=hops, keys=self.keys,
+            release=str(self.model.manifest["sign_release"]["sha256"]),
+        )  # fmt: skip
+        return block_rows(block, nodes)

@@ -7,6 +7,7 @@ skips those that went on without it (stragglers "continue")."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -265,13 +266,18 @@ class WorkerRun:
     ) -> None:
         """A scoring session of a kept private sign model (clients/sign_scoring.py): one pass,
         post-processing of the kept release; no gate (nothing it sends is a release), the
-        session in the owner's ledger with no release."""
+        session in the owner's ledger with no release. Its kept block is computed once per
+        loaded partition and ids (an online worker's requests share it), and a request's pass
+        is checked against the signed request."""
         check_scoring_session(self.config, model, passes_total=self.status.passes_total)
         classes = model.manifest["model"]["num_classes"]
+        check = self.request_check
         self.sign = KeptSignScorer(
             self.partition, dataclasses.replace(client_config, num_classes=classes),
             self.config, model, codec,
             own_ids=self._own_ids(), device=device,
+            check_pass=None if check is None else functools.partial(check.check_pass, self.status),
+            keys=("nodes",) if self.ids_of_node is None else ("ids", id(self.ids_of_node)),
         )  # fmt: skip
         self.checkpoints = self.keeper = self.fingerprint = self.gate = None
         note_scoring(self.ledger, self.service.session_id, model, self.config)

@@ -188,7 +188,11 @@ def scored_block_rows(
     (``own_ids``: each current aligned node's key, as :meth:`KeptRelease.of` takes them): the
     rows of new customers filled from their covered neighbours, never from their features."""
     rows, covered = kept.in_current_order(own_ids)
-    block = kept_block(rows, covered, partition, hops=hops)
+    return block_rows(kept_block(rows, covered, partition, hops=hops), nodes)
+
+
+def block_rows(block: HopFeatures, nodes: np.ndarray) -> np.ndarray:
+    """The rows of ``nodes`` of a sender's block, its hops side by side."""
     picked = torch.from_numpy(np.asarray(nodes, dtype=np.int64))
     return torch.cat([hop[picked] for hop in block.hops], dim=1).numpy()
 

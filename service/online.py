@@ -4,9 +4,11 @@ nodes, its *request session* ``<online id>-<n>``. A request session is planned, 
 accounted exactly as a batch scoring session (one evaluation pass, one release in every
 owner's ledger); its pass is a ``sampled`` one (the asked nodes' sampled neighbourhoods only, as
 a training pass samples them), so what a request costs grows with the nodes asked, not with
-those loaded. The online session's workers run it with their tokens of the online session
-(``service/api/deps.py``), so that a request needs no token handed out; they wait for the next
-request with :func:`next_request` (a long poll)."""
+those loaded. The requests of a private sign model's online session (``model_kind``
+'release') are planned as its batch scoring is, with no release: each sender's kept block's
+rows of the asked nodes (:func:`request_pass`). The online session's workers run it with their
+tokens of the online session (``service/api/deps.py``), so that a request needs no token handed
+out; they wait for the next request with :func:`next_request` (a long poll)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import numpy as np
 
 from secure.protocol import answering_party
 from secure.wire.request_signature import RequestSignature
-from secure.wire.sessions import ScoringRequestOpened, request_session_id
+from secure.wire.sessions import ScoringPass, ScoringRequestOpened, request_session_id
 from service.domain_errors import InvalidSessionRequest, SessionClosed
 from service.plan import SessionPlan
 from service.rounds import RoundEngine
@@ -57,8 +59,7 @@ def open_request(
             update={
                 "online": False,
                 "eval_nodes": nodes,
-                # the asked nodes' neighbourhoods only: a request costs its nodes, not N
-                "scoring_pass": "sampled",
+                "scoring_pass": request_pass(online),
                 "label": f"request {number} of online session {online_id}",
                 "request_signature": signature,
             }
@@ -73,6 +74,14 @@ def open_request(
         )
         tx.insert_session(session_id, plan.to_json(), [])  # its workers use the online tokens
     return ScoringRequestOpened(request=number, session_id=session_id), plan
+
+
+def request_pass(online: SessionPlan) -> ScoringPass:
+    """How a request session's pass covers the asked nodes: their sampled neighbourhoods only
+    (a request costs its nodes, not N); for the models of a release session (the private sign
+    design, ``SessionPlan.post_processing``) the asked nodes' rows of each sender's kept block,
+    post-processing with no release, as its batch scoring is planned."""
+    return "all-nodes" if online.post_processing else "sampled"
 
 
 def _not_covered(nodes: np.ndarray, covered: np.ndarray) -> np.ndarray:

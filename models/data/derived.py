@@ -1,7 +1,8 @@
 """What a client derives from its partition's data alone, kept while that data is loaded: its
 sampling graph (``models.sampler.SamplingGraph``, a sort of every edge) and a precomputed
 backbone's propagated features (``models.data.propagation.propagate_hops``, ``hops`` sparse
-products over all nodes) and their scaling statistics.
+products over all nodes) and their scaling statistics, and a private sign sender's block of its
+kept release over the current graph (``models.private_sign_kept.kept_block``).
 
 A client is built per session, and an online scoring worker builds one per request
 (``clients/cli/worker_online.py``) on the partition it loaded once: deriving these again would
@@ -15,15 +16,17 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
     from models.config import FeatureScaleName, ScaleName
     from models.data.partition import ClientPartition
     from models.data.propagation import HopFeatures
+    from models.private_sign_kept import KeptRelease
     from models.sampler import SamplingGraph
 
 T = TypeVar("T")
@@ -85,3 +88,25 @@ def hop_scaling(
         return scale, scale_statistics(features, partition.held, scale=scale)
 
     return _kept(partition, ("scaling", id(partition.features), hops, feature_scale), derive)
+
+
+def kept_release_block(
+    partition: ClientPartition,
+    kept: KeptRelease,
+    own_ids: np.ndarray,
+    *,
+    release: str,
+    keys: Hashable,
+    hops: int,
+) -> HopFeatures:
+    """A private sign sender's block over the partition's current nodes from its ``kept``
+    release (its rows put in the current order by ``own_ids``, each current node's key),
+    computed once per kept release (``release``: its digest), hops and ``keys`` (what names
+    ``own_ids``: where the worker read them, loaded with the partition)."""
+    from models.private_sign_kept import kept_block
+
+    def derive() -> HopFeatures:
+        rows, covered = kept.in_current_order(own_ids)
+        return kept_block(rows, covered, partition, hops=hops)
+
+    return _kept(partition, ("kept-block", release, hops, keys), derive)

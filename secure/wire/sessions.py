@@ -346,11 +346,14 @@ class SessionCreate(StrictModel):
         if self.model_kind != "training" and self.kind != "scoring":
             raise ValueError("model_kind is a scoring session's setting")
         if self.model_kind == "release" and (
-            self.privacy is None or self.online or self.scoring_pass != "all-nodes"
+            self.privacy is None or self.scoring_pass != "all-nodes"
         ):
+            # an online session's requests are such passes too, over the asked nodes
+            # (service/online.py): no sampled pass, whose rows would be neighbourhoods
             raise ValueError(
                 "a scoring session of a kept release (model_kind 'release') needs privacy and "
-                "runs one pass over its nodes' kept rows: no online session, no sampled pass"
+                "runs one pass over its nodes' kept rows (an online session's requests: the "
+                "asked nodes'): no sampled pass"
             )
         if self.kind == "release" and (self.privacy is None or len(self.agg_layers) != 1):
             raise ValueError(

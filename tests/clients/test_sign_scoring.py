@@ -67,10 +67,11 @@ def test_model_kind_release_is_a_private_scoring_of_one_pass_over_all_its_nodes(
         ({"kind": "training", "train_nodes": SCORED}, "scoring session's setting"),
         ({"privacy": None}, "needs privacy"),
         ({"scoring_pass": "sampled"}, "no sampled pass"),
-        ({"online": True}, "no online session"),
+        ({"online": True, "scoring_pass": "sampled"}, "no sampled pass"),
     ):
         with pytest.raises(ValueError, match=said):
             kept_scoring(**changes)
+    assert kept_scoring(online=True).online  # its requests: one pass over the asked nodes
 
 
 def admitted(session: SessionCreate, ledger: OwnerLedger | None, *, post_processing: bool):

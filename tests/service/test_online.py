@@ -4,7 +4,9 @@ the online session's settings; nodes the online session does not cover are refus
 and nothing is opened; only the answering party's token asks, and the online session's tokens
 act in its request sessions only. A request's pass samples the asked nodes' neighbourhoods
 (node sets exchanged, rows grow with the nodes asked), and a worker waits for the next request
-in a long poll that its opening wakes."""
+in a long poll that its opening wakes. A request of a kept private sign model's online session
+(``model_kind`` 'release') is planned as its batch scoring: one pass over the asked nodes' kept
+rows, no node sets, no release."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 from fastapi.security import HTTPAuthorizationCredentials
-from service_testkit import session_request
+from service_testkit import PRIVATE_AGG_LAYERS, session_request
 
 from secure.wire.request_signature import RequestSignature, nodes_sha256
 from secure.wire.sessions import SessionCreate, online_session_of, request_session_id
@@ -26,8 +28,10 @@ from service.context import ServiceContext, build_context
 from service.domain_errors import InvalidSessionRequest, NotReady, SessionClosed, WrongLayer
 from service.errors import ProblemError
 from service.notify import Pending
+from service.plan import SessionPlan
 from service.rounds.gate import open_layer
 from service.rounds.slots import layer_rows
+from service.rounds.sums import _is_release
 from service.settings import ServiceSettings
 from service.tokens import token_sha256
 
@@ -191,3 +195,41 @@ async def test_a_worker_waiting_for_the_next_request_is_woken_by_its_opening(
         assert status.session_id == request_session_id(online, 1)
     finally:
         context.close()
+
+
+KEPT_RELEASE = {
+    "model_kind": "release", "agg_layers": PRIVATE_AGG_LAYERS,
+    "privacy": {"noise_multiplier": 1.0, "delta": 1e-5, "clip": 1.0},
+}  # fmt: skip
+
+
+def test_a_request_of_a_kept_private_sign_model_is_one_pass_over_the_asked_rows_no_release(
+    context: ServiceContext,
+) -> None:
+    """The online session of a release session's models (model_kind 'release') takes
+    requests; each request session is planned as the batch scoring of those models: no
+    release (epsilon 0 planned and stated), one pass whose every share holds the asked nodes'
+    rows, no node sets; the same after a reload from the store."""
+    online, _ = _online(context, **KEPT_RELEASE)
+    request = context.sessions.open_request(online, np.array([44, 41, 59])).session_id
+    with context.store.transaction() as tx:
+        _, plan = context.engine.session(tx, request)
+        assert plan.config.model_kind == "release" and plan.post_processing
+        assert plan.config.scoring_pass == "all-nodes" and not plan.samples(0)
+        assert plan.passes_total == 1 and plan.output_nodes(0).tolist() == [41, 44, 59]
+        assert layer_rows(tx, plan, 0, plan.first_agg_layer) == 3  # the asked rows, not N
+        with pytest.raises(WrongLayer, match="exchanges no node sets"):
+            open_layer(tx, context.engine.plans, request, 0, 1, "nodes")
+    assert plan.privacy is not None and plan.privacy.planned_releases == 0
+    assert not _is_release(plan, plan.first_agg_layer)  # its sum appends no ledger row
+    report = plan.privacy.report(releases=0)
+    assert (report["epsilon"], report["epsilon_planned"]) == (0.0, 0.0)
+    reloaded = SessionPlan.from_json(request, plan.to_json())  # the validator takes it back
+    assert reloaded.post_processing and reloaded.config.scoring_pass == "all-nodes"
+    # a training session's models: the request samples and releases, as before
+    trained, _ = _online(context, **{**KEPT_RELEASE, "model_kind": "training"})
+    opened = context.sessions.open_request(trained, np.array([44])).session_id
+    with context.store.transaction() as tx:
+        _, sampled = context.engine.session(tx, opened)
+    assert sampled.config.scoring_pass == "sampled" and not sampled.post_processing
+    assert sampled.privacy is not None and sampled.privacy.planned_releases == 1
