@@ -216,7 +216,8 @@ class KubeRun:
             podman("volume", "rm", "--force", claim, check=False, capture=True, quiet=True)
         self.volumes += claims
         self.played.append(path)
-        podman("kube", "play", "--network", self.network, str(path), capture=True)
+        # --replace: pods of the same names left by an interrupted run are recreated, not a clash
+        podman("kube", "play", "--replace", "--network", self.network, str(path), capture=True)
 
     def up(self, timings: dict[str, float]) -> dict[str, Any]:
         self.work.mkdir(parents=True)
